@@ -158,8 +158,8 @@ def test_fp8_weight_dequant_uses_128x128_block_scales(seed, out_f, in_blocks):
     assert scale.dtype == torch.float8_e8m0fnu and scale.shape == (math.ceil(out_f / 128), math.ceil(in_f / 128))
     deq = Q.dequant_fp8_weight(codes, scale)
     s = Q.ue8m0_decode(scale)
-    o, i = torch.randint(0, out_f, (1,)).item(), torch.randint(0, in_f, (1,)).item()
-    assert deq[o, i] == codes[o, i].float() * s[o // 128, i // 128]
+    rows, cols = torch.arange(out_f).unsqueeze(1), torch.arange(in_f)
+    assert torch.equal(deq, codes.float() * s[rows // 128, cols // 128])
     assert torch.all((deq - w).abs() <= w.abs() * 2**-4 + s.max() * 2**-10)
 
 
