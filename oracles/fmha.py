@@ -20,6 +20,32 @@ import torch
 _CHUNK_ELEMS = 1 << 26
 
 
+def _attend(q, k, v, valid, sink, scale, lowprec):
+    """Softmax attention of q [r, h, d] over per-row key sets k [r|1, n, d], v [r|1, n, dv]
+    with valid [r, n]. fp32 (oracle) or the kernel's dtype (lowprec: bf16 products rounded as
+    torch does, P rounded to the input dtype before PV, output rounded)."""
+    if lowprec:
+        logits = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [r, h, n]
+    else:
+        logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    m = logits.amax(-1, keepdim=True)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(logits - m_safe)
+    denom = p.sum(-1, keepdim=True)
+    lse = (torch.log(denom) + m_safe)[..., 0]
+    if sink is not None:
+        denom = denom + torch.exp(sink.float()[None, :, None] - m_safe)
+    o = torch.matmul(p.to(q.dtype), v).float() if lowprec else torch.matmul(p, v.float())
+    o = torch.where(denom > 0, o / denom.clamp_min(1e-30), torch.zeros_like(o))
+    return (o.to(q.dtype) if lowprec else o), lse
+
+
+def _rows_per_chunk(n: int, h: int, d: int, dv: int, gathered: bool) -> int:
+    per_row = h * n + (n * (d + dv) if gathered else 0)
+    return max(1, _CHUNK_ELEMS // max(1, per_row))
+
+
 def sparse_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -27,87 +53,66 @@ def sparse_attention(
     sink: torch.Tensor | None,
     scale: float,
     v: torch.Tensor | None = None,
+    lowprec: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP32 gathered-key attention with an optional per-head sink.
+    """Gathered-key attention with an optional per-head sink (FP32 unless lowprec).
 
     q: [s_q, h, d]; kv: [s_kv, d] (the keys, and the values when v is None: MQA latent);
     v: [s_kv, dv] or None; indices: [s_q, n] int, -1 (or any out-of-range value) = invalid;
     sink: [h] fp32 or None; scale: softmax scale.
-    Returns (out fp32 [s_q, h, dv], lse fp32 [s_q, h]), computed in chunks of query rows.
+    Returns (out [s_q, h, dv] fp32 (q.dtype if lowprec), lse fp32 [s_q, h]), in chunks of rows.
+    lowprec: the same math in the kernel's dtype (the low-precision reference).
     """
-    s_q, h, _ = q.shape
+    s_q, h, d = q.shape
     vals = kv if v is None else v
     s_kv, dv = vals.shape
     n = indices.shape[1]
-    out = torch.empty(s_q, h, dv, dtype=torch.float32, device=q.device)
+    out = torch.empty(s_q, h, dv, dtype=q.dtype if lowprec else torch.float32, device=q.device)
     lse = torch.empty(s_q, h, dtype=torch.float32, device=q.device)
-    k32, v32 = kv.float(), vals.float()
-    rows = max(1, _CHUNK_ELEMS // max(1, h * n * max(dv, q.shape[2]) // 64))
+    rows = _rows_per_chunk(n, h, d, dv, gathered=True)
     for t0 in range(0, s_q, rows):
         t1 = min(s_q, t0 + rows)
         idx = indices[t0:t1].long()
         valid = (idx >= 0) & (idx < s_kv)
         safe = torch.where(valid, idx, torch.zeros_like(idx))
-        kg = k32[safe]  # [r, n, d]
-        vg = v32[safe]  # [r, n, dv]
-        logits = torch.einsum("rhd,rnd->rhn", q[t0:t1].float(), kg) * scale
-        logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
-        m = logits.amax(-1, keepdim=True)  # [r, h, 1]
-        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = torch.exp(logits - m_safe)
-        denom = p.sum(-1, keepdim=True)
-        lse[t0:t1] = (torch.log(denom) + m_safe)[..., 0]
-        if sink is not None:
-            denom = denom + torch.exp(sink.float()[None, :, None] - m_safe)
-        o = torch.einsum("rhn,rnd->rhd", p, vg)
-        out[t0:t1] = torch.where(denom > 0, o / denom.clamp_min(1e-30), torch.zeros_like(o))
+        out[t0:t1], lse[t0:t1] = _attend(q[t0:t1], kv[safe], vals[safe], valid, sink, scale, lowprec)
     return out, lse
 
 
-def sparse_attention_lowprec(
+def sparse_attention_lowprec(q, kv, indices, sink, scale, v=None):
+    """`sparse_attention` in the kernel's dtype (see there)."""
+    return sparse_attention(q, kv, indices, sink, scale, v, lowprec=True)
+
+
+def dense_attention(
     q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     sink: torch.Tensor | None,
     scale: float,
-    v: torch.Tensor | None = None,
+    causal: bool,
+    window: int | None,
+    lowprec: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same math in the kernel's dtype: bf16 operands, fp32 scores, P rounded to the input
-    dtype before the PV product, output rounded to the input dtype; lse stays fp32."""
-    s_q, h, _ = q.shape
-    vals = kv if v is None else v
-    s_kv, dv = vals.shape
-    n = indices.shape[1]
-    out = torch.empty(s_q, h, dv, dtype=q.dtype, device=q.device)
+    """Dense attention of q [s_q, h, d] over k [s_kv, d], v [s_kv, dv] under the mask of
+    `window_mask` (bottom-right aligned). Same outputs and dtypes as `sparse_attention`."""
+    s_q, h, d = q.shape
+    s_kv, dv = v.shape
+    out = torch.empty(s_q, h, dv, dtype=q.dtype if lowprec else torch.float32, device=q.device)
     lse = torch.empty(s_q, h, dtype=torch.float32, device=q.device)
-    rows = max(1, _CHUNK_ELEMS // max(1, h * n * max(dv, q.shape[2]) // 64))
+    rows = _rows_per_chunk(s_kv, h, d, dv, gathered=False)
     for t0 in range(0, s_q, rows):
         t1 = min(s_q, t0 + rows)
-        idx = indices[t0:t1].long()
-        valid = (idx >= 0) & (idx < s_kv)
-        safe = torch.where(valid, idx, torch.zeros_like(idx))
-        kg, vg = kv[safe], vals[safe]
-        logits = torch.matmul(q[t0:t1], kg.transpose(1, 2)).float() * scale  # [r, h, n]
-        logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
-        m = logits.amax(-1, keepdim=True)
-        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = torch.exp(logits - m_safe)
-        denom = p.sum(-1, keepdim=True)
-        lse[t0:t1] = (torch.log(denom) + m_safe)[..., 0]
-        if sink is not None:
-            denom = denom + torch.exp(sink.float()[None, :, None] - m_safe)
-        o = torch.matmul(p.to(q.dtype), vg).float()
-        out[t0:t1] = torch.where(denom > 0, o / denom.clamp_min(1e-30), torch.zeros_like(o)).to(q.dtype)
+        valid = window_mask(s_q, s_kv, window, causal, q.device)[t0:t1]
+        out[t0:t1], lse[t0:t1] = _attend(q[t0:t1], k[None], v[None], valid, sink, scale, lowprec)
     return out, lse
 
 
-def window_indices(s_q: int, s_k: int, window: int | None, causal: bool, device=None) -> torch.Tensor:
-    """Key lists for dense masked attention, query t aligned to key t + (s_k - s_q) (bottom-right).
+def window_mask(s_q: int, s_k: int, window: int | None, causal: bool, device=None) -> torch.Tensor:
+    """bool [s_q, s_k]: query t is aligned to key t + (s_k - s_q) (bottom-right).
 
-    causal: keys j <= t + off; window w: keys j >= t + off - (w - 1) (w keys incl. the diagonal;
-    w=None means unbounded). Non-causal without a window = all keys. Invalid slots are -1.
-    Returns int32 [s_q, n] with n the widest row.
-    """
+    causal: keys j <= t + off; window w: keys j >= t + off - (w - 1) (w keys incl. the diagonal),
+    and without causal also j <= t + off + (w - 1). window None = unbounded."""
     off = s_k - s_q
     t = torch.arange(s_q, device=device)[:, None]
     j = torch.arange(s_k, device=device)[None, :]
@@ -118,12 +123,18 @@ def window_indices(s_q: int, s_k: int, window: int | None, causal: bool, device=
         ok &= j >= t + off - (window - 1)
         if not causal:
             ok &= j <= t + off + (window - 1)
+    return ok
+
+
+def window_indices(s_q: int, s_k: int, window: int | None, causal: bool, device=None) -> torch.Tensor:
+    """The `window_mask` key sets as index lists: int32 [s_q, n], n the widest row, ascending,
+    -1 padded."""
+    ok = window_mask(s_q, s_k, window, causal, device)
     n = max(1, int(ok.sum(1).max()))
-    # stable sort puts the valid keys first, in increasing order
-    order = torch.argsort((~ok).to(torch.int8), dim=1, stable=True)[:, :n]
-    idx = torch.gather(j.expand(s_q, s_k), 1, order)
-    valid = torch.gather(ok, 1, order)
-    return torch.where(valid, idx, torch.full_like(idx, -1)).to(torch.int32)
+    j = torch.arange(s_k, device=device)[None, :].expand(s_q, s_k)
+    order = torch.argsort((~ok).to(torch.int8), dim=1, stable=True)[:, :n]  # valid keys first
+    idx = torch.gather(j, 1, order)
+    return torch.where(torch.gather(ok, 1, order), idx, torch.full_like(idx, -1)).to(torch.int32)
 
 
 def dsv4_indices(

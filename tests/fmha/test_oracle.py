@@ -74,3 +74,17 @@ def test_dsv4_index_sets():
     row = sorted(int(j) for j in idx[t] if j >= 0)
     assert row == list(range(133, 261)) + [s_q + 0, s_q + 1]
     assert sorted(int(j) for j in idx[3] if j >= 0) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("causal,window", [(False, None), (True, None), (True, 7), (False, 3)])
+def test_dense_equals_sparse_over_window_indices(causal, window):
+    from oracles.fmha import dense_attention
+
+    g = torch.Generator().manual_seed(11)
+    s_q, s_k, h, d = 9, 21, 3, 32
+    q, k, v = torch.randn(s_q, h, d, generator=g), torch.randn(s_k, d, generator=g), torch.randn(s_k, 48, generator=g)
+    sink = torch.randn(h, generator=g)
+    ref = sparse_attention(q, k, window_indices(s_q, s_k, window, causal), sink, 0.3, v)
+    got = dense_attention(q, k, v, sink, 0.3, causal, window)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
