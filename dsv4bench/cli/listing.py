@@ -1,0 +1,33 @@
+"""`dsv4bench list`: families, impls, archs and what can run here."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from dsv4bench.cli.common import console, gpu_arch
+from dsv4bench.core.registry import families, impls
+
+
+def list_cmd() -> None:
+    """Families, their implementations and archs, and what runs on this machine."""
+    here = gpu_arch()
+    table = Table(title=f"dsv4bench families (this machine: {here or 'no GPU: compile-only + CPU oracle checks'})")
+    for col in ("family", "impl", "backend", "archs", "here"):
+        table.add_column(col)
+    for name, fam in sorted(families().items()):
+        for i, impl in enumerate(impls(name)):
+            why = impl.available()
+            if why:
+                status = f"[yellow]{why}[/]"
+            elif impl.compiles:
+                status = "compile + run" if here else "compile-only"
+            else:
+                status = "run" if here or not impl.needs_gpu else "needs a GPU"
+            table.add_row(name if i == 0 else "", impl.name, impl.backend, ",".join(impl.archs), status)
+        table.add_row(f"[dim]{fam.description}[/]", "", "", "", "", end_section=True)
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("list")(list_cmd)

@@ -1,0 +1,107 @@
+"""`dsv4bench repro CASE_ID`: replay one case with full diagnostics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+import typer
+from rich.table import Table
+
+from dsv4bench.cli.common import console, fail, gpu_arch
+from dsv4bench.core.case import Case
+from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.registry import get_family, impls
+from dsv4bench.core.worker import CaseData, Worker, poison
+
+WORST = 8
+
+
+def find_case(case_id: str, roots: list[Path]) -> Case:
+    """The case as recorded in any run directory under `roots` (newest first)."""
+    metas = sorted((p for root in roots if root.exists() for p in root.rglob("run.json")),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    for meta in metas:
+        cases = json.loads(meta.read_text()).get("cases", {})
+        if case_id in cases:
+            return Case.from_json(cases[case_id])
+    fail(f"case '{case_id}' not found in any run directory under {', '.join(map(str, roots))}")
+
+
+def error_histogram(out: torch.Tensor, ref: torch.Tensor) -> list[tuple[str, int]]:
+    err = (out.double() - ref.double()).abs().flatten()
+    edges = [0.0] + [10.0**e for e in range(-8, 2)] + [float("inf")]
+    return [(f"[{lo:.0e}, {hi:.0e})", int(((err >= lo) & (err < hi)).sum())) for lo, hi in zip(edges, edges[1:])]
+
+
+def show_worst(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor | None) -> None:
+    diff = (out.double() - ref.double()).abs().nan_to_num(float("inf")).flatten()
+    k = min(WORST, diff.numel())
+    table = Table(title=f"{name}: worst {k} elements")
+    for col in ("coordinates", "out", "oracle", "lowprec", "|out-oracle|"):
+        table.add_column(col)
+    for flat in torch.topk(diff, k).indices.tolist():
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), out.shape))
+        table.add_row(str(list(idx)), f"{float(out[idx]):.6g}", f"{float(ref[idx]):.6g}",
+                      f"{float(low[idx]):.6g}" if low is not None else "", f"{float(diff[flat]):.3g}")
+    console.print(table)
+    hist = Table(title=f"{name}: |out - oracle| histogram")
+    hist.add_column("bucket")
+    hist.add_column("elements")
+    for bucket, n in error_histogram(out, ref):
+        if n:
+            hist.add_row(bucket, str(n))
+    console.print(hist)
+
+
+def repro_cmd(
+    case_id: str = typer.Argument(..., help="a case id from a sweep's results"),
+    runs: Optional[Path] = typer.Option(None, help="run directory root to search (default: reports/)"),
+    impl: Optional[str] = typer.Option(None, help="only this impl"),
+) -> None:
+    """Replay one case: inputs regenerated from its seed, every impl compared with diagnostics."""
+    case = find_case(case_id, [runs] if runs else [Path("reports")])
+    family = get_family(case.family)
+    arch = gpu_arch()
+    console.print(f"[bold]{case}[/]\nreplay: dsv4bench repro {case_id}" + (f" --runs {runs}" if runs else ""))
+    worker = Worker()
+    device = "cuda" if arch else "cpu"
+    data = CaseData(family, case, device)
+    tol = lambda n: family.tolerance_for(case, n)  # noqa: E731
+    for im in impls(case.family):
+        if impl and im.name != impl:
+            continue
+        if not arch:
+            if im.compiles:
+                for a in im.archs:
+                    try:
+                        info = worker.cache.get(im, case, a)[1]
+                        console.print(f"{im.name} {a}: COMPILED in {info.seconds:.2f}s, {info.registers} registers, "
+                                      f"{info.local_bytes} B local, {info.cubin_bytes} B cubin")
+                    except Exception as e:
+                        console.print(f"[red]{im.name} {a}: FAIL_COMPILE[/] {type(e).__name__}: {e}")
+                continue
+            if im.needs_gpu:
+                continue
+        reason = im.available() or im.supports(case, arch)
+        if reason:
+            console.print(f"{im.name}: UNSUPPORTED ({reason})")
+            continue
+        compiled = worker.cache.get(im, case, arch)[0] if im.compiles else None
+        out = family.alloc_outputs(case, device)
+        poison(out)
+        result = im.run(case, data.inputs, out, compiled)
+        ok, metrics = compare_outputs(result, data.oracle, data.lowprec, tol)
+        console.print(f"[{'green' if ok else 'red'}]{im.name}: {'PASS' if ok else 'FAIL'}[/]")
+        for name, m in metrics.items():
+            console.print(f"  {name}: max {m.max_abs:.4g} mean {m.mean_abs:.4g} rel_l2 {m.rel_l2:.3g} "
+                          f"bound {m.bound} worst at {m.worst_index}")
+            if result[name].is_floating_point():
+                show_worst(name, result[name].cpu(), data.oracle[name].cpu(), data.lowprec.get(name, None).cpu()
+                           if name in data.lowprec else None)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("repro")(repro_cmd)

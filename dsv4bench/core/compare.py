@@ -1,0 +1,151 @@
+"""Scoring an output against the FP32 oracle with the BENCHMARKING.md rule.
+
+A float output passes only when all hold:
+1. no NaN/Inf where the oracle has none;
+2. max|out - oracle| <= ratio * max|lowprec - oracle| + atol_floor, where atol_floor is the
+   rounding noise of one operation at the output's magnitude (FlashAttention's rule);
+3. ||out - oracle|| / ||oracle|| <= rel_l2;
+4. the output is not degenerate (all zeros where the oracle is not, or never written).
+Integer outputs compare exactly, or as sets per row (top-k indices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from dsv4bench.core.registry import Tolerance
+
+
+@dataclass
+class ErrorMetrics:
+    passed: bool
+    reasons: list[str] = field(default_factory=list)
+    max_abs: float = 0.0
+    mean_abs: float = 0.0
+    rel_l2: float = 0.0
+    lowprec_max_abs: float | None = None
+    bound: float | None = None  # the allowed max_abs
+    worst_index: list[int] | None = None
+    worst_out: float | None = None
+    worst_oracle: float | None = None
+    mismatches: int = 0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        if self.passed:
+            return f"max {self.max_abs:.3g} <= {self.bound if self.bound is not None else 0:.3g}, rel {self.rel_l2:.2g}"
+        return "; ".join(self.reasons)
+
+
+def rounding_floor(oracle: torch.Tensor, dtype: torch.dtype) -> float:
+    """The error of one rounding step at the output's magnitude: 2*max|(o+0.3-0.3) - o| in dtype."""
+    o = oracle.to(dtype)
+    return 2.0 * float(((o + 0.3 - 0.3).float() - o.float()).abs().max()) if o.numel() else 0.0
+
+
+def _worst(diff: torch.Tensor) -> list[int]:
+    flat = int(torch.argmax(diff))
+    return [int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)]
+
+
+def compare_exact(out: torch.Tensor, oracle: torch.Tensor) -> ErrorMetrics:
+    if out.shape != oracle.shape:
+        return ErrorMetrics(False, [f"shape {tuple(out.shape)} != oracle {tuple(oracle.shape)}"])
+    neq = out != oracle
+    bad = int(neq.sum())
+    m = ErrorMetrics(bad == 0, mismatches=bad)
+    if bad:
+        idx = _worst(neq.to(torch.uint8))
+        m.worst_index, m.worst_out, m.worst_oracle = idx, float(out[tuple(idx)]), float(oracle[tuple(idx)])
+        m.reasons.append(f"{bad} of {out.numel()} elements differ (first at {idx})")
+    return m
+
+
+def compare_index_sets(out: torch.Tensor, oracle: torch.Tensor) -> ErrorMetrics:
+    """Rows of indices compared as sets (order free); -1 marks an empty slot in both."""
+    if out.shape != oracle.shape:
+        return ErrorMetrics(False, [f"shape {tuple(out.shape)} != oracle {tuple(oracle.shape)}"])
+    a = torch.sort(out.reshape(-1, out.shape[-1]), dim=-1).values
+    b = torch.sort(oracle.reshape(-1, oracle.shape[-1]), dim=-1).values
+    bad_rows = (a != b).any(dim=-1)
+    n_bad = int(bad_rows.sum())
+    m = ErrorMetrics(n_bad == 0, mismatches=n_bad)
+    if n_bad:
+        row = int(torch.nonzero(bad_rows)[0])
+        m.worst_index = [row]
+        m.reasons.append(f"{n_bad} of {a.shape[0]} rows select a different index set (first row {row})")
+    return m
+
+
+def compare_float(
+    out: torch.Tensor, oracle: torch.Tensor, lowprec: torch.Tensor | None, tol: Tolerance
+) -> ErrorMetrics:
+    if out.shape != oracle.shape:
+        return ErrorMetrics(False, [f"shape {tuple(out.shape)} != oracle {tuple(oracle.shape)}"])
+    # fp32 differences are exact enough for bf16/fp16/fp32 outputs and halve the memory of fp64
+    wide = torch.float64 if torch.float64 in (out.dtype, oracle.dtype) else torch.float32
+    o64, r64 = out.to(wide), oracle.to(wide)
+    m = ErrorMetrics(True)
+    finite_ref = torch.isfinite(r64)
+    nonfinite = ~torch.isfinite(o64) & finite_ref
+    if bool(nonfinite.any()):
+        m.passed = False
+        m.mismatches = int(nonfinite.sum())
+        m.worst_index = _worst(nonfinite.to(torch.uint8))
+        m.reasons.append(f"{m.mismatches} NaN/Inf where the oracle is finite (first at {m.worst_index})")
+        o64 = torch.where(nonfinite, torch.zeros_like(o64), o64)
+    diff = torch.where(finite_ref, (o64 - r64).abs(), torch.zeros_like(o64))
+    m.max_abs = float(diff.max()) if diff.numel() else 0.0
+    m.mean_abs = float(diff.mean()) if diff.numel() else 0.0
+    ref_norm = float(torch.linalg.vector_norm(torch.where(finite_ref, r64, torch.zeros_like(r64))))
+    m.rel_l2 = float(torch.linalg.vector_norm(diff)) / ref_norm if ref_norm > 0 else m.max_abs
+    if diff.numel():
+        idx = _worst(diff)
+        m.worst_index, m.worst_out, m.worst_oracle = idx, float(out[tuple(idx)]), float(oracle[tuple(idx)])
+
+    floor = rounding_floor(oracle, out.dtype if out.dtype.is_floating_point else torch.float32)
+    if lowprec is not None:
+        m.lowprec_max_abs = float(
+            torch.where(finite_ref, (lowprec.to(wide) - r64).abs(), torch.zeros_like(r64)).max()
+        )
+        m.bound = tol.ratio * m.lowprec_max_abs + floor
+    else:
+        m.bound = floor
+    if m.max_abs > m.bound:
+        m.passed = False
+        m.reasons.append(
+            f"max|err| {m.max_abs:.4g} > bound {m.bound:.4g} at {m.worst_index} "
+            f"(out {m.worst_out:.6g}, oracle {m.worst_oracle:.6g})"
+        )
+    if m.rel_l2 > tol.rel_l2:
+        m.passed = False
+        m.reasons.append(f"relative L2 {m.rel_l2:.3g} > {tol.rel_l2:g}")
+    if ref_norm > 0 and float(torch.linalg.vector_norm(o64)) == 0.0:
+        m.passed = False
+        m.reasons.append("degenerate output: all zeros")
+    return m
+
+
+def compare_outputs(
+    outputs: dict, oracle: dict, lowprec: dict | None, tol_for
+) -> tuple[bool, dict[str, ErrorMetrics]]:
+    """Compare every output the oracle defines; `tol_for(name)` gives each one's Tolerance."""
+    metrics: dict[str, ErrorMetrics] = {}
+    for name, ref in oracle.items():
+        if name not in outputs:
+            metrics[name] = ErrorMetrics(False, [f"output '{name}' missing"])
+            continue
+        out, tol = outputs[name].detach().cpu(), tol_for(name)
+        ref = ref.detach().cpu()
+        if tol.index_set:
+            metrics[name] = compare_index_sets(out, ref)
+        elif tol.exact or not out.dtype.is_floating_point:
+            metrics[name] = compare_exact(out, ref)
+        else:
+            low = lowprec.get(name).detach().cpu() if lowprec and name in lowprec else None
+            metrics[name] = compare_float(out, ref, low, tol)
+    return all(m.passed for m in metrics.values()), metrics

@@ -1,0 +1,85 @@
+"""GPU timing: CUDA events around the region, L2 flushed before every iteration.
+
+Protocol (docs/BENCHMARKING.md): warm-up first (compilation and module load stay out); before
+each iteration a memset of a buffer >= 2x the L2 evicts the cache; events bracket the call alone;
+at least `min_iters` iterations, more while the spread is large. The flush also hides the host's
+launch overhead: the GPU is still busy with the memset while the host enqueues the timed call.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+FLUSH_MIN_BYTES = 256 << 20
+
+
+@dataclass
+class TimingStats:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    mean_ms: float
+    cv: float  # coefficient of variation (stdev / mean)
+    n: int
+    l2_flush: bool
+    samples_ms: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    if len(sorted_vals) == 1:
+        return sorted_vals[0]
+    pos = q * (len(sorted_vals) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def summarize(samples_ms: list[float], l2_flush: bool) -> TimingStats:
+    s = sorted(samples_ms)
+    mean = statistics.fmean(s)
+    cv = statistics.pstdev(s) / mean if mean > 0 and len(s) > 1 else 0.0
+    return TimingStats(
+        statistics.median(s), _quantile(s, 0.1), _quantile(s, 0.9), mean, cv, len(s), l2_flush, list(samples_ms)
+    )
+
+
+class CudaTimer:
+    def __init__(self, device: str = "cuda", flush_l2: bool = True):
+        import torch
+
+        self.torch = torch
+        self.flush_l2 = flush_l2
+        self.flush_buf = None
+        if flush_l2:
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+            self.flush_buf = torch.empty(max(2 * l2, FLUSH_MIN_BYTES), dtype=torch.uint8, device=device)
+
+    def time(
+        self, fn: Callable[[], object], *, warmup: int = 3, min_iters: int = 20, max_iters: int = 100,
+        target_cv: float = 0.03,
+    ) -> TimingStats:
+        torch = self.torch
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        samples: list[float] = []
+        while True:
+            pairs = []
+            for _ in range(min_iters):
+                if self.flush_buf is not None:
+                    self.flush_buf.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                pairs.append((start, end))
+            torch.cuda.synchronize()
+            samples += [s.elapsed_time(e) for s, e in pairs]
+            stats = summarize(samples, self.flush_l2)
+            if stats.cv <= target_cv or len(samples) >= max_iters:
+                return stats

@@ -1,0 +1,196 @@
+"""The child process that compiles, runs, checks and times one task at a time.
+
+Protocol: the parent writes one JSON task per line on stdin; the worker answers one JSON
+ResultRecord per task on the file descriptor named by DSV4BENCH_RESULT_FD (never on stdout, which
+kernels and libraries may write to freely: it goes to the worker's log). A hang or a crash costs
+only this process: the parent kills its process group and starts a fresh worker.
+
+Task modes:
+  compile  compile a CuTeDSL impl for one arch with fake tensors (no GPU) -> COMPILED
+  check    no GPU: the low-precision reference against the FP32 oracle on the CPU -> PASS/FAIL
+  run      GPU: run the impl on fresh inputs, compare with the oracle, optionally time it
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+from dsv4bench.compile.cache import CompileCache
+from dsv4bench.core.case import Case
+from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.registry import get_family, get_impl
+from dsv4bench.core.results import (
+    COMPILED, FAIL_COMPILE, FAIL_NUMERIC, FAIL_RUNTIME, PASS, UNSUPPORTED, ResultRecord,
+)
+
+CUDA_FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "CUDA error", "cudaError")
+
+
+def case_generator(case: Case, device: str = "cpu") -> torch.Generator:
+    seed = int(hashlib.sha256(case.id.encode()).hexdigest()[:15], 16)
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def poison(outputs: dict) -> None:
+    """NaN-fill float outputs (an unwritten element then fails); a sentinel for integer ones."""
+    for t in outputs.values():
+        t.fill_(float("nan") if t.dtype.is_floating_point else -7)
+
+
+class CaseData:
+    """Inputs, oracle and low-precision reference of one case, kept while its impls run."""
+
+    def __init__(self, family, case: Case, device: str):
+        self.case_id = case.id
+        self.inputs = family.make_inputs(case, case_generator(case), device)
+        self.oracle = family.oracle(case, self.inputs)
+        self.lowprec = family.lowprec(case, self.inputs)
+
+
+class Worker:
+    def __init__(self):
+        self.cache = CompileCache()
+        self.data: CaseData | None = None
+        self.timer = None
+        self.ceilings = None
+
+    def case_data(self, family, case: Case, device: str) -> CaseData:
+        if self.data is None or self.data.case_id != case.id:
+            self.data = None
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            self.data = CaseData(family, case, device)
+        return self.data
+
+    def handle(self, task: dict) -> ResultRecord:
+        case = Case.from_json(task["case"])
+        family, impl = get_family(case.family), get_impl(case.family, task["impl"])
+        rec = ResultRecord(
+            run_id=task["run_id"], task=task["key"], case_id=case.id, family=case.family, impl=impl.name,
+            backend=impl.backend, arch=task["arch"], mode=task["mode"], device=task.get("device", "cpu"),
+            params=dict(case.params), seed=case.seed, origin=case.origin, status=UNSUPPORTED,
+        )
+        reason = impl.available() or impl.supports(case, task["arch"])
+        if reason:
+            rec.reason = reason
+            return rec
+        if task["mode"] == "compile":
+            return self.compile(rec, impl, case, task["arch"])
+        if task["mode"] == "check":
+            return self.check(rec, family, case)
+        return self.run(rec, family, impl, case, task)
+
+    def compile(self, rec, impl, case, arch) -> ResultRecord:
+        try:
+            _, info = self.cache.get(impl, case, arch)
+        except Exception as e:
+            rec.status, rec.reason = FAIL_COMPILE, f"{type(e).__name__}: {str(e)[:300]}"
+            rec.log = traceback.format_exc()[-2000:]
+            return rec
+        rec.status, rec.compile = COMPILED, info.to_json()
+        return rec
+
+    def check(self, rec, family, case) -> ResultRecord:
+        data = self.case_data(family, case, "cpu")
+        ok, metrics = compare_outputs(data.lowprec, data.oracle, data.lowprec, lambda n: family.tolerance_for(case, n))
+        rec.status = PASS if ok else FAIL_NUMERIC
+        rec.metrics = {k: m.to_json() for k, m in metrics.items()}
+        rec.reason = "; ".join(m.summary() for m in metrics.values())
+        return rec
+
+    def run(self, rec, family, impl, case, task) -> ResultRecord:
+        compiled = None
+        if impl.compiles:
+            rec = self.compile(rec, impl, case, task["arch"])
+            if rec.status == FAIL_COMPILE:
+                return rec
+            compiled, _ = self.cache.get(impl, case, task["arch"])
+        data = self.case_data(family, case, "cuda")
+        out = family.alloc_outputs(case, "cuda")
+        poison(out)
+        before = {k: v.clone() for k, v in data.inputs.items()}
+        result = impl.run(case, data.inputs, out, compiled)
+        torch.cuda.synchronize()
+        tol = lambda n: family.tolerance_for(case, n)  # noqa: E731
+        ok, metrics = compare_outputs(result, data.oracle, data.lowprec, tol)
+        mutated = [k for k, v in data.inputs.items() if not torch.equal(v, before[k])]
+        rec.metrics = {k: m.to_json() for k, m in metrics.items()}
+        rec.status = PASS if ok and not mutated else FAIL_NUMERIC
+        rec.reason = "; ".join(m.summary() for m in metrics.values())
+        if mutated:
+            rec.reason = f"inputs modified: {', '.join(mutated)}; " + rec.reason
+        if rec.status == PASS and task.get("bench"):
+            self.bench(rec, family, impl, case, data, out, compiled, tol)
+        return rec
+
+    def bench(self, rec, family, impl, case, data, out, compiled, tol) -> None:
+        from dsv4bench.core import ceilings
+        from dsv4bench.core.timing import CudaTimer
+
+        if self.timer is None:
+            self.timer = CudaTimer("cuda")
+            self.ceilings = ceilings.measure("cuda")
+        holder = {}
+
+        def call():
+            holder["r"] = impl.run(case, data.inputs, out, compiled)
+
+        stats = self.timer.time(call)
+        torch.cuda.synchronize()
+        ok, metrics = compare_outputs(holder["r"], data.oracle, data.lowprec, tol)  # re-validate timed outputs
+        if not ok:
+            rec.status = FAIL_NUMERIC
+            rec.reason = "timed output differs: " + "; ".join(m.summary() for m in metrics.values())
+        cost = family.cost(case)
+        sec = stats.median_ms / 1e3
+        rec.timing = stats.to_json()
+        rec.perf = {
+            "tflops": cost.flops / sec / 1e12,
+            "gbps": cost.bytes / sec / 1e9,
+            "pct_copy": 100.0 * cost.bytes / sec / 1e9 / self.ceilings.copy_gbps,
+            "pct_gemm": 100.0 * cost.flops / sec / 1e12 / self.ceilings.gemm_bf16_tflops,
+            "copy_gbps_measured": self.ceilings.copy_gbps,
+            "gemm_tflops_measured": self.ceilings.gemm_bf16_tflops,
+        }
+
+
+def main() -> None:
+    from dsv4bench.core.registry import load_families
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # the oracle is FP32, not TF32
+    torch.backends.cudnn.allow_tf32 = False
+    load_families()
+    out = os.fdopen(int(os.environ["DSV4BENCH_RESULT_FD"]), "w", buffering=1)
+    out.write(json.dumps({"ready": True}) + "\n")
+    worker = Worker()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        task = json.loads(line)
+        print(f"=== task {task['key']}", flush=True)
+        fatal = False
+        try:
+            rec = worker.handle(task)
+        except Exception as e:
+            case = Case.from_json(task["case"])
+            rec = ResultRecord(
+                run_id=task["run_id"], task=task["key"], case_id=case.id, family=case.family, impl=task["impl"],
+                backend="", arch=task["arch"], mode=task["mode"], device=task.get("device", "cpu"),
+                params=dict(case.params), seed=case.seed, origin=case.origin, status=FAIL_RUNTIME,
+                reason=f"{type(e).__name__}: {str(e)[:300]}", log=traceback.format_exc()[-2000:],
+            )
+            fatal = any(mark in str(e) for mark in CUDA_FATAL_MARKERS)
+        out.write(json.dumps(rec.to_json(), default=str) + "\n")
+        sys.stdout.flush()
+        if fatal:  # the CUDA context is gone; the parent starts a fresh worker
+            sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

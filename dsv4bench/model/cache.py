@@ -1,0 +1,92 @@
+"""Per-layer inference caches (DSV4_SPEC.md §10.1), FP32, one sequence.
+
+* the window ring: `ring [window, head_dim]`, token p in slot p mod window (raw KV after the
+  norm and RoPE);
+* the compressed KV entries `comp_kv [n, head_dim]` (entry s at row s);
+* the compressor state: raw projections k and z (+ape) of the tokens not yet folded into an
+  entry (HCA: the current block; CSA: the current and the previous block, which the next
+  entry overlaps) — the reference's `kv_state` / `score_state`;
+* for CSA layers the indexer's own compressor state and its key cache `idx_keys [n, 128]`.
+
+`oracles/model.py` reads and updates these through the protocol its docstring describes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dsv4bench.model.config import ModelConfig
+from oracles.rope import RopeConfig, rope_freqs
+
+
+@dataclass
+class CompressorState:
+    d: int  # entry width
+    width: int  # coff·d, the width of the raw projections
+    device: torch.device
+    start: int = 0  # position of the first buffered token (block aligned)
+    n: int = 0  # entries emitted so far
+    k: torch.Tensor = field(init=False)
+    z: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.k = torch.zeros(0, self.width, device=self.device)
+        self.z = torch.zeros(0, self.width, device=self.device)
+
+
+def layer_rope(cfg: ModelConfig, layer: int) -> RopeConfig:
+    """§2.2: ratio-0 layers (and MTP) use rope_theta without YaRN; compressed ones YaRN."""
+    if cfg.ratio(layer) == 0:
+        return RopeConfig(base=cfg.rope_theta, rope_dim=cfg.rope_head_dim)
+    return RopeConfig(
+        base=cfg.compress_rope_theta,
+        original_seq_len=cfg.original_seq_len,
+        factor=cfg.rope_factor,
+        beta_fast=cfg.beta_fast,
+        beta_slow=cfg.beta_slow,
+        rope_dim=cfg.rope_head_dim,
+    )
+
+
+class LayerCache:
+    def __init__(self, cfg: ModelConfig, layer: int, device: torch.device | str = "cpu"):
+        device = torch.device(device)
+        self.window = cfg.window_size
+        self.freqs = rope_freqs(layer_rope(cfg, layer)).to(device)
+        self.ring = torch.zeros(self.window, cfg.head_dim, device=device)
+        self.seen = 0  # tokens pushed into the ring
+        ratio = cfg.ratio(layer)
+        coff = 2 if ratio == 4 else 1
+        self.comp = CompressorState(cfg.head_dim, coff * cfg.head_dim, device) if ratio else None
+        self.comp_kv = torch.zeros(0, cfg.head_dim, device=device)
+        csa = ratio == 4
+        self.idx_comp = CompressorState(cfg.index_head_dim, 2 * cfg.index_head_dim, device) if csa else None
+        self.idx_keys = torch.zeros(0, cfg.index_head_dim, device=device)
+
+    def window_keys(self, kv_new: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows = [ring slots | new kv]; indices [S, window]: query t's keys t-window+1..t, -1 if < 0.
+
+        A position p older than the chunk lives in ring slot p mod window; a new one at row
+        window + (p - start).
+        """
+        start = int(pos[0])
+        if start != self.seen:
+            raise ValueError(f"chunk starts at position {start} but the cache holds {self.seen} tokens")
+        w = self.window
+        p = pos[:, None] - (w - 1) + torch.arange(w, device=pos.device)[None, :]
+        rows = torch.where(p >= start, w + (p - start), p % w)
+        return torch.cat([self.ring, kv_new.float()]), torch.where(p >= 0, rows, -1)
+
+    def push_window(self, kv_new: torch.Tensor, pos: torch.Tensor) -> None:
+        keep = kv_new[-self.window:], pos[-self.window:]
+        self.ring[keep[1] % self.window] = keep[0].float()
+        self.seen = int(pos[-1]) + 1
+
+    def nbytes(self) -> int:
+        ts = [self.ring, self.comp_kv, self.idx_keys]
+        for st in (self.comp, self.idx_comp):
+            if st is not None:
+                ts += [st.k, st.z]
+        return sum(t.numel() * t.element_size() for t in ts)

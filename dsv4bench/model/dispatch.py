@@ -1,0 +1,101 @@
+"""The op dispatch table of the reference model (documented in docs/model.md).
+
+Every op the model composition (`oracles/model.py`) calls goes through one `OpTable`: a name
+("rmsnorm", "sparse_attention", "expert", ...) mapped to the implementation in use. The FP32
+oracle of each op is registered as backend "oracle" and is the default. A kernel registers an
+alternative with the oracle's signature:
+
+    from dsv4bench.model.dispatch import register_op
+    register_op("rmsnorm", "cutedsl", my_rmsnorm)      # same signature and meaning as the oracle
+
+and a run selects it per op (`OpTable.select({"rmsnorm": "cutedsl"})`) or for every op that has it
+(`OpTable.select_all("cutedsl")`), so each layer can be diffed against FP32 one op at a time.
+Calls are counted and timed per op, which `run-model` reports.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from oracles import model as oracle_model
+
+ORACLE = "oracle"
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str
+    oracle: Callable
+    doc: str
+
+
+# The ops of the model, their FP32 oracle and a one-line contract (the oracle's docstring has the
+# full signature). The order is the order of the dataflow.
+OPS: dict[str, OpInfo] = {
+    name: OpInfo(name, fn, doc) for name, (fn, doc) in oracle_model.ORACLE_OPS.items()
+}
+
+# backend name -> implementation, per op; kernels add entries through register_op.
+_REGISTRY: dict[str, dict[str, Callable]] = {name: {ORACLE: info.oracle} for name, info in OPS.items()}
+
+
+class DispatchError(KeyError):
+    pass
+
+
+def register_op(op: str, backend: str, fn: Callable) -> None:
+    """Register `fn` as backend `backend` of op `op` (it must match the oracle's signature)."""
+    if op not in _REGISTRY:
+        raise DispatchError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+    if backend == ORACLE:
+        raise DispatchError("the 'oracle' backend is reserved for the FP32 oracles")
+    _REGISTRY[op][backend] = fn
+
+
+def backends(op: str) -> list[str]:
+    return list(_REGISTRY[op])
+
+
+class OpTable:
+    """The implementations one model run uses, with per-op call counts and wall time."""
+
+    def __init__(self, selection: Mapping[str, str] | None = None):
+        self.active: dict[str, str] = {op: ORACLE for op in OPS}
+        self.calls: dict[str, int] = dict.fromkeys(OPS, 0)
+        self.seconds: dict[str, float] = dict.fromkeys(OPS, 0.0)
+        if selection:
+            self.select(selection)
+
+    def select(self, selection: Mapping[str, str]) -> "OpTable":
+        for op, backend in selection.items():
+            if op not in _REGISTRY:
+                raise DispatchError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+            if backend not in _REGISTRY[op]:
+                raise DispatchError(f"op {op!r} has no backend {backend!r} (has {', '.join(_REGISTRY[op])})")
+            self.active[op] = backend
+        return self
+
+    def select_all(self, backend: str) -> "OpTable":
+        """Use `backend` for every op that has it; the others stay on the oracle."""
+        return self.select({op: backend for op in OPS if backend in _REGISTRY[op]})
+
+    def __getattr__(self, op: str) -> Callable:
+        if op.startswith("_") or op not in OPS:
+            raise AttributeError(op)
+        fn = _REGISTRY[op][self.active[op]]
+
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.calls[op] += 1
+                self.seconds[op] += time.perf_counter() - t0
+
+        return call
+
+    def report(self) -> list[tuple[str, str, int, float]]:
+        """(op, backend, calls, seconds) for every op, in dataflow order."""
+        return [(op, self.active[op], self.calls[op], self.seconds[op]) for op in OPS]

@@ -1,0 +1,29 @@
+"""Glue shared by the CuTeDSL families: dtype names, fake tensors and the compile call."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def fake_rowmajor(dtype_name: str, shape: tuple, align: int = 16):
+    """A fake row-major tensor; use cute.sym_int() entries for runtime sizes."""
+    order = tuple(range(len(shape) - 1, -1, -1))
+    return make_fake_compact_tensor(CUTE_DTYPES[dtype_name], shape, stride_order=order, assumed_align=align)
+
+
+def compile_kernel(kernel, *fake_args, arch: str):
+    """Compile a @cute.jit callable for `arch` with the TVM-FFI calling convention.
+
+    Works without a GPU. The result is called with torch tensors on the current CUDA stream;
+    --keep-cubin keeps the cubin for resource reports and the on-disk cache.
+    """
+    return cute.compile(
+        kernel, *fake_args, make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=f"--gpu-arch {arch} --enable-tvm-ffi --keep-cubin",
+    )

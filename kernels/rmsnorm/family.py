@@ -1,0 +1,134 @@
+"""The RMSNorm family: case space, oracle pairing, cost model and its implementations."""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
+from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from kernels.common import CUTE_DTYPES, TORCH_DTYPES, compile_kernel, fake_rowmajor
+from kernels.rmsnorm.rmsnorm import RmsNormKernel
+from oracles.norm import NORM_EPS, rmsnorm, rmsnorm_lowprec
+from sweeps import rmsnorm as space
+
+
+class RmsNormFamily(Family):
+    name = "rmsnorm"
+    description = "RMSNorm over the last dim (spec §2.1), weighted and weightless"
+    tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
+
+    def cases(self, opts: SweepOptions) -> list[Case]:
+        params = [(p, "grid") for p in space.production()] if opts.grid else []
+        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
+        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
+        return apply_filters(cases, opts.filters, {"width": "n", "rows": "m", "dtype": "dtype"})
+
+    def parse_filters(self, raw: dict) -> dict:
+        parsers = {
+            "width": lambda v: parse_int_list("width", v),
+            "rows": lambda v: parse_int_list("rows", v),
+            "dtype": lambda v: parse_choice_list("dtype", v, sorted(TORCH_DTYPES)),
+        }
+        unknown = sorted(set(raw) - set(parsers))
+        if unknown:
+            raise ValueError(f"option --{unknown[0]} does not apply to rmsnorm (it takes --width, --rows, --dtype)")
+        return {k: parsers[k](v) for k, v in raw.items()}
+
+    def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
+        m, n, dt = case["m"], case["n"], TORCH_DTYPES[case["dtype"]]
+        x = (torch.randn(m, n, generator=gen) * 2.0 + 0.5).to(dt)
+        inputs = {"x": x.to(device)}
+        if case["weight"]:
+            inputs["w"] = (1.0 + 0.5 * torch.randn(n, generator=gen)).to(dt).to(device)
+        return inputs
+
+    def oracle(self, case: Case, inputs: dict) -> dict:
+        return {"out": rmsnorm(inputs["x"], inputs.get("w"), NORM_EPS)}
+
+    def lowprec(self, case: Case, inputs: dict) -> dict:
+        return {"out": rmsnorm_lowprec(inputs["x"], inputs.get("w"), NORM_EPS)}
+
+    def alloc_outputs(self, case: Case, device: str) -> dict:
+        return {"out": torch.empty(case["m"], case["n"], dtype=TORCH_DTYPES[case["dtype"]], device=device)}
+
+    def cost(self, case: Case) -> Cost:
+        m, n = case["m"], case["n"]
+        es = TORCH_DTYPES[case["dtype"]].itemsize
+        return Cost(flops=4.0 * m * n, bytes=float(2 * m * n * es + (n * es if case["weight"] else 0)))
+
+
+class RmsNormCuteDSL(Impl):
+    family, name, backend = "rmsnorm", "cutedsl", "cutedsl"
+    compiles = True
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        try:
+            RmsNormKernel(CUTE_DTYPES[case["dtype"]], case["n"], case["weight"])
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def compile_key(self, case: Case, arch: str) -> tuple:
+        return (self.family, self.name, arch, case["dtype"], case["n"], bool(case["weight"]), NORM_EPS)
+
+    def compile(self, case: Case, arch: str):
+        n, dt = case["n"], case["dtype"]
+        rows = cute.sym_int()
+        x, o = fake_rowmajor(dt, (rows, n)), fake_rowmajor(dt, (rows, n))
+        w = fake_rowmajor(dt, (n,)) if case["weight"] else None
+        kernel = RmsNormKernel(CUTE_DTYPES[dt], n, bool(case["weight"]), NORM_EPS)
+        return compile_kernel(kernel, x, w, o, arch=arch)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        compiled(inputs["x"], inputs.get("w"), out["out"])
+        return out
+
+
+class RmsNormTorch(Impl):
+    """torch eager: the fused F.rms_norm, same math in the input dtype."""
+
+    family, name, backend = "rmsnorm", "torch", "torch"
+    archs = ("any",)
+    needs_gpu = False
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        w = inputs.get("w")
+        return {"out": torch.nn.functional.rms_norm(inputs["x"], (case["n"],), w, NORM_EPS)}
+
+
+class RmsNormTorchCompile(Impl):
+    family, name, backend = "rmsnorm", "torch_compile", "torch_compile"
+    archs = ("any",)
+    _fn = None
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if RmsNormTorchCompile._fn is None:
+            RmsNormTorchCompile._fn = torch.compile(rmsnorm_lowprec, dynamic=False)
+        return {"out": RmsNormTorchCompile._fn(inputs["x"], inputs.get("w"), NORM_EPS)}
+
+
+class RmsNormQuack(Impl):
+    family, name, backend = "rmsnorm", "quack", "quack"
+    archs = ("any",)
+
+    def available(self) -> str | None:
+        try:
+            import quack.rmsnorm  # noqa: F401
+        except Exception as e:  # ImportError, or a CUDA-only import failing on a CPU box
+            return f"quack not importable ({type(e).__name__})"
+        return None
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        return None if case["dtype"] in ("bf16", "fp16", "fp32") and case["n"] % 8 == 0 else "quack needs n % 8 == 0"
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        from quack.rmsnorm import rmsnorm_fwd
+
+        return {"out": rmsnorm_fwd(inputs["x"], inputs.get("w"), eps=NORM_EPS)[0]}
+
+
+register_family(RmsNormFamily())
+for _impl in (RmsNormCuteDSL(), RmsNormTorch(), RmsNormTorchCompile(), RmsNormQuack()):
+    register_impl(_impl)
