@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from dsv4bench.cli.common import console, gpu_arch
-from dsv4bench.core.registry import families, impls
+from dsv4bench.core.registry import BROKEN_MODULES, families, impls
 
 
 def list_cmd() -> None:
@@ -27,6 +27,8 @@ def list_cmd() -> None:
             table.add_row(name if i == 0 else "", impl.name, impl.backend, ",".join(impl.archs), status)
         table.add_row(f"[dim]{fam.description}[/]", "", "", "", "", end_section=True)
     console.print(table)
+    for module, why in BROKEN_MODULES.items():
+        console.print(f"[red]failed to load {module}[/]: {why}")
 
 
 def register(app: typer.Typer) -> None:

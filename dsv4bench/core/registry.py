@@ -137,16 +137,21 @@ def register_impl(impl: Impl) -> Impl:
 
 
 _loaded = False
+BROKEN_MODULES: dict[str, str] = {}  # module -> why it failed to import (shown by `list`)
 
 
 def load_families() -> None:
+    """Import every family module; one that fails is recorded in BROKEN_MODULES, not fatal."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    extra = [m for m in os.environ.get("DSV4BENCH_PLUGINS", "").split(",") if m.strip()]
+    extra = [m.strip() for m in os.environ.get("DSV4BENCH_PLUGINS", "").split(",") if m.strip()]
     for mod in BUILTIN_FAMILY_MODULES + extra:
-        importlib.import_module(mod.strip())
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # a broken kernel module must not take the whole tool down
+            BROKEN_MODULES[mod] = f"{type(e).__name__}: {e}"
 
 
 def families() -> dict[str, Family]:
@@ -158,6 +163,9 @@ def get_family(name: str) -> Family:
     load_families()
     if name not in _FAMILIES:
         known = ", ".join(sorted(_FAMILIES))
+        broken = [f"{m} ({why})" for m, why in BROKEN_MODULES.items() if name in m]
+        if broken:
+            raise KeyError(f"kernel family '{name}' failed to load: {broken[0]}")
         raise KeyError(f"unknown kernel family '{name}' (known: {known})")
     return _FAMILIES[name]
 
