@@ -1,0 +1,283 @@
+"""FP32 composition of the DSV4 forward pass (DSV4_SPEC.md §3–§9), op by op through a table.
+
+Every numerical op goes through `ops`, an object whose attributes are the ops of `ORACLE_OPS`
+(`dsv4bench.model.dispatch.OpTable` in the runner; `OracleOps()` here for plain use), so a
+kernel can replace any one op and the rest stays FP32. Nothing here quantises activations: this
+is the pure-FP32 oracle of the dataflow (no FP8/FP4 QAT simulation), with the checkpoint's
+quantised weights dequantised exactly (§2.6).
+
+One code path serves prefill, chunked prefill and decode: `forward` processes the S tokens at
+positions start..start+S-1 on top of whatever the per-layer caches already hold. A cache object
+(`dsv4bench.model.cache.LayerCache` in the runner) provides, per layer:
+
+* `freqs`: the layer's RoPE frequencies (theta 10000 without YaRN for ratio 0, else 160000+YaRN);
+* `window_keys(kv_new, pos) -> (kv_rows, indices [S, window])` and `push_window(kv_new, pos)`:
+  the 128-slot ring of raw window KV (§10.1);
+* `comp` / `idx_comp`: compressor states (`.k`, `.z`, `.start`, `.n`) of the main and indexer
+  compressors; `comp_kv` / `idx_keys`: the compressed KV entries and indexer keys emitted so far.
+
+Shapes: one sequence, tokens first: streams X [S, hc, D], activations [S, D], all fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oracles.fmha import sparse_attention
+from oracles.hadamard import hadamard_rotate
+from oracles.linear import dequant, linear
+from oracles.mhc import hc_head, hc_post, hc_pre
+from oracles.norm import rmsnorm
+from oracles.rope import apply_rope
+
+# ------------------------------------------------------------------------------------------------
+# Ops written here because no per-op oracle module provides them yet (see the report of issue 4).
+# Each is the spec's math for one op and nothing else; move it to its family's module when one
+# lands and point ORACLE_OPS at it.
+# ------------------------------------------------------------------------------------------------
+
+
+def grouped_linear(o: torch.Tensor, w, groups: int) -> torch.Tensor:
+    """§7.4 wo_a: o [S, G, K] (group g = heads [g·H/G, (g+1)·H/G) flattened), w [G·r, K] → [S, G, r].
+
+    U[s, g] = o[s, g] @ W[g·r:(g+1)·r].T with W = dequant(w) (FP8 in the checkpoint).
+    """
+    wa = dequant(w).unflatten(0, (groups, -1))  # [G, r, K]
+    return torch.einsum("sgk,grk->sgr", o.float(), wa)
+
+
+def compress_pool(k: torch.Tensor, z: torch.Tensor, ratio: int, prev_k=None, prev_z=None) -> torch.Tensor:
+    """§5.3/§5.4 pooling of complete blocks (before the norm / RoPE of §5.5).
+
+    k, z: [n·m, coff·d] fp32 projections (z includes ape) of n consecutive complete blocks.
+    HCA (coff = 1): c_s = Σ_j softmax_j(z) ⊙ k over the m tokens of block s.
+    CSA (coff = 2): the 2m candidates of block s are its own tokens' second halves (b) and the
+    previous block's first halves (a); prev_k/prev_z [m, 2d] is the block before the first one,
+    None = no previous block (block 0: value 0, score −inf). Returns [n, d].
+    """
+    m = ratio
+    n = k.shape[0] // m
+    kb, zb = k.float().view(n, m, -1), z.float().view(n, m, -1)
+    if ratio != 4:
+        return (torch.softmax(zb, dim=1) * kb).sum(1)
+    d = kb.shape[-1] // 2
+    if prev_k is None:
+        pk = torch.zeros(1, m, 2 * d, dtype=kb.dtype, device=kb.device)
+        pz = torch.full_like(pk, float("-inf"))
+    else:
+        pk, pz = prev_k.float().view(1, m, -1), prev_z.float().view(1, m, -1)
+    a_k = torch.cat([pk, kb[:-1]])[..., :d]  # previous block's first halves
+    a_z = torch.cat([pz, zb[:-1]])[..., :d]
+    cand_k = torch.cat([a_k, kb[..., d:]], dim=1)  # [n, 2m, d]
+    cand_z = torch.cat([a_z, zb[..., d:]], dim=1)
+    return (torch.softmax(cand_z, dim=1) * cand_k).sum(1)
+
+
+def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """§6 lightning-indexer scores I[t, s] = Σ_h w[t, h] · ReLU(q[t, h] · k[s]).
+
+    q [S, H, d], w [S, H] (already scaled by d^-0.5·H^-0.5), keys [N, d] → fp32 [S, N].
+    """
+    return torch.einsum("shd,nd->shn", q.float(), keys.float()).relu().mul(w.float()[..., None]).sum(1)
+
+
+def route(x: torch.Tensor, gate, bias, tid2eid, ids: torch.Tensor, topk: int, route_scale: float):
+    """§8.1 router: s = sqrt(softplus(x @ gate.T)); indices from tid2eid[ids] (hash layers) or
+    topk(s + bias); weights = s at those indices, normalised to sum 1, times route_scale.
+
+    x [T, D]; gate [E, D]; bias [E] or None; tid2eid [V, k] or None; ids [T].
+    Returns (indices int64 [T, k], weights fp32 [T, k]).
+    """
+    s = torch.sqrt(torch.nn.functional.softplus(x.float() @ gate.float().T))
+    if tid2eid is not None:
+        idx = tid2eid[ids].long()
+    else:
+        idx = torch.topk(s + bias.float(), topk, dim=-1).indices
+    w = s.gather(-1, idx)
+    return idx, w / w.sum(-1, keepdim=True) * route_scale
+
+
+def expert(x: torch.Tensor, w1, w2, w3, limit: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """§8.2 clamped SwiGLU expert: h = silu(min(w1 x, limit)) · clamp(w3 x, ±limit); the routing
+    weight [T] (None for the shared expert) multiplies h before w2. x [T, D] → fp32 [T, D]."""
+    g = linear(x, w1).clamp(max=limit)
+    u = linear(x, w3).clamp(-limit, limit)
+    h = torch.nn.functional.silu(g) * u
+    if weight is not None:
+        h = h * weight.float()[:, None]
+    return linear(h, w2)
+
+
+# ------------------------------------------------------------------------------------------------
+# The op table: name -> (FP32 oracle, contract). dsv4bench.model.dispatch builds on it.
+# ------------------------------------------------------------------------------------------------
+
+ORACLE_OPS = {
+    "hc_pre": (hc_pre, "mHC collapse of the 4 streams into a sublayer input, with post/comb (§3.3)"),
+    "rmsnorm": (rmsnorm, "RMSNorm over the last dim, optional weight (§2.1)"),
+    "linear": (linear, "x @ dequant(W).T for bf16 / FP8 / MXFP4 / NVFP4 weights (§2.6)"),
+    "rope": (apply_rope, "partial interleaved RoPE on the last 64 dims, inverse=True rotates back (§2.2)"),
+    "compress_pool": (compress_pool, "per-channel softmax pooling of compressor blocks, CSA overlap (§5.3-5.4)"),
+    "hadamard": (hadamard_rotate, "Walsh-Hadamard rotation of indexer q and keys (§2.5)"),
+    "index_scores": (index_scores, "lightning-indexer scores sum_h w·ReLU(q·k) (§6)"),
+    "sparse_attention": (sparse_attention, "gathered-key attention with per-head sink (§7.2)"),
+    "grouped_linear": (grouped_linear, "grouped low-rank output projection wo_a (§7.4)"),
+    "hc_post": (hc_post, "mHC expansion + residual mixing (§3.4)"),
+    "router": (route, "sqrt-softplus router, hash (tid2eid) or biased top-k (§8.1)"),
+    "expert": (expert, "clamped SwiGLU expert, routing weight before w2 (§8.2)"),
+    "hc_head": (hc_head, "mHC collapse before the final norm (§3.5)"),
+}
+
+
+class OracleOps:
+    """The plain FP32 op table: attribute access returns the oracle of that op."""
+
+    def __getattr__(self, name: str):
+        try:
+            return ORACLE_OPS[name][0]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# Composition
+# ------------------------------------------------------------------------------------------------
+
+
+def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, state, ops, ratio: int,
+                freqs: torch.Tensor, eps: float, rotate: bool) -> torch.Tensor:
+    """Feed S new tokens to a compressor (§5) and return the entries their blocks complete.
+
+    `state` holds the raw projections (k, z+ape) of the tokens from `state.start` (block aligned:
+    the previous block too for CSA, which the next entry overlaps) and `state.n`, the entries
+    emitted so far. Returns [n_new, d] after the norm and RoPE (and the Hadamard when `rotate`).
+    """
+    k = ops.linear(x, p[f"{prefix}.wkv"])
+    z = ops.linear(x, p[f"{prefix}.wgate"]) + p[f"{prefix}.ape"].float()[pos % ratio]
+    state.k, state.z = torch.cat([state.k, k]), torch.cat([state.z, z])
+    n_total = (int(pos[-1]) + 1) // ratio  # entries complete once a block's last token is seen (§5.6)
+    if n_total == state.n:
+        return k.new_zeros(0, state.d)
+    first = state.start // ratio  # first block held in the buffer
+    has_prev = ratio == 4 and state.n > first
+    lo = (state.n - first) * ratio  # offset of the first block to emit
+    hi = (n_total - first) * ratio
+    prev = (state.k[lo - ratio:lo], state.z[lo - ratio:lo]) if has_prev else (None, None)
+    pooled = ops.compress_pool(state.k[lo:hi], state.z[lo:hi], ratio, *prev)
+    s = torch.arange(state.n, n_total, device=x.device)
+    entries = ops.rope(ops.rmsnorm(pooled, p[f"{prefix}.norm"], eps), s * ratio, freqs)
+    if rotate:
+        entries = ops.hadamard(entries)
+    keep = max(n_total - 1, 0) * ratio if ratio == 4 else n_total * ratio  # new buffer start
+    state.k, state.z = state.k[keep - state.start:], state.z[keep - state.start:]
+    state.start, state.n = keep, n_total
+    return entries
+
+
+def _indexer(p: dict, x, qr, pos, cache, ops, cfg) -> torch.Tensor:
+    """§6: the CSA top-k of compressed entries per query, [S, k] entry ids, -1 = none."""
+    keys = _compressor(p, "attn.indexer.compressor", x, pos, cache.idx_comp, ops, 4, cache.freqs,
+                       cfg.norm_eps, rotate=True)
+    cache.idx_keys = torch.cat([cache.idx_keys, keys])
+    S, H, d = x.shape[0], cfg.index_n_heads, cfg.index_head_dim
+    q = ops.rope(ops.linear(qr, p["attn.indexer.wq_b"]).view(S, H, d), pos[:, None], cache.freqs)
+    q = ops.hadamard(q)
+    w = ops.linear(x, p["attn.indexer.weights_proj"]) * (d ** -0.5 * H ** -0.5)
+    n = cache.idx_keys.shape[0]
+    k = min(cfg.index_topk, n)
+    if k == 0:
+        return torch.full((S, 0), -1, dtype=torch.long, device=x.device)
+    scores = ops.index_scores(q, w, cache.idx_keys)
+    visible = torch.arange(n, device=x.device)[None, :] < ((pos + 1) // 4)[:, None]
+    # top-k as a stable descending sort: equal scores (ReLU makes exact zeros common) resolve to
+    # the earlier entry, so the selection does not depend on how many queries share the call.
+    vals, order = scores.masked_fill(~visible, float("-inf")).sort(dim=-1, descending=True, stable=True)
+    return torch.where(torch.isfinite(vals[:, :k]), order[:, :k], -1)
+
+
+def _hca_visible(pos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:
+    """HCA: query t uses every entry s < (t+1)//ratio, [S, n], -1 = not yet visible."""
+    s = torch.arange(n, device=pos.device)[None, :]
+    return torch.where(s < ((pos + 1) // ratio)[:, None], s, -1)
+
+
+def attention(p: dict, x: torch.Tensor, pos: torch.Tensor, cache, ops, cfg, layer: int) -> torch.Tensor:
+    """§4–§7: the attention sublayer for S new tokens. x [S, D] (after attn_norm) → [S, D]."""
+    S, H, hd, eps = x.shape[0], cfg.n_heads, cfg.head_dim, cfg.norm_eps
+    ratio, freqs = cfg.ratio(layer), cache.freqs
+    qr = ops.rmsnorm(ops.linear(x, p["attn.wq_a"]), p["attn.q_norm"], eps)
+    q = ops.rmsnorm(ops.linear(qr, p["attn.wq_b"]).view(S, H, hd), None, eps)
+    q = ops.rope(q, pos[:, None], freqs)
+    kv = ops.rope(ops.rmsnorm(ops.linear(x, p["attn.wkv"]), p["attn.kv_norm"], eps), pos, freqs)
+
+    kv_rows, idx = cache.window_keys(kv, pos)
+    if ratio:
+        entries = _compressor(p, "attn.compressor", x, pos, cache.comp, ops, ratio, freqs, eps, rotate=False)
+        cache.comp_kv = torch.cat([cache.comp_kv, entries])
+        comp = _indexer(p, x, qr, pos, cache, ops, cfg) if ratio == 4 else \
+            _hca_visible(pos, cache.comp_kv.shape[0], ratio)
+        idx = torch.cat([torch.where(comp >= 0, comp + kv_rows.shape[0], -1), idx], dim=1)
+        kv_rows = torch.cat([kv_rows, cache.comp_kv])
+    cache.push_window(kv, pos)
+
+    o, _ = ops.sparse_attention(q, kv_rows, idx, p["attn.attn_sink"], cfg.softmax_scale)
+    o = ops.rope(o, pos[:, None], freqs, inverse=True)
+    u = ops.grouped_linear(o.reshape(S, cfg.o_groups, -1), p["attn.wo_a"], cfg.o_groups)
+    return ops.linear(u.flatten(1), p["attn.wo_b"])
+
+
+def moe(p: dict, x: torch.Tensor, ids: torch.Tensor, ops, cfg, layer: int) -> torch.Tensor:
+    """§8: routed experts (hash or biased routing) plus the shared expert. x [T, D] → [T, D]."""
+    idx, w = ops.router(x, p["ffn.gate"], p.get("ffn.gate.bias"), p.get("ffn.gate.tid2eid"), ids,
+                        cfg.n_activated_experts, cfg.route_scale)
+    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in torch.unique(idx).tolist():
+        rows, slot = torch.nonzero(idx == e, as_tuple=True)
+        f = f"ffn.experts.{e}"
+        y.index_add_(0, rows, ops.expert(x[rows], p[f"{f}.w1"], p[f"{f}.w2"], p[f"{f}.w3"],
+                                         cfg.swiglu_limit, w[rows, slot]))
+    s = "ffn.shared_experts"
+    return y + ops.expert(x, p[f"{s}.w1"], p[f"{s}.w2"], p[f"{s}.w3"], cfg.swiglu_limit, None)
+
+
+def block(p: dict, X: torch.Tensor, pos, ids, cache, ops, cfg, layer: int) -> torch.Tensor:
+    """§3.4: X [S, hc, D] → hc_pre → attn_norm → attention → hc_post → same with the MoE."""
+    it, he, ne = cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps
+    y, post, comb = ops.hc_pre(X, p["hc_attn_fn"], p["hc_attn_scale"], p["hc_attn_base"], it, he, ne)
+    X = ops.hc_post(attention(p, ops.rmsnorm(y, p["attn_norm"], ne), pos, cache, ops, cfg, layer), X, post, comb)
+    y, post, comb = ops.hc_pre(X, p["hc_ffn_fn"], p["hc_ffn_scale"], p["hc_ffn_base"], it, he, ne)
+    return ops.hc_post(moe(p, ops.rmsnorm(y, p["ffn_norm"], ne), ids, ops, cfg, layer), X, post, comb)
+
+
+def head(hc_p: dict, prefix: str, norm_w, head_w, X: torch.Tensor, ops, cfg) -> torch.Tensor:
+    """§9.1: hc_head → norm → head; X [S, hc, D] → logits fp32 [S, V]."""
+    y = ops.hc_head(X, hc_p[f"{prefix}_fn"], hc_p[f"{prefix}_scale"], hc_p[f"{prefix}_base"], cfg.hc_eps, cfg.norm_eps)
+    return ops.linear(ops.rmsnorm(y, norm_w, cfg.norm_eps), head_w)
+
+
+def forward(top: dict, layers: list[dict], ids: torch.Tensor, start: int, caches: list, ops, cfg,
+            all_logits: bool = False):
+    """The main model on tokens ids [S] at positions start..start+S-1 (§3.1, blocks, §9.1).
+
+    Returns (logits fp32 [S or 1, V] — every position or the last one, X fp32 [S, hc, D], the
+    final residual streams before hc_head, which feed the MTP block).
+    """
+    pos = torch.arange(start, start + ids.shape[0], device=ids.device)
+    X = top["embed"][ids].float()[:, None, :].expand(-1, cfg.hc_mult, -1)
+    for i, (p, cache) in enumerate(zip(layers, caches)):
+        X = block(p, X, pos, ids, cache, ops, cfg, i)
+    sel = X if all_logits else X[-1:]
+    return head(top, "hc_head", top["norm"], top["head"], sel, ops, cfg), X
+
+
+def mtp_forward(top: dict, p: dict, X: torch.Tensor, next_ids: torch.Tensor, start: int, cache, ops, cfg,
+                k: int = 0, all_logits: bool = False) -> torch.Tensor:
+    """§9.2 MTP block k: main streams X [S, hc, D] at positions start.. and the ids of the tokens
+    that follow them → draft logits fp32 [S or 1, V] for the token after those."""
+    pos = torch.arange(start, start + next_ids.shape[0], device=next_ids.device)
+    e = ops.rmsnorm(top["embed"][next_ids].float(), p["enorm"], cfg.norm_eps)
+    hs = ops.rmsnorm(X, p["hnorm"], cfg.norm_eps)
+    X0 = ops.linear(e, p["e_proj"])[:, None, :] + ops.linear(hs, p["h_proj"])
+    X1 = block(p, X0, pos, next_ids, cache, ops, cfg, cfg.n_layers + k)
+    sel = X1 if all_logits else X1[-1:]
+    return head(p, "hc_head", p["norm"], top["head"], sel, ops, cfg)
