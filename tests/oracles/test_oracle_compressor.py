@@ -92,7 +92,8 @@ def test_entries_are_causal_and_become_visible_at_the_block_end(seed, m, t):
     assert torch.equal(after[:, :n_vis], full[:, :n_vis])
     if n_vis < full.shape[1] and t + 1 < x.shape[1]:
         assert not torch.equal(after[:, n_vis], full[:, n_vis]), "the next entry does read later tokens"
-    assert torch.equal(compress_prefill(x[:, :t + 1], wkv, wgate, ape), full[:, :n_vis])
+    # a shorter prefill emits the same entries (up to GEMM blocking of the projections)
+    torch.testing.assert_close(compress_prefill(x[:, :t + 1], wkv, wgate, ape), full[:, :n_vis])
 
 
 @SETTINGS
