@@ -1,0 +1,125 @@
+"""Side-by-side timing of the fmha impls on the issue's shapes, one process, one device.
+
+    python3 benchmarks/fmha_bench.py --out benchmarks/results/fmha-h100.json
+
+Every timed output is validated against the FP32 oracle first (BENCHMARKING.md); L2 is flushed
+between iterations. Ratios are peer_time / our_time (> 1 means we are faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.registry import get_impl
+from dsv4bench.core.worker import case_generator, poison
+from kernels.fmha.family import FAMILY
+from sweeps.fmha import _dense, _sparse
+
+IMPLS = ("cutedsl", "flashmla", "fa4", "cudnn", "torch")
+
+
+def bench_cases() -> dict[str, dict]:
+    return {
+        "pro_prefill": _sparse(h_q=128, s_q=4096, topk=1152, s_kv=8192, lse=False),
+        "flash_prefill": _sparse(h_q=64, s_q=4096, topk=640, s_kv=8192, lse=False),
+        "pro_decode_64": _sparse(h_q=128, s_q=64, topk=1152, window=0, kv_layout="per_token", lse=False),
+        "pro_decode_128": _sparse(h_q=128, s_q=128, topk=1152, window=0, kv_layout="per_token", lse=False),
+        "flash_decode_64": _sparse(h_q=64, s_q=64, topk=640, window=0, kv_layout="per_token", lse=False),
+        "dense_hd128": _dense(128, "none", b=4, h_q=16, h_kv=16, s_q=4096, s_kv=4096, lse=False),
+        "dense_hd256": _dense(256, "none", b=4, h_q=16, h_kv=16, s_q=4096, s_kv=4096, lse=False),
+        "dense_hd128_causal": _dense(128, "causal", b=4, h_q=16, h_kv=16, s_q=4096, s_kv=4096, lse=False),
+    }
+
+
+def device_info() -> dict:
+    info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        q = "driver_version,clocks.sm,clocks.max.sm,clocks.mem"
+        info["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception as e:  # no nvidia-smi on the box
+        info["nvidia_smi"] = f"unavailable ({type(e).__name__})"
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="", help="comma-separated case names")
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    args = ap.parse_args()
+    from dsv4bench.core import ceilings
+    from dsv4bench.core.timing import CudaTimer
+
+    timer = CudaTimer("cuda")
+    ceil = ceilings.measure("cuda")
+    record = {"device": device_info(), "ceilings": ceil.to_json(), "l2_flush": True, "results": []}
+    print(record["device"], record["ceilings"], flush=True)
+    names = [n for n in bench_cases() if not args.only or n in args.only.split(",")]
+    for name in names:
+        case = Case("fmha", bench_cases()[name], 0, "bench")
+        x = FAMILY.make_inputs(case, case_generator(case), "cuda")
+        ref, low = FAMILY.oracle(case, x), FAMILY.lowprec(case, x)
+        cost = FAMILY.cost(case)
+        for impl_name in args.impls.split(","):
+            impl = get_impl("fmha", impl_name)
+            row = {"case": name, "case_id": case.id, "params": dict(case.params), "impl": impl_name}
+            reason = impl.available() or impl.supports(case, "sm_90a")
+            if reason:
+                row["status"] = "UNSUPPORTED: " + reason
+                record["results"].append(row)
+                continue
+            try:
+                compiled = None
+                if impl.compiles:
+                    t0 = time.perf_counter()
+                    compiled = impl.compile(case, "sm_90a")
+                    row["compile_s"] = round(time.perf_counter() - t0, 2)
+                out = FAMILY.alloc_outputs(case, "cuda")
+                poison(out)
+                holder = {}
+
+                def call():
+                    holder["r"] = impl.run(case, x, out, compiled)
+
+                call()
+                torch.cuda.synchronize()
+                ok, m = compare_outputs(holder["r"], ref, low, lambda n: FAMILY.tolerance_for(case, n))
+                row["check"] = {k: v.summary() for k, v in m.items()}
+                stats = timer.time(call)
+                ok2, _ = compare_outputs(holder["r"], ref, low, lambda n: FAMILY.tolerance_for(case, n))
+                row["status"] = "PASS" if ok and ok2 else "FAIL_NUMERIC"
+                sec = stats.median_ms / 1e3
+                row.update(median_ms=stats.median_ms, p10_ms=stats.p10_ms, p90_ms=stats.p90_ms, cv=stats.cv,
+                           n=stats.n, tflops=cost.flops / sec / 1e12, gbps=cost.bytes / sec / 1e9,
+                           pct_copy=100 * cost.bytes / sec / 1e9 / ceil.copy_gbps)
+            except Exception as e:
+                row["status"] = f"FAIL_RUNTIME: {type(e).__name__}: {str(e)[:300]}"
+            print(json.dumps({k: v for k, v in row.items() if k != "params"}), flush=True)
+            record["results"].append(row)
+        del x, ref, low
+        torch.cuda.empty_cache()
+    ours = {r["case"]: r for r in record["results"] if r["impl"] == "cutedsl" and "median_ms" in r}
+    for r in record["results"]:
+        if r["impl"] != "cutedsl" and "median_ms" in r and r["case"] in ours:
+            r["ratio_vs_ours"] = r["median_ms"] / ours[r["case"]]["median_ms"]
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"\n| case | impl | status | ms | TFLOP/s | GB/s | peer/ours |\n|---|---|---|---|---|---|---|")
+    for r in record["results"]:
+        if "median_ms" in r:
+            print(f"| {r['case']} | {r['impl']} | {r['status']} | {r['median_ms']:.3f} | {r['tflops']:.0f} | "
+                  f"{r['gbps']:.0f} | {r.get('ratio_vs_ours', 1.0):.2f} |")
+        else:
+            print(f"| {r['case']} | {r['impl']} | {r['status'][:60]} | | | | |")
+
+
+if __name__ == "__main__":
+    main()

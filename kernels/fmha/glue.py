@@ -1,0 +1,132 @@
+"""Our impl: the fmha family's torch tensors mapped onto the SM90 CuTeDSL gathered-key kernel.
+
+Tensors go in as permuted views (no copies): q/k/v/o [b, s, h, d] -> (s, h, d, b), lse
+[b, s, h] -> (s, h, b), indices [b, rows, n] -> (rows, n, b). Dense masks become per-query-block
+key ranges (the kernel masks each row by position); sparse cases pass their per-token lists.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_tensor
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import Impl
+from kernels.common import compile_kernel
+from kernels.fmha.fmha_sm90 import LOG2E, Config, GatherAttentionSm90
+
+
+def config_for(case: Case) -> Config:
+    mask = case["mask"]
+    return Config(
+        d=case["hd"], dv=case["hd"], hpg=case["h_q"] // case["h_kv"], kv_shared=bool(case["kv_shared"]),
+        per_token_idx=mask == "sparse", causal="causal" in mask,
+    )
+
+
+NO_WINDOW = 1 << 30
+
+
+def has_window(case: Case) -> bool:
+    return case["mask"] in ("window", "causal_window")
+
+
+def fake_args(cfg: Config) -> tuple:
+    """Fake (s, h, d, b) tensors with runtime sizes; d is contiguous and strides are 16-byte multiples."""
+    s_q, h_q, s_kv, h_kv, b, rows, n = (cute.sym_int32() for _ in range(7))
+
+    def s8():
+        return cute.sym_int64(divisibility=8)
+
+    bf = cutlass.BFloat16
+    q = make_fake_tensor(bf, (s_q, h_q, cfg.d, b), (s8(), s8(), 1, s8()), assumed_align=16)
+    k = make_fake_tensor(bf, (s_kv, h_kv, cfg.d, b), (s8(), s8(), 1, s8()), assumed_align=16)
+    v = make_fake_tensor(bf, (s_kv, h_kv, cfg.dv, b), (s8(), s8(), 1, s8()), assumed_align=16)
+    idx = make_fake_tensor(cutlass.Int32, (rows, n, b), (cute.sym_int64(), 1, cute.sym_int64()), assumed_align=4)
+    sink = make_fake_tensor(cutlass.Float32, (h_q,), (1,), assumed_align=4)
+    o = make_fake_tensor(bf, (s_q, h_q, cfg.dv, b), (s8(), s8(), 1, s8()), assumed_align=16)
+    lse = make_fake_tensor(cutlass.Float32, (s_q, h_q, b), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()),
+                           assumed_align=4)
+    return q, k, v, idx, sink, o, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0)
+
+
+def compile_config(cfg: Config, arch: str):
+    """Compile the kernel for one Config (no GPU needed). Returns (compiled, traced layouts)."""
+    kernel = GatherAttentionSm90(cfg)
+    compiled = compile_kernel(kernel, *fake_args(cfg), arch=arch)
+    return compiled, dict(kernel.layouts)
+
+
+def block_indices(s_q: int, s_kv: int, tq: int, causal: bool, window: int | None, device) -> torch.Tensor:
+    """int32 [ceil(s_q/tq), n]: the key range [lo, hi) that any query of each block of tq tokens may
+    see under the bottom-right aligned causal / window mask, -1 padded."""
+    off = s_kv - s_q
+    t0 = torch.arange(0, s_q, tq, device=device)
+    t1 = torch.clamp(t0 + tq, max=s_q) - 1
+    lo = torch.zeros_like(t0)
+    hi = torch.full_like(t0, s_kv)
+    if window:
+        lo = torch.clamp(t0 + off - (window - 1), min=0)
+        hi = torch.clamp(t1 + off + window, max=s_kv)
+    if causal:
+        hi = torch.clamp(torch.minimum(hi, t1 + off + 1), min=0)
+    lo = torch.minimum(lo, hi)
+    n = max(1, int((hi - lo).max()))
+    j = lo[:, None] + torch.arange(n, device=device)[None, :]
+    return torch.where(j < hi[:, None], j, torch.full_like(j, -1)).to(torch.int32)
+
+
+class FmhaCuteDSL(Impl):
+    family, name, backend = "fmha", "cutedsl", "cutedsl"
+    archs = ("sm_90a",)
+    compiles = True
+
+    def __init__(self):
+        self._idx: tuple | None = None  # (key, kernel-format indices) of the last case
+        self._no_sink: dict = {}
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if arch not in (None, "sm_90a"):
+            return f"the SM90 kernel does not target {arch}"
+        if case["h_q"] % case["h_kv"]:
+            return "h_q must be a multiple of h_kv"
+        try:
+            config_for(case).n_block  # noqa: B018 (validates smem fit)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def compile_key(self, case: Case, arch: str) -> tuple:
+        return (self.family, self.name, arch, config_for(case))
+
+    def compile(self, case: Case, arch: str):
+        return compile_config(config_for(case), arch)[0]
+
+    def layouts(self, case: Case, arch: str = "sm_90a") -> dict[str, str]:
+        return compile_config(config_for(case), arch)[1]
+
+    def _indices(self, case: Case, inputs: dict, cfg: Config) -> torch.Tensor:
+        if case["mask"] == "sparse":
+            return inputs["idx"].permute(1, 2, 0)
+        key = (case.id, inputs["q"].device)
+        if self._idx is None or self._idx[0] != key:
+            window = case["window"] if has_window(case) else None
+            blk = block_indices(case["s_q"], case["s_kv"], cfg.tq, cfg.causal, window, inputs["q"].device)
+            self._idx = (key, blk[None].expand(case["b"], -1, -1).contiguous().permute(1, 2, 0))
+        return self._idx[1]
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        cfg = config_for(case)
+        sink = inputs.get("sink")
+        if sink is None:  # a sink of -inf adds nothing to the denominator
+            key = (case["h_q"], inputs["q"].device)
+            sink = self._no_sink.setdefault(key, torch.full((case["h_q"],), float("-inf"), device=inputs["q"].device))
+        k = inputs["k"]
+        compiled(
+            inputs["q"].permute(1, 2, 3, 0), k.permute(1, 2, 3, 0), inputs.get("v", k).permute(1, 2, 3, 0),
+            self._indices(case, inputs, cfg), sink, out["out"].permute(1, 2, 3, 0), out["lse"].permute(1, 2, 0),
+            case["hd"] ** -0.5 * LOG2E, case["s_kv"] - case["s_q"], case["window"] if has_window(case) else NO_WINDOW,
+        )
+        return out

@@ -1,0 +1,115 @@
+"""Peer implementations the fmha family is measured against, each behind its own import."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import Impl
+
+LN2 = math.log(2.0)
+
+
+def _import_reason(module: str) -> str | None:
+    try:
+        __import__(module)
+    except Exception as e:  # ImportError, or a CUDA-only import failing on a CPU box
+        return f"{module} not importable ({type(e).__name__}: {str(e)[:80]})"
+    return None
+
+
+class FlashMLA(Impl):
+    """deepseek-ai/FlashMLA flash_mla_sparse_fwd: the DSV4 sparse prefill kernel (CUDA C++)."""
+
+    family, name, backend = "fmha", "flashmla", "flashmla"
+    archs = ("any",)
+
+    def available(self) -> str | None:
+        return _import_reason("flash_mla")
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        ok = (case["mask"] == "sparse" and case["hd"] == 512 and case["h_q"] in (64, 128)
+              and case["kv_shared"] and case["b"] == 1 and case["h_kv"] == 1)
+        return None if ok else "flash_mla_sparse_fwd: sparse, d 512, h_q 64/128, one latent kv head only"
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        import flash_mla
+
+        o, _max_logits, lse2 = flash_mla.flash_mla_sparse_fwd(
+            inputs["q"][0], inputs["k"][0], inputs["idx"][0][:, None, :], case["hd"] ** -0.5, 512,
+            inputs.get("sink"),
+        )
+        return {"out": o[None], "lse": (lse2 * LN2)[None]}  # FlashMLA's lse is base 2, sink-free
+
+
+def _dense_ok(case: Case) -> str | None:
+    if case["mask"] == "sparse":
+        return "dense attention only"
+    if case["hd"] > 256:
+        return "head_dim > 256 is not supported"
+    return None
+
+
+class FA4(Impl):
+    """FlashAttention-4 (flash_attn.cute.flash_attn_func), dense, hd <= 256 on SM90."""
+
+    family, name, backend = "fmha", "fa4", "fa4"
+    archs = ("any",)
+
+    def available(self) -> str | None:
+        return _import_reason("flash_attn.cute")
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if case["sink"] and case["lse"]:
+            return "learnable-sink LSE convention not pinned down for FA4"
+        return _dense_ok(case)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        from flash_attn.cute import flash_attn_func
+
+        mask, w = case["mask"], case["window"]
+        window = (None, None)
+        if "window" in mask:
+            window = (w - 1, 0 if "causal" in mask else w - 1)
+        k = inputs["k"]
+        o, lse = flash_attn_func(
+            inputs["q"], k, inputs.get("v", k), softmax_scale=case["hd"] ** -0.5, causal="causal" in mask,
+            window_size=window, learnable_sink=inputs.get("sink"), return_lse=bool(case["lse"]),
+        )
+        res = {"out": o}
+        if case["lse"]:
+            res["lse"] = lse.transpose(1, 2)
+        return res
+
+
+class CudnnSDPA(Impl):
+    """torch scaled_dot_product_attention pinned to the cuDNN backend; dense, hd <= 256."""
+
+    family, name, backend = "fmha", "cudnn", "cudnn"
+    archs = ("any",)
+
+    def available(self) -> str | None:
+        if not torch.cuda.is_available():
+            return "needs CUDA"
+        return None if torch.backends.cudnn.is_available() else "cuDNN not available"
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if case["mask"] not in ("none", "causal") or case["sink"] or case["lse"]:
+            return "cuDNN SDPA here: no window, no sink, no LSE output"
+        if case["mask"] == "causal" and case["s_q"] != case["s_kv"]:
+            return "SDPA is_causal is top-left aligned; only s_q == s_kv matches"
+        if case["h_q"] != case["h_kv"]:
+            return "MHA only"
+        return _dense_ok(case)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        k = inputs["k"]
+        q, k, v = (t.transpose(1, 2) for t in (inputs["q"], k, inputs.get("v", k)))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=case["mask"] == "causal", scale=case["hd"] ** -0.5)
+        return {"out": o.transpose(1, 2)}

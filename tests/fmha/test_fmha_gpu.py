@@ -1,0 +1,51 @@
+"""Our SM90 kernel against the FP32 oracle on a GPU (BENCHMARKING.md rule), every production case
+plus hypothesis draws: hd 64-512, sink on/off, causal/window masks, invalid indices, partial
+tiles, non-square, ragged and decode shapes. Skipped without CUDA."""
+
+import pytest
+import torch
+
+from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.registry import SweepOptions
+from dsv4bench.core.worker import case_generator, poison
+from kernels.fmha.family import FAMILY
+from kernels.fmha.glue import FmhaCuteDSL, config_for
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+CASES = FAMILY.cases(SweepOptions(examples=16, seed=1))
+IMPL = FmhaCuteDSL()
+_compiled: dict = {}
+
+
+def _run(case):
+    cfg = config_for(case)
+    if cfg not in _compiled:
+        _compiled[cfg] = IMPL.compile(case, "sm_90a")
+    x = FAMILY.make_inputs(case, case_generator(case), "cuda")
+    out = FAMILY.alloc_outputs(case, "cuda")
+    poison(out)
+    res = IMPL.run(case, x, out, _compiled[cfg])
+    torch.cuda.synchronize()
+    return x, res
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_cutedsl_matches_fp32_oracle(case):
+    print(case)
+    x, res = _run(case)
+    ok, metrics = compare_outputs(res, FAMILY.oracle(case, x), FAMILY.lowprec(case, x),
+                                  lambda n: FAMILY.tolerance_for(case, n))
+    summary = "; ".join(f"{k}: {m.summary()}" for k, m in metrics.items())
+    print(summary)
+    assert ok, f"{case}: {summary}"
+
+
+def test_poisoned_output_fails_the_rule():
+    """The comparison catches an unwritten output (guards against a test that cannot fail)."""
+    case = next(c for c in CASES if c["mask"] == "sparse" and c["s_q"] < 1000)
+    x = FAMILY.make_inputs(case, case_generator(case), "cuda")
+    bad = FAMILY.alloc_outputs(case, "cuda")
+    poison(bad)
+    ok, _ = compare_outputs(bad, FAMILY.oracle(case, x), FAMILY.lowprec(case, x), lambda n: FAMILY.tolerance)
+    assert not ok
