@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+# Per-process dump dir for the kept cubins (removed at exit); with --dump-dir the compiled
+# function's __cubin__ is the path of the file there.
+DUMP_DIR = tempfile.mkdtemp(prefix="dsv4bench-cute-")
+atexit.register(shutil.rmtree, DUMP_DIR, True)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -23,7 +32,8 @@ def compile_kernel(kernel, *fake_args, arch: str):
     Works without a GPU. The result is called with torch tensors on the current CUDA stream;
     --keep-cubin keeps the cubin for resource reports and the on-disk cache.
     """
+    # --keep-cubin also writes the cubin to a dump dir (default: the cwd); keep it out of trees
     return cute.compile(
         kernel, *fake_args, make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=f"--gpu-arch {arch} --enable-tvm-ffi --keep-cubin",
+        options=f"--gpu-arch {arch} --enable-tvm-ffi --keep-cubin --dump-dir={DUMP_DIR}",
     )

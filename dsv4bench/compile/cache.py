@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from dsv4bench.compile.cubin import parse_cubin
 
@@ -25,8 +26,16 @@ class CompileInfo:
         return asdict(self)
 
 
-def describe(compiled, seconds: float, cache: str) -> CompileInfo:
+def cubin_bytes(compiled) -> bytes | None:
+    """The cubin of a compiled function: bytes, or the path of the dumped file (--dump-dir)."""
     cubin = getattr(compiled, "__cubin__", None)
+    if isinstance(cubin, str):
+        return Path(cubin).read_bytes() if Path(cubin).is_file() else None
+    return cubin or None
+
+
+def describe(compiled, seconds: float, cache: str) -> CompileInfo:
+    cubin = cubin_bytes(compiled)
     if not cubin:
         return CompileInfo(seconds, cache)
     info = parse_cubin(cubin)
