@@ -13,8 +13,9 @@ positions start..start+S-1 on top of whatever the per-layer caches already hold.
 * `freqs`: the layer's RoPE frequencies (theta 10000 without YaRN for ratio 0, else 160000+YaRN);
 * `window_keys(kv_new, pos) -> (kv_rows, indices [S, window])` and `push_window(kv_new, pos)`:
   the 128-slot ring of raw window KV (§10.1);
-* `comp` / `idx_comp`: compressor states (`.k`, `.z`, `.start`, `.n`) of the main and indexer
-  compressors; `comp_kv` / `idx_keys`: the compressed KV entries and indexer keys emitted so far.
+* `comp` / `idx_comp`: the main and indexer compressor states (`oracles.compressor.
+  CompressorState`, set by the chunk at position 0); `comp_kv` / `idx_keys`: the compressed KV
+  entries and the indexer keys emitted so far.
 
 Shapes: one sequence, tokens first: streams X [S, hc, D], activations [S, D], all fp32.
 """
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import torch
 
+from oracles.compressor import CompressorState, block_candidates, compressor_project, pool, postprocess
 from oracles.fmha import sparse_attention
 from oracles.hadamard import hadamard_rotate
 from oracles.linear import dequant, linear
 from oracles.mhc import hc_head, hc_post, hc_pre
 from oracles.norm import rmsnorm
+from oracles.projections import kv_projection, q_projection
 from oracles.rope import apply_rope
 
 # ------------------------------------------------------------------------------------------------
@@ -44,33 +47,6 @@ def grouped_linear(o: torch.Tensor, w, groups: int) -> torch.Tensor:
     """
     wa = dequant(w).unflatten(0, (groups, -1))  # [G, r, K]
     return torch.einsum("sgk,grk->sgr", o.float(), wa)
-
-
-def compress_pool(k: torch.Tensor, z: torch.Tensor, ratio: int, prev_k=None, prev_z=None) -> torch.Tensor:
-    """§5.3/§5.4 pooling of complete blocks (before the norm / RoPE of §5.5).
-
-    k, z: [n·m, coff·d] fp32 projections (z includes ape) of n consecutive complete blocks.
-    HCA (coff = 1): c_s = Σ_j softmax_j(z) ⊙ k over the m tokens of block s.
-    CSA (coff = 2): the 2m candidates of block s are its own tokens' second halves (b) and the
-    previous block's first halves (a); prev_k/prev_z [m, 2d] is the block before the first one,
-    None = no previous block (block 0: value 0, score −inf). Returns [n, d].
-    """
-    m = ratio
-    n = k.shape[0] // m
-    kb, zb = k.float().view(n, m, -1), z.float().view(n, m, -1)
-    if ratio != 4:
-        return (torch.softmax(zb, dim=1) * kb).sum(1)
-    d = kb.shape[-1] // 2
-    if prev_k is None:
-        pk = torch.zeros(1, m, 2 * d, dtype=kb.dtype, device=kb.device)
-        pz = torch.full_like(pk, float("-inf"))
-    else:
-        pk, pz = prev_k.float().view(1, m, -1), prev_z.float().view(1, m, -1)
-    a_k = torch.cat([pk, kb[:-1]])[..., :d]  # previous block's first halves
-    a_z = torch.cat([pz, zb[:-1]])[..., :d]
-    cand_k = torch.cat([a_k, kb[..., d:]], dim=1)  # [n, 2m, d]
-    cand_z = torch.cat([a_z, zb[..., d:]], dim=1)
-    return (torch.softmax(cand_z, dim=1) * cand_k).sum(1)
 
 
 def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -112,13 +88,24 @@ def expert(x: torch.Tensor, w1, w2, w3, limit: float, weight: torch.Tensor | Non
 # The op table: name -> (FP32 oracle, contract). dsv4bench.model.dispatch builds on it.
 # ------------------------------------------------------------------------------------------------
 
+def compressor_push(state: CompressorState, kv: torch.Tensor, score: torch.Tensor, t: int):
+    """§5.7 decode step of a compressor: `state.push` (the reference's kv_state/score_state update);
+    returns the raw entry [1, d] when token t completes a block, else None."""
+    return state.push(kv, score, t)
+
+
 ORACLE_OPS = {
     "hc_pre": (hc_pre, "mHC collapse of the 4 streams into a sublayer input, with post/comb (§3.3)"),
     "rmsnorm": (rmsnorm, "RMSNorm over the last dim, optional weight (§2.1)"),
+    "q_projection": (q_projection, "wq_a → q_norm → wq_b → per-head norm → RoPE; also returns qr (§4)"),
+    "kv_projection": (kv_projection, "wkv → kv_norm → RoPE, the shared K=V latent (§4)"),
+    "compressor_project": (compressor_project, "compressor kv / score (+ape) projections (§5.2)"),
+    "compressor_pool": (pool, "per-channel softmax pooling of a block's candidates (§5.3-5.4)"),
+    "compressor_push": (compressor_push, "decode-time compressor state update and emission (§5.7)"),
+    "compressor_post": (postprocess, "entry RMSNorm → RoPE at s·m → (indexer) Hadamard (§5.5)"),
     "linear": (linear, "x @ dequant(W).T for bf16 / FP8 / MXFP4 / NVFP4 weights (§2.6)"),
     "rope": (apply_rope, "partial interleaved RoPE on the last 64 dims, inverse=True rotates back (§2.2)"),
-    "compress_pool": (compress_pool, "per-channel softmax pooling of compressor blocks, CSA overlap (§5.3-5.4)"),
-    "hadamard": (hadamard_rotate, "Walsh-Hadamard rotation of indexer q and keys (§2.5)"),
+    "hadamard": (hadamard_rotate, "Walsh-Hadamard rotation of the indexer q (§2.5)"),
     "index_scores": (index_scores, "lightning-indexer scores sum_h w·ReLU(q·k) (§6)"),
     "sparse_attention": (sparse_attention, "gathered-key attention with per-head sink (§7.2)"),
     "grouped_linear": (grouped_linear, "grouped low-rank output projection wo_a (§7.4)"),
@@ -144,40 +131,37 @@ class OracleOps:
 # ------------------------------------------------------------------------------------------------
 
 
-def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, state, ops, ratio: int,
-                freqs: torch.Tensor, eps: float, rotate: bool) -> torch.Tensor:
-    """Feed S new tokens to a compressor (§5) and return the entries their blocks complete.
+def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, cache, attr: str, ops, ratio: int,
+                freqs: torch.Tensor, eps: float, indexer: bool) -> torch.Tensor:
+    """Feed S new tokens to a compressor (§5); return the entries their blocks complete, [n_new, d].
 
-    `state` holds the raw projections (k, z+ape) of the tokens from `state.start` (block aligned:
-    the previous block too for CSA, which the next entry overlaps) and `state.n`, the entries
-    emitted so far. Returns [n_new, d] after the norm and RoPE (and the Hadamard when `rotate`).
+    A chunk at position 0 is a prefill: pool every complete block and leave the reference's
+    state (`CompressorState.after_prefill`) in `cache.<attr>`; later chunks push token by token.
     """
-    k = ops.linear(x, p[f"{prefix}.wkv"])
-    z = ops.linear(x, p[f"{prefix}.wgate"]) + p[f"{prefix}.ape"].float()[pos % ratio]
-    state.k, state.z = torch.cat([state.k, k]), torch.cat([state.z, z])
-    n_total = (int(pos[-1]) + 1) // ratio  # entries complete once a block's last token is seen (§5.6)
-    if n_total == state.n:
-        return k.new_zeros(0, state.d)
-    first = state.start // ratio  # first block held in the buffer
-    has_prev = ratio == 4 and state.n > first
-    lo = (state.n - first) * ratio  # offset of the first block to emit
-    hi = (n_total - first) * ratio
-    prev = (state.k[lo - ratio:lo], state.z[lo - ratio:lo]) if has_prev else (None, None)
-    pooled = ops.compress_pool(state.k[lo:hi], state.z[lo:hi], ratio, *prev)
-    s = torch.arange(state.n, n_total, device=x.device)
-    entries = ops.rope(ops.rmsnorm(pooled, p[f"{prefix}.norm"], eps), s * ratio, freqs)
-    if rotate:
-        entries = ops.hadamard(entries)
-    keep = max(n_total - 1, 0) * ratio if ratio == 4 else n_total * ratio  # new buffer start
-    state.k, state.z = state.k[keep - state.start:], state.z[keep - state.start:]
-    state.start, state.n = keep, n_total
-    return entries
+    kv, score = ops.compressor_project(x, p[f"{prefix}.wkv"], p[f"{prefix}.wgate"], p[f"{prefix}.ape"], pos)
+    if int(pos[0]) == 0:
+        raw = ops.compressor_pool(*block_candidates(kv[None], score[None], ratio))[0]
+        state = CompressorState.after_prefill(kv[None], score[None], ratio)
+        state.kv, state.score = state.kv.to(x.device), state.score.to(x.device)  # it builds on the CPU
+        setattr(cache, attr, state)
+        ids = torch.arange(raw.shape[0], device=x.device)
+    else:
+        state, rows, ids = getattr(cache, attr), [], []
+        for i, t in enumerate(pos.tolist()):
+            entry = ops.compressor_push(state, kv[i:i + 1], score[i:i + 1], t)
+            if entry is not None:
+                rows.append(entry[0])
+                ids.append(t // ratio)
+        if not rows:
+            return kv.new_zeros(0, kv.shape[-1] // (2 if ratio == 4 else 1))
+        raw, ids = torch.stack(rows), torch.tensor(ids, device=x.device)
+    return ops.compressor_post(raw, p[f"{prefix}.norm"], ids, ratio, freqs, indexer=indexer, qat=False, eps=eps)
 
 
 def _indexer(p: dict, x, qr, pos, cache, ops, cfg) -> torch.Tensor:
     """§6: the CSA top-k of compressed entries per query, [S, k] entry ids, -1 = none."""
-    keys = _compressor(p, "attn.indexer.compressor", x, pos, cache.idx_comp, ops, 4, cache.freqs,
-                       cfg.norm_eps, rotate=True)
+    keys = _compressor(p, "attn.indexer.compressor", x, pos, cache, "idx_comp", ops, 4, cache.freqs,
+                       cfg.norm_eps, indexer=True)
     cache.idx_keys = torch.cat([cache.idx_keys, keys])
     S, H, d = x.shape[0], cfg.index_n_heads, cfg.index_head_dim
     q = ops.rope(ops.linear(qr, p["attn.indexer.wq_b"]).view(S, H, d), pos[:, None], cache.freqs)
@@ -203,16 +187,14 @@ def _hca_visible(pos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:
 
 def attention(p: dict, x: torch.Tensor, pos: torch.Tensor, cache, ops, cfg, layer: int) -> torch.Tensor:
     """§4–§7: the attention sublayer for S new tokens. x [S, D] (after attn_norm) → [S, D]."""
-    S, H, hd, eps = x.shape[0], cfg.n_heads, cfg.head_dim, cfg.norm_eps
+    S, H, eps = x.shape[0], cfg.n_heads, cfg.norm_eps
     ratio, freqs = cfg.ratio(layer), cache.freqs
-    qr = ops.rmsnorm(ops.linear(x, p["attn.wq_a"]), p["attn.q_norm"], eps)
-    q = ops.rmsnorm(ops.linear(qr, p["attn.wq_b"]).view(S, H, hd), None, eps)
-    q = ops.rope(q, pos[:, None], freqs)
-    kv = ops.rope(ops.rmsnorm(ops.linear(x, p["attn.wkv"]), p["attn.kv_norm"], eps), pos, freqs)
+    q, qr = ops.q_projection(x, p["attn.wq_a"], p["attn.q_norm"], p["attn.wq_b"], H, pos, freqs, eps)
+    kv = ops.kv_projection(x, p["attn.wkv"], p["attn.kv_norm"], pos, freqs, eps, qat=False)
 
     kv_rows, idx = cache.window_keys(kv, pos)
     if ratio:
-        entries = _compressor(p, "attn.compressor", x, pos, cache.comp, ops, ratio, freqs, eps, rotate=False)
+        entries = _compressor(p, "attn.compressor", x, pos, cache, "comp", ops, ratio, freqs, eps, indexer=False)
         cache.comp_kv = torch.cat([cache.comp_kv, entries])
         comp = _indexer(p, x, qr, pos, cache, ops, cfg) if ratio == 4 else \
             _hca_visible(pos, cache.comp_kv.shape[0], ratio)

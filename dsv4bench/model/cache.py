@@ -3,9 +3,9 @@
 * the window ring: `ring [window, head_dim]`, token p in slot p mod window (raw KV after the
   norm and RoPE);
 * the compressed KV entries `comp_kv [n, head_dim]` (entry s at row s);
-* the compressor state: raw projections k and z (+ape) of the tokens not yet folded into an
-  entry (HCA: the current block; CSA: the current and the previous block, which the next
-  entry overlaps) — the reference's `kv_state` / `score_state`;
+* the compressor state: the reference's `kv_state` / `score_state` (`oracles.compressor.
+  CompressorState`: HCA the current block; CSA the previous and the current block, which the
+  next entry overlaps);
 * for CSA layers the indexer's own compressor state and its key cache `idx_keys [n, 128]`.
 
 `oracles/model.py` reads and updates these through the protocol its docstring describes.
@@ -13,27 +13,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from dsv4bench.model.config import ModelConfig
+from oracles.compressor import CompressorState
 from oracles.rope import RopeConfig, rope_freqs
-
-
-@dataclass
-class CompressorState:
-    d: int  # entry width
-    width: int  # coff·d, the width of the raw projections
-    device: torch.device
-    start: int = 0  # position of the first buffered token (block aligned)
-    n: int = 0  # entries emitted so far
-    k: torch.Tensor = field(init=False)
-    z: torch.Tensor = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.k = torch.zeros(0, self.width, device=self.device)
-        self.z = torch.zeros(0, self.width, device=self.device)
 
 
 def layer_rope(cfg: ModelConfig, layer: int) -> RopeConfig:
@@ -57,12 +41,10 @@ class LayerCache:
         self.freqs = rope_freqs(layer_rope(cfg, layer)).to(device)
         self.ring = torch.zeros(self.window, cfg.head_dim, device=device)
         self.seen = 0  # tokens pushed into the ring
-        ratio = cfg.ratio(layer)
-        coff = 2 if ratio == 4 else 1
-        self.comp = CompressorState(cfg.head_dim, coff * cfg.head_dim, device) if ratio else None
+        # compressor states (oracles.compressor.CompressorState), set by the first chunk (prefill)
+        self.comp: CompressorState | None = None
+        self.idx_comp: CompressorState | None = None
         self.comp_kv = torch.zeros(0, cfg.head_dim, device=device)
-        csa = ratio == 4
-        self.idx_comp = CompressorState(cfg.index_head_dim, 2 * cfg.index_head_dim, device) if csa else None
         self.idx_keys = torch.zeros(0, cfg.index_head_dim, device=device)
 
     def window_keys(self, kv_new: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,5 +70,5 @@ class LayerCache:
         ts = [self.ring, self.comp_kv, self.idx_keys]
         for st in (self.comp, self.idx_comp):
             if st is not None:
-                ts += [st.k, st.z]
+                ts += [st.kv, st.score]
         return sum(t.numel() * t.element_size() for t in ts)

@@ -1,0 +1,154 @@
+"""`dsv4bench make-checkpoint` and `dsv4bench run-model`: the reference model runner."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dsv4bench.cli.common import console, fail
+
+
+def make_checkpoint_cmd(
+    config: str = typer.Option(..., "--config", help="tiny | flash | pro"),
+    out: Path = typer.Option(..., "--out", help="directory to create (must not hold a checkpoint)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the random weights"),
+    expert_dtype: str = typer.Option("fp4", "--expert-dtype", help="fp4 (official MXFP4) | nvfp4"),
+) -> None:
+    """Write random weights in exactly the official HF safetensors layout, plus config.json."""
+    from dsv4bench.model.config import EXPERT_DTYPES, ConfigError, get_config
+    from dsv4bench.model.inventory import expected_tensors
+    from dsv4bench.model.synth import SynthError, write_checkpoint
+
+    try:
+        cfg = get_config(config)
+    except ConfigError as e:
+        fail(str(e))
+    if expert_dtype not in EXPERT_DTYPES:
+        fail(f"unknown --expert-dtype {expert_dtype!r}; choose one of {', '.join(EXPERT_DTYPES)}")
+    cfg = cfg.with_(expert_dtype=expert_dtype)
+    inv = expected_tensors(cfg)
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task(f"writing {cfg.name}", total=cfg.n_layers + cfg.n_mtp_layers + 1)
+        try:
+            write_checkpoint(cfg, out, seed, progress=lambda unit, i, n: bar.update(task, completed=i,
+                                                                                  description=unit))
+        except SynthError as e:
+            fail(str(e))
+    table = Table(title=f"checkpoint {cfg.name}", show_header=False)
+    table.add_row("tensors", f"{len(inv):,}")
+    table.add_row("shards", str(len(list(out.glob('*.safetensors')))))
+    table.add_row("bytes", f"{sum(s.nbytes for s in inv.values()):,}")
+    table.add_row("experts", expert_dtype)
+    table.add_row("seconds", f"{time.perf_counter() - t0:.1f}")
+    console.print(table)
+    console.print(f"wrote {out}")
+
+
+def _resolve_checkpoint(checkpoint: Optional[Path], config: Optional[str]) -> Path:
+    from dsv4bench.model.config import CONFIGS
+
+    if checkpoint is not None:
+        if config is not None:
+            fail("pass either --checkpoint or --config, not both")
+        return checkpoint
+    name = config or "tiny"
+    if name not in CONFIGS:
+        fail(f"unknown config {name!r}; choose one of {', '.join(CONFIGS)}")
+    if name != "tiny":
+        fail(f"there is no embedded {name} checkpoint; write one with `dsv4bench make-checkpoint "
+             f"--config {name} --out DIR` and pass --checkpoint DIR")
+    from dsv4bench.model.default import cache_dir, default_checkpoint
+
+    with console.status(f"embedded tiny checkpoint ({cache_dir()})"):
+        return default_checkpoint()
+
+
+def run_model_cmd(
+    prompt: str = typer.Option(..., "--prompt", help="text to continue"),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="HF safetensors checkpoint directory"),
+    config: Optional[str] = typer.Option(None, "--config", help="embedded checkpoint to use (tiny)"),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="tokens to generate"),
+    temperature: float = typer.Option(0.6, "--temperature", help="0 = greedy"),
+    seed: int = typer.Option(0, "--seed", help="sampler seed"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+    backend: str = typer.Option("oracle", "--backend", help="op backend; ops without it run their oracle"),
+    threads: int = typer.Option(1, "--threads", help="CPU threads for torch (tiny models run best on 1)"),
+) -> None:
+    """Generate from a checkpoint through the FP32 oracles (or registered kernels), streaming tokens."""
+    import torch
+
+    from dsv4bench.model.dispatch import DispatchError, OpTable
+    from dsv4bench.model.engine import Engine
+    from dsv4bench.model.loader import Checkpoint, CheckpointError
+    from dsv4bench.model.tokenizer import load_tokenizer
+
+    if max_new_tokens < 1:
+        fail("--max-new-tokens must be at least 1")
+    if temperature < 0:
+        fail("--temperature must be >= 0")
+    if device not in ("cpu", "cuda"):
+        fail(f"unknown --device {device!r}; choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: no CUDA GPU is visible")
+    if threads < 1:
+        fail("--threads must be at least 1")
+    if device == "cpu":
+        torch.set_num_threads(threads)
+    ops = OpTable()
+    if backend != "oracle":
+        try:
+            ops.select_all(backend)
+        except DispatchError as e:
+            fail(str(e))
+    path = _resolve_checkpoint(checkpoint, config)
+    t0 = time.perf_counter()
+    try:
+        ckpt = Checkpoint.open(path)
+        engine = Engine(ckpt, device=device, ops=ops)
+    except CheckpointError as e:
+        fail(str(e))
+    load_s = time.perf_counter() - t0
+    tok = load_tokenizer(ckpt.config, path)
+    ids = tok.encode(prompt)
+    console.print(f"[dim]{ckpt.config.name} from {path} · {tok.name} tokenizer · {len(ids)} prompt tokens · "
+                  f"{device} · loaded in {load_s:.2f} s[/]", highlight=False)
+    console.print(prompt, end="", markup=False, highlight=False)
+    new: list[int] = []
+    shown = ""
+    t0 = time.perf_counter()
+    first = None
+    for t in engine.generate(ids, max_new_tokens, temperature, seed):
+        first = first or time.perf_counter()
+        new.append(t)
+        text = tok.decode(new)
+        if not text.endswith("\ufffd"):
+            console.print(text[len(shown):], end="", markup=False, highlight=False)
+            shown = text
+    end = time.perf_counter()
+    console.print(tok.decode(new)[len(shown):], markup=False, highlight=False)
+    decode_n = len(new) - 1
+    summary = Table(title="run-model", show_header=False)
+    summary.add_row("prompt tokens", str(len(ids)))
+    summary.add_row("new tokens", str(len(new)))
+    summary.add_row("prefill (time to first token)", f"{first - t0:.3f} s")
+    summary.add_row("decode", f"{decode_n / (end - first):.1f} tokens/s" if decode_n else "-")
+    summary.add_row("overall", f"{len(new) / (end - t0):.1f} tokens/s")
+    console.print(summary)
+    ops_table = Table(title="ops")
+    for col in ("op", "backend", "calls", "seconds"):
+        ops_table.add_column(col, justify="right" if col in ("calls", "seconds") else "left")
+    for op, be, calls, secs in ops.report():
+        ops_table.add_row(op, be, str(calls), f"{secs:.3f}")
+    console.print(ops_table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("make-checkpoint")(make_checkpoint_cmd)
+    app.command("run-model")(run_model_cmd)
