@@ -3,7 +3,7 @@
 A run directory holds `run.json` (what ran, where, with which versions), `results.jsonl`
 (append-only, one ResultRecord per line, flushed and fsynced per record so an interrupted run
 loses nothing), `results.csv` (flat, unit-suffixed columns, full precision, rebuilt from the
-JSONL) and `logs/` (worker logs). Re-running with the same directory skips finished tasks.
+JSONL, read back losslessly by `read_csv`) and `logs/` (worker logs). Re-running with the same directory skips finished tasks.
 """
 
 from __future__ import annotations
@@ -126,37 +126,85 @@ class RunDir:
         return self.csv
 
 
-# Column names carry their unit; floats are written with repr() so the CSV round-trips exactly.
-_UNITS = {
-    "median_ms": "median_ms", "p10_ms": "p10_ms", "p90_ms": "p90_ms", "mean_ms": "mean_ms",
-    "cv": "cv", "n": "iters", "l2_flush": "l2_flush",
-}
+# results.csv: one row per record, every field of it, so the CSV round-trips to the JSONL exactly.
+# Nested fields become `<group>.<key>` columns (param.m, err.out.max_abs, time.median_ms,
+# perf.tflops, compile.seconds); keys without a unit get one (time.n -> time.iters). Cells hold
+# str(int), repr(float) (shortest exact form), True/False, null for None, JSON for lists and
+# dicts; a string that would read back as anything else is written JSON-quoted. An empty cell
+# is the empty string in a top-level column and "no such key in this record" in a nested one.
+_GROUPS = (("params", "param"), ("timing", "time"), ("perf", "perf"), ("compile", "compile"))
+_RENAME = {"time.n": "time.iters"}
+_UNRENAME = {v: k for k, v in _RENAME.items()}
 
 
-def flatten(r: ResultRecord) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "run_id": r.run_id, "case_id": r.case_id, "family": r.family, "impl": r.impl,
-        "backend": r.backend, "arch": r.arch, "mode": r.mode, "device": r.device,
-        "status": r.status, "seed": r.seed, "origin": r.origin, "reason": r.reason,
-    }
-    for k, v in r.params.items():
-        row[f"param_{k}"] = v
-    for out, m in (r.metrics or {}).items():
-        for k in ("max_abs", "mean_abs", "rel_l2", "bound", "lowprec_max_abs", "mismatches"):
-            if m.get(k) is not None:
-                row[f"err_{out}_{k}"] = m[k]
-        if m.get("worst_index") is not None:
-            row[f"err_{out}_worst_index"] = json.dumps(m["worst_index"])
-    if r.timing:
-        for k, col in _UNITS.items():
-            row[f"time_{col}"] = r.timing.get(k)
-    if r.perf:
-        for k, v in r.perf.items():
-            row[f"perf_{k}"] = v
-    if r.compile:
-        for k, v in r.compile.items():
-            row[f"compile_{k}"] = v
-    return {k: (repr(v) if isinstance(v, float) else v) for k, v in row.items()}
+def _decode(cell: str) -> Any:
+    if cell == "":
+        return cell
+    if cell == "null":
+        return None
+    if cell in ("True", "False"):
+        return cell == "True"
+    for parse in (int, float):
+        try:
+            return parse(cell)
+        except ValueError:
+            pass
+    if cell[:1] in ('"', "[", "{"):
+        try:
+            return json.loads(cell)
+        except json.JSONDecodeError:
+            pass
+    return cell
+
+
+def _encode(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, (bool, int)):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return v if _decode(v) == v else json.dumps(v)
+    return json.dumps(v)
+
+
+def flatten(r: ResultRecord) -> dict[str, str]:
+    """Top-level fields first, then the nested groups."""
+    d = r.to_json()
+    top = {k: _encode(v) for k, v in d.items() if k != "metrics" and k not in dict(_GROUPS)}
+    nested: dict[str, Any] = {}
+    for name, prefix in _GROUPS[:1]:
+        nested.update({f"{prefix}.{k}": v for k, v in (d[name] or {}).items()})
+    for out, m in (d["metrics"] or {}).items():
+        nested.update({f"err.{out}.{k}": v for k, v in m.items()})
+    for name, prefix in _GROUPS[1:]:
+        nested.update({f"{prefix}.{k}": v for k, v in (d[name] or {}).items()})
+    # an empty nested cell means "absent", so an empty string there is written quoted
+    return {**top, **{_RENAME.get(k, k): _encode(v) or '""' for k, v in nested.items()}}
+
+
+def unflatten(row: dict[str, str]) -> ResultRecord:
+    d: dict[str, Any] = {"metrics": {}, "params": {}}
+    groups = {prefix: name for name, prefix in _GROUPS}
+    for col, cell in row.items():
+        col = _UNRENAME.get(col, col)
+        head, dot, rest = col.partition(".")
+        if not dot:
+            d[col] = _decode(cell or "")
+        elif not cell:
+            continue  # no such key in this record
+        elif head == "err":
+            out, _, key = rest.rpartition(".")
+            d["metrics"].setdefault(out, {})[key] = _decode(cell)
+        else:
+            d.setdefault(groups[head], {})[rest] = _decode(cell)
+    return ResultRecord.from_json(d)
+
+
+def read_csv(path: str | os.PathLike) -> list[ResultRecord]:
+    with open(path, newline="") as f:
+        return [unflatten(row) for row in csv.DictReader(f)]
 
 
 def summarize_statuses(records: Iterable[ResultRecord]) -> dict[str, int]:
