@@ -26,7 +26,7 @@ import torch
 
 from oracles.compressor import CompressorState, block_candidates, compressor_project, pool, postprocess
 from oracles.fmha import sparse_attention
-from oracles.hadamard import hadamard_rotate
+from oracles.indexer import indexer_queries, indexer_scores, indexer_topk, indexer_weights
 from oracles.linear import dequant, linear
 from oracles.mhc import hc_head, hc_post, hc_pre
 from oracles.norm import rmsnorm
@@ -47,14 +47,6 @@ def grouped_linear(o: torch.Tensor, w, groups: int) -> torch.Tensor:
     """
     wa = dequant(w).unflatten(0, (groups, -1))  # [G, r, K]
     return torch.einsum("sgk,grk->sgr", o.float(), wa)
-
-
-def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """§6 lightning-indexer scores I[t, s] = Σ_h w[t, h] · ReLU(q[t, h] · k[s]).
-
-    q [S, H, d], w [S, H] (already scaled by d^-0.5·H^-0.5), keys [N, d] → fp32 [S, N].
-    """
-    return torch.einsum("shd,nd->shn", q.float(), keys.float()).relu().mul(w.float()[..., None]).sum(1)
 
 
 def route(x: torch.Tensor, gate, bias, tid2eid, ids: torch.Tensor, topk: int, route_scale: float):
@@ -105,8 +97,10 @@ ORACLE_OPS = {
     "compressor_post": (postprocess, "entry RMSNorm → RoPE at s·m → (indexer) Hadamard (§5.5)"),
     "linear": (linear, "x @ dequant(W).T for bf16 / FP8 / MXFP4 / NVFP4 weights (§2.6)"),
     "rope": (apply_rope, "partial interleaved RoPE on the last 64 dims, inverse=True rotates back (§2.2)"),
-    "hadamard": (hadamard_rotate, "Walsh-Hadamard rotation of the indexer q (§2.5)"),
-    "index_scores": (index_scores, "lightning-indexer scores sum_h w·ReLU(q·k) (§6)"),
+    "indexer_queries": (indexer_queries, "indexer q: wq_b(qr) → RoPE → Hadamard (§6)"),
+    "indexer_weights": (indexer_weights, "indexer per-head weights weights_proj(x)·d^-0.5·H^-0.5 (§6)"),
+    "indexer_scores": (indexer_scores, "indexer scores sum_h w·ReLU(q·k), causally masked (§6)"),
+    "indexer_topk": (indexer_topk, "top-k compressed entries per query, -1 = none (§6)"),
     "sparse_attention": (sparse_attention, "gathered-key attention with per-head sink (§7.2)"),
     "grouped_linear": (grouped_linear, "grouped low-rank output projection wo_a (§7.4)"),
     "hc_post": (hc_post, "mHC expansion + residual mixing (§3.4)"),
@@ -163,20 +157,10 @@ def _indexer(p: dict, x, qr, pos, cache, ops, cfg) -> torch.Tensor:
     keys = _compressor(p, "attn.indexer.compressor", x, pos, cache, "idx_comp", ops, 4, cache.freqs,
                        cfg.norm_eps, indexer=True)
     cache.idx_keys = torch.cat([cache.idx_keys, keys])
-    S, H, d = x.shape[0], cfg.index_n_heads, cfg.index_head_dim
-    q = ops.rope(ops.linear(qr, p["attn.indexer.wq_b"]).view(S, H, d), pos[:, None], cache.freqs)
-    q = ops.hadamard(q)
-    w = ops.linear(x, p["attn.indexer.weights_proj"]) * (d ** -0.5 * H ** -0.5)
-    n = cache.idx_keys.shape[0]
-    k = min(cfg.index_topk, n)
-    if k == 0:
-        return torch.full((S, 0), -1, dtype=torch.long, device=x.device)
-    scores = ops.index_scores(q, w, cache.idx_keys)
-    visible = torch.arange(n, device=x.device)[None, :] < ((pos + 1) // 4)[:, None]
-    # top-k as a stable descending sort: equal scores (ReLU makes exact zeros common) resolve to
-    # the earlier entry, so the selection does not depend on how many queries share the call.
-    vals, order = scores.masked_fill(~visible, float("-inf")).sort(dim=-1, descending=True, stable=True)
-    return torch.where(torch.isfinite(vals[:, :k]), order[:, :k], -1)
+    q = ops.indexer_queries(qr, p["attn.indexer.wq_b"], cfg.index_n_heads, pos, cache.freqs, qat=False)
+    w = ops.indexer_weights(x, p["attn.indexer.weights_proj"], cfg.index_head_dim)
+    scores = ops.indexer_scores(q[None], cache.idx_keys[None], w[None], pos)[0]
+    return ops.indexer_topk(scores, cfg.index_topk)
 
 
 def _hca_visible(pos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:

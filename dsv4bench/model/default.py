@@ -1,6 +1,6 @@
 """The embedded default checkpoint: the tiny synthetic one, generated once into the user cache.
 
-Location: $DSV4BENCH_CACHE_DIR/tiny-ckpt-v1 (default ~/.cache/dsv4bench/tiny-ckpt-v1). It is
+Location: $DSV4BENCH_CACHE_DIR/tiny-ckpt-v2 (default ~/.cache/dsv4bench/tiny-ckpt-v2). It is
 written to a temporary sibling and renamed into place, so concurrent first uses are safe.
 """
 
@@ -15,7 +15,7 @@ from dsv4bench.model.config import TINY
 from dsv4bench.model.synth import write_checkpoint
 
 DEFAULT_SEED = 0
-DEFAULT_NAME = "tiny-ckpt-v1"  # bump when the synthesis rules change
+DEFAULT_NAME = "tiny-ckpt-v2"  # bump when the synthesis rules change
 
 
 def cache_dir() -> Path:
