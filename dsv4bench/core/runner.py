@@ -57,7 +57,7 @@ def plan(cases: Iterable[Case], archs: list[str], gpu: bool, bench: bool, compil
                 continue
             if impl.compiles:
                 tasks += [Task(case, impl.name, a, "compile") for a in archs if a in impl.archs]
-        if not gpu or compile_only:
+        if (not gpu or compile_only) and any(i.name == "torch" for i in impls(case.family)):
             tasks.append(Task(case, "torch", "cpu", "check"))
     return tasks
 

@@ -1,0 +1,32 @@
+"""Bad input gets one clear line and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.core.helpers import dsv4bench
+
+
+@pytest.mark.parametrize("args, message", [
+    (["sweep", "nosuchkernel"], "unknown kernel family 'nosuchkernel'"),
+    (["sweep", "rmsnorm", "--width", "64,abc"], "--width needs a comma-separated list of integers"),
+    (["sweep", "rmsnorm", "--hd", "64,128"], "option --hd does not apply to rmsnorm"),
+    (["sweep", "rmsnorm", "--arch", "sm_80"], "unsupported arch 'sm_80'"),
+    (["sweep", "rmsnorm", "--shard", "3/2"], "--shard i/n needs 0 <= i < n"),
+    (["repro", "rmsnor-0000000000", "--runs", "/nonexistent"], "not found in any run directory"),
+])
+def test_bad_input_is_one_line_exit_2(args, message):
+    res = dsv4bench(*args)
+    out = (res.stdout + res.stderr).strip()
+    assert res.returncode == 2, out
+    assert message in out
+    assert "Traceback" not in out
+    assert len(out.splitlines()) == 1, out
+
+
+def test_unwritable_out_is_one_line_exit_2(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    res = dsv4bench("sweep", "rmsnorm", "--out", str(blocker / "run"))
+    out = (res.stdout + res.stderr).strip()
+    assert res.returncode == 2 and "cannot write to --out" in out and len(out.splitlines()) == 1, out

@@ -1,0 +1,75 @@
+"""The BENCHMARKING.md pass rule, on planted errors."""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4bench.core.compare import compare_float, compare_index_sets, compare_outputs, rounding_floor
+from dsv4bench.core.registry import Tolerance
+
+TOL = Tolerance()
+
+
+def make(n=4096, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    oracle = torch.randn(64, n // 64, generator=g)
+    lowprec = oracle.bfloat16().float()
+    return oracle, lowprec
+
+
+def test_correctly_rounded_output_passes():
+    oracle, lowprec = make()
+    m = compare_float(oracle.bfloat16(), oracle, lowprec, TOL)
+    assert m.passed, m.reasons
+    assert m.max_abs <= m.bound
+
+
+def test_one_wrong_element_fails_with_its_coordinates():
+    oracle, lowprec = make(seed=1)
+    out = oracle.clone().bfloat16()
+    out[17, 5] += 0.5
+    m = compare_float(out, oracle, lowprec, TOL)
+    assert not m.passed
+    assert m.worst_index == [17, 5]
+    assert abs(m.worst_out - float(out[17, 5])) < 1e-6 and abs(m.worst_oracle - float(oracle[17, 5])) < 1e-6
+
+
+def test_nan_where_oracle_is_finite_fails():
+    oracle, lowprec = make(seed=2)
+    out = oracle.bfloat16().clone()
+    out[3, 3] = float("nan")
+    m = compare_float(out, oracle, lowprec, TOL)
+    assert not m.passed and m.mismatches == 1 and "NaN/Inf" in m.reasons[0]
+
+
+def test_all_zero_output_fails_even_when_values_are_tiny():
+    oracle = torch.full((8, 8), 1e-6) * torch.randn(8, 8).sign()
+    lowprec = oracle.bfloat16().float()
+    m = compare_float(torch.zeros(8, 8), oracle, lowprec, Tolerance(ratio=2.0, rel_l2=10.0))
+    assert not m.passed and any("degenerate" in r or "max|err|" in r for r in m.reasons)
+
+
+def test_relative_l2_bound_catches_diffuse_error():
+    oracle, _ = make(seed=3)
+    noisy_lowprec = oracle + 0.05 * torch.randn_like(oracle)  # a loose low-precision reference
+    out = oracle * 1.03  # every element 3% off: inside the max bound, outside rel L2 1e-2
+    m = compare_float(out, oracle, noisy_lowprec, TOL)
+    assert not m.passed and any("relative L2" in r for r in m.reasons)
+
+
+def test_rounding_floor_scales_with_magnitude():
+    small, big = torch.full((4,), 0.01), torch.full((4,), 1000.0)
+    assert rounding_floor(big, torch.bfloat16) > 100 * rounding_floor(small, torch.bfloat16)
+
+
+def test_index_sets_compare_order_free():
+    ref = torch.tensor([[3, 1, 2], [5, 4, -1]])
+    assert compare_index_sets(torch.tensor([[1, 2, 3], [-1, 5, 4]]), ref).passed
+    m = compare_index_sets(torch.tensor([[1, 2, 3], [5, 4, 0]]), ref)
+    assert not m.passed and m.worst_index == [1]
+
+
+def test_missing_output_fails():
+    oracle, lowprec = make()
+    ok, metrics = compare_outputs({}, {"out": oracle}, {"out": lowprec}, lambda n: TOL)
+    assert not ok and "missing" in metrics["out"].reasons[0]

@@ -1,0 +1,60 @@
+"""RMSNorm: the one CuTeDSL source compiles for both archs on a CPU; on a GPU it matches the oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4bench.compile.cache import CompileCache
+from dsv4bench.core.case import Case
+from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.registry import get_family, get_impl
+from dsv4bench.core.worker import CaseData, poison
+from kernels.rmsnorm.rmsnorm import RmsNormConfig
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("n, weight", [(7168, True), (512, False), (1000, True), (28672, False)])
+def test_compiles_without_gpu(arch, n, weight):
+    case = Case("rmsnorm", {"m": 64, "n": n, "dtype": "bf16", "weight": weight})
+    _, info = CompileCache().get(get_impl("rmsnorm", "cutedsl"), case, arch)
+    assert info.cache == "miss" and info.cubin_bytes > 1000
+    assert 0 < info.registers <= 128 and info.local_bytes == 0  # no spills
+
+
+def test_config_covers_the_row_exactly_once():
+    for n in (8, 100, 512, 1000, 4096, 7168, 16384, 28672):
+        cfg = RmsNormConfig.for_width(n, 16)
+        assert cfg.cols_per_tile >= n > cfg.cols_per_tile - cfg.vec * cfg.threads_per_row
+        assert cfg.threads >= 32 and cfg.threads_per_row * cfg.rows_per_cta == cfg.threads
+
+
+def test_lowprec_reference_is_within_bf16_rounding_on_cpu():
+    fam = get_family("rmsnorm")
+    case = Case("rmsnorm", {"m": 37, "n": 7168, "dtype": "bf16", "weight": True}, 5)
+    data = CaseData(fam, case, "cpu")
+    ok, metrics = compare_outputs(data.lowprec, data.oracle, data.lowprec, lambda n: fam.tolerance)
+    assert ok and metrics["out"].max_abs > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [
+    {"m": 1, "n": 7168, "dtype": "bf16", "weight": True},
+    {"m": 4097, "n": 4096, "dtype": "bf16", "weight": True},
+    {"m": 333, "n": 512, "dtype": "bf16", "weight": False},
+    {"m": 129, "n": 1000, "dtype": "fp16", "weight": True},
+    {"m": 65, "n": 28672, "dtype": "bf16", "weight": False},
+    {"m": 17, "n": 133, "dtype": "fp32", "weight": True},
+])
+def test_matches_oracle_on_gpu(params):
+    fam, impl = get_family("rmsnorm"), get_impl("rmsnorm", "cutedsl")
+    case = Case("rmsnorm", params, 11)
+    major, minor = torch.cuda.get_device_capability()
+    compiled, _ = CompileCache().get(impl, case, f"sm_{major}{minor}a")
+    data = CaseData(fam, case, "cuda")
+    out = fam.alloc_outputs(case, "cuda")
+    poison(out)
+    impl.run(case, data.inputs, out, compiled)
+    torch.cuda.synchronize()
+    ok, metrics = compare_outputs(out, data.oracle, data.lowprec, lambda n: fam.tolerance)
+    assert ok, metrics["out"].reasons
