@@ -1,59 +1,174 @@
-"""Compiled-kernel cache used by the worker: one compile per compile key per process.
+"""Compiled-kernel cache used by the worker, `repro` and `cache warm`: memory, then disk, then compile.
 
-Returns the compiled function plus a CompileInfo (compile seconds, cubin resources, and where it
-came from: "miss" = compiled now, "memory" = reused in this process).
+`CompileCache.get(impl, case, arch)` returns the compiled function plus a CompileInfo: seconds spent
+getting it now, resources from the cubin, the lint findings over the layouts recorded while it was
+traced, and where it came from: "miss" (compiled now), "memory" (reused in this process), "disk"
+(loaded from the persistent store, no JIT) or "rebuilt" (the stored entry failed verification and
+was compiled again; reported once on stderr and counted in `dsv4bench cache stats`).
+
+The disk key is the impl's compile key (family, impl, arch, dtypes, compile-time parameters) plus the
+source fingerprint of its kernel modules and the library versions (compile/fingerprint.py).
+DSV4BENCH_NO_KERNEL_CACHE=1 turns the disk off (cold-compile timing); DSV4BENCH_CACHE_DIR moves it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from dsv4bench.compile.cubin import parse_cubin
+from dsv4bench.compile.fingerprint import fingerprint, versions
+from dsv4bench.compile.lints import lint
+from dsv4bench.compile.recorder import Recording, recording
+from dsv4bench.compile.store import CorruptEntry, DiskStore
+
+ENV_NO_CACHE = "DSV4BENCH_NO_KERNEL_CACHE"
+FUNCTION = "dsv4bench_kernel"
+OBJECT, CUBIN, PTX = "kernel.o", "kernel.cubin", "kernel.ptx"
 
 
 @dataclass
 class CompileInfo:
-    seconds: float
-    cache: str  # miss | memory
+    seconds: float  # spent getting the kernel now: compile + export, a disk load, 0 from memory
+    cache: str  # miss | memory | disk | rebuilt
     cubin_bytes: int | None = None
     registers: int | None = None
     local_bytes: int | None = None
     static_smem_bytes: int | None = None
+    compile_seconds: float | None = None  # what the JIT took when the kernel was built
+    lints: list[str] = field(default_factory=list)
+    note: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def cubin_bytes(compiled) -> bytes | None:
-    """The cubin of a compiled function: bytes, or the path of the dumped file (--dump-dir)."""
-    cubin = getattr(compiled, "__cubin__", None)
-    if isinstance(cubin, str):
-        return Path(cubin).read_bytes() if Path(cubin).is_file() else None
-    return cubin or None
-
-
 def describe(compiled, seconds: float, cache: str) -> CompileInfo:
-    cubin = cubin_bytes(compiled)
+    cubin = getattr(compiled, "__cubin__", None)
     if not cubin:
-        return CompileInfo(seconds, cache)
+        return CompileInfo(seconds, cache, compile_seconds=seconds)
     info = parse_cubin(cubin)
-    return CompileInfo(seconds, cache, info.cubin_bytes, info.registers, info.local_bytes, info.static_smem_bytes)
+    return CompileInfo(seconds, cache, info.cubin_bytes, info.registers, info.local_bytes, info.static_smem_bytes,
+                       compile_seconds=seconds)
+
+
+def compile_recorded(impl, case, arch: str):
+    """Compile under the layout recorder: (compiled, Recording, seconds)."""
+    with recording() as rec:
+        t0 = time.perf_counter()
+        compiled = impl.compile(case, arch)
+        seconds = time.perf_counter() - t0
+    return compiled, rec, seconds
+
+
+class LoadedKernel:
+    """A kernel loaded from its exported object: called like the compiled one, positionally."""
+
+    def __init__(self, module, cubin: bytes | None):
+        self.module = module  # keeps the loaded object alive as long as the function
+        self.function = getattr(module, FUNCTION)
+        self.__cubin__ = cubin
+
+    def __call__(self, *args):
+        return self.function(*args)
+
+
+def load_kernel(paths: dict[str, Path]) -> LoadedKernel:
+    import cutlass.cute as cute
+
+    module = cute.runtime.load_module(str(paths[OBJECT]), enable_tvm_ffi=True)
+    return LoadedKernel(module, paths[CUBIN].read_bytes() if CUBIN in paths else None)
+
+
+def export(compiled) -> dict[str, bytes]:
+    """The payloads of an entry: the TVM-FFI object, and the cubin / PTX the compile kept."""
+    with tempfile.TemporaryDirectory(prefix="dsv4bench-export-") as tmp:
+        path = Path(tmp) / OBJECT
+        compiled.export_to_c(str(path), function_name=FUNCTION)
+        payloads = {OBJECT: path.read_bytes()}
+    for name, attr in ((CUBIN, "__cubin__"), (PTX, "__ptx__")):
+        blob = getattr(compiled, attr, None)
+        if blob:
+            payloads[name] = blob.encode() if isinstance(blob, str) else bytes(blob)
+    return payloads
+
+
+def entry_id(impl, key: tuple) -> str:
+    ident = json.dumps([impl.family, impl.name, repr(key), fingerprint(type(impl).__module__)])
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
 class CompileCache:
-    def __init__(self):
+    def __init__(self, store: DiskStore | None = None, use_disk: bool | None = None):
+        if use_disk is None:
+            use_disk = os.environ.get(ENV_NO_CACHE, "") not in ("1", "true", "yes")
+        self.store = (store or DiskStore()) if use_disk else None
         self._mem: dict[tuple, tuple[object, CompileInfo]] = {}
+        self.compiles = 0  # JIT compiles done by this cache
 
     def get(self, impl, case, arch: str) -> tuple[object, CompileInfo]:
         key = impl.compile_key(case, arch)
         if key in self._mem:
             compiled, info = self._mem[key]
-            return compiled, CompileInfo(0.0, "memory", info.cubin_bytes, info.registers, info.local_bytes,
-                                         info.static_smem_bytes)
-        t0 = time.perf_counter()
-        compiled = impl.compile(case, arch)
-        info = describe(compiled, time.perf_counter() - t0, "miss")
+            return compiled, replace(info, seconds=0.0, cache="memory", note="")
+        if self.store is None or not impl.compiles:
+            compiled, info, _ = self._compile(impl, case, arch, "miss")
+        else:
+            compiled, info = self._through_disk(impl, case, arch, key)
         self._mem[key] = (compiled, info)
         return compiled, info
+
+    def _compile(self, impl, case, arch, cache: str):
+        compiled, rec, seconds = compile_recorded(impl, case, arch)
+        self.compiles += 1
+        info = describe(compiled, seconds, cache)
+        info.lints = [str(f) for f in lint(rec)]
+        return compiled, info, rec
+
+    def _through_disk(self, impl, case, arch, key):
+        entry = self.store.entry(impl.family, impl.name, entry_id(impl, key))
+        with self.store.lock(entry):
+            t0 = time.perf_counter()
+            note = ""
+            try:
+                found = self.store.read(entry)
+                if found:
+                    meta, paths = found
+                    kernel = load_kernel(paths)
+                    self.store.bump("disk_hits")
+                    return kernel, self._info_from(meta, time.perf_counter() - t0)
+            except Exception as e:  # verification failed, or the object would not load
+                why = str(e) if isinstance(e, CorruptEntry) else f"load failed: {type(e).__name__}: {e}"
+                note = f"corrupt cache entry rebuilt ({why})"
+                print(f"dsv4bench cache: {entry}: {note}", file=sys.stderr, flush=True)
+                self.store.remove(entry)
+                self.store.bump("corrupt_rebuilt")
+            compiled, info, rec = self._compile(impl, case, arch, "rebuilt" if note else "miss")
+            info.note = note
+            try:
+                payloads = export(compiled)
+            except Exception as e:  # not exportable (not TVM-FFI): memory only
+                info.note = (note + "; " if note else "") + f"not stored: {type(e).__name__}: {str(e)[:120]}"
+                return compiled, info
+            self.store.write(entry, payloads, {
+                "family": impl.family, "impl": impl.name, "arch": arch, "key": repr(key),
+                "case": case.to_json(), "fingerprint": fingerprint(type(impl).__module__), "versions": versions(),
+                "function": FUNCTION, "compile": info.to_json(), "recording": rec.to_json(), "created": time.time(),
+            })
+            self.store.bump("compiles")
+            info.seconds = time.perf_counter() - t0  # what this get cost: compile + export + write
+            return compiled, info
+
+    @staticmethod
+    def _info_from(meta: dict, seconds: float) -> CompileInfo:
+        known = set(CompileInfo.__dataclass_fields__)
+        stored = {k: v for k, v in meta["compile"].items() if k in known}
+        rec = Recording.from_json(meta.get("recording", {}))
+        return replace(CompileInfo(**stored), seconds=seconds, cache="disk", note="",
+                       lints=[str(f) for f in lint(rec)])

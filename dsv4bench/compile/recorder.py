@@ -1,0 +1,174 @@
+"""Trace-time layout recorder: kernels name their layouts; `dsv4bench layouts` and the lints read them.
+
+Kernels call these functions inside @cute.jit / @cute.kernel code. Python runs there at trace time
+only, so a call costs nothing in the generated code; with no recording active (every compile
+outside `recording()`) each call returns at its first line.
+
+    from dsv4bench.compile import recorder as rec
+    rec.record("sK", sK)                                    # any CuTe object: text only
+    tBgK = rec.record_tma_slice("K tile after TMA partition", tBgK, (None, 0, None, 0), tile_mode=2)
+    rec.record_barrier("KV stage", tx_count, loads={"K": sK_stage, "V": sV_stage})
+    rec.record_pipeline("S ready", pipeline.PipelineUmmaAsync, consumer_group, consumer_warps=4)
+
+Entries are plain JSON-able dicts (stored with cached kernels so lints re-run on a cache hit).
+This module is a leaf: it imports nothing from dsv4bench, so kernels/ may import it.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+_active: "Recording | None" = None
+
+
+@dataclass
+class Recording:
+    entries: list[dict] = field(default_factory=list)  # {group, stage, kind, fields: {name: text}}
+    facts: list[dict] = field(default_factory=list)  # {rule, stage, ...}: what the lints check
+
+    def to_json(self) -> dict:
+        return {"entries": self.entries, "facts": self.facts}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Recording":
+        return cls(list(d.get("entries", [])), list(d.get("facts", [])))
+
+
+@contextmanager
+def recording():
+    """Record every call made while tracing inside this block (one compile at a time)."""
+    global _active
+    outer, _active = _active, Recording()
+    try:
+        yield _active
+    finally:
+        _active = outer
+
+
+def is_recording() -> bool:
+    return _active is not None
+
+
+def _text(obj) -> str:
+    import cutlass.cute as cute
+
+    try:
+        return cute.pretty_str(obj)
+    except Exception:
+        return str(obj)
+
+
+def describe(obj) -> tuple[str, dict[str, str]]:
+    """(kind, fields) for a CuTe object: tensors get layout, shape, stride, dtype, memory;
+    layouts their swizzle; everything else (tiled MMA, copy atoms, tuples) its printed form."""
+    if hasattr(obj, "element_type") and hasattr(obj, "layout") and hasattr(obj, "iterator"):
+        layout = obj.layout
+        fields = {"shape": _text(getattr(layout, "shape", obj.shape)), "layout": str(layout),
+                  "dtype": str(obj.element_type)}
+        if hasattr(layout, "stride"):
+            fields["stride"] = _text(layout.stride)
+        memspace = getattr(obj, "memspace", None)
+        if memspace is not None:
+            fields["memory"] = str(memspace).rsplit(".", 1)[-1]
+        swizzle = getattr(obj.iterator, "swizzle_type", None) or getattr(layout, "inner", None)
+        if swizzle is not None:
+            fields["swizzle"] = str(swizzle)
+        return "tensor", fields
+    if hasattr(obj, "inner") and hasattr(obj, "outer"):  # ComposedLayout: swizzle o offset o layout
+        return "composed layout", {"layout": str(obj), "swizzle": str(obj.inner), "outer": str(obj.outer)}
+    name = type(obj).__name__
+    if "Mma" in name or "Copy" in name:
+        return name, {"printed": str(obj)}
+    if hasattr(obj, "shape") and hasattr(obj, "stride"):
+        return "layout", {"layout": str(obj), "shape": _text(obj.shape), "stride": _text(obj.stride)}
+    return name, {"value": _text(obj)}
+
+
+def _caller_group(depth: int = 2) -> str:
+    code = sys._getframe(depth).f_code
+    return "host" if code.co_name == "__call__" else code.co_name
+
+
+def record(stage: str, obj, group: str | None = None) -> None:
+    """Print `obj` under `stage` in `dsv4bench layouts` (grouped by the calling function by default)."""
+    if _active is None:
+        return
+    kind, fields = describe(obj)
+    _active.entries.append({"group": group or _caller_group(), "stage": stage, "kind": kind, "fields": fields})
+
+
+def _static_int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _mode_size(tensor, mode: int) -> int | None:
+    import cutlass.cute as cute
+
+    try:
+        return _static_int(cute.size(tensor, mode=[mode]))
+    except Exception:
+        return None
+
+
+def record_tma_slice(stage: str, tensor, coord: tuple, tile_mode: int, n_tiles: int | None = None,
+                     group: str | None = None):
+    """Slice a TMA-partitioned tensor with `coord` and return the slice (always, recording or not).
+
+    `tile_mode` is the mode that walks the tiles the kernel loops over (the KV tiles). When that mode
+    is pinned to a constant while more than one tile exists (`n_tiles`, else the mode's static size;
+    dynamic counts as more than one), every TMA load reads the same tile: lint `tma-tile-mode`.
+    """
+    sliced = tensor[coord]
+    if _active is not None:
+        kind, fields = describe(tensor)
+        fields["slice"] = _text(coord)
+        fields["after slice"] = _text(sliced.layout.shape) if hasattr(sliced, "layout") else _text(sliced)
+        _active.entries.append({"group": group or _caller_group(), "stage": stage, "kind": kind, "fields": fields})
+        pinned = coord[tile_mode] if tile_mode < len(coord) else None
+        _active.facts.append({
+            "rule": "tma-tile-mode", "stage": stage, "coord": _text(coord), "tile_mode": tile_mode,
+            "pinned": None if pinned is None else _text(pinned),
+            "n_tiles": n_tiles if n_tiles is not None else _mode_size(tensor, tile_mode),
+        })
+    return sliced
+
+
+def _bytes(load) -> int | None:
+    """Bytes of one load: an int, a smem tensor of one stage, or (dtype, layout)."""
+    import cutlass.cute as cute
+
+    if isinstance(load, int):
+        return load
+    dtype, layout = (load.element_type, load.layout) if hasattr(load, "element_type") else load
+    return _static_int(cute.size_in_bytes(dtype, layout))
+
+
+def record_barrier(stage: str, tx_count, loads: dict, group: str | None = None) -> None:
+    """A TMA transaction barrier: the `tx_count` it was armed with and every load that lands on it
+    in one stage (name -> int bytes | smem tensor | (dtype, layout)). Lint `tx-count`."""
+    if _active is None:
+        return
+    sizes = {name: _bytes(v) for name, v in loads.items()}
+    _active.entries.append({"group": group or _caller_group(), "stage": stage, "kind": "tma barrier",
+                            "fields": {"tx_count": str(tx_count),
+                                       "loads": ", ".join(f"{k} {v} B" for k, v in sizes.items())}})
+    _active.facts.append({"rule": "tx-count", "stage": stage, "tx_count": _static_int(tx_count), "loads": sizes})
+
+
+def record_pipeline(stage: str, pipeline, consumer_group, consumer_warps: int, multicast: int = 1,
+                    group: str | None = None) -> None:
+    """A pipeline (class or instance), its consumer CooperativeGroup (or the arrive count) and how many
+    warps really consume it (times `multicast` CTAs). Lint `arrive-count`."""
+    if _active is None:
+        return
+    cls = pipeline if isinstance(pipeline, type) else type(pipeline)
+    count = getattr(consumer_group, "size", consumer_group)
+    agent = getattr(consumer_group, "agent", None)
+    _active.entries.append({"group": group or _caller_group(), "stage": stage, "kind": "pipeline",
+                            "fields": {"class": cls.__name__, "consumer arrive count": str(count),
+                                       "consumer agent": str(agent).rsplit(".", 1)[-1] if agent else "",
+                                       "consumer warps": str(consumer_warps), "multicast": str(multicast)}})
+    _active.facts.append({"rule": "arrive-count", "stage": stage, "pipeline": cls.__name__,
+                          "count": _static_int(count), "warps": consumer_warps, "multicast": multicast})
