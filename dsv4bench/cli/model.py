@@ -118,8 +118,8 @@ def run_model_cmd(
     tok = load_tokenizer(ckpt.config, path)
     ids = tok.encode(prompt)
     console.print(f"[dim]{ckpt.config.name} from {path} · {tok.name} tokenizer · {len(ids)} prompt tokens · "
-                  f"{device} · loaded in {load_s:.2f} s[/]", highlight=False)
-    console.print(prompt, end="", markup=False, highlight=False)
+                  f"{device} · loaded in {load_s:.2f} s[/]", highlight=False, soft_wrap=True)
+    console.print(prompt, end="", markup=False, highlight=False, soft_wrap=True)
     new: list[int] = []
     shown = ""
     t0 = time.perf_counter()
@@ -129,10 +129,10 @@ def run_model_cmd(
         new.append(t)
         text = tok.decode(new)
         if not text.endswith("\ufffd"):
-            console.print(text[len(shown):], end="", markup=False, highlight=False)
+            console.print(text[len(shown):], end="", markup=False, highlight=False, soft_wrap=True)
             shown = text
     end = time.perf_counter()
-    console.print(tok.decode(new)[len(shown):], markup=False, highlight=False)
+    console.print(tok.decode(new)[len(shown):], markup=False, highlight=False, soft_wrap=True)
     decode_n = len(new) - 1
     summary = Table(title="run-model", show_header=False)
     summary.add_row("prompt tokens", str(len(ids)))

@@ -79,7 +79,11 @@ class OpTable:
 
     def select_all(self, backend: str) -> "OpTable":
         """Use `backend` for every op that has it; the others stay on the oracle."""
-        return self.select({op: backend for op in OPS if backend in _REGISTRY[op]})
+        chosen = {op: backend for op in OPS if backend in _REGISTRY[op]}
+        if not chosen:
+            known = sorted({b for impls in _REGISTRY.values() for b in impls})
+            raise DispatchError(f"no op has a backend {backend!r} (registered: {', '.join(known)})")
+        return self.select(chosen)
 
     def __getattr__(self, op: str) -> Callable:
         if op.startswith("_") or op not in OPS:

@@ -1,0 +1,91 @@
+"""`make-checkpoint` and `run-model` through typer, as the root app will register them."""
+
+import json
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from dsv4bench.cli.common import UsageProblem
+from dsv4bench.cli.model import register
+from dsv4bench.model.config import TINY
+from dsv4bench.model.loader import Checkpoint
+
+app = typer.Typer()
+register(app)
+
+
+@app.callback()
+def _root():
+    pass
+
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV4BENCH_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def generated(output: str) -> str:
+    return output.splitlines()[1]  # line 0 is the header, line 1 the prompt and the stream
+
+
+def test_run_model_embedded_default(cache):
+    r = run("run-model", "--prompt", "Hello", "--max-new-tokens", "24", "--seed", "5")
+    assert r.exit_code == 0, r.output
+    assert (cache / "tiny-ckpt-v2" / "config.json").is_file()
+    assert "byte-level fallback tokenizer" in r.output and generated(r.output).startswith("Hello")
+    assert re.search(r"decode\s*│\s*[\d.]+ tokens/s", r.output)
+    for op in ("sparse_attention", "expert", "indexer_topk", "compressor_push"):
+        assert re.search(rf"{op}\s*│ oracle\s*│\s*[1-9]", r.output), op
+    again = run("run-model", "--prompt", "Hello", "--max-new-tokens", "24", "--seed", "5")
+    other = run("run-model", "--prompt", "Hello", "--max-new-tokens", "24", "--seed", "6")
+    assert generated(again.output) == generated(r.output) != generated(other.output)
+
+
+def test_make_checkpoint_then_run_it(tmp_path):
+    out = tmp_path / "ck"
+    r = run("make-checkpoint", "--config", "tiny", "--out", str(out), "--seed", "3")
+    assert r.exit_code == 0, r.output
+    assert f"{len(Checkpoint.open(out).tensors):,}" in r.output
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == TINY.dim
+    r = run("run-model", "--prompt", "abc", "--checkpoint", str(out), "--max-new-tokens", "3", "--temperature", "0")
+    assert r.exit_code == 0, r.output
+    assert re.search(r"new tokens\s*│ 3 ", r.output)
+
+
+def test_tokenizer_json_is_used_when_present(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    out = tmp_path / "ck"
+    assert run("make-checkpoint", "--config", "tiny", "--out", str(out)).exit_code == 0
+    vocab = {"[UNK]": 2, "hello": 10, "world": 11}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(out / "tokenizer.json"))
+    r = run("run-model", "--prompt", "hello world", "--checkpoint", str(out), "--max-new-tokens", "2")
+    assert r.exit_code == 0, r.output
+    assert "tokenizer.json tokenizer · 3 prompt tokens" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (("run-model", "--prompt", "x", "--config", "huge"), "unknown config 'huge'"),
+    (("run-model", "--prompt", "x", "--config", "flash"), "no embedded flash checkpoint"),
+    (("run-model", "--prompt", "x", "--checkpoint", "/nonexistent/ck"), "checkpoint directory /nonexistent/ck does not exist"),
+    (("run-model", "--prompt", "x", "--device", "tpu"), "unknown --device 'tpu'"),
+    (("run-model", "--prompt", "x", "--temperature", "-1"), "--temperature must be >= 0"),
+    (("run-model", "--prompt", "x", "--backend", "nokernel"), "no op has a backend 'nokernel'"),
+    (("make-checkpoint", "--config", "huge", "--out", "/tmp/x"), "unknown config 'huge'"),
+])
+def test_bad_input_is_one_clear_usage_problem(cache, args, message):
+    r = run(*args)
+    assert isinstance(r.exception, UsageProblem), r.output
+    assert message in str(r.exception) and "\n" not in str(r.exception)
