@@ -26,7 +26,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import get_family, get_impl
 from dsv4bench.core.results import (
-    COMPILED, FAIL_COMPILE, FAIL_NUMERIC, FAIL_RUNTIME, PASS, UNSUPPORTED, ResultRecord,
+    COMPILED, FAIL_COMPILE, FAIL_LINT, FAIL_NUMERIC, FAIL_RUNTIME, PASS, UNSUPPORTED, ResultRecord,
 )
 
 CUDA_FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "CUDA error", "cudaError")
@@ -94,6 +94,8 @@ class Worker:
             rec.log = traceback.format_exc()[-2000:]
             return rec
         rec.status, rec.compile = COMPILED, info.to_json()
+        if info.lints:  # a layout lint (compile/lints.py) found a silent-bug pattern: do not run it
+            rec.status, rec.reason = FAIL_LINT, "; ".join(info.lints)[:600]
         return rec
 
     def check(self, rec, family, case) -> ResultRecord:
@@ -108,7 +110,7 @@ class Worker:
         compiled = None
         if impl.compiles:
             rec = self.compile(rec, impl, case, task["arch"])
-            if rec.status == FAIL_COMPILE:
+            if rec.status in (FAIL_COMPILE, FAIL_LINT):
                 return rec
             compiled, _ = self.cache.get(impl, case, task["arch"])
         data = self.case_data(family, case, "cuda")
