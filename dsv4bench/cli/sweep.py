@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dsv4bench.cli.common import console, fail, gpu_arch, resolve_archs
 from dsv4bench.cli.summary import exit_code, print_summary
+from dsv4bench.compile.cache import ENV_NO_CACHE
 from dsv4bench.core.registry import SweepOptions, get_family
 from dsv4bench.core.results import GOOD_STATUSES, RunDir
 from dsv4bench.core.runner import Runner, plan
@@ -62,6 +63,7 @@ def sweep_cmd(
     out: Optional[Path] = typer.Option(None, help="run directory; re-running with the same one resumes"),
     timeout: float = typer.Option(300.0, min=1.0, help="seconds per task before it is killed as TIMEOUT"),
     shard: Optional[str] = typer.Option(None, help="run only shard i of n: i/n"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="bypass the compiled-kernel disk cache (cold compiles)"),
 ) -> None:
     """Sweep a kernel family over its case space against the FP32 oracle."""
     try:
@@ -103,6 +105,8 @@ def sweep_cmd(
                   f"{'GPU ' + here if gpu else 'CPU (compile-only: ' + ','.join(archs) + ')'}, seed {seed}"
                   + (f"; resuming, {len(tasks) - len(todo)} already done" if len(todo) < len(tasks) else ""))
 
+    if no_cache:  # read by the workers' CompileCache
+        os.environ[ENV_NO_CACHE] = "1"
     runner = Runner(run_dir, timeout_s=timeout, gpu=gpu)
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
