@@ -21,6 +21,8 @@ import cutlass.cute as cute
 import cutlass.utils as utils
 from cutlass import Float32
 
+from dsv4bench.compile.recorder import record
+
 COPY_BITS = 128
 MAX_VECS_PER_THREAD = 8  # registers per thread stay small; more threads per row beyond that
 MIN_CTA_THREADS = 128
@@ -113,10 +115,16 @@ class RmsNormKernel:
         atom = cute.make_copy_atom(
             cute.nvgpu.CopyUniversalOp(), mX.element_type, num_bits_per_copy=cfg.vec * mX.element_type.width
         )
-        thr_copy = cute.make_tiled_copy(atom, tv_layout, tiler).get_slice(tidx)
+        tiled_copy = cute.make_tiled_copy(atom, tv_layout, tiler)
+        thr_copy = tiled_copy.get_slice(tidx)
         tXgX = thr_copy.partition_S(gX)
         tXgO = thr_copy.partition_D(gO)
         tXcX = thr_copy.partition_S(cX)
+        record("TV layout (thread, value) -> (row, col)", tv_layout)
+        record("x tile (gX)", gX)
+        record("tiled copy", tiled_copy)
+        record("x per thread (tXgX)", tXgX)
+        record("smem partials", partials)
 
         row = tXcX[0][0]
         row_ok = row < n_rows
