@@ -24,29 +24,20 @@ from __future__ import annotations
 
 import torch
 
+from oracles.attention import output_projection
 from oracles.compressor import CompressorState, block_candidates, compressor_project, pool, postprocess
 from oracles.fmha import sparse_attention
 from oracles.indexer import indexer_queries, indexer_scores, indexer_topk, indexer_weights
-from oracles.linear import dequant, linear
+from oracles.linear import linear
 from oracles.mhc import hc_head, hc_post, hc_pre
 from oracles.norm import rmsnorm
 from oracles.projections import kv_projection, q_projection
-from oracles.rope import apply_rope
 
 # ------------------------------------------------------------------------------------------------
 # Ops written here because no per-op oracle module provides them yet (see the report of issue 4).
 # Each is the spec's math for one op and nothing else; move it to its family's module when one
 # lands and point ORACLE_OPS at it.
 # ------------------------------------------------------------------------------------------------
-
-
-def grouped_linear(o: torch.Tensor, w, groups: int) -> torch.Tensor:
-    """§7.4 wo_a: o [S, G, K] (group g = heads [g·H/G, (g+1)·H/G) flattened), w [G·r, K] → [S, G, r].
-
-    U[s, g] = o[s, g] @ W[g·r:(g+1)·r].T with W = dequant(w) (FP8 in the checkpoint).
-    """
-    wa = dequant(w).unflatten(0, (groups, -1))  # [G, r, K]
-    return torch.einsum("sgk,grk->sgr", o.float(), wa)
 
 
 def route(x: torch.Tensor, gate, bias, tid2eid, ids: torch.Tensor, topk: int, route_scale: float):
@@ -96,13 +87,12 @@ ORACLE_OPS = {
     "compressor_push": (compressor_push, "decode-time compressor state update and emission (§5.7)"),
     "compressor_post": (postprocess, "entry RMSNorm → RoPE at s·m → (indexer) Hadamard (§5.5)"),
     "linear": (linear, "x @ dequant(W).T for bf16 / FP8 / MXFP4 / NVFP4 weights (§2.6)"),
-    "rope": (apply_rope, "partial interleaved RoPE on the last 64 dims, inverse=True rotates back (§2.2)"),
     "indexer_queries": (indexer_queries, "indexer q: wq_b(qr) → RoPE → Hadamard (§6)"),
     "indexer_weights": (indexer_weights, "indexer per-head weights weights_proj(x)·d^-0.5·H^-0.5 (§6)"),
     "indexer_scores": (indexer_scores, "indexer scores sum_h w·ReLU(q·k), causally masked (§6)"),
     "indexer_topk": (indexer_topk, "top-k compressed entries per query, -1 = none (§6)"),
     "sparse_attention": (sparse_attention, "gathered-key attention with per-head sink (§7.2)"),
-    "grouped_linear": (grouped_linear, "grouped low-rank output projection wo_a (§7.4)"),
+    "output_projection": (output_projection, "inverse RoPE, grouped wo_a, wo_b (§7.3-7.4)"),
     "hc_post": (hc_post, "mHC expansion + residual mixing (§3.4)"),
     "router": (route, "sqrt-softplus router, hash (tid2eid) or biased top-k (§8.1)"),
     "expert": (expert, "clamped SwiGLU expert, routing weight before w2 (§8.2)"),
@@ -187,9 +177,7 @@ def attention(p: dict, x: torch.Tensor, pos: torch.Tensor, cache, ops, cfg, laye
     cache.push_window(kv, pos)
 
     o, _ = ops.sparse_attention(q, kv_rows, idx, p["attn.attn_sink"], cfg.softmax_scale)
-    o = ops.rope(o, pos[:, None], freqs, inverse=True)
-    u = ops.grouped_linear(o.reshape(S, cfg.o_groups, -1), p["attn.wo_a"], cfg.o_groups)
-    return ops.linear(u.flatten(1), p["attn.wo_b"])
+    return ops.output_projection(o, pos, freqs, p["attn.wo_a"], p["attn.wo_b"], cfg.o_groups)
 
 
 def moe(p: dict, x: torch.Tensor, ids: torch.Tensor, ops, cfg, layer: int) -> torch.Tensor:
