@@ -1,0 +1,64 @@
+"""Numbers derived from one ResultRecord for the report: error ratios and the roofline position.
+
+% of the limit is against the device's *measured* ceilings stored in the record (copy bandwidth
+and dense bf16 GEMM throughput, taken in the same run): the attainable TFLOP/s at the case's
+arithmetic intensity is min(GEMM TFLOP/s, copy GB/s x intensity).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dsv4bench.core.results import ResultRecord
+
+OURS = "cutedsl"
+
+
+def shape(params: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def error_ratio(rec: ResultRecord) -> float | None:
+    """Worst max|err| / bound over the outputs (pass <= 1); inf for an exact-compare mismatch;
+    None when the record was not compared."""
+    worst = None
+    for m in (rec.metrics or {}).values():
+        if m.get("bound"):
+            r = (m.get("max_abs") or 0.0) / m["bound"]
+        elif m.get("bound") == 0 and m.get("max_abs"):
+            r = math.inf
+        else:
+            r = 0.0 if m.get("passed", True) else math.inf
+        worst = r if worst is None else max(worst, r)
+    return worst
+
+
+def rel_l2(rec: ResultRecord) -> float | None:
+    vals = [m["rel_l2"] for m in (rec.metrics or {}).values() if m.get("rel_l2") is not None]
+    return max(vals) if vals else None
+
+
+@dataclass(frozen=True)
+class Roofline:
+    intensity: float  # flop / byte
+    tflops: float
+    gbps: float
+    attainable_tflops: float
+    pct_limit: float
+    bound: str  # memory | compute
+    gemm_tflops: float
+    copy_gbps: float
+
+
+def roofline(rec: ResultRecord) -> Roofline | None:
+    p = rec.perf or {}
+    need = ("tflops", "gbps", "copy_gbps_measured", "gemm_tflops_measured")
+    if any(not isinstance(p.get(k), (int, float)) for k in need) or p["gbps"] <= 0:
+        return None
+    intensity = 1e3 * p["tflops"] / p["gbps"]
+    mem_limit = p["copy_gbps_measured"] * intensity / 1e3
+    attainable = min(p["gemm_tflops_measured"], mem_limit)
+    return Roofline(intensity, p["tflops"], p["gbps"], attainable, 100.0 * p["tflops"] / attainable,
+                    "memory" if mem_limit < p["gemm_tflops_measured"] else "compute",
+                    p["gemm_tflops_measured"], p["copy_gbps_measured"])
