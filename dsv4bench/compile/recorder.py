@@ -61,28 +61,25 @@ def _text(obj) -> str:
 
 
 def describe(obj) -> tuple[str, dict[str, str]]:
-    """(kind, fields) for a CuTe object: tensors get layout, shape, stride, dtype, memory;
-    layouts their swizzle; everything else (tiled MMA, copy atoms, tuples) its printed form."""
+    """(kind, fields) for a CuTe object: tensors get their layout (shape:stride), dtype, memory and
+    swizzle; layouts their printed form (with the swizzle of a composed one); tiled MMAs and copies
+    their printed form (atoms, thread layouts, TV layouts); anything else its value."""
     if hasattr(obj, "element_type") and hasattr(obj, "layout") and hasattr(obj, "iterator"):
-        layout = obj.layout
-        fields = {"shape": _text(getattr(layout, "shape", obj.shape)), "layout": str(layout),
-                  "dtype": str(obj.element_type)}
-        if hasattr(layout, "stride"):
-            fields["stride"] = _text(layout.stride)
+        fields = {"layout": str(obj.layout), "dtype": str(obj.element_type)}
         memspace = getattr(obj, "memspace", None)
         if memspace is not None:
             fields["memory"] = str(memspace).rsplit(".", 1)[-1]
-        swizzle = getattr(obj.iterator, "swizzle_type", None) or getattr(layout, "inner", None)
+        swizzle = getattr(obj.iterator, "swizzle_type", None) or getattr(obj.layout, "inner", None)
         if swizzle is not None:
             fields["swizzle"] = str(swizzle)
         return "tensor", fields
     if hasattr(obj, "inner") and hasattr(obj, "outer"):  # ComposedLayout: swizzle o offset o layout
-        return "composed layout", {"layout": str(obj), "swizzle": str(obj.inner), "outer": str(obj.outer)}
+        return "composed layout", {"layout": str(obj), "swizzle": str(obj.inner)}
     name = type(obj).__name__
     if "Mma" in name or "Copy" in name:
         return name, {"printed": str(obj)}
     if hasattr(obj, "shape") and hasattr(obj, "stride"):
-        return "layout", {"layout": str(obj), "shape": _text(obj.shape), "stride": _text(obj.stride)}
+        return "layout", {"layout": str(obj)}
     return name, {"value": _text(obj)}
 
 
@@ -124,7 +121,7 @@ def record_tma_slice(stage: str, tensor, coord: tuple, tile_mode: int, n_tiles: 
     if _active is not None:
         kind, fields = describe(tensor)
         fields["slice"] = _text(coord)
-        fields["after slice"] = _text(sliced.layout.shape) if hasattr(sliced, "layout") else _text(sliced)
+        fields["after slice"] = str(sliced.layout) if hasattr(sliced, "layout") else _text(sliced)
         _active.entries.append({"group": group or _caller_group(), "stage": stage, "kind": kind, "fields": fields})
         pinned = coord[tile_mode] if tile_mode < len(coord) else None
         _active.facts.append({
