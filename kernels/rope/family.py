@@ -1,0 +1,156 @@
+"""The RoPE family (spec §2.2): partial interleaved RoPE, forward / inverse, optionally fused with
+the per-head weightless q RMSNorm (§4); case space, oracle pairing, cost model, implementations."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_compact_tensor
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
+from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from kernels.common import CUTE_DTYPES, TORCH_DTYPES, compile_kernel, fake_rowmajor
+from kernels.rope.rope import RopeKernel
+from kernels.rope.rotate import ROPE_DIM, rope_table
+from oracles.norm import NORM_EPS, rmsnorm, rmsnorm_lowprec
+from oracles.rope import COMPRESSED_ROPE, SWA_ROPE, apply_rope, apply_rope_lowprec, rope_freqs
+from sweeps import rope as space
+
+DECODE_MAX_POS = 1 << 17
+TABLE_CONFIGS = {"yarn": COMPRESSED_ROPE, "swa": SWA_ROPE}
+
+
+def freqs_for(case: Case) -> torch.Tensor:
+    return rope_freqs(TABLE_CONFIGS[case["table"]])
+
+
+def positions_for(case: Case, gen: torch.Generator) -> torch.Tensor:
+    if case["pos"] == "prefill":
+        return torch.arange(case["t"], dtype=torch.int32)
+    return torch.randint(0, DECODE_MAX_POS, (case["t"],), generator=gen, dtype=torch.int32)
+
+
+def rope_eager(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor, norm: bool, inverse: bool):
+    """What a torch user writes: gather the table rows, fp32 complex multiply, one cast back."""
+    y = x.float()
+    if norm:
+        y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + NORM_EPS)
+    rot = torch.view_as_complex(table[positions.long()].unflatten(-1, (-1, 2))).unsqueeze(-2)
+    rot = rot.conj() if inverse else rot
+    pairs = torch.view_as_complex(y[..., -ROPE_DIM:].unflatten(-1, (-1, 2)).contiguous())
+    return torch.cat((y[..., :-ROPE_DIM], torch.view_as_real(pairs * rot).flatten(-2)), -1).to(x.dtype)
+
+
+class RopeFamily(Family):
+    name = "rope"
+    description = "partial interleaved RoPE (last 64 dims), fwd/inverse, fused per-head q RMSNorm (§2.2, §4)"
+    tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
+
+    def cases(self, opts: SweepOptions) -> list[Case]:
+        params = [(p, "grid") for p in space.production()] if opts.grid else []
+        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
+        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
+        return apply_filters(cases, opts.filters, {"rows": "t", "heads": "h", "hd": "n", "dtype": "dtype"})
+
+    def parse_filters(self, raw: dict) -> dict:
+        parsers = {
+            "rows": lambda v: parse_int_list("rows", v),
+            "heads": lambda v: parse_int_list("heads", v),
+            "hd": lambda v: parse_int_list("hd", v),
+            "dtype": lambda v: parse_choice_list("dtype", v, sorted(TORCH_DTYPES)),
+        }
+        unknown = sorted(set(raw) - set(parsers))
+        if unknown:
+            raise ValueError(f"option --{unknown[0]} does not apply to rope (it takes --rows, --heads, --hd, --dtype)")
+        return {k: parsers[k](v) for k, v in raw.items()}
+
+    def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
+        t, h, n, dt = case["t"], case["h"], case["n"], TORCH_DTYPES[case["dtype"]]
+        x = (torch.randn(t, h, n, generator=gen) * 2.0 + 0.5).to(dt)
+        positions = positions_for(case, gen)
+        table = rope_table(freqs_for(case), int(positions.max()) + 1, device)
+        return {"x": x.to(device), "positions": positions.to(device), "table": table}
+
+    def _args(self, case: Case, inputs: dict):
+        return inputs["positions"].long().unsqueeze(-1), freqs_for(case).to(inputs["x"].device)
+
+    def oracle(self, case: Case, inputs: dict) -> dict:
+        pos, freqs = self._args(case, inputs)
+        x = rmsnorm(inputs["x"], None, NORM_EPS) if case["op"] == "q_norm_rope" else inputs["x"]
+        return {"out": apply_rope(x, pos, freqs, inverse=case["op"] == "inverse")}
+
+    def lowprec(self, case: Case, inputs: dict) -> dict:
+        pos, freqs = self._args(case, inputs)
+        x = rmsnorm_lowprec(inputs["x"], None, NORM_EPS) if case["op"] == "q_norm_rope" else inputs["x"]
+        return {"out": apply_rope_lowprec(x, pos, freqs, inverse=case["op"] == "inverse")}
+
+    def alloc_outputs(self, case: Case, device: str) -> dict:
+        return {"out": torch.empty(case["t"], case["h"], case["n"], dtype=TORCH_DTYPES[case["dtype"]], device=device)}
+
+    def cost(self, case: Case) -> Cost:
+        t, h, n = case["t"], case["h"], case["n"]
+        es = TORCH_DTYPES[case["dtype"]].itemsize
+        flops = t * h * (6 * ROPE_DIM // 2 * 2 + (3 * n if case["op"] == "q_norm_rope" else 0))
+        # x in, out back, the positions and one table row per token (rows may repeat: an upper bound)
+        return Cost(flops=float(flops), bytes=float(2 * t * h * n * es + t * (4 + 4 * ROPE_DIM)))
+
+
+def _kernel(case: Case) -> RopeKernel:
+    return RopeKernel(CUTE_DTYPES[case["dtype"]], case["n"], case["op"] == "q_norm_rope", case["op"] == "inverse",
+                      NORM_EPS)
+
+
+class RopeCuteDSL(Impl):
+    family, name, backend = "rope", "cutedsl", "cutedsl"
+    compiles = True
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        try:
+            _kernel(case)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def compile_key(self, case: Case, arch: str) -> tuple:
+        return (self.family, self.name, arch, case["dtype"], case["n"], case["op"], NORM_EPS)
+
+    def compile(self, case: Case, arch: str):
+        rows, tokens, n_pos = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        x, o = fake_rowmajor(case["dtype"], (rows, case["n"])), fake_rowmajor(case["dtype"], (rows, case["n"]))
+        pos = make_fake_compact_tensor(cutlass.Int32, (tokens,), stride_order=(0,), assumed_align=4)
+        tab = make_fake_compact_tensor(cutlass.Float32, (n_pos, ROPE_DIM), stride_order=(1, 0), assumed_align=16)
+        return compile_kernel(_kernel(case), x, pos, tab, o, cutlass.Int32(1), arch=arch)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        n = case["n"]
+        compiled(inputs["x"].view(-1, n), inputs["positions"], inputs["table"], out["out"].view(-1, n), case["h"])
+        return out
+
+
+class RopeTorch(Impl):
+    family, name, backend = "rope", "torch", "torch"
+    archs = ("any",)
+    needs_gpu = False
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        return {"out": rope_eager(inputs["x"], inputs["positions"], inputs["table"], case["op"] == "q_norm_rope",
+                                  case["op"] == "inverse")}
+
+
+class RopeTorchCompile(Impl):
+    family, name, backend = "rope", "torch_compile", "torch_compile"
+    archs = ("any",)
+    _fn = None
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if RopeTorchCompile._fn is None:
+            RopeTorchCompile._fn = torch.compile(rope_eager, dynamic=False)
+        return {"out": RopeTorchCompile._fn(inputs["x"], inputs["positions"], inputs["table"],
+                                            case["op"] == "q_norm_rope", case["op"] == "inverse")}
+
+
+register_family(RopeFamily())
+for _impl in (RopeCuteDSL(), RopeTorch(), RopeTorchCompile()):
+    register_impl(_impl)
