@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import settings
 
@@ -25,3 +27,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_user_cache(tmp_path_factory):
+    """Compiled kernels and synthetic checkpoints go to a throwaway dir, never ~/.cache."""
+    os.environ["DSV4BENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("dsv4bench-cache"))
