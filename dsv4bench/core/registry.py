@@ -23,6 +23,8 @@ ARCHS = ("sm_90a", "sm_100a")
 # Modules that define the built-in families; each calls register_family at import.
 BUILTIN_FAMILY_MODULES = [
     "kernels.rmsnorm.family",
+    "kernels.rope.family",
+    "kernels.quant.family",
 ]
 
 

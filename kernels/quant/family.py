@@ -1,0 +1,143 @@
+"""The activation-quantisation family: bf16 → FP8 e4m3 / MXFP4 e2m1 codes + ue8m0 scales (spec §2.3-§2.5).
+
+Outputs are compared bit for bit with the oracle (oracles/quant.py, oracles/hadamard.py):
+`codes` uint8 (e4m3 bits, or packed e2m1 nibbles with element 2k low) and `scales` uint8 (ue8m0).
+The rotated MXFP4 path quantises bf16(H_128·x·128^-0.5) computed in fp32, the reference's
+`rotate_activation`; the kernel's butterfly and the oracle's matmul agree bit for bit whenever the
+fp32 sums are exact, which holds unless a 128-row spans more than ~2^9 in magnitude (docs/perf/quant.md).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.filters import apply_filters, parse_int_list
+from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from kernels.common import compile_kernel
+from kernels.quant import eager
+from kernels.quant.quant import QuantConfig, QuantKernel
+from oracles.hadamard import hadamard_rotate_lowprec
+from oracles.quant import fp8_block_quant, mxfp4_quant, pack_fp4, ue8m0_encode
+from sweeps import quant as space
+
+
+def code_width(case: Case) -> int:
+    return case["n"] if case["fmt"] == "fp8" else case["n"] // 2
+
+
+class QuantFamily(Family):
+    name = "quant"
+    description = "activation quant: FP8 e4m3 per 128/64, Hadamard-128 + MXFP4 per 32; ue8m0 scales (§2.3-§2.5)"
+    tolerance = Tolerance(exact=True)
+
+    def cases(self, opts: SweepOptions) -> list[Case]:
+        params = [(p, "grid") for p in space.production()] if opts.grid else []
+        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
+        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
+        return apply_filters(cases, opts.filters, {"width": "n", "rows": "m"})
+
+    def parse_filters(self, raw: dict) -> dict:
+        unknown = sorted(set(raw) - {"width", "rows"})
+        if unknown:
+            raise ValueError(f"option --{unknown[0]} does not apply to quant (it takes --width, --rows)")
+        return {k: parse_int_list(k, v) for k, v in raw.items()}
+
+    def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
+        """Rows of random magnitude (2^-10 .. 2^10), sparse outliers, and at the edges of the scale
+        rules: a row below the FP8 amax floor and, from 3 rows on, one all-zero row (FP4 floor)."""
+        m, n, stride = case["m"], case["n"], case["stride"]
+        row_scale = torch.exp2(torch.empty(m, 1).uniform_(-10, 10, generator=gen))
+        x = torch.randn(m, stride, generator=gen) * row_scale
+        outliers = torch.rand(m, stride, generator=gen) < 0.002
+        x = torch.where(outliers, x * 40.0, x)
+        x[0] *= 1e-7 / float(row_scale[0])  # amax < 1e-4: the FP8 floor decides the scale
+        if m >= 3:
+            x[m // 2] = 0.0
+        full = x.to(torch.bfloat16).to(device)
+        return {"x": full[:, :n]}
+
+    def oracle(self, case: Case, inputs: dict) -> dict:
+        x = inputs["x"].cpu()
+        if case["fmt"] == "fp8":
+            codes, scale = fp8_block_quant(x, case["block"], "ue8m0")
+            return {"codes": codes.view(torch.uint8), "scales": ue8m0_encode(scale)}
+        if case["rotate"]:
+            x = hadamard_rotate_lowprec(x)
+        codes, scale = mxfp4_quant(x, case["block"])
+        return {"codes": pack_fp4(codes), "scales": ue8m0_encode(scale)}
+
+    def lowprec(self, case: Case, inputs: dict) -> dict:
+        """The torch peer's composition, on the CPU."""
+        return eager.quant(inputs["x"].cpu(), case["fmt"], case["block"], case["rotate"])
+
+    def alloc_outputs(self, case: Case, device: str) -> dict:
+        m = case["m"]
+        return {
+            "codes": torch.empty(m, code_width(case), dtype=torch.uint8, device=device),
+            "scales": torch.empty(m, case["n"] // case["block"], dtype=torch.uint8, device=device),
+        }
+
+    def cost(self, case: Case) -> Cost:
+        """Bytes: read x (bf16), write codes and one scale byte per block. Flops: abs-max, scale and
+        round per element (~4), plus log2(128) = 7 add/sub and one multiply per element when rotating."""
+        m, n = case["m"], case["n"]
+        flops = m * n * (4 + (8 if case["rotate"] else 0))
+        return Cost(flops=float(flops), bytes=float(m * n * 2 + m * code_width(case) + m * n // case["block"]))
+
+
+class QuantCuteDSL(Impl):
+    family, name, backend = "quant", "cutedsl", "cutedsl"
+    compiles = True
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        try:
+            QuantConfig.make(case["fmt"], case["n"], case["block"], case["rotate"])
+        except ValueError as e:
+            return str(e)
+        return None if case["stride"] % 8 == 0 else "row stride must keep 16-byte alignment"
+
+    def compile_key(self, case: Case, arch: str) -> tuple:
+        return (self.family, self.name, arch, case["fmt"], case["n"], case["block"], bool(case["rotate"]))
+
+    def compile(self, case: Case, arch: str):
+        n, block = case["n"], case["block"]
+        rows = cute.sym_int()
+        x = make_fake_tensor(cutlass.BFloat16, (rows, n), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
+        q = make_fake_compact_tensor(cutlass.Uint8, (rows, code_width(case)), stride_order=(1, 0), assumed_align=16)
+        s = make_fake_compact_tensor(cutlass.Uint8, (rows, n // block), stride_order=(1, 0), assumed_align=1)
+        return compile_kernel(QuantKernel(case["fmt"], n, block, bool(case["rotate"])), x, q, s, arch=arch)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        compiled(inputs["x"], out["codes"], out["scales"])
+        return out
+
+
+class QuantTorch(Impl):
+    """torch eager: the reference's math composed in torch on the device."""
+
+    family, name, backend = "quant", "torch", "torch"
+    archs = ("any",)
+    needs_gpu = False
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        return eager.quant(inputs["x"], case["fmt"], case["block"], case["rotate"])
+
+
+class QuantTorchCompile(Impl):
+    family, name, backend = "quant", "torch_compile", "torch_compile"
+    archs = ("any",)
+    _fn = None
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if QuantTorchCompile._fn is None:
+            QuantTorchCompile._fn = torch.compile(eager.quant, dynamic=False)
+        return QuantTorchCompile._fn(inputs["x"], case["fmt"], case["block"], case["rotate"])
+
+
+register_family(QuantFamily())
+for _impl in (QuantCuteDSL(), QuantTorch(), QuantTorchCompile()):
+    register_impl(_impl)

@@ -1,0 +1,70 @@
+"""Bit-level helpers for the quantisation kernels: IEEE bit casts, ue8m0 scales, bf16/e4m3/e2m1 rounding.
+
+Everything is plain integer/float arithmetic or one PTX `cvt` that exists on sm_89 and later, so a
+kernel built from these compiles unchanged for sm_90a and sm_100a. The scale and rounding rules are
+those of oracles/quant.py (spec §2.3, §2.4): the kernels must reproduce them bit for bit.
+"""
+
+from __future__ import annotations
+
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import arith, llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+UE8M0_BIAS = 127
+# e2m1 rounding thresholds on |x| (grid 0, .5, 1, 1.5, 2, 3, 4, 6): at a midpoint the code rises only
+# when the code below it is odd (ties to even), so odd-below midpoints use >= and even-below use >.
+E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+@dsl_user_op
+def f32_bits(x, *, loc=None, ip=None) -> Int32:
+    return Int32(arith.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def bits_f32(x, *, loc=None, ip=None) -> Float32:
+    return Float32(arith.bitcast(T.f32(), Int32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def e4m3x2(lo, hi, *, loc=None, ip=None) -> Int32:
+    """Two fp32 → two e4m3fn codes (RNE, saturating at ±448): `lo` in bits 0-7, `hi` in bits 8-15."""
+    return Int32(llvm.inline_asm(
+        T.i32(),
+        [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .b16 t;\ncvt.rn.satfinite.e4m3x2.f32 t, $1, $2;\ncvt.u32.u16 $0, t;\n}",
+        "=r,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+def ue8m0_exponent(amax: Float32, inv_qmax: float) -> Int32:
+    """Biased exponent e of the scale 2^ceil(log2(amax·fp32(1/qmax))) (`fast_round_scale`); amax is floored."""
+    bits = f32_bits(amax * Float32(inv_qmax))
+    e = (bits >> 23) & 0xFF
+    return e + Int32((bits & 0x7FFFFF) != 0)
+
+
+def inv_pow2(e: Int32) -> Float32:
+    """1 / 2^(e - 127) as an exact fp32 (valid for 1 <= e <= 253)."""
+    return bits_f32((2 * UE8M0_BIAS - e) << 23)
+
+
+def round_bf16(x: Float32) -> Float32:
+    """RNE of a finite fp32 to the nearest bf16, returned as fp32."""
+    b = f32_bits(x)
+    b = b + 0x7FFF + ((b >> 16) & 1)
+    return bits_f32(b & -65536)
+
+
+def e2m1_code(v: Float32) -> Int32:
+    """RNE of a scaled fp32 (|v| saturates at 6) to an e2m1 code 0..15; bit 3 is the sign, −0 → +0."""
+    mag = cute_abs(v)
+    idx = Int32(0)
+    for mid, inclusive in E2M1_MIDPOINTS:
+        idx = idx + Int32(mag >= mid if inclusive else mag > mid)
+    return idx | (Int32((v < 0.0) & (idx > 0)) << 3)
+
+
+def cute_abs(v: Float32) -> Float32:
+    return bits_f32(f32_bits(v) & 0x7FFFFFFF)
