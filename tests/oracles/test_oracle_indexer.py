@@ -3,7 +3,8 @@ from hypothesis import given, settings, strategies as st
 
 from oracles.hadamard import hadamard_rotate
 from oracles.indexer import (head_weight_scale, indexer_queries, indexer_queries_lowprec, indexer_scores,
-                             indexer_scores_lowprec, indexer_topk, indexer_weights)
+                             indexer_scores_lowprec, indexer_topk, indexer_weights,
+                             indexer_weights_lowprec)
 from oracles.linear import QuantWeight, linear
 from oracles.quant import fp4_qdq, quant_fp8_weight
 from oracles.rope import COMPRESSED_ROPE, apply_rope, rope_freqs
@@ -105,6 +106,8 @@ def test_weights_and_lowprec_scores(seed):
     proj = torch.randn(4, 32, generator=g).bfloat16()
     w = indexer_weights(x, proj)
     torch.testing.assert_close(w, x.float() @ proj.float().T * (128**-0.5 * 4**-0.5))
+    w_low = indexer_weights_lowprec(x, proj)
+    assert w_low.dtype == torch.bfloat16 and torch.equal(w_low, torch.nn.functional.linear(x, proj) * (128**-0.5 * 4**-0.5))
     q, k, _ = _qkw(g, 1, 8, 4, 2)
     pos = torch.arange(8)
     ref = indexer_scores(q.bfloat16(), k.bfloat16(), w, pos)
