@@ -13,8 +13,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dsv4bench.cli.common import console, fail, gpu_arch, resolve_archs
+from dsv4bench.cli.report import render
 from dsv4bench.cli.summary import exit_code, print_summary
 from dsv4bench.compile.cache import ENV_NO_CACHE
+from dsv4bench.core.regressions import record_failures, with_regressions
 from dsv4bench.core.registry import SweepOptions, get_family
 from dsv4bench.core.results import GOOD_STATUSES, RunDir
 from dsv4bench.core.runner import Runner, plan
@@ -87,7 +89,7 @@ def sweep_cmd(
     baselines = [b.strip() for b in baseline.split(",")] if baseline else None
 
     run_dir = open_run_dir(out, kernel)
-    cases = family.cases(SweepOptions(examples=examples, seed=seed, filters=filters))
+    cases = with_regressions(kernel, family.cases(SweepOptions(examples=examples, seed=seed, filters=filters)))
     if shard_ix:
         cases = cases[shard_ix[0]::shard_ix[1]]
     if not cases:
@@ -95,15 +97,18 @@ def sweep_cmd(
     tasks = plan(cases, archs, gpu=gpu, bench=bench and gpu, compile_only=compile_only, baselines=baselines)
     done = run_dir.done_tasks()
     todo = [t for t in tasks if t.key not in done]
+    command, environment = "dsv4bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]), describe_environment()
     run_dir.write_meta({
-        "command": "dsv4bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": command,
         "kernel": kernel, "seed": seed, "examples": examples, "archs": archs, "gpu": gpu,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "environment": describe_environment(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "environment": environment,
         "cases": {c.id: c.to_json() for c in cases},
     })
+    replayed = sum(c.origin == "regression" for c in cases)
     console.print(f"[bold]{kernel}[/]: {len(cases)} cases, {len(tasks)} tasks on "
                   f"{'GPU ' + here if gpu else 'CPU (compile-only: ' + ','.join(archs) + ')'}, seed {seed}"
-                  + (f"; resuming, {len(tasks) - len(todo)} already done" if len(todo) < len(tasks) else ""))
+                  + (f"; resuming, {len(tasks) - len(todo)} already done" if len(todo) < len(tasks) else "")
+                  + (f"; {replayed} regression case(s) replayed first" if replayed else ""))
 
     if no_cache:  # read by the workers' CompileCache
         os.environ[ENV_NO_CACHE] = "1"
@@ -125,9 +130,16 @@ def sweep_cmd(
             console.print(f"[yellow]interrupted[/]: finished tasks are in {run_dir.results}; "
                           f"re-run with --out {run_dir.path} to resume")
             raise typer.Exit(130)
-    run_dir.write_csv()
     records = run_dir.records()
     print_summary(records, run_dir)
+    added = record_failures(kernel, records, environment.get("commit"), command)
+    if added:
+        console.print(f"[red]{len(added)} failing case(s)[/] added to the regression file (replayed first next time)")
+    try:
+        render(run_dir.path, new_regressions=len(added))  # also rewrites results.csv
+    except Exception as e:  # the records are safe on disk; a report bug must not change the sweep's verdict
+        run_dir.write_csv()
+        console.print(f"[yellow]report not rendered[/]: {type(e).__name__}: {e}")
     raise typer.Exit(exit_code(records))
 
 
