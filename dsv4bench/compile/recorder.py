@@ -16,11 +16,13 @@ This module is a leaf: it imports nothing from dsv4bench, so kernels/ may import
 
 from __future__ import annotations
 
+import re
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 _active: "Recording | None" = None
+SWIZZLE = re.compile(r"S<\d+,\d+,\d+>")
 
 
 @dataclass
@@ -60,25 +62,39 @@ def _text(obj) -> str:
         return str(obj)
 
 
+def _attr(obj, name: str):
+    """obj.name, or None where the object has no such attribute (or raises for it, as TMA
+    coordinate tensors do for memspace): a recorder never breaks a trace."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
 def describe(obj) -> tuple[str, dict[str, str]]:
     """(kind, fields) for a CuTe object: tensors get their layout (shape:stride), dtype, memory and
     swizzle; layouts their printed form (with the swizzle of a composed one); tiled MMAs and copies
     their printed form (atoms, thread layouts, TV layouts); anything else its value."""
-    if hasattr(obj, "element_type") and hasattr(obj, "layout") and hasattr(obj, "iterator"):
-        fields = {"layout": str(obj.layout), "dtype": str(obj.element_type)}
-        memspace = getattr(obj, "memspace", None)
+    layout, iterator = _attr(obj, "layout"), _attr(obj, "iterator")
+    if layout is not None and iterator is not None:
+        fields = {"layout": str(layout)}
+        dtype = _attr(obj, "element_type")
+        if isinstance(dtype, type):
+            fields["dtype"] = str(dtype)
+        memspace = _attr(obj, "memspace")
         if memspace is not None:
             fields["memory"] = str(memspace).rsplit(".", 1)[-1]
-        swizzle = getattr(obj.iterator, "swizzle_type", None) or getattr(obj.layout, "inner", None)
-        if swizzle is not None:
-            fields["swizzle"] = str(swizzle)
+        fields["iterator"] = str(iterator)  # ptr<dtype, space, align, swizzle>, or a TMA coordinate basis
+        swizzle = SWIZZLE.search(fields["iterator"] + fields["layout"])
+        if swizzle:
+            fields["swizzle"] = swizzle.group(0)
         return "tensor", fields
-    if hasattr(obj, "inner") and hasattr(obj, "outer"):  # ComposedLayout: swizzle o offset o layout
+    if _attr(obj, "inner") is not None and _attr(obj, "outer") is not None:  # swizzle o offset o layout
         return "composed layout", {"layout": str(obj), "swizzle": str(obj.inner)}
     name = type(obj).__name__
     if "Mma" in name or "Copy" in name:
         return name, {"printed": str(obj)}
-    if hasattr(obj, "shape") and hasattr(obj, "stride"):
+    if _attr(obj, "shape") is not None and _attr(obj, "stride") is not None:
         return "layout", {"layout": str(obj)}
     return name, {"value": _text(obj)}
 
