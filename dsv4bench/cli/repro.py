@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -13,21 +14,30 @@ from rich.table import Table
 from dsv4bench.cli.common import console, fail, gpu_arch
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.regressions import regressions_dir
 from dsv4bench.core.registry import get_family, impls
 from dsv4bench.core.worker import CaseData, Worker, poison
 
 WORST = 8
 
 
-def find_case(case_id: str, roots: list[Path]) -> Case:
-    """The case as recorded in any run directory under `roots` (newest first)."""
+def find_case(case_id: str, roots: list[Path]) -> tuple[Case, Path, str]:
+    """The case as recorded in any run directory under `roots` (newest first), else in a regression
+    file; with where it was found and the command that produced it."""
     metas = sorted((p for root in roots if root.exists() for p in root.rglob("run.json")),
                    key=lambda p: p.stat().st_mtime, reverse=True)
     for meta in metas:
-        cases = json.loads(meta.read_text()).get("cases", {})
-        if case_id in cases:
-            return Case.from_json(cases[case_id])
-    fail(f"case '{case_id}' not found in any run directory under {', '.join(map(str, roots))}")
+        d = json.loads(meta.read_text())
+        if case_id in d.get("cases", {}):
+            return Case.from_json(d["cases"][case_id]), meta.parent, d.get("command", "?")
+    for path in sorted(regressions_dir().glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line) if line.strip() else {}
+            if entry.get("case_id") == case_id:
+                case = Case(path.stem, entry["params"], int(entry.get("seed", 0)), "regression")
+                return case, path, f"{entry.get('command', '?')}  ({entry.get('status')} at {entry.get('commit')})"
+    fail(f"case '{case_id}' not found in any run directory under {', '.join(map(str, roots))} "
+         f"nor in the regression files in {regressions_dir()}")
 
 
 def error_histogram(out: torch.Tensor, ref: torch.Tensor) -> list[tuple[str, int]]:
@@ -56,20 +66,41 @@ def show_worst(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.Tenso
     console.print(hist)
 
 
+def show_result(label: str, result: dict, data: CaseData, tol) -> bool:
+    ok, metrics = compare_outputs(result, data.oracle, data.lowprec, tol)
+    console.print(f"[{'green' if ok else 'red'}]{label}: {'PASS' if ok else 'FAIL'}[/]")
+    for name, m in metrics.items():
+        console.print(f"  {name}: max {m.max_abs:.4g} mean {m.mean_abs:.4g} rel_l2 {m.rel_l2:.3g} "
+                      f"bound {m.bound} worst at {m.worst_index}" + ("" if ok else f"; {m.summary()}"))
+        if name in result and result[name].is_floating_point():
+            show_worst(name, result[name].cpu(), data.oracle[name].cpu(),
+                       data.lowprec[name].cpu() if name in data.lowprec else None)
+    return ok
+
+
 def repro_cmd(
     case_id: str = typer.Argument(..., help="a case id from a sweep's results"),
     runs: Optional[Path] = typer.Option(None, help="run directory root to search (default: reports/)"),
     impl: Optional[str] = typer.Option(None, help="only this impl"),
 ) -> None:
-    """Replay one case: inputs regenerated from its seed, every impl compared with diagnostics."""
-    case = find_case(case_id, [runs] if runs else [Path("reports")])
-    family = get_family(case.family)
+    """Replay one case: inputs regenerated from its seed, every impl compared with diagnostics.
+    Exit status 1 when any comparison fails."""
+    case, found, made_by = find_case(case_id, [runs] if runs else [Path("reports")])
+    try:
+        family = get_family(case.family)
+    except KeyError as e:
+        fail(e.args[0])
     arch = gpu_arch()
-    console.print(f"[bold]{case}[/]\nreplay: dsv4bench repro {case_id}" + (f" --runs {runs}" if runs else ""))
+    replay = ["dsv4bench", "repro", case_id] + (["--runs", str(runs.resolve())] if runs else [])
+    console.print(f"[bold]{case}[/]\nfound in: {found}\nmade by:  {made_by}\n"
+                  f"replay:   {shlex.join(replay + (['--impl', impl] if impl else []))}", highlight=False)
     worker = Worker()
     device = "cuda" if arch else "cpu"
     data = CaseData(family, case, device)
     tol = lambda n: family.tolerance_for(case, n)  # noqa: E731
+    passed = True
+    if not arch and impl in (None, "torch"):  # what a CPU sweep checks: the low-precision reference
+        passed &= show_result("lowprec reference vs FP32 oracle (CPU check)", data.lowprec, data, tol)
     for im in impls(case.family):
         if impl and im.name != impl:
             continue
@@ -82,6 +113,7 @@ def repro_cmd(
                                       f"{info.local_bytes} B local, {info.cubin_bytes} B cubin")
                     except Exception as e:
                         console.print(f"[red]{im.name} {a}: FAIL_COMPILE[/] {type(e).__name__}: {e}")
+                        passed = False
                 continue
             if im.needs_gpu:
                 continue
@@ -92,15 +124,9 @@ def repro_cmd(
         compiled = worker.cache.get(im, case, arch)[0] if im.compiles else None
         out = family.alloc_outputs(case, device)
         poison(out)
-        result = im.run(case, data.inputs, out, compiled)
-        ok, metrics = compare_outputs(result, data.oracle, data.lowprec, tol)
-        console.print(f"[{'green' if ok else 'red'}]{im.name}: {'PASS' if ok else 'FAIL'}[/]")
-        for name, m in metrics.items():
-            console.print(f"  {name}: max {m.max_abs:.4g} mean {m.mean_abs:.4g} rel_l2 {m.rel_l2:.3g} "
-                          f"bound {m.bound} worst at {m.worst_index}")
-            if result[name].is_floating_point():
-                show_worst(name, result[name].cpu(), data.oracle[name].cpu(), data.lowprec.get(name, None).cpu()
-                           if name in data.lowprec else None)
+        passed &= show_result(im.name, im.run(case, data.inputs, out, compiled), data, tol)
+    if not passed:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
