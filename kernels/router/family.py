@@ -1,0 +1,144 @@
+"""The MoE router family (spec §8.1), from the fp32 gate logits: sqrt(softplus) scores, top-k on
+score + bias (or hash ids from tid2eid for layers 0-2), weights renormalised × route_scale.
+
+Scope: the gate GEMM (x @ gate.T in fp32) is a GEMM and stays outside; the family's input is its
+output, the logits [T, E]. The oracle is oracles.moe.route applied to those logits with an identity
+gate (E × E), whose fp32 product reproduces the logits exactly, so all routing math is the oracle's.
+Expert ids compare as sets per token; weights (fp32, in selection order) by the BENCHMARKING.md rule.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_compact_tensor
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.filters import apply_filters, parse_int_list
+from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from kernels.common import compile_kernel
+from kernels.router.eager import route_from_logits
+from kernels.router.router import RouterKernel
+from oracles.moe import route
+from sweeps import router as space
+
+TRANSCENDENTAL_FLOPS = 20  # exp, log1p and sqrt per expert, counted as ~20 flops
+
+
+def _fake(dtype, shape):
+    return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)), assumed_align=4)
+
+
+class RouterFamily(Family):
+    name = "router"
+    description = "MoE router from gate logits: sqrt-softplus, bias top-6 or tid2eid hash, renorm × route_scale (§8.1)"
+    tolerance = Tolerance(ratio=2.0, rel_l2=1e-5)
+
+    def tolerance_for(self, case: Case, output: str) -> Tolerance:
+        return Tolerance(index_set=True) if output == "indices" else self.tolerance
+
+    def cases(self, opts: SweepOptions) -> list[Case]:
+        params = [(p, "grid") for p in space.production()] if opts.grid else []
+        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
+        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
+        return apply_filters(cases, opts.filters, {"width": "e", "rows": "t"})
+
+    def parse_filters(self, raw: dict) -> dict:
+        unknown = sorted(set(raw) - {"width", "rows"})
+        if unknown:
+            raise ValueError(f"option --{unknown[0]} does not apply to router (--width = experts, --rows = tokens)")
+        return {k: parse_int_list(k, v) for k, v in raw.items()}
+
+    def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
+        t, e, k = case["t"], case["e"], case["k"]
+        inputs = {"logits": torch.randn(t, e, generator=gen) * 3.0 - 1.0}
+        if case["hashed"]:
+            inputs["tid2eid"] = torch.randint(0, e, (case["vocab"], k), generator=gen, dtype=torch.int32)
+            inputs["input_ids"] = torch.randint(0, case["vocab"], (t,), generator=gen, dtype=torch.int32)
+        else:
+            inputs["bias"] = torch.randn(e, generator=gen) * 0.5
+        return {name: v.to(device) for name, v in inputs.items()}
+
+    def oracle(self, case: Case, inputs: dict) -> dict:
+        return self._route(case, {k: v.cpu() for k, v in inputs.items()})
+
+    def lowprec(self, case: Case, inputs: dict) -> dict:
+        """The same fp32 math where the inputs live (the GPU in a GPU run: its own exp/log1p/sum order)."""
+        return self._route(case, inputs)
+
+    def _route(self, case: Case, inputs: dict) -> dict:
+        logits = inputs["logits"]
+        identity = torch.eye(case["e"], dtype=torch.float32, device=logits.device)
+        w, idx = route(logits, identity, case["k"], case["scale"], inputs.get("bias"),
+                       inputs.get("tid2eid"), inputs.get("input_ids"))
+        return {"weights": w, "indices": idx}
+
+    def alloc_outputs(self, case: Case, device: str) -> dict:
+        t, k = case["t"], case["k"]
+        return {"weights": torch.empty(t, k, dtype=torch.float32, device=device),
+                "indices": torch.empty(t, k, dtype=torch.int32, device=device)}
+
+    def cost(self, case: Case) -> Cost:
+        t, e, k = case["t"], case["e"], case["k"]
+        out = t * k * 8
+        if case["hashed"]:  # ids, k table entries and k logits per token
+            return Cost(flops=float(t * k * (TRANSCENDENTAL_FLOPS + 3)), bytes=float(t * 4 + t * k * 8 + out))
+        return Cost(flops=float(t * e * (TRANSCENDENTAL_FLOPS + 1 + k)), bytes=float(t * e * 4 + e * 4 + out))
+
+
+class RouterCuteDSL(Impl):
+    family, name, backend = "router", "cutedsl", "cutedsl"
+    compiles = True
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        try:
+            RouterKernel(case["e"], case["k"], case["scale"], case["hashed"])
+        except ValueError as err:
+            return str(err)
+        return None
+
+    def compile_key(self, case: Case, arch: str) -> tuple:
+        return (self.family, self.name, arch, case["e"], case["k"], case["scale"], bool(case["hashed"]))
+
+    def compile(self, case: Case, arch: str):
+        e, k, hashed = case["e"], case["k"], bool(case["hashed"])
+        t = cute.sym_int()
+        logits = _fake(cutlass.Float32, (t, e))
+        bias = None if hashed else _fake(cutlass.Float32, (e,))
+        tid2eid = _fake(cutlass.Int32, (cute.sym_int(), k)) if hashed else None
+        ids = _fake(cutlass.Int32, (t,)) if hashed else None
+        w, idx = _fake(cutlass.Float32, (t, k)), _fake(cutlass.Int32, (t, k))
+        return compile_kernel(RouterKernel(e, k, case["scale"], hashed), logits, bias, tid2eid, ids, w, idx, arch=arch)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        compiled(inputs["logits"], inputs.get("bias"), inputs.get("tid2eid"), inputs.get("input_ids"),
+                 out["weights"], out["indices"])
+        return out
+
+
+class RouterTorch(Impl):
+    family, name, backend = "router", "torch", "torch"
+    archs = ("any",)
+    needs_gpu = False
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        return route_from_logits(inputs["logits"], inputs.get("bias"), inputs.get("tid2eid"),
+                                 inputs.get("input_ids"), case["k"], case["scale"])
+
+
+class RouterTorchCompile(Impl):
+    family, name, backend = "router", "torch_compile", "torch_compile"
+    archs = ("any",)
+    _fn = None
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if RouterTorchCompile._fn is None:
+            RouterTorchCompile._fn = torch.compile(route_from_logits, dynamic=False)
+        return RouterTorchCompile._fn(inputs["logits"], inputs.get("bias"), inputs.get("tid2eid"),
+                                      inputs.get("input_ids"), case["k"], case["scale"])
+
+
+register_family(RouterFamily())
+for _impl in (RouterCuteDSL(), RouterTorch(), RouterTorchCompile()):
+    register_impl(_impl)
