@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import typer
 
-from dsv4bench.cli import env as env_cmd
-from dsv4bench.cli import cache as cache_cmd
-from dsv4bench.cli import layouts, listing, remote, repro, sweep
-from dsv4bench.cli import report as report_cmd
-from dsv4bench.cli.common import EXIT_USAGE, UsageProblem, console
+from dsv4bench.cli.common import EXIT_USAGE, UsageProblem, console, fail
+
+# Each module has register(app). A group whose optional dependency is missing on this machine
+# (asyncssh for `remote` on a bare GPU host, say) must not take the other commands down.
+COMMAND_MODULES = ("listing", "sweep", "repro", "layouts", "cache", "env", "report", "remote", "model")
 
 app = typer.Typer(
     name="dsv4bench", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     help="Correctness-and-tuning workbench for the CuTeDSL kernels of DeepSeek-V4.",
 )
-for module in (listing, sweep, repro, layouts, cache_cmd, env_cmd, report_cmd, remote):
-    module.register(app)
+
+
+def _unavailable(name: str, error: ImportError) -> None:
+    why = f"'dsv4bench {name}' is unavailable here: {error} (pip install the missing package)"
+
+    @app.command(name, help=f"[unavailable: {error}]", context_settings={"allow_extra_args": True,
+                                                                        "ignore_unknown_options": True})
+    def _stub(ctx: typer.Context) -> None:
+        fail(why)
+
+
+for _name in COMMAND_MODULES:
+    try:
+        importlib.import_module(f"dsv4bench.cli.{_name}").register(app)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("dsv4bench.cli."):
+            continue  # a command group not in this tree
+        _unavailable(_name, e)
 
 
 def main() -> None:
