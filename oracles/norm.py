@@ -12,16 +12,19 @@ import torch
 NORM_EPS = 1e-6
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = NORM_EPS) -> torch.Tensor:
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = NORM_EPS, compute_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """FP32 oracle of RMSNorm over the last dim (§2.1).
 
     x: [..., D] any float dtype; weight: [D] or None (weightless variant).
-    Returns fp32 [..., D]; no rounding to the input dtype.
+    Returns [..., D] in compute_dtype (fp32; fp64 is the "true math" reference for fp32
+    kernels, whose own rounding an fp32 oracle would not see); no rounding to the input dtype.
     """
-    x32 = x.float()
+    x32 = x.to(compute_dtype)
     y = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)
     if weight is not None:
-        y = y * weight.float()
+        y = y * weight.to(compute_dtype)
     return y
 
 
