@@ -27,49 +27,13 @@ import torch
 from oracles.attention import output_projection
 from oracles.compressor import CompressorState, block_candidates, compressor_project, pool, postprocess
 from oracles.fmha import sparse_attention
+from oracles.head import lm_logits, mtp_input, sample
 from oracles.indexer import indexer_queries, indexer_scores, indexer_topk, indexer_weights
-from oracles.linear import linear
-from oracles.mhc import hc_head, hc_post, hc_pre
+from oracles.mhc import hc_post, hc_pre
+from oracles.moe import ExpertWeights, moe, route
 from oracles.norm import rmsnorm
 from oracles.projections import kv_projection, q_projection
 
-# ------------------------------------------------------------------------------------------------
-# Ops written here because no per-op oracle module provides them yet (see the report of issue 4).
-# Each is the spec's math for one op and nothing else; move it to its family's module when one
-# lands and point ORACLE_OPS at it.
-# ------------------------------------------------------------------------------------------------
-
-
-def route(x: torch.Tensor, gate, bias, tid2eid, ids: torch.Tensor, topk: int, route_scale: float):
-    """§8.1 router: s = sqrt(softplus(x @ gate.T)); indices from tid2eid[ids] (hash layers) or
-    topk(s + bias); weights = s at those indices, normalised to sum 1, times route_scale.
-
-    x [T, D]; gate [E, D]; bias [E] or None; tid2eid [V, k] or None; ids [T].
-    Returns (indices int64 [T, k], weights fp32 [T, k]).
-    """
-    s = torch.sqrt(torch.nn.functional.softplus(x.float() @ gate.float().T))
-    if tid2eid is not None:
-        idx = tid2eid[ids].long()
-    else:
-        idx = torch.topk(s + bias.float(), topk, dim=-1).indices
-    w = s.gather(-1, idx)
-    return idx, w / w.sum(-1, keepdim=True) * route_scale
-
-
-def expert(x: torch.Tensor, w1, w2, w3, limit: float, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """§8.2 clamped SwiGLU expert: h = silu(min(w1 x, limit)) · clamp(w3 x, ±limit); the routing
-    weight [T] (None for the shared expert) multiplies h before w2. x [T, D] → fp32 [T, D]."""
-    g = linear(x, w1).clamp(max=limit)
-    u = linear(x, w3).clamp(-limit, limit)
-    h = torch.nn.functional.silu(g) * u
-    if weight is not None:
-        h = h * weight.float()[:, None]
-    return linear(h, w2)
-
-
-# ------------------------------------------------------------------------------------------------
-# The op table: name -> (FP32 oracle, contract). dsv4bench.model.dispatch builds on it.
-# ------------------------------------------------------------------------------------------------
 
 def compressor_push(state: CompressorState, kv: torch.Tensor, score: torch.Tensor, t: int):
     """§5.7 decode step of a compressor: `state.push` (the reference's kv_state/score_state update);
@@ -77,16 +41,17 @@ def compressor_push(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
     return state.push(kv, score, t)
 
 
+# The op table: name -> (FP32 oracle, contract), in dataflow order. dsv4bench.model.dispatch
+# builds on it; a kernel registered for an op must accept the oracle's arguments.
 ORACLE_OPS = {
     "hc_pre": (hc_pre, "mHC collapse of the 4 streams into a sublayer input, with post/comb (§3.3)"),
-    "rmsnorm": (rmsnorm, "RMSNorm over the last dim, optional weight (§2.1)"),
+    "rmsnorm": (rmsnorm, "RMSNorm over the last dim, optional weight: attn_norm, ffn_norm (§2.1)"),
     "q_projection": (q_projection, "wq_a → q_norm → wq_b → per-head norm → RoPE; also returns qr (§4)"),
     "kv_projection": (kv_projection, "wkv → kv_norm → RoPE, the shared K=V latent (§4)"),
     "compressor_project": (compressor_project, "compressor kv / score (+ape) projections (§5.2)"),
-    "compressor_pool": (pool, "per-channel softmax pooling of a block's candidates (§5.3-5.4)"),
+    "compressor_pool": (pool, "per-channel softmax pooling of block candidates, prefill (§5.3-5.4)"),
     "compressor_push": (compressor_push, "decode-time compressor state update and emission (§5.7)"),
     "compressor_post": (postprocess, "entry RMSNorm → RoPE at s·m → (indexer) Hadamard (§5.5)"),
-    "linear": (linear, "x @ dequant(W).T for bf16 / FP8 / MXFP4 / NVFP4 weights (§2.6)"),
     "indexer_queries": (indexer_queries, "indexer q: wq_b(qr) → RoPE → Hadamard (§6)"),
     "indexer_weights": (indexer_weights, "indexer per-head weights weights_proj(x)·d^-0.5·H^-0.5 (§6)"),
     "indexer_scores": (indexer_scores, "indexer scores sum_h w·ReLU(q·k), causally masked (§6)"),
@@ -95,8 +60,10 @@ ORACLE_OPS = {
     "output_projection": (output_projection, "inverse RoPE, grouped wo_a, wo_b (§7.3-7.4)"),
     "hc_post": (hc_post, "mHC expansion + residual mixing (§3.4)"),
     "router": (route, "sqrt-softplus router, hash (tid2eid) or biased top-k (§8.1)"),
-    "expert": (expert, "clamped SwiGLU expert, routing weight before w2 (§8.2)"),
-    "hc_head": (hc_head, "mHC collapse before the final norm (§3.5)"),
+    "moe": (moe, "routed clamped-SwiGLU experts + shared expert, combined (§8.2-8.3)"),
+    "mtp_input": (mtp_input, "MTP input: e_proj(enorm(embed(next))) + h_proj(hnorm(X)) (§9.2)"),
+    "lm_head": (lm_logits, "hc_head → norm → head logits (§9.1)"),
+    "sample": (sample, "temperature / Gumbel-max sampler (§9.3)"),
 }
 
 
@@ -180,18 +147,16 @@ def attention(p: dict, x: torch.Tensor, pos: torch.Tensor, cache, ops, cfg, laye
     return ops.output_projection(o, pos, freqs, p["attn.wo_a"], p["attn.wo_b"], cfg.o_groups)
 
 
-def moe(p: dict, x: torch.Tensor, ids: torch.Tensor, ops, cfg, layer: int) -> torch.Tensor:
+def _expert(p: dict, name: str) -> ExpertWeights:
+    return ExpertWeights(p[f"{name}.w1"], p[f"{name}.w2"], p[f"{name}.w3"])
+
+
+def ffn(p: dict, x: torch.Tensor, ids: torch.Tensor, ops, cfg) -> torch.Tensor:
     """§8: routed experts (hash or biased routing) plus the shared expert. x [T, D] → [T, D]."""
-    idx, w = ops.router(x, p["ffn.gate"], p.get("ffn.gate.bias"), p.get("ffn.gate.tid2eid"), ids,
-                        cfg.n_activated_experts, cfg.route_scale)
-    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for e in torch.unique(idx).tolist():
-        rows, slot = torch.nonzero(idx == e, as_tuple=True)
-        f = f"ffn.experts.{e}"
-        y.index_add_(0, rows, ops.expert(x[rows], p[f"{f}.w1"], p[f"{f}.w2"], p[f"{f}.w3"],
-                                         cfg.swiglu_limit, w[rows, slot]))
-    s = "ffn.shared_experts"
-    return y + ops.expert(x, p[f"{s}.w1"], p[f"{s}.w2"], p[f"{s}.w3"], cfg.swiglu_limit, None)
+    weights, idx = ops.router(x, p["ffn.gate"], cfg.n_activated_experts, cfg.route_scale,
+                              p.get("ffn.gate.bias"), p.get("ffn.gate.tid2eid"), ids)
+    experts = [_expert(p, f"ffn.experts.{e}") for e in range(cfg.n_routed_experts)]
+    return ops.moe(x, weights, idx, experts, _expert(p, "ffn.shared_experts"), cfg.swiglu_limit)
 
 
 def block(p: dict, X: torch.Tensor, pos, ids, cache, ops, cfg, layer: int) -> torch.Tensor:
@@ -200,13 +165,7 @@ def block(p: dict, X: torch.Tensor, pos, ids, cache, ops, cfg, layer: int) -> to
     y, post, comb = ops.hc_pre(X, p["hc_attn_fn"], p["hc_attn_scale"], p["hc_attn_base"], it, he, ne)
     X = ops.hc_post(attention(p, ops.rmsnorm(y, p["attn_norm"], ne), pos, cache, ops, cfg, layer), X, post, comb)
     y, post, comb = ops.hc_pre(X, p["hc_ffn_fn"], p["hc_ffn_scale"], p["hc_ffn_base"], it, he, ne)
-    return ops.hc_post(moe(p, ops.rmsnorm(y, p["ffn_norm"], ne), ids, ops, cfg, layer), X, post, comb)
-
-
-def head(hc_p: dict, prefix: str, norm_w, head_w, X: torch.Tensor, ops, cfg) -> torch.Tensor:
-    """§9.1: hc_head → norm → head; X [S, hc, D] → logits fp32 [S, V]."""
-    y = ops.hc_head(X, hc_p[f"{prefix}_fn"], hc_p[f"{prefix}_scale"], hc_p[f"{prefix}_base"], cfg.hc_eps, cfg.norm_eps)
-    return ops.linear(ops.rmsnorm(y, norm_w, cfg.norm_eps), head_w)
+    return ops.hc_post(ffn(p, ops.rmsnorm(y, p["ffn_norm"], ne), ids, ops, cfg), X, post, comb)
 
 
 def forward(top: dict, layers: list[dict], ids: torch.Tensor, start: int, caches: list, ops, cfg,
@@ -221,7 +180,9 @@ def forward(top: dict, layers: list[dict], ids: torch.Tensor, start: int, caches
     for i, (p, cache) in enumerate(zip(layers, caches)):
         X = block(p, X, pos, ids, cache, ops, cfg, i)
     sel = X if all_logits else X[-1:]
-    return head(top, "hc_head", top["norm"], top["head"], sel, ops, cfg), X
+    logits = ops.lm_head(sel, top["hc_head_fn"], top["hc_head_scale"], top["hc_head_base"], top["norm"], top["head"],
+                         cfg.norm_eps)
+    return logits, X
 
 
 def mtp_forward(top: dict, p: dict, X: torch.Tensor, next_ids: torch.Tensor, start: int, cache, ops, cfg,
@@ -229,9 +190,8 @@ def mtp_forward(top: dict, p: dict, X: torch.Tensor, next_ids: torch.Tensor, sta
     """§9.2 MTP block k: main streams X [S, hc, D] at positions start.. and the ids of the tokens
     that follow them → draft logits fp32 [S or 1, V] for the token after those."""
     pos = torch.arange(start, start + next_ids.shape[0], device=next_ids.device)
-    e = ops.rmsnorm(top["embed"][next_ids].float(), p["enorm"], cfg.norm_eps)
-    hs = ops.rmsnorm(X, p["hnorm"], cfg.norm_eps)
-    X0 = ops.linear(e, p["e_proj"])[:, None, :] + ops.linear(hs, p["h_proj"])
+    X0 = ops.mtp_input(X, next_ids, top["embed"], p["enorm"], p["hnorm"], p["e_proj"], p["h_proj"], cfg.norm_eps)
     X1 = block(p, X0, pos, next_ids, cache, ops, cfg, cfg.n_layers + k)
     sel = X1 if all_logits else X1[-1:]
-    return head(p, "hc_head", p["norm"], top["head"], sel, ops, cfg)
+    return ops.lm_head(sel, p["hc_head_fn"], p["hc_head_scale"], p["hc_head_base"], p["norm"], top["head"],
+                       cfg.norm_eps)

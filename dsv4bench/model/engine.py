@@ -17,7 +17,6 @@ import torch
 from dsv4bench.model.cache import LayerCache
 from dsv4bench.model.dispatch import OpTable
 from dsv4bench.model.loader import Checkpoint
-from dsv4bench.model.sampler import sample
 from dsv4bench.model.weights import to_params
 from oracles import model as M
 
@@ -83,7 +82,7 @@ class Engine:
         gen = torch.Generator().manual_seed(seed)
         out = self.feed(prompt)
         for i in range(max_new_tokens):
-            tok = sample(out.logits, temperature, gen)
+            tok = int(self.ops.sample(out.logits.float().cpu(), temperature, gen))  # CPU noise: same on any device
             yield tok
             if (stop_at_eos and tok == self.cfg.eos_token_id) or i == max_new_tokens - 1:
                 return

@@ -44,7 +44,7 @@ def test_run_model_embedded_default(cache):
     assert (cache / "tiny-ckpt-v2" / "config.json").is_file()
     assert "byte-level fallback tokenizer" in r.output and generated(r.output).startswith("Hello")
     assert re.search(r"decode\s*│\s*[\d.]+ tokens/s", r.output)
-    for op in ("sparse_attention", "expert", "indexer_topk", "compressor_push"):
+    for op in ("sparse_attention", "moe", "indexer_topk", "compressor_push", "lm_head"):
         assert re.search(rf"{op}\s*│ oracle\s*│\s*[1-9]", r.output), op
     again = run("run-model", "--prompt", "Hello", "--max-new-tokens", "24", "--seed", "5")
     other = run("run-model", "--prompt", "Hello", "--max-new-tokens", "24", "--seed", "6")
