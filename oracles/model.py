@@ -1,8 +1,7 @@
 """FP32 composition of the DSV4 forward pass (DSV4_SPEC.md §3–§9), op by op through a table.
 
 Every numerical op goes through `ops`, an object whose attributes are the ops of `ORACLE_OPS`
-(`dsv4bench.model.dispatch.OpTable` in the runner; `OracleOps()` here for plain use), so a
-kernel can replace any one op and the rest stays FP32. Nothing here quantises activations: this
+(`dsv4bench.model.dispatch.OpTable`), so a kernel can replace any one op and the rest stays FP32. Nothing here quantises activations: this
 is the pure-FP32 oracle of the dataflow (no FP8/FP4 QAT simulation), with the checkpoint's
 quantised weights dequantised exactly (§2.6).
 
@@ -25,11 +24,19 @@ from __future__ import annotations
 import torch
 
 from oracles.attention import output_projection
-from oracles.compressor import CompressorState, block_candidates, compressor_project, pool, postprocess
+from oracles.compressor import (
+    CompressorState,
+    block_candidates,
+    compressor_project,
+    overlaps,
+    pool,
+    postprocess,
+    visible_entries,
+)
 from oracles.fmha import sparse_attention
 from oracles.head import lm_logits, mtp_input, sample
 from oracles.indexer import indexer_queries, indexer_scores, indexer_topk, indexer_weights
-from oracles.mhc import hc_post, hc_pre
+from oracles.mhc import embed_streams, hc_post, hc_pre
 from oracles.moe import ExpertWeights, moe, route
 from oracles.norm import rmsnorm
 from oracles.projections import kv_projection, q_projection
@@ -44,6 +51,7 @@ def compressor_push(state: CompressorState, kv: torch.Tensor, score: torch.Tenso
 # The op table: name -> (FP32 oracle, contract), in dataflow order. dsv4bench.model.dispatch
 # builds on it; a kernel registered for an op must accept the oracle's arguments.
 ORACLE_OPS = {
+    "embed": (embed_streams, "embedding lookup copied into the hc streams (§3.1)"),
     "hc_pre": (hc_pre, "mHC collapse of the 4 streams into a sublayer input, with post/comb (§3.3)"),
     "rmsnorm": (rmsnorm, "RMSNorm over the last dim, optional weight: attn_norm, ffn_norm (§2.1)"),
     "q_projection": (q_projection, "wq_a → q_norm → wq_b → per-head norm → RoPE; also returns qr (§4)"),
@@ -65,16 +73,6 @@ ORACLE_OPS = {
     "lm_head": (lm_logits, "hc_head → norm → head logits (§9.1)"),
     "sample": (sample, "temperature / Gumbel-max sampler (§9.3)"),
 }
-
-
-class OracleOps:
-    """The plain FP32 op table: attribute access returns the oracle of that op."""
-
-    def __getattr__(self, name: str):
-        try:
-            return ORACLE_OPS[name][0]
-        except KeyError:
-            raise AttributeError(name) from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -104,7 +102,7 @@ def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, cache,
                 rows.append(entry[0])
                 ids.append(t // ratio)
         if not rows:
-            return kv.new_zeros(0, kv.shape[-1] // (2 if ratio == 4 else 1))
+            return kv.new_zeros(0, kv.shape[-1] // (2 if overlaps(ratio) else 1))
         raw, ids = torch.stack(rows), torch.tensor(ids, device=x.device)
     return ops.compressor_post(raw, p[f"{prefix}.norm"], ids, ratio, freqs, indexer=indexer, qat=False, eps=eps)
 
@@ -123,7 +121,7 @@ def _indexer(p: dict, x, qr, pos, cache, ops, cfg) -> torch.Tensor:
 def _hca_visible(pos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:
     """HCA: query t uses every entry s < (t+1)//ratio, [S, n], -1 = not yet visible."""
     s = torch.arange(n, device=pos.device)[None, :]
-    return torch.where(s < ((pos + 1) // ratio)[:, None], s, -1)
+    return torch.where(s < visible_entries(pos, ratio)[:, None], s, -1)
 
 
 def attention(p: dict, x: torch.Tensor, pos: torch.Tensor, cache, ops, cfg, layer: int) -> torch.Tensor:
@@ -176,7 +174,7 @@ def forward(top: dict, layers: list[dict], ids: torch.Tensor, start: int, caches
     final residual streams before hc_head, which feed the MTP block).
     """
     pos = torch.arange(start, start + ids.shape[0], device=ids.device)
-    X = top["embed"][ids].float()[:, None, :].expand(-1, cfg.hc_mult, -1)
+    X = ops.embed(ids, top["embed"], cfg.hc_mult).float()
     for i, (p, cache) in enumerate(zip(layers, caches)):
         X = block(p, X, pos, ids, cache, ops, cfg, i)
     sel = X if all_logits else X[-1:]
