@@ -26,6 +26,7 @@ BUILTIN_FAMILY_MODULES = [
     "kernels.rope.family",
     "kernels.quant.family",
     "kernels.router.family",
+    "kernels.sampler.family",
 ]
 
 

@@ -1,0 +1,135 @@
+"""The sampler family (spec §9.3): temperature + Gumbel-max over the vocabulary, argmax for T = 0.
+
+Noise contract: the family draws a seed per case, then n = torch.empty(B, V).exponential_(1) from
+torch.Generator().manual_seed(seed) on the CPU — exactly the draw oracles.head.sample makes from a
+generator with that seed — and hands n to every impl. Sampled tokens are compared exactly.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_compact_tensor
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.filters import apply_filters, parse_int_list
+from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from kernels.common import compile_kernel
+from kernels.sampler.eager import sample_with_noise
+from kernels.sampler.sampler import SamplerKernel
+from oracles.head import sample
+from sweeps import sampler as space
+
+FLOPS_PER_TOKEN = 12  # divide, log (~8), subtract, compare
+
+
+def _fake(dtype, shape, align=4):
+    return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)), assumed_align=align)
+
+
+def noise_generator(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+class SamplerFamily(Family):
+    name = "sampler"
+    description = "temperature + Gumbel-max sampling over the vocabulary (seeded noise input), argmax at T = 0 (§9.3)"
+    tolerance = Tolerance(exact=True)
+
+    def cases(self, opts: SweepOptions) -> list[Case]:
+        params = [(p, "grid") for p in space.production()] if opts.grid else []
+        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
+        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
+        return apply_filters(cases, opts.filters, {"width": "v", "rows": "b"})
+
+    def parse_filters(self, raw: dict) -> dict:
+        unknown = sorted(set(raw) - {"width", "rows"})
+        if unknown:
+            raise ValueError(f"option --{unknown[0]} does not apply to sampler (--width = vocabulary, --rows = batch)")
+        return {k: parse_int_list(k, v) for k, v in raw.items()}
+
+    def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
+        """Logits rounded to bf16 (so a row's maximum is often tied: T = 0 must pick the lowest index)."""
+        b, v = case["b"], case["v"]
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        logits = (torch.randn(b, v, generator=gen) * 2.0).to(torch.bfloat16).float()
+        noise = torch.empty(b, v).exponential_(1, generator=noise_generator(seed))
+        temps = torch.full((b,), float(case["temperature"]))
+        inputs = {"logits": logits, "temperatures": temps, "noise": noise, "seed": torch.tensor(seed)}
+        return {k: t.to(device) for k, t in inputs.items()}
+
+    def oracle(self, case: Case, inputs: dict) -> dict:
+        logits = inputs["logits"].cpu()
+        return {"tokens": sample(logits, case["temperature"], noise_generator(int(inputs["seed"])))}
+
+    def lowprec(self, case: Case, inputs: dict) -> dict:
+        """The torch peer on the CPU (fed the family's noise tensor instead of the generator)."""
+        return {"tokens": sample_with_noise(inputs["logits"].cpu(), inputs["temperatures"].cpu(), inputs["noise"].cpu())}
+
+    def alloc_outputs(self, case: Case, device: str) -> dict:
+        b, splits = case["b"], SamplerKernel(case["v"]).splits
+        return {
+            "tokens": torch.empty(b, dtype=torch.int64, device=device),
+            "partial_keys": torch.empty(b, 2, splits, dtype=torch.float32, device=device),  # kernel workspace
+            "partial_index": torch.empty(b, splits, dtype=torch.int32, device=device),
+        }
+
+    def cost(self, case: Case) -> Cost:
+        """Minimum bytes: the logits, the noise (not read at T = 0), temperatures and tokens."""
+        b, v = case["b"], case["v"]
+        reads = b * v * (4 if case["temperature"] == 0 else 8)
+        return Cost(flops=float(b * v * FLOPS_PER_TOKEN), bytes=float(reads + b * 12))
+
+
+class SamplerCuteDSL(Impl):
+    family, name, backend = "sampler", "cutedsl", "cutedsl"
+    compiles = True
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        try:
+            SamplerKernel(case["v"])
+        except ValueError as err:
+            return str(err)
+        return None
+
+    def compile_key(self, case: Case, arch: str) -> tuple:
+        return (self.family, self.name, arch, case["v"])
+
+    def compile(self, case: Case, arch: str):
+        kernel = SamplerKernel(case["v"])
+        b = cute.sym_int()
+        logits, noise = _fake(cutlass.Float32, (b, case["v"]), 16), _fake(cutlass.Float32, (b, case["v"]), 16)
+        temps = _fake(cutlass.Float32, (b,))
+        part_f, part_i = _fake(cutlass.Float32, (b, 2, kernel.splits)), _fake(cutlass.Int32, (b, kernel.splits))
+        return compile_kernel(kernel, logits, temps, noise, part_f, part_i, _fake(cutlass.Int64, (b,), 8), arch=arch)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        compiled(inputs["logits"], inputs["temperatures"], inputs["noise"], out["partial_keys"],
+                 out["partial_index"], out["tokens"])
+        return out
+
+
+class SamplerTorch(Impl):
+    family, name, backend = "sampler", "torch", "torch"
+    archs = ("any",)
+    needs_gpu = False
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        return {"tokens": sample_with_noise(inputs["logits"], inputs["temperatures"], inputs["noise"])}
+
+
+class SamplerTorchCompile(Impl):
+    family, name, backend = "sampler", "torch_compile", "torch_compile"
+    archs = ("any",)
+    _fn = None
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if SamplerTorchCompile._fn is None:
+            SamplerTorchCompile._fn = torch.compile(sample_with_noise, dynamic=False)
+        return {"tokens": SamplerTorchCompile._fn(inputs["logits"], inputs["temperatures"], inputs["noise"])}
+
+
+register_family(SamplerFamily())
+for _impl in (SamplerCuteDSL(), SamplerTorch(), SamplerTorchCompile()):
+    register_impl(_impl)
