@@ -24,6 +24,7 @@ ARCHS = ("sm_90a", "sm_100a")
 BUILTIN_FAMILY_MODULES = [
     "kernels.rmsnorm.family",
     "kernels.rope.family",
+    "kernels.mhc.family",
     "kernels.quant.family",
     "kernels.router.family",
     "kernels.sampler.family",

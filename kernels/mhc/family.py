@@ -1,0 +1,200 @@
+"""The mHC family (spec §3): hc_pre (mixes + RMS scaling, sigmoid pre/post, 20-iteration Sinkhorn,
+weighted collapse), hc_post (expand + residual mix) and hc_head; oracle pairing, cost, impls.
+
+Tolerance of the fp32 outputs (post, comb, and y through pre): the low-precision reference is the
+oracle with fn rounded to TF32, the precision of the production mix GEMM (DeepGEMM
+`tf32_hc_prenorm_gemm`, spec §3.4). An fp32 kernel differs from the fp32 oracle only by
+summation order over 4·D terms, which no single-rounding floor covers.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_compact_tensor
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.filters import apply_filters, parse_int_list
+from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from kernels.common import compile_kernel, fake_rowmajor
+from kernels.mhc.apply import HcApplyKernel
+from kernels.mhc.mix import HcMixKernel, pick_chunk
+from kernels.mhc.post import HcPostKernel
+from oracles.mhc import (HC_MULT, hc_head, hc_head_lowprec, hc_post, hc_post_lowprec, hc_pre, hc_pre_lowprec,
+                         sinkhorn)
+from sweeps import mhc as space
+
+N_MIX = {"pre": (2 + HC_MULT) * HC_MULT, "head": HC_MULT}
+
+
+def tf32_round(x: torch.Tensor) -> torch.Tensor:
+    """fp32 → the nearest TF32 value (10 mantissa bits, ties to even), kept in fp32."""
+    bits = x.float().contiguous().view(torch.int32)
+    bits = (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF
+    return bits.view(torch.float32)
+
+
+class MhcFamily(Family):
+    name = "mhc"
+    description = "mHC hc_pre (mixes, Sinkhorn, collapse), hc_post, hc_head over [T, 4, D] (§3)"
+    tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
+
+    def cases(self, opts: SweepOptions) -> list[Case]:
+        params = [(p, "grid") for p in space.production()] if opts.grid else []
+        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
+        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
+        return apply_filters(cases, opts.filters, {"rows": "t", "width": "d"})
+
+    def parse_filters(self, raw: dict) -> dict:
+        unknown = sorted(set(raw) - {"rows", "width"})
+        if unknown:
+            raise ValueError(f"option --{unknown[0]} does not apply to mhc (it takes --rows, --width)")
+        return {k: parse_int_list(k, v) for k, v in raw.items()}
+
+    def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
+        t, d = case["t"], case["d"]
+        x = (torch.randn(t, HC_MULT, d, generator=gen) + 0.25).bfloat16()
+        if case["op"] == "post":
+            logits = 2.0 * torch.randn(t, HC_MULT, HC_MULT, generator=gen)
+            inputs = {"o": torch.randn(t, d, generator=gen).bfloat16(), "residual": x,
+                      "post": 2.0 * torch.rand(t, HC_MULT, generator=gen), "comb": sinkhorn(logits)}
+        else:
+            n_mix = N_MIX[case["op"]]
+            fn = torch.randn(n_mix, HC_MULT * d, generator=gen) * (HC_MULT * d) ** -0.5
+            n_scale = 1 if case["op"] == "head" else 3
+            inputs = {"x": x, "fn": fn, "scale": 0.5 + torch.rand(n_scale, generator=gen),
+                      "base": 0.5 * torch.randn(n_mix, generator=gen)}
+        return {k: v.to(device) for k, v in inputs.items()}
+
+    def oracle(self, case: Case, inputs: dict) -> dict:
+        if case["op"] == "post":
+            return {"out": hc_post(inputs["o"], inputs["residual"], inputs["post"], inputs["comb"])}
+        if case["op"] == "head":
+            return {"y": hc_head(inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])}
+        y, post, comb = hc_pre(inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])
+        return {"y": y, "post": post, "comb": comb}
+
+    def lowprec(self, case: Case, inputs: dict) -> dict:
+        if case["op"] == "post":
+            return {"out": hc_post_lowprec(inputs["o"], inputs["residual"], inputs["post"], inputs["comb"])}
+        fn = tf32_round(inputs["fn"])
+        if case["op"] == "head":
+            return {"y": hc_head_lowprec(inputs["x"], fn, inputs["scale"], inputs["base"])}
+        y, post, comb = hc_pre_lowprec(inputs["x"], fn, inputs["scale"], inputs["base"])
+        return {"y": y, "post": post, "comb": comb}
+
+    def alloc_outputs(self, case: Case, device: str) -> dict:
+        t, d = case["t"], case["d"]
+        if case["op"] == "post":
+            return {"out": torch.empty(t, HC_MULT, d, dtype=torch.bfloat16, device=device)}
+        out = {"y": torch.empty(t, d, dtype=torch.bfloat16, device=device)}
+        if case["op"] == "pre":
+            out["post"] = torch.empty(t, HC_MULT, device=device)
+            out["comb"] = torch.empty(t, HC_MULT, HC_MULT, device=device)
+        return out
+
+    def cost(self, case: Case) -> Cost:
+        t, d, op = case["t"], case["d"], case["op"]
+        k = HC_MULT * d
+        if op == "post":  # read o + 4 streams + 20 weights, write 4 streams
+            return Cost(flops=float(t * k * 10), bytes=float(t * (2 * (d + 2 * k) + 4 * 20)))
+        n_mix = N_MIX[op]
+        # read x once, fn once, write y (+ post, comb); flops: the mix GEMM, sum of squares, collapse
+        small = 4 * (HC_MULT + HC_MULT * HC_MULT) if op == "pre" else 0
+        return Cost(flops=float(t * (2 * n_mix * k + 2 * k + 2 * k)),
+                    bytes=float(t * (2 * k + 2 * d + small) + 4 * n_mix * k))
+
+
+class MhcCuteDSL(Impl):
+    family, name, backend = "mhc", "cutedsl", "cutedsl"
+    compiles = True
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        return None if case["d"] % 8 == 0 else "mHC kernels need D % 8 == 0"
+
+    def _chunk(self, case: Case) -> int:
+        return pick_chunk(HC_MULT * case["d"], case["t"])
+
+    def compile_key(self, case: Case, arch: str) -> tuple:
+        chunk = None if case["op"] == "post" else self._chunk(case)
+        return (self.family, self.name, arch, case["op"], case["d"], chunk)
+
+    def compile(self, case: Case, arch: str):
+        d, t = case["d"], cute.sym_int()
+        if case["op"] == "post":
+            fake = (fake_rowmajor("bf16", (t, d)), fake_rowmajor("bf16", (t, HC_MULT, d)),
+                    fake_rowmajor("fp32", (t, HC_MULT)), fake_rowmajor("fp32", (t, HC_MULT * HC_MULT)),
+                    fake_rowmajor("bf16", (t, HC_MULT, d)))
+            return compile_kernel(HcPostKernel(d), *fake, arch=arch)
+        head, k = case["op"] == "head", HC_MULT * d
+        mix = HcMixKernel(N_MIX[case["op"]], k, self._chunk(case))
+        part = make_fake_compact_tensor(cutlass.Float32, (mix.splits, mix.n_mix + 1, t), stride_order=(2, 1, 0),
+                                        assumed_align=4)
+        x2, fn = fake_rowmajor("bf16", (t, k)), fake_rowmajor("fp32", (mix.n_mix, k))
+        apply = HcApplyKernel(head, d)
+        fake = (part, fake_rowmajor("bf16", (t, HC_MULT, d)), fake_rowmajor("fp32", (1 if head else 3,), 4),
+                fake_rowmajor("fp32", (mix.n_mix,), 4), fake_rowmajor("bf16", (t, d)),
+                fake_rowmajor("fp32", (t, HC_MULT), 4), fake_rowmajor("fp32", (t, HC_MULT * HC_MULT), 4))
+        return CompiledPair(compile_kernel(mix, x2, fn, part, arch=arch), compile_kernel(apply, *fake, arch=arch),
+                            mix.splits, mix.n_mix)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        t, d = case["t"], case["d"]
+        if case["op"] == "post":
+            compiled(inputs["o"], inputs["residual"], inputs["post"], inputs["comb"].view(t, -1), out["out"])
+            return out
+        x = inputs["x"]
+        part = torch.empty(compiled.splits, compiled.n_mix + 1, t, device=x.device)
+        compiled.mix(x.view(t, -1), inputs["fn"], part)
+        post = out.get("post", torch.empty(t, HC_MULT, device=x.device))
+        comb = out.get("comb", torch.empty(t, HC_MULT, HC_MULT, device=x.device))
+        compiled.apply(part, x, inputs["scale"], inputs["base"], out["y"], post, comb.view(t, -1))
+        return out
+
+
+class CompiledPair:
+    """The two launches of hc_pre / hc_head; __cubin__ is pass 1's (the heavier) for resource reports."""
+
+    def __init__(self, mix, apply, splits: int, n_mix: int):
+        self.mix, self.apply, self.splits, self.n_mix = mix, apply, splits, n_mix
+        self.__cubin__ = getattr(mix, "__cubin__", None)
+
+
+def _eager(case: Case, inputs: dict, fns: dict) -> dict:
+    if case["op"] == "post":
+        return {"out": fns["post"](inputs["o"], inputs["residual"], inputs["post"], inputs["comb"])}
+    if case["op"] == "head":
+        return {"y": fns["head"](inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])}
+    y, post, comb = fns["pre"](inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])
+    return {"y": y, "post": post, "comb": comb}
+
+
+EAGER = {"pre": hc_pre_lowprec, "post": hc_post_lowprec, "head": hc_head_lowprec}
+
+
+class MhcTorch(Impl):
+    """torch eager: the reference's composition (F.linear mixes, torch Sinkhorn loop, weighted sum)."""
+
+    family, name, backend = "mhc", "torch", "torch"
+    archs = ("any",)
+    needs_gpu = False
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        return _eager(case, inputs, EAGER)
+
+
+class MhcTorchCompile(Impl):
+    family, name, backend = "mhc", "torch_compile", "torch_compile"
+    archs = ("any",)
+    _fns: dict = {}
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if not MhcTorchCompile._fns:
+            MhcTorchCompile._fns.update({k: torch.compile(f, dynamic=False) for k, f in EAGER.items()})
+        return _eager(case, inputs, MhcTorchCompile._fns)
+
+
+register_family(MhcFamily())
+for _impl in (MhcCuteDSL(), MhcTorch(), MhcTorchCompile()):
+    register_impl(_impl)
