@@ -63,12 +63,13 @@ class Engine:
     def _mtp(self, X: torch.Tensor, ids: torch.Tensor, all_logits: bool) -> torch.Tensor | None:
         if not self.mtp:
             return None
-        streams = X[:-1] if self._pending is None else torch.cat([self._pending, X[:-1]])
-        nxt = ids[1:] if self._pending is None else ids
+        if self._pending is None:  # first chunk: position 0 has no earlier streams waiting
+            streams, nxt, start = X[:-1], ids[1:], self.pos
+        else:  # the previous chunk's last streams (position pos-1) now have their next token
+            streams, nxt, start = torch.cat([self._pending, X[:-1]]), ids, self.pos - 1
         self._pending = X[-1:]
         if nxt.numel() == 0:
             return None
-        start = self.pos - (streams.shape[0] - X.shape[0] + 1)
         draft = M.mtp_forward(self.top, self.mtp[0], streams, nxt, start, self.mtp_cache, self.ops, self.cfg,
                               all_logits=all_logits)
         return draft if all_logits else draft[-1]
