@@ -140,6 +140,7 @@ def run_model_cmd(
     summary.add_row("prefill (time to first token)", f"{first - t0:.3f} s")
     summary.add_row("decode", f"{decode_n / (end - first):.1f} tokens/s" if decode_n else "-")
     summary.add_row("overall", f"{len(new) / (end - t0):.1f} tokens/s")
+    summary.add_row("cache", f"{engine.cache_bytes():,} bytes")
     console.print(summary)
     ops_table = Table(title="ops")
     for col in ("op", "backend", "calls", "seconds"):

@@ -11,7 +11,7 @@ SWA-only MTP block. The window (128) and the compression ratios are the real one
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 # Expert weight formats: the official MXFP4 (e2m1 packed in I8, ue8m0 scale per 32 along K) and
@@ -63,7 +63,6 @@ class ModelConfig:
     eos_token_id: int = 1
     expert_dtype: str = "fp4"
     score_func: str = "sqrtsoftplus"
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compress_ratios", tuple(int(r) for r in self.compress_ratios))
@@ -80,10 +79,6 @@ class ModelConfig:
     def is_hash(self, layer: int) -> bool:
         """Hash routing (tid2eid) for the first n_hash_layers main layers; MTP uses the bias."""
         return layer < self.n_hash_layers
-
-    @property
-    def nope_head_dim(self) -> int:
-        return self.head_dim - self.rope_head_dim
 
     @property
     def hc_mix(self) -> int:
@@ -119,7 +114,7 @@ class ModelConfig:
 
     # ---- HF config.json ----------------------------------------------------------------------
     def to_hf(self) -> dict:
-        d = {
+        return {
             "architectures": ["DeepseekV4ForCausalLM"],
             "model_type": "deepseek_v4",
             "dsv4bench_name": self.name,
@@ -176,8 +171,6 @@ class ModelConfig:
             },
             "torch_dtype": "bfloat16",
         }
-        d.update(self.extra)
-        return d
 
     @classmethod
     def from_hf(cls, d: Mapping[str, Any], name: str | None = None) -> "ModelConfig":
@@ -233,9 +226,6 @@ class ModelConfig:
 
     def with_(self, **changes: Any) -> "ModelConfig":
         return replace(self, **changes)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 FLASH = ModelConfig(

@@ -54,10 +54,6 @@ def register_op(op: str, backend: str, fn: Callable) -> None:
     _REGISTRY[op][backend] = fn
 
 
-def backends(op: str) -> list[str]:
-    return list(_REGISTRY[op])
-
-
 class OpTable:
     """The implementations one model run uses, with per-op call counts and wall time."""
 

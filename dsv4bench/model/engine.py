@@ -50,6 +50,10 @@ class Engine:
         self.pos = 0
         self._pending: torch.Tensor | None = None  # last streams still waiting for their next token
 
+    def cache_bytes(self) -> int:
+        caches = self.caches + ([self.mtp_cache] if self.mtp_cache else [])
+        return sum(c.nbytes() for c in caches)
+
     @torch.no_grad()
     def feed(self, ids: list[int] | torch.Tensor, all_logits: bool = False) -> StepOutput:
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
