@@ -49,8 +49,19 @@ class CompileInfo:
         return asdict(self)
 
 
+def artifact(compiled, attr: str = "__cubin__") -> bytes | None:
+    """A kept artifact of a compiled function (__cubin__, __ptx__): its bytes, whether the attribute
+    holds them, the text, or the path of the file dumped with --dump-dir."""
+    value = getattr(compiled, attr, None)
+    if isinstance(value, str):
+        if "\n" in value:  # PTX text
+            return value.encode()
+        return Path(value).read_bytes() if Path(value).is_file() else None
+    return bytes(value) if value else None
+
+
 def describe(compiled, seconds: float, cache: str) -> CompileInfo:
-    cubin = getattr(compiled, "__cubin__", None)
+    cubin = artifact(compiled)
     if not cubin:
         return CompileInfo(seconds, cache, compile_seconds=seconds)
     info = parse_cubin(cubin)
@@ -93,9 +104,9 @@ def export(compiled) -> dict[str, bytes]:
         compiled.export_to_c(str(path), function_name=FUNCTION)
         payloads = {OBJECT: path.read_bytes()}
     for name, attr in ((CUBIN, "__cubin__"), (PTX, "__ptx__")):
-        blob = getattr(compiled, attr, None)
+        blob = artifact(compiled, attr)
         if blob:
-            payloads[name] = blob.encode() if isinstance(blob, str) else bytes(blob)
+            payloads[name] = blob
     return payloads
 
 
