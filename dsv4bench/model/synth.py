@@ -111,15 +111,16 @@ def write_checkpoint(
     Refuses (SynthError) when the directory already holds a checkpoint or the disk lacks space.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / INDEX_NAME).exists() or any(out.glob("*.safetensors")):
+    if out.exists() and ((out / INDEX_NAME).exists() or any(out.glob("*.safetensors"))):
         raise SynthError(f"{out} already holds a checkpoint; choose an empty directory")
     units = groups(cfg)
     inventories = [group_tensors(cfg, u) for u in units]
     total = sum(s.nbytes for inv in inventories for s in inv.values())
-    free = shutil.disk_usage(out).free
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
     if total > free:
-        raise SynthError(f"{cfg.name} needs {total / 1e9:.1f} GB but {out} has {free / 1e9:.1f} GB free")
+        raise SynthError(f"{cfg.name} needs {total / 1e9:.1f} GB but {existing} has {free / 1e9:.1f} GB free")
+    out.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     for i, (unit, inv) in enumerate(zip(units, inventories)):
         fname = shard_name(i, len(units))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dsv4bench.model.config import TINY
+from dsv4bench.model.config import FLASH, TINY
 from dsv4bench.model.inventory import INDEX_NAME, ST_DTYPES, expected_tensors
 from dsv4bench.model.loader import Checkpoint, CheckpointError, read_header
 from dsv4bench.model.synth import SynthError, make_tensor, write_checkpoint
@@ -155,3 +155,14 @@ def test_missing_directory_and_config(tmp_path):
 def test_synth_refuses_non_empty_target(tiny_ckpt):
     with pytest.raises(SynthError, match="already holds a checkpoint"):
         write_checkpoint(TINY, tiny_ckpt)
+
+
+def test_synth_refuses_a_disk_without_room(tmp_path, monkeypatch):
+    import shutil as sh
+
+    from dsv4bench.model import synth
+
+    monkeypatch.setattr(synth.shutil, "disk_usage", lambda p: sh._ntuple_diskusage(10**12, 10**12 - 10**9, 10**9))
+    with pytest.raises(SynthError, match=r"flash needs 159\.6 GB but .* has 1\.0 GB free"):
+        write_checkpoint(FLASH, tmp_path / "flash")
+    assert not (tmp_path / "flash").exists()
