@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -19,6 +20,10 @@ def _version(pkg: str) -> str | None:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit (+"-dirty"); DSV4BENCH_COMMIT names it where the tree has no .git
+    (a copy shipped to a GPU host)."""
+    if os.environ.get("DSV4BENCH_COMMIT"):
+        return os.environ["DSV4BENCH_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -126,13 +126,16 @@ class RmsNormKernel:
         record("x per thread (tXgX)", tXgX)
         record("smem partials", partials)
 
+        # The partition is ((vec, vecs_per_thread), 1, 1): vector j is mode-0 coordinate (None, j).
+        # (Indexing j in mode 2, a size-1 stride-0 mode, silently copies the whole fragment and
+        # predicates on vector 0: full-width rows pass, ragged rows write past their end.)
         row = tXcX[0][0]
         row_ok = row < n_rows
         tXrX = cute.make_fragment_like(tXgX)
         tXrX.fill(0)
         for j in cutlass.range_constexpr(cfg.vecs_per_thread):
-            if row_ok and tXcX[(0, 0), 0, j][1] < cfg.n:
-                cute.copy(atom, tXgX[None, None, j], tXrX[None, None, j])
+            if row_ok and tXcX[(0, j), 0, 0][1] < cfg.n:
+                cute.copy(atom, tXgX[(None, j), None, None], tXrX[(None, j), None, None])
 
         x = tXrX.load().to(Float32)
         sum_sq = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
@@ -159,12 +162,12 @@ class RmsNormKernel:
             tXrW = cute.make_fragment_like(tXgW)
             tXrW.fill(0)
             for j in cutlass.range_constexpr(cfg.vecs_per_thread):
-                if tXcX[(0, 0), 0, j][1] < cfg.n:
-                    cute.copy(atom, tXgW[None, None, j], tXrW[None, None, j])
+                if tXcX[(0, j), 0, 0][1] < cfg.n:
+                    cute.copy(atom, tXgW[(None, j), None, None], tXrW[(None, j), None, None])
             y = y * tXrW.load().to(Float32)
 
         tXrO = cute.make_fragment_like(tXgO)
         tXrO.store(y.to(mO.element_type))
         for j in cutlass.range_constexpr(cfg.vecs_per_thread):
-            if row_ok and tXcX[(0, 0), 0, j][1] < cfg.n:
-                cute.copy(atom, tXrO[None, None, j], tXgO[None, None, j])
+            if row_ok and tXcX[(0, j), 0, 0][1] < cfg.n:
+                cute.copy(atom, tXrO[(None, j), None, None], tXgO[(None, j), None, None])

@@ -46,6 +46,9 @@ def test_lowprec_reference_is_within_bf16_rounding_on_cpu():
     {"m": 129, "n": 1000, "dtype": "fp16", "weight": True},
     {"m": 65, "n": 28672, "dtype": "bf16", "weight": False},
     {"m": 17, "n": 133, "dtype": "fp32", "weight": True},
+    # widths whose CTA tile is wider than the row (the first sweep on the H100 caught these)
+    {"m": 1105, "n": 4416, "dtype": "bf16", "weight": False},
+    {"m": 727, "n": 882, "dtype": "bf16", "weight": False},
 ])
 def test_matches_oracle_on_gpu(params):
     fam, impl = get_family("rmsnorm"), get_impl("rmsnorm", "cutedsl")
@@ -53,9 +56,15 @@ def test_matches_oracle_on_gpu(params):
     major, minor = torch.cuda.get_device_capability()
     compiled, _ = CompileCache().get(impl, case, f"sm_{major}{minor}a")
     data = CaseData(fam, case, "cuda")
-    out = fam.alloc_outputs(case, "cuda")
+    x_before = data.inputs["x"].clone()
+    # the output sits between canary pads: any store past its end or before its start shows
+    m, n, pad = params["m"], params["n"], 4096
+    slab = torch.full((m * n + 2 * pad,), 7.0, dtype=data.inputs["x"].dtype, device="cuda")
+    out = {"out": slab[pad: pad + m * n].view(m, n)}
     poison(out)
     impl.run(case, data.inputs, out, compiled)
     torch.cuda.synchronize()
+    assert torch.equal(data.inputs["x"], x_before), "the kernel wrote into its input"
+    assert bool((slab[:pad] == 7).all() and (slab[pad + m * n:] == 7).all()), "store out of bounds"
     ok, metrics = compare_outputs(out, data.oracle, data.lowprec, lambda n: fam.tolerance)
     assert ok, metrics["out"].reasons
