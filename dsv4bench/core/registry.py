@@ -25,6 +25,7 @@ BUILTIN_FAMILY_MODULES = [
     "kernels.rmsnorm.family",
     "kernels.rope.family",
     "kernels.mhc.family",
+    "kernels.compressor.family",
     "kernels.quant.family",
     "kernels.router.family",
     "kernels.sampler.family",
