@@ -70,7 +70,7 @@ def hosts_cmd(hosts: Optional[Path] = HOSTS_OPT) -> None:
     raise typer.Exit(outcome.EXIT_CODES[outcome.INFRA] if unreachable else 0)
 
 
-@app.command("submit", context_settings={"allow_interspersed_args": False})
+@app.command("submit")
 def submit_cmd(
     host: str = typer.Argument(..., help="host name from the hosts file"),
     args: list[str] = typer.Argument(None, help="dsv4bench arguments, after --"),

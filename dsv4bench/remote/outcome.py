@@ -59,13 +59,15 @@ def from_exit(rc: int, elapsed_s: float, timeout_s: float, cancelled: bool) -> s
 def task_outcome(facts: TaskFacts, timeout_s: float, watch_wrapper: bool, slurm_state: str | None = None) -> str:
     """The outcome of one task. `watch_wrapper`: the wrapper runs where we look (ssh), so a dead
     wrapper without an exit file is an infrastructure failure; under Slurm, accounting says so."""
+    slurm = SLURM_STATES.get(slurm_state.split()[0].rstrip("+"), INFRA) if slurm_state else None
     if facts.rc is not None:
-        return from_exit(facts.rc, facts.elapsed_s or 0, timeout_s, facts.cancelled)
-    if slurm_state is not None:
-        mapped = SLURM_STATES.get(slurm_state.split()[0].rstrip("+"), INFRA)  # COMPLETED without an exit file too
-        if finished(mapped):
-            return mapped
-        return RUNNING if RUNNING in (mapped, facts.state.upper()) else QUEUED
+        mine = from_exit(facts.rc, facts.elapsed_s or 0, timeout_s, facts.cancelled)
+        # Slurm knows why it stopped a task (time limit, scancel, node failure); the wrapper only saw a signal.
+        return slurm if mine == FAIL_RUNTIME and slurm in (TIMEOUT, CANCELLED, INFRA) else mine
+    if slurm is not None:  # COMPLETED without an exit file maps to INFRA too
+        if finished(slurm):
+            return slurm
+        return RUNNING if RUNNING in (slurm, facts.state.upper()) else QUEUED
     if watch_wrapper and not facts.wrapper_alive:
         return INFRA
     return RUNNING if facts.state == "running" else QUEUED

@@ -22,7 +22,7 @@ now() { date +%s; }
 members() { ps -eo pgid=,pid=,stat= | awk -v g="$1" '$1 == g && $3 !~ /^Z/ { print $2 }'; }
 alive() { [ -n "$(members "$1")" ]; }
 
-# TERM the group, wait up to GRACE_S, then KILL it and wait until it is gone.
+# TERM the group, wait up to GRACE_S, then KILL it and wait until no live member is left.
 reap_group() {
     local pg=$1 deadline
     alive "$pg" || return 0
@@ -34,6 +34,8 @@ reap_group() {
         kill -KILL -- "-$pg" 2>/dev/null
         while alive "$pg"; do sleep 0.1; done
     fi
+    # orphaned members are zombies until init reaps them: give it a moment
+    for _ in $(seq 50); do kill -0 -- "-$pg" 2>/dev/null || break; sleep 0.1; done
 }
 
 # The task directories: the job directory itself, or one task-N per Slurm array task.
@@ -44,7 +46,7 @@ if [ "$BACKEND" = slurm ]; then
 fi
 
 run() {
-    local task=$JOB_DIR rc start
+    local task=$JOB_DIR rc start child stopping=""
     if [ "$BACKEND" = slurm ]; then
         task=$JOB_DIR/task-${SLURM_ARRAY_TASK_ID:-0}
         [ "$SHARDS" -gt 1 ] && set -- "$@" --shard "${SLURM_ARRAY_TASK_ID:-0}/$SHARDS"
@@ -65,8 +67,18 @@ run() {
         eval "$1" || exit 5
         shift
         exec timeout -k "$1" "$2" "$3" -m dsv4bench "${@:4}"' \
-        job "$SETUP" "$GRACE_S" "$TIMEOUT_S" "$PYTHON" "$@") </dev/null >>output.log 2>&1
+        job "$SETUP" "$GRACE_S" "$TIMEOUT_S" "$PYTHON" "$@") </dev/null >>output.log 2>&1 &
+    child=$!
+    # TERM to the wrapper (Slurm's --signal=B:TERM, a shutdown) stops the job's group, then records.
+    trap 'stopping=1' TERM INT HUP
+    wait "$child"
     rc=$?
+    if [ -n "$stopping" ]; then
+        while [ ! -f pgid ] && kill -0 "$child" 2>/dev/null; do sleep 0.1; done
+        [ -f pgid ] && reap_group "$(cat pgid)" 2>>output.log
+        wait "$child"
+        rc=$?
+    fi
     [ -f pgid ] && reap_group "$(cat pgid)" 2>>output.log
     put exit "$rc $(( $(now) - start ))"
     put state done
