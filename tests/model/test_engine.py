@@ -27,10 +27,11 @@ def rel(a, b):
 
 
 def test_decode_matches_full_prefill_at_every_step(ckpt):
-    """>= 300 generated tokens: the HCA layer (m=128) emits 3 entries, the CSA layers ~100."""
+    """384 generated tokens after a prompt of random length (the prefill leaves partial and, past
+    128, complete blocks in the compressor states): HCA (m=128) emits >= 3 entries, CSA ~100."""
     dec, ref = Engine(ckpt), Engine(ckpt)
     gen = torch.Generator().manual_seed(random.randrange(1 << 30))
-    prompt = torch.randint(2, TINY.vocab_size, (9,), generator=gen).tolist()
+    prompt = torch.randint(2, TINY.vocab_size, (random.randint(1, 160),), generator=gen).tolist()
     steps, out, ids = [], dec.feed(prompt), list(prompt)
     for _ in range(384):  # a sampled generation, decoded one token at a time
         steps.append((len(ids), out))
@@ -38,20 +39,23 @@ def test_decode_matches_full_prefill_at_every_step(ckpt):
         out = dec.feed([ids[-1]])
     steps.append((len(ids), out))
     assert [c.comp_kv.shape[0] for c in dec.caches] == [0, len(ids) // 4, len(ids) // 128, len(ids) // 4]
-    assert len(ids) // 128 == 3 and dec.caches[1].idx_keys.shape[0] == len(ids) // 4
+    assert len(ids) // 128 >= 3 and dec.caches[1].idx_keys.shape[0] == len(ids) // 4
 
     full = ref.feed(ids, all_logits=True)  # row t = what a prefill of ids[:t+1] ends with
     worst = max(rel(o.logits, full.logits[n - 1]) for n, o in steps)
-    worst_draft = max(rel(o.draft_logits, full.draft_logits[n - 2]) for n, o in steps)
+    worst_draft = max(rel(o.draft_logits, full.draft_logits[n - 2]) for n, o in steps if n > 1)
     assert worst < PARITY_RTOL, worst
     assert worst_draft < PARITY_RTOL, worst_draft
 
     # and a genuinely fresh prefill of the prefix, at and around the compression boundaries
-    for n in (10, 127, 128, 129, 256, 257, 300, 384, len(ids)):
+    by_len = dict(steps)
+    for n in (len(prompt) + 1, 127, 128, 129, 256, 257, 300, 384, len(ids)):
+        if n not in by_len or n < 2:
+            continue
         ref.reset()
         r = ref.feed(ids[:n])
-        o = dict(steps)[n]
-        assert rel(o.logits, r.logits) < PARITY_RTOL and rel(o.draft_logits, r.draft_logits) < PARITY_RTOL, n
+        assert rel(by_len[n].logits, r.logits) < PARITY_RTOL, n
+        assert rel(by_len[n].draft_logits, r.draft_logits) < PARITY_RTOL, n
 
 
 def test_chunked_prefill_matches_one_prefill(ckpt):
