@@ -51,11 +51,6 @@ def ue8m0_decode(code: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- element grids
 
-def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """RNE onto the e4m3fn grid (saturating at ±448), returned as fp32."""
-    return x.float().clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
-
-
 def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     """RNE of fp32 values (already scaled, |x| ≤ 6 after clamping) to e2m1 codes 0..15 (uint8).
 
