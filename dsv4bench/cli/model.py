@@ -80,12 +80,13 @@ def run_model_cmd(
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     backend: str = typer.Option("oracle", "--backend", help="op backend; ops without it run their oracle"),
     threads: int = typer.Option(1, "--threads", help="CPU threads for torch (tiny models run best on 1)"),
+    compare: bool = typer.Option(False, "--compare", help="diff every step's logits against the FP32 oracles"),
 ) -> None:
     """Generate from a checkpoint through the FP32 oracles (or registered kernels), streaming tokens."""
     import torch
 
     from dsv4bench.model.dispatch import DispatchError, OpTable
-    from dsv4bench.model.engine import Engine
+    from dsv4bench.model.engine import Engine, compare_to_oracle
     from dsv4bench.model.loader import Checkpoint, CheckpointError
     from dsv4bench.model.tokenizer import load_tokenizer
 
@@ -121,12 +122,15 @@ def run_model_cmd(
                   f"{device} · loaded in {load_s:.2f} s[/]", highlight=False, soft_wrap=True)
     console.print(prompt, end="", markup=False, highlight=False, soft_wrap=True)
     new: list[int] = []
+    steps = []
     shown = ""
     t0 = time.perf_counter()
     first = None
-    for t in engine.generate(ids, max_new_tokens, temperature, seed):
+    for t, step in engine.generate(ids, max_new_tokens, temperature, seed):
         first = first or time.perf_counter()
         new.append(t)
+        if compare:
+            steps.append(step)
         text = tok.decode(new)
         if not text.endswith("\ufffd"):
             console.print(text[len(shown):], end="", markup=False, highlight=False, soft_wrap=True)
@@ -141,6 +145,10 @@ def run_model_cmd(
     summary.add_row("decode", f"{decode_n / (end - first):.1f} tokens/s" if decode_n else "-")
     summary.add_row("overall", f"{len(new) / (end - t0):.1f} tokens/s")
     summary.add_row("cache", f"{engine.cache_bytes():,} bytes")
+    if compare:
+        errs = compare_to_oracle(ckpt, device, ids + new, steps)
+        worst = max(range(len(errs)), key=errs.__getitem__)
+        summary.add_row("vs FP32 oracle (max rel logits)", f"{errs[worst]:.2e} at new token {worst}")
     console.print(summary)
     ops_table = Table(title="ops")
     for col in ("op", "backend", "calls", "seconds"):

@@ -79,8 +79,11 @@ class Engine:
         return draft if all_logits else draft[-1]
 
     def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
-                 seed: int = 0, stop_at_eos: bool = True) -> Iterator[int]:
-        """Prefill the prompt, then sample and decode one token at a time; yields each new token."""
+                 seed: int = 0, stop_at_eos: bool = True) -> Iterator[tuple[int, StepOutput]]:
+        """Prefill the prompt, then sample and decode one token at a time.
+
+        Yields (token, the step output whose logits it was sampled from).
+        """
         if not prompt:
             raise ValueError("empty prompt")
         self.reset()
@@ -88,7 +91,19 @@ class Engine:
         out = self.feed(prompt)
         for i in range(max_new_tokens):
             tok = int(self.ops.sample(out.logits.float().cpu(), temperature, gen))  # CPU noise: same on any device
-            yield tok
+            yield tok, out
             if (stop_at_eos and tok == self.cfg.eos_token_id) or i == max_new_tokens - 1:
                 return
             out = self.feed([tok])
+
+
+def compare_to_oracle(ckpt: Checkpoint, device: str, tokens: list[int], outputs: list[StepOutput]) -> list[float]:
+    """Max relative logits error of each step of a run against the all-oracle FP32 model.
+
+    tokens: prompt + generated tokens; outputs[i]: the step that sampled generated token i.
+    The oracle recomputes every step in one prefill (row t = the logits after tokens[:t+1]).
+    """
+    ref = Engine(ckpt, device=device).feed(tokens[: len(tokens) - 1], all_logits=True).logits
+    first = len(tokens) - len(outputs) - 1
+    return [((o.logits - ref[first + i]).abs().max() / ref[first + i].abs().max()).item()
+            for i, o in enumerate(outputs)]

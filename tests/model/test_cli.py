@@ -89,3 +89,16 @@ def test_bad_input_is_one_clear_usage_problem(cache, args, message):
     r = run(*args)
     assert isinstance(r.exception, UsageProblem), r.output
     assert message in str(r.exception) and "\n" not in str(r.exception)
+
+
+def test_compare_reports_the_distance_to_fp32(cache):
+    from dsv4bench.model.dispatch import register_op
+    from oracles.norm import rmsnorm
+
+    register_op("rmsnorm", "cli-noisy", lambda x, w=None, eps=1e-6: rmsnorm(x, w, eps) * 1.02)
+    same = run("run-model", "--prompt", "Hi", "--max-new-tokens", "6", "--compare")
+    noisy = run("run-model", "--prompt", "Hi", "--max-new-tokens", "6", "--compare", "--backend", "cli-noisy")
+    err = lambda r: float(re.search(r"max rel logits\)\s*│ (\S+) at new token", r.output).group(1))  # noqa: E731
+    assert err(same) < 1e-6
+    assert err(noisy) > 1e-3
+    assert re.search(r"rmsnorm\s*│ cli-noisy", noisy.output)

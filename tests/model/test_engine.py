@@ -106,7 +106,7 @@ def test_nvfp4_experts_give_the_same_model(ckpt, tmp_path):
 def test_generate_is_deterministic_for_a_seed(ckpt):
     eng = Engine(ckpt)
     prompt = [TINY.bos_token_id] + torch.randint(2, 258, (5,)).tolist()
-    run = lambda seed: list(eng.generate(prompt, 12, temperature=0.8, seed=seed, stop_at_eos=False))  # noqa: E731
+    run = lambda seed: [t for t, _ in eng.generate(prompt, 12, temperature=0.8, seed=seed, stop_at_eos=False)]  # noqa: E731
     first = run(11)
     assert len(first) == 12 and run(11) == first
     assert run(12) != first
