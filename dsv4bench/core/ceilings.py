@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import torch
+
 from dsv4bench.core.timing import CudaTimer
 
 
@@ -20,16 +22,20 @@ class Ceilings:
         return asdict(self)
 
 
-def measure(device: str = "cuda") -> Ceilings:
-    import torch
-
-    timer = CudaTimer(device)
+def _copy_gbps(timer: CudaTimer, device: str) -> float:
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copy_ms = timer.time(lambda: dst.copy_(src), min_iters=20).median_ms
-    n = 8192
+    ms = timer.time(lambda: dst.copy_(src), min_iters=20).median_ms
+    return 2 * src.numel() / ms / 1e6  # bytes read + written
+
+
+def _gemm_tflops(timer: CudaTimer, device: str, n: int = 8192) -> float:
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    gemm_ms = timer.time(lambda: a @ b, min_iters=10, max_iters=20).median_ms
-    del src, dst, a, b
-    return Ceilings(2 * (1 << 30) / copy_ms / 1e6, 2 * n**3 / gemm_ms / 1e9)
+    ms = timer.time(lambda: a @ b, min_iters=10, max_iters=20).median_ms
+    return 2 * n**3 / ms / 1e9
+
+
+def measure(device: str = "cuda") -> Ceilings:
+    timer = CudaTimer(device)
+    return Ceilings(_copy_gbps(timer, device), _gemm_tflops(timer, device))
