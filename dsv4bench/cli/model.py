@@ -117,7 +117,13 @@ def run_model_cmd(
         fail(str(e))
     load_s = time.perf_counter() - t0
     tok = load_tokenizer(ckpt.config, path)
-    ids = tok.encode(prompt)
+    try:
+        ids = tok.encode(prompt)
+    except ValueError as e:  # ids beyond the model's vocab
+        fail(str(e))
+    limit = ckpt.config.max_position_embeddings
+    if len(ids) + max_new_tokens > limit:
+        fail(f"{len(ids)} prompt + {max_new_tokens} new tokens exceed max_position_embeddings={limit}")
     console.print(f"[dim]{ckpt.config.name} from {path} · {tok.name} tokenizer · {len(ids)} prompt tokens · "
                   f"{device} · loaded in {load_s:.2f} s[/]", highlight=False, soft_wrap=True)
     console.print(prompt, end="", markup=False, highlight=False, soft_wrap=True)

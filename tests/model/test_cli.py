@@ -82,6 +82,7 @@ def test_tokenizer_json_is_used_when_present(tmp_path):
     (("run-model", "--prompt", "x", "--checkpoint", "/nonexistent/ck"), "checkpoint directory /nonexistent/ck does not exist"),
     (("run-model", "--prompt", "x", "--device", "tpu"), "unknown --device 'tpu'"),
     (("run-model", "--prompt", "x", "--temperature", "-1"), "--temperature must be >= 0"),
+    (("run-model", "--prompt", "x", "--max-new-tokens", "5000"), "exceed max_position_embeddings=4096"),
     (("run-model", "--prompt", "x", "--backend", "nokernel"), "no op has a backend 'nokernel'"),
     (("make-checkpoint", "--config", "huge", "--out", "/tmp/x"), "unknown config 'huge'"),
 ])
