@@ -111,8 +111,9 @@ def run_model_cmd(
     path = _resolve_checkpoint(checkpoint, config)
     t0 = time.perf_counter()
     try:
-        ckpt = Checkpoint.open(path)
-        engine = Engine(ckpt, device=device, ops=ops)
+        with console.status(f"opening {path}") as status:
+            ckpt = Checkpoint.open(path)
+            engine = Engine(ckpt, device=device, ops=ops, progress=lambda unit: status.update(f"loaded {unit}"))
     except CheckpointError as e:
         fail(str(e))
     load_s = time.perf_counter() - t0
