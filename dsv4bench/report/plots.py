@@ -69,8 +69,7 @@ def error_heatmap(records: list[ResultRecord], x: str, y: str | None, title: str
 
 def _grid(fig, ax, cells, xs, ys, idx, norm, cmap, label) -> None:
     values = [[cells[(xv, yv)][idx] if (xv, yv) in cells else math.nan for xv in xs] for yv in ys]
-    cmap = matplotlib.colormaps[cmap].copy()
-    cmap.set_bad("#eeeeee")
+    cmap = matplotlib.colormaps[cmap].with_extremes(bad="#eeeeee")
     masked = [[math.nan if (v != v or (idx == 1 and v <= 0)) else v for v in row] for row in values]
     im = ax.imshow(masked, cmap=cmap, norm=norm, aspect="auto", origin="lower")
     fig.colorbar(im, ax=ax, label=label)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
+import pytest
+
 import planted
 from dsv4bench.core.case import Case
 
@@ -29,7 +33,13 @@ def test_repro_finds_a_case_in_the_regression_file_alone(tmp_path):
     assert f"found in: {runs.regressions / 'planted.jsonl'}" in res.stdout
 
 
-def test_repro_unknown_case_is_one_line_exit_2(tmp_path):
-    res = planted.dsv4bench(tmp_path, "repro", "nosuch-0000000000", "--runs", str(tmp_path))
-    assert res.returncode == 2
-    assert "not found" in res.stdout + res.stderr and "Traceback" not in res.stdout + res.stderr
+def test_repro_unknown_case_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    from dsv4bench.cli import main as cli_main
+
+    monkeypatch.setenv("DSV4BENCH_REGRESSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["dsv4bench", "repro", "nosuch-0000000000", "--runs", str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main()
+    out = capsys.readouterr().out
+    assert exc.value.code == 2
+    assert "not found" in out and len(out.strip().splitlines()) == 1
