@@ -63,7 +63,7 @@ class QuantConfig:
         if rotate and (fmt != "mxfp4" or n != HADAMARD_N):
             raise ValueError(f"the Hadamard rotation is the indexer's: mxfp4 with n = {HADAMARD_N}")
         n_vecs = n // VEC
-        threads = block // VEC
+        threads = n_vecs if rotate else block // VEC  # the rotation wants one vector on each of 16 lanes
         while threads < MAX_THREADS_PER_ROW and -(-n_vecs // threads) > MAX_VECS_PER_THREAD:
             threads *= 2
         vecs = -(-n_vecs // threads)
@@ -85,12 +85,17 @@ class QuantConfig:
         return self.threads_per_row * self.rows_per_cta
 
     def tiler(self, vec: int) -> tuple[int, int]:
+        """A CTA's tile: rows_per_cta rows, vecs_per_thread passes of one vector per thread."""
         return self.rows_per_cta, vec * self.threads_per_row * self.vecs_per_thread
 
+    def copy_tiler(self, vec: int) -> tuple[int, int]:
+        """One pass: every thread moves one vector."""
+        return self.rows_per_cta, vec * self.threads_per_row
+
     def tv_layout(self, vec: int):
-        """(thread, value) → (row, col) in a column-major (rows_per_cta, cols) tile; thread = t + T·row."""
+        """(thread, value) → (row, col) in a column-major copy tile; thread = t + T·row."""
         r, t = self.rows_per_cta, self.threads_per_row
-        return cute.make_layout(((t, r), (vec, self.vecs_per_thread)), stride=((vec * r, 1), (r, r * vec * t)))
+        return cute.make_layout(((t, r), vec), stride=((vec * r, 1), r))
 
 
 class QuantKernel:
@@ -116,8 +121,8 @@ class QuantKernel:
         x_tiler, q_tiler = cfg.tiler(VEC), cfg.tiler(cfg.code_vec)
         x_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), mX.element_type, num_bits_per_copy=VEC * 16)
         q_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Uint8, num_bits_per_copy=cfg.code_vec * 8)
-        x_copy = cute.make_tiled_copy(x_atom, cfg.tv_layout(VEC), x_tiler).get_slice(tidx)
-        q_copy = cute.make_tiled_copy(q_atom, cfg.tv_layout(cfg.code_vec), q_tiler).get_slice(tidx)
+        x_copy = cute.make_tiled_copy(x_atom, cfg.tv_layout(VEC), cfg.copy_tiler(VEC)).get_slice(tidx)
+        q_copy = cute.make_tiled_copy(q_atom, cfg.tv_layout(cfg.code_vec), cfg.copy_tiler(cfg.code_vec)).get_slice(tidx)
         tXgX = x_copy.partition_S(cute.local_tile(mX, x_tiler, (bidx, 0)))
         tXcX = x_copy.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), x_tiler, (bidx, 0)))
         tQgQ = q_copy.partition_D(cute.local_tile(mQ, q_tiler, (bidx, 0)))

@@ -59,8 +59,8 @@ class SamplerKernel:
             raise ValueError(f"vocabulary {vocab} must be a positive multiple of {VEC}")
         self.vocab = vocab
         tiles = -(-vocab // TILE)
-        self.splits = min(MAX_SPLITS, tiles)
-        self.tiles_per_split = -(-tiles // self.splits)
+        self.tiles_per_split = -(-tiles // MAX_SPLITS)
+        self.splits = -(-tiles // self.tiles_per_split)  # every split has at least one tile
 
     @cute.jit
     def __call__(self, mL: cute.Tensor, mT: cute.Tensor, mN: cute.Tensor, mPF: cute.Tensor, mPI: cute.Tensor,
