@@ -59,15 +59,17 @@ def hosts_cmd(hosts: Optional[Path] = HOSTS_OPT) -> None:
     table = Table(title=f"{len(configured)} hosts")
     for col in ("host", "backend", "ssh", "workdir", "reachable", "GPU", "driver", "CUDA", "cutlass-dsl", "python"):
         table.add_column(col)
-    unreachable = 0
+    errors = []
     for h, facts in zip(configured.values(), _run(check_all())):
         ok = "error" not in facts
-        unreachable += not ok
-        row = [h.name, h.backend, h.ssh, h.workdir, "[green]yes[/]" if ok else f"[red]no[/]: {facts['error']}"]
+        errors += [] if ok else [facts["error"]]
+        row = [h.name, h.backend, h.ssh, h.workdir, "[green]yes[/]" if ok else "[red]no[/]"]
         row += [facts.get(k) or ("[dim]none[/]" if ok else "") for k in ("gpu", "driver", "cuda", "cutlass_dsl", "python")]
         table.add_row(*row)
     console.print(table)
-    raise typer.Exit(outcome.EXIT_CODES[outcome.INFRA] if unreachable else 0)
+    for error in errors:
+        console.print(f"[red]unreachable:[/] {error}", highlight=False)
+    raise typer.Exit(outcome.EXIT_CODES[outcome.INFRA] if errors else 0)
 
 
 @app.command("submit")

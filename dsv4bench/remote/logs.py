@@ -27,16 +27,18 @@ async def stream(record: JobRecord, sink: BinaryIO, *, follow: bool, task: int |
                 if lost_since is not None:
                     note(f"reconnected; resuming at byte {offset}")
                     lost_since = None
+                status = None
                 while True:
-                    status = await jobs.status(remote, record) if follow else None
                     chunk = await remote.read_from(path, offset)
                     if chunk:
                         sink.write(chunk)
                         sink.flush()
                         offset += len(chunk)
-                    if status is None or outcome.finished(status.outcome):
-                        return status  # the status was read before the last chunk: nothing comes after
-                    if not chunk:
+                        continue
+                    if not follow or status is not None and outcome.finished(status.outcome):
+                        return status  # read to the end after the job had finished: nothing comes after
+                    status = await jobs.status(remote, record)
+                    if not outcome.finished(status.outcome):
                         await asyncio.sleep(poll_s)
         except InfraError as e:
             now = time.monotonic()

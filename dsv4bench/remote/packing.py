@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import json
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -63,7 +62,3 @@ def pack_tree(root: str | Path) -> Pack:
     dirty = bool(_git(root, "status", "--porcelain").strip())
     manifest = {"commit": commit, "dirty": dirty, "files": len(files), "root": str(root)}
     return Pack(tree_id=hashlib.sha256(data).hexdigest()[:32], data=data, manifest=manifest)
-
-
-def manifest_json(pack: Pack) -> str:
-    return json.dumps({**pack.manifest, "tree_id": pack.tree_id}, indent=2)

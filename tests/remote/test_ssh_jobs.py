@@ -14,7 +14,7 @@ import pytest
 
 from dsv4bench.remote import outcome
 from dsv4bench.remote.registry import load
-from tests.remote.conftest import group_members
+from tests.remote.conftest import group_members, write_ssh_config
 from tests.remote.helpers import ROOT, cli, eventually, read_remote, small_repo, status, submit, wait_for
 
 
@@ -166,3 +166,29 @@ def test_hostile_names_run_literally(make_host, stub_python, tmp_path):
 def _log(job) -> str:
     path = Path(job.remote_dir, "output.log")
     return path.read_text() if path.exists() else ""
+
+
+def test_cancel_queued_job_and_prune_old_jobs(make_host, stub_python, tmp_path):
+    make_host(python=str(stub_python / "fakepython"), gpu=0, keep_jobs=1)
+    repo = small_repo(tmp_path / "repo", {"a": ""})
+    holder = submit("loop", ["hang"], repo)[0]
+    eventually(lambda: "hang:" in _log(holder))
+    queued = submit("loop", ["exit", "0"], repo)[0]
+    eventually(lambda: status(queued).outcome == outcome.QUEUED)
+    waiter = int(read_remote(queued, "pid"))
+    assert cli("remote", "cancel", queued.id).code == 0
+    assert status(queued).outcome == outcome.CANCELLED
+    eventually(lambda: group_members(waiter) == [], timeout_s=5)  # the wrapper and its flock are gone
+    assert cli("remote", "cancel", holder.id).code == 0
+    last = submit("loop", ["exit", "0"], repo)[0]
+    jobs_dir = Path(last.remote_dir).parent
+    assert sorted(p.name for p in jobs_dir.iterdir()) == [queued.id, last.id]  # keep_jobs=1 plus the new one
+
+
+def test_unreachable_host_is_infrastructure(make_host, tmp_path, sshd):
+    config = tmp_path / "ssh_config_closed"
+    write_ssh_config(config, sshd.root, 1)  # nothing listens on port 1
+    make_host(ssh_config=str(config))
+    res = cli("remote", "submit", "loop", "--tree", str(small_repo(tmp_path / "repo", {"a": ""})), "--", "sweep", "x")
+    assert res.code == outcome.EXIT_CODES[outcome.INFRA]
+    assert "infrastructure: cannot reach host 'loop' (ssh loopback)" in res.output
