@@ -42,4 +42,4 @@ def test_repro_unknown_case_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
         cli_main.main()
     out = capsys.readouterr().out
     assert exc.value.code == 2
-    assert "not found" in out and len(out.strip().splitlines()) == 1
+    assert out.startswith("error: case 'nosuch-0000000000' not found") and "Traceback" not in out
