@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
+import cutlass.memory as memory
 from cutlass import Float32
 
 from kernels.compressor.fp8 import qdq_block
@@ -95,7 +95,7 @@ class CompressorKernel:
                 cute.autovec_copy(gSc[(0, 0, None), (b, token, lane)], z)
                 self.absorb(kv, z, mx, l, acc)
 
-        smem = utils.SmemAllocator()
+        smem = memory.SmemAllocator()
         s_sq = smem.allocate_tensor(Float32, cute.make_layout((self.warps,)), 16)
         y = cute.make_rmem_tensor((VEC,), Float32)
         if cutlass.const_expr(self.groups > 1):  # merge the groups' (max, sum, weighted sum)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
+import cutlass.memory as memory
 from cutlass import Float32, Int32
 
 HC = 4
@@ -100,7 +100,7 @@ class HcApplyKernel:
         warp, lane = tidx // 32, tidx % 32
         n_tokens = mX.shape[0]
         first = bidx * TOKENS
-        smem = utils.SmemAllocator()
+        smem = memory.SmemAllocator()
         s_mix = smem.allocate_tensor(Float32, cute.make_layout((n_mix + 1, TOKENS), stride=(TOKENS, 1)), 16)
         s_pre = smem.allocate_tensor(Float32, cute.make_layout((HC, TOKENS), stride=(TOKENS, 1)), 16)
 

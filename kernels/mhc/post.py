@@ -40,7 +40,7 @@ class HcPostKernel:
         tidx, _, _ = cute.arch.thread_idx()
         t, _, _ = cute.arch.block_idx()
         post = cute.make_rmem_tensor((HC,), Float32)
-        comb = cute.make_rmem_tensor((HC, HC), Float32)  # comb[j, k]: weight of residual stream j in output k
+        comb = cute.make_rmem_tensor(cute.make_layout((HC, HC), stride=(HC, 1)), Float32)  # comb[j, k]: weight of residual stream j in output k
         cute.autovec_copy(cute.zipped_divide(mPost, (1, HC))[(0, None), (t, 0)], post)
         gC = cute.zipped_divide(mComb, (1, HC))
         for j in cutlass.range_constexpr(HC):

@@ -57,12 +57,13 @@ class RopeKernel:
         gT = cute.zipped_divide(mTab, (1, v))
         if row < mX.shape[0]:
             pos = mPos[row // heads]
-            raw = cute.make_rmem_tensor((self.vecs_per_lane, v), mX.element_type)
+            rows = cute.make_layout((self.vecs_per_lane, v), stride=(v, 1))  # vector j contiguous
+            raw = cute.make_rmem_tensor(rows, mX.element_type)
             raw.fill(0)
             for j in cutlass.range_constexpr(self.vecs_per_lane):
                 if lane + 32 * j < self.n_vecs:
                     cute.autovec_copy(gX[(0, None), (row, lane + 32 * j)], raw[j, None])
-            x = cute.make_rmem_tensor((self.vecs_per_lane, v), Float32)
+            x = cute.make_rmem_tensor(rows, Float32)
             x.store(raw.load().to(Float32))
             if cutlass.const_expr(self.norm):
                 sum_sq = Float32(0.0)
@@ -80,7 +81,7 @@ class RopeKernel:
                     cos_sin = cute.make_rmem_tensor((v,), Float32)
                     cute.autovec_copy(gT[(0, None), (pos, (col - self.rope_start) // v)], cos_sin)
                     rotate_pairs(x[j, None], cos_sin, v, self.inverse)
-            out = cute.make_rmem_tensor((self.vecs_per_lane, v), mO.element_type)
+            out = cute.make_rmem_tensor(rows, mO.element_type)
             out.store(x.load().to(mO.element_type))
             for j in cutlass.range_constexpr(self.vecs_per_lane):
                 if lane + 32 * j < self.n_vecs:
