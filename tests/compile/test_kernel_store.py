@@ -1,0 +1,153 @@
+"""The disk store never trusts an entry: truncated, altered or unreadable entries are detected,
+reported once, rebuilt; keys follow the kernel's sources; kernels loaded from disk pass on a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsv4bench.compile import fingerprint as fp
+from dsv4bench.compile.cache import CUBIN, OBJECT, CompileCache, LoadedKernel
+from dsv4bench.compile.store import META, DiskStore
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import get_impl
+
+IMPL = get_impl("rmsnorm", "cutedsl")
+CASE = Case("rmsnorm", {"m": 64, "n": 512, "dtype": "bf16", "weight": True})
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = DiskStore(tmp_path)
+    _, info = CompileCache(store=s, use_disk=True).get(IMPL, CASE, "sm_90a")
+    assert info.cache == "miss"
+    return s
+
+
+def the_entry(store):
+    (entry, meta), = list(store.entries())
+    return entry, meta
+
+
+def fresh_get(store):
+    """What a new process sees: no memory cache, the same disk."""
+    return CompileCache(store=store, use_disk=True).get(IMPL, CASE, "sm_90a")
+
+
+def test_entry_holds_object_cubin_and_metadata_and_loads_without_jit(store):
+    entry, meta = the_entry(store)
+    assert {p.name for p in entry.iterdir()} == {OBJECT, CUBIN, META}
+    assert meta["family"] == "rmsnorm" and meta["arch"] == "sm_90a" and meta["versions"]["cutlass-dsl"]
+    assert meta["payloads"][OBJECT]["bytes"] == (entry / OBJECT).stat().st_size > 1000
+    assert meta["compile"]["registers"] > 0 and meta["compile"]["compile_seconds"] > 0
+    assert [e["stage"] for e in meta["recording"]["entries"]][0].startswith("TV layout")
+    cache = CompileCache(store=store, use_disk=True)
+    kernel, info = cache.get(IMPL, CASE, "sm_90a")
+    assert isinstance(kernel, LoadedKernel) and info.cache == "disk" and cache.compiles == 0
+    assert info.registers == meta["compile"]["registers"] and kernel.__cubin__ == (entry / CUBIN).read_bytes()
+    assert not [p for p in entry.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+
+@pytest.mark.parametrize("damage", ["truncate object", "flip a byte", "drop cubin", "garbage metadata"])
+def test_corrupt_entry_is_detected_rebuilt_and_reported_once(store, capsys, damage):
+    entry, _ = the_entry(store)
+    obj = entry / OBJECT
+    if damage == "truncate object":
+        obj.write_bytes(obj.read_bytes()[: obj.stat().st_size // 2])
+    elif damage == "flip a byte":
+        data = bytearray(obj.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        obj.write_bytes(bytes(data))
+    elif damage == "drop cubin":
+        (entry / CUBIN).unlink()
+    else:
+        (entry / META).write_text("{not json")
+    capsys.readouterr()
+
+    _, info = fresh_get(store)
+    assert info.cache == "rebuilt" and info.note.startswith("corrupt cache entry rebuilt")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "corrupt cache entry" in line]
+    assert len(warnings) == 1 and str(entry) in warnings[0]
+    assert store.counters()["corrupt_rebuilt"] == 1
+
+    _, again = fresh_get(store)  # the rebuilt entry is whole: loaded, nothing reported
+    assert again.cache == "disk" and "corrupt" not in capsys.readouterr().err
+    assert store.counters() == {"compiles": 2, "corrupt_rebuilt": 1, "disk_hits": 1}
+
+
+def test_key_covers_arch_parameters_and_kernel_sources(tmp_path, monkeypatch):
+    store = DiskStore(tmp_path)
+    cache = CompileCache(store=store, use_disk=True)
+    cache.get(IMPL, CASE, "sm_90a")
+    cache.get(IMPL, CASE, "sm_100a")
+    cache.get(IMPL, Case("rmsnorm", {"m": 7, "n": 512, "dtype": "bf16", "weight": True}), "sm_90a")  # rows: runtime
+    cache.get(IMPL, Case("rmsnorm", {"m": 64, "n": 512, "dtype": "bf16", "weight": False}), "sm_90a")
+    assert cache.compiles == 3 and len(list(store.entries())) == 3
+    files = fp.source_files("kernels.rmsnorm.family")
+    assert {"kernels.rmsnorm.rmsnorm", "kernels.common", "kernels.rmsnorm.family"} <= set(files)
+    assert not any(m.startswith(("oracles", "sweeps", "dsv4bench")) for m in files)
+    monkeypatch.setattr(fp, "versions", lambda: {"cutlass-dsl": "9.9", "python": "3.11"})
+    fp.fingerprint.cache_clear()
+    try:
+        _, info = CompileCache(store=store, use_disk=True).get(IMPL, CASE, "sm_90a")
+        assert info.cache == "miss"  # another library version: another entry
+    finally:
+        fp.fingerprint.cache_clear()
+
+
+def test_source_walk_follows_relative_and_absolute_imports(tmp_path, monkeypatch):
+    pkg = tmp_path / "kfake"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "family.py").write_text("import os\nfrom kfake.sub import kern\nfrom . import helpers\n")
+    (pkg / "sub" / "kern.py").write_text("from ..common import X\n")
+    (pkg / "common.py").write_text("X = 1\n")
+    (pkg / "helpers.py").write_text("")
+    (pkg / "unused.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(fp, "ROOT_PACKAGE", "kfake")
+    fp.fingerprint.cache_clear()
+    try:
+        assert sorted(fp.source_files("kfake.family")) == [
+            "kfake", "kfake.common", "kfake.family", "kfake.helpers", "kfake.sub", "kfake.sub.kern"]
+        before = fp.fingerprint("kfake.family")
+        (pkg / "common.py").write_text("X = 2\n")
+        fp.fingerprint.cache_clear()
+        assert fp.fingerprint("kfake.family") != before
+    finally:
+        fp.fingerprint.cache_clear()
+
+
+def test_no_cache_env_turns_the_disk_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("DSV4BENCH_CACHE_DIR", str(tmp_path))
+    assert CompileCache().store.root == tmp_path / "kernels"
+    monkeypatch.setenv("DSV4BENCH_NO_KERNEL_CACHE", "1")
+    assert CompileCache().store is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, weight", [(7168, True), (512, False), (1000, True)])
+def test_kernels_loaded_from_the_cache_pass_on_the_gpu(tmp_path, n, weight):
+    import torch
+
+    from dsv4bench.core.compare import compare_outputs
+    from dsv4bench.core.registry import get_family
+    from dsv4bench.core.worker import CaseData, poison
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}a"
+    case = Case("rmsnorm", {"m": 1001, "n": n, "dtype": "bf16", "weight": weight})
+    store = DiskStore(tmp_path)
+    assert CompileCache(store=store, use_disk=True).get(IMPL, case, arch)[1].cache == "miss"
+    kernel, info = CompileCache(store=store, use_disk=True).get(IMPL, case, arch)
+    assert isinstance(kernel, LoadedKernel) and info.cache == "disk"
+    family = get_family("rmsnorm")
+    data = CaseData(family, case, "cuda")
+    out = family.alloc_outputs(case, "cuda")
+    poison(out)
+    result = IMPL.run(case, data.inputs, out, kernel)
+    torch.cuda.synchronize()
+    ok, metrics = compare_outputs(result, data.oracle, data.lowprec, lambda name: family.tolerance_for(case, name))
+    assert ok, {k: m.summary() for k, m in metrics.items()}
