@@ -25,8 +25,9 @@ MARKERS = "osD^vP*X<>"
 
 
 def data_uri(fig: Figure) -> str:
+    """Fixed margins (set per figure), not bbox_inches="tight", which draws every figure twice."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=80)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
@@ -64,6 +65,7 @@ def error_heatmap(records: list[ResultRecord], x: str, y: str | None, title: str
         ax.set_xlabel(x)
         ax.set_ylabel(y or "")
     fig.suptitle(title)
+    fig.subplots_adjust(left=0.07, right=0.97, bottom=0.22 if grid else 0.13, top=0.88, wspace=0.25)
     return data_uri(fig)
 
 
@@ -131,6 +133,7 @@ def roofline_plot(records: list[ResultRecord], title: str) -> str | None:
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(title)
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.11, top=0.92)
     return data_uri(fig)
 
 
@@ -164,4 +167,6 @@ def limit_bars(perf_rows: list[dict], title: str) -> str | None:
     ax.set_xlabel("% of the measured limit (roofline at the case's intensity)")
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title(title)
+    inches = fig.get_size_inches()
+    fig.subplots_adjust(left=3.9 / inches[0], right=0.97, bottom=0.7 / inches[1], top=1 - 0.4 / inches[1])
     return data_uri(fig)
