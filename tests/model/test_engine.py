@@ -19,7 +19,9 @@ PARITY_RTOL = 1e-4
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    return Checkpoint.open(write_checkpoint(TINY, tmp_path_factory.mktemp("tiny"), seed=random.randrange(1 << 30)))
+    seed = random.randrange(1 << 30)
+    print(f"tiny checkpoint seed {seed}")  # shown with a failure, to replay it
+    return Checkpoint.open(write_checkpoint(TINY, tmp_path_factory.mktemp("tiny"), seed=seed))
 
 
 def rel(a, b):
@@ -30,8 +32,10 @@ def test_decode_matches_full_prefill_at_every_step(ckpt):
     """384 generated tokens after a prompt of random length (the prefill leaves partial and, past
     128, complete blocks in the compressor states): HCA (m=128) emits >= 3 entries, CSA ~100."""
     dec, ref = Engine(ckpt), Engine(ckpt)
-    gen = torch.Generator().manual_seed(random.randrange(1 << 30))
-    prompt = torch.randint(2, TINY.vocab_size, (random.randint(1, 160),), generator=gen).tolist()
+    seed = random.randrange(1 << 30)
+    print(f"generation seed {seed}")
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(2, TINY.vocab_size, (int(torch.randint(1, 161, (), generator=gen)),), generator=gen).tolist()
     steps, out, ids = [], dec.feed(prompt), list(prompt)
     for _ in range(384):  # a sampled generation, decoded one token at a time
         steps.append((len(ids), out))
