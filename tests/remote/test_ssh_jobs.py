@@ -159,6 +159,7 @@ def test_hostile_names_run_literally(make_host, stub_python, tmp_path):
     assert (out / "argv.bin").read_bytes() == b"".join(a.encode() + b"\0" for a in HOSTILE_ARGS)
     assert (out / "env.bin").read_bytes() == env_value.encode()
     assert Path(job.remote_dir).parent.parent == workdir
+    assert Path(job.remote_dir, "job.env").stat().st_mode & 0o077 == 0  # env may hold secrets
     pwned = [*tmp_path.rglob("PWNED*"), *Path.home().glob("PWNED*")]
     assert pwned == []
 
