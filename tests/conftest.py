@@ -33,3 +33,11 @@ def pytest_collection_modifyitems(config, items):
 def isolated_user_cache(tmp_path_factory):
     """Compiled kernels and synthetic checkpoints go to a throwaway dir, never ~/.cache."""
     os.environ["DSV4BENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("dsv4bench-cache"))
+
+
+@pytest.fixture(autouse=True)
+def private_regressions_dir(tmp_path_factory, monkeypatch):
+    """Sweeps append failing cases to sweeps/regressions/<family>.jsonl and replay them first: every
+    test (and the CLIs it spawns) gets a fresh directory instead, so the suite never dirties the
+    repo and no test replays another's failures."""
+    monkeypatch.setenv("DSV4BENCH_REGRESSIONS_DIR", str(tmp_path_factory.mktemp("regressions")))
