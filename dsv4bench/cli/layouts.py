@@ -3,6 +3,10 @@ layouts its kernel recorded while tracing, by stage, then the lint findings."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Optional
+
 import typer
 from rich.markup import escape as rich_escape
 from rich.tree import Tree
@@ -73,6 +77,7 @@ def layouts_cmd(
     kernel: str = typer.Argument(..., help="kernel family (see `dsv4bench list`)"),
     arch: str = typer.Option("auto", help="auto (this GPU, else sm_90a) | sm_90a | sm_100a"),
     impl_name: str = typer.Option("cutedsl", "--impl", help="which CuTeDSL impl of the family"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="also write the recording and lints as JSON"),
 ) -> None:
     """Print the traced CuTe layouts of one compile, by stage, and the layout lints. Extra options
     select the case the way `sweep` does (e.g. --width 7168, --hd 512)."""
@@ -103,6 +108,10 @@ def layouts_cmd(
     console.print(render(title, rec, findings))
     for f in findings:
         console.print(f"[yellow]warning:[/] lint {f}", highlight=False)
+    if json_out:
+        json_out.write_text(json.dumps({"case": case.to_json(), "arch": target, "compile": info.to_json(),
+                                        "recording": rec.to_json(), "lints": [str(f) for f in findings]}, indent=1))
+        console.print(f"wrote {json_out}")
 
 
 def register(app: typer.Typer) -> None:

@@ -40,13 +40,69 @@ class Recording:
 
 @contextmanager
 def recording():
-    """Record every call made while tracing inside this block (one compile at a time)."""
+    """Record every call made while tracing inside this block (one compile at a time), plus, with no
+    help from the kernel, each kernel launch (grid, block, cluster, smem) and each pipeline created."""
     global _active
     outer, _active = _active, Recording()
+    undo = _install_hooks() if outer is None else []
     try:
         yield _active
     finally:
+        for restore in undo:
+            restore()
         _active = outer
+
+
+PIPELINES = ("PipelineAsync", "PipelineCpAsync", "PipelineTmaAsync", "PipelineTmaStore", "PipelineTmaUmma",
+             "PipelineUmmaAsync", "PipelineAsyncUmma", "PipelineTmaMultiConsumersAsync")
+
+
+def _install_hooks() -> list:
+    """Wrap KernelLauncher.launch and the pipelines' create() while recording; returns the undos."""
+    import cutlass.pipeline as pipeline
+    from cutlass.cutlass_dsl.cutlass import KernelLauncher
+
+    undo = []
+    launch = KernelLauncher.launch
+
+    def recorded_launch(self, *args, **kwargs):
+        if _active is not None:
+            fields = {k: _text(kwargs[k]) for k in ("grid", "block", "cluster", "smem") if kwargs.get(k) is not None}
+            name = getattr(self.funcBody, "__qualname__", "kernel")
+            _active.entries.append({"group": "launch", "stage": name, "kind": "launch", "fields": fields})
+        return launch(self, *args, **kwargs)
+
+    KernelLauncher.launch = recorded_launch
+    undo.append(lambda: setattr(KernelLauncher, "launch", launch))
+    for name in PIPELINES:
+        cls = getattr(pipeline, name, None)
+        if cls is None or "create" not in vars(cls):
+            continue
+        original = vars(cls)["create"]
+        if isinstance(original, staticmethod):
+            setattr(cls, "create", staticmethod(_recorded_create(name, original.__func__)))
+        elif callable(original):  # a plain function called on the class
+            setattr(cls, "create", _recorded_create(name, original))
+        else:
+            continue
+        undo.append(lambda cls=cls, original=original: setattr(cls, "create", original))
+    return undo
+
+
+def _recorded_create(name: str, create):
+    def wrapper(*args, **kwargs):
+        if _active is not None:
+            fields = {"stages": _text(kwargs.get("num_stages", "?"))}
+            for role in ("producer", "consumer"):
+                g = kwargs.get(f"{role}_group")
+                if g is not None:
+                    fields[f"{role} group"] = f"{str(g.agent).rsplit('.', 1)[-1]} x {_text(g.size)}"
+            if "tx_count" in kwargs:
+                fields["tx_count"] = _text(kwargs["tx_count"])
+            _active.entries.append({"group": "pipelines", "stage": name, "kind": "created", "fields": fields})
+        return create(*args, **kwargs)
+
+    return wrapper
 
 
 def is_recording() -> bool:
