@@ -41,7 +41,8 @@ def test_entry_holds_object_cubin_and_metadata_and_loads_without_jit(store):
     assert meta["family"] == "rmsnorm" and meta["arch"] == "sm_90a" and meta["versions"]["cutlass-dsl"]
     assert meta["payloads"][OBJECT]["bytes"] == (entry / OBJECT).stat().st_size > 1000
     assert meta["compile"]["registers"] > 0 and meta["compile"]["compile_seconds"] > 0
-    assert [e["stage"] for e in meta["recording"]["entries"]][0].startswith("TV layout")
+    stages = [e["stage"] for e in meta["recording"]["entries"]]
+    assert stages[0] == "RmsNormKernel.kernel" and stages[1].startswith("TV layout")  # the launch, then the kernel
     cache = CompileCache(store=store, use_disk=True)
     kernel, info = cache.get(IMPL, CASE, "sm_90a")
     assert isinstance(kernel, LoadedKernel) and info.cache == "disk" and cache.compiles == 0
