@@ -79,7 +79,7 @@ def _expert_weights(g, fmt):
     return ExpertWeights(*(QuantWeight(*quant(m)) for m in mats))
 
 
-@SETTINGS
+@settings(max_examples=10, deadline=None)
 @given(seed=seeds, fmt=st.sampled_from(["fp8", "fp4"]))
 def test_routing_weight_is_applied_before_w2(seed, fmt):
     g = torch.Generator().manual_seed(seed)
@@ -110,4 +110,4 @@ def test_moe_combines_routed_experts_and_the_shared_expert(seed):
             expected += weights[t, k].double() * expert(x[t:t + 1], experts[idx[t, k]])[0].double()
         torch.testing.assert_close(y[t].double(), expected, rtol=1e-4, atol=1e-5)
     low = moe_lowprec(x, weights, idx, experts, shared)
-    assert low.dtype == torch.bfloat16 and (low.double() - y.double()).norm() / y.double().norm() < 0.05
+    assert low.dtype == torch.bfloat16 and (low.double() - y.double()).norm() / y.double().norm() < 0.1  # FP8 act quant
