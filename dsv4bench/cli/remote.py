@@ -195,17 +195,19 @@ def fetch_cmd(
     table.add_column("records")
     table.add_column("report")
     for run in runs:
-        table.add_row(str(run), str(len(RunDir(run).records())), str(render(run)))
+        table.add_row(str(run), str(len(RunDir(run).records())), render(run))
     console.print(table)
 
 
-def render(run: Path) -> Path:
-    """The run's HTML report when dsv4bench.report is present, else its CSV."""
+def render(run: Path) -> str:
+    """Write the run's HTML report (and CSV); the report's path, or why there is none."""
+    from dsv4bench.report.build import write_report  # matplotlib and jinja2: only when fetching
+    from dsv4bench.report.rundata import NotARunDir
+
     try:
-        from dsv4bench.report.build import write_report
-    except ImportError:
-        return RunDir(run).write_csv()
-    return write_report(run).index
+        return str(write_report(run).index)
+    except (NotARunDir, ValueError) as e:
+        return f"[yellow]no report: {e}[/]"
 
 
 @app.command("cancel")

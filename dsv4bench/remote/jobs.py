@@ -26,6 +26,9 @@ from dsv4bench.remote.registry import JobRecord, new_job_id, redact, save
 from dsv4bench.remote.ssh import InfraError, Remote
 
 
+START_GRACE_S = 60  # a wrapper that has not written its pid by then never started (see wrapper.log)
+
+
 @dataclass(frozen=True)
 class JobStatus:
     outcome: str
@@ -111,7 +114,9 @@ async def status(remote: Remote, record: JobRecord) -> JobStatus:
     facts = {f.name: f for f in await task_facts(remote, record)}
     timeout_s = record.host.timeout_s
     if record.slurm_id is None:
-        tasks = {name: outcome.task_outcome(f, timeout_s, watch_wrapper=True) for name, f in facts.items()}
+        never_started = time.time() - record.submitted > START_GRACE_S
+        tasks = {name: outcome.INFRA if f.state == "new" and never_started
+                 else outcome.task_outcome(f, timeout_s, watch_wrapper=True) for name, f in facts.items()}
     else:
         states = await slurm.task_states(remote, record.slurm_id)
         tasks = {}
@@ -138,8 +143,9 @@ def log_path(record: JobRecord, task: int | None) -> str:
 
 
 async def fetch(remote: Remote, record: JobRecord, dest: Path) -> list[Path]:
-    """Mirror the job directory into `dest`; returns the files written."""
-    files = await remote.download_tree(record.remote_dir, dest)
+    """Mirror the job directory into `dest`, less job.env (its env values may be secrets);
+    returns the files written."""
+    files = await remote.download_tree(record.remote_dir, dest, skip=frozenset({"job.env"}))
     if not files:
         raise InfraError(f"job {record.id}: nothing to fetch in {record.remote_dir}")
     return files

@@ -68,7 +68,7 @@ def task_outcome(facts: TaskFacts, timeout_s: float, watch_wrapper: bool, slurm_
         if finished(slurm):
             return slurm
         return RUNNING if RUNNING in (slurm, facts.state.upper()) else QUEUED
-    if watch_wrapper and not facts.wrapper_alive:
+    if watch_wrapper and not facts.wrapper_alive and facts.state != "new":  # "new": not started yet
         return INFRA
     return RUNNING if facts.state == "running" else QUEUED
 

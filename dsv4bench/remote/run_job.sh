@@ -103,7 +103,7 @@ cancel() {
     if [ -f "$task/pgid" ]; then
         pg=$(cat "$task/pgid")
         echo "stopping process group $pg"
-        reap_group "$pg"
+        reap_group "$pg" 2>&1
         while [ ! -f "$task/exit" ] && kill -0 "$(cat "$task/pid")" 2>/dev/null; do sleep 0.1; done
     fi
     [ -f "$task/exit" ] || { put "$task/exit" "130 0"; put "$task/state" done; }

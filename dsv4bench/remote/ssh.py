@@ -8,6 +8,7 @@ checked against known_hosts (asyncssh's default); nothing here turns that off.
 from __future__ import annotations
 
 import posixpath
+import secrets
 import shlex
 import stat
 from pathlib import Path
@@ -94,30 +95,31 @@ class Remote:
     async def write(self, path: str, data: bytes, mode: int = 0o600) -> None:
         """Write atomically: a temporary name, then rename."""
         async def put():
-            tmp = path + ".part"
+            tmp = f"{path}.{secrets.token_hex(4)}.part"  # unique: two submits may send the same tree
             async with self.sftp.open(tmp, "wb", asyncssh.SFTPAttrs(permissions=mode)) as f:
                 await f.write(data)
             await self.sftp.posix_rename(tmp, path)
         await self._sftp(put())
 
     async def read_from(self, path: str, offset: int) -> bytes:
-        """The bytes of `path` from `offset` to its current end (b"" when it does not exist yet)."""
+        """Up to CHUNK bytes of `path` from `offset` (b"" at its current end, or when it does not exist yet)."""
         async def get():
             try:
                 async with self.sftp.open(path, "rb") as f:
-                    return await f.read(-1, offset)
+                    return await f.read(CHUNK, offset)
             except asyncssh.SFTPNoSuchFile:
                 return b""
         return await self._sftp(get())
 
-    async def download_tree(self, remote_dir: str, local_dir: Path) -> list[Path]:
-        """Mirror `remote_dir` into `local_dir` (regular files only); returns the files written."""
+    async def download_tree(self, remote_dir: str, local_dir: Path, skip: frozenset[str] = frozenset()) -> list[Path]:
+        """Mirror `remote_dir` into `local_dir` (regular files only, none named in `skip`);
+        returns the files written."""
         written: list[Path] = []
 
         async def walk(rdir: str, ldir: Path) -> None:
             ldir.mkdir(parents=True, exist_ok=True)
             for entry in await self.sftp.readdir(rdir):
-                if entry.filename in (".", "..") or entry.filename.endswith((".tmp", ".part")):
+                if entry.filename in (".", "..", *skip) or entry.filename.endswith((".tmp", ".part")):
                     continue
                 rpath, lpath = posixpath.join(rdir, entry.filename), ldir / entry.filename
                 if stat.S_ISDIR(entry.attrs.permissions or 0):

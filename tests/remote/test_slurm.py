@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from dsv4bench.remote import outcome
-from dsv4bench.remote.outcome import TaskFacts, task_outcome
 from dsv4bench.remote.registry import load
 from tests.remote.conftest import group_members
 from tests.remote.helpers import cli, eventually, read_remote, small_repo, status, wait_for
@@ -64,20 +63,6 @@ def test_scancel_stops_the_array(cluster):
 def test_shards_need_a_slurm_sweep(cluster, make_host):
     res = cli("remote", "submit", "cluster", "--tree", str(cluster), "--shards", "2", "--", "repro", "x")
     assert res.code == 2 and "--shards N needs a slurm host" in res.output
-
-
-@pytest.mark.parametrize("slurm, facts, want", [
-    ("PENDING", TaskFacts("task-0", "new"), outcome.QUEUED),
-    ("RUNNING", TaskFacts("task-0", "queued"), outcome.RUNNING),
-    ("TIMEOUT", TaskFacts("task-0", "running"), outcome.TIMEOUT),
-    ("CANCELLED by 1000", TaskFacts("task-0", "running"), outcome.CANCELLED),
-    ("OUT_OF_MEMORY", TaskFacts("task-0", "running"), outcome.FAIL_RUNTIME),
-    ("NODE_FAIL", TaskFacts("task-0", "running"), outcome.INFRA),
-    ("COMPLETED", TaskFacts("task-0", "running"), outcome.INFRA),  # ended without the wrapper's exit file
-    ("COMPLETED", TaskFacts("task-0", "done", rc=6, elapsed_s=3), outcome.FAIL_COMPILE),
-])
-def test_slurm_states_map_to_the_taxonomy(slurm, facts, want):
-    assert task_outcome(facts, timeout_s=60, watch_wrapper=False, slurm_state=slurm) == want
 
 
 def _log(job) -> str:

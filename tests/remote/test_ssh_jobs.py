@@ -40,6 +40,7 @@ def test_compile_only_sweep_submit_follow_fetch_report(make_host, tmp_path):
     assert (run / "results.csv").exists() and json.loads((run / "run.json").read_text())["kernel"] == "rmsnorm"
     assert "<html" in (run / "index.html").read_text().lower()
     assert "COMPILED" in (dest / "output.log").read_text()
+    assert not (dest / "job.env").exists()  # env values may be secrets: they stay on the host
     res = cli("remote", "logs", job)
     assert res.code == 0 and "COMPILED" in res.output
 
@@ -193,3 +194,13 @@ def test_unreachable_host_is_infrastructure(make_host, tmp_path, sshd):
     res = cli("remote", "submit", "loop", "--tree", str(small_repo(tmp_path / "repo", {"a": ""})), "--", "sweep", "x")
     assert res.code == outcome.EXIT_CODES[outcome.INFRA]
     assert "infrastructure: cannot reach host 'loop' (ssh loopback)" in res.output
+
+
+def test_large_log_streams_whole_and_in_order(make_host, stub_python, tmp_path):
+    make_host(python=str(stub_python / "fakepython"))
+    lines = 250_000  # 3.2 MB: several SFTP reads
+    job = submit("loop", ["bulk", str(lines)], small_repo(tmp_path / "repo", {"a": ""}))[0]
+    res = cli("remote", "logs", job.id, "--follow")
+    assert res.code == 0
+    expected = "".join(f"line {i}\n" for i in range(1, lines + 1))
+    assert res.output.startswith(expected) and res.output[len(expected):].startswith("job ")
