@@ -89,7 +89,7 @@ def sweep_cmd(
     baselines = [b.strip() for b in baseline.split(",")] if baseline else None
 
     run_dir = open_run_dir(out, kernel)
-    cases = with_regressions(kernel, family.cases(SweepOptions(examples=examples, seed=seed, filters=filters)))
+    cases = with_regressions(kernel, family.cases(SweepOptions(examples=examples, seed=seed, grid=grid, filters=filters)))
     if shard_ix:
         cases = cases[shard_ix[0]::shard_ix[1]]
     if not cases:
