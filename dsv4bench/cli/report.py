@@ -45,6 +45,8 @@ def render(run_dir: Path, against: Path | None = None, axes: tuple[str, ...] | N
         report = write_report(run_dir, against, axes, new_regressions)
     except (NotARunDir, ValueError) as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"cannot write the report into {run_dir}: {e.strerror or e}")
     if report.comparison is not None:
         print_comparison(report.comparison)
     console.print(f"report: {report.index}\n        {report.csv}  ({time.perf_counter() - t0:.1f} s)", highlight=False)

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.core.results import GOOD_STATUSES, ResultRecord
+from dsv4bench.core.results import ResultRecord
 from dsv4bench.report import plots, tables
 from dsv4bench.report.against import Comparison, compare_runs
 from dsv4bench.report.axes import heatmap_axes
@@ -23,7 +23,6 @@ INDEX = "index.html"
 class Report:
     index: Path
     csv: Path
-    failures: int
     comparison: Comparison | None
 
 
@@ -95,5 +94,4 @@ def write_report(path: str | Path, against: str | Path | None = None, axes: tupl
     tmp = index.with_suffix(".tmp")
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(index)
-    failures = sum(1 for r in run.records if r.status not in GOOD_STATUSES)
-    return Report(index, csv_path, failures, comparison)
+    return Report(index, csv_path, comparison)
