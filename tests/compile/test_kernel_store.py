@@ -152,3 +152,21 @@ def test_kernels_loaded_from_the_cache_pass_on_the_gpu(tmp_path, n, weight):
     torch.cuda.synchronize()
     ok, metrics = compare_outputs(result, data.oracle, data.lowprec, lambda name: family.tolerance_for(case, name))
     assert ok, {k: m.summary() for k, m in metrics.items()}
+
+
+def test_parallel_processes_compile_a_kernel_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = ("from dsv4bench.compile.cache import CompileCache; from dsv4bench.core.case import Case; "
+              "from dsv4bench.core.registry import get_impl; "
+              "c = Case('rmsnorm', {'m': 8, 'n': 1536, 'dtype': 'bf16', 'weight': True}); "
+              "print(CompileCache().get(get_impl('rmsnorm', 'cutedsl'), c, 'sm_90a')[1].cache)")
+    env = {**os.environ, "DSV4BENCH_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    seen = sorted(p.communicate(timeout=300)[0].strip() for p in procs)
+    assert seen == ["disk", "miss"]  # the lock makes the other wait, then load
+    store = DiskStore(tmp_path / "kernels")
+    assert len(list(store.entries())) == 1 and store.counters() == {"compiles": 1, "disk_hits": 1}
