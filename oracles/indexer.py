@@ -58,7 +58,7 @@ def indexer_weights_lowprec(x: torch.Tensor, weights_proj: Weight, head_dim: int
 
 def causal_entry_mask(positions: torch.Tensor, n_entries: int, m: int = CSA_RATIO) -> torch.Tensor:
     """§5.6: True where entry s is visible to the query at position t (s < ⌊(t+1)/m⌋). [..., n_entries]."""
-    return torch.arange(n_entries) < visible_entries(positions, m).unsqueeze(-1)
+    return torch.arange(n_entries, device=positions.device) < visible_entries(positions, m).unsqueeze(-1)
 
 
 def indexer_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor,
@@ -85,6 +85,10 @@ def indexer_topk(scores: torch.Tensor, topk: int) -> torch.Tensor:
     """§6 selection: scores [..., N] (−inf = not visible) → int64 [..., min(topk, N)], invalid picks = −1.
 
     Entry indices are local (0..N−1); add the kv offset when building attention indices (§7.1).
+    Exact ties (common: ReLU zeroes whole rows of scores) go to the lower index, deterministically,
+    so a prefill and an incremental decode select the same set.
     """
-    values, idx = scores.topk(min(topk, scores.shape[-1]), dim=-1)
+    k = min(topk, scores.shape[-1])
+    values, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+    values, idx = values[..., :k], idx[..., :k]
     return torch.where(torch.isneginf(values), torch.full_like(idx, -1), idx)

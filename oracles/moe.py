@@ -78,7 +78,7 @@ def expert_lowprec(x: torch.Tensor, w: ExpertWeights, route_weight: torch.Tensor
 
 
 def _combine(x, weights, idx, experts, shared, limit, run):
-    y = torch.zeros(x.shape, dtype=torch.float32)
+    y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in idx.unique().tolist():
         rows, slot = torch.where(idx == e)
         y[rows] += run(x[rows], experts[e], weights[rows, slot, None], limit).float()

@@ -118,3 +118,11 @@ def test_weights_and_lowprec_scores(seed):
     magnitude = torch.einsum("bshd,bnd->bshn", q.bfloat16().double(), k.bfloat16().double()).relu()
     magnitude = (magnitude * w.double().abs().unsqueeze(-1)).sum(2)
     assert torch.all((low - ref).abs()[finite] <= 5 * 2**-8 * magnitude[finite] + 1e-6)
+
+
+def test_topk_ties_go_to_the_lower_index():
+    from oracles.indexer import indexer_topk
+
+    scores = torch.tensor([[0.0, 2.0, 0.0, 0.0, 2.0, float("-inf")]])
+    assert indexer_topk(scores, 3).tolist() == [[1, 4, 0]]
+    assert indexer_topk(scores, 6).tolist() == [[1, 4, 0, 2, 3, -1]]
