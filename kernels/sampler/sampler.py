@@ -82,30 +82,33 @@ class SamplerKernel:
         thr = cute.make_tiled_copy(atom, cute.make_layout((THREADS, VEC), stride=(VEC, 1)), (1, TILE)).get_slice(tidx)
         ident = cute.make_identity_tensor(mL.shape)
 
-        bx, bg, bi = Float32(EMPTY[0]), Float32(EMPTY[1]), Int32(EMPTY[2])
-        for k in cutlass.range(self.tiles_per_split, unroll=1):
+        # Issue every load of this split first (logits, and noise unless the row is greedy), then rank.
+        cols, logits, noises = [], [], []
+        for k in cutlass.range_constexpr(self.tiles_per_split):
             tile = split * self.tiles_per_split + k
             col0 = thr.partition_S(cute.local_tile(ident, (1, TILE), (row, tile)))[0][1]
+            tLg = thr.partition_S(cute.local_tile(mL, (1, TILE), (row, tile)))
+            tNg = thr.partition_S(cute.local_tile(mN, (1, TILE), (row, tile)))
+            logit, noise = cute.make_fragment_like(tLg), cute.make_fragment_like(tNg)
+            noise.fill(1.0)
             if col0 < self.vocab:  # V % 4 == 0: a thread's vector is wholly in or out
-                tLg = thr.partition_S(cute.local_tile(mL, (1, TILE), (row, tile)))
-                logit = cute.make_fragment_like(tLg)
                 cute.copy(atom, tLg, logit)
-                x = cute.make_fragment_like(logit)
-                g = cute.make_fragment_like(logit)
-                g.fill(0.0)
-                if greedy:
-                    x.store(logit.load())
-                else:
-                    tNg = thr.partition_S(cute.local_tile(mN, (1, TILE), (row, tile)))
-                    noise = cute.make_fragment_like(tNg)
+                if not greedy:
                     cute.copy(atom, tNg, noise)
-                    for e in cutlass.range_constexpr(VEC):
-                        x[e] = logit[e] / t_eff
-                        g[e] = cute.math.log(noise[e])
+            cols.append(col0)
+            logits.append(logit)
+            noises.append(noise)
+
+        bx, bg, bi = Float32(EMPTY[0]), Float32(EMPTY[1]), Int32(EMPTY[2])
+        for k in cutlass.range_constexpr(self.tiles_per_split):
+            if cols[k] < self.vocab:
                 for e in cutlass.range_constexpr(VEC):
-                    take = better(x[e], g[e], col0 + e, bx, bg, bi)
-                    bx, bg = cutlass.select_(take, x[e], bx), cutlass.select_(take, g[e], bg)
-                    bi = cutlass.select_(take, col0 + e, bi)
+                    x, g = logits[k][e], Float32(0.0)
+                    if not greedy:
+                        x, g = x / t_eff, cute.math.log(noises[k][e])
+                    take = better(x, g, cols[k] + e, bx, bg, bi)
+                    bx, bg = cutlass.select_(take, x, bx), cutlass.select_(take, g, bg)
+                    bi = cutlass.select_(take, cols[k] + e, bi)
 
         bx, bg, bi = warp_argmax(bx, bg, bi)
         smem = utils.SmemAllocator()
