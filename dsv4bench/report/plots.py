@@ -55,7 +55,8 @@ def error_heatmap(records: list[ResultRecord], x: str, y: str | None, title: str
     fig = Figure(figsize=(12, max(3.2, 0.32 * len(ys) + 1.8) if grid else 4.6))
     axes = fig.subplots(1, 2)
     rels = [c[1] for c in cells.values() if c[1] > 0]
-    rel_norm = LogNorm(min(rels), max(max(rels), min(rels) * 10)) if rels else Normalize(0, 1)
+    # a decade below the smallest non-zero error, where exact zeros sit
+    rel_norm = LogNorm(min(rels) / 10, max(rels)) if rels else Normalize(0, 1)
     for ax, idx, norm, cmap, label in ((axes[0], 0, RATIO_NORM, "RdYlGn_r", "max|err| / bound (pass <= 1)"),
                                        (axes[1], 1, rel_norm, "viridis", "relative L2 error")):
         if grid:
@@ -72,8 +73,9 @@ def error_heatmap(records: list[ResultRecord], x: str, y: str | None, title: str
 def _grid(fig, ax, cells, xs, ys, idx, norm, cmap, label) -> None:
     values = [[cells[(xv, yv)][idx] if (xv, yv) in cells else math.nan for xv in xs] for yv in ys]
     cmap = matplotlib.colormaps[cmap].with_extremes(bad="#eeeeee")
-    masked = [[math.nan if (v != v or (idx == 1 and v <= 0)) else v for v in row] for row in values]
-    im = ax.imshow(masked, cmap=cmap, norm=norm, aspect="auto", origin="lower")
+    # an exact zero error takes the lowest colour (a log scale would otherwise show it as "no case")
+    shown = [[max(v, norm.vmin) if v == v and v <= 0 else v for v in row] for row in values]
+    im = ax.imshow(shown, cmap=cmap, norm=norm, aspect="auto", origin="lower")
     fig.colorbar(im, ax=ax, label=label)
     ax.set_xticks(range(len(xs)), [str(v) for v in xs], rotation=60, fontsize=7)
     ax.set_yticks(range(len(ys)), [str(v) for v in ys], fontsize=7)
