@@ -59,9 +59,9 @@ async def ensure_tree(remote: Remote, pack: Pack) -> tuple[str, bool]:
     tree = remote.path("trees", pack.tree_id)
     if await remote.exists(posixpath.join(tree, ".complete")):
         return tree, False
-    blob = remote.path("trees", pack.blob_name)
+    staging = f"{tree}.{new_job_id()}"  # unique: another submit may be sending the same tree
+    blob = staging + ".tar.gz"
     await remote.write(blob, pack.data)
-    staging = f"{tree}.{new_job_id()}"
     script = ('set -e; mkdir -p "$2"; tar -xzf "$1" -C "$2"; : > "$2/.complete"; '
               'mv -T "$2" "$3" 2>/dev/null || rm -rf -- "$2"; rm -f -- "$1"')
     await remote.run(["bash", "-c", script, "extract", blob, staging, tree])
@@ -111,6 +111,8 @@ async def task_facts(remote: Remote, record: JobRecord) -> list[TaskFacts]:
 
 
 async def status(remote: Remote, record: JobRecord) -> JobStatus:
+    # Slurm's view first, then the task files: a task Slurm calls COMPLETED has written its exit file.
+    states = await slurm.task_states(remote, record.slurm_id) if record.slurm_id else {}
     facts = {f.name: f for f in await task_facts(remote, record)}
     timeout_s = record.host.timeout_s
     if record.slurm_id is None:
@@ -118,7 +120,6 @@ async def status(remote: Remote, record: JobRecord) -> JobStatus:
         tasks = {name: outcome.INFRA if f.state == "new" and never_started
                  else outcome.task_outcome(f, timeout_s, watch_wrapper=True) for name, f in facts.items()}
     else:
-        states = await slurm.task_states(remote, record.slurm_id)
         tasks = {}
         for i in range(record.tasks):
             name = f"task-{i}"

@@ -25,10 +25,6 @@ class Pack:
     data: bytes  # .tar.gz
     manifest: dict  # commit, dirty flag, file count
 
-    @property
-    def blob_name(self) -> str:
-        return f"{self.tree_id}.tar.gz"
-
 
 def _git(root: Path, *args: str) -> str:
     try:

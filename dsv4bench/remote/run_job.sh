@@ -61,6 +61,9 @@ run() {
     if [ -e cancelled ]; then put exit "130 0"; put state done; return; fi
     put state running
     start=$(now)
+    # TERM to the wrapper (Slurm's --signal=B:TERM, a shutdown) stops the job's group, then records.
+    # (The job itself starts with default handlers: bash resets caught signals in subshells.)
+    trap 'stopping=1' TERM INT HUP
     # setsid: a new session whose id is the job's process group; its leader writes pgid first.
     (cd out && exec setsid -w bash -c '
         printf "%s\n" "$$" > ../pgid.tmp && mv -f ../pgid.tmp ../pgid
@@ -69,8 +72,6 @@ run() {
         exec timeout -k "$1" "$2" "$3" -m dsv4bench "${@:4}"' \
         job "$SETUP" "$GRACE_S" "$TIMEOUT_S" "$PYTHON" "$@") </dev/null >>output.log 2>&1 &
     child=$!
-    # TERM to the wrapper (Slurm's --signal=B:TERM, a shutdown) stops the job's group, then records.
-    trap 'stopping=1' TERM INT HUP
     wait "$child"
     rc=$?
     if [ -n "$stopping" ]; then
