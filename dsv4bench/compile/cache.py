@@ -29,7 +29,6 @@ from dsv4bench.compile.recorder import Recording, recording
 from dsv4bench.compile.store import CorruptEntry, DiskStore
 
 ENV_NO_CACHE = "DSV4BENCH_NO_KERNEL_CACHE"
-FUNCTION = "dsv4bench_kernel"
 OBJECT, CUBIN, PTX = "kernel.o", "kernel.cubin", "kernel.ptx"
 
 
@@ -81,27 +80,28 @@ def compile_recorded(impl, case, arch: str):
 class LoadedKernel:
     """A kernel loaded from its exported object: called like the compiled one, positionally."""
 
-    def __init__(self, module, cubin: bytes | None):
+    def __init__(self, module, function: str, cubin: bytes | None):
         self.module = module  # keeps the loaded object alive as long as the function
-        self.function = getattr(module, FUNCTION)
+        self.function = getattr(module, function)
         self.__cubin__ = cubin
 
     def __call__(self, *args):
         return self.function(*args)
 
 
-def load_kernel(paths: dict[str, Path]) -> LoadedKernel:
+def load_kernel(paths: dict[str, Path], function: str) -> LoadedKernel:
     import cutlass.cute as cute
 
     module = cute.runtime.load_module(str(paths[OBJECT]), enable_tvm_ffi=True)
-    return LoadedKernel(module, paths[CUBIN].read_bytes() if CUBIN in paths else None)
+    return LoadedKernel(module, function, paths[CUBIN].read_bytes() if CUBIN in paths else None)
 
 
-def export(compiled) -> dict[str, bytes]:
-    """The payloads of an entry: the TVM-FFI object, and the cubin / PTX the compile kept."""
+def export(compiled, function: str) -> dict[str, bytes]:
+    """The payloads of an entry: the TVM-FFI object exposing `function`, and the cubin / PTX the
+    compile kept."""
     with tempfile.TemporaryDirectory(prefix="dsv4bench-export-") as tmp:
         path = Path(tmp) / OBJECT
-        compiled.export_to_c(str(path), function_name=FUNCTION)
+        compiled.export_to_c(str(path), function_name=function)
         payloads = {OBJECT: path.read_bytes()}
     for name, attr in ((CUBIN, "__cubin__"), (PTX, "__ptx__")):
         blob = artifact(compiled, attr)
@@ -143,7 +143,9 @@ class CompileCache:
         return compiled, info, rec
 
     def _through_disk(self, impl, case, arch, key):
-        entry = self.store.entry(impl.family, impl.name, entry_id(impl, key))
+        ident = entry_id(impl, key)
+        function = f"dsv4bench_{ident[:16]}"  # one symbol per kernel, however many are loaded
+        entry = self.store.entry(impl.family, impl.name, ident)
         with self.store.lock(entry):
             t0 = time.perf_counter()
             note = ""
@@ -151,7 +153,7 @@ class CompileCache:
                 found = self.store.read(entry)
                 if found:
                     meta, paths = found
-                    kernel = load_kernel(paths)
+                    kernel = load_kernel(paths, meta["function"])
                     self.store.bump("disk_hits")
                     return kernel, self._info_from(meta, time.perf_counter() - t0)
             except Exception as e:  # verification failed, or the object would not load
@@ -163,14 +165,14 @@ class CompileCache:
             compiled, info, rec = self._compile(impl, case, arch, "rebuilt" if note else "miss")
             info.note = note
             try:
-                payloads = export(compiled)
+                payloads = export(compiled, function)
             except Exception as e:  # not exportable (not TVM-FFI): memory only
                 info.note = (note + "; " if note else "") + f"not stored: {type(e).__name__}: {str(e)[:120]}"
                 return compiled, info
             self.store.write(entry, payloads, {
                 "family": impl.family, "impl": impl.name, "arch": arch, "key": repr(key),
                 "case": case.to_json(), "fingerprint": fingerprint(type(impl).__module__), "versions": versions(),
-                "function": FUNCTION, "compile": info.to_json(), "recording": rec.to_json(), "created": time.time(),
+                "function": function, "compile": info.to_json(), "recording": rec.to_json(), "created": time.time(),
             })
             self.store.bump("compiles")
             info.seconds = time.perf_counter() - t0  # what this get cost: compile + export + write
