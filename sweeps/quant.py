@@ -5,7 +5,7 @@ Where each shape comes from (spec §1.1, §2.3-§2.6, §5.5, §6, §8.3):
   routed w1/w3); q_lora 1024 / 1536 (wq_b); moe_inter 2048 / 3072 (w2); G·o_lora 8192 / 16384 (wo_b).
 - fp8 / 64 (KV-cache QAT): the 448 NoPE dims of a 512-wide kv row (a column slice, row stride 512).
 - mxfp4 / 32 after Hadamard-128 (indexer): q rows = tokens × 64 heads; compressed keys rows = tokens / 4.
-Rows: decode 64 tokens, prefill 4096 tokens, and a ragged 1001.
+Rows: decode 64 tokens, prefill 4096 tokens, a ragged 1001, and one long 16384-token chunk.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from sweeps.common import draw, tile_counts
 
 DECODE, PREFILL, RAGGED = 64, 4096, 1001
+LONG_PREFILL = 16384  # a long prefill chunk: the steady-state bandwidth, call overhead amortised
 INDEXER_HEADS = 64
 FP8_GEMM_WIDTHS = (1024, 1536, 2048, 3072, 4096, 7168, 8192, 16384)
 KV_NOPE, KV_ROW = 448, 512
@@ -30,7 +31,7 @@ def mxfp4(m: int, n: int = 128, rotate: bool = True) -> dict:
 
 def production() -> list[dict]:
     cases = [fp8(m, n) for n in FP8_GEMM_WIDTHS for m in (DECODE, PREFILL)]
-    cases += [fp8(RAGGED, 7168), fp8(RAGGED, 1536)]
+    cases += [fp8(RAGGED, 7168), fp8(RAGGED, 1536), fp8(LONG_PREFILL, 7168)]
     cases += [fp8(m, KV_NOPE, 64, KV_ROW) for m in (DECODE, PREFILL, RAGGED)]
     cases += [mxfp4(t * INDEXER_HEADS) for t in (DECODE, PREFILL)]  # indexer q
     cases += [mxfp4(m) for m in (PREFILL // 4, RAGGED)]  # indexer compressed keys
