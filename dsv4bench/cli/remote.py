@@ -105,7 +105,13 @@ def submit_cmd(
 
 
 def _follow(record: registry.JobRecord, task: Optional[int]) -> None:
-    status = _run(logs.stream(record, sys.stdout.buffer, follow=True, task=task))
+    sys.stdout.flush()
+    try:
+        status = _run(logs.stream(record, sys.stdout.buffer, follow=True, task=task))
+    except KeyboardInterrupt:
+        console.print(f"[yellow]stopped following[/]; job {record.id} goes on "
+                      f"(`dsv4bench remote logs {record.id} --follow` resumes, `remote cancel` stops it)")
+        raise typer.Exit(130)
     _print_status(record, status)
     raise typer.Exit(status.exit_code)
 

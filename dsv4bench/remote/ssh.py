@@ -48,7 +48,9 @@ class Remote:
             self.workdir = await self._absolute(self.host.workdir)
         except (OSError, asyncssh.Error) as e:
             await self.close()
-            raise InfraError(f"cannot reach host '{self.host.name}' (ssh {self.host.ssh}): {_describe(e)}") from None
+            hint = "; check its key, or connect once with `ssh` to record it" \
+                if isinstance(e, asyncssh.HostKeyNotVerifiable) else ""
+            raise InfraError(f"cannot reach host '{self.host.name}' (ssh {self.host.ssh}): {_describe(e)}{hint}") from None
         return self
 
     async def __aexit__(self, *exc) -> None:
