@@ -127,6 +127,15 @@ def _attr(obj, name: str):
         return None
 
 
+def _iterator_text(iterator) -> str:
+    """ptr<dtype, space, align, swizzle>, a TMA coordinate basis, or the type of an IR value (an
+    smem descriptor) rather than its printed operation."""
+    text = str(iterator)
+    if text.startswith("OpResult("):
+        return str(_attr(iterator, "type") or text.rsplit("->", 1)[-1].strip(" )"))
+    return text
+
+
 def describe(obj) -> tuple[str, dict[str, str]]:
     """(kind, fields) for a CuTe object: tensors get their layout (shape:stride), dtype, memory and
     swizzle; layouts their printed form (with the swizzle of a composed one); tiled MMAs and copies
@@ -140,7 +149,7 @@ def describe(obj) -> tuple[str, dict[str, str]]:
         memspace = _attr(obj, "memspace")
         if memspace is not None:
             fields["memory"] = str(memspace).rsplit(".", 1)[-1]
-        fields["iterator"] = str(iterator)  # ptr<dtype, space, align, swizzle>, or a TMA coordinate basis
+        fields["iterator"] = _iterator_text(iterator)
         swizzle = SWIZZLE.search(fields["iterator"] + fields["layout"])
         if swizzle:
             fields["swizzle"] = swizzle.group(0)
