@@ -27,6 +27,7 @@ from dsv4bench.remote.ssh import InfraError, Remote
 
 
 START_GRACE_S = 60  # a wrapper that has not written its pid by then never started (see wrapper.log)
+TREE_MIN_AGE_MIN = 60
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ async def ensure_tree(remote: Remote, pack: Pack) -> tuple[str, bool]:
     """Make trees/<tree_id>/ exist on the host; returns its path and whether the tarball was sent."""
     tree = remote.path("trees", pack.tree_id)
     if await remote.exists(posixpath.join(tree, ".complete")):
+        await remote.touch(tree)  # in use again: not stale for `prune`
         return tree, False
     staging = f"{tree}.{new_job_id()}"  # unique: another submit may be sending the same tree
     blob = staging + ".tar.gz"
@@ -96,13 +98,25 @@ async def submit(host: HostConfig, pack: Pack, argv: list[str], tasks: int = 1) 
 
 
 async def prune(remote: Remote, keep: int, current: str) -> None:
-    """Remove the oldest finished job directories beyond `keep` (ids sort by time)."""
-    jobs = sorted(n for n in await remote.sftp.listdir(remote.path("jobs")) if n not in (".", "..", current))
+    """Remove the oldest finished job directories beyond `keep` (ids sort by time), then the trees
+    that no remaining job uses and that were not extracted in the last TREE_MIN_AGE_MIN (a submit
+    running beside this one may have just extracted its tree)."""
+    jobs = sorted(n for n in await remote.listdir(remote.path("jobs")) if n != current)
     old = jobs[:max(0, len(jobs) - keep)]
-    done = [remote.path("jobs", n) for n in old if await remote.exists(remote.path("jobs", n, "exit"))
-            or await remote.exists(remote.path("jobs", n, "task-0", "exit"))]
-    if done:
-        await remote.run(["rm", "-rf", "--", *done])
+    done = {n for n in old if await remote.exists(remote.path("jobs", n, "exit"))
+            or await remote.exists(remote.path("jobs", n, "task-0", "exit"))}
+    used = set()
+    for n in [*jobs, current]:
+        if n not in done:
+            meta = await remote.read_from(remote.path("jobs", n, "job.json"), 0)
+            used.add(json.loads(meta or b"{}").get("tree", {}).get("tree_id"))
+    trees = remote.path("trees")
+    settled = (await remote.run(["find", trees, "-mindepth", "1", "-maxdepth", "1", "-type", "d", "-mmin",
+                                 f"+{TREE_MIN_AGE_MIN}", "-printf", "%f\\n"])).stdout.split()
+    stale = [posixpath.join(trees, n) for n in settled if "." not in n and n not in used]  # "." : staging
+    doomed = [remote.path("jobs", n) for n in sorted(done)] + stale
+    if doomed:
+        await remote.run(["rm", "-rf", "--", *doomed])
 
 
 async def task_facts(remote: Remote, record: JobRecord) -> list[TaskFacts]:

@@ -88,6 +88,12 @@ class Remote:
         survives the connection."""
         await self.run(["sh", "-c", f'{command(argv, cwd)} </dev/null >>"$0" 2>&1 &', log])
 
+    async def listdir(self, path: str) -> list[str]:
+        return [n for n in await self._sftp(self.sftp.listdir(path)) if n not in (".", "..")]
+
+    async def touch(self, path: str) -> None:
+        await self._sftp(self.sftp.utime(path))
+
     async def exists(self, path: str) -> bool:
         return await self._sftp(self.sftp.exists(path))
 

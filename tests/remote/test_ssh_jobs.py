@@ -182,9 +182,16 @@ def test_cancel_queued_job_and_prune_old_jobs(make_host, stub_python, tmp_path):
     assert status(queued).outcome == outcome.CANCELLED
     eventually(lambda: group_members(waiter) == [], timeout_s=5)  # the wrapper and its flock are gone
     assert cli("remote", "cancel", holder.id).code == 0
+    trees = Path(holder.remote_dir).parents[1] / "trees"
+    two_hours_ago = time.time() - 7200
+    for name in ("0ld", "fresh", holder.tree_id):
+        (trees / name).mkdir(exist_ok=True)
+        if name != "fresh":
+            os.utime(trees / name, (two_hours_ago, two_hours_ago))
     last = submit("loop", ["exit", "0"], repo)[0]
     jobs_dir = Path(last.remote_dir).parent
     assert sorted(p.name for p in jobs_dir.iterdir()) == [queued.id, last.id]  # keep_jobs=1 plus the new one
+    assert sorted(p.name for p in trees.iterdir()) == sorted(["fresh", last.tree_id])  # old and unused: gone
 
 
 def test_unreachable_host_is_infrastructure(make_host, tmp_path, sshd):
