@@ -29,6 +29,7 @@ BUILTIN_FAMILY_MODULES = [
     "kernels.quant.family",
     "kernels.router.family",
     "kernels.sampler.family",
+    "kernels.fmha.family",
 ]
 
 

@@ -2,20 +2,26 @@
 
 One formulation covers DSV4 sparse attention (CSA top-k + window, HCA, SWA-only) and the general
 dense FMHA sweep: each CTA owns a block of query rows and walks a list of key indices
-`idx[block, :]` (-1 = invalid) in tiles of `n_block` keys. Dense causal / sliding-window masks are
-the same list (the block's key range) plus a positional mask evaluated in registers.
+`idx[block, :len[block]]` (-1 = invalid) in tiles of `n_block` keys. Dense causal / sliding-window
+masks are the same list (the block's key range) plus a positional mask evaluated in registers.
 
 CTA geometry (rows of the M tile = (query token, head) pairs, heads fastest):
   * `hb` heads of one kv group times `tq` query tokens fill the M tile (64 or 128 rows). MQA / GQA
     decode packs all heads of a token into M; per-token index lists force tq = 1.
-  * Warpgroups: `n_mrow` row blocks of 64 x `n_dsplit` slices of the value dim. At dv = 512 the
-    PV accumulator (64 x 512 fp32 = 256 registers/thread) does not fit one warpgroup, so two
-    warpgroups each own a 256-wide slice of O; both compute the same S = Q K^T.
-  * Keys: all threads gather the next tile's kv rows with 16-byte cp.async into a swizzled smem
-    stage (double buffered) while the warpgroups run QK wgmma -> masked online softmax (exp2,
-    fp32) -> PV wgmma (P from registers, V from smem read MN-major). When K is V (the DSV4 latent)
-    one smem tile serves both GEMMs: V^T is a transposed view of the K tile.
-  * Epilogue: O /= (row_sum + exp(sink - row_max)), bf16 to global; natural-log LSE (sink-free).
+  * Warp specialization: one producer warpgroup gathers kv rows with 16-byte cp.async into
+    swizzled smem stages (an mbarrier pipeline: cp.async.mbarrier.arrive marks a stage full, the
+    consumers' arrivals mark it empty); `n_mrow x n_dsplit` consumer warpgroups run the math.
+  * d <= 256: two consumer warpgroups own 64 rows each, the full head dim; they drift freely, so
+    one's softmax overlaps the other's wgmma.
+  * dv = 512: the PV accumulator (64 x 512 fp32 = 256 registers/thread) does not fit one
+    warpgroup, so two warpgroups share 64 rows, each owning a 256-wide slice of O. S = Q K^T is
+    split along d as well: each computes the partial over its half of d and the two fp32
+    partials are exchanged through smem (named barriers), so no QK work is duplicated.
+  * Per tile: QK wgmma -> masked online softmax (exp2, fp32) -> PV wgmma (P from registers, V from
+    smem read MN-major). When K is V (the DSV4 latent) one smem tile serves both GEMMs: V^T is a
+    transposed view of the K tile.
+  * Epilogue: O /= (row_sum + exp(sink - row_max)), staged through smem (the Q buffer) and written
+    with 16-byte stores; natural-log LSE (sink-free).
 
 Loops over key tiles are runtime loops (`cutlass.range(..., unroll=1)`); only MMA k-blocks and the
 per-thread copy/softmax bodies are unrolled, so compile time stays flat in head_dim.
@@ -34,9 +40,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
+from dsv4bench.compile.recorder import record
+
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-SMEM_BUDGET = 200 * 1024  # bytes this kernel may use (H100: 227 KiB per CTA)
+SMEM_BUDGET = 220 * 1024  # bytes this kernel may use (H100: 227 KiB per CTA)
+REGS_PRODUCER, REGS_CONSUMER = 40, 232  # setmaxnreg split of 3 x 128 threads (<= 64K registers)
+BAR_XCHG_S1, BAR_XCHG_S0, BAR_EPILOGUE, BAR_PRODUCER = 1, 2, 3, 4  # named barriers (0 = __syncthreads)
 
 
 @dataclass(frozen=True)
@@ -55,8 +65,10 @@ class Config:
             raise ValueError(f"head_dim {self.d} unsupported (multiple of 64 in 64..512)")
         if self.dv % 64 or not 64 <= self.dv <= 512 or (self.dv > 256 and self.dv % 256):
             raise ValueError(f"value dim {self.dv} unsupported (64..256 step 64, or 512)")
-        if self.kv_shared and self.d != self.dv:
-            raise ValueError("kv_shared needs d == dv")
+        if self.d != self.dv:
+            raise ValueError("this kernel needs d == dv (O is staged in the Q buffer)")
+        if self.n_dsplit > 1 and self.d % (64 * self.n_dsplit):
+            raise ValueError("split QK needs d divisible by 64 per warpgroup")
 
     @property
     def n_dsplit(self) -> int:
@@ -75,8 +87,12 @@ class Config:
         return 64 * self.n_mrow
 
     @property
+    def n_consumer_wg(self) -> int:
+        return self.n_mrow * self.n_dsplit
+
+    @property
     def threads(self) -> int:
-        return 128 * self.n_mrow * self.n_dsplit
+        return 128 * (self.n_consumer_wg + 1)
 
     @property
     def hb(self) -> int:
@@ -98,7 +114,8 @@ class Config:
 
     def smem_bytes(self, n_block: int) -> int:
         kv_row = self.d + (0 if self.kv_shared else self.dv)
-        return 2 * (self.m_cta * self.d + self.stages * n_block * kv_row) + 4 * self.stages * n_block
+        xchg = 4 * 64 * n_block if self.n_dsplit > 1 else 0
+        return 2 * (self.m_cta * self.d + self.stages * n_block * kv_row) + 4 * self.stages * n_block + xchg
 
     @property
     def n_block(self) -> int:
@@ -143,10 +160,6 @@ def _quad_allreduce(x: cutlass.Float32, op) -> cutlass.Float32:
 class GatherAttentionSm90:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.layouts: dict[str, str] = {}  # name -> traced layout, for `dsv4bench layouts`
-
-    def _record(self, name: str, obj) -> None:
-        self.layouts[name] = cute.pretty_str(obj) if not isinstance(obj, str) else obj
 
     @cute.jit
     def __call__(
@@ -155,6 +168,7 @@ class GatherAttentionSm90:
         mK: cute.Tensor,  # (s_kv, h_kv, d, B) bf16
         mV: cute.Tensor,  # (s_kv, h_kv, dv, B) bf16 (ignored when kv_shared)
         mIdx: cute.Tensor,  # (rows, n, B) int32: rows = s_q (per token) or query blocks
+        mLen: cute.Tensor,  # (rows, B) int32: slots of each row's list to visit (<= n)
         mSink: cute.Tensor,  # (h_q,) fp32 logits; -inf where a head has no sink
         mO: cute.Tensor,  # (s_q, h_q, dv, B) bf16
         mLse: cute.Tensor,  # (s_q, h_q, B) fp32
@@ -177,16 +191,19 @@ class GatherAttentionSm90:
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (c.m_cta, n, c.d), dt, 1)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, n, c.d), dt, c.stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (64, c.dv, n), dt, c.stages)
-        self._record("config", str(c) + f" n_block={n} threads={c.threads}")
-        self._record("tiled_mma_qk", str(qk_mma))
-        self._record("tiled_mma_pv", str(pv_mma))
-        self._record("smem_q", sQ_layout)
-        self._record("smem_k", sK_layout)
-        self._record("smem_v", sV_layout)
+        record("config", f"{c} n_block={n} threads={c.threads} hb={c.hb} tq={c.tq}")
+        record("tiled MMA S = Q K^T (per warpgroup)", qk_mma)
+        record("tiled MMA O += P V (per warpgroup, P from registers)", pv_mma)
+        record("smem Q (rows, d) K-major", sQ_layout)
+        record("smem K stages (keys, d, stage) K-major", sK_layout)
+        if cutlass.const_expr(not c.kv_shared):
+            record("smem V^T stages (dv, keys, stage) MN-major", sV_layout)
 
         @cute.struct
         class Storage:
+            bars: cute.struct.MemRange[cutlass.Int64, 2 * c.stages + 1]
             sIdx: cute.struct.MemRange[cutlass.Int32, c.stages * n]
+            sX: cute.struct.MemRange[cutlass.Float32, 64 * n if c.n_dsplit > 1 else 1]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[
@@ -196,55 +213,38 @@ class GatherAttentionSm90:
         n_rows = cute.size(mIdx, mode=[0])
         grid = (n_rows, cute.size(mK, mode=[1]) * c.n_hblk, cute.size(mQ, mode=[3]))
         self.kernel(
-            mQ, mK, mV, mIdx, mSink, mO, mLse, scale_log2, causal_off, window,
+            mQ, mK, mV, mIdx, mLen, mSink, mO, mLse, scale_log2, causal_off, window,
             qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout, Storage,
         ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     @cute.jit
-    def _load_tile(self, kt, stage, atom_g2s, mIdx, mK, mV, sIdx, sK, sVt, blk, bidx, kvh, n_idx, s_kv):
-        """Gather key tile kt (its kv rows and its indices) into smem stage `stage` (cp.async)."""
+    def _copy_q(self, atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx):
+        """Producer: the CTA's Q rows, row r = (token tok0 + r // hb, head head0 + r % hb); rows past
+        the end (or past the kv group) read row 0 and are never stored."""
         c = self.cfg
-        n = c.n_block
-        tidx, _, _ = cute.arch.thread_idx()
         cpr = c.d // 8  # 16-byte chunks per row
-        rpp = c.threads // cpr  # rows per pass
-        chunk = tidx % cpr
-        row_in_pass = tidx // cpr
-        base = kt * n
-        if tidx < n:
-            j = base + tidx
-            v = cutlass.Int32(-1)
-            if j < n_idx:
-                v = mIdx[blk, j, bidx]
-            if v >= s_kv:
-                v = cutlass.Int32(-1)
-            sIdx[tidx, stage] = v
-        for p in cutlass.range_constexpr(n // rpp):
-            r = p * rpp + row_in_pass
-            j = base + r
-            v = cutlass.Int32(0)
-            if j < n_idx:
-                v = mIdx[blk, j, bidx]
-            if (v < 0) | (v >= s_kv):
-                v = cutlass.Int32(0)  # invalid keys read a real row; their P is exactly 0
-            g = cute.local_tile(mK[v, kvh, None, bidx], (8,), (chunk,))
-            s = cute.local_tile(sK[r, None, stage], (8,), (chunk,))
-            cute.copy(atom_g2s, g, s)
-        if cutlass.const_expr(not c.kv_shared):
-            cpr_v = c.dv // 8
-            rpp_v = c.threads // cpr_v
-            chunk_v = tidx % cpr_v
-            for p in cutlass.range_constexpr(n // rpp_v):
-                r = p * rpp_v + tidx // cpr_v
-                j = base + r
-                v = cutlass.Int32(0)
-                if j < n_idx:
-                    v = mIdx[blk, j, bidx]
-                if (v < 0) | (v >= s_kv):
-                    v = cutlass.Int32(0)
-                g = cute.local_tile(mV[v, kvh, None, bidx], (8,), (chunk_v,))
-                s = cute.local_tile(sVt[None, r, stage], (8,), (chunk_v,))
-                cute.copy(atom_g2s, g, s)
+        rpp = 128 // cpr  # rows per pass of the 128 producer threads
+        chunk = ptid % cpr
+        for p in cutlass.range_constexpr(c.m_cta // rpp):
+            r = p * rpp + ptid // cpr
+            tok = tok0 + r // c.hb
+            hl = r % c.hb
+            ok = (tok < s_q) & (head0 + hl - kvh * c.hpg < c.hpg) & (r < c.hb * c.tq)
+            src = mQ[tok if ok else 0, head0 + hl if ok else 0, None, bidx]
+            cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(sQ[r, None], (8,), (chunk,)))
+
+    @cute.jit
+    def _copy_kv(self, atom, sIdx, mT, dst, width: int, ptid, stage, kvh, bidx):
+        """Producer: gather the tile's kv rows (keys from sIdx[:, stage]) into dst (keys, width).
+        Invalid slots (-1) read row 0: the consumers mask them, so their P is exactly 0."""
+        n = self.cfg.n_block
+        cpr = width // 8
+        rpp = 128 // cpr
+        chunk = ptid % cpr
+        for p in cutlass.range(n // rpp, unroll=4):
+            r = p * rpp + ptid // cpr
+            src = mT[cutlass.max(sIdx[r, stage], 0), kvh, None, bidx]
+            cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(dst[r, None], (8,), (chunk,)))
 
     @cute.kernel
     def kernel(
@@ -253,6 +253,7 @@ class GatherAttentionSm90:
         mK: cute.Tensor,
         mV: cute.Tensor,
         mIdx: cute.Tensor,
+        mLen: cute.Tensor,
         mSink: cute.Tensor,
         mO: cute.Tensor,
         mLse: cute.Tensor,
@@ -268,18 +269,23 @@ class GatherAttentionSm90:
     ):
         c = self.cfg
         n = c.n_block
+        S = c.stages
         tidx, _, _ = cute.arch.thread_idx()
         blk, hblk_all, bidx = cute.arch.block_idx()
+        wg = cute.arch.make_warp_uniform(tidx // 128)
         kvh = hblk_all // c.n_hblk
         head0 = kvh * c.hpg + (hblk_all % c.n_hblk) * c.hb  # first query head of this CTA
         s_q = cute.size(mQ, mode=[0])
         s_kv = cute.size(mK, mode=[0])
-        n_idx = cute.size(mIdx, mode=[1])
+        n_idx = mLen[blk, bidx]
+        n_tiles = cutlass.max((n_idx + n - 1) // n, 1)  # >= 1: an empty list is one all-masked tile
         tok0 = blk * c.tq
 
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
-        sIdx = st.sIdx.get_tensor(cute.make_layout((n, c.stages)))
+        bars = st.bars.data_ptr()  # full[0..S), empty[S..2S), q_full[2S]
+        sIdx = st.sIdx.get_tensor(cute.make_layout((n, S)))
+        sX = st.sX.get_tensor(cute.make_layout((128, 64 * n // 128)))
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         if cutlass.const_expr(c.kv_shared):
@@ -288,32 +294,64 @@ class GatherAttentionSm90:
         else:
             sVt = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        # ---------------- gather producer: every thread copies 16-byte chunks ----------------
-        atom_g2s = cute.make_copy_atom(cpasync.CopyG2SOp(), mQ.element_type, num_bits_per_copy=128)
-        cpr = c.d // 8  # 16-byte chunks per row
-        rpp = c.threads // cpr  # rows per pass
-        chunk = tidx % cpr
-        row_in_pass = tidx // cpr
+        if tidx == 0:
+            for i in cutlass.range_constexpr(S):
+                cute.arch.mbarrier_init(bars + i, 2 * 128)  # producer: cp.async arrive + idx-store arrive
+                cute.arch.mbarrier_init(bars + S + i, 128 * c.n_consumer_wg)
+            cute.arch.mbarrier_init(bars + 2 * S, 128)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
 
-        # Q rows: row r -> (token tok0 + r // hb, head head0 + r % hb); out-of-range rows read row 0.
-        for p in cutlass.range_constexpr(c.m_cta // rpp):
-            r = p * rpp + row_in_pass
-            tok = tok0 + r // c.hb
-            hl = r % c.hb
-            ok = (tok < s_q) & (hl + head0 - kvh * c.hpg < c.hpg) & (r < c.hb * c.tq)
-            src_t = tok if ok else 0
-            src_h = head0 + hl if ok else 0
-            g = cute.local_tile(mQ[src_t, src_h, None, bidx], (8,), (chunk,))
-            s = cute.local_tile(sQ[r, None], (8,), (chunk,))
-            cute.copy(atom_g2s, g, s)
+        if wg == c.n_consumer_wg:
+            # ---------------- producer warpgroup: gather Q once, then kv tiles ----------------
+            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
+            ptid = tidx - 128 * c.n_consumer_wg
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(), mQ.element_type, num_bits_per_copy=128)
+            self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
+            cute.arch.cp_async_mbarrier_arrive_noinc(bars + 2 * S)
+            # the tile's key indices go through smem (one global load per slot, issued a tile ahead),
+            # so the row copies never wait on a dependent global load
+            n_slots = cute.size(mIdx, mode=[1])
+            v_next = mIdx[blk, cutlass.min(ptid, n_slots - 1), bidx]
+            for kt in cutlass.range(n_tiles, unroll=1):
+                stage = kt % S
+                j = kt * n + ptid
+                v = v_next
+                if (j >= n_idx) | (v >= s_kv) | (v < 0):
+                    v = cutlass.Int32(-1)
+                v_next = mIdx[blk, cutlass.min(j + n, n_slots - 1), bidx]
+                cute.arch.mbarrier_wait(bars + S + stage, ((kt // S) & 1) ^ 1)
+                if ptid < n:
+                    sIdx[ptid, stage] = v
+                cute.arch.barrier(barrier_id=BAR_PRODUCER, number_of_threads=128)
+                self._copy_kv(atom, sIdx, mK, sK[None, None, stage], c.d, ptid, stage, kvh, bidx)
+                if cutlass.const_expr(not c.kv_shared):
+                    sV_rows = cute.make_tensor(sVt.iterator, cute.select(sVt.layout, mode=[1, 0, 2]))
+                    self._copy_kv(atom, sIdx, mV, sV_rows[None, None, stage], c.dv, ptid, stage, kvh, bidx)
+                cute.arch.cp_async_mbarrier_arrive_noinc(bars + stage)
+                cute.arch.mbarrier_arrive(bars + stage)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+        else:
+            # ---------------- consumer warpgroups ----------------
+            cute.arch.setmaxregister_increase(REGS_CONSUMER)
+            self._consume(
+                mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, sQ, sK, sVt, sIdx, sX,
+                bars, wg, tidx % 128, n_tiles, tok0, head0, kvh, s_q, bidx,
+            )
 
-        # ---------------- consumer warpgroup setup ----------------
-        wg = tidx // 128
+    @cute.jit
+    def _consume(
+        self, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, sQ, sK, sVt, sIdx, sX,
+        bars, wg, wtid, n_tiles, tok0, head0, kvh, s_q, bidx,
+    ):
+        c = self.cfg
+        n = c.n_block
+        S = c.stages
         mrow = wg // c.n_dsplit
         dsplit = wg % c.n_dsplit
-        wtid = tidx % 128
         sQ_wg = cute.local_tile(sQ, (64, c.d), (mrow, 0))
-        sVt_wg = cute.local_tile(sVt, (c.dv_wg, n, c.stages), (dsplit, 0, 0))
+        sVt_wg = cute.local_tile(sVt, (c.dv_wg, n, S), (dsplit, 0, 0))
         thr_qk = qk_mma.get_slice(wtid)
         thr_pv = pv_mma.get_slice(wtid)
         tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ_wg))
@@ -322,7 +360,7 @@ class GatherAttentionSm90:
         acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, n)), cutlass.Float32)
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, c.dv_wg)), cutlass.Float32)
         acc_O.fill(0.0)
-        rP = cute.make_rmem_tensor(acc_S.layout, mQ.element_type)
+        rP = cute.make_rmem_tensor(acc_S.layout, mO.element_type)
         tOrP = _acc_as_operand_a(rP)
         S_mn = _mn_view(acc_S)
         P_mn = _mn_view(rP)
@@ -330,94 +368,140 @@ class GatherAttentionSm90:
         cS_mn = _mn_view(thr_qk.partition_C(cute.make_identity_tensor((64, n))))
         cO_mn = _mn_view(thr_pv.partition_C(cute.make_identity_tensor((64, c.dv_wg))))
         n_r = cute.size(S_mn, mode=[0])
-        self._record("tSrQ", tSrQ.layout)
-        self._record("tSrK", tSrK.layout)
-        self._record("tOrV", tOrV.layout)
-        self._record("acc_S", acc_S.layout)
-        self._record("acc_S_mn", S_mn.layout)
-        self._record("acc_O", acc_O.layout)
-        self._record("tOrP", tOrP.layout)
+        n_kb = cute.size(tSrQ, mode=[2]) // c.n_dsplit  # QK k-blocks of this warpgroup's d slice
+        record("Q operand fragments (tSrQ)", tSrQ)
+        record("K operand fragments (tSrK)", tSrK)
+        record("V^T operand fragments (tOrV)", tOrV)
+        record("S accumulator (acc_S)", acc_S)
+        record("S as (rows, cols) of this thread (acc_S_mn)", S_mn)
+        record("O accumulator (acc_O)", acc_O)
+        record("P as PV operand A (tOrP)", tOrP)
 
         # per-row state: running max (log2 domain) and this thread's partial row sum
         row_max = cute.make_rmem_tensor((n_r,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((n_r,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
-        # the query token of each of this thread's rows (for positional masks)
         row_tok = cute.make_rmem_tensor((n_r,), cutlass.Int32)
         for r in cutlass.range_constexpr(n_r):
             row_tok[r] = tok0 + (mrow * 64 + cS_mn[r, 0][0]) // c.hb
 
-        n_tiles = (n_idx + n - 1) // n
-        self._load_tile(0, 0, atom_g2s, mIdx, mK, mV, sIdx, sK, sVt, blk, bidx, kvh, n_idx, s_kv)
-        cute.arch.cp_async_commit_group()
+        # both GEMMs accumulate (acc_S is zeroed per tile): the MMA state is set once, outside
+        # the staged loops, so no loop region owns it
+        qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+        pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+        cute.arch.mbarrier_wait(bars + 2 * S, 0)
+        args = (qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum,
+                row_tok, sIdx, sX, bars, dsplit, wtid, scale_log2, causal_off, window)
         for kt in cutlass.range(n_tiles, unroll=1):
-            stage = kt % c.stages
-            if kt + 1 < n_tiles:
-                self._load_tile(kt + 1, (kt + 1) % c.stages, atom_g2s, mIdx, mK, mV, sIdx, sK, sVt, blk, bidx, kvh, n_idx, s_kv)
-            cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(1)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier()
+            self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, kt, dsplit, n_kb)
+            self._tile(*args, kt)
 
-            # S = Q K^T over the full head dim
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(qk_mma, acc_S, tSrQ[None, None, kb], tSrK[None, None, kb, stage], acc_S)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
+        self._epilogue(mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
+                       kvh, s_q, bidx)
 
-            # mask + online softmax (log2 domain)
-            for r in cutlass.range_constexpr(n_r):
-                t = row_tok[r]
-                mx = -cutlass.Float32.inf
-                for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                    key = sIdx[cS_mn[r, cc][1], stage]
-                    ok = key >= 0
-                    if cutlass.const_expr(not c.per_token_idx):
-                        ok = ok & (key > t + causal_off - window)
-                        if cutlass.const_expr(c.causal):
-                            ok = ok & (key <= t + causal_off)
-                        else:
-                            ok = ok & (key < t + causal_off + window)
-                    sv = S_mn[r, cc] * scale_log2
-                    if not ok:
-                        sv = -cutlass.Float32.inf
-                    S_mn[r, cc] = sv
-                    mx = cute.arch.fmax(mx, sv)
-                mx = _quad_allreduce(mx, cute.arch.fmax)
-                m_new = cute.arch.fmax(row_max[r], mx)
-                m_base = m_new
-                if m_new == -cutlass.Float32.inf:
-                    m_base = cutlass.Float32(0.0)
-                corr = cute.arch.exp2(row_max[r] - m_base)
-                row_max[r] = m_new
-                acc = cutlass.Float32(0.0)
-                for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                    pv = cute.arch.exp2(S_mn[r, cc] - m_base)
-                    acc += pv
-                    P_mn[r, cc] = pv.to(mQ.element_type)
-                row_sum[r] = row_sum[r] * corr + acc
-                for cc in cutlass.range_constexpr(cute.size(O_mn, mode=[1])):
-                    O_mn[r, cc] = O_mn[r, cc] * corr
+    @cute.jit
+    def _tile(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum,
+              row_tok, sIdx, sX, bars, dsplit, wtid, scale_log2, causal_off, window, kt):
+        """One key tile for a consumer warpgroup whose S = Q K^T(kt) is queued: wait for it, (split
+        d: add the partner's partial), mask, online softmax, O += P V, release the smem stage.
+        (Queueing S(kt+1) behind PV(kt) was measured slower: it delays the stage release and, with
+        two stages, exposes the gather latency; see docs/perf/fmha.md.)"""
+        c = self.cfg
+        S = c.stages
+        stage = kt % S
+        warpgroup.wait_group(0)  # S(kt) ready
+        if cutlass.const_expr(c.n_dsplit > 1):
+            self._exchange_partial_s(acc_S, sX, dsplit, wtid)
+        n_r = cute.size(S_mn, mode=[0])
 
-            # O += P V (this warpgroup's value slice)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-                cute.gemm(pv_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb, stage], acc_O)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            cute.arch.barrier()
-        cute.arch.cp_async_wait_group(0)
-
-        # ---------------- epilogue: normalise with the sink, store O and LSE ----------------
+        # mask + online softmax (log2 domain)
         for r in cutlass.range_constexpr(n_r):
+            t = row_tok[r]
+            mx = -cutlass.Float32.inf
+            for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+                key = sIdx[cS_mn[r, cc][1], stage]
+                ok = key >= 0
+                if cutlass.const_expr(not c.per_token_idx):
+                    ok = ok & (key > t + causal_off - window)
+                    if cutlass.const_expr(c.causal):
+                        ok = ok & (key <= t + causal_off)
+                    else:
+                        ok = ok & (key < t + causal_off + window)
+                sv = S_mn[r, cc] * scale_log2
+                if not ok:
+                    sv = -cutlass.Float32.inf
+                S_mn[r, cc] = sv
+                mx = cute.arch.fmax(mx, sv)
+            mx = _quad_allreduce(mx, cute.arch.fmax)
+            m_new = cute.arch.fmax(row_max[r], mx)
+            m_base = m_new
+            if m_new == -cutlass.Float32.inf:
+                m_base = cutlass.Float32(0.0)
+            corr = cute.arch.exp2(row_max[r] - m_base)
+            row_max[r] = m_new
+            acc = cutlass.Float32(0.0)
+            for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+                pv = cute.arch.exp2(S_mn[r, cc] - m_base)
+                acc += pv
+                P_mn[r, cc] = pv.to(P_mn.element_type)
+            row_sum[r] = row_sum[r] * corr + acc
+            for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
+                O_mn[r, cc] = O_mn[r, cc] * corr
+
+        # O += P V (this warpgroup's value slice)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            cute.gemm(pv_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb, stage], acc_O)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        cute.arch.mbarrier_arrive(bars + S + stage)  # the producer may refill this stage
+
+    @cute.jit
+    def _issue_qk(self, qk_mma, acc_S, tSrQ, tSrK, bars, kt, dsplit, n_kb: int):
+        """Wait for key tile kt, then queue S = Q K^T over this warpgroup's slice of d (no wait)."""
+        stage = kt % self.cfg.stages
+        cute.arch.mbarrier_wait(bars + stage, (kt // self.cfg.stages) & 1)
+        cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
+        acc_S.fill(0.0)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(n_kb):
+            k = dsplit * n_kb + kb
+            cute.gemm(qk_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _exchange_partial_s(self, acc_S, sX, dsplit, wtid):
+        """S = S_0 + S_1 in both warpgroups of a d split, through one smem buffer (sX[thread, i],
+        thread-major so the 128 lanes hit distinct banks). WG1 publishes S_1; WG0 adds it, then
+        publishes S_0; WG1 adds that. Both sum in the order S_0 + S_1: bitwise the same S."""
+        nv = cute.size(acc_S)
+        if dsplit == 1:
+            for i in cutlass.range_constexpr(nv):
+                sX[wtid, i] = acc_S[i]
+            cute.arch.barrier_arrive(barrier_id=BAR_XCHG_S1, number_of_threads=256)
+            cute.arch.barrier(barrier_id=BAR_XCHG_S0, number_of_threads=256)
+            for i in cutlass.range_constexpr(nv):
+                acc_S[i] = sX[wtid, i] + acc_S[i]
+        else:
+            cute.arch.barrier(barrier_id=BAR_XCHG_S1, number_of_threads=256)
+            for i in cutlass.range_constexpr(nv):
+                other = sX[wtid, i]
+                sX[wtid, i] = acc_S[i]
+                acc_S[i] = acc_S[i] + other
+            cute.arch.barrier_arrive(barrier_id=BAR_XCHG_S0, number_of_threads=256)
+
+    @cute.jit
+    def _epilogue(self, mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
+                  kvh, s_q, bidx):
+        """Normalise (sink in the denominator), stage O in smem (the Q buffer), store 16-byte rows."""
+        c = self.cfg
+        n_consumers = 128 * c.n_consumer_wg
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_consumers)  # all QK reads of sQ done
+        for r in cutlass.range_constexpr(cute.size(O_mn, mode=[0])):
             r_cta = mrow * 64 + cO_mn[r, 0][0]
             t = tok0 + r_cta // c.hb
-            hl = r_cta % c.hb
-            head = head0 + hl
+            head = head0 + r_cta % c.hb
             ok = (t < s_q) & (head - kvh * c.hpg < c.hpg) & (r_cta < c.hb * c.tq)
             tot = _quad_allreduce(row_sum[r], lambda a, b: a + b)
             m = row_max[r]
@@ -429,13 +513,23 @@ class GatherAttentionSm90:
             inv = cutlass.Float32(0.0)
             if den > 0.0:
                 inv = 1.0 / den
-            if ok:
-                for cc in cutlass.range_constexpr(cute.size(O_mn, mode=[1])):
-                    col = dsplit * c.dv_wg + cO_mn[r, cc][1]
-                    mO[t, head, col, bidx] = (O_mn[r, cc] * inv).to(mO.element_type)
-                if dsplit == 0:
-                    if cO_mn[r, 0][1] == 0:
-                        lse = -cutlass.Float32.inf
-                        if tot > 0.0:
-                            lse = (m_base + cute.math.log2(tot, fastmath=False)) * LN2
-                        mLse[t, head, bidx] = lse
+            for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
+                sQ[r_cta, dsplit * c.dv_wg + cO_mn[r, cc][1]] = (O_mn[r, cc] * inv).to(mO.element_type)
+            if ok & (dsplit == 0) & (cO_mn[r, 0][1] == 0):
+                lse = -cutlass.Float32.inf
+                if tot > 0.0:
+                    lse = (m_base + cute.math.log2(tot, fastmath=False)) * LN2
+                mLse[t, head, bidx] = lse
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_consumers)
+        tid = mrow * 128 * c.n_dsplit + dsplit * 128 + wtid
+        cpr = c.dv // 8
+        rpp = n_consumers // cpr
+        chunk = tid % cpr
+        frag = cute.make_rmem_tensor((8,), mO.element_type)
+        for p in cutlass.range(c.m_cta // rpp, unroll_full=True):
+            r = p * rpp + tid // cpr
+            t = tok0 + r // c.hb
+            head = head0 + r % c.hb
+            if (t < s_q) & (head - kvh * c.hpg < c.hpg) & (r < c.hb * c.tq):
+                cute.autovec_copy(cute.local_tile(sQ[r, None], (8,), (chunk,)), frag)
+                cute.autovec_copy(frag, cute.local_tile(mO[t, head, None, bidx], (8,), (chunk,)))

@@ -45,23 +45,23 @@ def fake_args(cfg: Config) -> tuple:
     k = make_fake_tensor(bf, (s_kv, h_kv, cfg.d, b), (s8(), s8(), 1, s8()), assumed_align=16)
     v = make_fake_tensor(bf, (s_kv, h_kv, cfg.dv, b), (s8(), s8(), 1, s8()), assumed_align=16)
     idx = make_fake_tensor(cutlass.Int32, (rows, n, b), (cute.sym_int64(), 1, cute.sym_int64()), assumed_align=4)
+    lens = make_fake_tensor(cutlass.Int32, (rows, b), (1, cute.sym_int64()), assumed_align=4)
     sink = make_fake_tensor(cutlass.Float32, (h_q,), (1,), assumed_align=4)
     o = make_fake_tensor(bf, (s_q, h_q, cfg.dv, b), (s8(), s8(), 1, s8()), assumed_align=16)
     lse = make_fake_tensor(cutlass.Float32, (s_q, h_q, b), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()),
                            assumed_align=4)
-    return q, k, v, idx, sink, o, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0)
+    return q, k, v, idx, lens, sink, o, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0)
 
 
 def compile_config(cfg: Config, arch: str):
-    """Compile the kernel for one Config (no GPU needed). Returns (compiled, traced layouts)."""
-    kernel = GatherAttentionSm90(cfg)
-    compiled = compile_kernel(kernel, *fake_args(cfg), arch=arch)
-    return compiled, dict(kernel.layouts)
+    """Compile the kernel for one Config (no GPU needed); layouts go to an active recorder."""
+    return compile_kernel(GatherAttentionSm90(cfg), *fake_args(cfg), arch=arch)
 
 
-def block_indices(s_q: int, s_kv: int, tq: int, causal: bool, window: int | None, device) -> torch.Tensor:
-    """int32 [ceil(s_q/tq), n]: the key range [lo, hi) that any query of each block of tq tokens may
-    see under the bottom-right aligned causal / window mask, -1 padded."""
+def block_indices(s_q: int, s_kv: int, tq: int, causal: bool, window: int | None, device):
+    """(int32 [ceil(s_q/tq), n], int32 [ceil(s_q/tq)]): the key range [lo, hi) that any query of
+    each block of tq tokens may see under the bottom-right aligned causal / window mask (-1
+    padded), and its length (the kernel visits only that many slots)."""
     off = s_kv - s_q
     t0 = torch.arange(0, s_q, tq, device=device)
     t1 = torch.clamp(t0 + tq, max=s_q) - 1
@@ -75,7 +75,8 @@ def block_indices(s_q: int, s_kv: int, tq: int, causal: bool, window: int | None
     lo = torch.minimum(lo, hi)
     n = max(1, int((hi - lo).max()))
     j = lo[:, None] + torch.arange(n, device=device)[None, :]
-    return torch.where(j < hi[:, None], j, torch.full_like(j, -1)).to(torch.int32)
+    idx = torch.where(j < hi[:, None], j, torch.full_like(j, -1)).to(torch.int32)
+    return idx, (hi - lo).to(torch.int32)
 
 
 class FmhaCuteDSL(Impl):
@@ -102,19 +103,21 @@ class FmhaCuteDSL(Impl):
         return (self.family, self.name, arch, config_for(case))
 
     def compile(self, case: Case, arch: str):
-        return compile_config(config_for(case), arch)[0]
+        return compile_config(config_for(case), arch)
 
-    def layouts(self, case: Case, arch: str = "sm_90a") -> dict[str, str]:
-        return compile_config(config_for(case), arch)[1]
-
-    def _indices(self, case: Case, inputs: dict, cfg: Config) -> torch.Tensor:
-        if case["mask"] == "sparse":
-            return inputs["idx"].permute(1, 2, 0)
-        key = (case.id, inputs["q"].device)
+    def _indices(self, case: Case, inputs: dict, cfg: Config) -> tuple:
+        """Kernel-format (indices (rows, n, b), lengths (rows, b)), cached for the current case."""
+        key = (case.id, inputs["q"].device, inputs.get("idx", inputs["q"]).data_ptr())
         if self._idx is None or self._idx[0] != key:
-            window = case["window"] if has_window(case) else None
-            blk = block_indices(case["s_q"], case["s_kv"], cfg.tq, cfg.causal, window, inputs["q"].device)
-            self._idx = (key, blk[None].expand(case["b"], -1, -1).contiguous().permute(1, 2, 0))
+            b, dev = case["b"], inputs["q"].device
+            if case["mask"] == "sparse":
+                idx = inputs["idx"]
+                lens = torch.full((b, idx.shape[1]), idx.shape[2], dtype=torch.int32, device=dev)
+            else:
+                window = case["window"] if has_window(case) else None
+                blk, n = block_indices(case["s_q"], case["s_kv"], cfg.tq, cfg.causal, window, dev)
+                idx, lens = blk[None].expand(b, -1, -1).contiguous(), n[None].expand(b, -1).contiguous()
+            self._idx = (key, (idx.permute(1, 2, 0), lens.permute(1, 0)))
         return self._idx[1]
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
@@ -126,7 +129,7 @@ class FmhaCuteDSL(Impl):
         k = inputs["k"]
         compiled(
             inputs["q"].permute(1, 2, 3, 0), k.permute(1, 2, 3, 0), inputs.get("v", k).permute(1, 2, 3, 0),
-            self._indices(case, inputs, cfg), sink, out["out"].permute(1, 2, 3, 0), out["lse"].permute(1, 2, 0),
+            *self._indices(case, inputs, cfg), sink, out["out"].permute(1, 2, 3, 0), out["lse"].permute(1, 2, 0),
             case["hd"] ** -0.5 * LOG2E, case["s_kv"] - case["s_q"], case["window"] if has_window(case) else NO_WINDOW,
         )
         return out
