@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
 
 from dsv4bench.cli.common import console, fail
 from dsv4bench.report.against import Comparison
-from dsv4bench.report.build import Report, write_report
 from dsv4bench.report.rundata import NotARunDir
+
+if TYPE_CHECKING:
+    from dsv4bench.report.build import Report
 
 MAX_ROWS = 40
 STYLE = {"FASTER": "green", "SLOWER": "red", "NOISY": "yellow", "SAME": "dim"}
@@ -38,8 +40,10 @@ def print_comparison(cmp: Comparison) -> None:
 
 
 def render(run_dir: Path, against: Path | None = None, axes: tuple[str, ...] | None = None,
-           new_regressions: int = 0) -> Report:
+           new_regressions: int = 0) -> "Report":
     """Write the report and print where it is; bad input exits 2 with one line."""
+    from dsv4bench.report.build import write_report  # matplotlib: loaded only by commands that draw
+
     t0 = time.perf_counter()
     try:
         report = write_report(run_dir, against, axes, new_regressions)
