@@ -8,11 +8,13 @@ Exit statuses: 0 pass, 1 numeric failure, 2 bad input, 3 runtime failure, 4 time
 from __future__ import annotations
 
 import asyncio
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from dsv4bench.cli.common import console, fail
@@ -37,7 +39,7 @@ def _run(coro):
     except (ConfigError, registry.UnknownJob, PackError) as e:
         fail(str(e))
     except InfraError as e:
-        console.print(f"[bold red]infrastructure:[/] {e}", highlight=False)
+        console.print(f"[bold red]infrastructure:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(outcome.EXIT_CODES[outcome.INFRA])
 
 
@@ -63,12 +65,13 @@ def hosts_cmd(hosts: Optional[Path] = HOSTS_OPT) -> None:
     for h, facts in zip(configured.values(), _run(check_all())):
         ok = "error" not in facts
         errors += [] if ok else [facts["error"]]
-        row = [h.name, h.backend, h.ssh, h.workdir, "[green]yes[/]" if ok else "[red]no[/]"]
-        row += [facts.get(k) or ("[dim]none[/]" if ok else "") for k in ("gpu", "driver", "cuda", "cutlass_dsl", "python")]
+        row = [escape(v) for v in (h.name, h.backend, h.ssh, h.workdir)] + ["[green]yes[/]" if ok else "[red]no[/]"]
+        row += [escape(facts.get(k) or "") or ("[dim]none[/]" if ok else "")
+                for k in ("gpu", "driver", "cuda", "cutlass_dsl", "python")]
         table.add_row(*row)
     console.print(table)
     for error in errors:
-        console.print(f"[red]unreachable:[/] {error}", highlight=False)
+        console.print(f"[red]unreachable:[/] {escape(error)}", highlight=False)
     raise typer.Exit(outcome.EXIT_CODES[outcome.INFRA] if errors else 0)
 
 
@@ -98,7 +101,7 @@ def submit_cmd(
     record, sent = _run(jobs.submit(cfg, pack, argv, tasks=shards if cfg.backend == "slurm" else 1))
     tree_note = f"tree {pack.tree_id[:12]} " + ("sent" if sent else "already on the host")
     slurm_note = f", slurm job {record.slurm_id} ({record.tasks} tasks)" if record.slurm_id else ""
-    console.print(f"submitted [bold]{record.id}[/] to {cfg.name}{slurm_note}; {tree_note}", highlight=False)
+    console.print(f"submitted [bold]{record.id}[/] to {escape(cfg.name)}{slurm_note}; {tree_note}", highlight=False)
     print(record.id, flush=True)
     if follow:
         _follow(record, task=None)
@@ -120,7 +123,7 @@ def _print_status(record: registry.JobRecord, status: jobs.JobStatus) -> None:
     detail = ""
     if len(status.tasks) > 1:
         detail = " (" + ", ".join(f"{name} {o}" for name, o in sorted(status.tasks.items())) + ")"
-    console.print(f"job {record.id} on {record.host.name}: {_styled(status.outcome)}{detail}", highlight=False)
+    console.print(f"job {record.id} on {escape(record.host.name)}: {_styled(status.outcome)}{detail}", highlight=False)
 
 
 @app.command("status")
@@ -160,7 +163,7 @@ def status_cmd(job: Optional[str] = typer.Argument(None, help="job id (or a uniq
     for col in ("job", "host", "status", "command"):
         table.add_column(col, no_wrap=col != "command")
     for r in records:
-        table.add_row(r.id, r.host.name, _styled(results[r.id]), " ".join(r.argv))
+        table.add_row(r.id, escape(r.host.name), _styled(results[r.id]), escape(shlex.join(r.argv)))
     console.print(table)
 
 
@@ -201,7 +204,7 @@ def fetch_cmd(
     table.add_column("records")
     table.add_column("report")
     for run in runs:
-        table.add_row(str(run), str(len(RunDir(run).records())), render(run))
+        table.add_row(escape(str(run)), str(len(RunDir(run).records())), render(run))
     console.print(table)
 
 
@@ -211,9 +214,9 @@ def render(run: Path) -> str:
     from dsv4bench.report.rundata import NotARunDir
 
     try:
-        return str(write_report(run).index)
+        return escape(str(write_report(run).index))
     except (NotARunDir, ValueError) as e:
-        return f"[yellow]no report: {e}[/]"
+        return f"[yellow]no report: {escape(str(e))}[/]"
 
 
 @app.command("cancel")
@@ -228,7 +231,7 @@ def cancel_cmd(job: str = typer.Argument(..., help="job id")) -> None:
 
     lines, status = _run(stop())
     for line in lines:
-        console.print(line, highlight=False)
+        console.print(escape(line), highlight=False)
     _print_status(record, status)
 
 

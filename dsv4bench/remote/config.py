@@ -80,7 +80,7 @@ def load_hosts(path: str | os.PathLike | None = None) -> dict[str, HostConfig]:
         raise ConfigError(f"cannot read hosts file {file}: {e}") from None
     tables = data.get("hosts")
     if not isinstance(tables, dict) or not tables:
-        raise ConfigError(f"{file} defines no [hosts.NAME] table")
+        raise ConfigError(f"{file} defines no hosts (a table hosts.NAME per host)")
     return {name: _host(name, table, file) for name, table in tables.items()}
 
 
@@ -92,7 +92,7 @@ def get_host(name: str, path: str | os.PathLike | None = None) -> HostConfig:
 
 
 def _host(name: str, table: object, file: Path) -> HostConfig:
-    where = f"{file} [hosts.{name}]"
+    where = f"{file}, host '{name}'"
     if not isinstance(table, dict):
         raise ConfigError(f"{where} is not a table")
     known = {f.name for f in fields(HostConfig)} - {"name"}

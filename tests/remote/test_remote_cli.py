@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_bad_input_is_one_line_exit_2(make_host, args, message):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("", "defines no [hosts.NAME] table"),
+    ("", "defines no hosts (a table hosts.NAME per host)"),
     ("[hosts.a]\nssh = 'x'\n", "'workdir' (a string) is required"),
     ("[hosts.a]\nssh = 'x'\nworkdir = '/w'\nbackend = 'k8s'\n", "backend must be one of ssh, slurm"),
     ("[hosts.a]\nssh = 'x'\nworkdir = '/w'\nenv = { 'A B' = '1' }\n", "env must map variable names"),
@@ -59,6 +60,15 @@ def test_bad_hosts_file(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         load_hosts(path)
+
+
+def test_bad_hosts_file_is_one_whole_line_from_the_real_cli(tmp_path):
+    path = tmp_path / "hosts.toml"
+    path.write_text("[hosts.a]\nssh = 'x'\nworkdir = '/w'\ntimeout = 5\n")
+    res = subprocess.run([sys.executable, "-m", "dsv4bench", "remote", "hosts", "--hosts", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert (res.stdout + res.stderr).strip() == f"error: {path}, host 'a': unknown key(s) timeout"
 
 
 def test_missing_hosts_file_is_bad_input(tmp_path, monkeypatch):
