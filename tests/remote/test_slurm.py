@@ -24,12 +24,13 @@ def cluster(make_host, stub_python, tmp_path):
 def _submit(repo, *args: str):
     res = cli("remote", "submit", "cluster", "--tree", str(repo), *args)
     assert res.code == 0, res.output
-    return load(res.output.strip().splitlines()[-1]), res.output
+    return load(res.output.split("submitted ")[1].split()[0]), res.output
 
 
 def test_four_shard_array_runs_is_tracked_and_merges(cluster, tmp_path):
-    job, out = _submit(cluster, "--shards", "4", "--", "sweep", "rmsnorm", "--out", "run")
+    job, out = _submit(cluster, "--shards", "4", "--follow", "--", "sweep", "rmsnorm", "--out", "run")
     assert job.slurm_id and job.tasks == 4 and "4 tasks" in out
+    assert "shard 0/4: 2 records" in out and f"job {job.id} on cluster: PASS" in out  # followed task 0 to the end
     st = wait_for(job, timeout_s=60)
     assert st.outcome == outcome.PASS and sorted(st.tasks) == [f"task-{i}" for i in range(4)]
     for i in range(4):  # each task ran its own shard
