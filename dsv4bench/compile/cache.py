@@ -17,11 +17,10 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
+from dsv4bench.compile.artifacts import artifact, export, load
 from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.compile.fingerprint import fingerprint, versions
 from dsv4bench.compile.lints import lint
@@ -29,7 +28,6 @@ from dsv4bench.compile.recorder import Recording, recording
 from dsv4bench.compile.store import CorruptEntry, DiskStore
 
 ENV_NO_CACHE = "DSV4BENCH_NO_KERNEL_CACHE"
-OBJECT, CUBIN, PTX = "kernel.o", "kernel.cubin", "kernel.ptx"
 
 
 @dataclass
@@ -48,17 +46,6 @@ class CompileInfo:
         return asdict(self)
 
 
-def artifact(compiled, attr: str = "__cubin__") -> bytes | None:
-    """A kept artifact of a compiled function (__cubin__, __ptx__): its bytes, whether the attribute
-    holds them, the text, or the path of the file dumped with --dump-dir."""
-    value = getattr(compiled, attr, None)
-    if isinstance(value, str):
-        if "\n" in value:  # PTX text
-            return value.encode()
-        return Path(value).read_bytes() if Path(value).is_file() else None
-    return bytes(value) if value else None
-
-
 def describe(compiled, seconds: float, cache: str) -> CompileInfo:
     cubin = artifact(compiled)
     if not cubin:
@@ -75,39 +62,6 @@ def compile_recorded(impl, case, arch: str):
         compiled = impl.compile(case, arch)
         seconds = time.perf_counter() - t0
     return compiled, rec, seconds
-
-
-class LoadedKernel:
-    """A kernel loaded from its exported object: called like the compiled one, positionally."""
-
-    def __init__(self, module, function: str, cubin: bytes | None):
-        self.module = module  # keeps the loaded object alive as long as the function
-        self.function = getattr(module, function)
-        self.__cubin__ = cubin
-
-    def __call__(self, *args):
-        return self.function(*args)
-
-
-def load_kernel(paths: dict[str, Path], function: str) -> LoadedKernel:
-    import cutlass.cute as cute
-
-    module = cute.runtime.load_module(str(paths[OBJECT]), enable_tvm_ffi=True)
-    return LoadedKernel(module, function, paths[CUBIN].read_bytes() if CUBIN in paths else None)
-
-
-def export(compiled, function: str) -> dict[str, bytes]:
-    """The payloads of an entry: the TVM-FFI object exposing `function`, and the cubin / PTX the
-    compile kept."""
-    with tempfile.TemporaryDirectory(prefix="dsv4bench-export-") as tmp:
-        path = Path(tmp) / OBJECT
-        compiled.export_to_c(str(path), function_name=function)
-        payloads = {OBJECT: path.read_bytes()}
-    for name, attr in ((CUBIN, "__cubin__"), (PTX, "__ptx__")):
-        blob = artifact(compiled, attr)
-        if blob:
-            payloads[name] = blob
-    return payloads
 
 
 def entry_id(impl, key: tuple) -> str:
@@ -153,7 +107,7 @@ class CompileCache:
                 found = self.store.read(entry)
                 if found:
                     meta, paths = found
-                    kernel = load_kernel(paths, meta["function"])
+                    kernel = load(paths, meta["artifact"])
                     self.store.bump("disk_hits")
                     return kernel, self._info_from(meta, time.perf_counter() - t0)
             except Exception as e:  # verification failed, or the object would not load
@@ -165,14 +119,14 @@ class CompileCache:
             compiled, info, rec = self._compile(impl, case, arch, "rebuilt" if note else "miss")
             info.note = note
             try:
-                payloads = export(compiled, function)
-            except Exception as e:  # not exportable (not TVM-FFI): memory only
+                payloads, layout = export(compiled, function)
+            except Exception as e:  # not exportable: memory only
                 info.note = (note + "; " if note else "") + f"not stored: {type(e).__name__}: {str(e)[:120]}"
                 return compiled, info
             self.store.write(entry, payloads, {
                 "family": impl.family, "impl": impl.name, "arch": arch, "key": repr(key),
                 "case": case.to_json(), "fingerprint": fingerprint(type(impl).__module__), "versions": versions(),
-                "function": function, "compile": info.to_json(), "recording": rec.to_json(), "created": time.time(),
+                "artifact": layout, "compile": info.to_json(), "recording": rec.to_json(), "created": time.time(),
             })
             self.store.bump("compiles")
             info.seconds = time.perf_counter() - t0  # what this get cost: compile + export + write

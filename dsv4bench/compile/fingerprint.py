@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT_PACKAGE = "kernels"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def _origin(module: str) -> Path | None:

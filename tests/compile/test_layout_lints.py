@@ -4,10 +4,9 @@ fails the case with FAIL_LINT in the worker, also when the kernel comes from the
 from __future__ import annotations
 
 import pytest
-from planted_kernels import BUGS, compile_planted, fake_kv
+from planted_kernels import BUGS, compile_planted
 from cutlass.cute import sym_int
 
-from dsv4bench.compile.cache import CompileCache
 from dsv4bench.compile.lints import lint
 from dsv4bench.compile.recorder import Recording, record, recording
 from dsv4bench.compile.store import DiskStore
