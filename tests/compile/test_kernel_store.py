@@ -129,9 +129,22 @@ def test_no_cache_env_turns_the_disk_off(monkeypatch, tmp_path):
     assert CompileCache().store is None
 
 
+def gpu_cases() -> list[tuple[str, Case]]:
+    """RMSNorm's weighted, weightless and ragged widths, and the first production case of every other
+    CuTeDSL family (mhc's pair of kernels and fmha included)."""
+    from dsv4bench.core.registry import SweepOptions, families, impls
+
+    out = [("rmsnorm", Case("rmsnorm", {"m": 1001, "n": n, "dtype": "bf16", "weight": w}))
+           for n, w in ((7168, True), (512, False), (1000, True))]
+    for fam, family in sorted(families().items()):
+        if fam != "rmsnorm" and any(i.name == "cutedsl" and i.compiles for i in impls(fam)):
+            out.append((fam, family.cases(SweepOptions(examples=0))[0]))
+    return out
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("n, weight", [(7168, True), (512, False), (1000, True)])
-def test_kernels_loaded_from_the_cache_pass_on_the_gpu(tmp_path, n, weight):
+@pytest.mark.parametrize("family_name, case", gpu_cases(), ids=lambda v: v if isinstance(v, str) else v.id)
+def test_kernels_loaded_from_the_cache_pass_on_the_gpu(tmp_path, family_name, case):
     import torch
 
     from dsv4bench.core.compare import compare_outputs
@@ -140,16 +153,18 @@ def test_kernels_loaded_from_the_cache_pass_on_the_gpu(tmp_path, n, weight):
 
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}a"
-    case = Case("rmsnorm", {"m": 1001, "n": n, "dtype": "bf16", "weight": weight})
+    impl, family = get_impl(family_name, "cutedsl"), get_family(family_name)
+    reason = impl.supports(case, arch)
+    if reason:
+        pytest.skip(reason)
     store = DiskStore(tmp_path)
-    assert CompileCache(store=store, use_disk=True).get(IMPL, case, arch)[1].cache == "miss"
-    kernel, info = CompileCache(store=store, use_disk=True).get(IMPL, case, arch)
-    assert isinstance(kernel, LoadedKernel) and info.cache == "disk"
-    family = get_family("rmsnorm")
+    assert CompileCache(store=store, use_disk=True).get(impl, case, arch)[1].cache == "miss"
+    kernel, info = CompileCache(store=store, use_disk=True).get(impl, case, arch)
+    assert info.cache == "disk", info.note  # loaded from the exported object, no JIT
     data = CaseData(family, case, "cuda")
     out = family.alloc_outputs(case, "cuda")
     poison(out)
-    result = IMPL.run(case, data.inputs, out, kernel)
+    result = impl.run(case, data.inputs, out, kernel)
     torch.cuda.synchronize()
     ok, metrics = compare_outputs(result, data.oracle, data.lowprec, lambda name: family.tolerance_for(case, name))
     assert ok, {k: m.summary() for k, m in metrics.items()}
