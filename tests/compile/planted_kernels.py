@@ -6,21 +6,25 @@ PipelineTmaAsync; consumer warps wait for each stage and release it, then a Pipe
   "slice"   the TMA-partitioned K is sliced (None, None, 0, 0): the KV-tile mode (2) pinned to 0
   "tx"      the KV barrier's tx_count counts K bytes only (the missing-V deadlock)
   "arrive"  the PipelineAsync consumer count is the warp count, not the thread count
-bug=None is the correct twin. Compiles on a CPU for sm_90a; never run.
+bug=None is the correct twin. Compiles on a CPU for sm_90a; never run. PlantedFamily / PlantedImpl
+wrap it as a kernel family (registered as a plugin by planted_family.py) with one case per bug.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
 import cutlass.memory as memory
-from cutlass.tensor_utils import LayoutEnum
+import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
+import torch
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.runtime import make_fake_compact_tensor
+from cutlass.tensor_utils import LayoutEnum
 
 from dsv4bench.compile import recorder as rec
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import Cost, Family, Impl
 
 BUGS = ("slice", "tx", "arrive")
 
@@ -119,3 +123,44 @@ def fake_kv(n_kv, d: int = 64, heads: int = 1):
 def compile_planted(bug: str | None, n_kv=256, arch: str = "sm_90a"):
     kernel = KvLoadKernel(bug=bug)
     return cute.compile(kernel, fake_kv(n_kv), fake_kv(n_kv), options=f"--gpu-arch {arch} --enable-tvm-ffi")
+
+
+class PlantedFamily(Family):
+    """Cases: the correct twin, then one per bug (--bug slice|tx|arrive picks one)."""
+
+    name = "planted"
+
+    def cases(self, opts):
+        return [Case(self.name, {"bug": b}) for b in opts.filters.get("bug", [None, *BUGS])]
+
+    def parse_filters(self, raw):
+        if set(raw) - {"bug"} or raw.get("bug", BUGS[0]) not in BUGS:
+            raise ValueError(f"planted takes --bug {'|'.join(BUGS)}")
+        return {"bug": [raw["bug"]]} if raw else {}
+
+    def make_inputs(self, case, gen, device):
+        return {"x": torch.randn(4, generator=gen).to(device)}
+
+    def oracle(self, case, inputs):
+        return {"out": inputs["x"].float()}
+
+    lowprec = oracle
+
+    def alloc_outputs(self, case, device):
+        return {}
+
+    def cost(self, case):
+        return Cost(0.0, 0.0)
+
+
+class PlantedImpl(Impl):
+    family, name, backend, compiles = "planted", "cutedsl", "cutedsl", True
+
+    def compile_key(self, case, arch):
+        return (self.family, self.name, arch, case["bug"])
+
+    def compile(self, case, arch):
+        return compile_planted(case["bug"], arch=arch)
+
+    def run(self, case, inputs, out, compiled):
+        raise AssertionError("a linted kernel must never run")

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from planted_kernels import BUGS, compile_planted
+from planted_kernels import PlantedFamily, PlantedImpl
 from typer.testing import CliRunner
 
 from dsv4bench.cli.common import UsageProblem
 from dsv4bench.cli.main import app
 from dsv4bench.core import registry
-from dsv4bench.core.case import Case
-from dsv4bench.core.registry import Family, Impl, families, impls
+from dsv4bench.core.registry import families, impls
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -47,34 +46,6 @@ def test_layouts_of_rmsnorm_follow_the_case_options():
     assert code == 0 and "n=7168" in out and "sm_100a" in out
     assert "((128,1),(8,7)):((8,1),(1,1024))" in out  # 128 threads x 8 vectors of 8 x 7 per row of 7168
     assert "block: [128, 1, 1]" in out
-
-
-class PlantedFamily(Family):
-    name = "planted"
-
-    def cases(self, opts):
-        bugs = opts.filters.get("bug", [None, *BUGS])
-        return [Case(self.name, {"bug": b}) for b in bugs]
-
-    def parse_filters(self, raw):
-        if set(raw) - {"bug"} or raw.get("bug", "slice") not in BUGS:
-            raise ValueError(f"planted takes --bug {'|'.join(BUGS)}")
-        return {"bug": [raw["bug"]]} if raw else {}
-
-    make_inputs = oracle = lowprec = alloc_outputs = cost = None
-
-
-class PlantedImpl(Impl):
-    family, name, backend, compiles = "planted", "cutedsl", "cutedsl", True
-
-    def compile_key(self, case, arch):
-        return (self.family, self.name, arch, case["bug"])
-
-    def compile(self, case, arch):
-        return compile_planted(case["bug"], arch=arch)
-
-    def run(self, case, inputs, out, compiled):
-        raise AssertionError("never run")
 
 
 @pytest.fixture

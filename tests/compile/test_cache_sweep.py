@@ -63,3 +63,18 @@ def test_no_cache_flag_compiles_cold(tmp_path):
     warm, _ = sweep(tmp_path, "rmsnorm", "warm", "--rows", "64", "--width", "128")
     cold, _ = sweep(tmp_path, "rmsnorm", "cold", "--rows", "64", "--width", "128", "--no-cache")
     assert origins(warm) == origins(cold) == {"miss": len(cold)}  # cached by the first, compiled again
+
+
+def test_a_sweep_fails_linted_cases_with_fail_lint(tmp_path):
+    here = str(Path(__file__).parent)
+    env = {**os.environ, "DSV4BENCH_CACHE_DIR": str(tmp_path / "cache"), "DSV4BENCH_PLUGINS": "planted_family",
+           "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-m", "dsv4bench", "sweep", "planted", *SWEEP, "--out", str(tmp_path / "run")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # FAIL_LINT exits 1
+    records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    status = {r["params"]["bug"]: (r["status"], r["reason"]) for r in records if r["mode"] == "compile"}
+    assert status[None] == ("COMPILED", "")
+    for bug, rule in (("slice", "tma-tile-mode"), ("tx", "tx-count"), ("arrive", "arrive-count")):
+        assert status[bug][0] == "FAIL_LINT" and status[bug][1].startswith(rule)
+    assert "FAIL_LINT" in proc.stdout

@@ -3,7 +3,6 @@ reported once, rebuilt; keys follow the kernel's sources; kernels loaded from di
 
 from __future__ import annotations
 
-
 import pytest
 from planted_kernels import compile_planted
 

@@ -4,14 +4,13 @@ fails the case with FAIL_LINT in the worker, also when the kernel comes from the
 from __future__ import annotations
 
 import pytest
-from planted_kernels import BUGS, compile_planted
 from cutlass.cute import sym_int
+from planted_kernels import BUGS, PlantedImpl, compile_planted
 
 from dsv4bench.compile.lints import lint
 from dsv4bench.compile.recorder import Recording, record, recording
 from dsv4bench.compile.store import DiskStore
 from dsv4bench.core.case import Case
-from dsv4bench.core.registry import Impl
 from dsv4bench.core.results import COMPILED, FAIL_LINT, ResultRecord
 from dsv4bench.core.worker import Worker
 
@@ -83,20 +82,6 @@ def test_recorder_is_a_no_op_when_off():
     with recording() as rec:
         pass
     assert rec.entries == [] and rec.facts == []
-
-
-class PlantedImpl(Impl):
-    family, name, backend = "planted", "cutedsl", "cutedsl"
-    compiles = True
-
-    def compile_key(self, case, arch):
-        return (self.family, self.name, arch, case["bug"])
-
-    def compile(self, case, arch):
-        return compile_planted(case["bug"], arch=arch)
-
-    def run(self, case, inputs, out, compiled):
-        raise AssertionError("a FAIL_LINT case must never run")
 
 
 def compile_record(worker, bug):
