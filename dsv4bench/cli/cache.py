@@ -44,7 +44,7 @@ def ls_cmd(family: Optional[str] = typer.Argument(None, help="only this kernel f
     check_family(family)
     store, now = DiskStore(cache_dir), current_fingerprints()
     table = Table(title=f"compiled kernels in {store.root}")
-    for col in ("family", "impl", "arch", "case params", "object", "compile s", "regs", "lints", "state", "age"):
+    for col in ("family", "impl", "arch", "built for case", "object", "compile s", "regs", "lints", "state", "age"):
         table.add_column(col)
     rows = 0
     for path, meta in store.entries():
