@@ -4,11 +4,8 @@ One source for sm_90a and sm_100a: only 128-bit global loads/stores, warp shuffl
 shared-memory exchange, nothing arch-specific.
 
 Design (memory-bound: read x once, write y once):
-- `threads_per_row` threads split a row into 16-byte vectors; thread t copies vectors t, t + T,
-  t + 2T, ... (coalesced) from global to shared memory with cp.async, so the bytes in flight
-  live in shared memory rather than registers (~30 registers/thread: many rows per SM in flight).
-  Each thread then re-reads only its own vectors from shared memory: once for the sum of
-  squares, once to normalize and store.
+- A row lives in registers. `threads_per_row` threads split a row into 16-byte vectors; thread t
+  holds vectors t, t + T, t + 2T, ... (coalesced: consecutive threads read consecutive vectors).
 - Narrow rows pack several rows per CTA so every CTA has >= 128 threads.
 - The row's sum of squares is reduced inside the thread, then across the row's lanes with warp
   shuffles, then (rows wider than one warp) across its warps through shared memory.
@@ -21,6 +18,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.utils as utils
 from cutlass import Float32
 
 from dsv4bench.compile.recorder import record
@@ -104,10 +102,8 @@ class RmsNormKernel:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         n_rows = mX.shape[0]
-        bits = cfg.vec * mX.element_type.width
 
-        smem = cutlass.utils.SmemAllocator()
-        sX = smem.allocate_tensor(mX.element_type, cute.make_ordered_layout(tiler, order=(1, 0)), byte_alignment=16)
+        smem = utils.SmemAllocator()
         partials = smem.allocate_tensor(
             Float32, cute.make_layout((cfg.rows_per_cta, cfg.warps_per_row)), byte_alignment=4
         )
@@ -116,43 +112,33 @@ class RmsNormKernel:
         gO = cute.local_tile(mO, tiler, (bidx, 0))
         cX = cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (bidx, 0))
 
-        # x goes global -> shared with cp.async: the bytes in flight sit in shared memory, not in
-        # registers, so more rows per SM stay in flight (the register-staged version held 96
-        # registers/thread and 5 CTAs/SM). y goes registers -> global with 16-byte stores.
-        # (cp.async moves 4, 8 or 16 bytes: odd widths of 16-bit types copy through registers)
-        g2s_op = cute.nvgpu.cpasync.CopyG2SOp() if bits >= 32 else cute.nvgpu.CopyUniversalOp()
-        g2s = cute.make_copy_atom(g2s_op, mX.element_type, num_bits_per_copy=bits)
-        r2g = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), mO.element_type, num_bits_per_copy=bits)
-        tiled_g2s = cute.make_tiled_copy(g2s, tv_layout, tiler)
-        thr_g2s = tiled_g2s.get_slice(tidx)
-        thr_r2g = cute.make_tiled_copy(r2g, tv_layout, tiler).get_slice(tidx)
-        tXgX = thr_g2s.partition_S(gX)
-        tXsX = thr_g2s.partition_D(sX)
-        tXgO = thr_r2g.partition_D(gO)
-        tXcX = thr_g2s.partition_S(cX)
+        atom = cute.make_copy_atom(
+            cute.nvgpu.CopyUniversalOp(), mX.element_type, num_bits_per_copy=cfg.vec * mX.element_type.width
+        )
+        tiled_copy = cute.make_tiled_copy(atom, tv_layout, tiler)
+        thr_copy = tiled_copy.get_slice(tidx)
+        tXgX = thr_copy.partition_S(gX)
+        tXgO = thr_copy.partition_D(gO)
+        tXcX = thr_copy.partition_S(cX)
         record("TV layout (thread, value) -> (row, col)", tv_layout)
         record("x tile (gX)", gX)
-        record("x tile in shared memory (sX)", sX)
-        record("tiled copy global -> shared", tiled_g2s)
+        record("tiled copy", tiled_copy)
         record("x per thread (tXgX)", tXgX)
-        record("x per thread in shared memory (tXsX)", tXsX)
         record("smem partials", partials)
 
         # The partition is ((vec, vecs_per_thread), 1, 1): vector j is mode-0 coordinate (None, j).
         # (Indexing j in mode 2, a size-1 stride-0 mode, silently copies the whole fragment and
         # predicates on vector 0: full-width rows pass, ragged rows write past their end.)
-        row_ok = tXcX[0][0] < n_rows
+        row = tXcX[0][0]
+        row_ok = row < n_rows
+        tXrX = cute.make_fragment_like(tXgX)
+        tXrX.fill(0)
         for j in cutlass.range_constexpr(cfg.vecs_per_thread):
             if row_ok and tXcX[(0, j), 0, 0][1] < cfg.n:
-                cute.copy(g2s, tXgX[(None, j), None, None], tXsX[(None, j), None, None])
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)  # each thread reads back only the vectors it copied
+                cute.copy(atom, tXgX[(None, j), None, None], tXrX[(None, j), None, None])
 
-        sum_sq = Float32(0.0)
-        for j in cutlass.range_constexpr(cfg.vecs_per_thread):
-            if row_ok and tXcX[(0, j), 0, 0][1] < cfg.n:
-                v = tXsX[(None, j), None, None].load().to(Float32)
-                sum_sq += (v * v).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+        x = tXrX.load().to(Float32)
+        sum_sq = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
         sum_sq = cute.arch.warp_reduction_sum(sum_sq, threads_in_group=min(cfg.threads_per_row, 32))
         if cutlass.const_expr(cfg.warps_per_row > 1):
             lane = tidx % 32
@@ -164,21 +150,24 @@ class RmsNormKernel:
             sum_sq = Float32(0.0)
             for w in cutlass.range_constexpr(cfg.warps_per_row):
                 sum_sq += partials[row_in_cta, w]
-        rstd = cute.math.rsqrt(sum_sq / cfg.n + self.eps)
 
+        rstd = cute.math.rsqrt(sum_sq / cfg.n + self.eps)
+        y = x * rstd
         if cutlass.const_expr(self.has_weight):
             # The weight is the same for every row: a (rows, n) view with row stride 0.
             w_rows = cute.make_tensor(
                 mW.iterator, cute.prepend(mW.layout, cute.make_layout((cfg.rows_per_cta,), stride=(0,)))
             )
-            tXgW = thr_r2g.partition_S(cute.local_tile(w_rows, tiler, (0, 0)))
+            tXgW = thr_copy.partition_S(cute.local_tile(w_rows, tiler, (0, 0)))
+            tXrW = cute.make_fragment_like(tXgW)
+            tXrW.fill(0)
+            for j in cutlass.range_constexpr(cfg.vecs_per_thread):
+                if tXcX[(0, j), 0, 0][1] < cfg.n:
+                    cute.copy(atom, tXgW[(None, j), None, None], tXrW[(None, j), None, None])
+            y = y * tXrW.load().to(Float32)
+
+        tXrO = cute.make_fragment_like(tXgO)
+        tXrO.store(y.to(mO.element_type))
         for j in cutlass.range_constexpr(cfg.vecs_per_thread):
             if row_ok and tXcX[(0, j), 0, 0][1] < cfg.n:
-                y = tXsX[(None, j), None, None].load().to(Float32) * rstd
-                if cutlass.const_expr(self.has_weight):
-                    w = cute.make_fragment_like(tXgW[(None, j), None, None])
-                    cute.copy(r2g, tXgW[(None, j), None, None], w)
-                    y = y * w.load().to(Float32)
-                out = cute.make_fragment_like(tXgO[(None, j), None, None])
-                out.store(y.to(mO.element_type))
-                cute.copy(r2g, out, tXgO[(None, j), None, None])
+                cute.copy(atom, tXrO[(None, j), None, None], tXgO[(None, j), None, None])
