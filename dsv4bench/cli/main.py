@@ -6,6 +6,7 @@ import importlib
 import sys
 
 import typer
+from rich.markup import escape
 
 from dsv4bench.cli.common import EXIT_USAGE, UsageProblem, console, fail
 
@@ -41,7 +42,8 @@ def main() -> None:
     try:
         app()
     except UsageProblem as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        # user text may hold brackets ([hosts.a]): escape it; never wrap the one line
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")

@@ -80,8 +80,9 @@ class RunDir:
         return self
 
     def write_meta(self, meta: dict[str, Any]) -> None:
+        """Merge `meta` into run.json; each invocation is logged too, without the (large) case table."""
         old = self.read_meta()
-        runs = old.get("invocations", []) + [meta]
+        runs = old.get("invocations", []) + [{k: v for k, v in meta.items() if k != "cases"}]
         tmp = self.meta.with_suffix(".tmp")
         tmp.write_text(json.dumps({**old, **meta, "invocations": runs}, indent=2, default=str))
         tmp.replace(self.meta)

@@ -30,3 +30,9 @@ def test_unwritable_out_is_one_line_exit_2(tmp_path):
     res = dsv4bench("sweep", "rmsnorm", "--out", str(blocker / "run"))
     out = (res.stdout + res.stderr).strip()
     assert res.returncode == 2 and "cannot write to --out" in out and len(out.splitlines()) == 1, out
+
+
+def test_error_text_with_brackets_and_long_lines_stays_literal_and_on_one_line():
+    res = dsv4bench("sweep", "rmsnorm", "--width", "[hosts.a]" + "9" * 200)
+    out = (res.stdout + res.stderr).strip()
+    assert res.returncode == 2 and "[hosts.a]" in out and len(out.splitlines()) == 1, out
