@@ -44,15 +44,22 @@ def wrapper_script() -> bytes:
     return resources.files("dsv4bench.remote").joinpath("run_job.sh").read_bytes()
 
 
-def job_env(host: HostConfig, tree_dir: str, lock_file: str, argv: list[str], tasks: int) -> str:
+def job_env(host: HostConfig, tree_dir: str, lock_file: str, argv: list[str], tasks: int, commit: str = "") -> str:
     q = shlex.quote
     lines = [f"{k}={q(str(v))}" for k, v in dict(
         BACKEND=host.backend, SETUP=host.setup, PYTHON=host.python, TIMEOUT_S=host.timeout_s,
         GRACE_S=host.kill_grace_s, LOCK_FILE=lock_file, SHARDS=tasks).items()]
     lines.append(f"export PYTHONPATH={q(tree_dir)}${{PYTHONPATH:+:$PYTHONPATH}}")
+    if commit:  # the shipped tree has no .git: run.json takes the commit from here
+        lines.append(f"export DSV4BENCH_COMMIT={q(commit)}")
     lines += [f"export {k}={q(v)}" for k, v in host.job_env().items()]
     lines.append("set -- " + " ".join(q(a) for a in argv))
     return "\n".join(lines) + "\n"
+
+
+def commit_label(manifest: dict) -> str:
+    commit = (manifest.get("commit") or "")[:12]
+    return commit + ("-dirty" if commit and manifest.get("dirty") else "")
 
 
 async def ensure_tree(remote: Remote, pack: Pack) -> tuple[str, bool]:
@@ -85,7 +92,7 @@ async def submit(host: HostConfig, pack: Pack, argv: list[str], tasks: int = 1) 
         meta = {"id": job_id, "host": host.name, "argv": argv, "env": redact(host.job_env()),
                 "tree": {**pack.manifest, "tree_id": pack.tree_id}, "submitted": time.time(), "tasks": tasks}
         await remote.write(posixpath.join(job_dir, "job.json"), json.dumps(meta, indent=2).encode())
-        await remote.write(posixpath.join(job_dir, "job.env"), job_env(host, tree, lock, argv, tasks).encode())
+        await remote.write(posixpath.join(job_dir, "job.env"), job_env(host, tree, lock, argv, tasks, commit_label(pack.manifest)).encode())
         await remote.write(posixpath.join(job_dir, "run.sh"), wrapper_script(), mode=0o700)
         if host.backend == "slurm":
             record.slurm_id = await slurm.submit_array(remote, job_dir, job_id, tasks)

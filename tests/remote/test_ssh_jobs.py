@@ -37,7 +37,10 @@ def test_compile_only_sweep_submit_follow_fetch_report(make_host, tmp_path):
     run = dest / "out" / "run"
     records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     assert records and {r["status"] for r in records} <= {"COMPILED", "PASS", "UNSUPPORTED"}
-    assert (run / "results.csv").exists() and json.loads((run / "run.json").read_text())["kernel"] == "rmsnorm"
+    meta = json.loads((run / "run.json").read_text())
+    assert (run / "results.csv").exists() and meta["kernel"] == "rmsnorm"
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert meta["environment"]["commit"].startswith(head.strip()[:12])  # the shipped tree has no .git
     assert "<html" in (run / "index.html").read_text().lower()
     assert "COMPILED" in (dest / "output.log").read_text()
     assert not (dest / "job.env").exists()  # env values may be secrets: they stay on the host
