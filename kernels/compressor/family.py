@@ -12,11 +12,26 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.filters import apply_filters, parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import (
+    Cost,
+    Family,
+    Impl,
+    SweepOptions,
+    Tolerance,
+    register_family,
+    register_impl,
+)
 from kernels.common import compile_kernel, fake_rowmajor
 from kernels.compressor.compressor import CompressorKernel
 from kernels.rope.rotate import ROPE_DIM, rope_table
-from oracles.compressor import block_candidates, num_entries, overlaps, pool, postprocess, postprocess_lowprec
+from oracles.compressor import (
+    block_candidates,
+    num_entries,
+    overlaps,
+    pool,
+    postprocess,
+    postprocess_lowprec,
+)
 from oracles.norm import NORM_EPS
 from oracles.rope import COMPRESSED_ROPE, rope_freqs
 from sweeps import compressor as space
@@ -96,7 +111,7 @@ class CompressorFamily(Family):
         return {"out": torch.empty(case["b"], entries(case), case["d"], dtype=torch.bfloat16, device=device)}
 
     def cost(self, case: Case) -> Cost:
-        b, s, d, m, e = case["b"], case["s"], case["d"], case["m"], entries(case)
+        b, d, m, e = case["b"], case["d"], case["m"], entries(case)
         used = e * m  # tokens of complete blocks
         read = b * used * width(case) * 4 * 2  # kv + score, each element once
         cands = (2 * m) if overlaps(m) else m

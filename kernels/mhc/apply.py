@@ -18,7 +18,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory as memory
-from cutlass import Float32, Int32
+from cutlass import Float32
 
 HC = 4
 TOKENS = 32

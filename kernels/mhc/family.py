@@ -9,6 +9,8 @@ summation order over 4·D terms, which no single-rounding floor covers.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import cutlass
 import cutlass.cute as cute
 import torch
@@ -16,13 +18,29 @@ from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.filters import apply_filters, parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import (
+    Cost,
+    Family,
+    Impl,
+    SweepOptions,
+    Tolerance,
+    register_family,
+    register_impl,
+)
 from kernels.common import compile_kernel, fake_rowmajor
 from kernels.mhc.apply import HcApplyKernel
 from kernels.mhc.mix import HcMixKernel, pick_chunk
 from kernels.mhc.post import HcPostKernel
-from oracles.mhc import (HC_MULT, hc_head, hc_head_lowprec, hc_post, hc_post_lowprec, hc_pre, hc_pre_lowprec,
-                         sinkhorn)
+from oracles.mhc import (
+    HC_MULT,
+    hc_head,
+    hc_head_lowprec,
+    hc_post,
+    hc_post_lowprec,
+    hc_pre,
+    hc_pre_lowprec,
+    sinkhorn,
+)
 from sweeps import mhc as space
 
 N_MIX = {"pre": (2 + HC_MULT) * HC_MULT, "head": HC_MULT}
@@ -140,7 +158,7 @@ class MhcCuteDSL(Impl):
                             mix.splits, mix.n_mix)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        t, d = case["t"], case["d"]
+        t = case["t"]
         if case["op"] == "post":
             compiled(inputs["o"], inputs["residual"], inputs["post"], inputs["comb"].view(t, -1), out["out"])
             return out
@@ -187,7 +205,7 @@ class MhcTorch(Impl):
 class MhcTorchCompile(Impl):
     family, name, backend = "mhc", "torch_compile", "torch_compile"
     archs = ("any",)
-    _fns: dict = {}
+    _fns: ClassVar[dict] = {}
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         if not MhcTorchCompile._fns:

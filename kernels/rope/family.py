@@ -10,12 +10,26 @@ from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import (
+    Cost,
+    Family,
+    Impl,
+    SweepOptions,
+    Tolerance,
+    register_family,
+    register_impl,
+)
 from kernels.common import CUTE_DTYPES, TORCH_DTYPES, compile_kernel, fake_rowmajor
 from kernels.rope.rope import RopeKernel
 from kernels.rope.rotate import ROPE_DIM, rope_table
 from oracles.norm import NORM_EPS, rmsnorm, rmsnorm_lowprec
-from oracles.rope import COMPRESSED_ROPE, SWA_ROPE, apply_rope, apply_rope_lowprec, rope_freqs
+from oracles.rope import (
+    COMPRESSED_ROPE,
+    SWA_ROPE,
+    apply_rope,
+    apply_rope_lowprec,
+    rope_freqs,
+)
 from sweeps import rope as space
 
 DECODE_MAX_POS = 1 << 17
