@@ -20,7 +20,7 @@ from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import get_impl
 from dsv4bench.core.worker import case_generator, poison
 from kernels.fmha.family import FAMILY
-from sweeps.fmha import _dense, _sparse
+from sweeps.fmha import _sparse, dense_bench
 
 IMPLS = ("cutedsl", "flashmla", "fa4", "cudnn", "torch")
 
@@ -32,9 +32,7 @@ def bench_cases() -> dict[str, dict]:
         "pro_decode_64": _sparse(h_q=128, s_q=64, topk=1152, window=0, kv_layout="per_token", lse=False),
         "pro_decode_128": _sparse(h_q=128, s_q=128, topk=1152, window=0, kv_layout="per_token", lse=False),
         "flash_decode_64": _sparse(h_q=64, s_q=64, topk=640, window=0, kv_layout="per_token", lse=False),
-        "dense_hd128": _dense(128, "none", b=4, h_q=16, h_kv=16, s_q=4096, s_kv=4096, lse=False),
-        "dense_hd256": _dense(256, "none", b=4, h_q=16, h_kv=16, s_q=4096, s_kv=4096, lse=False),
-        "dense_hd128_causal": _dense(128, "causal", b=4, h_q=16, h_kv=16, s_q=4096, s_kv=4096, lse=False),
+        **{f"dense_hd{c['hd']}" + ("_causal" if c["mask"] == "causal" else ""): c for c in dense_bench()},
     }
 
 

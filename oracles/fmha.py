@@ -20,12 +20,18 @@ import torch
 _CHUNK_ELEMS = 1 << 26
 
 
+def _gemm_lowprec(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b as a bf16 GEMM computes it (fp32 accumulation of bf16 products, result rounded to
+    the input dtype), returned in fp32. Written with fp32 matmuls so it is fast on a CPU too."""
+    return torch.matmul(a.float(), b.float()).to(a.dtype).float()
+
+
 def _attend(q, k, v, valid, sink, scale, lowprec):
     """Softmax attention of q [r, h, d] over per-row key sets k [r|1, n, d], v [r|1, n, dv]
-    with valid [r, n]. fp32 (oracle) or the kernel's dtype (lowprec: bf16 products rounded as
-    torch does, P rounded to the input dtype before PV, output rounded)."""
-    if lowprec:
-        logits = torch.matmul(q, k.transpose(-1, -2)).float() * scale  # [r, h, n]
+    with valid [r, n]. fp32 (oracle) or the kernel's dtype (lowprec: GEMM outputs rounded to the
+    input dtype, P rounded to it before PV, output rounded)."""
+    if lowprec:  # a bf16 GEMM: bf16 operands, fp32 accumulation, output rounded to bf16
+        logits = _gemm_lowprec(q, k.transpose(-1, -2)) * scale  # [r, h, n]
     else:
         logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
@@ -36,7 +42,7 @@ def _attend(q, k, v, valid, sink, scale, lowprec):
     lse = (torch.log(denom) + m_safe)[..., 0]
     if sink is not None:
         denom = denom + torch.exp(sink.float()[None, :, None] - m_safe)
-    o = torch.matmul(p.to(q.dtype), v).float() if lowprec else torch.matmul(p, v.float())
+    o = _gemm_lowprec(p.to(q.dtype), v) if lowprec else torch.matmul(p, v.float())
     o = torch.where(denom > 0, o / denom.clamp_min(1e-30), torch.zeros_like(o))
     return (o.to(q.dtype) if lowprec else o), lse
 

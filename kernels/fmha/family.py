@@ -104,7 +104,9 @@ class FmhaFamily(Family):
             "heads": lambda v: parse_int_list("heads", v),
             "topk": lambda v: parse_int_list("topk", v),
             "sink": sink,
-            "mask": lambda v: parse_choice_list("mask", v, list(space.MASKS)),
+            # "topk" is the CLI's name for the gathered (sparse) key lists
+            "mask": lambda v: [m if m != "topk" else "sparse"
+                               for m in parse_choice_list("mask", v, list(space.MASKS) + ["topk"])],
         }
         unknown = sorted(set(raw) - set(parsers))
         if unknown:
