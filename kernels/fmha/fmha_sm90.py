@@ -294,6 +294,10 @@ class GatherAttentionSm90:
         else:
             sVt = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
+        record("mbarrier full (per stage): arrive count", f"{2 * 128} = 128 producer threads x (cp.async.mbarrier"
+               ".arrive.noinc for the rows + mbarrier.arrive after the index stores)")
+        record("mbarrier empty (per stage): arrive count", f"{128 * c.n_consumer_wg} = every consumer thread once per tile")
+        record("mbarrier q_full: arrive count", "128 = cp.async.mbarrier.arrive.noinc of each producer thread")
         if tidx == 0:
             for i in cutlass.range_constexpr(S):
                 cute.arch.mbarrier_init(bars + i, 2 * 128)  # producer: cp.async arrive + idx-store arrive
