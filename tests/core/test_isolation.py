@@ -67,3 +67,16 @@ def test_killed_sweep_resumes_without_losing_or_repeating_records(tmp_path):
     assert len(keys) == len(set(keys)) == 12  # 6 compiles + 6 checks, each exactly once
     assert final[: len(first)] == first  # the records of the killed run are untouched
     assert (out / "results.csv").read_text().count("\n") == 13
+
+
+def test_cpu_check_skips_cases_too_large_for_the_cpu(tmp_path):
+    from dsv4bench.core.case import Case
+    from dsv4bench.core.worker import Worker
+
+    worker = Worker()
+    big = Case("rmsnorm", {"m": 1 << 17, "n": 7168, "dtype": "bf16", "weight": True})  # 3.5 GiB moved
+    task = {"run_id": "r", "key": "k", "case": big.to_json(), "impl": "torch", "arch": "cpu", "mode": "check"}
+    rec = worker.handle(task)
+    assert rec.status == "UNSUPPORTED" and "CPU check skipped" in rec.reason
+    small = Case("rmsnorm", {"m": 3, "n": 64, "dtype": "bf16", "weight": True})
+    assert worker.handle({**task, "case": small.to_json()}).status == "PASS"
