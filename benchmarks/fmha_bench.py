@@ -84,7 +84,7 @@ def main() -> None:
                 poison(out)
                 holder = {}
 
-                def call():
+                def call(impl=impl, x=x, out=out, compiled=compiled):
                     holder["r"] = impl.run(case, x, out, compiled)
 
                 call()
@@ -110,7 +110,7 @@ def main() -> None:
             r["ratio_vs_ours"] = r["median_ms"] / ours[r["case"]]["median_ms"]
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
-    print(f"\n| case | impl | status | ms | TFLOP/s | GB/s | peer/ours |\n|---|---|---|---|---|---|---|")
+    print("\n| case | impl | status | ms | TFLOP/s | GB/s | peer/ours |\n|---|---|---|---|---|---|---|")
     for r in record["results"]:
         if "median_ms" in r:
             print(f"| {r['case']} | {r['impl']} | {r['status']} | {r['median_ms']:.3f} | {r['tflops']:.0f} | "
