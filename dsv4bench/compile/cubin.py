@@ -63,6 +63,8 @@ def parse_cubin(blob: bytes) -> CubinInfo:
                     local = max(local or 0, value)
         elif name.startswith(".nv.shared.") and not name.startswith(".nv.shared.reserved"):
             smem += len(data)
-    flags = struct.unpack_from("<I", blob, 0x30)[0]
-    sm = (flags & 0xFF) if flags & 0xFF else None
-    return CubinInfo(len(blob), regs, local if local is not None else 0, smem, sm)
+    # e_flags carry the SM: bits 0-7 in the ELF ABI v7 cubins (sm_90a: 0x5a0d5a), bits 8-15
+    # from ABI v8 on (sm_100a: 0x0600640a)
+    flags, abi_version = struct.unpack_from("<I", blob, 0x30)[0], blob[8]
+    sm = (flags >> 8) & 0xFF if abi_version >= 8 else flags & 0xFF
+    return CubinInfo(len(blob), regs, local if local is not None else 0, smem, sm or None)

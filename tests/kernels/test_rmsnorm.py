@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dsv4bench.compile.artifacts import artifact
 from dsv4bench.compile.cache import CompileCache
+from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import get_family, get_impl
@@ -21,6 +23,8 @@ def test_compiles_without_gpu(arch, n, weight, tmp_path, monkeypatch):
     _, info = CompileCache().get(get_impl("rmsnorm", "cutedsl"), case, arch)
     assert info.cache == "miss" and info.cubin_bytes > 1000
     assert 0 < info.registers <= 128 and info.local_bytes == 0  # no spills
+    compiled, _ = CompileCache().get(get_impl("rmsnorm", "cutedsl"), case, arch)
+    assert parse_cubin(artifact(compiled)).sm == int(arch[3:-1])  # the cubin is for the asked arch
 
 
 def test_config_covers_the_row_exactly_once():
