@@ -21,6 +21,7 @@ from dsv4bench.core.registry import (
     register_family,
     register_impl,
 )
+from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel, fake_rowmajor
 from kernels.compressor.compressor import CompressorKernel
 from kernels.rope.rotate import ROPE_DIM, rope_table
@@ -150,26 +151,6 @@ def _eager_args(case: Case, inputs: dict):
     return inputs["kv"], inputs["score"], inputs["norm_w"], case["m"], freqs
 
 
-class CompressorTorch(Impl):
-    family, name, backend = "compressor", "torch", "torch"
-    archs = ("any",)
-    needs_gpu = False
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        return split(compress_eager(*_eager_args(case, inputs)))
-
-
-class CompressorTorchCompile(Impl):
-    family, name, backend = "compressor", "torch_compile", "torch_compile"
-    archs = ("any",)
-    _fn = None
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        if CompressorTorchCompile._fn is None:
-            CompressorTorchCompile._fn = torch.compile(compress_eager, dynamic=False)
-        return split(CompressorTorchCompile._fn(*_eager_args(case, inputs)))
-
-
 register_family(CompressorFamily())
-for _impl in (CompressorCuteDSL(), CompressorTorch(), CompressorTorchCompile()):
-    register_impl(_impl)
+register_impl(CompressorCuteDSL())
+register_torch_baselines("compressor", compress_eager, lambda fn, case, inputs: split(fn(*_eager_args(case, inputs))))

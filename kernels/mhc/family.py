@@ -9,8 +9,6 @@ summation order over 4·D terms, which no single-rounding floor covers.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import cutlass
 import cutlass.cute as cute
 import torch
@@ -27,6 +25,7 @@ from dsv4bench.core.registry import (
     register_family,
     register_impl,
 )
+from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel, fake_rowmajor
 from kernels.mhc.apply import HcApplyKernel
 from kernels.mhc.mix import HcMixKernel, pick_chunk
@@ -179,7 +178,7 @@ class CompiledPair:
         self.__cubin__ = getattr(mix, "__cubin__", None)
 
 
-def _eager(case: Case, inputs: dict, fns: dict) -> dict:
+def _eager(fns: dict, case: Case, inputs: dict) -> dict:
     if case["op"] == "post":
         return {"out": fns["post"](inputs["o"], inputs["residual"], inputs["post"], inputs["comb"])}
     if case["op"] == "head":
@@ -191,28 +190,7 @@ def _eager(case: Case, inputs: dict, fns: dict) -> dict:
 EAGER = {"pre": hc_pre_lowprec, "post": hc_post_lowprec, "head": hc_head_lowprec}
 
 
-class MhcTorch(Impl):
-    """torch eager: the reference's composition (F.linear mixes, torch Sinkhorn loop, weighted sum)."""
-
-    family, name, backend = "mhc", "torch", "torch"
-    archs = ("any",)
-    needs_gpu = False
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        return _eager(case, inputs, EAGER)
-
-
-class MhcTorchCompile(Impl):
-    family, name, backend = "mhc", "torch_compile", "torch_compile"
-    archs = ("any",)
-    _fns: ClassVar[dict] = {}
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        if not MhcTorchCompile._fns:
-            MhcTorchCompile._fns.update({k: torch.compile(f, dynamic=False) for k, f in EAGER.items()})
-        return _eager(case, inputs, MhcTorchCompile._fns)
-
-
 register_family(MhcFamily())
-for _impl in (MhcCuteDSL(), MhcTorch(), MhcTorchCompile()):
-    register_impl(_impl)
+register_impl(MhcCuteDSL())
+# the reference's composition (F.linear mixes, torch Sinkhorn loop, weighted sum), one fn per op
+register_torch_baselines("mhc", EAGER, _eager)

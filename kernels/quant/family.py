@@ -17,6 +17,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 from dsv4bench.core.case import Case
 from dsv4bench.core.filters import apply_filters, parse_int_list
 from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.quant import eager
 from kernels.quant.quant import QuantConfig, QuantKernel
@@ -116,28 +117,8 @@ class QuantCuteDSL(Impl):
         return out
 
 
-class QuantTorch(Impl):
-    """torch eager: the reference's math composed in torch on the device."""
-
-    family, name, backend = "quant", "torch", "torch"
-    archs = ("any",)
-    needs_gpu = False
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        return eager.quant(inputs["x"], case["fmt"], case["block"], case["rotate"])
-
-
-class QuantTorchCompile(Impl):
-    family, name, backend = "quant", "torch_compile", "torch_compile"
-    archs = ("any",)
-    _fn = None
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        if QuantTorchCompile._fn is None:
-            QuantTorchCompile._fn = torch.compile(eager.quant, dynamic=False)
-        return QuantTorchCompile._fn(inputs["x"], case["fmt"], case["block"], case["rotate"])
-
-
 register_family(QuantFamily())
-for _impl in (QuantCuteDSL(), QuantTorch(), QuantTorchCompile()):
-    register_impl(_impl)
+register_impl(QuantCuteDSL())
+register_torch_baselines(
+    "quant", eager.quant, lambda fn, case, inputs: fn(inputs["x"], case["fmt"], case["block"], case["rotate"])
+)

@@ -8,6 +8,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
 from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import CUTE_DTYPES, TORCH_DTYPES, compile_kernel, fake_rowmajor
 from kernels.rmsnorm.rmsnorm import RmsNormKernel
 from oracles.norm import NORM_EPS, rmsnorm, rmsnorm_lowprec
@@ -88,29 +89,6 @@ class RmsNormCuteDSL(Impl):
         return out
 
 
-class RmsNormTorch(Impl):
-    """torch eager: the fused F.rms_norm, same math in the input dtype."""
-
-    family, name, backend = "rmsnorm", "torch", "torch"
-    archs = ("any",)
-    needs_gpu = False
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        w = inputs.get("w")
-        return {"out": torch.nn.functional.rms_norm(inputs["x"], (case["n"],), w, NORM_EPS)}
-
-
-class RmsNormTorchCompile(Impl):
-    family, name, backend = "rmsnorm", "torch_compile", "torch_compile"
-    archs = ("any",)
-    _fn = None
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        if RmsNormTorchCompile._fn is None:
-            RmsNormTorchCompile._fn = torch.compile(rmsnorm_lowprec)
-        return {"out": RmsNormTorchCompile._fn(inputs["x"], inputs.get("w"), NORM_EPS)}
-
-
 class RmsNormQuack(Impl):
     family, name, backend = "rmsnorm", "quack", "quack"
     archs = ("any",)
@@ -132,5 +110,9 @@ class RmsNormQuack(Impl):
 
 
 register_family(RmsNormFamily())
-for _impl in (RmsNormCuteDSL(), RmsNormTorch(), RmsNormTorchCompile(), RmsNormQuack()):
+for _impl in (RmsNormCuteDSL(), RmsNormQuack()):
     register_impl(_impl)
+register_torch_baselines(
+    "rmsnorm", rmsnorm_lowprec, lambda fn, case, inputs: {"out": fn(inputs["x"], inputs.get("w"), NORM_EPS)},
+    eager=lambda x, w, eps: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps),  # the fused eager op
+)

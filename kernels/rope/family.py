@@ -19,6 +19,7 @@ from dsv4bench.core.registry import (
     register_family,
     register_impl,
 )
+from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import CUTE_DTYPES, TORCH_DTYPES, compile_kernel, fake_rowmajor
 from kernels.rope.rope import RopeKernel
 from kernels.rope.rotate import ROPE_DIM, rope_table
@@ -143,28 +144,7 @@ class RopeCuteDSL(Impl):
         return out
 
 
-class RopeTorch(Impl):
-    family, name, backend = "rope", "torch", "torch"
-    archs = ("any",)
-    needs_gpu = False
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        return {"out": rope_eager(inputs["x"], inputs["positions"], inputs["table"], case["op"] == "q_norm_rope",
-                                  case["op"] == "inverse")}
-
-
-class RopeTorchCompile(Impl):
-    family, name, backend = "rope", "torch_compile", "torch_compile"
-    archs = ("any",)
-    _fn = None
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        if RopeTorchCompile._fn is None:
-            RopeTorchCompile._fn = torch.compile(rope_eager, dynamic=False)
-        return {"out": RopeTorchCompile._fn(inputs["x"], inputs["positions"], inputs["table"],
-                                            case["op"] == "q_norm_rope", case["op"] == "inverse")}
-
-
 register_family(RopeFamily())
-for _impl in (RopeCuteDSL(), RopeTorch(), RopeTorchCompile()):
-    register_impl(_impl)
+register_impl(RopeCuteDSL())
+register_torch_baselines("rope", rope_eager, lambda fn, case, inputs: {"out": fn(
+    inputs["x"], inputs["positions"], inputs["table"], case["op"] == "q_norm_rope", case["op"] == "inverse")})

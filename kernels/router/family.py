@@ -19,6 +19,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor
 from dsv4bench.core.case import Case
 from dsv4bench.core.filters import apply_filters, parse_int_list
 from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.router.eager import route_from_logits
 from kernels.router.router import RouterKernel
@@ -124,28 +125,7 @@ class RouterCuteDSL(Impl):
         return out
 
 
-class RouterTorch(Impl):
-    family, name, backend = "router", "torch", "torch"
-    archs = ("any",)
-    needs_gpu = False
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        return route_from_logits(inputs["logits"], inputs.get("bias"), inputs.get("tid2eid"),
-                                 inputs.get("input_ids"), case["k"], case["scale"])
-
-
-class RouterTorchCompile(Impl):
-    family, name, backend = "router", "torch_compile", "torch_compile"
-    archs = ("any",)
-    _fn = None
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        if RouterTorchCompile._fn is None:
-            RouterTorchCompile._fn = torch.compile(route_from_logits, dynamic=False)
-        return RouterTorchCompile._fn(inputs["logits"], inputs.get("bias"), inputs.get("tid2eid"),
-                                      inputs.get("input_ids"), case["k"], case["scale"])
-
-
 register_family(RouterFamily())
-for _impl in (RouterCuteDSL(), RouterTorch(), RouterTorchCompile()):
-    register_impl(_impl)
+register_impl(RouterCuteDSL())
+register_torch_baselines("router", route_from_logits, lambda fn, case, inputs: fn(
+    inputs["logits"], inputs.get("bias"), inputs.get("tid2eid"), inputs.get("input_ids"), case["k"], case["scale"]))

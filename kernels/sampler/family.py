@@ -15,6 +15,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor
 from dsv4bench.core.case import Case
 from dsv4bench.core.filters import apply_filters, parse_int_list
 from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.sampler.eager import sample_with_noise
 from kernels.sampler.sampler import SamplerKernel
@@ -110,26 +111,7 @@ class SamplerCuteDSL(Impl):
         return out
 
 
-class SamplerTorch(Impl):
-    family, name, backend = "sampler", "torch", "torch"
-    archs = ("any",)
-    needs_gpu = False
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        return {"tokens": sample_with_noise(inputs["logits"], inputs["temperatures"], inputs["noise"])}
-
-
-class SamplerTorchCompile(Impl):
-    family, name, backend = "sampler", "torch_compile", "torch_compile"
-    archs = ("any",)
-    _fn = None
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        if SamplerTorchCompile._fn is None:
-            SamplerTorchCompile._fn = torch.compile(sample_with_noise, dynamic=False)
-        return {"tokens": SamplerTorchCompile._fn(inputs["logits"], inputs["temperatures"], inputs["noise"])}
-
-
 register_family(SamplerFamily())
-for _impl in (SamplerCuteDSL(), SamplerTorch(), SamplerTorchCompile()):
-    register_impl(_impl)
+register_impl(SamplerCuteDSL())
+register_torch_baselines("sampler", sample_with_noise, lambda fn, case, inputs: {
+    "tokens": fn(inputs["logits"], inputs["temperatures"], inputs["noise"])})

@@ -1,0 +1,29 @@
+"""Every family's eager torch baseline computes the family's math: it passes against the oracle on
+the CPU for a small production case (the baselines are what our kernels are timed against)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.registry import SweepOptions, families, get_impl
+from dsv4bench.core.worker import CaseData
+
+SMALL_BYTES = 64 << 20
+
+
+def small_case(family):
+    cases = [c for c in family.cases(SweepOptions(examples=0, seed=1)) if family.cost(c).bytes <= SMALL_BYTES]
+    return min(cases, key=lambda c: family.cost(c).bytes)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in families() if n != "fmha"))
+def test_eager_baseline_matches_the_oracle_on_cpu(name):
+    family = families()[name]
+    case = small_case(family)
+    impl = get_impl(name, "torch")
+    data = CaseData(family, case, "cpu")
+    result = impl.run(case, data.inputs, family.alloc_outputs(case, "cpu"), None)
+    ok, metrics = compare_outputs(result, data.oracle, data.lowprec, lambda n: family.tolerance_for(case, n))
+    assert ok, f"{case}: " + "; ".join(m.summary() for m in metrics.values())
+    assert get_impl(name, "torch_compile").backend == "torch_compile"
