@@ -12,9 +12,10 @@ import importlib
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from dsv4bench.core.case import Case
+from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
 
 Tensors = dict  # name -> torch.Tensor
 
@@ -65,10 +66,16 @@ class Family(ABC):
     name: str = ""
     description: str = ""
     tolerance: Tolerance = Tolerance()
+    space: Any = None  # its module in sweeps/: production() -> [params], extra(n, seed) -> [params]
+    filters: Mapping[str, str] = {}  # CLI shape option -> the case param it selects, e.g. {"width": "n"}
+    choices: Mapping[str, Sequence[str]] = {}  # options taking names (--dtype bf16), not integers
 
-    @abstractmethod
     def cases(self, opts: SweepOptions) -> list[Case]:
-        """The case space: production grid + hypothesis draws + regressions (sweeps/)."""
+        """The case space (sweeps/): the production grid, then hypothesis draws; filtered."""
+        params = [(p, "grid") for p in self.space.production()] if opts.grid else []
+        params += [(p, "hypothesis") for p in self.space.extra(opts.examples, opts.seed)]
+        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
+        return apply_filters(cases, opts.filters, self.filters)
 
     @abstractmethod
     def make_inputs(self, case: Case, gen: "Any", device: str) -> Tensors:
@@ -94,7 +101,12 @@ class Family(ABC):
 
     def parse_filters(self, raw: Mapping[str, str]) -> dict:
         """Turn CLI options (e.g. --hd 64,128) into typed filters; raise ValueError on bad input."""
-        return {}
+        unknown = sorted(set(raw) - set(self.filters))
+        if unknown:
+            takes = ", ".join(f"--{opt} ({param})" for opt, param in self.filters.items()) or "no shape options"
+            raise ValueError(f"option --{unknown[0]} does not apply to {self.name} (it takes {takes})")
+        return {opt: parse_choice_list(opt, v, list(self.choices[opt])) if opt in self.choices
+                else parse_int_list(opt, v) for opt, v in raw.items()}
 
 
 class Impl(ABC):

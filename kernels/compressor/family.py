@@ -11,12 +11,10 @@ import cutlass.cute as cute
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import apply_filters, parse_int_list
 from dsv4bench.core.registry import (
     Cost,
     Family,
     Impl,
-    SweepOptions,
     Tolerance,
     register_family,
     register_impl,
@@ -64,6 +62,8 @@ class CompressorFamily(Family):
     name = "compressor"
     description = "CSA (m=4, overlap) / HCA (m=128) pooling + RMSNorm + RoPE(s·m) + FP8 NoPE qdq (§5)"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
+    space = space
+    filters = {"rows": "s", "width": "d"}
     # e4m3 keeps 3 mantissa bits: a value on the other side of a rounding midpoint moves by one
     # code (6-12 %). The bf16 reference flips ~1 in 16 NoPE values (rel L2 ~1.5e-2); the max rule
     # scales with its flips, the L2 bound of the NoPE part allows twice that.
@@ -71,18 +71,6 @@ class CompressorFamily(Family):
 
     def tolerance_for(self, case: Case, output: str) -> Tolerance:
         return self.nope_tolerance if output == "nope" else self.tolerance
-
-    def cases(self, opts: SweepOptions) -> list[Case]:
-        params = [(p, "grid") for p in space.production()] if opts.grid else []
-        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
-        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {"rows": "s", "width": "d"})
-
-    def parse_filters(self, raw: dict) -> dict:
-        unknown = sorted(set(raw) - {"rows", "width"})
-        if unknown:
-            raise ValueError(f"option --{unknown[0]} does not apply to compressor (it takes --rows, --width)")
-        return {k: parse_int_list(k, v) for k, v in raw.items()}
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         b, s, d, w = case["b"], case["s"], case["d"], width(case)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.filters import parse_choice_list, parse_int_list
+from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
 from kernels.fmha import peers
 from kernels.fmha.glue import FmhaCuteDSL
 from oracles.fmha import dense_attention, hca_compressed, sparse_attention
@@ -77,13 +77,8 @@ class FmhaFamily(Family):
     name = "fmha"
     description = "attention with sink over gathered (DSV4 top-k/window/HCA) or dense masked keys, hd 64-512"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
-
-    def cases(self, opts: SweepOptions) -> list[Case]:
-        params = [(p, "grid") for p in space.production()] if opts.grid else []
-        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
-        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {"hd": "hd", "heads": "h_q", "topk": "topk",
-                                                   "sink": "sink", "mask": "mask"})
+    space = space
+    filters = {"hd": "hd", "heads": "h_q", "topk": "topk", "sink": "sink", "mask": "mask"}
 
     def parse_filters(self, raw: dict) -> dict:
         def sink(v):

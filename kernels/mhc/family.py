@@ -15,12 +15,10 @@ import torch
 from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import apply_filters, parse_int_list
 from dsv4bench.core.registry import (
     Cost,
     Family,
     Impl,
-    SweepOptions,
     Tolerance,
     register_family,
     register_impl,
@@ -56,18 +54,8 @@ class MhcFamily(Family):
     name = "mhc"
     description = "mHC hc_pre (mixes, Sinkhorn, collapse), hc_post, hc_head over [T, 4, D] (§3)"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
-
-    def cases(self, opts: SweepOptions) -> list[Case]:
-        params = [(p, "grid") for p in space.production()] if opts.grid else []
-        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
-        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {"rows": "t", "width": "d"})
-
-    def parse_filters(self, raw: dict) -> dict:
-        unknown = sorted(set(raw) - {"rows", "width"})
-        if unknown:
-            raise ValueError(f"option --{unknown[0]} does not apply to mhc (it takes --rows, --width)")
-        return {k: parse_int_list(k, v) for k, v in raw.items()}
+    space = space
+    filters = {"rows": "t", "width": "d"}
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         t, d = case["t"], case["d"]

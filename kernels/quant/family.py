@@ -15,8 +15,7 @@ import torch
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import apply_filters, parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.quant import eager
@@ -34,18 +33,8 @@ class QuantFamily(Family):
     name = "quant"
     description = "activation quant: FP8 e4m3 per 128/64, Hadamard-128 + MXFP4 per 32; ue8m0 scales (§2.3-§2.5)"
     tolerance = Tolerance(exact=True)
-
-    def cases(self, opts: SweepOptions) -> list[Case]:
-        params = [(p, "grid") for p in space.production()] if opts.grid else []
-        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
-        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {"width": "n", "rows": "m"})
-
-    def parse_filters(self, raw: dict) -> dict:
-        unknown = sorted(set(raw) - {"width", "rows"})
-        if unknown:
-            raise ValueError(f"option --{unknown[0]} does not apply to quant (it takes --width, --rows)")
-        return {k: parse_int_list(k, v) for k, v in raw.items()}
+    space = space
+    filters = {"width": "n", "rows": "m"}
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         """Rows of random magnitude (2^-10 .. 2^10), sparse outliers, and at the edges of the scale

@@ -6,8 +6,7 @@ import cutlass.cute as cute
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import CUTE_DTYPES, TORCH_DTYPES, compile_kernel, fake_rowmajor
 from kernels.rmsnorm.rmsnorm import RmsNormKernel
@@ -19,23 +18,9 @@ class RmsNormFamily(Family):
     name = "rmsnorm"
     description = "RMSNorm over the last dim (spec §2.1), weighted and weightless"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
-
-    def cases(self, opts: SweepOptions) -> list[Case]:
-        params = [(p, "grid") for p in space.production()] if opts.grid else []
-        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
-        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {"width": "n", "rows": "m", "dtype": "dtype"})
-
-    def parse_filters(self, raw: dict) -> dict:
-        parsers = {
-            "width": lambda v: parse_int_list("width", v),
-            "rows": lambda v: parse_int_list("rows", v),
-            "dtype": lambda v: parse_choice_list("dtype", v, sorted(TORCH_DTYPES)),
-        }
-        unknown = sorted(set(raw) - set(parsers))
-        if unknown:
-            raise ValueError(f"option --{unknown[0]} does not apply to rmsnorm (it takes --width, --rows, --dtype)")
-        return {k: parsers[k](v) for k, v in raw.items()}
+    space = space
+    filters = {"width": "n", "rows": "m", "dtype": "dtype"}
+    choices = {"dtype": sorted(TORCH_DTYPES)}
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         m, n, dt = case["m"], case["n"], TORCH_DTYPES[case["dtype"]]

@@ -9,12 +9,10 @@ import torch
 from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
 from dsv4bench.core.registry import (
     Cost,
     Family,
     Impl,
-    SweepOptions,
     Tolerance,
     register_family,
     register_impl,
@@ -62,24 +60,9 @@ class RopeFamily(Family):
     name = "rope"
     description = "partial interleaved RoPE (last 64 dims), fwd/inverse, fused per-head q RMSNorm (§2.2, §4)"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
-
-    def cases(self, opts: SweepOptions) -> list[Case]:
-        params = [(p, "grid") for p in space.production()] if opts.grid else []
-        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
-        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {"rows": "t", "heads": "h", "hd": "n", "dtype": "dtype"})
-
-    def parse_filters(self, raw: dict) -> dict:
-        parsers = {
-            "rows": lambda v: parse_int_list("rows", v),
-            "heads": lambda v: parse_int_list("heads", v),
-            "hd": lambda v: parse_int_list("hd", v),
-            "dtype": lambda v: parse_choice_list("dtype", v, sorted(TORCH_DTYPES)),
-        }
-        unknown = sorted(set(raw) - set(parsers))
-        if unknown:
-            raise ValueError(f"option --{unknown[0]} does not apply to rope (it takes --rows, --heads, --hd, --dtype)")
-        return {k: parsers[k](v) for k, v in raw.items()}
+    space = space
+    filters = {"rows": "t", "heads": "h", "hd": "n", "dtype": "dtype"}
+    choices = {"dtype": sorted(TORCH_DTYPES)}
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         t, h, n, dt = case["t"], case["h"], case["n"], TORCH_DTYPES[case["dtype"]]

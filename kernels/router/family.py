@@ -17,8 +17,7 @@ import torch.nn.functional as F
 from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import apply_filters, parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.router.eager import route_from_logits
@@ -37,21 +36,11 @@ class RouterFamily(Family):
     name = "router"
     description = "MoE router from gate logits: sqrt-softplus, bias top-6 or tid2eid hash, renorm × route_scale (§8.1)"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-5)
+    space = space
+    filters = {"width": "e", "rows": "t"}
 
     def tolerance_for(self, case: Case, output: str) -> Tolerance:
         return Tolerance(index_set=True) if output == "indices" else self.tolerance
-
-    def cases(self, opts: SweepOptions) -> list[Case]:
-        params = [(p, "grid") for p in space.production()] if opts.grid else []
-        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
-        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {"width": "e", "rows": "t"})
-
-    def parse_filters(self, raw: dict) -> dict:
-        unknown = sorted(set(raw) - {"width", "rows"})
-        if unknown:
-            raise ValueError(f"option --{unknown[0]} does not apply to router (--width = experts, --rows = tokens)")
-        return {k: parse_int_list(k, v) for k, v in raw.items()}
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         t, e, k = case["t"], case["e"], case["k"]

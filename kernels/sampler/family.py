@@ -13,8 +13,7 @@ import torch
 from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import apply_filters, parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.sampler.eager import sample_with_noise
@@ -37,18 +36,8 @@ class SamplerFamily(Family):
     name = "sampler"
     description = "temperature + Gumbel-max sampling over the vocabulary (seeded noise input), argmax at T = 0 (§9.3)"
     tolerance = Tolerance(exact=True)
-
-    def cases(self, opts: SweepOptions) -> list[Case]:
-        params = [(p, "grid") for p in space.production()] if opts.grid else []
-        params += [(p, "hypothesis") for p in space.extra(opts.examples, opts.seed)]
-        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {"width": "v", "rows": "b"})
-
-    def parse_filters(self, raw: dict) -> dict:
-        unknown = sorted(set(raw) - {"width", "rows"})
-        if unknown:
-            raise ValueError(f"option --{unknown[0]} does not apply to sampler (--width = vocabulary, --rows = batch)")
-        return {k: parse_int_list(k, v) for k, v in raw.items()}
+    space = space
+    filters = {"width": "v", "rows": "b"}
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         """Logits rounded to bf16 (so a row's maximum is often tied: T = 0 must pick the lowest index)."""

@@ -11,6 +11,8 @@ from tests.core.helpers import dsv4bench
     (["sweep", "nosuchkernel"], "unknown kernel family 'nosuchkernel'"),
     (["sweep", "rmsnorm", "--width", "64,abc"], "--width needs a comma-separated list of integers"),
     (["sweep", "rmsnorm", "--hd", "64,128"], "option --hd does not apply to rmsnorm"),
+    (["sweep", "fmha", "--hd", "64,abc"], "--hd needs a comma-separated list of integers"),
+    (["sweep", "fmha", "--hd", "96"], "--hd takes 64, 128, 256, 512"),
     (["sweep", "rmsnorm", "--arch", "sm_80"], "unsupported arch 'sm_80'"),
     (["sweep", "rmsnorm", "--shard", "3/2"], "--shard i/n needs 0 <= i < n"),
     (["repro", "rmsnor-0000000000", "--runs", "/nonexistent"], "not found in any run directory"),
