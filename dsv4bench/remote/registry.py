@@ -41,7 +41,9 @@ class JobRecord:
 
 
 def new_job_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+    """Sorts by submission time to the millisecond (pruning and listings order by id)."""
+    now = time.time()
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-" + secrets.token_hex(3)
 
 
 def state_dir() -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import subprocess
 import sys
 
@@ -80,3 +81,13 @@ def test_missing_hosts_file_is_bad_input(tmp_path, monkeypatch):
 def test_secret_env_values_are_redacted():
     assert redact({"HF_TOKEN": "abc", "AWS_SECRET_ACCESS_KEY": "k", "CUTE_DSL_ARCH": "sm_100a"}) == {
         "HF_TOKEN": "***", "AWS_SECRET_ACCESS_KEY": "***", "CUTE_DSL_ARCH": "sm_100a"}
+
+
+def test_job_ids_sort_by_submission_time_within_a_second():
+    from dsv4bench.remote.registry import new_job_id
+
+    ids = []
+    for _ in range(5):
+        ids.append(new_job_id())
+        time.sleep(0.002)
+    assert ids == sorted(ids) and len(set(ids)) == 5
