@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
 import subprocess
 import sys
+import time
 
 import pytest
 
