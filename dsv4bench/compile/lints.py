@@ -69,7 +69,17 @@ def arrive_count(f: dict) -> str | None:
             f"phases complete early or never")
 
 
-RULES = {"tma-tile-mode": tma_tile_mode, "tx-count": tx_count, "arrive-count": arrive_count}
+def slice_bounds(f: dict) -> str | None:
+    if not f["out_of_range"]:
+        return None
+    path, index, size = f["out_of_range"][0]
+    return (f"slice {f['coord']} of a tensor shaped {f['shape']} indexes mode {tuple(path)} (size {size}) at "
+            f"{index}: CuTe reads past a size-1 stride-0 mode at offset 0 without complaint, so this selects the "
+            f"wrong data; index the mode that holds the values")
+
+
+RULES = {"tma-tile-mode": tma_tile_mode, "tx-count": tx_count, "arrive-count": arrive_count,
+         "slice-bounds": slice_bounds}
 
 
 def lint(rec: Recording) -> list[Finding]:

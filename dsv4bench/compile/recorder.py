@@ -7,6 +7,7 @@ outside `recording()`) each call returns at its first line.
     from dsv4bench.compile import recorder as rec
     rec.record("sK", sK)                                    # any CuTe object: text only
     tBgK = rec.record_tma_slice("K tile after TMA partition", tBgK, (None, 0, None, 0), tile_mode=2)
+    v = rec.record_slice("x vector j", tXgX, ((None, j), None, None))   # bounds-checked slice
     rec.record_barrier("KV stage", tx_count, loads={"K": sK_stage, "V": sV_stage})
     rec.record_pipeline("S ready", pipeline.PipelineUmmaAsync, consumer_group, consumer_warps=4)
 
@@ -16,6 +17,7 @@ This module is a leaf: it imports nothing from dsv4bench, so kernels/ may import
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from contextlib import contextmanager
@@ -211,6 +213,48 @@ def record_tma_slice(stage: str, tensor, coord: tuple, tile_mode: int, n_tiles: 
             "n_tiles": n_tiles if n_tiles is not None else _mode_size(tensor, tile_mode),
         })
     return sliced
+
+
+def record_slice(stage: str, tensor, coord: tuple, group: str | None = None):
+    """Slice `tensor` with `coord` and return the slice (always, recording or not); while recording,
+    check every constant coordinate against its mode's static size (lint `slice-bounds`).
+
+    CuTe accepts an index past the end of a size-1, stride-0 mode without a word (offset 0): a loop
+    index aimed at the wrong mode then moves the whole fragment and predicates on the wrong element.
+    Call it in a loop as often as needed: the stage is listed once, every call is checked.
+    """
+    sliced = tensor[coord]
+    if _active is not None:
+        import cutlass.cute as cute
+
+        shape = cute.shape(tensor)
+        group = group or _caller_group()
+        if not any(e["group"] == group and e["stage"] == stage for e in _active.entries):
+            kind, fields = describe(tensor)
+            fields["slice"] = _text(coord)
+            _active.entries.append({"group": group, "stage": stage, "kind": kind, "fields": fields})
+        _active.facts.append({"rule": "slice-bounds", "stage": stage, "coord": _text(coord), "shape": _text(shape),
+                              "out_of_range": list(_out_of_range(coord, shape, ()))})
+    return sliced
+
+
+def _out_of_range(coord, shape, path: tuple):
+    """[mode path, index, static size] for each constant index outside its (static) mode."""
+    if isinstance(coord, tuple):
+        modes = shape if isinstance(shape, tuple) else (shape,)
+        for i, c in enumerate(coord):
+            yield from _out_of_range(c, modes[i] if i < len(modes) else 1, path + (i,))
+    elif isinstance(coord, int) and not isinstance(coord, bool):
+        size = _static_size(shape)
+        if size is not None and not 0 <= coord < size:
+            yield [list(path), coord, size]
+
+
+def _static_size(shape) -> int | None:
+    if isinstance(shape, tuple):
+        sizes = [_static_size(s) for s in shape]
+        return None if None in sizes else math.prod(sizes)
+    return shape if isinstance(shape, int) else None
 
 
 def _bytes(load) -> int | None:
