@@ -27,8 +27,8 @@ def parse_choice_list(option: str, raw: str, choices: list[str]) -> list[str]:
 
 
 def apply_filters(cases: list[Case], filters: dict, option_to_param: dict[str, str]) -> list[Case]:
-    """Keep the cases whose params match every filter; an explicitly asked-for value that no
-    production or drawn case has is still honoured by the family (it adds cases), not here."""
+    """Keep the cases whose params match every filter. Filters select from the family's case space
+    (grid + draws); a value no case has selects nothing, and `sweep` says so."""
     out = []
     for c in cases:
         if all(c.get(option_to_param[k]) in v for k, v in filters.items() if k in option_to_param):
