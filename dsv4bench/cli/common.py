@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import typer
 from rich.console import Console
 
 from dsv4bench.core.registry import ARCHS
@@ -40,7 +39,3 @@ def resolve_archs(arch: str) -> list[str]:
     if not archs or bad:
         fail(f"unsupported arch '{','.join(bad) or arch}' (supported: auto, {', '.join(ARCHS)})")
     return archs
-
-
-def exit_with(code: int) -> None:
-    raise typer.Exit(code)

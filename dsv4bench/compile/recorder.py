@@ -107,10 +107,6 @@ def _recorded_create(name: str, create):
     return wrapper
 
 
-def is_recording() -> bool:
-    return _active is not None
-
-
 def _text(obj) -> str:
     import cutlass.cute as cute
 
