@@ -40,13 +40,24 @@ def parse_case_options(args: list[str]) -> dict[str, object]:
     return raw
 
 
+def shaped_like_the_grid(family: Family, filters: dict) -> list[Case]:
+    """Production cases with the asked values put in: the layouts of a shape the grid lacks
+    (`layouts rmsnorm --width 4416`)."""
+    cases = []
+    for case in family.cases(SweepOptions(examples=0)):
+        params = {**case.params, **{family.filters[opt]: values[0] for opt, values in filters.items()}}
+        cases.append(Case(family.name, params, case.seed, "cli"))
+    return cases
+
+
 def pick_case(family: Family, impl: Impl, raw: dict, arch: str) -> Case:
-    """The first production case that matches the options and that the impl supports."""
+    """The first production case that matches the options (else one shaped like the grid with the
+    asked values) and that the impl supports."""
     try:
         filters = family.parse_filters(raw)
     except ValueError as e:
         fail(str(e))
-    cases = family.cases(SweepOptions(examples=0, filters=filters))
+    cases = family.cases(SweepOptions(examples=0, filters=filters)) or shaped_like_the_grid(family, filters)
     for case in cases:
         if not impl.supports(case, arch):
             return case
