@@ -82,22 +82,26 @@ class Worker:
             rec.reason = reason
             return rec
         if task["mode"] == "compile":
-            return self.compile(rec, impl, case, task["arch"])
+            self.compile(rec, impl, case, task["arch"])
+            return rec
         if task["mode"] == "check":
             return self.check(rec, family, case)
         return self.run(rec, family, impl, case, task)
 
-    def compile(self, rec, impl, case, arch) -> ResultRecord:
+    def compile(self, rec, impl, case, arch):
+        """Compile (or load) into `rec`'s status and compile info; the compiled function, or None
+        when it failed to compile or a layout lint fired."""
         try:
-            _, info = self.cache.get(impl, case, arch)
+            compiled, info = self.cache.get(impl, case, arch)
         except Exception as e:
             rec.status, rec.reason = FAIL_COMPILE, f"{type(e).__name__}: {str(e)[:300]}"
             rec.log = traceback.format_exc()[-2000:]
-            return rec
+            return None
         rec.status, rec.compile = COMPILED, info.to_json()
         if info.lints:  # a layout lint (compile/lints.py) found a silent-bug pattern: do not run it
             rec.status, rec.reason = FAIL_LINT, "; ".join(info.lints)[:600]
-        return rec
+            return None
+        return compiled
 
     def check(self, rec, family, case) -> ResultRecord:
         moved = family.cost(case).bytes
@@ -114,10 +118,9 @@ class Worker:
     def run(self, rec, family, impl, case, task) -> ResultRecord:
         compiled = None
         if impl.compiles:
-            rec = self.compile(rec, impl, case, task["arch"])
-            if rec.status in (FAIL_COMPILE, FAIL_LINT):
+            compiled = self.compile(rec, impl, case, task["arch"])
+            if compiled is None:
                 return rec
-            compiled, _ = self.cache.get(impl, case, task["arch"])
         data = self.case_data(family, case, "cuda")
         out = family.alloc_outputs(case, "cuda")
         poison(out)

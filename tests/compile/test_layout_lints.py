@@ -89,7 +89,8 @@ def compile_record(worker, bug):
     rec = ResultRecord(run_id="t", task="t", case_id=case.id, family="planted", impl="cutedsl", backend="cutedsl",
                        arch="sm_90a", mode="compile", device="cpu", params=dict(case.params), seed=0, origin="cli",
                        status="")
-    return worker.compile(rec, PlantedImpl(), case, "sm_90a")
+    worker.compile(rec, PlantedImpl(), case, "sm_90a")
+    return rec
 
 
 def test_worker_fails_a_linted_case_also_from_the_disk_cache(tmp_path, monkeypatch):
