@@ -126,7 +126,7 @@ def _hca_visible(pos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:
 
 def attention(p: dict, x: torch.Tensor, pos: torch.Tensor, cache, ops, cfg, layer: int) -> torch.Tensor:
     """§4–§7: the attention sublayer for S new tokens. x [S, D] (after attn_norm) → [S, D]."""
-    S, H, eps = x.shape[0], cfg.n_heads, cfg.norm_eps
+    H, eps = cfg.n_heads, cfg.norm_eps
     ratio, freqs = cfg.ratio(layer), cache.freqs
     q, qr = ops.q_projection(x, p["attn.wq_a"], p["attn.q_norm"], p["attn.wq_b"], H, pos, freqs, eps)
     kv = ops.kv_projection(x, p["attn.wkv"], p["attn.kv_norm"], pos, freqs, eps, qat=False)
