@@ -9,9 +9,11 @@ summation order over 4·D terms, which no single-rounding floor covers.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import cutlass
-import cutlass.cute as cute
 import torch
+from cutlass import cute
 from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
@@ -52,47 +54,73 @@ def tf32_round(x: torch.Tensor) -> torch.Tensor:
 
 class MhcFamily(Family):
     name = "mhc"
-    description = "mHC hc_pre (mixes, Sinkhorn, collapse), hc_post, hc_head over [T, 4, D] (§3)"
+    description = (
+        "mHC hc_pre (mixes, Sinkhorn, collapse), hc_post, hc_head over [T, 4, D] (§3)"
+    )
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
-    filters = {"rows": "t", "width": "d"}
+    filters: ClassVar[dict[str, str]] = {"rows": "t", "width": "d"}
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         t, d = case["t"], case["d"]
         x = (torch.randn(t, HC_MULT, d, generator=gen) + 0.25).bfloat16()
         if case["op"] == "post":
             logits = 2.0 * torch.randn(t, HC_MULT, HC_MULT, generator=gen)
-            inputs = {"o": torch.randn(t, d, generator=gen).bfloat16(), "residual": x,
-                      "post": 2.0 * torch.rand(t, HC_MULT, generator=gen), "comb": sinkhorn(logits)}
+            inputs = {
+                "o": torch.randn(t, d, generator=gen).bfloat16(),
+                "residual": x,
+                "post": 2.0 * torch.rand(t, HC_MULT, generator=gen),
+                "comb": sinkhorn(logits),
+            }
         else:
             n_mix = N_MIX[case["op"]]
             fn = torch.randn(n_mix, HC_MULT * d, generator=gen) * (HC_MULT * d) ** -0.5
             n_scale = 1 if case["op"] == "head" else 3
-            inputs = {"x": x, "fn": fn, "scale": 0.5 + torch.rand(n_scale, generator=gen),
-                      "base": 0.5 * torch.randn(n_mix, generator=gen)}
+            inputs = {
+                "x": x,
+                "fn": fn,
+                "scale": 0.5 + torch.rand(n_scale, generator=gen),
+                "base": 0.5 * torch.randn(n_mix, generator=gen),
+            }
         return {k: v.to(device) for k, v in inputs.items()}
 
     def oracle(self, case: Case, inputs: dict) -> dict:
         if case["op"] == "post":
-            return {"out": hc_post(inputs["o"], inputs["residual"], inputs["post"], inputs["comb"])}
+            return {
+                "out": hc_post(
+                    inputs["o"], inputs["residual"], inputs["post"], inputs["comb"]
+                )
+            }
         if case["op"] == "head":
-            return {"y": hc_head(inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])}
-        y, post, comb = hc_pre(inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])
+            return {
+                "y": hc_head(inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])
+            }
+        y, post, comb = hc_pre(
+            inputs["x"], inputs["fn"], inputs["scale"], inputs["base"]
+        )
         return {"y": y, "post": post, "comb": comb}
 
     def lowprec(self, case: Case, inputs: dict) -> dict:
         if case["op"] == "post":
-            return {"out": hc_post_lowprec(inputs["o"], inputs["residual"], inputs["post"], inputs["comb"])}
+            return {
+                "out": hc_post_lowprec(
+                    inputs["o"], inputs["residual"], inputs["post"], inputs["comb"]
+                )
+            }
         fn = tf32_round(inputs["fn"])
         if case["op"] == "head":
-            return {"y": hc_head_lowprec(inputs["x"], fn, inputs["scale"], inputs["base"])}
+            return {
+                "y": hc_head_lowprec(inputs["x"], fn, inputs["scale"], inputs["base"])
+            }
         y, post, comb = hc_pre_lowprec(inputs["x"], fn, inputs["scale"], inputs["base"])
         return {"y": y, "post": post, "comb": comb}
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
         t, d = case["t"], case["d"]
         if case["op"] == "post":
-            return {"out": torch.empty(t, HC_MULT, d, dtype=torch.bfloat16, device=device)}
+            return {
+                "out": torch.empty(t, HC_MULT, d, dtype=torch.bfloat16, device=device)
+            }
         out = {"y": torch.empty(t, d, dtype=torch.bfloat16, device=device)}
         if case["op"] == "pre":
             out["post"] = torch.empty(t, HC_MULT, device=device)
@@ -103,12 +131,16 @@ class MhcFamily(Family):
         t, d, op = case["t"], case["d"], case["op"]
         k = HC_MULT * d
         if op == "post":  # read o + 4 streams + 20 weights, write 4 streams
-            return Cost(flops=float(t * k * 10), bytes=float(t * (2 * (d + 2 * k) + 4 * 20)))
+            return Cost(
+                flops=float(t * k * 10), bytes=float(t * (2 * (d + 2 * k) + 4 * 20))
+            )
         n_mix = N_MIX[op]
         # read x once, fn once, write y (+ post, comb); flops: the mix GEMM, sum of squares, collapse
         small = 4 * (HC_MULT + HC_MULT * HC_MULT) if op == "pre" else 0
-        return Cost(flops=float(t * (2 * n_mix * k + 2 * k + 2 * k)),
-                    bytes=float(t * (2 * k + 2 * d + small) + 4 * n_mix * k))
+        return Cost(
+            flops=float(t * (2 * n_mix * k + 2 * k + 2 * k)),
+            bytes=float(t * (2 * k + 2 * d + small) + 4 * n_mix * k),
+        )
 
 
 class MhcCuteDSL(Impl):
@@ -128,33 +160,61 @@ class MhcCuteDSL(Impl):
     def compile(self, case: Case, arch: str):
         d, t = case["d"], cute.sym_int()
         if case["op"] == "post":
-            fake = (fake_rowmajor("bf16", (t, d)), fake_rowmajor("bf16", (t, HC_MULT, d)),
-                    fake_rowmajor("fp32", (t, HC_MULT)), fake_rowmajor("fp32", (t, HC_MULT * HC_MULT)),
-                    fake_rowmajor("bf16", (t, HC_MULT, d)))
+            fake = (
+                fake_rowmajor("bf16", (t, d)),
+                fake_rowmajor("bf16", (t, HC_MULT, d)),
+                fake_rowmajor("fp32", (t, HC_MULT)),
+                fake_rowmajor("fp32", (t, HC_MULT * HC_MULT)),
+                fake_rowmajor("bf16", (t, HC_MULT, d)),
+            )
             return compile_kernel(HcPostKernel(d), *fake, arch=arch)
         head, k = case["op"] == "head", HC_MULT * d
         mix = HcMixKernel(N_MIX[case["op"]], k, self._chunk(case))
-        part = make_fake_compact_tensor(cutlass.Float32, (mix.splits, mix.n_mix + 1, t), stride_order=(2, 1, 0),
-                                        assumed_align=4)
+        part = make_fake_compact_tensor(
+            cutlass.Float32,
+            (t, mix.splits, mix.n_mix + 1),
+            stride_order=(2, 1, 0),
+            assumed_align=4,
+        )
         x2, fn = fake_rowmajor("bf16", (t, k)), fake_rowmajor("fp32", (mix.n_mix, k))
-        apply = HcApplyKernel(head, d)
-        fake = (part, fake_rowmajor("bf16", (t, HC_MULT, d)), fake_rowmajor("fp32", (1 if head else 3,), 4),
-                fake_rowmajor("fp32", (mix.n_mix,), 4), fake_rowmajor("bf16", (t, d)),
-                fake_rowmajor("fp32", (t, HC_MULT), 4), fake_rowmajor("fp32", (t, HC_MULT * HC_MULT), 4))
-        return CompiledPair(compile_kernel(mix, x2, fn, part, arch=arch), compile_kernel(apply, *fake, arch=arch),
-                            mix.splits, mix.n_mix)
+        apply = HcApplyKernel(head, d, mix.splits)
+        fake = (
+            part,
+            fake_rowmajor("bf16", (t, HC_MULT, d)),
+            fake_rowmajor("fp32", (1 if head else 3,), 4),
+            fake_rowmajor("fp32", (mix.n_mix,), 4),
+            fake_rowmajor("bf16", (t, d)),
+            fake_rowmajor("fp32", (t, HC_MULT), 4),
+            fake_rowmajor("fp32", (t, HC_MULT * HC_MULT), 4),
+        )
+        return CompiledPair(
+            compile_kernel(mix, x2, fn, part, arch=arch),
+            compile_kernel(apply, *fake, arch=arch),
+            mix.splits,
+            mix.n_mix,
+        )
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         t = case["t"]
         if case["op"] == "post":
-            compiled(inputs["o"], inputs["residual"], inputs["post"], inputs["comb"].view(t, -1), out["out"])
+            compiled(
+                inputs["o"],
+                inputs["residual"],
+                inputs["post"],
+                inputs["comb"].view(t, -1),
+                out["out"],
+            )
             return out
         x = inputs["x"]
-        part = torch.empty(compiled.splits, compiled.n_mix + 1, t, device=x.device)
+        part = torch.empty(
+            t, compiled.splits, compiled.n_mix + 1, device=x.device
+        )  # [T, splits, n_mix + 1]
         compiled.mix(x.view(t, -1), inputs["fn"], part)
         post = out.get("post", torch.empty(t, HC_MULT, device=x.device))
         comb = out.get("comb", torch.empty(t, HC_MULT, HC_MULT, device=x.device))
-        compiled.apply(part, x, inputs["scale"], inputs["base"], out["y"], post, comb.view(t, -1))
+        compiled.apply(
+            part, x, inputs["scale"], inputs["base"], out["y"], post, comb.view(t, -1)
+        )
         return out
 
 
@@ -168,10 +228,18 @@ class CompiledPair:
 
 def _eager(fns: dict, case: Case, inputs: dict) -> dict:
     if case["op"] == "post":
-        return {"out": fns["post"](inputs["o"], inputs["residual"], inputs["post"], inputs["comb"])}
+        return {
+            "out": fns["post"](
+                inputs["o"], inputs["residual"], inputs["post"], inputs["comb"]
+            )
+        }
     if case["op"] == "head":
-        return {"y": fns["head"](inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])}
-    y, post, comb = fns["pre"](inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])
+        return {
+            "y": fns["head"](inputs["x"], inputs["fn"], inputs["scale"], inputs["base"])
+        }
+    y, post, comb = fns["pre"](
+        inputs["x"], inputs["fn"], inputs["scale"], inputs["base"]
+    )
     return {"y": y, "post": post, "comb": comb}
 
 
