@@ -47,6 +47,8 @@ LN2 = math.log(2.0)
 SMEM_BUDGET = 220 * 1024  # bytes this kernel may use (H100: 227 KiB per CTA)
 REGS_PRODUCER, REGS_CONSUMER = 40, 232  # setmaxnreg split of 3 x 128 threads (<= 64K registers)
 BAR_XCHG_S1, BAR_XCHG_S0, BAR_EPILOGUE, BAR_PRODUCER = 1, 2, 3, 4  # named barriers (0 = __syncthreads)
+BAR_MAX0, BAR_MAX1, BAR_P0, BAR_P1, BAR_SUMS = 5, 6, 7, 8, 9  # key split: WG0 max, final max, sP0, sP1, row sums
+MAX_INIT = -1.0e30  # key split: a finite initial row max, so a fully masked tile needs no special case
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,13 @@ class Config:
             raise ValueError("this kernel needs d == dv (O is staged in the Q buffer)")
         if self.n_dsplit > 1 and self.d % (64 * self.n_dsplit):
             raise ValueError("split QK needs d divisible by 64 per warpgroup")
+
+    @property
+    def key_split(self) -> bool:
+        """dv = 512 with V = K (the DSV4 latent): the two consumer warpgroups take alternate key
+        tiles over the full d instead of halves of d, each owns half of O, and they trade the
+        row max and the bf16 P through smem (see `_consume_key_split`)."""
+        return self.kv_shared and self.n_dsplit > 1
 
     @property
     def n_dsplit(self) -> int:
@@ -114,13 +123,25 @@ class Config:
 
     def smem_bytes(self, n_block: int) -> int:
         kv_row = self.d + (0 if self.kv_shared else self.dv)
-        xchg = 4 * 64 * n_block if self.n_dsplit > 1 else 0
-        return 2 * (self.m_cta * self.d + self.stages * n_block * kv_row) + 4 * self.stages * n_block + xchg
+        xchg = 4 * self.xchg_floats(n_block)
+        p_tiles = 2 * self.stages * 64 * n_block if self.key_split else 0
+        return 2 * (self.m_cta * self.d + self.stages * n_block * kv_row) + 4 * self.stages * n_block + xchg + p_tiles
+
+    def xchg_floats(self, n_block: int) -> int:
+        """fp32 smem shared by the two warpgroups of a split: the partial S (d split), or the row
+        max (64) plus every thread's two partial row sums (key split)."""
+        if self.key_split:
+            return 64 + 2 * 128 * 2
+        return 64 * n_block if self.n_dsplit > 1 else 1
 
     @property
     def n_block(self) -> int:
         """Keys per tile: the largest that fits smem and keeps S + O in registers."""
         cap = 64 if self.dv_wg >= 256 else 128
+        if self.key_split:  # the 128 producer threads load one index of each of the pair's two tiles
+            if self.smem_bytes(64) > SMEM_BUDGET:
+                raise ValueError(f"the key-split tiles do not fit shared memory for {self}")
+            return 64
         for n in (128, 64, 32):
             if n <= cap and self.smem_bytes(n) <= SMEM_BUDGET:
                 return n
@@ -191,6 +212,12 @@ class GatherAttentionSm90:
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (c.m_cta, n, c.d), dt, 1)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, n, c.d), dt, c.stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (64, c.dv, n), dt, c.stages)
+        # key split: the partner's P (64 x n, one per tile of the pair) as the smem A operand of PV
+        pv_ss_mma = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            cutlass.Float32, (1, 1, 1), (64, c.dv_wg),
+        )
+        sP_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, c.dv_wg, n), dt, c.stages)
         record("config", f"{c} n_block={n} threads={c.threads} hb={c.hb} tq={c.tq}")
         record("tiled MMA S = Q K^T (per warpgroup)", qk_mma)
         record("tiled MMA O += P V (per warpgroup, P from registers)", pv_mma)
@@ -198,12 +225,19 @@ class GatherAttentionSm90:
         record("smem K stages (keys, d, stage) K-major", sK_layout)
         if cutlass.const_expr(not c.kv_shared):
             record("smem V^T stages (dv, keys, stage) MN-major", sV_layout)
+        if cutlass.const_expr(c.key_split):
+            record("smem P of each tile of the pair (rows, keys, tile) K-major", sP_layout)
+            record("tiled MMA O += P V (partner's P from smem)", pv_ss_mma)
+        n_bars = (4 * c.stages if c.key_split else 2 * c.stages) + 1  # full/empty per stage (x2 halves) + q
 
         @cute.struct
         class Storage:
-            bars: cute.struct.MemRange[cutlass.Int64, 2 * c.stages + 1]
+            bars: cute.struct.MemRange[cutlass.Int64, n_bars]
             sIdx: cute.struct.MemRange[cutlass.Int32, c.stages * n]
-            sX: cute.struct.MemRange[cutlass.Float32, 64 * n if c.n_dsplit > 1 else 1]
+            sX: cute.struct.MemRange[cutlass.Float32, c.xchg_floats(n)]
+            sP: cute.struct.Align[
+                cute.struct.MemRange[dt, cute.cosize(sP_layout) if c.key_split else 8], 1024
+            ]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[
@@ -214,7 +248,7 @@ class GatherAttentionSm90:
         grid = (n_rows, cute.size(mK, mode=[1]) * c.n_hblk, cute.size(mQ, mode=[3]))
         self.kernel(
             mQ, mK, mV, mIdx, mLen, mSink, mO, mLse, scale_log2, causal_off, window,
-            qk_mma, pv_mma, sQ_layout, sK_layout, sV_layout, Storage,
+            qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sV_layout, sP_layout, Storage,
         ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     @cute.jit
@@ -234,13 +268,14 @@ class GatherAttentionSm90:
             cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(sQ[r, None], (8,), (chunk,)))
 
     @cute.jit
-    def _copy_kv(self, atom, sIdx, mT, dst, width: int, ptid, stage, kvh, bidx):
-        """Producer: gather the tile's kv rows (keys from sIdx[:, stage]) into dst (keys, width).
-        Invalid slots (-1) read row 0: the consumers mask them, so their P is exactly 0."""
+    def _copy_kv(self, atom, sIdx, mT, dst, width: int, ptid, stage, kvh, bidx, col0: int = 0):
+        """Producer: gather columns [col0, col0 + width) of the tile's kv rows (keys from
+        sIdx[:, stage]) into dst (keys, d). Invalid slots (-1) read row 0: the consumers mask
+        them, so their P is exactly 0."""
         n = self.cfg.n_block
         cpr = width // 8
         rpp = 128 // cpr
-        chunk = ptid % cpr
+        chunk = ptid % cpr + col0 // 8
         for p in cutlass.range(n // rpp, unroll=4):
             r = p * rpp + ptid // cpr
             src = mT[cutlass.max(sIdx[r, stage], 0), kvh, None, bidx]
@@ -262,9 +297,11 @@ class GatherAttentionSm90:
         window: cutlass.Int32,
         qk_mma: cute.TiledMma,
         pv_mma: cute.TiledMma,
+        pv_ss_mma: cute.TiledMma,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
         Storage: cutlass.Constexpr,
     ):
         c = self.cfg
@@ -283,9 +320,10 @@ class GatherAttentionSm90:
 
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
-        bars = st.bars.data_ptr()  # full[0..S), empty[S..2S), q_full[2S]
+        bars = st.bars.data_ptr()  # full, then empty (per stage, x2 halves for a key split), then q_full
+        q_full = bars + (4 * S if c.key_split else 2 * S)
         sIdx = st.sIdx.get_tensor(cute.make_layout((n, S)))
-        sX = st.sX.get_tensor(cute.make_layout((128, 64 * n // 128)))
+        sX = st.sX.get_tensor(cute.make_layout((c.xchg_floats(n),)))
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         if cutlass.const_expr(c.kv_shared):
@@ -294,15 +332,20 @@ class GatherAttentionSm90:
         else:
             sVt = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        record("mbarrier full (per stage): arrive count", f"{2 * 128} = 128 producer threads x (cp.async.mbarrier"
-               ".arrive.noinc for the rows + mbarrier.arrive after the index stores)")
-        record("mbarrier empty (per stage): arrive count", f"{128 * c.n_consumer_wg} = every consumer thread once per tile")
+        n_full = 2 * S if c.key_split else S  # a key split fills and frees each half of d on its own
+        empty_count = 128 if c.key_split else 128 * c.n_consumer_wg
+        record("mbarrier full (per stage" + (" and half of d" if c.key_split else "") + "): arrive count",
+               f"{2 * 128} = 128 producer threads x (cp.async.mbarrier.arrive.noinc for the rows + "
+               "mbarrier.arrive after the index stores)")
+        record("mbarrier empty: arrive count", f"{empty_count} = every thread of "
+               + ("the one warpgroup that reads that half last" if c.key_split else "every consumer warpgroup")
+               + " once per tile")
         record("mbarrier q_full: arrive count", "128 = cp.async.mbarrier.arrive.noinc of each producer thread")
         if tidx == 0:
-            for i in cutlass.range_constexpr(S):
+            for i in cutlass.range_constexpr(n_full):
                 cute.arch.mbarrier_init(bars + i, 2 * 128)  # producer: cp.async arrive + idx-store arrive
-                cute.arch.mbarrier_init(bars + S + i, 128 * c.n_consumer_wg)
-            cute.arch.mbarrier_init(bars + 2 * S, 128)
+                cute.arch.mbarrier_init(bars + n_full + i, empty_count)
+            cute.arch.mbarrier_init(q_full, 128)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -312,42 +355,96 @@ class GatherAttentionSm90:
             ptid = tidx - 128 * c.n_consumer_wg
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(), mQ.element_type, num_bits_per_copy=128)
             self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
-            cute.arch.cp_async_mbarrier_arrive_noinc(bars + 2 * S)
-            # the tile's key indices go through smem (one global load per slot, issued a tile ahead),
-            # so the row copies never wait on a dependent global load
-            n_slots = cute.size(mIdx, mode=[1])
-            v_next = mIdx[blk, cutlass.min(ptid, n_slots - 1), bidx]
-            for kt in cutlass.range(n_tiles, unroll=1):
-                stage = kt % S
-                j = kt * n + ptid
-                v = v_next
-                if (j >= n_idx) | (v >= s_kv) | (v < 0):
-                    v = cutlass.Int32(-1)
-                v_next = mIdx[blk, cutlass.min(j + n, n_slots - 1), bidx]
-                cute.arch.mbarrier_wait(bars + S + stage, ((kt // S) & 1) ^ 1)
-                if ptid < n:
-                    sIdx[ptid, stage] = v
-                cute.arch.barrier(barrier_id=BAR_PRODUCER, number_of_threads=128)
-                self._copy_kv(atom, sIdx, mK, sK[None, None, stage], c.d, ptid, stage, kvh, bidx)
-                if cutlass.const_expr(not c.kv_shared):
-                    sV_rows = cute.make_tensor(sVt.iterator, cute.select(sVt.layout, mode=[1, 0, 2]))
-                    self._copy_kv(atom, sIdx, mV, sV_rows[None, None, stage], c.dv, ptid, stage, kvh, bidx)
-                cute.arch.cp_async_mbarrier_arrive_noinc(bars + stage)
-                cute.arch.mbarrier_arrive(bars + stage)
+            cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
+            if cutlass.const_expr(c.key_split):
+                self._produce_pairs(atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx)
+            else:
+                self._produce_tiles(atom, mIdx, mK, mV, sK, sVt, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv,
+                                    kvh, bidx)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
             # ---------------- consumer warpgroups ----------------
             cute.arch.setmaxregister_increase(REGS_CONSUMER)
-            self._consume(
-                mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, sQ, sK, sVt, sIdx, sX,
-                bars, wg, tidx % 128, n_tiles, tok0, head0, kvh, s_q, bidx,
-            )
+            if cutlass.const_expr(c.key_split):
+                self._consume(
+                    mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma, sQ, sK, sVt,
+                    sIdx, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner), bars, q_full, wg,
+                    tidx % 128, n_tiles, tok0, head0, kvh, s_q, bidx,
+                )
+            else:
+                self._consume(
+                    mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, None, sQ, sK, sVt, sIdx,
+                    sX, None, bars, q_full, wg, tidx % 128, n_tiles, tok0, head0, kvh, s_q, bidx,
+                )
+
+    @cute.jit
+    def _produce_tiles(self, atom, mIdx, mK, mV, sK, sVt, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx):
+        """Producer, one smem stage per key tile. The tile's key indices go through smem (one
+        global load per slot, issued a tile ahead), so the row copies never wait on a dependent
+        global load."""
+        c = self.cfg
+        n, S = c.n_block, c.stages
+        n_slots = cute.size(mIdx, mode=[1])
+        v_next = mIdx[blk, cutlass.min(ptid, n_slots - 1), bidx]
+        for kt in cutlass.range(n_tiles, unroll=1):
+            stage = kt % S
+            j = kt * n + ptid
+            v = v_next
+            if (j >= n_idx) | (v >= s_kv) | (v < 0):
+                v = cutlass.Int32(-1)
+            v_next = mIdx[blk, cutlass.min(j + n, n_slots - 1), bidx]
+            cute.arch.mbarrier_wait(bars + S + stage, ((kt // S) & 1) ^ 1)
+            if ptid < n:
+                sIdx[ptid, stage] = v
+            cute.arch.barrier(barrier_id=BAR_PRODUCER, number_of_threads=128)
+            self._copy_kv(atom, sIdx, mK, sK[None, None, stage], c.d, ptid, stage, kvh, bidx)
+            if cutlass.const_expr(not c.kv_shared):
+                sV_rows = cute.make_tensor(sVt.iterator, cute.select(sVt.layout, mode=[1, 0, 2]))
+                self._copy_kv(atom, sIdx, mV, sV_rows[None, None, stage], c.dv, ptid, stage, kvh, bidx)
+            cute.arch.cp_async_mbarrier_arrive_noinc(bars + stage)
+            cute.arch.mbarrier_arrive(bars + stage)
+
+    @cute.jit
+    def _produce_pairs(self, atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx):
+        """Producer of a key split: tiles 2p (warpgroup 0) and 2p+1 (warpgroup 1) of pair p go to
+        stages 0 and 1, each as two halves of d with their own full/empty barriers, in the order
+        the consumers need them: 0-left, 1-right, 0-right, 1-left. Thread t holds the index of
+        slot t % 64 of tile t // 64, prefetched a pair ahead."""
+        c = self.cfg
+        n = c.n_block
+        half = c.d // 2
+        n_slots = cute.size(mIdx, mode=[1])
+        n_pairs = (n_tiles + 1) // 2
+        own = ptid // n  # which tile of the pair this thread's index belongs to
+        slot = ptid % n
+        v_next = mIdx[blk, cutlass.min(ptid, n_slots - 1), bidx]
+        for pair in cutlass.range(n_pairs, unroll=1):
+            j = pair * 2 * n + ptid
+            v = v_next
+            if (j >= n_idx) | (v >= s_kv) | (v < 0):
+                v = cutlass.Int32(-1)
+            v_next = mIdx[blk, cutlass.min(j + 2 * n, n_slots - 1), bidx]
+            phase = (pair & 1) ^ 1
+            # the first reader of each tile's indices (its owner's mask) is done once that owner
+            # has freed the half it multiplies locally: 0-left (WG0) and 1-right (WG1)
+            cute.arch.mbarrier_wait(bars + 4 + 0, phase)
+            cute.arch.mbarrier_wait(bars + 4 + 3, phase)
+            sIdx[slot, own] = v
+            cute.arch.barrier(barrier_id=BAR_PRODUCER, number_of_threads=128)
+            for k in cutlass.range_constexpr(4):
+                stage, h = (0, 1, 0, 1)[k], (0, 1, 1, 0)[k]
+                hb = stage * 2 + h
+                if cutlass.const_expr(k >= 2):
+                    cute.arch.mbarrier_wait(bars + 4 + hb, phase)
+                self._copy_kv(atom, sIdx, mK, sK[None, None, stage], half, ptid, stage, kvh, bidx, h * half)
+                cute.arch.cp_async_mbarrier_arrive_noinc(bars + hb)
+                cute.arch.mbarrier_arrive(bars + hb)
 
     @cute.jit
     def _consume(
-        self, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, sQ, sK, sVt, sIdx, sX,
-        bars, wg, wtid, n_tiles, tok0, head0, kvh, s_q, bidx,
+        self, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma, sQ, sK, sVt, sIdx,
+        sX, sP, bars, q_full, wg, wtid, n_tiles, tok0, head0, kvh, s_q, bidx,
     ):
         c = self.cfg
         n = c.n_block
@@ -372,7 +469,7 @@ class GatherAttentionSm90:
         cS_mn = _mn_view(thr_qk.partition_C(cute.make_identity_tensor((64, n))))
         cO_mn = _mn_view(thr_pv.partition_C(cute.make_identity_tensor((64, c.dv_wg))))
         n_r = cute.size(S_mn, mode=[0])
-        n_kb = cute.size(tSrQ, mode=[2]) // c.n_dsplit  # QK k-blocks of this warpgroup's d slice
+        n_kb = cute.size(tSrQ, mode=[2]) // c.n_dsplit  # QK k-blocks of this warpgroup's d slice (d split)
         record("Q operand fragments (tSrQ)", tSrQ)
         record("K operand fragments (tSrK)", tSrK)
         record("V^T operand fragments (tOrV)", tOrV)
@@ -384,7 +481,7 @@ class GatherAttentionSm90:
         # per-row state: running max (log2 domain) and this thread's partial row sum
         row_max = cute.make_rmem_tensor((n_r,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((n_r,), cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
+        row_max.fill(MAX_INIT if c.key_split else -cutlass.Float32.inf)
         row_sum.fill(0.0)
         row_tok = cute.make_rmem_tensor((n_r,), cutlass.Int32)
         for r in cutlass.range_constexpr(n_r):
@@ -394,12 +491,31 @@ class GatherAttentionSm90:
         # the staged loops, so no loop region owns it
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-        cute.arch.mbarrier_wait(bars + 2 * S, 0)
-        args = (qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum,
-                row_tok, sIdx, sX, bars, dsplit, wtid, scale_log2, causal_off, window)
-        for kt in cutlass.range(n_tiles, unroll=1):
-            self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, kt, dsplit, n_kb)
-            self._tile(*args, kt)
+        cute.arch.mbarrier_wait(q_full, 0)
+        if cutlass.const_expr(c.key_split):
+            pv_ss_mma.set(warpgroup.Field.ACCUMULATE, True)
+            tOsP = pv_ss_mma.make_fragment_A(pv_ss_mma.get_slice(wtid).partition_A(sP))
+            store_P = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), rP.element_type),
+                qk_mma,
+            ).get_slice(wtid)
+            tPsP = store_P.partition_D(sP)
+            record("partner's P operand fragments (tOsP)", tOsP)
+            record("P registers -> smem (stmatrix) destination (tPsP)", tPsP)
+            args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn, P_mn,
+                    O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off, window,
+                    (n_tiles + 1) // 2)
+            if wg == 0:
+                self._pairs_wg0(*args)
+            else:
+                self._pairs_wg1(*args)
+            self._merge_row_sums(row_sum, sX, wg, wtid)
+        else:
+            args = (qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum,
+                    row_tok, sIdx, sX, bars, dsplit, wtid, scale_log2, causal_off, window)
+            for kt in cutlass.range(n_tiles, unroll=1):
+                self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, kt, dsplit, n_kb)
+                self._tile(*args, kt)
 
         self._epilogue(mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
                        kvh, s_q, bidx)
@@ -421,23 +537,7 @@ class GatherAttentionSm90:
 
         # mask + online softmax (log2 domain)
         for r in cutlass.range_constexpr(n_r):
-            t = row_tok[r]
-            mx = -cutlass.Float32.inf
-            for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                key = sIdx[cS_mn[r, cc][1], stage]
-                ok = key >= 0
-                if cutlass.const_expr(not c.per_token_idx):
-                    ok = ok & (key > t + causal_off - window)
-                    if cutlass.const_expr(c.causal):
-                        ok = ok & (key <= t + causal_off)
-                    else:
-                        ok = ok & (key < t + causal_off + window)
-                sv = S_mn[r, cc] * scale_log2
-                if not ok:
-                    sv = -cutlass.Float32.inf
-                S_mn[r, cc] = sv
-                mx = cute.arch.fmax(mx, sv)
-            mx = _quad_allreduce(mx, cute.arch.fmax)
+            mx = self._mask_row(S_mn, cS_mn, sIdx, stage, row_tok[r], r, scale_log2, causal_off, window)
             m_new = cute.arch.fmax(row_max[r], mx)
             m_base = m_new
             if m_new == -cutlass.Float32.inf:
@@ -462,6 +562,28 @@ class GatherAttentionSm90:
         cute.arch.mbarrier_arrive(bars + S + stage)  # the producer may refill this stage
 
     @cute.jit
+    def _mask_row(self, S_mn, cS_mn, sIdx, stage, t, r: int, scale_log2, causal_off, window):
+        """Row r of this thread's S: scale to the log2 domain, -inf where the key is invalid (-1)
+        or outside the positional mask of query token t; returns the row max over the quad."""
+        c = self.cfg
+        mx = -cutlass.Float32.inf
+        for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+            key = sIdx[cS_mn[r, cc][1], stage]
+            ok = key >= 0
+            if cutlass.const_expr(not c.per_token_idx):
+                ok = ok & (key > t + causal_off - window)
+                if cutlass.const_expr(c.causal):
+                    ok = ok & (key <= t + causal_off)
+                else:
+                    ok = ok & (key < t + causal_off + window)
+            sv = S_mn[r, cc] * scale_log2
+            if not ok:
+                sv = -cutlass.Float32.inf
+            S_mn[r, cc] = sv
+            mx = cute.arch.fmax(mx, sv)
+        return _quad_allreduce(mx, cute.arch.fmax)
+
+    @cute.jit
     def _issue_qk(self, qk_mma, acc_S, tSrQ, tSrK, bars, kt, dsplit, n_kb: int):
         """Wait for key tile kt, then queue S = Q K^T over this warpgroup's slice of d (no wait)."""
         stage = kt % self.cfg.stages
@@ -474,24 +596,157 @@ class GatherAttentionSm90:
             cute.gemm(qk_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
         warpgroup.commit_group()
 
+    # ---------------- key split (dv = 512, V = K): warpgroup w owns tile 2p + w of pair p ----------------
+    # Per pair, WG0 and WG1 each compute S over the full d for their own tile, agree on the row max
+    # through smem (WG0 publishes max(old, own), WG1 folds in its own and publishes the final one),
+    # multiply their own P from registers and the partner's P from smem into their half of O.
+    # Named-barrier roles per pair: MAX0 WG0 -> WG1, MAX1 WG1 -> WG0, P0 WG0 -> WG1, P1 WG1 -> WG0; a
+    # warpgroup reaches a barrier of pair p + 1 only after the partner passed it in pair p.
+
+    @cute.jit
+    def _qk_half(self, qk_mma, acc_S, tSrQ, tSrK, bars, stage: int, h: int, phase, zero: bool):
+        """Wait for half h of d of the tile in `stage`, queue its k-blocks of S = Q K^T (no commit)."""
+        n_kb = cute.size(tSrQ, mode=[2]) // 2
+        cute.arch.mbarrier_wait(bars + stage * 2 + h, phase)
+        cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
+        if cutlass.const_expr(zero):
+            acc_S.fill(0.0)
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(n_kb):
+            cute.gemm(qk_mma, acc_S, tSrQ[None, None, h * n_kb + kb], tSrK[None, None, h * n_kb + kb, stage], acc_S)
+
+    @cute.jit
+    def _softmax_tile(self, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new):
+        """Row r with the new running max: P = exp2(S - m_new) (fp32 kept in S, bf16 in P), rescale
+        the row's O and partial sum, publish m_new (one lane of the quad)."""
+        corr = cute.arch.exp2(row_max[r] - m_new)
+        row_max[r] = m_new
+        acc = cutlass.Float32(0.0)
+        for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+            pv = cute.arch.exp2(S_mn[r, cc] - m_new)
+            S_mn[r, cc] = pv
+            acc += pv
+            P_mn[r, cc] = pv.to(P_mn.element_type)
+        row_sum[r] = row_sum[r] * corr + acc
+        for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
+            O_mn[r, cc] = O_mn[r, cc] * corr
+        if wtid % 4 == 0:
+            sM[cS_mn[r, 0][0]] = m_new
+
+    @cute.jit
+    def _pv(self, mma, acc_O, tA, tOrV, stage: int):
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            cute.gemm(mma, acc_O, tA[None, None, kb], tOrV[None, None, kb, stage], acc_O)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
+                   window, n_pairs):
+        """Warpgroup 0: tiles 2p in stage 0, O[:, :256]; frees 0-left and 1-left."""
+        empty = bars + 4
+        n_r = cute.size(S_mn, mode=[0])
+        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, 0, True)
+        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, 0, False)
+        warpgroup.commit_group()
+        for pair in cutlass.range(n_pairs, unroll=1):
+            warpgroup.wait_group(0)  # S of this pair's tile 2p
+            for r in cutlass.range_constexpr(n_r):
+                mx = self._mask_row(S_mn, cS_mn, sIdx, 0, row_tok[r], r, scale_log2, causal_off, window)
+                self._softmax_tile(S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sX, wtid, r,
+                                   cute.arch.fmax(row_max[r], mx))
+            cute.arch.barrier_arrive(barrier_id=BAR_MAX0, number_of_threads=256)
+            self._pv(pv_mma, acc_O, tOrP, tOrV, 0)
+            warpgroup.wait_group(0)
+            cute.arch.mbarrier_arrive(empty + 0)  # 0-left: its last reader was this PV
+            cute.arch.barrier(barrier_id=BAR_MAX1, number_of_threads=256)
+            for r in cutlass.range_constexpr(n_r):  # move P, O and the sum onto WG1's final max
+                final = sX[cS_mn[r, 0][0]]
+                sc = cute.arch.exp2(row_max[r] - final)
+                row_max[r] = final
+                row_sum[r] = row_sum[r] * sc
+                for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+                    P_mn[r, cc] = (S_mn[r, cc] * sc).to(P_mn.element_type)
+                for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
+                    O_mn[r, cc] = O_mn[r, cc] * sc
+            cute.copy(store_P, store_P.retile(rP), tPsP[None, None, None, 0])
+            cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the partner's wgmma
+            cute.arch.barrier_arrive(barrier_id=BAR_P0, number_of_threads=256)
+            cute.arch.barrier(barrier_id=BAR_P1, number_of_threads=256)
+            self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 1], tOrV, 1)
+            if pair + 1 < n_pairs:  # queue the next tile's S behind it
+                self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, (pair + 1) & 1, True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                cute.arch.mbarrier_arrive(empty + 2)  # 1-left
+                self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, (pair + 1) & 1, False)
+                warpgroup.commit_group()
+            else:
+                warpgroup.wait_group(0)
+                cute.arch.mbarrier_arrive(empty + 2)
+
+    @cute.jit
+    def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
+                   window, n_pairs):
+        """Warpgroup 1: tiles 2p + 1 in stage 1, O[:, 256:]; frees 1-right and 0-right."""
+        empty = bars + 4
+        n_r = cute.size(S_mn, mode=[0])
+        tile_max = cute.make_rmem_tensor((n_r,), cutlass.Float32)
+        for pair in cutlass.range(n_pairs, unroll=1):
+            self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 1, pair & 1, True)
+            self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 0, pair & 1, False)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            for r in cutlass.range_constexpr(n_r):
+                tile_max[r] = self._mask_row(S_mn, cS_mn, sIdx, 1, row_tok[r], r, scale_log2, causal_off, window)
+            cute.arch.barrier(barrier_id=BAR_MAX0, number_of_threads=256)
+            for r in cutlass.range_constexpr(n_r):  # WG0's max already includes the old running max
+                self._softmax_tile(S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sX, wtid, r,
+                                   cute.arch.fmax(sX[cS_mn[r, 0][0]], tile_max[r]))
+            cute.arch.barrier_arrive(barrier_id=BAR_MAX1, number_of_threads=256)
+            self._pv(pv_mma, acc_O, tOrP, tOrV, 1)
+            cute.copy(store_P, store_P.retile(rP), tPsP[None, None, None, 1])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=BAR_P0, number_of_threads=256)
+            self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 0], tOrV, 0)
+            cute.arch.barrier_arrive(barrier_id=BAR_P1, number_of_threads=256)
+            warpgroup.wait_group(1)
+            cute.arch.mbarrier_arrive(empty + 3)  # 1-right
+            warpgroup.wait_group(0)
+            cute.arch.mbarrier_arrive(empty + 1)  # 0-right
+
+    @cute.jit
+    def _merge_row_sums(self, row_sum, sX, wg, wtid):
+        """Key split: each warpgroup summed P over its own tiles. The partner's thread wtid holds
+        the same rows, so one swap through smem gives both the full per-thread sum (a + b == b + a:
+        both warpgroups end bitwise equal)."""
+        n_r = cute.size(row_sum)
+        for r in cutlass.range_constexpr(n_r):
+            sX[64 + (wg * 128 + wtid) * n_r + r] = row_sum[r]
+        cute.arch.barrier(barrier_id=BAR_SUMS, number_of_threads=256)
+        for r in cutlass.range_constexpr(n_r):
+            row_sum[r] = row_sum[r] + sX[64 + ((1 - wg) * 128 + wtid) * n_r + r]
+
     @cute.jit
     def _exchange_partial_s(self, acc_S, sX, dsplit, wtid):
-        """S = S_0 + S_1 in both warpgroups of a d split, through one smem buffer (sX[thread, i],
+        """S = S_0 + S_1 in both warpgroups of a d split, through one smem buffer (sX[thread + 128 i],
         thread-major so the 128 lanes hit distinct banks). WG1 publishes S_1; WG0 adds it, then
         publishes S_0; WG1 adds that. Both sum in the order S_0 + S_1: bitwise the same S."""
         nv = cute.size(acc_S)
         if dsplit == 1:
             for i in cutlass.range_constexpr(nv):
-                sX[wtid, i] = acc_S[i]
+                sX[wtid + 128 * i] = acc_S[i]
             cute.arch.barrier_arrive(barrier_id=BAR_XCHG_S1, number_of_threads=256)
             cute.arch.barrier(barrier_id=BAR_XCHG_S0, number_of_threads=256)
             for i in cutlass.range_constexpr(nv):
-                acc_S[i] = sX[wtid, i] + acc_S[i]
+                acc_S[i] = sX[wtid + 128 * i] + acc_S[i]
         else:
             cute.arch.barrier(barrier_id=BAR_XCHG_S1, number_of_threads=256)
             for i in cutlass.range_constexpr(nv):
-                other = sX[wtid, i]
-                sX[wtid, i] = acc_S[i]
+                other = sX[wtid + 128 * i]
+                sX[wtid + 128 * i] = acc_S[i]
                 acc_S[i] = acc_S[i] + other
             cute.arch.barrier_arrive(barrier_id=BAR_XCHG_S0, number_of_threads=256)
 
