@@ -353,7 +353,11 @@ class GatherAttentionSm90:
             # ---------------- producer warpgroup: gather Q once, then kv tiles ----------------
             cute.arch.setmaxregister_decrease(REGS_PRODUCER)
             ptid = tidx - 128 * c.n_consumer_wg
-            atom = cute.make_copy_atom(cpasync.CopyG2SOp(), mQ.element_type, num_bits_per_copy=128)
+            # .cg: the rows go to smem only; .ca would also allocate them in the ~30 KB of L1 that
+            # the 216 KB of smem leaves, for no reuse
+            atom = cute.make_copy_atom(
+                cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), mQ.element_type, num_bits_per_copy=128
+            )
             self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
             cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
             if cutlass.const_expr(c.key_split):
