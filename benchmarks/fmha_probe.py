@@ -1,0 +1,106 @@
+"""Where the time of the SM90 fmha kernel goes: the real kernel next to variants with one part
+knocked out, timed on the same inputs in one process (outputs of the variants are garbage and
+are not checked).
+
+    python3 benchmarks/fmha_probe.py --out fmha-probe.json [--only pro_prefill,flash_prefill]
+
+- full        the kernel as shipped
+- no_gather   the producer publishes the indices and arrives, but copies no kv rows
+- no_softmax  the MMAs and every barrier run; masking and the exponentials do not
+- no_math     consumers only wait for each tile and free it (no MMA, no softmax)
+
+If no_gather is about as fast as full, the math side is the bound; if no_math is, the gather is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import cutlass
+import cutlass.cute as cute
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.worker import case_generator
+from kernels.common import compile_kernel
+from kernels.fmha.family import FAMILY
+from kernels.fmha.fmha_sm90 import GatherAttentionSm90
+from kernels.fmha.glue import FmhaCuteDSL, config_for, fake_args
+
+from fmha_bench import bench_cases  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+
+
+class NoGather(GatherAttentionSm90):
+    @cute.jit
+    def _copy_kv(self, atom, sIdx, mT, dst, width: int, ptid, stage, kvh, bidx, col0: int = 0):
+        pass
+
+
+class NoSoftmax(GatherAttentionSm90):
+    @cute.jit
+    def _mask_row(self, S_mn, cS_mn, sIdx, stage, t, r: int, scale_log2, causal_off, window):
+        return cutlass.Float32(0.0)
+
+    @cute.jit
+    def _softmax_tile(self, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new):
+        pass
+
+
+class NoMath(GatherAttentionSm90):
+    @cute.jit
+    def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
+                   window, n_pairs):
+        for pair in cutlass.range(n_pairs, unroll=1):
+            for hb in cutlass.range_constexpr(2):
+                cute.arch.mbarrier_wait(bars + hb, pair & 1)
+            cute.arch.mbarrier_arrive(bars + 4 + 0)
+            cute.arch.mbarrier_wait(bars + 2, pair & 1)
+            cute.arch.mbarrier_arrive(bars + 4 + 2)
+
+    @cute.jit
+    def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
+                   window, n_pairs):
+        for pair in cutlass.range(n_pairs, unroll=1):
+            for hb in cutlass.range_constexpr(2):
+                cute.arch.mbarrier_wait(bars + 3 - hb, pair & 1)
+            cute.arch.mbarrier_arrive(bars + 4 + 3)
+            cute.arch.mbarrier_wait(bars + 1, pair & 1)
+            cute.arch.mbarrier_arrive(bars + 4 + 1)
+
+
+VARIANTS = {"full": GatherAttentionSm90, "no_gather": NoGather, "no_softmax": NoSoftmax, "no_math": NoMath}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="pro_prefill,flash_prefill,pro_decode_64")
+    args = ap.parse_args()
+    from dsv4bench.core.timing import CudaTimer
+
+    timer = CudaTimer("cuda")
+    impl = FmhaCuteDSL()
+    rows = []
+    for name in args.only.split(","):
+        case = Case("fmha", bench_cases()[name], 0, "bench")
+        cfg = config_for(case)
+        x = FAMILY.make_inputs(case, case_generator(case), "cuda")
+        out = FAMILY.alloc_outputs(case, "cuda")
+        for variant, cls in VARIANTS.items():
+            if variant == "no_math" and not cfg.key_split:
+                continue  # the knock-out is written for the key-split schedule
+            compiled = compile_kernel(cls(cfg), *fake_args(cfg), arch="sm_90a")
+            stats = timer.time(lambda c=compiled: impl.run(case, x, out, c))
+            rows.append({"case": name, "variant": variant, "median_ms": stats.median_ms, "cv": stats.cv})
+            print(json.dumps(rows[-1]), flush=True)
+        del x, out
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump({"results": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
