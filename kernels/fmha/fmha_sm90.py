@@ -441,9 +441,22 @@ class GatherAttentionSm90:
                 hb = stage * 2 + h
                 if cutlass.const_expr(k >= 2):
                     cute.arch.mbarrier_wait(bars + 4 + hb, phase)
-                self._copy_kv(atom, sIdx, mK, sK[None, None, stage], half, ptid, stage, kvh, bidx, h * half)
+                self._gather_half(atom, sIdx, mK, sK[None, None, stage], ptid, stage, h, kvh, bidx)
                 cute.arch.cp_async_mbarrier_arrive_noinc(bars + hb)
                 cute.arch.mbarrier_arrive(bars + hb)
+
+    @cute.jit
+    def _gather_half(self, atom, sIdx, mK, dst, ptid, stage: int, h: int, kvh, bidx):
+        """Half h of d of the 64 rows of the tile in `stage`: 8 threads copy a 128-byte segment, so
+        a thread copies 4 segments of each of its 4 rows (g, g + 16, g + 32, g + 48; g = ptid // 8)
+        and computes each row's address once instead of once per 16 bytes."""
+        segs = self.cfg.d // 2 // 64  # 128-byte segments per row half
+        for k in cutlass.range_constexpr(4):
+            r = ptid // 8 + 16 * k
+            src = mK[cutlass.max(sIdx[r, stage], 0), kvh, None, bidx]
+            for sg in cutlass.range_constexpr(segs):
+                chunk = (h * segs + sg) * 8 + ptid % 8
+                cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(dst[r, None], (8,), (chunk,)))
 
     @cute.jit
     def _consume(
