@@ -45,7 +45,9 @@ from dsv4bench.compile.recorder import record
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SMEM_BUDGET = 220 * 1024  # bytes this kernel may use (H100: 227 KiB per CTA)
-REGS_PRODUCER, REGS_CONSUMER = 40, 232  # setmaxnreg split of 3 x 128 threads (<= 64K registers)
+# setmaxnreg split of 3 x 128 threads (<= 64K registers): (producer, consumer)
+REGS_TILES = (40, 232)  # one stage per tile: the consumer holds S and a 256-wide O
+REGS_KEY_SPLIT = (56, 224)  # the producer's per-row addresses need > 40; 216 spills the consumer
 BAR_XCHG_S1, BAR_XCHG_S0, BAR_EPILOGUE, BAR_PRODUCER = 1, 2, 3, 4  # named barriers (0 = __syncthreads)
 BAR_MAX0, BAR_MAX1, BAR_P0, BAR_P1, BAR_SUMS = 5, 6, 7, 8, 9  # key split: WG0 max, final max, sP0, sP1, row sums
 MAX_INIT = -1.0e30  # key split: a finite initial row max, so a fully masked tile needs no special case
@@ -351,7 +353,7 @@ class GatherAttentionSm90:
 
         if wg == c.n_consumer_wg:
             # ---------------- producer warpgroup: gather Q once, then kv tiles ----------------
-            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
+            cute.arch.setmaxregister_decrease((REGS_KEY_SPLIT if c.key_split else REGS_TILES)[0])
             ptid = tidx - 128 * c.n_consumer_wg
             # .cg: the rows go to smem only; .ca would also allocate them in the ~30 KB of L1 that
             # the 216 KB of smem leaves, for no reuse
@@ -369,7 +371,7 @@ class GatherAttentionSm90:
             cute.arch.cp_async_wait_group(0)
         else:
             # ---------------- consumer warpgroups ----------------
-            cute.arch.setmaxregister_increase(REGS_CONSUMER)
+            cute.arch.setmaxregister_increase((REGS_KEY_SPLIT if c.key_split else REGS_TILES)[1])
             if cutlass.const_expr(c.key_split):
                 self._consume(
                     mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma, sQ, sK, sVt,
@@ -451,7 +453,10 @@ class GatherAttentionSm90:
         a thread copies 4 segments of each of its 4 rows (g, g + 16, g + 32, g + 48; g = ptid // 8)
         and computes each row's address once instead of once per 16 bytes."""
         segs = self.cfg.d // 2 // 64  # 128-byte segments per row half
-        for k in cutlass.range_constexpr(4):
+        # a runtime loop over the rows: unrolled, the compiler hoists all 64 swizzled smem
+        # addresses (4 rows x 4 segments x 2 stages x 2 halves) to the kernel entry, where they
+        # stay live through the consumers' code and spill
+        for k in cutlass.range(4, unroll=1):
             r = ptid // 8 + 16 * k
             src = mK[cutlass.max(sIdx[r, stage], 0), kvh, None, bidx]
             for sg in cutlass.range_constexpr(segs):
