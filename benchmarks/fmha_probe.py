@@ -5,7 +5,6 @@ are not checked).
     python3 benchmarks/fmha_probe.py --out fmha-probe.json [--only pro_prefill,flash_prefill]
 
 - full        the kernel as shipped
-- row_per_copy_gather  (key split) the producer's earlier thread -> (row, 16 bytes) mapping
 - no_gather   the producer publishes the indices and arrives, but copies no kv rows
 - no_softmax  the MMAs and every barrier run; masking and the exponentials do not
 - no_math     consumers only wait for each tile and free it (no MMA, no softmax)
@@ -34,16 +33,8 @@ from fmha_bench import bench_cases  # noqa: E402 (benchmarks/ is on sys.path whe
 
 class NoGather(GatherAttentionSm90):
     @cute.jit
-    def _copy_kv(self, atom, sIdx, mT, dst, width: int, ptid, stage, kvh, bidx, col0: int = 0):
+    def _copy_kv(self, atom, sIdx, mT, dst, seg0: int, n_segs: int, ptid, stage, kvh, bidx):
         pass
-
-
-class RowPerCopyGather(GatherAttentionSm90):
-    """The previous key-split producer mapping: thread t copies 16 bytes of rows t // 32 + 4i."""
-
-    @cute.jit
-    def _gather_half(self, atom, sIdx, mK, dst, ptid, stage: int, h: int, kvh, bidx):
-        self._copy_kv(atom, sIdx, mK, dst, self.cfg.d // 2, ptid, stage, kvh, bidx, h * self.cfg.d // 2)
 
 
 class NoSoftmax(GatherAttentionSm90):
@@ -80,7 +71,7 @@ class NoMath(GatherAttentionSm90):
             cute.arch.mbarrier_arrive(bars + 4 + 1)
 
 
-VARIANTS = {"full": GatherAttentionSm90, "row_per_copy_gather": RowPerCopyGather, "no_gather": NoGather, "no_softmax": NoSoftmax, "no_math": NoMath}
+VARIANTS = {"full": GatherAttentionSm90, "no_gather": NoGather, "no_softmax": NoSoftmax, "no_math": NoMath}
 
 
 def main() -> None:
@@ -99,7 +90,7 @@ def main() -> None:
         x = FAMILY.make_inputs(case, case_generator(case), "cuda")
         out = FAMILY.alloc_outputs(case, "cuda")
         for variant, cls in VARIANTS.items():
-            if variant in ("no_math", "row_per_copy_gather") and not cfg.key_split:
+            if variant == "no_math" and not cfg.key_split:
                 continue  # written for the key-split schedule
             compiled = compile_kernel(cls(cfg), *fake_args(cfg), arch="sm_90a")
             stats = timer.time(lambda c=compiled: impl.run(case, x, out, c))

@@ -45,9 +45,7 @@ from dsv4bench.compile.recorder import record
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SMEM_BUDGET = 220 * 1024  # bytes this kernel may use (H100: 227 KiB per CTA)
-# setmaxnreg split of 3 x 128 threads (<= 64K registers): (producer, consumer)
-REGS_TILES = (40, 232)  # one stage per tile: the consumer holds S and a 256-wide O
-REGS_KEY_SPLIT = (56, 224)  # the producer's per-row addresses need > 40; 216 spills the consumer
+REGS_PRODUCER, REGS_CONSUMER = 40, 232  # setmaxnreg split of 3 x 128 threads (<= 64K registers)
 BAR_XCHG_S1, BAR_XCHG_S0, BAR_EPILOGUE, BAR_PRODUCER = 1, 2, 3, 4  # named barriers (0 = __syncthreads)
 BAR_MAX0, BAR_MAX1, BAR_P0, BAR_P1, BAR_SUMS = 5, 6, 7, 8, 9  # key split: WG0 max, final max, sP0, sP1, row sums
 MAX_INIT = -1.0e30  # key split: a finite initial row max, so a fully masked tile needs no special case
@@ -270,18 +268,20 @@ class GatherAttentionSm90:
             cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(sQ[r, None], (8,), (chunk,)))
 
     @cute.jit
-    def _copy_kv(self, atom, sIdx, mT, dst, width: int, ptid, stage, kvh, bidx, col0: int = 0):
-        """Producer: gather columns [col0, col0 + width) of the tile's kv rows (keys from
-        sIdx[:, stage]) into dst (keys, d). Invalid slots (-1) read row 0: the consumers mask
-        them, so their P is exactly 0."""
-        n = self.cfg.n_block
-        cpr = width // 8
-        rpp = 128 // cpr
-        chunk = ptid % cpr + col0 // 8
-        for p in cutlass.range(n // rpp, unroll=4):
-            r = p * rpp + ptid // cpr
+    def _copy_kv(self, atom, sIdx, mT, dst, seg0: int, n_segs: int, ptid, stage, kvh, bidx):
+        """Producer: gather 128-byte segments [seg0, seg0 + n_segs) of the tile's kv rows (keys from
+        sIdx[:, stage]) into dst (keys, d). 8 threads copy one segment, so a thread copies its
+        segments of rows g, g + 16, ... (g = ptid // 8) and computes each row's address once:
+        ~3 instructions per 16-byte cp.async instead of ~23 with one row per copy, which made the
+        gather the bound (docs/perf/fmha.md). A runtime row loop: unrolled, the compiler hoists
+        every swizzled smem address to the kernel entry and they spill. Invalid slots (-1) read
+        row 0: the consumers mask them, so their P is exactly 0."""
+        for k in cutlass.range(self.cfg.n_block // 16, unroll=1):
+            r = ptid // 8 + 16 * k
             src = mT[cutlass.max(sIdx[r, stage], 0), kvh, None, bidx]
-            cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(dst[r, None], (8,), (chunk,)))
+            for sg in cutlass.range_constexpr(n_segs):
+                chunk = (seg0 + sg) * 8 + ptid % 8
+                cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(dst[r, None], (8,), (chunk,)))
 
     @cute.kernel
     def kernel(
@@ -353,7 +353,7 @@ class GatherAttentionSm90:
 
         if wg == c.n_consumer_wg:
             # ---------------- producer warpgroup: gather Q once, then kv tiles ----------------
-            cute.arch.setmaxregister_decrease((REGS_KEY_SPLIT if c.key_split else REGS_TILES)[0])
+            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
             ptid = tidx - 128 * c.n_consumer_wg
             # .cg: the rows go to smem only; .ca would also allocate them in the ~30 KB of L1 that
             # the 216 KB of smem leaves, for no reuse
@@ -371,7 +371,7 @@ class GatherAttentionSm90:
             cute.arch.cp_async_wait_group(0)
         else:
             # ---------------- consumer warpgroups ----------------
-            cute.arch.setmaxregister_increase((REGS_KEY_SPLIT if c.key_split else REGS_TILES)[1])
+            cute.arch.setmaxregister_increase(REGS_CONSUMER)
             if cutlass.const_expr(c.key_split):
                 self._consume(
                     mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma, sQ, sK, sVt,
@@ -404,10 +404,10 @@ class GatherAttentionSm90:
             if ptid < n:
                 sIdx[ptid, stage] = v
             cute.arch.barrier(barrier_id=BAR_PRODUCER, number_of_threads=128)
-            self._copy_kv(atom, sIdx, mK, sK[None, None, stage], c.d, ptid, stage, kvh, bidx)
+            self._copy_kv(atom, sIdx, mK, sK[None, None, stage], 0, c.d // 64, ptid, stage, kvh, bidx)
             if cutlass.const_expr(not c.kv_shared):
                 sV_rows = cute.make_tensor(sVt.iterator, cute.select(sVt.layout, mode=[1, 0, 2]))
-                self._copy_kv(atom, sIdx, mV, sV_rows[None, None, stage], c.dv, ptid, stage, kvh, bidx)
+                self._copy_kv(atom, sIdx, mV, sV_rows[None, None, stage], 0, c.dv // 64, ptid, stage, kvh, bidx)
             cute.arch.cp_async_mbarrier_arrive_noinc(bars + stage)
             cute.arch.mbarrier_arrive(bars + stage)
 
@@ -419,7 +419,6 @@ class GatherAttentionSm90:
         slot t % 64 of tile t // 64, prefetched a pair ahead."""
         c = self.cfg
         n = c.n_block
-        half = c.d // 2
         n_slots = cute.size(mIdx, mode=[1])
         n_pairs = (n_tiles + 1) // 2
         own = ptid // n  # which tile of the pair this thread's index belongs to
@@ -443,25 +442,10 @@ class GatherAttentionSm90:
                 hb = stage * 2 + h
                 if cutlass.const_expr(k >= 2):
                     cute.arch.mbarrier_wait(bars + 4 + hb, phase)
-                self._gather_half(atom, sIdx, mK, sK[None, None, stage], ptid, stage, h, kvh, bidx)
+                segs = c.d // 2 // 64
+                self._copy_kv(atom, sIdx, mK, sK[None, None, stage], h * segs, segs, ptid, stage, kvh, bidx)
                 cute.arch.cp_async_mbarrier_arrive_noinc(bars + hb)
                 cute.arch.mbarrier_arrive(bars + hb)
-
-    @cute.jit
-    def _gather_half(self, atom, sIdx, mK, dst, ptid, stage: int, h: int, kvh, bidx):
-        """Half h of d of the 64 rows of the tile in `stage`: 8 threads copy a 128-byte segment, so
-        a thread copies 4 segments of each of its 4 rows (g, g + 16, g + 32, g + 48; g = ptid // 8)
-        and computes each row's address once instead of once per 16 bytes."""
-        segs = self.cfg.d // 2 // 64  # 128-byte segments per row half
-        # a runtime loop over the rows: unrolled, the compiler hoists all 64 swizzled smem
-        # addresses (4 rows x 4 segments x 2 stages x 2 halves) to the kernel entry, where they
-        # stay live through the consumers' code and spill
-        for k in cutlass.range(4, unroll=1):
-            r = ptid // 8 + 16 * k
-            src = mK[cutlass.max(sIdx[r, stage], 0), kvh, None, bidx]
-            for sg in cutlass.range_constexpr(segs):
-                chunk = (h * segs + sg) * 8 + ptid % 8
-                cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(dst[r, None], (8,), (chunk,)))
 
     @cute.jit
     def _consume(
@@ -666,47 +650,57 @@ class GatherAttentionSm90:
     def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
                    S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
                    window, n_pairs):
-        """Warpgroup 0: tiles 2p in stage 0, O[:, :256]; frees 0-left and 1-left."""
-        empty = bars + 4
-        n_r = cute.size(S_mn, mode=[0])
+        """Warpgroup 0: tiles 2p in stage 0, O[:, :256]; frees 0-left and 1-left. The last pair is
+        peeled off: a wgmma under a runtime branch (queue the next S or not) makes ptxas serialize
+        every wgmma of the kernel (C7520, docs/lessons/fmha.md)."""
+        args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn, P_mn,
+                O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off, window)
         self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, 0, True)
         self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, 0, False)
         warpgroup.commit_group()
-        for pair in cutlass.range(n_pairs, unroll=1):
-            warpgroup.wait_group(0)  # S of this pair's tile 2p
-            for r in cutlass.range_constexpr(n_r):
-                mx = self._mask_row(S_mn, cS_mn, sIdx, 0, row_tok[r], r, scale_log2, causal_off, window)
-                self._softmax_tile(S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sX, wtid, r,
-                                   cute.arch.fmax(row_max[r], mx))
-            cute.arch.barrier_arrive(barrier_id=BAR_MAX0, number_of_threads=256)
-            self._pv(pv_mma, acc_O, tOrP, tOrV, 0)
+        for pair in cutlass.range(n_pairs - 1, unroll=1):
+            self._wg0_pair(*args, pair, False)
+        self._wg0_pair(*args, n_pairs - 1, True)
+
+    @cute.jit
+    def _wg0_pair(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
+                  S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
+                  window, pair, last: cutlass.Constexpr):
+        empty = bars + 4
+        n_r = cute.size(S_mn, mode=[0])
+        warpgroup.wait_group(0)  # S of this pair's tile 2p
+        for r in cutlass.range_constexpr(n_r):
+            mx = self._mask_row(S_mn, cS_mn, sIdx, 0, row_tok[r], r, scale_log2, causal_off, window)
+            self._softmax_tile(S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sX, wtid, r, cute.arch.fmax(row_max[r], mx))
+        cute.arch.barrier_arrive(barrier_id=BAR_MAX0, number_of_threads=256)
+        self._pv(pv_mma, acc_O, tOrP, tOrV, 0)
+        warpgroup.wait_group(0)
+        cute.arch.mbarrier_arrive(empty + 0)  # 0-left: its last reader was this PV
+        cute.arch.barrier(barrier_id=BAR_MAX1, number_of_threads=256)
+        for r in cutlass.range_constexpr(n_r):  # move P, O and the sum onto WG1's final max
+            final = sX[cS_mn[r, 0][0]]
+            sc = cute.arch.exp2(row_max[r] - final)
+            row_max[r] = final
+            row_sum[r] = row_sum[r] * sc
+            for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+                P_mn[r, cc] = (S_mn[r, cc] * sc).to(P_mn.element_type)
+            for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
+                O_mn[r, cc] = O_mn[r, cc] * sc
+        cute.copy(store_P, store_P.retile(rP), tPsP[None, None, None, 0])
+        cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the partner's wgmma
+        cute.arch.barrier_arrive(barrier_id=BAR_P0, number_of_threads=256)
+        cute.arch.barrier(barrier_id=BAR_P1, number_of_threads=256)
+        self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 1], tOrV, 1)
+        if cutlass.const_expr(last):
             warpgroup.wait_group(0)
-            cute.arch.mbarrier_arrive(empty + 0)  # 0-left: its last reader was this PV
-            cute.arch.barrier(barrier_id=BAR_MAX1, number_of_threads=256)
-            for r in cutlass.range_constexpr(n_r):  # move P, O and the sum onto WG1's final max
-                final = sX[cS_mn[r, 0][0]]
-                sc = cute.arch.exp2(row_max[r] - final)
-                row_max[r] = final
-                row_sum[r] = row_sum[r] * sc
-                for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                    P_mn[r, cc] = (S_mn[r, cc] * sc).to(P_mn.element_type)
-                for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
-                    O_mn[r, cc] = O_mn[r, cc] * sc
-            cute.copy(store_P, store_P.retile(rP), tPsP[None, None, None, 0])
-            cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the partner's wgmma
-            cute.arch.barrier_arrive(barrier_id=BAR_P0, number_of_threads=256)
-            cute.arch.barrier(barrier_id=BAR_P1, number_of_threads=256)
-            self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 1], tOrV, 1)
-            if pair + 1 < n_pairs:  # queue the next tile's S behind it
-                self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, (pair + 1) & 1, True)
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
-                cute.arch.mbarrier_arrive(empty + 2)  # 1-left
-                self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, (pair + 1) & 1, False)
-                warpgroup.commit_group()
-            else:
-                warpgroup.wait_group(0)
-                cute.arch.mbarrier_arrive(empty + 2)
+            cute.arch.mbarrier_arrive(empty + 2)  # 1-left
+        else:  # queue the next tile's S behind it
+            self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, (pair + 1) & 1, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)
+            cute.arch.mbarrier_arrive(empty + 2)
+            self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, (pair + 1) & 1, False)
+            warpgroup.commit_group()
 
     @cute.jit
     def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
