@@ -14,6 +14,15 @@ from oracles.norm import NORM_EPS, rmsnorm, rmsnorm_lowprec
 from sweeps import rmsnorm as space
 
 
+def compile_rmsnorm(dt: str, n: int, weight: bool, arch: str, **knobs):
+    """Compile the kernel from fake tensors (rows a runtime size); knobs: RmsNormConfig tuning."""
+    rows = cute.sym_int()
+    x, o = fake_rowmajor(dt, (rows, n)), fake_rowmajor(dt, (rows, n))
+    w = fake_rowmajor(dt, (n,)) if weight else None
+    kernel = RmsNormKernel(CUTE_DTYPES[dt], n, weight, NORM_EPS, **knobs)
+    return compile_kernel(kernel, x, w, o, arch=arch)
+
+
 class RmsNormFamily(Family):
     name = "rmsnorm"
     description = "RMSNorm over the last dim (spec §2.1), weighted and weightless"
@@ -62,12 +71,7 @@ class RmsNormCuteDSL(Impl):
         return (self.family, self.name, arch, case["dtype"], case["n"], bool(case["weight"]), NORM_EPS)
 
     def compile(self, case: Case, arch: str):
-        n, dt = case["n"], case["dtype"]
-        rows = cute.sym_int()
-        x, o = fake_rowmajor(dt, (rows, n)), fake_rowmajor(dt, (rows, n))
-        w = fake_rowmajor(dt, (n,)) if case["weight"] else None
-        kernel = RmsNormKernel(CUTE_DTYPES[dt], n, bool(case["weight"]), NORM_EPS)
-        return compile_kernel(kernel, x, w, o, arch=arch)
+        return compile_rmsnorm(case["dtype"], case["n"], bool(case["weight"]), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         compiled(inputs["x"], inputs.get("w"), out["out"])

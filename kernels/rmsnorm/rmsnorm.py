@@ -10,23 +10,76 @@ Design (memory-bound: read x once, write y once):
 - The row's sum of squares is reduced inside the thread, then across the row's lanes with warp
   shuffles, then (rows wider than one warp) across its warps through shared memory.
 - Ragged M and widths that are not a multiple of the tile are predicated per vector.
+
+Compile-time tuning knobs (RmsNormConfig; the defaults are the measured v2 kernel):
+- `load_hint` / `store_hint`: cache hints on the x loads and y stores (LOAD_HINTS, STORE_HINTS:
+  L1 no-allocate / evict-first, `.cs` streaming, `.nc` read-only path, L2 evict-first policy).
+- `w_early`: load the weight before the sum-of-squares reduction, so its latency overlaps it.
+- `tiles_per_cta` R > 1: each CTA handles R row tiles (tile b, b + G, b + 2G, ... for a grid of
+  G = ceil(tiles / R)), with the next tile's x loads issued before the current tile's reduction
+  and store (double-buffered registers); the weight is loaded once per CTA.
+- `threads_per_row`: overrides the width's default split (vecs_per_thread follows).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import cutlass
-import cutlass.cute as cute
-import cutlass.utils as utils
-from cutlass import Float32
+from cutlass import Float32, Int64, cute, utils
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from dsv4bench.compile.recorder import record, record_slice
 
 COPY_BITS = 128
-MAX_VECS_PER_THREAD = 8  # registers per thread stay small; more threads per row beyond that
+MAX_VECS_PER_THREAD = (
+    8  # registers per thread stay small; more threads per row beyond that
+)
 MIN_CTA_THREADS = 128
 MAX_THREADS_PER_ROW = 1024
+KNOBS = ("load_hint", "store_hint", "w_early", "tiles_per_cta")
+
+_L1 = cute.nvgpu.CacheEvictionPriority
+# name -> (copy op, atom kwargs, L2 evict-first cache policy). "none" is the plain universal copy.
+LOAD_HINTS = {
+    "none": None,
+    "na": (
+        "g2r",
+        {"l1c_evict_priority": _L1.NO_ALLOCATE},
+        False,
+    ),  # ld.global.L1::no_allocate
+    "ef": (
+        "g2r",
+        {"l1c_evict_priority": _L1.EVICT_FIRST},
+        False,
+    ),  # ld.global.L1::evict_first
+    "cs": (
+        "g2r",
+        {"load_cache_mode": cute.nvgpu.LoadCacheMode.STREAMING},
+        False,
+    ),  # ld.global.cs
+    "nc": ("g2r", {"invariant": True}, False),  # ld.global.nc (the read-only path)
+    "na_l2ef": (
+        "g2r",
+        {"l1c_evict_priority": _L1.NO_ALLOCATE},
+        True,
+    ),  # + .L2::cache_hint evict_first
+}
+STORE_HINTS = {
+    "none": None,
+    "cs": (
+        "r2g",
+        {"store_cache_mode": cute.nvgpu.StoreCacheMode.STREAMING},
+        False,
+    ),  # st.global.cs
+    "na": (
+        "r2g",
+        {"l1c_evict_priority": _L1.NO_ALLOCATE},
+        False,
+    ),  # st.global.L1::no_allocate
+    "l2ef": ("r2g", {}, True),  # st.global.L2::cache_hint with an evict-first policy
+}
 
 
 @dataclass(frozen=True)
@@ -36,24 +89,60 @@ class RmsNormConfig:
     threads_per_row: int
     rows_per_cta: int
     vecs_per_thread: int
+    load_hint: str = "none"
+    store_hint: str = "none"
+    w_early: bool = False
+    tiles_per_cta: int = 1
 
     @classmethod
-    def for_width(cls, n: int, dtype_width: int) -> "RmsNormConfig":
+    def for_width(
+        cls, n: int, dtype_width: int, threads_per_row: int | None = None, **knobs
+    ) -> RmsNormConfig:
         if n <= 0:
             raise ValueError(f"rmsnorm width must be positive, got {n}")
         vec = COPY_BITS // dtype_width
         while n % vec:  # odd widths fall back to narrower (still aligned) vectors
             vec //= 2
         n_vecs = n // vec
-        threads = 1
-        while threads < MAX_THREADS_PER_ROW and -(-n_vecs // threads) > MAX_VECS_PER_THREAD:
-            threads *= 2
-        threads = max(threads, min(32, 1 << (n_vecs - 1).bit_length()))
+        if threads_per_row is None:
+            threads = 1
+            while (
+                threads < MAX_THREADS_PER_ROW
+                and -(-n_vecs // threads) > MAX_VECS_PER_THREAD
+            ):
+                threads *= 2
+            threads = max(threads, min(32, 1 << (n_vecs - 1).bit_length()))
+        else:
+            threads = threads_per_row
+            if threads & (threads - 1) or not 1 <= threads <= MAX_THREADS_PER_ROW:
+                raise ValueError(
+                    f"threads_per_row must be a power of two <= {MAX_THREADS_PER_ROW}, got {threads}"
+                )
+            if threads > n_vecs:
+                raise ValueError(
+                    f"threads_per_row {threads} > {n_vecs} vectors in a row of {n}"
+                )
         vecs_per_thread = -(-n_vecs // threads)
         if vecs_per_thread > 4 * MAX_VECS_PER_THREAD:
             raise ValueError(f"rmsnorm width {n} is too wide for one CTA per row")
         rows = max(1, MIN_CTA_THREADS // threads)
-        return cls(n, vec, threads, rows, vecs_per_thread)
+        cfg = cls(n, vec, threads, rows, vecs_per_thread, **knobs)
+        if cfg.load_hint not in LOAD_HINTS or cfg.store_hint not in STORE_HINTS:
+            raise ValueError(
+                f"unknown cache hint {cfg.load_hint!r} / {cfg.store_hint!r}"
+            )
+        if cfg.tiles_per_cta < 1:
+            raise ValueError(f"tiles_per_cta must be >= 1, got {cfg.tiles_per_cta}")
+        return cfg
+
+    @property
+    def knobs(self) -> dict:
+        """The tuning knobs that differ from the defaults (threads_per_row is not among them)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name in KNOBS and getattr(self, f.name) != f.default
+        }
 
     @property
     def cols_per_tile(self) -> int:
@@ -81,46 +170,97 @@ def vector(t, j: int, stage: str):
     return record_slice(stage, t, ((None, j), None, None))
 
 
-class RmsNormKernel:
-    """Compile-time parameters: dtype, width, weight present, eps. Rows are a runtime size."""
+@dsl_user_op
+def l2_evict_first_policy(*, loc=None, ip=None) -> Int64:
+    """A 64-bit L2 cache policy that marks every access evict-first (createpolicy, sm_80+)."""
+    return Int64(
+        llvm.inline_asm(
+            T.i64(),
+            [],
+            "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;",
+            "=l",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
 
-    def __init__(self, dtype: type, n: int, has_weight: bool, eps: float = 1e-6):
+
+def _copy_atom(hint, dtype, bits):
+    if hint is None:
+        return cute.make_copy_atom(
+            cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=bits
+        )
+    kind, kwargs, _ = hint
+    op = cute.nvgpu.CopyG2ROp() if kind == "g2r" else cute.nvgpu.CopyR2GOp()
+    return cute.make_copy_atom(op, dtype, num_bits_per_copy=bits, **kwargs)
+
+
+class RmsNormKernel:
+    """Compile-time parameters: dtype, width, weight present, eps, tuning knobs (RmsNormConfig:
+    threads_per_row, load_hint, store_hint, w_early, tiles_per_cta). Rows are a runtime size."""
+
+    def __init__(
+        self, dtype: type, n: int, has_weight: bool, eps: float = 1e-6, **knobs
+    ):
         self.dtype = dtype
-        self.cfg = RmsNormConfig.for_width(n, dtype.width)
+        self.cfg = RmsNormConfig.for_width(n, dtype.width, **knobs)
         self.has_weight = has_weight
         self.eps = eps
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, stream):
         cfg = self.cfg
+        n_tiles = cute.ceil_div(mX.shape[0], cfg.rows_per_cta)
+        grid = n_tiles
+        if cutlass.const_expr(cfg.tiles_per_cta > 1):
+            grid = cute.ceil_div(n_tiles, cfg.tiles_per_cta)
         self.kernel(mX, mW, mO).launch(
-            grid=[cute.ceil_div(mX.shape[0], cfg.rows_per_cta), 1, 1],
-            block=[cfg.threads, 1, 1],
-            stream=stream,
+            grid=[grid, 1, 1], block=[cfg.threads, 1, 1], stream=stream
         )
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
         cfg = self.cfg
+        looped = cfg.tiles_per_cta > 1
         shape, stride = cfg.tv_layout()
         tv_layout = cute.make_layout(shape, stride=stride)
         tiler = (cfg.rows_per_cta, cfg.cols_per_tile)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
         n_rows = mX.shape[0]
+        stages = (
+            2 if looped else 1
+        )  # looped: the partials alternate, so one barrier per tile suffices
 
         smem = utils.SmemAllocator()
         partials = smem.allocate_tensor(
-            Float32, cute.make_layout((cfg.rows_per_cta, cfg.warps_per_row)), byte_alignment=4
+            Float32,
+            cute.make_layout((cfg.rows_per_cta, cfg.warps_per_row, stages)),
+            byte_alignment=4,
         )
 
         gX = cute.local_tile(mX, tiler, (bidx, 0))
         gO = cute.local_tile(mO, tiler, (bidx, 0))
         cX = cute.local_tile(cute.make_identity_tensor(mX.shape), tiler, (bidx, 0))
 
-        atom = cute.make_copy_atom(
-            cute.nvgpu.CopyUniversalOp(), mX.element_type, num_bits_per_copy=cfg.vec * mX.element_type.width
-        )
+        bits = cfg.vec * mX.element_type.width
+        atom = _copy_atom(None, mX.element_type, bits)
+        ld_hint, st_hint = LOAD_HINTS[cfg.load_hint], STORE_HINTS[cfg.store_hint]
+        ld_atom = _copy_atom(ld_hint, mX.element_type, bits)
+        st_atom = _copy_atom(st_hint, mO.element_type, bits)
+        ld_kw, st_kw = {}, {}
+        if cutlass.const_expr(
+            (ld_hint is not None and ld_hint[2]) or (st_hint is not None and st_hint[2])
+        ):
+            policy = l2_evict_first_policy()
+            if cutlass.const_expr(ld_hint is not None and ld_hint[2]):
+                ld_kw = {"cache_policy": policy}
+            if cutlass.const_expr(st_hint is not None and st_hint[2]):
+                st_kw = {"cache_policy": policy}
         tiled_copy = cute.make_tiled_copy(atom, tv_layout, tiler)
         thr_copy = tiled_copy.get_slice(tidx)
         tXgX = thr_copy.partition_S(gX)
@@ -135,45 +275,203 @@ class RmsNormKernel:
         # The partition is ((vec, vecs_per_thread), 1, 1): vector j is mode-0 coordinate (None, j).
         # (Indexing j in mode 2, a size-1 stride-0 mode, silently copies the whole fragment and
         # predicates on vector 0: full-width rows pass, ragged rows write past their end.)
-        row = tXcX[0][0]
-        row_ok = row < n_rows
+        # Columns past the row are never loaded and stay 0 in the fragments: they add nothing.
         tXrX = cute.make_fragment_like(tXgX)
         tXrX.fill(0)
-        for j in cutlass.range_constexpr(cfg.vecs_per_thread):
-            if row_ok and tXcX[(0, j), 0, 0][1] < cfg.n:
-                cute.copy(atom, vector(tXgX, j, "x vector (global)"), vector(tXrX, j, "x vector (registers)"))
+        self.load_x(ld_atom, ld_kw, tXgX, tXrX, tXcX, n_rows, "x vector")
 
+        w_first = self.has_weight and (cfg.w_early or looped)
+        tXrW = None
+        if cutlass.const_expr(w_first):
+            tXrW = self.load_w(atom, mW, thr_copy, tXcX)
+
+        if cutlass.const_expr(not looped):
+            self.finish(
+                0,
+                tXrX,
+                tXgO,
+                tXcX,
+                n_rows,
+                mW,
+                thr_copy,
+                tXrW,
+                partials,
+                st_atom,
+                st_kw,
+                atom,
+                w_first,
+            )
+        else:
+            tXrN = cute.make_fragment_like(
+                tXgX
+            )  # the next tile's x, loaded while this one is reduced
+            tXrN.fill(0)
+            for k in cutlass.range(cfg.tiles_per_cta, unroll=1):
+                tile = bidx + k * gdim
+                tXgOk = thr_copy.partition_D(cute.local_tile(mO, tiler, (tile, 0)))
+                tXcXk = thr_copy.partition_S(
+                    cute.local_tile(
+                        cute.make_identity_tensor(mX.shape), tiler, (tile, 0)
+                    )
+                )
+                # prefetch the CTA's next tile (its rows are past M after the CTA's last tile)
+                nxt = tile + gdim
+                tXgN = thr_copy.partition_S(cute.local_tile(mX, tiler, (nxt, 0)))
+                tXcN = thr_copy.partition_S(
+                    cute.local_tile(
+                        cute.make_identity_tensor(mX.shape), tiler, (nxt, 0)
+                    )
+                )
+                self.load_x(ld_atom, ld_kw, tXgN, tXrN, tXcN, n_rows, "next x vector")
+                self.finish(
+                    k,
+                    tXrX,
+                    tXgOk,
+                    tXcXk,
+                    n_rows,
+                    mW,
+                    thr_copy,
+                    tXrW,
+                    partials,
+                    st_atom,
+                    st_kw,
+                    atom,
+                    w_first,
+                )
+                tXrX.store(tXrN.load())
+
+    @cute.jit
+    def load_x(
+        self,
+        ld_atom: cute.CopyAtom,
+        ld_kw: cutlass.Constexpr,
+        tXgX: cute.Tensor,
+        tXrX: cute.Tensor,
+        tXcX: cute.Tensor,
+        n_rows: cutlass.Int32,
+        stage: cutlass.Constexpr,
+    ):
+        row_ok = tXcX[0][0] < n_rows
+        for j in cutlass.range_constexpr(self.cfg.vecs_per_thread):
+            if row_ok and tXcX[(0, j), 0, 0][1] < self.cfg.n:
+                cute.copy(
+                    ld_atom,
+                    vector(tXgX, j, stage + " (global)"),
+                    vector(tXrX, j, stage + " (registers)"),
+                    **ld_kw,
+                )
+
+    @cute.jit
+    def finish(
+        self,
+        k,
+        tXrX: cute.Tensor,
+        tXgO: cute.Tensor,
+        tXcX: cute.Tensor,
+        n_rows: cutlass.Int32,
+        mW,
+        thr_copy,
+        tXrW,
+        partials: cute.Tensor,
+        st_atom: cute.CopyAtom,
+        st_kw: cutlass.Constexpr,
+        atom: cute.CopyAtom,
+        w_first: cutlass.Constexpr,
+    ):
+        """Reduce the tile in tXrX, scale it and store it: the sum of squares per row across the
+        row's threads (shuffles, then the partials in smem, stage k % 2 when looped)."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
         x = tXrX.load().to(Float32)
         sum_sq = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
-        sum_sq = cute.arch.warp_reduction_sum(sum_sq, threads_in_group=min(cfg.threads_per_row, 32))
+        sum_sq = cute.arch.warp_reduction_sum(
+            sum_sq, threads_in_group=min(cfg.threads_per_row, 32)
+        )
         if cutlass.const_expr(cfg.warps_per_row > 1):
             lane = tidx % 32
             row_in_cta = tidx // cfg.threads_per_row
             warp_in_row = (tidx % cfg.threads_per_row) // 32
+            stage = k % cute.size(partials, mode=[2])
             if lane == 0:
-                partials[row_in_cta, warp_in_row] = sum_sq
+                partials[row_in_cta, warp_in_row, stage] = sum_sq
             cute.arch.barrier()
             sum_sq = Float32(0.0)
             for w in cutlass.range_constexpr(cfg.warps_per_row):
-                sum_sq += partials[row_in_cta, w]
+                sum_sq += partials[row_in_cta, w, stage]
 
         rstd = cute.math.rsqrt(sum_sq / cfg.n + self.eps)
         y = x * rstd
         if cutlass.const_expr(self.has_weight):
-            # The weight is the same for every row: a (rows, n) view with row stride 0.
-            w_rows = cute.make_tensor(
-                mW.iterator, cute.prepend(mW.layout, cute.make_layout((cfg.rows_per_cta,), stride=(0,)))
-            )
-            tXgW = thr_copy.partition_S(cute.local_tile(w_rows, tiler, (0, 0)))
-            tXrW = cute.make_fragment_like(tXgW)
-            tXrW.fill(0)
-            for j in cutlass.range_constexpr(cfg.vecs_per_thread):
-                if tXcX[(0, j), 0, 0][1] < cfg.n:
-                    cute.copy(atom, vector(tXgW, j, "w vector (global)"), vector(tXrW, j, "w vector (registers)"))
+            if cutlass.const_expr(not w_first):
+                tXrW = self.load_w(atom, mW, thr_copy, tXcX)
             y = y * tXrW.load().to(Float32)
 
         tXrO = cute.make_fragment_like(tXgO)
-        tXrO.store(y.to(mO.element_type))
+        tXrO.store(y.to(tXgO.element_type))
+        row_ok = tXcX[0][0] < n_rows
         for j in cutlass.range_constexpr(cfg.vecs_per_thread):
             if row_ok and tXcX[(0, j), 0, 0][1] < cfg.n:
-                cute.copy(atom, vector(tXrO, j, "y vector (registers)"), vector(tXgO, j, "y vector (global)"))
+                cute.copy(
+                    st_atom,
+                    vector(tXrO, j, "y vector (registers)"),
+                    vector(tXgO, j, "y vector (global)"),
+                    **st_kw,
+                )
+
+    @cute.jit
+    def load_w(
+        self, atom: cute.CopyAtom, mW: cute.Tensor, thr_copy, tXcX: cute.Tensor
+    ) -> cute.Tensor:
+        # The weight is the same for every row: a (rows, n) view with row stride 0.
+        cfg = self.cfg
+        w_rows = cute.make_tensor(
+            mW.iterator,
+            cute.prepend(mW.layout, cute.make_layout((cfg.rows_per_cta,), stride=(0,))),
+        )
+        tXgW = thr_copy.partition_S(
+            cute.local_tile(w_rows, (cfg.rows_per_cta, cfg.cols_per_tile), (0, 0))
+        )
+        tXrW = cute.make_fragment_like(tXgW)
+        tXrW.fill(0)
+        for j in cutlass.range_constexpr(self.cfg.vecs_per_thread):
+            if tXcX[(0, j), 0, 0][1] < self.cfg.n:
+                cute.copy(
+                    atom,
+                    vector(tXgW, j, "w vector (global)"),
+                    vector(tXrW, j, "w vector (registers)"),
+                )
+        return tXrW
+
+
+_HINT_VARIANTS = {
+    "ld_na": {"load_hint": "na"},
+    "ld_cs": {"load_hint": "cs"},
+    "ld_nc": {"load_hint": "nc"},
+    "st_cs": {"store_hint": "cs"},
+    "na_cs": {"load_hint": "na", "store_hint": "cs"},
+    "l2ef": {"load_hint": "na_l2ef", "store_hint": "l2ef"},
+    "w_early": {"w_early": True},
+    "na_cs_w_early": {"load_hint": "na", "store_hint": "cs", "w_early": True},
+    "loop2": {"tiles_per_cta": 2},
+    "loop4": {"tiles_per_cta": 4},
+    "loop16": {"tiles_per_cta": 16},
+    "loop4_na_cs": {"tiles_per_cta": 4, "load_hint": "na", "store_hint": "cs"},
+}
+# width -> the threads_per_row candidates worth timing beside the default split
+_THREAD_VARIANTS = {7168: (256, 64), 4096: (128, 256), 512: (16, 64)}
+
+
+def variants(n: int) -> dict[str, dict]:
+    """The tuning candidates for width n: name -> RmsNormKernel knobs ("base" is the default)."""
+    out = {"base": {}, **_HINT_VARIANTS}
+    for t in _THREAD_VARIANTS.get(n, ()):
+        out[f"t{t}"] = {"threads_per_row": t}
+    if n in _THREAD_VARIANTS:
+        t = _THREAD_VARIANTS[n][0]
+        out[f"t{t}_na_cs"] = {
+            "threads_per_row": t,
+            "load_hint": "na",
+            "store_hint": "cs",
+        }
+        out[f"t{t}_loop4"] = {"threads_per_row": t, "tiles_per_cta": 4}
+    return out
