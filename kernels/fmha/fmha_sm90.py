@@ -40,6 +40,9 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
 
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
 from dsv4bench.compile.recorder import record
 
 LOG2E = math.log2(math.e)
@@ -170,6 +173,25 @@ def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
         ),
     )
     return cute.make_tensor(acc.iterator, lay)
+
+
+@dsl_user_op
+def _pin(x: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Int32:
+    """An empty asm that takes and returns x: whatever computes x must run before it."""
+    return cutlass.Int32(llvm.inline_asm(
+        T.i32(), [x.ir_value(loc=loc, ip=ip)], "", "=r,0", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@cute.jit
+def _fence_operand(frag: cute.Tensor):
+    """Materialize a register operand before the wgmma that reads it (CUTLASS's
+    warpgroup_fence_operand): otherwise the compiler sinks P's bf16 conversion between the wgmma
+    issues and ptxas injects a warpgroup.arrive before each one (C7519)."""
+    words = cute.recast_tensor(frag, cutlass.Int32)
+    for i in cutlass.range_constexpr(cute.size(words)):
+        words[i] = _pin(words[i])
 
 
 def _quad_allreduce(x: cutlass.Float32, op) -> cutlass.Float32:
@@ -640,7 +662,9 @@ class GatherAttentionSm90:
             sM[cS_mn[r, 0][0]] = m_new
 
     @cute.jit
-    def _pv(self, mma, acc_O, tA, tOrV, stage: int):
+    def _pv(self, mma, acc_O, tA, tOrV, stage: int, a_in_registers: bool):
+        if cutlass.const_expr(a_in_registers):
+            _fence_operand(tA)
         warpgroup.fence()
         for kb in cutlass.range_constexpr(cute.size(tA, mode=[2])):
             cute.gemm(mma, acc_O, tA[None, None, kb], tOrV[None, None, kb, stage], acc_O)
@@ -673,7 +697,7 @@ class GatherAttentionSm90:
             mx = self._mask_row(S_mn, cS_mn, sIdx, 0, row_tok[r], r, scale_log2, causal_off, window)
             self._softmax_tile(S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sX, wtid, r, cute.arch.fmax(row_max[r], mx))
         cute.arch.barrier_arrive(barrier_id=BAR_MAX0, number_of_threads=256)
-        self._pv(pv_mma, acc_O, tOrP, tOrV, 0)
+        self._pv(pv_mma, acc_O, tOrP, tOrV, 0, True)
         warpgroup.wait_group(0)
         cute.arch.mbarrier_arrive(empty + 0)  # 0-left: its last reader was this PV
         cute.arch.barrier(barrier_id=BAR_MAX1, number_of_threads=256)
@@ -690,7 +714,7 @@ class GatherAttentionSm90:
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the partner's wgmma
         cute.arch.barrier_arrive(barrier_id=BAR_P0, number_of_threads=256)
         cute.arch.barrier(barrier_id=BAR_P1, number_of_threads=256)
-        self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 1], tOrV, 1)
+        self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 1], tOrV, 1, False)
         if cutlass.const_expr(last):
             warpgroup.wait_group(0)
             cute.arch.mbarrier_arrive(empty + 2)  # 1-left
@@ -722,11 +746,11 @@ class GatherAttentionSm90:
                 self._softmax_tile(S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sX, wtid, r,
                                    cute.arch.fmax(sX[cS_mn[r, 0][0]], tile_max[r]))
             cute.arch.barrier_arrive(barrier_id=BAR_MAX1, number_of_threads=256)
-            self._pv(pv_mma, acc_O, tOrP, tOrV, 1)
+            self._pv(pv_mma, acc_O, tOrP, tOrV, 1, True)
             cute.copy(store_P, store_P.retile(rP), tPsP[None, None, None, 1])
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=BAR_P0, number_of_threads=256)
-            self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 0], tOrV, 0)
+            self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 0], tOrV, 0, False)
             cute.arch.barrier_arrive(barrier_id=BAR_P1, number_of_threads=256)
             warpgroup.wait_group(1)
             cute.arch.mbarrier_arrive(empty + 3)  # 1-right
