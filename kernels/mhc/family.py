@@ -28,7 +28,7 @@ from dsv4bench.core.registry import (
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel, fake_rowmajor
 from kernels.mhc.apply import HcApplyKernel
-from kernels.mhc.mix import HcMixKernel, pick_chunk
+from kernels.mhc.mix import HcMixKernel, pick_tiling
 from kernels.mhc.post import HcPostKernel
 from oracles.mhc import (
     HC_MULT,
@@ -150,12 +150,13 @@ class MhcCuteDSL(Impl):
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         return None if case["d"] % 8 == 0 else "mHC kernels need D % 8 == 0"
 
-    def _chunk(self, case: Case) -> int:
-        return pick_chunk(HC_MULT * case["d"], case["t"])
+    def _tiling(self, case: Case) -> tuple[int, int]:
+        """Pass 1's (tokens per lane, K chunk), chosen from T."""
+        return pick_tiling(HC_MULT * case["d"], case["t"])
 
     def compile_key(self, case: Case, arch: str) -> tuple:
-        chunk = None if case["op"] == "post" else self._chunk(case)
-        return (self.family, self.name, arch, case["op"], case["d"], chunk)
+        tiling = None if case["op"] == "post" else self._tiling(case)
+        return (self.family, self.name, arch, case["op"], case["d"], tiling)
 
     def compile(self, case: Case, arch: str):
         d, t = case["d"], cute.sym_int()
@@ -169,7 +170,8 @@ class MhcCuteDSL(Impl):
             )
             return compile_kernel(HcPostKernel(d), *fake, arch=arch)
         head, k = case["op"] == "head", HC_MULT * d
-        mix = HcMixKernel(N_MIX[case["op"]], k, self._chunk(case))
+        tt, chunk = self._tiling(case)
+        mix = HcMixKernel(N_MIX[case["op"]], k, chunk, tt)
         part = make_fake_compact_tensor(
             cutlass.Float32,
             (t, mix.splits, mix.n_mix + 1),
