@@ -18,10 +18,23 @@ from dsv4bench.core.registry import Impl, register_impl
 Call = Callable[[object, Case, dict], dict]
 
 
-def _compile(fns):
+# A sweep compiles one function for many shapes (dynamic=False: one specialised kernel each).
+# Past dynamo's default recompile limit (8 per code object) it silently runs the function
+# *eagerly and unfused* from then on, and "torch_compile" timed 11x slower than eager
+# (benchmarks/results/rmsnorm-h100-v3). The limits are raised for every compile we make.
+RECOMPILE_LIMIT = 4096
+
+
+def _compile(fns, backend: str = "inductor"):
+    import torch._dynamo.config as dynamo_config
+
+    # the names moved across torch versions (cache_size_limit -> recompile_limit)
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
     if isinstance(fns, Mapping):
-        return {name: torch.compile(fn, dynamic=False) for name, fn in fns.items()}
-    return torch.compile(fns, dynamic=False)
+        return {name: torch.compile(fn, dynamic=False, backend=backend) for name, fn in fns.items()}
+    return torch.compile(fns, dynamic=False, backend=backend)
 
 
 class TorchBaseline(Impl):

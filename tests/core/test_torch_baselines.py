@@ -27,3 +27,25 @@ def test_eager_baseline_matches_the_oracle_on_cpu(name):
     ok, metrics = compare_outputs(result, data.oracle, data.lowprec, lambda n: family.tolerance_for(case, n))
     assert ok, f"{case}: " + "; ".join(m.summary() for m in metrics.values())
     assert get_impl(name, "torch_compile").backend == "torch_compile"
+
+
+def test_torch_compile_keeps_compiling_past_dynamos_default_recompile_limit():
+    """A sweep compiles one function for many shapes; past dynamo's default limit (8) it would
+    silently fall back to running the function eagerly and unfused. Every shape must get a graph."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from dsv4bench.core.torch_impls import _compile
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    def scaled_sum(x):
+        return (x * 2.0).sum(-1)
+
+    compiled = _compile(scaled_sum, backend="eager")  # the graph capture is what is tested
+    shapes = [(n, 3) for n in range(1, 21)]
+    for shape in shapes:
+        x = torch.randn(shape)
+        assert torch.equal(compiled(x), scaled_sum(x))
+    assert counters["stats"]["unique_graphs"] == len(shapes)
