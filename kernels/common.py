@@ -11,6 +11,8 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
+from dsv4bench.compile.ptxas import keep_ptx
+
 CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 # Per-process dump dir for the kept cubins (removed at exit); with --dump-dir the compiled
 # function's __cubin__ is the path of the file there.
@@ -29,10 +31,12 @@ def compile_kernel(kernel, *fake_args, arch: str):
     """Compile a @cute.jit callable for `arch` with the TVM-FFI calling convention.
 
     Works without a GPU. The result is called with torch tensors on the current CUDA stream;
-    --keep-cubin keeps the cubin for resource reports and the on-disk cache.
+    --keep-cubin keeps the cubin for resource reports and the on-disk cache; --keep-ptx (sm_90a /
+    sm_100a, when a ptxas is found) the PTX for the `wgmma-serialized` lint (dsv4bench/compile/ptxas.py).
     """
     # --keep-cubin also writes the cubin to a dump dir (default: the cwd); keep it out of trees
+    ptx = " --keep-ptx" if keep_ptx(arch) else ""
     return cute.compile(
         kernel, *fake_args, make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=f"--gpu-arch {arch} --enable-tvm-ffi --keep-cubin --dump-dir={DUMP_DIR}",
+        options=f"--gpu-arch {arch} --enable-tvm-ffi --keep-cubin{ptx} --dump-dir={DUMP_DIR}",
     )

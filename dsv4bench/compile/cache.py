@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 
+from dsv4bench.compile import ptxas
 from dsv4bench.compile.artifacts import artifact, export, load
 from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.compile.fingerprint import fingerprint, versions
@@ -41,6 +42,7 @@ class CompileInfo:
     compile_seconds: float | None = None  # what the JIT took when the kernel was built
     lints: list[str] = field(default_factory=list)
     note: str = ""
+    ptxas: str = ""  # the wgmma-serialized check: ok (s) and ptxas notes (C7519 ...), or why it was skipped
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -56,12 +58,23 @@ def describe(compiled, seconds: float, cache: str) -> CompileInfo:
 
 
 def compile_recorded(impl, case, arch: str):
-    """Compile under the layout recorder: (compiled, Recording, seconds)."""
+    """Compile under the layout recorder, then run ptxas on the kept PTX (compile/ptxas.py; its
+    result is the Recording's `wgmma-serialized` fact): (compiled, Recording, seconds). `seconds`
+    is the compile alone; the ptxas check's own time is in the fact."""
     with recording() as rec:
         t0 = time.perf_counter()
         compiled = impl.compile(case, arch)
         seconds = time.perf_counter() - t0
+    fact = ptxas.check(compiled, arch)
+    if fact is not None:
+        rec.facts.append(fact)
+        for line in ptxas.notes(fact):
+            print(f"dsv4bench: {impl.family} {impl.name} {arch}: note: {line}", file=sys.stderr, flush=True)
     return compiled, rec, seconds
+
+
+def ptxas_fact(rec: Recording) -> dict | None:
+    return next((f for f in rec.facts if f["rule"] == ptxas.RULE), None)
 
 
 def entry_id(impl, key: tuple) -> str:
@@ -94,6 +107,7 @@ class CompileCache:
         self.compiles += 1
         info = describe(compiled, seconds, cache)
         info.lints = [str(f) for f in lint(rec)]
+        info.ptxas = ptxas.summary(ptxas_fact(rec))
         return compiled, info, rec
 
     def _through_disk(self, impl, case, arch, key):

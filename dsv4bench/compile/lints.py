@@ -78,8 +78,27 @@ def slice_bounds(f: dict) -> str | None:
             f"wrong data; index the mode that holds the values")
 
 
+SERIALIZED_HINTS = {
+    "C7520": "a wgmma (or its warpgroup.fence) sits under a runtime branch; issue it unconditionally "
+             "(peel the loop iteration that skips it, docs/lessons/fmha.md)",
+    "C7514": "non-wgmma instructions read a wgmma's accumulator before its wait_group; wait before touching it",
+}
+
+
+def wgmma_serialized(f: dict) -> str | None:
+    if not f.get("serialized"):
+        return None
+    first = f["serialized"][0]
+    codes = sorted({m["code"] for m in f["serialized"]})
+    fn = first["function"]
+    where = f" in {fn[:72]}{'...' if len(fn) > 72 else ''}" if fn else ""
+    hint = SERIALIZED_HINTS.get(first["code"], "see the ptxas message")
+    return (f"ptxas {'/'.join(codes)}: {first['message']}{where}: every wgmma of the kernel waits for the one "
+            f"before (no MMA overlap, silently slower); {hint}")
+
+
 RULES = {"tma-tile-mode": tma_tile_mode, "tx-count": tx_count, "arrive-count": arrive_count,
-         "slice-bounds": slice_bounds}
+         "slice-bounds": slice_bounds, "wgmma-serialized": wgmma_serialized}
 
 
 def lint(rec: Recording) -> list[Finding]:
