@@ -28,7 +28,7 @@ from kernels.fmha.family import FAMILY
 from kernels.fmha.fmha_sm90 import GatherAttentionSm90
 from kernels.fmha.glue import FmhaCuteDSL, config_for, fake_args
 
-from fmha_bench import bench_cases  # noqa: E402 (benchmarks/ is on sys.path when run as a script)
+from fmha_bench import bench_cases  # benchmarks/ is on sys.path when run as a script
 
 
 class NoGather(GatherAttentionSm90):
@@ -93,7 +93,7 @@ def main() -> None:
             if variant == "no_math" and not cfg.key_split:
                 continue  # written for the key-split schedule
             compiled = compile_kernel(cls(cfg), *fake_args(cfg), arch="sm_90a")
-            stats = timer.time(lambda c=compiled: impl.run(case, x, out, c))
+            stats = timer.time(lambda c=compiled, case=case, x=x, out=out: impl.run(case, x, out, c))
             rows.append({"case": name, "variant": variant, "median_ms": stats.median_ms, "cv": stats.cv})
             print(json.dumps(rows[-1]), flush=True)
         del x, out
