@@ -13,6 +13,8 @@ from rich.tree import Tree
 
 from dsv4bench.cli.common import console, fail, resolve_archs
 from dsv4bench.compile.cache import compile_recorded, describe
+from dsv4bench.compile import ptxas
+from dsv4bench.compile.cache import ptxas_fact
 from dsv4bench.compile.lints import lint
 from dsv4bench.compile.recorder import Recording
 from dsv4bench.core.case import Case
@@ -80,6 +82,9 @@ def render(title: str, rec: Recording, findings: list) -> Tree:
     lints = tree.add("[bold]lints[/]: " + ("[green]none[/]" if not findings else f"[red]{len(findings)}[/]"))
     for f in findings:
         lints.add(f"[red]{f.rule}[/] {rich_escape(f'[{f.stage}]: {f.message}')}", highlight=False)
+    checked = ptxas.summary(ptxas_fact(rec))
+    if checked:  # the wgmma-serialized check's outcome, with ptxas's notes (C7519 ...)
+        lints.add(f"[dim]ptxas:[/] {rich_escape(checked)}", highlight=False)
     return tree
 
 
