@@ -8,15 +8,18 @@ masks are the same list (the block's key range) plus a positional mask evaluated
 CTA geometry (rows of the M tile = (query token, head) pairs, heads fastest):
   * `hb` heads of one kv group times `tq` query tokens fill the M tile (64 or 128 rows). MQA / GQA
     decode packs all heads of a token into M; per-token index lists force tq = 1.
-  * Warp specialization: one producer warpgroup gathers kv rows with 16-byte cp.async into
+  * Warp specialization: one producer warpgroup gathers kv rows with 16-byte cp.async.cg into
     swizzled smem stages (an mbarrier pipeline: cp.async.mbarrier.arrive marks a stage full, the
     consumers' arrivals mark it empty); `n_mrow x n_dsplit` consumer warpgroups run the math.
   * d <= 256: two consumer warpgroups own 64 rows each, the full head dim; they drift freely, so
     one's softmax overlaps the other's wgmma.
   * dv = 512: the PV accumulator (64 x 512 fp32 = 256 registers/thread) does not fit one
-    warpgroup, so two warpgroups share 64 rows, each owning a 256-wide slice of O. S = Q K^T is
-    split along d as well: each computes the partial over its half of d and the two fp32
-    partials are exchanged through smem (named barriers), so no QK work is duplicated.
+    warpgroup, so two warpgroups share 64 rows, each owning a 256-wide slice of O.
+    - V = K (the DSV4 latent, `Config.key_split`): the warpgroups take alternate 64-key tiles
+      over the full d, agree on the row max through smem and trade their bf16 P (stmatrix, SS
+      wgmma for the partner's P); each half of d of a tile has its own full/empty barriers.
+    - V != K: S = Q K^T is split along d; the two fp32 partials are exchanged through smem.
+    No QK work is duplicated in either.
   * Per tile: QK wgmma -> masked online softmax (exp2, fp32) -> PV wgmma (P from registers, V from
     smem read MN-major). When K is V (the DSV4 latent) one smem tile serves both GEMMs: V^T is a
     transposed view of the K tile.
