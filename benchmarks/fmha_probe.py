@@ -7,7 +7,7 @@ are not checked).
 - full        the kernel as shipped
 - no_gather   the producer publishes the indices and arrives, but copies no kv rows
 - no_softmax  the MMAs and every barrier run; masking and the exponentials do not
-- no_math     consumers only wait for each tile and free it (no MMA, no softmax)
+- no_math     consumers only wait for each tile and free it (no MMA, no softmax; key split and ping-pong)
 
 If no_gather is about as fast as full, the math side is the bound; if no_math is, the gather is.
 """
@@ -46,6 +46,11 @@ class NoSoftmax(GatherAttentionSm90):
     def _softmax_tile(self, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new):
         pass
 
+    @cute.jit
+    def _softmax_scores(self, S_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, scale_log2, causal_off, window,
+                        corr, stage):
+        corr.fill(1.0)
+
 
 class NoMath(GatherAttentionSm90):
     @cute.jit
@@ -71,6 +76,18 @@ class NoMath(GatherAttentionSm90):
             cute.arch.mbarrier_arrive(bars + 4 + 1)
 
 
+    @cute.jit
+    def _pingpong(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
+                  row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, wg):
+        S = self.cfg.stages
+        for kt in cutlass.range(n_tiles, unroll=1):
+            cute.arch.mbarrier_wait(bars + kt % S, (kt // S) & 1)
+            self._release_k(bars, kt)
+            if cutlass.const_expr(not self.cfg.kv_shared):
+                cute.arch.mbarrier_wait(bars + 2 * S + kt % S, (kt // S) & 1)
+            self._release_v(bars, kt)
+
+
 VARIANTS = {"full": GatherAttentionSm90, "no_gather": NoGather, "no_softmax": NoSoftmax, "no_math": NoMath}
 
 
@@ -90,8 +107,8 @@ def main() -> None:
         x = FAMILY.make_inputs(case, case_generator(case), "cuda")
         out = FAMILY.alloc_outputs(case, "cuda")
         for variant, cls in VARIANTS.items():
-            if variant == "no_math" and not cfg.key_split:
-                continue  # written for the key-split schedule
+            if variant == "no_math" and not (cfg.key_split or cfg.n_dsplit == 1):
+                continue  # written for the key-split and ping-pong schedules
             compiled = compile_kernel(cls(cfg), *fake_args(cfg), arch="sm_90a")
             stats = timer.time(lambda c=compiled, case=case, x=x, out=out: impl.run(case, x, out, c))
             rows.append({"case": name, "variant": variant, "median_ms": stats.median_ms, "cv": stats.cv})

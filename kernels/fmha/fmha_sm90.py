@@ -54,6 +54,7 @@ SMEM_BUDGET = 220 * 1024  # bytes this kernel may use (H100: 227 KiB per CTA)
 REGS_PRODUCER, REGS_CONSUMER = 40, 232  # setmaxnreg split of 3 x 128 threads (<= 64K registers)
 BAR_XCHG_S1, BAR_XCHG_S0, BAR_EPILOGUE, BAR_PRODUCER = 1, 2, 3, 4  # named barriers (0 = __syncthreads)
 BAR_MAX0, BAR_MAX1, BAR_P0, BAR_P1, BAR_SUMS = 5, 6, 7, 8, 9  # key split: WG0 max, final max, sP0, sP1, row sums
+BAR_TURN0 = 10  # ping-pong (d <= 256): BAR_TURN0 + w opens warpgroup w's turn to issue its GEMMs
 MAX_INIT = -1.0e30  # key split: a finite initial row max, so a fully masked tile needs no special case
 
 
@@ -131,7 +132,8 @@ class Config:
         kv_row = self.d + (0 if self.kv_shared else self.dv)
         xchg = 4 * self.xchg_floats(n_block)
         p_tiles = 2 * self.stages * 64 * n_block if self.key_split else 0
-        return 2 * (self.m_cta * self.d + self.stages * n_block * kv_row) + 4 * self.stages * n_block + xchg + p_tiles
+        idx = 4 * self.stages * (n_block + 4)  # the keys and the producer warps' needs-mask flags
+        return 2 * (self.m_cta * self.d + self.stages * n_block * kv_row) + idx + xchg + p_tiles
 
     def xchg_floats(self, n_block: int) -> int:
         """fp32 smem shared by the two warpgroups of a split: the partial S (d split), or the row
@@ -253,12 +255,13 @@ class GatherAttentionSm90:
         if cutlass.const_expr(c.key_split):
             record("smem P of each tile of the pair (rows, keys, tile) K-major", sP_layout)
             record("tiled MMA O += P V (partner's P from smem)", pv_ss_mma)
-        n_bars = (4 * c.stages if c.key_split else 2 * c.stages) + 1  # full/empty per stage (x2 halves) + q
+        n_bars = 4 * c.stages + 1  # per stage: full/empty x (K, V), or x halves of d for a key split; + q
 
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, n_bars]
             sIdx: cute.struct.MemRange[cutlass.Int32, c.stages * n]
+            sMaskFlag: cute.struct.MemRange[cutlass.Int32, c.stages * 4]
             sX: cute.struct.MemRange[cutlass.Float32, c.xchg_floats(n)]
             sP: cute.struct.Align[
                 cute.struct.MemRange[dt, cute.cosize(sP_layout) if c.key_split else 8], 1024
@@ -347,9 +350,11 @@ class GatherAttentionSm90:
 
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
-        bars = st.bars.data_ptr()  # full, then empty (per stage, x2 halves for a key split), then q_full
-        q_full = bars + (4 * S if c.key_split else 2 * S)
+        # key split: full[stage, half], empty[stage, half]; else K full, K empty, V full, V empty per stage
+        bars = st.bars.data_ptr()
+        q_full = bars + 4 * S
         sIdx = st.sIdx.get_tensor(cute.make_layout((n, S)))
+        sMaskFlag = st.sMaskFlag.get_tensor(cute.make_layout((4, S)))
         sX = st.sX.get_tensor(cute.make_layout((c.xchg_floats(n),)))
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
@@ -359,19 +364,23 @@ class GatherAttentionSm90:
         else:
             sVt = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        n_full = 2 * S if c.key_split else S  # a key split fills and frees each half of d on its own
-        empty_count = 128 if c.key_split else 128 * c.n_consumer_wg
-        record("mbarrier full (per stage" + (" and half of d" if c.key_split else "") + "): arrive count",
-               f"{2 * 128} = 128 producer threads x (cp.async.mbarrier.arrive.noinc for the rows + "
-               "mbarrier.arrive after the index stores)")
-        record("mbarrier empty: arrive count", f"{empty_count} = every thread of "
-               + ("the one warpgroup that reads that half last" if c.key_split else "every consumer warpgroup")
-               + " once per tile")
+        if cutlass.const_expr(c.key_split):
+            record("mbarrier full (per stage and half of d): arrive count", "256 = 128 producer threads x "
+                   "(cp.async.mbarrier.arrive.noinc for the rows + mbarrier.arrive after the index stores)")
+            record("mbarrier empty (per stage and half of d): arrive count",
+                   "128 = the one warpgroup that reads that half last, once per tile")
+            counts = (256,) * (2 * S) + (128,) * (2 * S)
+        else:
+            n_cons = 128 * c.n_consumer_wg
+            record("mbarrier K full / K empty / V full / V empty (per stage): arrive counts",
+                   f"256 (cp.async.mbarrier.arrive.noinc + mbarrier.arrive after the index stores) / {n_cons} "
+                   f"(every consumer thread once per tile) / 128 (cp.async arrive) / {n_cons}"
+                   + (" -- V is K: V full/empty unused, K empty freed after PV" if c.kv_shared else ""))
+            counts = (256,) * S + (n_cons,) * S + (128,) * S + (n_cons,) * S
         record("mbarrier q_full: arrive count", "128 = cp.async.mbarrier.arrive.noinc of each producer thread")
         if tidx == 0:
-            for i in cutlass.range_constexpr(n_full):
-                cute.arch.mbarrier_init(bars + i, 2 * 128)  # producer: cp.async arrive + idx-store arrive
-                cute.arch.mbarrier_init(bars + n_full + i, empty_count)
+            for i in cutlass.range_constexpr(4 * S):
+                cute.arch.mbarrier_init(bars + i, counts[i])
             cute.arch.mbarrier_init(q_full, 128)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
@@ -390,8 +399,8 @@ class GatherAttentionSm90:
             if cutlass.const_expr(c.key_split):
                 self._produce_pairs(atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx)
             else:
-                self._produce_tiles(atom, mIdx, mK, mV, sK, sVt, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv,
-                                    kvh, bidx)
+                self._produce_tiles(atom, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles,
+                                    s_kv, kvh, bidx, tok0, causal_off, window)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
@@ -400,41 +409,51 @@ class GatherAttentionSm90:
             if cutlass.const_expr(c.key_split):
                 self._consume(
                     mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma, sQ, sK, sVt,
-                    sIdx, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner), bars, q_full, wg,
+                    sIdx, None, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner), bars, q_full, wg,
                     tidx % 128, n_tiles, tok0, head0, kvh, s_q, bidx,
                 )
             else:
                 self._consume(
                     mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, None, sQ, sK, sVt, sIdx,
-                    sX, None, bars, q_full, wg, tidx % 128, n_tiles, tok0, head0, kvh, s_q, bidx,
+                    sMaskFlag, sX, None, bars, q_full, wg, tidx % 128, n_tiles, tok0, head0, kvh, s_q, bidx,
                 )
 
     @cute.jit
-    def _produce_tiles(self, atom, mIdx, mK, mV, sK, sVt, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx):
-        """Producer, one smem stage per key tile. The tile's key indices go through smem (one
-        global load per slot, issued a tile ahead), so the row copies never wait on a dependent
-        global load."""
+    def _produce_tiles(self, atom, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv,
+                       kvh, bidx, tok0, causal_off, window):
+        """Producer, one smem stage per key tile: the indices (one global load per slot, issued a
+        tile ahead, so no row copy waits on a dependent load) and whether any key of the tile needs
+        the mask for some row of the CTA (one flag per producer warp), then the K rows, then the V
+        rows, each with its own full barrier: K is freed after the softmax, V after PV."""
         c = self.cfg
         n, S = c.n_block, c.stages
         n_slots = cute.size(mIdx, mode=[1])
+        k_full, k_empty, v_full, v_empty = bars, bars + S, bars + 2 * S, bars + 3 * S
         v_next = mIdx[blk, cutlass.min(ptid, n_slots - 1), bidx]
         for kt in cutlass.range(n_tiles, unroll=1):
             stage = kt % S
+            phase = ((kt // S) & 1) ^ 1
             j = kt * n + ptid
             v = v_next
             if (j >= n_idx) | (v >= s_kv) | (v < 0):
                 v = cutlass.Int32(-1)
             v_next = mIdx[blk, cutlass.min(j + n, n_slots - 1), bidx]
-            cute.arch.mbarrier_wait(bars + S + stage, ((kt // S) & 1) ^ 1)
+            plain = (ptid >= n) | self._key_ok(v, tok0, tok0 + c.tq - 1, causal_off, window)
+            cute.arch.mbarrier_wait(k_empty + stage, phase)
             if ptid < n:
                 sIdx[ptid, stage] = v
+            warp_plain = cutlass.Int32(cute.arch.vote_all_sync(plain))
+            if ptid % 32 == 0:
+                sMaskFlag[ptid // 32, stage] = warp_plain
             cute.arch.barrier(barrier_id=BAR_PRODUCER, number_of_threads=128)
             self._copy_kv(atom, sIdx, mK, sK[None, None, stage], 0, c.d // 64, ptid, stage, kvh, bidx)
+            cute.arch.cp_async_mbarrier_arrive_noinc(k_full + stage)
+            cute.arch.mbarrier_arrive(k_full + stage)
             if cutlass.const_expr(not c.kv_shared):
                 sV_rows = cute.make_tensor(sVt.iterator, cute.select(sVt.layout, mode=[1, 0, 2]))
+                cute.arch.mbarrier_wait(v_empty + stage, phase)
                 self._copy_kv(atom, sIdx, mV, sV_rows[None, None, stage], 0, c.dv // 64, ptid, stage, kvh, bidx)
-            cute.arch.cp_async_mbarrier_arrive_noinc(bars + stage)
-            cute.arch.mbarrier_arrive(bars + stage)
+                cute.arch.cp_async_mbarrier_arrive_noinc(v_full + stage)
 
     @cute.jit
     def _produce_pairs(self, atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx):
@@ -475,7 +494,7 @@ class GatherAttentionSm90:
     @cute.jit
     def _consume(
         self, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma, sQ, sK, sVt, sIdx,
-        sX, sP, bars, q_full, wg, wtid, n_tiles, tok0, head0, kvh, s_q, bidx,
+        sMaskFlag, sX, sP, bars, q_full, wg, wtid, n_tiles, tok0, head0, kvh, s_q, bidx,
     ):
         c = self.cfg
         n = c.n_block
@@ -542,73 +561,153 @@ class GatherAttentionSm90:
                 self._pairs_wg1(*args)
             self._merge_row_sums(row_sum, sX, wg, wtid)
         else:
-            args = (qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum,
-                    row_tok, sIdx, sX, bars, dsplit, wtid, scale_log2, causal_off, window)
-            for kt in cutlass.range(n_tiles, unroll=1):
-                self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, kt, dsplit, n_kb)
-                self._tile(*args, kt)
+            args = (qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
+                    row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb)
+            if cutlass.const_expr(c.n_dsplit == 1):
+                self._pingpong(*args, wg)
+            else:
+                self._split_d(*args, sX, dsplit, wtid)
 
         self._epilogue(mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
                        kvh, s_q, bidx)
 
     @cute.jit
-    def _tile(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum,
-              row_tok, sIdx, sX, bars, dsplit, wtid, scale_log2, causal_off, window, kt):
-        """One key tile for a consumer warpgroup whose S = Q K^T(kt) is queued: wait for it, (split
-        d: add the partner's partial), mask, online softmax, O += P V, release the smem stage.
-        (Queueing S(kt+1) behind PV(kt) was measured slower: it delays the stage release and, with
-        two stages, exposes the gather latency; see docs/perf/fmha.md.)"""
-        c = self.cfg
-        S = c.stages
-        stage = kt % S
-        warpgroup.wait_group(0)  # S(kt) ready
-        if cutlass.const_expr(c.n_dsplit > 1):
-            self._exchange_partial_s(acc_S, sX, dsplit, wtid)
-        n_r = cute.size(S_mn, mode=[0])
-
-        # mask + online softmax (log2 domain)
-        for r in cutlass.range_constexpr(n_r):
-            mx = self._mask_row(S_mn, cS_mn, sIdx, stage, row_tok[r], r, scale_log2, causal_off, window)
-            m_new = cute.arch.fmax(row_max[r], mx)
-            m_base = m_new
-            if m_new == -cutlass.Float32.inf:
-                m_base = cutlass.Float32(0.0)
-            corr = cute.arch.exp2(row_max[r] - m_base)
-            row_max[r] = m_new
-            acc = cutlass.Float32(0.0)
-            for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                pv = cute.arch.exp2(S_mn[r, cc] - m_base)
-                acc += pv
-                P_mn[r, cc] = pv.to(P_mn.element_type)
-            row_sum[r] = row_sum[r] * corr + acc
-            for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
-                O_mn[r, cc] = O_mn[r, cc] * corr
-
-        # O += P V (this warpgroup's value slice)
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-            cute.gemm(pv_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb, stage], acc_O)
-        warpgroup.commit_group()
+    def _pingpong(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
+                  row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, wg):
+        """d <= 256, two warpgroups of 64 rows each (FA3's schedule, written for this kernel): a
+        warpgroup issues S(kt) = Q K^T and O += P(kt-1) V(kt-1) back to back while it holds the
+        turn, hands the turn over and runs the softmax of S(kt) while the partner's GEMMs use the
+        tensor cores. The turn (named barriers BAR_TURN0 + w) keeps the two out of phase; left
+        free they fall into step, because both wait for the same smem stages."""
+        softmax_args = (S_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, scale_log2, causal_off, window)
+        corr = cute.make_rmem_tensor((cute.size(S_mn, mode=[0]),), cutlass.Float32)
+        mine, other = BAR_TURN0 + wg, BAR_TURN0 + 1 - wg
+        if wg == 1:
+            cute.arch.barrier_arrive(barrier_id=BAR_TURN0, number_of_threads=256)  # warpgroup 0 goes first
+        cute.arch.barrier(barrier_id=mine, number_of_threads=256)
+        self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, n_kb)
+        cute.arch.barrier_arrive(barrier_id=other, number_of_threads=256)
         warpgroup.wait_group(0)
-        cute.arch.mbarrier_arrive(bars + S + stage)  # the producer may refill this stage
+        self._softmax_scores(*softmax_args, corr, 0)
+        self._release_k(bars, 0)
+        self._rescale_o_cast_p(O_mn, corr, acc_S, rP)
+        for kt in cutlass.range(1, n_tiles, unroll=1):
+            cute.arch.barrier(barrier_id=mine, number_of_threads=256)
+            self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, kt, 0, n_kb)
+            self._issue_pv(pv_mma, acc_O, tOrP, tOrV, bars, kt - 1)
+            cute.arch.barrier_arrive(barrier_id=other, number_of_threads=256)
+            warpgroup.wait_group(1)  # S(kt); PV(kt-1) still runs
+            self._softmax_scores(*softmax_args, corr, kt % self.cfg.stages)
+            self._release_k(bars, kt)
+            warpgroup.wait_group(0)  # PV(kt-1): P and O are free
+            self._release_v(bars, kt - 1)
+            self._rescale_o_cast_p(O_mn, corr, acc_S, rP)
+        cute.arch.barrier(barrier_id=mine, number_of_threads=256)
+        self._issue_pv(pv_mma, acc_O, tOrP, tOrV, bars, n_tiles - 1)
+        cute.arch.barrier_arrive(barrier_id=other, number_of_threads=256)
+        warpgroup.wait_group(0)
+        self._release_v(bars, n_tiles - 1)
+        if wg == 0:
+            cute.arch.barrier(barrier_id=BAR_TURN0, number_of_threads=256)  # pairs warpgroup 1's opening arrive
+
+    @cute.jit
+    def _split_d(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
+                 row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, sX, dsplit, wtid):
+        """dv = 512 with V != K: each warpgroup computes S over its half of d, the two add their
+        partials through smem (bitwise the same S in both), then each multiplies P into its half of O."""
+        softmax_args = (S_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, scale_log2, causal_off, window)
+        corr = cute.make_rmem_tensor((cute.size(S_mn, mode=[0]),), cutlass.Float32)
+        for kt in cutlass.range(n_tiles, unroll=1):
+            self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, kt, dsplit, n_kb)
+            warpgroup.wait_group(0)
+            self._exchange_partial_s(acc_S, sX, dsplit, wtid)
+            self._softmax_scores(*softmax_args, corr, kt % self.cfg.stages)
+            self._release_k(bars, kt)
+            self._rescale_o_cast_p(O_mn, corr, acc_S, rP)
+            self._issue_pv(pv_mma, acc_O, tOrP, tOrV, bars, kt)
+            warpgroup.wait_group(0)
+            self._release_v(bars, kt)
+
+    @cute.jit
+    def _issue_pv(self, pv_mma, acc_O, tOrP, tOrV, bars, kt):
+        """Wait for V of tile kt (K's tile when V is K), queue O += P V."""
+        S = self.cfg.stages
+        if cutlass.const_expr(not self.cfg.kv_shared):
+            cute.arch.mbarrier_wait(bars + 2 * S + kt % S, (kt // S) & 1)
+            cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
+        self._pv(pv_mma, acc_O, tOrP, tOrV, kt % S, True)
+
+    @cute.jit
+    def _release_k(self, bars, kt):
+        """The mask has read tile kt's indices and QK its K rows; when V is K, PV still needs them."""
+        if cutlass.const_expr(not self.cfg.kv_shared):
+            cute.arch.mbarrier_arrive(bars + self.cfg.stages + kt % self.cfg.stages)
+
+    @cute.jit
+    def _release_v(self, bars, kt):
+        S = self.cfg.stages
+        cute.arch.mbarrier_arrive(bars + (S if self.cfg.kv_shared else 3 * S) + kt % S)
+
+    @cute.jit
+    def _softmax_scores(self, S_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, scale_log2, causal_off, window,
+                        corr, stage):
+        """S -> exp2(S * scale - m) in place (fp32) with m the new running row max (log2 domain);
+        this thread's row sums updated; corr[r] = the factor O must be scaled by, which the caller
+        applies once the previous PV has left O. The mask runs only on tiles the producer flagged."""
+        n_r, n_c = cute.size(S_mn, mode=[0]), cute.size(S_mn, mode=[1])
+        if sMaskFlag[0, stage] + sMaskFlag[1, stage] + sMaskFlag[2, stage] + sMaskFlag[3, stage] < 4:
+            for r in cutlass.range_constexpr(n_r):
+                for cc in cutlass.range_constexpr(n_c):
+                    if not self._key_ok(sIdx[cS_mn[r, cc][1], stage], row_tok[r], row_tok[r], causal_off, window):
+                        S_mn[r, cc] = -cutlass.Float32.inf
+        for r in cutlass.range_constexpr(n_r):
+            part = [S_mn[r, q] for q in range(4)]  # 4 independent chains: a max of 64 is not 64 deep
+            for cc in cutlass.range_constexpr(4, n_c):
+                part[cc % 4] = cute.arch.fmax(part[cc % 4], S_mn[r, cc])
+            mx = _quad_allreduce(cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3])),
+                                 cute.arch.fmax)
+            m_new = cute.arch.fmax(row_max[r], mx * scale_log2)
+            m_base = m_new
+            if m_new == -cutlass.Float32.inf:  # a fully masked row so far: keep exp2 away from NaN
+                m_base = cutlass.Float32(0.0)
+            corr[r] = cute.arch.exp2(row_max[r] - m_base)
+            row_max[r] = m_new
+            sums = [cutlass.Float32(0.0)] * 4
+            for cc in cutlass.range_constexpr(n_c):
+                p = cute.arch.exp2(S_mn[r, cc] * scale_log2 - m_base)
+                S_mn[r, cc] = p
+                sums[cc % 4] = sums[cc % 4] + p
+            row_sum[r] = row_sum[r] * corr[r] + ((sums[0] + sums[1]) + (sums[2] + sums[3]))
+
+    @cute.jit
+    def _rescale_o_cast_p(self, O_mn, corr, acc_S, rP):
+        for r in cutlass.range_constexpr(cute.size(O_mn, mode=[0])):
+            for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
+                O_mn[r, cc] = O_mn[r, cc] * corr[r]
+        rP.store(acc_S.load().to(rP.element_type))
+
+    @cute.jit
+    def _key_ok(self, key, t_first, t_last, causal_off, window):
+        """Whether key is valid and inside the positional mask of every query token in
+        [t_first, t_last] (one row: t_first == t_last)."""
+        c = self.cfg
+        ok = key >= 0
+        if cutlass.const_expr(not c.per_token_idx):
+            ok = ok & (key > t_last + causal_off - window)
+            if cutlass.const_expr(c.causal):
+                ok = ok & (key <= t_first + causal_off)
+            else:
+                ok = ok & (key < t_first + causal_off + window)
+        return ok
 
     @cute.jit
     def _mask_row(self, S_mn, cS_mn, sIdx, stage, t, r: int, scale_log2, causal_off, window):
-        """Row r of this thread's S: scale to the log2 domain, -inf where the key is invalid (-1)
-        or outside the positional mask of query token t; returns the row max over the quad."""
-        c = self.cfg
+        """Key split, row r of this thread's S: scale to the log2 domain, -inf where the key is
+        invalid (-1) or outside the positional mask of query token t; returns the row max over the quad."""
         mx = -cutlass.Float32.inf
         for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-            key = sIdx[cS_mn[r, cc][1], stage]
-            ok = key >= 0
-            if cutlass.const_expr(not c.per_token_idx):
-                ok = ok & (key > t + causal_off - window)
-                if cutlass.const_expr(c.causal):
-                    ok = ok & (key <= t + causal_off)
-                else:
-                    ok = ok & (key < t + causal_off + window)
             sv = S_mn[r, cc] * scale_log2
-            if not ok:
+            if not self._key_ok(sIdx[cS_mn[r, cc][1], stage], t, t, causal_off, window):
                 sv = -cutlass.Float32.inf
             S_mn[r, cc] = sv
             mx = cute.arch.fmax(mx, sv)
