@@ -1,4 +1,4 @@
-"""RMSNorm tuning variants side by side with QuACK, torch eager and a device copy, one process.
+"""RMSNorm tuning variants beside QuACK, torch.compile, torch eager and a device copy, one process.
 
     source .gpu/setup.sh && python3 benchmarks/rmsnorm_variants.py --out $OUT/rmsnorm-variants.json
     python3 benchmarks/rmsnorm_variants.py --compile-only        # no GPU: compiles every variant
@@ -10,6 +10,8 @@ L2 flushed, median of >= 30). Impls are timed in `--rounds` rounds, the order ro
 round, and each impl's samples pooled, so slow drift of the clocks hits every impl alike. Ratios
 are QuACK's time over ours (>= 1: ours is at least as fast); % copy is against the harness's
 device-to-device copy ceiling (dsv4bench/core/ceilings.py) measured in the same process.
+"torch_compile" is the harness's baseline (dsv4bench/core/torch_impls.py); `--inductor-code DIR`
+writes the code Inductor generates for it, per shape.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dsv4bench.compile.artifacts import artifact
 from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
-from dsv4bench.core.registry import get_family
+from dsv4bench.core.registry import get_family, get_impl
 from dsv4bench.core.timing import summarize
 from kernels.rmsnorm.family import compile_rmsnorm
 from kernels.rmsnorm.rmsnorm import RmsNormConfig, variants
@@ -40,7 +42,7 @@ from oracles.norm import NORM_EPS
 
 SHAPES = ((16384, 7168), (16384, 4096), (65536, 512))
 DTYPE = "bf16"
-PEERS = ("quack", "eager", "copy")
+PEERS = ("quack", "torch_compile", "eager", "copy")
 
 
 def compile_all(shapes, arch: str, only: set[str] | None) -> dict:
@@ -143,7 +145,7 @@ def print_compile(compiled: dict, arch: str) -> None:
         )
 
 
-def run_gpu(compiled: dict, rounds: int, min_iters: int) -> dict:
+def run_gpu(compiled: dict, rounds: int, min_iters: int, inductor_code: str | None) -> dict:
     import torch.nn.functional as F
 
     from dsv4bench.core.ceilings import _copy_gbps
@@ -178,6 +180,18 @@ def run_gpu(compiled: dict, rounds: int, min_iters: int) -> dict:
                 calls[name] = lambda fn=r["fn"], x=x, w=w, out=out: fn(x, w, out)
         if rmsnorm_fwd is not None:
             calls["quack"] = lambda x=x, w=w: rmsnorm_fwd(x, w, eps=NORM_EPS)[0]
+        inductor = get_impl("rmsnorm", "torch_compile")
+        calls["torch_compile"] = lambda x=x, w=w, case=case: inductor.run(
+            case, {"x": x, "w": w}, {}, None
+        )["out"]
+        if inductor_code:
+            from torch._inductor.utils import run_and_get_code
+
+            _, codes = run_and_get_code(calls["torch_compile"])
+            path = Path(inductor_code) / f"rmsnorm-{m}x{n}-inductor.py"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n\n".join(codes))
+            print(f"wrote {path}")
         calls["eager"] = lambda x=x, w=w, n=n: F.rms_norm(x, (n,), w, NORM_EPS)
         calls["copy"] = lambda x=x, out=out: out.copy_(
             x
@@ -196,7 +210,7 @@ def run_gpu(compiled: dict, rounds: int, min_iters: int) -> dict:
             poison({"out": out})
             res = call()
             torch.cuda.synchronize()
-            got = out if name not in ("quack", "eager") else res
+            got = out if name in recs else res
             ok, metrics = compare_outputs({"out": got}, data.oracle, data.lowprec, tol)
             clean = torch.equal(x, x_before)
             entry[name]["passed"] = bool(ok and clean)
@@ -219,7 +233,7 @@ def run_gpu(compiled: dict, rounds: int, min_iters: int) -> dict:
             res = calls[name]()
             torch.cuda.synchronize()
             ok, _ = compare_outputs(
-                {"out": out if name not in ("quack", "eager") else res},
+                {"out": out if name in recs else res},
                 data.oracle,
                 data.lowprec,
                 tol,
@@ -301,6 +315,7 @@ def main() -> int:
     )
     ap.add_argument("--variants", help="comma-separated variant names (default: all)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--inductor-code", help="write Inductor's generated code per shape here")
     ap.add_argument("--min-iters", type=int, default=30)
     args = ap.parse_args()
 
@@ -343,7 +358,7 @@ def main() -> int:
         "command": " ".join(sys.argv),
     }
     if gpu:
-        report.update(run_gpu(compiled, args.rounds, args.min_iters))
+        report.update(run_gpu(compiled, args.rounds, args.min_iters, args.inductor_code))
     else:
         report["shapes"] = {
             f"{m}x{n}": {

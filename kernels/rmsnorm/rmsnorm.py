@@ -15,6 +15,9 @@ Compile-time tuning knobs (RmsNormConfig; the defaults are v3 = v2 + `w_early`, 
 - `load_hint` / `store_hint`: cache hints on the x loads and y stores (LOAD_HINTS, STORE_HINTS:
   L1 no-allocate / evict-first, `.cs` streaming, `.nc` read-only path, L2 evict-first policy).
 - `w_early`: load the weight before the sum-of-squares reduction, so its latency overlaps it.
+- `reload_hint`: None keeps x in registers across the reduction; a LOAD_HINTS name loads x again
+  after it (an L2 hit: the row was just read), with that hint. Two passes over x, as Inductor's
+  looped reduction does, so fewer registers are live and more CTAs fit on an SM.
 - `tiles_per_cta` R > 1: each CTA handles R row tiles (tile b, b + G, b + 2G, ... for a grid of
   G = ceil(tiles / R)), with the next tile's x loads issued before the current tile's reduction
   and store (double-buffered registers); the weight is loaded once per CTA.
@@ -38,47 +41,50 @@ MAX_VECS_PER_THREAD = (
 )
 MIN_CTA_THREADS = 128
 MAX_THREADS_PER_ROW = 1024
-KNOBS = ("load_hint", "store_hint", "w_early", "tiles_per_cta")
+KNOBS = ("load_hint", "store_hint", "w_early", "reload_hint", "tiles_per_cta")
 
 _L1 = cute.nvgpu.CacheEvictionPriority
-# name -> (copy op, atom kwargs, L2 evict-first cache policy). "none" is the plain universal copy.
+# name -> (copy op, atom kwargs, L2 cache policy or None). "none" is the plain universal copy.
 LOAD_HINTS = {
     "none": None,
     "na": (
         "g2r",
         {"l1c_evict_priority": _L1.NO_ALLOCATE},
-        False,
+        None,
     ),  # ld.global.L1::no_allocate
     "ef": (
         "g2r",
         {"l1c_evict_priority": _L1.EVICT_FIRST},
-        False,
+        None,
     ),  # ld.global.L1::evict_first
     "cs": (
         "g2r",
         {"load_cache_mode": cute.nvgpu.LoadCacheMode.STREAMING},
-        False,
+        None,
     ),  # ld.global.cs
-    "nc": ("g2r", {"invariant": True}, False),  # ld.global.nc (the read-only path)
+    "nc": ("g2r", {"invariant": True}, None),  # ld.global.nc (the read-only path)
     "na_l2ef": (
         "g2r",
         {"l1c_evict_priority": _L1.NO_ALLOCATE},
-        True,
+        "evict_first",
     ),  # + .L2::cache_hint evict_first
+    # Inductor's eviction_policy="evict_last" / "evict_first" (L1 priority + L2 policy)
+    "el_l2el": ("g2r", {"l1c_evict_priority": _L1.EVICT_LAST}, "evict_last"),
+    "ef_l2ef": ("g2r", {"l1c_evict_priority": _L1.EVICT_FIRST}, "evict_first"),
 }
 STORE_HINTS = {
     "none": None,
     "cs": (
         "r2g",
         {"store_cache_mode": cute.nvgpu.StoreCacheMode.STREAMING},
-        False,
+        None,
     ),  # st.global.cs
     "na": (
         "r2g",
         {"l1c_evict_priority": _L1.NO_ALLOCATE},
-        False,
+        None,
     ),  # st.global.L1::no_allocate
-    "l2ef": ("r2g", {}, True),  # st.global.L2::cache_hint with an evict-first policy
+    "l2ef": ("r2g", {}, "evict_first"),  # st.global.L2::cache_hint with an evict-first policy
 }
 
 
@@ -92,6 +98,7 @@ class RmsNormConfig:
     load_hint: str = "none"
     store_hint: str = "none"
     w_early: bool = True  # measured (benchmarks/results/rmsnorm-variants-h100.json): at least QuACK's speed
+    reload_hint: str | None = None
     tiles_per_cta: int = 1
 
     @classmethod
@@ -127,12 +134,18 @@ class RmsNormConfig:
             raise ValueError(f"rmsnorm width {n} is too wide for one CTA per row")
         rows = max(1, MIN_CTA_THREADS // threads)
         cfg = cls(n, vec, threads, rows, vecs_per_thread, **knobs)
-        if cfg.load_hint not in LOAD_HINTS or cfg.store_hint not in STORE_HINTS:
+        if (
+            cfg.load_hint not in LOAD_HINTS
+            or cfg.store_hint not in STORE_HINTS
+            or cfg.reload_hint not in (None, *LOAD_HINTS)
+        ):
             raise ValueError(
-                f"unknown cache hint {cfg.load_hint!r} / {cfg.store_hint!r}"
+                f"unknown cache hint {cfg.load_hint!r} / {cfg.store_hint!r} / {cfg.reload_hint!r}"
             )
         if cfg.tiles_per_cta < 1:
             raise ValueError(f"tiles_per_cta must be >= 1, got {cfg.tiles_per_cta}")
+        if cfg.tiles_per_cta > 1 and cfg.reload_hint is not None:
+            raise ValueError("reload_hint needs tiles_per_cta == 1")
         return cfg
 
     @property
@@ -171,13 +184,14 @@ def vector(t, j: int, stage: str):
 
 
 @dsl_user_op
-def l2_evict_first_policy(*, loc=None, ip=None) -> Int64:
-    """A 64-bit L2 cache policy that marks every access evict-first (createpolicy, sm_80+)."""
+def l2_policy(priority: str, *, loc=None, ip=None) -> Int64:
+    """A 64-bit L2 cache policy that gives every access `priority` (evict_first / evict_last;
+    createpolicy, sm_80+)."""
     return Int64(
         llvm.inline_asm(
             T.i64(),
             [],
-            "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;",
+            f"createpolicy.fractional.L2::{priority}.b64 $0, 1.0;",
             "=l",
             has_side_effects=False,
             is_align_stack=False,
@@ -249,18 +263,8 @@ class RmsNormKernel:
 
         bits = cfg.vec * mX.element_type.width
         atom = _copy_atom(None, mX.element_type, bits)
-        ld_hint, st_hint = LOAD_HINTS[cfg.load_hint], STORE_HINTS[cfg.store_hint]
-        ld_atom = _copy_atom(ld_hint, mX.element_type, bits)
-        st_atom = _copy_atom(st_hint, mO.element_type, bits)
-        ld_kw, st_kw = {}, {}
-        if cutlass.const_expr(
-            (ld_hint is not None and ld_hint[2]) or (st_hint is not None and st_hint[2])
-        ):
-            policy = l2_evict_first_policy()
-            if cutlass.const_expr(ld_hint is not None and ld_hint[2]):
-                ld_kw = {"cache_policy": policy}
-            if cutlass.const_expr(st_hint is not None and st_hint[2]):
-                st_kw = {"cache_policy": policy}
+        ld_atom, ld_kw = self.hinted(LOAD_HINTS[cfg.load_hint], mX.element_type, bits)
+        st_atom, st_kw = self.hinted(STORE_HINTS[cfg.store_hint], mO.element_type, bits)
         tiled_copy = cute.make_tiled_copy(atom, tv_layout, tiler)
         thr_copy = tiled_copy.get_slice(tidx)
         tXgX = thr_copy.partition_S(gX)
@@ -271,6 +275,9 @@ class RmsNormKernel:
         record("tiled copy", tiled_copy)
         record("x per thread (tXgX)", tXgX)
         record("smem partials", partials)
+        reload = None  # (x tile, atom, kwargs) of the second read of x, when reload_hint is set
+        if cutlass.const_expr(cfg.reload_hint is not None):
+            reload = (tXgX, *self.hinted(LOAD_HINTS[cfg.reload_hint], mX.element_type, bits))
 
         # The partition is ((vec, vecs_per_thread), 1, 1): vector j is mode-0 coordinate (None, j).
         # (Indexing j in mode 2, a size-1 stride-0 mode, silently copies the whole fragment and
@@ -300,6 +307,7 @@ class RmsNormKernel:
                 st_kw,
                 atom,
                 w_first,
+                reload,
             )
         else:
             tXrN = cute.make_fragment_like(
@@ -337,8 +345,16 @@ class RmsNormKernel:
                     st_kw,
                     atom,
                     w_first,
+                    None,
                 )
                 tXrX.store(tXrN.load())
+
+    @staticmethod
+    def hinted(hint, dtype, bits) -> tuple[cute.CopyAtom, dict]:
+        """The copy atom of a LOAD_HINTS / STORE_HINTS entry and its cute.copy kwargs (the L2
+        cache policy, made here, in the kernel)."""
+        kw = {} if hint is None or hint[2] is None else {"cache_policy": l2_policy(hint[2])}
+        return _copy_atom(hint, dtype, bits), kw
 
     @cute.jit
     def load_x(
@@ -377,9 +393,11 @@ class RmsNormKernel:
         st_kw: cutlass.Constexpr,
         atom: cute.CopyAtom,
         w_first: cutlass.Constexpr,
+        reload: cutlass.Constexpr,
     ):
         """Reduce the tile in tXrX, scale it and store it: the sum of squares per row across the
-        row's threads (shuffles, then the partials in smem, stage k % 2 when looped)."""
+        row's threads (shuffles, then the partials in smem, stage k % 2 when looped). With
+        `reload`, x is read again for the scaling instead of being kept."""
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         x = tXrX.load().to(Float32)
@@ -400,6 +418,10 @@ class RmsNormKernel:
                 sum_sq += partials[row_in_cta, w, stage]
 
         rstd = cute.math.rsqrt(sum_sq / cfg.n + self.eps)
+        if cutlass.const_expr(reload is not None):
+            tXgX, ld_atom, ld_kw = reload
+            self.load_x(ld_atom, ld_kw, tXgX, tXrX, tXcX, n_rows, "x vector, again")
+            x = tXrX.load().to(Float32)
         y = x * rstd
         if cutlass.const_expr(self.has_weight):
             if cutlass.const_expr(not w_first):
@@ -451,6 +473,9 @@ _HINT_VARIANTS = {
     "na_cs": {"load_hint": "na", "store_hint": "cs"},
     "l2ef": {"load_hint": "na_l2ef", "store_hint": "l2ef"},
     "w_late": {"w_early": False},  # v2: the weight loaded after the reduction
+    # two passes over x, the weight read in the second (w_early would keep it live in the first)
+    "rr": {"reload_hint": "none", "w_early": False},
+    "rr_el_ef": {"load_hint": "el_l2el", "reload_hint": "ef_l2ef", "w_early": False},
     "loop2": {"tiles_per_cta": 2},
     "loop4": {"tiles_per_cta": 4},
     "loop16": {"tiles_per_cta": 16},
@@ -458,6 +483,8 @@ _HINT_VARIANTS = {
 }
 # width -> the threads_per_row candidates worth timing beside the default split
 _THREAD_VARIANTS = {7168: (256, 64), 4096: (128, 256), 512: (16, 64)}
+# width -> threads_per_row of the two-pass (reload) variants beside the default split
+_RELOAD_THREADS = {7168: (256, 512), 4096: (256, 512)}
 
 
 def variants(n: int) -> dict[str, dict]:
@@ -473,4 +500,7 @@ def variants(n: int) -> dict[str, dict]:
             "store_hint": "cs",
         }
         out[f"t{t}_loop4"] = {"threads_per_row": t, "tiles_per_cta": 4}
+    for t in _RELOAD_THREADS.get(n, ()):
+        out[f"rr_t{t}"] = {"threads_per_row": t, **_HINT_VARIANTS["rr"]}
+        out[f"rr_t{t}_el_ef"] = {"threads_per_row": t, **_HINT_VARIANTS["rr_el_ef"]}
     return out

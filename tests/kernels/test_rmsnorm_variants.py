@@ -91,6 +91,27 @@ def test_cache_hints_reach_the_ptx(knobs, load, store):
     )
 
 
+@pytest.mark.parametrize(
+    "knobs, first, again",
+    [
+        ({"reload_hint": "none", "w_early": False}, "ld.global.v4.b32", "ld.global.v4.b32"),
+        (
+            {"load_hint": "el_l2el", "reload_hint": "ef_l2ef", "w_early": False},
+            "ld.global.L1::evict_last.L2::cache_hint.v4.b32",
+            "ld.global.L1::evict_first.L2::cache_hint.v4.b32",
+        ),
+    ],
+)
+def test_reload_reads_x_twice(knobs, first, again):
+    ptx = _ptx(knobs)  # 7168 = 128 threads x 7 vectors
+    loads = re.findall(r"ld\.global[\w:.]*", ptx)
+    # x, x again after the reduction, the weight (plain): 7 vectors each
+    assert sorted(loads) == sorted([first] * 7 + [again] * 7 + ["ld.global.v4.b32"] * 7)
+    assert re.findall(r"st\.global[\w:.]*", ptx) == ["st.global.v4.b32"] * 7
+    for policy in ("evict_last", "evict_first"):
+        assert (f"createpolicy.fractional.L2::{policy}" in ptx) == (policy in first + again)
+
+
 def test_overrides_cover_the_row_exactly_once():
     for n in (512, 1000, 4096, 4416, 7168):
         for t in (t for t in (16, 32, 64, 128, 256) if n // 8 / 32 <= t <= n // 8):
@@ -108,6 +129,10 @@ def test_overrides_cover_the_row_exactly_once():
         )  # more threads than vectors
     with pytest.raises(ValueError):
         RmsNormConfig.for_width(512, 16, load_hint="bogus")
+    with pytest.raises(ValueError):
+        RmsNormConfig.for_width(512, 16, reload_hint="bogus")
+    with pytest.raises(ValueError):
+        RmsNormConfig.for_width(512, 16, reload_hint="none", tiles_per_cta=2)
 
 
 GPU_CASES = [
