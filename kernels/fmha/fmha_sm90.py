@@ -87,6 +87,12 @@ class Config:
         return self.kv_shared and self.n_dsplit > 1
 
     @property
+    def tma_kv(self) -> bool:
+        """Block lists (dense masks) are contiguous key ranges, -1 padded: a tile's K and V rows
+        are one box each from its first key, loaded by TMA; per-token lists are gathered."""
+        return not self.per_token_idx
+
+    @property
     def n_dsplit(self) -> int:
         return max(1, self.dv // 256)
 
@@ -272,11 +278,22 @@ class GatherAttentionSm90:
                 cute.struct.MemRange[dt, 8 if c.kv_shared else cute.cosize(sV_layout)], 1024
             ]
 
+        tma = None
+        if cutlass.const_expr(c.tma_kv):
+            op = cpasync.CopyBulkTensorTileG2SOp()
+            # (keys, d, h_kv, B) and (dv, keys, h_kv, B): the smem tiles' modes first
+            mK_t = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[0, 2, 1, 3]))
+            mV_t = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[2, 0, 1, 3]))
+            tma = (
+                *cpasync.make_tiled_tma_atom(op, mK_t, cute.slice_(sK_layout, (None, None, 0)), (n, c.d)),
+                *cpasync.make_tiled_tma_atom(op, mV_t, cute.slice_(sV_layout, (None, None, 0)), (c.dv, n)),
+            )
+            record("TMA K box (keys, d) per tile", tma[1])
         n_rows = cute.size(mIdx, mode=[0])
         grid = (n_rows, cute.size(mK, mode=[1]) * c.n_hblk, cute.size(mQ, mode=[3]))
         self.kernel(
             mQ, mK, mV, mIdx, mLen, mSink, mO, mLse, scale_log2, causal_off, window,
-            qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sV_layout, sP_layout, Storage,
+            qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sV_layout, sP_layout, Storage, tma,
         ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     @cute.jit
@@ -333,6 +350,7 @@ class GatherAttentionSm90:
         sV_layout: cute.ComposedLayout,
         sP_layout: cute.ComposedLayout,
         Storage: cutlass.Constexpr,
+        tma,  # (K atom, K coordinates, V atom, V coordinates) for block lists, else None
     ):
         c = self.cfg
         n = c.n_block
@@ -372,11 +390,14 @@ class GatherAttentionSm90:
             counts = (256,) * (2 * S) + (128,) * (2 * S)
         else:
             n_cons = 128 * c.n_consumer_wg
+            # K full: every producer thread arrives after its index stores, plus the rows' arrivals:
+            # one per thread (cp.async.mbarrier.arrive.noinc), or one arrive.expect_tx for the TMA box
+            k_full, v_full = (129, 1) if c.tma_kv else (256, 128)
             record("mbarrier K full / K empty / V full / V empty (per stage): arrive counts",
-                   f"256 (cp.async.mbarrier.arrive.noinc + mbarrier.arrive after the index stores) / {n_cons} "
-                   f"(every consumer thread once per tile) / 128 (cp.async arrive) / {n_cons}"
+                   f"{k_full} / {n_cons} (every consumer thread once per tile) / {v_full} / {n_cons}"
+                   + (" (TMA: + transaction bytes)" if c.tma_kv else " (cp.async arrivals)")
                    + (" -- V is K: V full/empty unused, K empty freed after PV" if c.kv_shared else ""))
-            counts = (256,) * S + (n_cons,) * S + (128,) * S + (n_cons,) * S
+            counts = (k_full,) * S + (n_cons,) * S + (v_full,) * S + (n_cons,) * S
         record("mbarrier q_full: arrive count", "128 = cp.async.mbarrier.arrive.noinc of each producer thread")
         if tidx == 0:
             for i in cutlass.range_constexpr(4 * S):
@@ -399,8 +420,8 @@ class GatherAttentionSm90:
             if cutlass.const_expr(c.key_split):
                 self._produce_pairs(atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx)
             else:
-                self._produce_tiles(atom, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles,
-                                    s_kv, kvh, bidx, tok0, causal_off, window)
+                self._produce_tiles(atom, tma, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx,
+                                    n_tiles, s_kv, kvh, bidx, tok0, causal_off, window)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
@@ -419,12 +440,12 @@ class GatherAttentionSm90:
                 )
 
     @cute.jit
-    def _produce_tiles(self, atom, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv,
+    def _produce_tiles(self, atom, tma, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv,
                        kvh, bidx, tok0, causal_off, window):
         """Producer, one smem stage per key tile: the indices (one global load per slot, issued a
-        tile ahead, so no row copy waits on a dependent load) and whether any key of the tile needs
-        the mask for some row of the CTA (one flag per producer warp), then the K rows, then the V
-        rows, each with its own full barrier: K is freed after the softmax, V after PV."""
+        tile ahead) and whether any key of the tile needs the mask for some row of the CTA (one
+        flag per producer warp), then the K rows, then the V rows, each with its own full barrier:
+        K is freed after the softmax, V after PV. Rows come by TMA (block lists) or by the gather."""
         c = self.cfg
         n, S = c.n_block, c.stages
         n_slots = cute.size(mIdx, mode=[1])
@@ -445,15 +466,38 @@ class GatherAttentionSm90:
             warp_plain = cutlass.Int32(cute.arch.vote_all_sync(plain))
             if ptid % 32 == 0:
                 sMaskFlag[ptid // 32, stage] = warp_plain
-            cute.arch.barrier(barrier_id=BAR_PRODUCER, number_of_threads=128)
-            self._copy_kv(atom, sIdx, mK, sK[None, None, stage], 0, c.d // 64, ptid, stage, kvh, bidx)
-            cute.arch.cp_async_mbarrier_arrive_noinc(k_full + stage)
-            cute.arch.mbarrier_arrive(k_full + stage)
-            if cutlass.const_expr(not c.kv_shared):
-                sV_rows = cute.make_tensor(sVt.iterator, cute.select(sVt.layout, mode=[1, 0, 2]))
-                cute.arch.mbarrier_wait(v_empty + stage, phase)
-                self._copy_kv(atom, sIdx, mV, sV_rows[None, None, stage], 0, c.dv // 64, ptid, stage, kvh, bidx)
-                cute.arch.cp_async_mbarrier_arrive_noinc(v_full + stage)
+            if cutlass.const_expr(c.tma_kv):
+                # one thread, one box per tile: slot 0 holds the first key (-1: an all-invalid tile)
+                first = cutlass.max(v, 0)
+                tma_k, mK_c, tma_v, mV_c = tma
+                if ptid == 0:
+                    self._tma_load(tma_k, mK_c[None, None, kvh, bidx], (first, 0), (n, c.d), sK, stage, k_full + stage)
+                cute.arch.mbarrier_arrive(k_full + stage)
+                if cutlass.const_expr(not c.kv_shared):
+                    if ptid == 0:
+                        cute.arch.mbarrier_wait(v_empty + stage, phase)
+                        self._tma_load(tma_v, mV_c[None, None, kvh, bidx], (0, first), (c.dv, n), sVt, stage,
+                                       v_full + stage)
+            else:
+                cute.arch.barrier(barrier_id=BAR_PRODUCER, number_of_threads=128)
+                self._copy_kv(atom, sIdx, mK, sK[None, None, stage], 0, c.d // 64, ptid, stage, kvh, bidx)
+                cute.arch.cp_async_mbarrier_arrive_noinc(k_full + stage)
+                cute.arch.mbarrier_arrive(k_full + stage)
+                if cutlass.const_expr(not c.kv_shared):
+                    sV_rows = cute.make_tensor(sVt.iterator, cute.select(sVt.layout, mode=[1, 0, 2]))
+                    cute.arch.mbarrier_wait(v_empty + stage, phase)
+                    self._copy_kv(atom, sIdx, mV, sV_rows[None, None, stage], 0, c.dv // 64, ptid, stage, kvh, bidx)
+                    cute.arch.cp_async_mbarrier_arrive_noinc(v_full + stage)
+
+    @cute.jit
+    def _tma_load(self, atom, coords, offset, tile: tuple, dst, stage, bar):
+        """The box `tile` at `offset` of coords (keys past s_kv arrive as zeros) into
+        dst[:, :, stage]; bar expects its bytes."""
+        g = cute.local_tile(cute.domain_offset(offset, coords), tile, (0, 0))
+        t_s, t_g = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(dst, 0, 2),
+                                         cute.group_modes(g, 0, 2))
+        cute.arch.mbarrier_arrive_and_expect_tx(bar, cute.size_in_bytes(dst.element_type, cute.make_layout(tile)))
+        cute.copy(atom, t_g, t_s[None, stage], tma_bar_ptr=bar)
 
     @cute.jit
     def _produce_pairs(self, atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx):
