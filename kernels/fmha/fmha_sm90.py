@@ -467,14 +467,14 @@ class GatherAttentionSm90:
             if ptid % 32 == 0:
                 sMaskFlag[ptid // 32, stage] = warp_plain
             if cutlass.const_expr(c.tma_kv):
-                # one thread, one box per tile: slot 0 holds the first key (-1: an all-invalid tile)
-                first = cutlass.max(v, 0)
+                # warp 0, one box per tile: slot 0 holds the first key (-1: an all-invalid tile)
+                first = cute.arch.shuffle_sync(cutlass.max(v, 0), 0)
                 tma_k, mK_c, tma_v, mV_c = tma
-                if ptid == 0:
+                if ptid < 32:
                     self._tma_load(tma_k, mK_c[None, None, kvh, bidx], (first, 0), (n, c.d), sK, stage, k_full + stage)
                 cute.arch.mbarrier_arrive(k_full + stage)
                 if cutlass.const_expr(not c.kv_shared):
-                    if ptid == 0:
+                    if ptid < 32:
                         cute.arch.mbarrier_wait(v_empty + stage, phase)
                         self._tma_load(tma_v, mV_c[None, None, kvh, bidx], (0, first), (c.dv, n), sVt, stage,
                                        v_full + stage)
@@ -491,12 +491,14 @@ class GatherAttentionSm90:
 
     @cute.jit
     def _tma_load(self, atom, coords, offset, tile: tuple, dst, stage, bar):
-        """The box `tile` at `offset` of coords (keys past s_kv arrive as zeros) into
-        dst[:, :, stage]; bar expects its bytes."""
+        """One warp: the box `tile` at `offset` of coords (keys past s_kv arrive as zeros) into
+        dst[:, :, stage]; bar expects its bytes. The copy elects its issuing lane itself
+        (elect.sync over the full warp): called from one thread, it never returns."""
         g = cute.local_tile(cute.domain_offset(offset, coords), tile, (0, 0))
         t_s, t_g = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(dst, 0, 2),
                                          cute.group_modes(g, 0, 2))
-        cute.arch.mbarrier_arrive_and_expect_tx(bar, cute.size_in_bytes(dst.element_type, cute.make_layout(tile)))
+        if cute.arch.lane_idx() == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(bar, cute.size_in_bytes(dst.element_type, cute.make_layout(tile)))
         cute.copy(atom, t_g, t_s[None, stage], tma_bar_ptr=bar)
 
     @cute.jit
