@@ -221,10 +221,13 @@ def run_gpu(compiled: dict, rounds: int, min_iters: int, inductor_code: str | No
                 print(f"{m}x{n} {name}: FAIL {entry[name]['check']}")
         timed = [k for k in calls if entry[k].get("passed", True)]
         samples = {k: [] for k in timed}
+        round_ms = {k: [] for k in timed}  # each round's median
         for rnd in range(rounds):
             order = timed[rnd % len(timed) :] + timed[: rnd % len(timed)]
             for name in order:
-                samples[name] += timer.time(calls[name], min_iters=min_iters).samples_ms
+                got = timer.time(calls[name], min_iters=min_iters).samples_ms
+                samples[name] += got
+                round_ms[name].append(statistics.median(got))
         # the timed outputs are validated again (a variant must stay right under repetition)
         for name in timed:
             if name == "copy":
@@ -250,6 +253,11 @@ def run_gpu(compiled: dict, rounds: int, min_iters: int, inductor_code: str | No
             entry[name]["gbps"] = gbps
             entry[name]["pct_copy"] = 100.0 * gbps / copy_gbps
             entry[name]["vs_quack"] = quack_ms / st.median_ms if quack_ms else None
+            entry[name]["round_us"] = [t * 1e3 for t in round_ms[name]]
+            if "quack" in round_ms:
+                entry[name]["round_vs_quack"] = [
+                    q / t for q, t in zip(round_ms["quack"], round_ms[name])
+                ]
         results[f"{m}x{n}"] = {
             "m": m,
             "n": n,
@@ -270,6 +278,7 @@ def run_gpu(compiled: dict, rounds: int, min_iters: int, inductor_code: str | No
                         "-",
                         "-",
                         "-",
+                        "-",
                         str(r.get("registers", "-")),
                         r.get("error") or r.get("check", ""),
                     ]
@@ -282,6 +291,7 @@ def run_gpu(compiled: dict, rounds: int, min_iters: int, inductor_code: str | No
                     f"{r['gbps']:.0f}",
                     f"{r['pct_copy']:.1f}",
                     f"{r['vs_quack']:.3f}" if r["vs_quack"] else "-",
+                    " ".join(f"{v:.3f}" for v in r.get("round_vs_quack", ())),
                     f"{r['timing']['cv']:.3f}",
                     str(r.get("registers", "-")),
                     "ok" if r.get("passed", True) else "FAIL",
@@ -289,7 +299,7 @@ def run_gpu(compiled: dict, rounds: int, min_iters: int, inductor_code: str | No
             )
         table(
             rows,
-            ["variant", "us", "GB/s", "% copy", "quack/ours", "cv", "regs", "check"],
+            ["variant", "us", "GB/s", "% copy", "quack/ours", "per round", "cv", "regs", "check"],
             f"rmsnorm {DTYPE} {m}x{n} weighted (copy ceiling {copy_gbps:.0f} GB/s)",
         )
         data = x = w = x_before = out = calls = (

@@ -482,8 +482,9 @@ _HINT_VARIANTS = {
     "loop4_na_cs": {"tiles_per_cta": 4, "load_hint": "na", "store_hint": "cs"},
 }
 # width -> the threads_per_row candidates worth timing beside the default split
-_THREAD_VARIANTS = {7168: (256, 64), 4096: (128, 256), 512: (16, 64)}
-# width -> threads_per_row of the two-pass (reload) variants beside the default split
+_THREAD_VARIANTS = {7168: (256, 64, 512), 4096: (128, 256, 512), 512: (16, 64)}
+# width -> threads_per_row of the two-pass (reload) variants beside the default split;
+# rr_t512_el_ef is Inductor's kernel for both widths (16 warps per row, docs/perf/rmsnorm.md)
 _RELOAD_THREADS = {7168: (256, 512), 4096: (256, 512)}
 
 
