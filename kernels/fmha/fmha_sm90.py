@@ -50,7 +50,7 @@ from dsv4bench.compile.recorder import record
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-SMEM_BUDGET = 220 * 1024  # bytes this kernel may use (H100: 227 KiB per CTA)
+SMEM_BUDGET = 227 * 1024  # dynamic smem per CTA on the H100 (the kernel's Storage, 1 KiB-aligned regions)
 REGS_PRODUCER, REGS_CONSUMER = 40, 232  # setmaxnreg split of 3 x 128 threads (<= 64K registers)
 BAR_XCHG_S1, BAR_XCHG_S0, BAR_EPILOGUE, BAR_PRODUCER = 1, 2, 3, 4  # named barriers (0 = __syncthreads)
 BAR_MAX0, BAR_MAX1, BAR_P0, BAR_P1, BAR_SUMS = 5, 6, 7, 8, 9  # key split: WG0 max, final max, sP0, sP1, row sums
@@ -135,11 +135,16 @@ class Config:
         return 2
 
     def smem_bytes(self, n_block: int) -> int:
-        kv_row = self.d + (0 if self.kv_shared else self.dv)
-        xchg = 4 * self.xchg_floats(n_block)
-        p_tiles = 2 * self.stages * 64 * n_block if self.key_split else 0
-        idx = 4 * self.stages * (n_block + 4)  # the keys and the producer warps' needs-mask flags
-        return 2 * (self.m_cta * self.d + self.stages * n_block * kv_row) + idx + xchg + p_tiles
+        """The kernel's Storage: a small header (barriers, indices, mask flags, exchange), then
+        the P, Q, K and V regions, each 1 KiB-aligned."""
+        def kib(b: int) -> int:
+            return -(-b // 1024) * 1024
+
+        S = self.stages
+        header = 8 * (4 * S + 1) + 4 * S * (n_block + 4) + 4 * self.xchg_floats(n_block)
+        p_tiles = 2 * S * 64 * n_block if self.key_split else 16
+        v_tiles = 16 if self.kv_shared else 2 * S * n_block * self.dv
+        return kib(header) + kib(p_tiles) + kib(2 * self.m_cta * self.d) + kib(2 * S * n_block * self.d) + kib(v_tiles)
 
     def xchg_floats(self, n_block: int) -> int:
         """fp32 smem shared by the two warpgroups of a split: the partial S (d split), or the row
@@ -150,13 +155,15 @@ class Config:
 
     @property
     def n_block(self) -> int:
-        """Keys per tile: the largest that fits smem and keeps S + O in registers."""
-        cap = 64 if self.dv_wg >= 256 else 128
+        """Keys per tile: the largest that fits smem and keeps S + O in registers (at dv 256, S and
+        P of 80 keys + O: ~190 of the 232 registers; 80 rather than 64 keys per tile takes the
+        per-tile overheads over more MMA work)."""
+        cap = 80 if self.dv_wg >= 256 else 128
         if self.key_split:  # the 128 producer threads load one index of each of the pair's two tiles
             if self.smem_bytes(64) > SMEM_BUDGET:
                 raise ValueError(f"the key-split tiles do not fit shared memory for {self}")
             return 64
-        for n in (128, 64, 32):
+        for n in (128, 80, 64, 32):
             if n <= cap and self.smem_bytes(n) <= SMEM_BUDGET:
                 return n
         raise ValueError(f"no key tile fits shared memory for {self}")
@@ -356,7 +363,10 @@ class GatherAttentionSm90:
         n = c.n_block
         S = c.stages
         tidx, _, _ = cute.arch.thread_idx()
-        blk, hblk_all, bidx = cute.arch.block_idx()
+        blk_launch, hblk_all, bidx = cute.arch.block_idx()
+        # the last query blocks first: under a causal mask their key lists are the longest, so the
+        # short ones fill the tail of the last wave
+        blk = cute.size(mIdx, mode=[0]) - 1 - blk_launch
         wg = cute.arch.make_warp_uniform(tidx // 128)
         kvh = hblk_all // c.n_hblk
         head0 = kvh * c.hpg + (hblk_all % c.n_hblk) * c.hb  # first query head of this CTA
@@ -727,9 +737,16 @@ class GatherAttentionSm90:
 
     @cute.jit
     def _rescale_o_cast_p(self, O_mn, corr, acc_S, rP):
-        for r in cutlass.range_constexpr(cute.size(O_mn, mode=[0])):
-            for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
-                O_mn[r, cc] = O_mn[r, cc] * corr[r]
+        """O *= corr, skipped when no row max of the warp moved (corr == 1 exactly: the skip is
+        exact; after the first tiles it is the common case), then P = bf16(S)."""
+        n_r = cute.size(O_mn, mode=[0])
+        moved = corr[0] != 1.0
+        for r in cutlass.range_constexpr(1, n_r):
+            moved = moved | (corr[r] != 1.0)
+        if cute.arch.vote_any_sync(moved):
+            for r in cutlass.range_constexpr(n_r):
+                for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
+                    O_mn[r, cc] = O_mn[r, cc] * corr[r]
         rP.store(acc_S.load().to(rP.element_type))
 
     @cute.jit
