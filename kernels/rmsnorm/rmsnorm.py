@@ -11,7 +11,8 @@ Design (memory-bound: read x once, write y once):
   shuffles, then (rows wider than one warp) across its warps through shared memory.
 - Ragged M and widths that are not a multiple of the tile are predicated per vector.
 
-Compile-time tuning knobs (RmsNormConfig; the defaults are v3 = v2 + `w_early`, the fastest measured):
+Compile-time tuning knobs (RmsNormConfig; the defaults are v3 = v2 + `w_early`, the fastest measured;
+rows of >= TWO_PASS_MIN_VECS vectors given no knobs take v4, Inductor's two-pass schedule):
 - `load_hint` / `store_hint`: cache hints on the x loads and y stores (LOAD_HINTS, STORE_HINTS:
   L1 no-allocate / evict-first, `.cs` streaming, `.nc` read-only path, L2 evict-first policy).
 - `w_early`: load the weight before the sum-of-squares reduction, so its latency overlaps it.
@@ -41,6 +42,12 @@ MAX_VECS_PER_THREAD = (
 )
 MIN_CTA_THREADS = 128
 MAX_THREADS_PER_ROW = 1024
+# Rows of >= 512 vectors (4096+ bf16) default to Inductor's schedule, measured faster than the
+# one-pass split and QuACK at 16384 x 7168 and x 4096 (docs/perf/rmsnorm.md): at most 2 vectors
+# per thread, x read with evict_last for the sum of squares and again with evict_first after it.
+TWO_PASS_MIN_VECS = 512
+TWO_PASS_VECS_PER_THREAD = 2
+TWO_PASS_KNOBS = {"load_hint": "el_l2el", "reload_hint": "ef_l2ef", "w_early": False}
 KNOBS = ("load_hint", "store_hint", "w_early", "reload_hint", "tiles_per_cta")
 
 _L1 = cute.nvgpu.CacheEvictionPriority
@@ -111,6 +118,9 @@ class RmsNormConfig:
         while n % vec:  # odd widths fall back to narrower (still aligned) vectors
             vec //= 2
         n_vecs = n // vec
+        if threads_per_row is None and not knobs and n_vecs >= TWO_PASS_MIN_VECS:
+            threads = 1 << (-(-n_vecs // TWO_PASS_VECS_PER_THREAD) - 1).bit_length()
+            return cls.for_width(n, dtype_width, min(threads, MAX_THREADS_PER_ROW), **TWO_PASS_KNOBS)
         if threads_per_row is None:
             threads = 1
             while (

@@ -45,8 +45,8 @@ def test_layouts_works_on_cpu_for_every_cutedsl_family(family, tmp_path):
 def test_layouts_of_rmsnorm_follow_the_case_options():
     code, out = cli("layouts", "rmsnorm", "--width", "7168", "--arch", "sm_100a")
     assert code == 0 and "n=7168" in out and "sm_100a" in out
-    assert "((128,1),(8,7)):((8,1),(1,1024))" in out  # 128 threads x 8 vectors of 8 x 7 per row of 7168
-    assert "block: [128, 1, 1]" in out
+    assert "((512,1),(8,2)):((8,1),(1,4096))" in out  # 512 threads x 8 elements x 2 vectors per row of 7168
+    assert "block: [512, 1, 1]" in out
 
 
 @pytest.fixture

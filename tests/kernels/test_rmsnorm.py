@@ -12,7 +12,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import get_family, get_impl
 from dsv4bench.core.worker import CaseData, poison
-from kernels.rmsnorm.rmsnorm import RmsNormConfig
+from kernels.rmsnorm.rmsnorm import TWO_PASS_KNOBS, RmsNormConfig
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -32,6 +32,17 @@ def test_config_covers_the_row_exactly_once():
         cfg = RmsNormConfig.for_width(n, 16)
         assert cfg.cols_per_tile >= n > cfg.cols_per_tile - cfg.vec * cfg.threads_per_row
         assert cfg.threads >= 32 and cfg.threads_per_row * cfg.rows_per_cta == cfg.threads
+
+
+def test_wide_rows_default_to_the_two_pass_schedule():
+    """Rows of >= 512 vectors take Inductor's schedule (<= 2 vectors per thread, x read twice with
+    evict_last / evict_first); narrower rows and any explicit knob keep the one-pass split."""
+    for n, threads in ((4096, 256), (7168, 512), (28672, 1024)):
+        cfg = RmsNormConfig.for_width(n, 16)
+        assert cfg.knobs == TWO_PASS_KNOBS and cfg.threads_per_row == threads
+    assert RmsNormConfig.for_width(1536, 16).knobs == {}
+    one_pass = RmsNormConfig.for_width(7168, 16, load_hint="na")
+    assert one_pass.reload_hint is None and one_pass.vecs_per_thread > 2
 
 
 def test_lowprec_reference_is_within_bf16_rounding_on_cpu():

@@ -59,7 +59,7 @@ def _ptx(knobs: dict, n: int = 7168) -> str:
 @pytest.mark.parametrize(
     "knobs, load, store",
     [
-        ({}, "ld.global.v4.b32", "st.global.v4.b32"),
+        ({"load_hint": "none"}, "ld.global.v4.b32", "st.global.v4.b32"),  # any knob: the one-pass split
         ({"load_hint": "na"}, "ld.global.L1::no_allocate.v4.b32", "st.global.v4.b32"),
         ({"load_hint": "ef"}, "ld.global.L1::evict_first.v4.b32", "st.global.v4.b32"),
         (
