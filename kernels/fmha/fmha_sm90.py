@@ -638,28 +638,35 @@ class GatherAttentionSm90:
         softmax_args = (S_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, scale_log2, causal_off, window)
         corr = cute.make_rmem_tensor((cute.size(S_mn, mode=[0]),), cutlass.Float32)
         mine, other = BAR_TURN0 + wg, BAR_TURN0 + 1 - wg
+        S = self.cfg.stages
         if wg == 1:
             cute.arch.barrier_arrive(barrier_id=BAR_TURN0, number_of_threads=256)  # warpgroup 0 goes first
+        self._wait_k(bars, 0)
+        acc_S.fill(0.0)
         cute.arch.barrier(barrier_id=mine, number_of_threads=256)
-        self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, n_kb)
+        self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, 0, 0, n_kb)
         cute.arch.barrier_arrive(barrier_id=other, number_of_threads=256)
         warpgroup.wait_group(0)
         self._softmax_scores(*softmax_args, corr, 0)
         self._release_k(bars, 0)
         self._rescale_o_cast_p(O_mn, corr, acc_S, rP)
         for kt in cutlass.range(1, n_tiles, unroll=1):
+            self._wait_k(bars, kt)  # the waits and the zeroing stay outside the turn: it is only
+            self._wait_v(bars, kt - 1)  # held while the GEMMs are issued
+            acc_S.fill(0.0)
             cute.arch.barrier(barrier_id=mine, number_of_threads=256)
-            self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, kt, 0, n_kb)
-            self._issue_pv(pv_mma, acc_O, tOrP, tOrV, bars, kt - 1)
+            self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, kt % S, 0, n_kb)
+            self._pv(pv_mma, acc_O, tOrP, tOrV, (kt - 1) % S, True)
             cute.arch.barrier_arrive(barrier_id=other, number_of_threads=256)
             warpgroup.wait_group(1)  # S(kt); PV(kt-1) still runs
-            self._softmax_scores(*softmax_args, corr, kt % self.cfg.stages)
+            self._softmax_scores(*softmax_args, corr, kt % S)
             self._release_k(bars, kt)
             warpgroup.wait_group(0)  # PV(kt-1): P and O are free
             self._release_v(bars, kt - 1)
             self._rescale_o_cast_p(O_mn, corr, acc_S, rP)
+        self._wait_v(bars, n_tiles - 1)
         cute.arch.barrier(barrier_id=mine, number_of_threads=256)
-        self._issue_pv(pv_mma, acc_O, tOrP, tOrV, bars, n_tiles - 1)
+        self._pv(pv_mma, acc_O, tOrP, tOrV, (n_tiles - 1) % S, True)
         cute.arch.barrier_arrive(barrier_id=other, number_of_threads=256)
         warpgroup.wait_group(0)
         self._release_v(bars, n_tiles - 1)
@@ -673,25 +680,34 @@ class GatherAttentionSm90:
         partials through smem (bitwise the same S in both), then each multiplies P into its half of O."""
         softmax_args = (S_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, scale_log2, causal_off, window)
         corr = cute.make_rmem_tensor((cute.size(S_mn, mode=[0]),), cutlass.Float32)
+        S = self.cfg.stages
         for kt in cutlass.range(n_tiles, unroll=1):
-            self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, bars, kt, dsplit, n_kb)
+            self._wait_k(bars, kt)
+            acc_S.fill(0.0)
+            self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, kt % S, dsplit, n_kb)
             warpgroup.wait_group(0)
             self._exchange_partial_s(acc_S, sX, dsplit, wtid)
-            self._softmax_scores(*softmax_args, corr, kt % self.cfg.stages)
+            self._softmax_scores(*softmax_args, corr, kt % S)
             self._release_k(bars, kt)
             self._rescale_o_cast_p(O_mn, corr, acc_S, rP)
-            self._issue_pv(pv_mma, acc_O, tOrP, tOrV, bars, kt)
+            self._wait_v(bars, kt)
+            self._pv(pv_mma, acc_O, tOrP, tOrV, kt % S, True)
             warpgroup.wait_group(0)
             self._release_v(bars, kt)
 
     @cute.jit
-    def _issue_pv(self, pv_mma, acc_O, tOrP, tOrV, bars, kt):
-        """Wait for V of tile kt (K's tile when V is K), queue O += P V."""
+    def _wait_k(self, bars, kt):
+        S = self.cfg.stages
+        cute.arch.mbarrier_wait(bars + kt % S, (kt // S) & 1)
+        cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
+
+    @cute.jit
+    def _wait_v(self, bars, kt):
+        """V of tile kt is in smem (when V is K, its K wait covered it)."""
         S = self.cfg.stages
         if cutlass.const_expr(not self.cfg.kv_shared):
             cute.arch.mbarrier_wait(bars + 2 * S + kt % S, (kt // S) & 1)
-            cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
-        self._pv(pv_mma, acc_O, tOrP, tOrV, kt % S, True)
+            cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
     def _release_k(self, bars, kt):
@@ -777,12 +793,8 @@ class GatherAttentionSm90:
         return _quad_allreduce(mx, cute.arch.fmax)
 
     @cute.jit
-    def _issue_qk(self, qk_mma, acc_S, tSrQ, tSrK, bars, kt, dsplit, n_kb: int):
-        """Wait for key tile kt, then queue S = Q K^T over this warpgroup's slice of d (no wait)."""
-        stage = kt % self.cfg.stages
-        cute.arch.mbarrier_wait(bars + stage, (kt // self.cfg.stages) & 1)
-        cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
-        acc_S.fill(0.0)
+    def _issue_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage, dsplit, n_kb: int):
+        """Queue S += Q K^T of the tile in `stage` over this warpgroup's slice of d (no wait)."""
         warpgroup.fence()
         for kb in cutlass.range_constexpr(n_kb):
             k = dsplit * n_kb + kb
