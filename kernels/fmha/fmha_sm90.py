@@ -363,10 +363,7 @@ class GatherAttentionSm90:
         n = c.n_block
         S = c.stages
         tidx, _, _ = cute.arch.thread_idx()
-        blk_launch, hblk_all, bidx = cute.arch.block_idx()
-        # the last query blocks first: under a causal mask their key lists are the longest, so the
-        # short ones fill the tail of the last wave
-        blk = cute.size(mIdx, mode=[0]) - 1 - blk_launch
+        blk, hblk_all, bidx = cute.arch.block_idx()
         wg = cute.arch.make_warp_uniform(tidx // 128)
         kvh = hblk_all // c.n_hblk
         head0 = kvh * c.hpg + (hblk_all % c.n_hblk) * c.hb  # first query head of this CTA
