@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import time
 
@@ -58,7 +59,8 @@ def main() -> None:
 
     timer = CudaTimer("cuda")
     ceil = ceilings.measure("cuda")
-    record = {"device": device_info(), "ceilings": ceil.to_json(), "l2_flush": True, "results": []}
+    record = {"commit": os.environ.get("DSV4BENCH_COMMIT", "unknown"), "device": device_info(),
+              "ceilings": ceil.to_json(), "l2_flush": True, "results": []}
     print(record["device"], record["ceilings"], flush=True)
     names = [n for n in bench_cases() if not args.only or n in args.only.split(",")]
     for name in names:
