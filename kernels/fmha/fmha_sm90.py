@@ -212,6 +212,23 @@ def _fence_operand(frag: cute.Tensor):
         words[i] = _pin(words[i])
 
 
+@cute.jit
+def _any_moved(corr: cute.Tensor) -> cutlass.Boolean:
+    """Whether some row of this warp has a rescale factor != 1. Exactly 1 when the row max did not
+    move, the common case after the first tiles: skipping O *= 1 (and P's recomputation) is exact."""
+    moved = corr[0] != 1.0
+    for r in cutlass.range_constexpr(1, cute.size(corr)):
+        moved = moved | (corr[r] != 1.0)
+    return cute.arch.vote_any_sync(moved)
+
+
+@cute.jit
+def _scale_rows(X_mn: cute.Tensor, factor: cute.Tensor):
+    for r in cutlass.range_constexpr(cute.size(X_mn, mode=[0])):
+        for cc in cutlass.range(cute.size(X_mn, mode=[1]), unroll_full=True):
+            X_mn[r, cc] = X_mn[r, cc] * factor[r]
+
+
 def _quad_allreduce(x: cutlass.Float32, op) -> cutlass.Float32:
     """Reduce over the 4 threads of a quad that share an accumulator row."""
     x = op(x, cute.arch.shuffle_sync_bfly(x, offset=1))
@@ -750,16 +767,8 @@ class GatherAttentionSm90:
 
     @cute.jit
     def _rescale_o_cast_p(self, O_mn, corr, acc_S, rP):
-        """O *= corr, skipped when no row max of the warp moved (corr == 1 exactly: the skip is
-        exact; after the first tiles it is the common case), then P = bf16(S)."""
-        n_r = cute.size(O_mn, mode=[0])
-        moved = corr[0] != 1.0
-        for r in cutlass.range_constexpr(1, n_r):
-            moved = moved | (corr[r] != 1.0)
-        if cute.arch.vote_any_sync(moved):
-            for r in cutlass.range_constexpr(n_r):
-                for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
-                    O_mn[r, cc] = O_mn[r, cc] * corr[r]
+        if _any_moved(corr):
+            _scale_rows(O_mn, corr)
         rP.store(acc_S.load().to(rP.element_type))
 
     @cute.jit
@@ -818,10 +827,11 @@ class GatherAttentionSm90:
             cute.gemm(qk_mma, acc_S, tSrQ[None, None, h * n_kb + kb], tSrK[None, None, h * n_kb + kb, stage], acc_S)
 
     @cute.jit
-    def _softmax_tile(self, S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new):
+    def _softmax_tile(self, S_mn, P_mn, corr, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new):
         """Row r with the new running max: P = exp2(S - m_new) (fp32 kept in S, bf16 in P), rescale
-        the row's O and partial sum, publish m_new (one lane of the quad)."""
-        corr = cute.arch.exp2(row_max[r] - m_new)
+        the row's partial sum, corr[r] = O's factor (the caller applies it), publish m_new (one lane
+        of the quad)."""
+        corr[r] = cute.arch.exp2(row_max[r] - m_new)
         row_max[r] = m_new
         acc = cutlass.Float32(0.0)
         for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
@@ -829,9 +839,7 @@ class GatherAttentionSm90:
             S_mn[r, cc] = pv
             acc += pv
             P_mn[r, cc] = pv.to(P_mn.element_type)
-        row_sum[r] = row_sum[r] * corr + acc
-        for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
-            O_mn[r, cc] = O_mn[r, cc] * corr
+        row_sum[r] = row_sum[r] * corr[r] + acc
         if wtid % 4 == 0:
             sM[cS_mn[r, 0][0]] = m_new
 
@@ -867,23 +875,25 @@ class GatherAttentionSm90:
         empty = bars + 4
         n_r = cute.size(S_mn, mode=[0])
         warpgroup.wait_group(0)  # S of this pair's tile 2p
+        corr = cute.make_rmem_tensor((n_r,), cutlass.Float32)
         for r in cutlass.range_constexpr(n_r):
             mx = self._mask_row(S_mn, cS_mn, sIdx, 0, row_tok[r], r, scale_log2, causal_off, window)
-            self._softmax_tile(S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sX, wtid, r, cute.arch.fmax(row_max[r], mx))
-        cute.arch.barrier_arrive(barrier_id=BAR_MAX0, number_of_threads=256)
+            self._softmax_tile(S_mn, P_mn, corr, cS_mn, row_max, row_sum, sX, wtid, r, cute.arch.fmax(row_max[r], mx))
+        cute.arch.barrier_arrive(barrier_id=BAR_MAX0, number_of_threads=256)  # the max is out; O is private
+        if _any_moved(corr):
+            _scale_rows(O_mn, corr)
         self._pv(pv_mma, acc_O, tOrP, tOrV, 0, True)
         warpgroup.wait_group(0)
         cute.arch.mbarrier_arrive(empty + 0)  # 0-left: its last reader was this PV
         cute.arch.barrier(barrier_id=BAR_MAX1, number_of_threads=256)
         for r in cutlass.range_constexpr(n_r):  # move P, O and the sum onto WG1's final max
             final = sX[cS_mn[r, 0][0]]
-            sc = cute.arch.exp2(row_max[r] - final)
+            corr[r] = cute.arch.exp2(row_max[r] - final)
             row_max[r] = final
-            row_sum[r] = row_sum[r] * sc
+            row_sum[r] = row_sum[r] * corr[r]
             for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                P_mn[r, cc] = (S_mn[r, cc] * sc).to(P_mn.element_type)
-            for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
-                O_mn[r, cc] = O_mn[r, cc] * sc
+                P_mn[r, cc] = (S_mn[r, cc] * corr[r]).to(P_mn.element_type)
+        _scale_rows(O_mn, corr)  # unguarded: with the vote here ptxas spilled 4 B
         cute.copy(store_P, store_P.retile(rP), tPsP[None, None, None, 0])
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the partner's wgmma
         cute.arch.barrier_arrive(barrier_id=BAR_P0, number_of_threads=256)
@@ -908,6 +918,7 @@ class GatherAttentionSm90:
         empty = bars + 4
         n_r = cute.size(S_mn, mode=[0])
         tile_max = cute.make_rmem_tensor((n_r,), cutlass.Float32)
+        corr = cute.make_rmem_tensor((n_r,), cutlass.Float32)
         for pair in cutlass.range(n_pairs, unroll=1):
             self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 1, pair & 1, True)
             self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 0, pair & 1, False)
@@ -917,9 +928,11 @@ class GatherAttentionSm90:
                 tile_max[r] = self._mask_row(S_mn, cS_mn, sIdx, 1, row_tok[r], r, scale_log2, causal_off, window)
             cute.arch.barrier(barrier_id=BAR_MAX0, number_of_threads=256)
             for r in cutlass.range_constexpr(n_r):  # WG0's max already includes the old running max
-                self._softmax_tile(S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, sX, wtid, r,
+                self._softmax_tile(S_mn, P_mn, corr, cS_mn, row_max, row_sum, sX, wtid, r,
                                    cute.arch.fmax(sX[cS_mn[r, 0][0]], tile_max[r]))
             cute.arch.barrier_arrive(barrier_id=BAR_MAX1, number_of_threads=256)
+            if _any_moved(corr):
+                _scale_rows(O_mn, corr)
             self._pv(pv_mma, acc_O, tOrP, tOrV, 1, True)
             cute.copy(store_P, store_P.retile(rP), tPsP[None, None, None, 1])
             cute.arch.fence_proxy("async.shared", space="cta")
