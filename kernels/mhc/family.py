@@ -169,10 +169,29 @@ class MhcCuteDSL(Impl):
                 fake_rowmajor("bf16", (t, HC_MULT, d)),
             )
             return compile_kernel(HcPostKernel(d), *fake, arch=arch)
-        mix, mix_fake, apply, apply_fake = passes(case)
+        head, k = case["op"] == "head", HC_MULT * d
+        tt, chunk = self._tiling(case)
+        mix = HcMixKernel(N_MIX[case["op"]], k, chunk, tt)
+        part = make_fake_compact_tensor(
+            cutlass.Float32,
+            (t, mix.splits, mix.n_mix + 1),
+            stride_order=(2, 1, 0),
+            assumed_align=4,
+        )
+        x2, fn = fake_rowmajor("bf16", (t, k)), fake_rowmajor("fp32", (mix.n_mix, k))
+        apply = HcApplyKernel(head, d, mix.splits)
+        fake = (
+            part,
+            fake_rowmajor("bf16", (t, HC_MULT, d)),
+            fake_rowmajor("fp32", (1 if head else 3,), 4),
+            fake_rowmajor("fp32", (mix.n_mix,), 4),
+            fake_rowmajor("bf16", (t, d)),
+            fake_rowmajor("fp32", (t, HC_MULT), 4),
+            fake_rowmajor("fp32", (t, HC_MULT * HC_MULT), 4),
+        )
         return CompiledPair(
-            compile_kernel(mix, *mix_fake, arch=arch),
-            compile_kernel(apply, *apply_fake, arch=arch),
+            compile_kernel(mix, x2, fn, part, arch=arch),
+            compile_kernel(apply, *fake, arch=arch),
             mix.splits,
             mix.n_mix,
         )
@@ -199,31 +218,6 @@ class MhcCuteDSL(Impl):
             part, x, inputs["scale"], inputs["base"], out["y"], post, comb.view(t, -1)
         )
         return out
-
-
-def passes(case: Case, apply_cls=HcApplyKernel) -> tuple:
-    """hc_pre / hc_head: (pass 1 kernel, its fake args, pass 2 kernel of `apply_cls`, its fake args)."""
-    d, t = case["d"], cute.sym_int()
-    head, k = case["op"] == "head", HC_MULT * d
-    tt, chunk = pick_tiling(k, case["t"])
-    mix = HcMixKernel(N_MIX[case["op"]], k, chunk, tt)
-    part = make_fake_compact_tensor(
-        cutlass.Float32,
-        (t, mix.splits, mix.n_mix + 1),
-        stride_order=(2, 1, 0),
-        assumed_align=4,
-    )
-    mix_fake = (fake_rowmajor("bf16", (t, k)), fake_rowmajor("fp32", (mix.n_mix, k)), part)
-    apply_fake = (
-        part,
-        fake_rowmajor("bf16", (t, HC_MULT, d)),
-        fake_rowmajor("fp32", (1 if head else 3,), 4),
-        fake_rowmajor("fp32", (mix.n_mix,), 4),
-        fake_rowmajor("bf16", (t, d)),
-        fake_rowmajor("fp32", (t, HC_MULT), 4),
-        fake_rowmajor("fp32", (t, HC_MULT * HC_MULT), 4),
-    )
-    return mix, mix_fake, apply_cls(head, d, mix.splits), apply_fake
 
 
 class CompiledPair:
