@@ -79,12 +79,10 @@ class NoMath(GatherAttentionSm90):
     @cute.jit
     def _pingpong(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
                   row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, wg):
-        S = self.cfg.stages
         for kt in cutlass.range(n_tiles, unroll=1):
-            cute.arch.mbarrier_wait(bars + kt % S, (kt // S) & 1)
+            self._wait_k(bars, kt)
             self._release_k(bars, kt)
-            if cutlass.const_expr(not self.cfg.kv_shared):
-                cute.arch.mbarrier_wait(bars + 2 * S + kt % S, (kt // S) & 1)
+            self._wait_v(bars, kt)
             self._release_v(bars, kt)
 
 

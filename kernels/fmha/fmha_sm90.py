@@ -3,16 +3,19 @@
 One formulation covers DSV4 sparse attention (CSA top-k + window, HCA, SWA-only) and the general
 dense FMHA sweep: each CTA owns a block of query rows and walks a list of key indices
 `idx[block, :len[block]]` (-1 = invalid) in tiles of `n_block` keys. Dense causal / sliding-window
-masks are the same list (the block's key range) plus a positional mask evaluated in registers.
+masks are the same list (the block's key range: contiguous, ascending, -1 padded at the end) plus a
+positional mask evaluated in registers, only on tiles the producer flags.
 
 CTA geometry (rows of the M tile = (query token, head) pairs, heads fastest):
   * `hb` heads of one kv group times `tq` query tokens fill the M tile (64 or 128 rows). MQA / GQA
     decode packs all heads of a token into M; per-token index lists force tq = 1.
-  * Warp specialization: one producer warpgroup gathers kv rows with 16-byte cp.async.cg into
-    swizzled smem stages (an mbarrier pipeline: cp.async.mbarrier.arrive marks a stage full, the
-    consumers' arrivals mark it empty); `n_mrow x n_dsplit` consumer warpgroups run the math.
-  * d <= 256: two consumer warpgroups own 64 rows each, the full head dim; they drift freely, so
-    one's softmax overlaps the other's wgmma.
+  * Warp specialization: one producer warpgroup fills swizzled smem stages (an mbarrier
+    pipeline, K and V with their own full/empty barriers): block lists as one TMA box per tile
+    (K, then V), per-token lists by gathering rows with 16-byte cp.async.cg; `n_mrow x n_dsplit`
+    consumer warpgroups run the math.
+  * d <= 256: two consumer warpgroups own 64 rows each, the full head dim, and take turns (named
+    barriers): one issues S(kt) = Q K^T and PV(kt-1), then runs the softmax of S(kt) while the
+    other's GEMMs run (`_pingpong`).
   * dv = 512: the PV accumulator (64 x 512 fp32 = 256 registers/thread) does not fit one
     warpgroup, so two warpgroups share 64 rows, each owning a 256-wide slice of O.
     - V = K (the DSV4 latent, `Config.key_split`): the warpgroups take alternate 64-key tiles
@@ -66,7 +69,7 @@ class Config:
     dv: int  # v / output head dim
     hpg: int  # query heads per kv head
     kv_shared: bool  # V is K (MQA latent): one smem tile for both GEMMs
-    per_token_idx: bool  # indices are per query token (sparse); else per query block + positional mask
+    per_token_idx: bool  # indices per query token (sparse); else a contiguous key range per query block
     causal: bool = False  # positional causal mask (block lists only); the window is a runtime value
 
     def __post_init__(self) -> None:

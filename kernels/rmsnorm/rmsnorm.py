@@ -3,8 +3,9 @@
 One source for sm_90a and sm_100a: only 128-bit global loads/stores, warp shuffles and a tiny
 shared-memory exchange, nothing arch-specific.
 
-Design (memory-bound: read x once, write y once):
-- A row lives in registers. `threads_per_row` threads split a row into 16-byte vectors; thread t
+Design (memory-bound: x from HBM once, y written once):
+- A row lives in registers (wide rows by default read it a second time from L1/L2 after the
+  reduction instead; see `reload_hint`). `threads_per_row` threads split a row into 16-byte vectors; thread t
   holds vectors t, t + T, t + 2T, ... (coalesced: consecutive threads read consecutive vectors).
 - Narrow rows pack several rows per CTA so every CTA has >= 128 threads.
 - The row's sum of squares is reduced inside the thread, then across the row's lanes with warp
