@@ -47,12 +47,17 @@ def _compile(r: ResultRecord) -> str:
     return f"{c['seconds']:.2f}s {c.get('cache', '')}{regs}{spill}"
 
 
+def _pct_same_traffic(perf: dict) -> str:
+    """% of a device copy moving the same bytes (records older than that measurement lack it)."""
+    return f"{perf['pct_same_traffic_copy']:.1f}" if perf and "pct_same_traffic_copy" in perf else ""
+
+
 def print_summary(records: list[ResultRecord], run_dir: RunDir) -> None:
     ours = ours_median(records)
     timed = any(r.timing for r in records)
     table = Table(title=f"{len(records)} results in {run_dir.path}")
     columns = ["case", "shape", "impl", "arch", "status", "max err/bound", "compile"]
-    columns += ["median ms", "GB/s", "% copy", "its time / ours"] if timed else []
+    columns += ["median ms", "GB/s", "% copy", "% same-traffic copy", "its time / ours"] if timed else []
     for col in columns:
         table.add_column(col, no_wrap=col in ("case", "status"))
     ordered = sorted(records, key=lambda r: (r.status in GOOD_STATUSES, r.case_id, r.impl))
@@ -63,7 +68,7 @@ def print_summary(records: list[ResultRecord], run_dir: RunDir) -> None:
             t, p = r.timing or {}, r.perf or {}
             ratio = f"{t['median_ms'] / ours[r.case_id]:.2f}x" if t and r.case_id in ours and r.backend != "cutedsl" else ""
             row += [f"{t['median_ms']:.4f}" if t else "", f"{p['gbps']:.0f}" if p else "",
-                    f"{p['pct_copy']:.1f}" if p else "", ratio]
+                    f"{p['pct_copy']:.1f}" if p else "", _pct_same_traffic(p), ratio]
         table.add_row(*row)
     if len(ordered) > MAX_ROWS:
         table.caption = f"{len(ordered) - MAX_ROWS} more rows in {run_dir.csv}"

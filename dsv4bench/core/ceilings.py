@@ -1,7 +1,10 @@
 """The device's measured limits, taken in the same run as the kernels they judge.
 
 Percent-of-limit figures use these, never datasheet peaks: the device-to-device copy bandwidth
-(bytes read + written) and the dense bf16 GEMM throughput.
+(bytes read + written) and the dense bf16 GEMM throughput. A 1 GiB copy gives the streaming
+bandwidth; a small op cannot reach it (launch, ramp-up and tail are a fixed cost), so each timed
+case is also measured against a device copy moving the same number of bytes, timed the same way:
+that copy's time is the demonstrated floor of a memory-bound op of that size.
 """
 
 from __future__ import annotations
@@ -27,6 +30,24 @@ def _copy_gbps(timer: CudaTimer, device: str) -> float:
     dst = torch.empty_like(src)
     ms = timer.time(lambda: dst.copy_(src), min_iters=20).median_ms
     return 2 * src.numel() / ms / 1e6  # bytes read + written
+
+
+class SameTrafficCopy:
+    """Time of a device copy that reads and writes `nbytes` in all (nbytes / 2 each way), cached
+    per size: the floor a memory-bound op moving `nbytes` is judged against."""
+
+    def __init__(self, timer: CudaTimer, device: str):
+        self.timer, self.device = timer, device
+        self._ms: dict[int, float] = {}
+
+    def ms(self, nbytes: int) -> float:
+        half = max(16, (nbytes // 2 + 15) // 16 * 16)
+        if half not in self._ms:
+            src = torch.empty(half, dtype=torch.uint8, device=self.device)
+            dst = torch.empty_like(src)
+            self._ms[half] = self.timer.time(lambda: dst.copy_(src), min_iters=20).median_ms
+            del src, dst
+        return self._ms[half]
 
 
 def _gemm_tflops(timer: CudaTimer, device: str, n: int = 8192) -> float:

@@ -41,7 +41,7 @@ class ResultRecord:
     reason: str = ""
     metrics: dict = field(default_factory=dict)  # output name -> ErrorMetrics json
     timing: dict | None = None  # TimingStats json
-    perf: dict | None = None  # tflops, gbps, pct_copy, pct_gemm
+    perf: dict | None = None  # tflops, gbps, pct_copy, pct_same_traffic_copy, pct_gemm
     compile: dict | None = None  # seconds, cubin_bytes, registers, local_bytes, ..., cache
     log: str = ""
     time: float = field(default_factory=time.time)
