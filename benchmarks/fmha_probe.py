@@ -78,12 +78,13 @@ class NoMath(GatherAttentionSm90):
 
     @cute.jit
     def _pingpong(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
-                  row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, wg):
-        for kt in cutlass.range(n_tiles, unroll=1):
+                  row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, wg, base, q_empty):
+        for kt in cutlass.range(base, base + n_tiles, unroll=1):
             self._wait_k(bars, kt)
             self._release_k(bars, kt)
             self._wait_v(bars, kt)
             self._release_v(bars, kt)
+        cute.arch.mbarrier_arrive(q_empty)
 
 
 VARIANTS = {"full": GatherAttentionSm90, "no_gather": NoGather, "no_softmax": NoSoftmax, "no_math": NoMath}

@@ -90,6 +90,14 @@ class Config:
         return self.kv_shared and self.n_dsplit > 1
 
     @property
+    def persistent(self) -> bool:
+        """d <= 256 (ping-pong): one CTA per SM walks work items (query block x head block x batch)
+        in a fixed snake order, so the producer loads the next item's Q and first tiles while the
+        consumers finish the current one; a CTA per item left every item's pipeline fill and
+        epilogue exposed (docs/perf/fmha.md, v7). dv = 512 keeps one CTA per item."""
+        return self.n_dsplit == 1
+
+    @property
     def tma_kv(self) -> bool:
         """Block lists (dense masks) are contiguous key ranges, -1 padded: a tile's K and V rows
         are one box each from its first key, loaded by TMA; per-token lists are gathered."""
@@ -144,7 +152,7 @@ class Config:
             return -(-b // 1024) * 1024
 
         S = self.stages
-        header = 8 * (4 * S + 1) + 4 * S * (n_block + 4) + 4 * self.xchg_floats(n_block)
+        header = 8 * (4 * S + 2) + 4 * S * (n_block + 4) + 4 * self.xchg_floats(n_block)
         p_tiles = 2 * S * 64 * n_block if self.key_split else 16
         v_tiles = 16 if self.kv_shared else 2 * S * n_block * self.dv
         return kib(header) + kib(p_tiles) + kib(2 * self.m_cta * self.d) + kib(2 * S * n_block * self.d) + kib(v_tiles)
@@ -256,6 +264,7 @@ class GatherAttentionSm90:
         scale_log2: cutlass.Float32,  # softmax scale * log2(e)
         causal_off: cutlass.Int32,  # s_kv - s_q: query t is aligned to key t + off
         window: cutlass.Int32,  # block lists: window keys incl. the diagonal (huge = none)
+        n_ctas: cutlass.Int32,  # persistent: CTAs to launch (the SM count); ignored otherwise
         stream: cuda.CUstream,
     ):
         c = self.cfg
@@ -288,7 +297,7 @@ class GatherAttentionSm90:
         if cutlass.const_expr(c.key_split):
             record("smem P of each tile of the pair (rows, keys, tile) K-major", sP_layout)
             record("tiled MMA O += P V (partner's P from smem)", pv_ss_mma)
-        n_bars = 4 * c.stages + 1  # per stage: full/empty x (K, V), or x halves of d for a key split; + q
+        n_bars = 4 * c.stages + 2  # per stage: full/empty x (K, V), or x halves of d for a key split; + q full, empty
 
         @cute.struct
         class Storage:
@@ -318,6 +327,8 @@ class GatherAttentionSm90:
             record("TMA K box (keys, d) per tile", tma[1])
         n_rows = cute.size(mIdx, mode=[0])
         grid = (n_rows, cute.size(mK, mode=[1]) * c.n_hblk, cute.size(mQ, mode=[3]))
+        if cutlass.const_expr(c.persistent):
+            grid = (cutlass.min(grid[0] * grid[1] * grid[2], n_ctas), 1, 1)
         self.kernel(
             mQ, mK, mV, mIdx, mLen, mSink, mO, mLse, scale_log2, causal_off, window,
             qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sV_layout, sP_layout, Storage, tma,
@@ -331,7 +342,9 @@ class GatherAttentionSm90:
         cpr = c.d // 8  # 16-byte chunks per row
         rpp = 128 // cpr  # rows per pass of the 128 producer threads
         chunk = ptid % cpr
-        for p in cutlass.range_constexpr(c.m_cta // rpp):
+        # a runtime loop: unrolled, the row offsets of every pass are invariants of the persistent
+        # item loop, hoisted out of it into the producer's 40 registers (spilled up to 72 B)
+        for p in cutlass.range(c.m_cta // rpp, unroll=1):
             r = p * rpp + ptid // cpr
             tok = tok0 + r // c.hb
             hl = r % c.hb
@@ -383,21 +396,15 @@ class GatherAttentionSm90:
         n = c.n_block
         S = c.stages
         tidx, _, _ = cute.arch.thread_idx()
-        blk, hblk_all, bidx = cute.arch.block_idx()
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        kvh = hblk_all // c.n_hblk
-        head0 = kvh * c.hpg + (hblk_all % c.n_hblk) * c.hb  # first query head of this CTA
         s_q = cute.size(mQ, mode=[0])
         s_kv = cute.size(mK, mode=[0])
-        n_idx = mLen[blk, bidx]
-        n_tiles = cutlass.max((n_idx + n - 1) // n, 1)  # >= 1: an empty list is one all-masked tile
-        tok0 = blk * c.tq
 
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
         # key split: full[stage, half], empty[stage, half]; else K full, K empty, V full, V empty per stage
         bars = st.bars.data_ptr()
-        q_full = bars + 4 * S
+        q_full, q_empty = bars + 4 * S, bars + 4 * S + 1
         sIdx = st.sIdx.get_tensor(cute.make_layout((n, S)))
         sMaskFlag = st.sMaskFlag.get_tensor(cute.make_layout((4, S)))
         sX = st.sX.get_tensor(cute.make_layout((c.xchg_floats(n),)))
@@ -426,10 +433,13 @@ class GatherAttentionSm90:
                    + (" -- V is K: V full/empty unused, K empty freed after PV" if c.kv_shared else ""))
             counts = (k_full,) * S + (n_cons,) * S + (v_full,) * S + (n_cons,) * S
         record("mbarrier q_full: arrive count", "128 = cp.async.mbarrier.arrive.noinc of each producer thread")
+        if cutlass.const_expr(c.persistent):
+            record("mbarrier q_empty: arrive count", "256 = every consumer thread, once its last QK of the item is done")
         if tidx == 0:
             for i in cutlass.range_constexpr(4 * S):
                 cute.arch.mbarrier_init(bars + i, counts[i])
             cute.arch.mbarrier_init(q_full, 128)
+            cute.arch.mbarrier_init(q_empty, 128 * c.n_consumer_wg)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -442,13 +452,18 @@ class GatherAttentionSm90:
             atom = cute.make_copy_atom(
                 cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), mQ.element_type, num_bits_per_copy=128
             )
-            self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
-            cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
-            if cutlass.const_expr(c.key_split):
-                self._produce_pairs(atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx)
-            else:
-                self._produce_tiles(atom, tma, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx,
-                                    n_tiles, s_kv, kvh, bidx, tok0, causal_off, window)
+            base = cutlass.Int32(0)  # key tiles of the earlier items: stages and phases run on across items
+            for w in cutlass.range(self._items_of_cta(mIdx, mK, mQ), unroll=1):
+                blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(w, mIdx, mK, mQ, mLen)
+                cute.arch.mbarrier_wait(q_empty, (w & 1) ^ 1)  # the previous item's last QK is done
+                self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
+                cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
+                if cutlass.const_expr(c.key_split):
+                    self._produce_pairs(atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx)
+                else:
+                    self._produce_tiles(atom, tma, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx,
+                                        n_tiles, s_kv, kvh, bidx, tok0, causal_off, window, base)
+                base = base + n_tiles
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
@@ -456,31 +471,69 @@ class GatherAttentionSm90:
             cute.arch.setmaxregister_increase(REGS_CONSUMER)
             if cutlass.const_expr(c.key_split):
                 self._consume(
-                    mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma, sQ, sK, sVt,
-                    sIdx, None, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner), bars, q_full, wg,
-                    tidx % 128, n_tiles, tok0, head0, kvh, s_q, bidx,
+                    mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma,
+                    sQ, sK, sVt, sIdx, None, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner), bars,
+                    wg, tidx % 128,
                 )
             else:
                 self._consume(
-                    mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, None, sQ, sK, sVt, sIdx,
-                    sMaskFlag, sX, None, bars, q_full, wg, tidx % 128, n_tiles, tok0, head0, kvh, s_q, bidx,
+                    mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, None,
+                    sQ, sK, sVt, sIdx, sMaskFlag, sX, None, bars, wg, tidx % 128,
                 )
 
     @cute.jit
+    def _items_of_cta(self, mIdx, mK, mQ):
+        """How many work items this CTA runs: one per CTA, or (persistent) its share of the snake
+        order: round k hands item k * G + c to CTA c (k even) or to CTA G - 1 - c (k odd)."""
+        if cutlass.const_expr(not self.cfg.persistent):
+            return cutlass.Int32(1)
+        n_items = cute.size(mIdx, mode=[0]) * cute.size(mK, mode=[1]) * self.cfg.n_hblk * cute.size(mQ, mode=[3])
+        g, _, _ = cute.arch.grid_dim()
+        cta, _, _ = cute.arch.block_idx()
+        full = n_items // g
+        last = full * g + cutlass.select_(full % 2 == 0, cta, g - 1 - cta)
+        return full + cutlass.select_(last < n_items, cutlass.Int32(1), cutlass.Int32(0))
+
+    @cute.jit
+    def _item(self, w, mIdx, mK, mQ, mLen):
+        """Work item w of this CTA: (query block, batch, kv head, first query head, list length,
+        key tiles, first query token). Persistent order: a (head block, batch) pair's query blocks
+        are adjacent, last block first: its K/V stay in L2 while the CTAs of a round share them,
+        and a round starts with the longest causal lists."""
+        c = self.cfg
+        if cutlass.const_expr(c.persistent):
+            n_rows = cute.size(mIdx, mode=[0])
+            n_hblk_all = cute.size(mK, mode=[1]) * c.n_hblk
+            g, _, _ = cute.arch.grid_dim()
+            cta, _, _ = cute.arch.block_idx()
+            i = w * g + cutlass.select_(w % 2 == 0, cta, g - 1 - cta)
+            blk = n_rows - 1 - i % n_rows
+            hblk_all = (i // n_rows) % n_hblk_all
+            bidx = i // (n_rows * n_hblk_all)
+        else:
+            blk, hblk_all, bidx = cute.arch.block_idx()
+        kvh = hblk_all // c.n_hblk
+        head0 = kvh * c.hpg + (hblk_all % c.n_hblk) * c.hb  # first query head of the item
+        n_idx = mLen[blk, bidx]
+        n_tiles = cutlass.max((n_idx + c.n_block - 1) // c.n_block, 1)  # >= 1: an empty list is one masked tile
+        return blk, bidx, kvh, head0, n_idx, n_tiles, blk * c.tq
+
+    @cute.jit
     def _produce_tiles(self, atom, tma, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv,
-                       kvh, bidx, tok0, causal_off, window):
+                       kvh, bidx, tok0, causal_off, window, base):
         """Producer, one smem stage per key tile: the indices (one global load per slot, issued a
         tile ahead) and whether any key of the tile needs the mask for some row of the CTA (one
         flag per producer warp), then the K rows, then the V rows, each with its own full barrier:
-        K is freed after the softmax, V after PV. Rows come by TMA (block lists) or by the gather."""
+        K is freed after the softmax, V after PV. Rows come by TMA (block lists) or by the gather.
+        `base` counts the key tiles of the CTA's earlier items (stage and phase continue from it)."""
         c = self.cfg
         n, S = c.n_block, c.stages
         n_slots = cute.size(mIdx, mode=[1])
         k_full, k_empty, v_full, v_empty = bars, bars + S, bars + 2 * S, bars + 3 * S
         v_next = mIdx[blk, cutlass.min(ptid, n_slots - 1), bidx]
         for kt in cutlass.range(n_tiles, unroll=1):
-            stage = kt % S
-            phase = ((kt // S) & 1) ^ 1
+            stage = (base + kt) % S
+            phase = (((base + kt) // S) & 1) ^ 1
             j = kt * n + ptid
             v = v_next
             if (j >= n_idx) | (v >= s_kv) | (v < 0):
@@ -566,12 +619,14 @@ class GatherAttentionSm90:
 
     @cute.jit
     def _consume(
-        self, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma, sQ, sK, sVt, sIdx,
-        sMaskFlag, sX, sP, bars, q_full, wg, wtid, n_tiles, tok0, head0, kvh, s_q, bidx,
+        self, mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma,
+        sQ, sK, sVt, sIdx, sMaskFlag, sX, sP, bars, wg, wtid,
     ):
         c = self.cfg
         n = c.n_block
         S = c.stages
+        q_full, q_empty = bars + 4 * S, bars + 4 * S + 1
+        s_q = cute.size(mQ, mode=[0])
         mrow = wg // c.n_dsplit
         dsplit = wg % c.n_dsplit
         sQ_wg = cute.local_tile(sQ, (64, c.d), (mrow, 0))
@@ -583,7 +638,6 @@ class GatherAttentionSm90:
         tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sVt_wg))
         acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, n)), cutlass.Float32)
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, c.dv_wg)), cutlass.Float32)
-        acc_O.fill(0.0)
         rP = cute.make_rmem_tensor(acc_S.layout, mO.element_type)
         tOrP = _acc_as_operand_a(rP)
         S_mn = _mn_view(acc_S)
@@ -601,20 +655,15 @@ class GatherAttentionSm90:
         record("O accumulator (acc_O)", acc_O)
         record("P as PV operand A (tOrP)", tOrP)
 
-        # per-row state: running max (log2 domain) and this thread's partial row sum
+        # per-row state: running max (log2 domain), this thread's partial row sum, query token
         row_max = cute.make_rmem_tensor((n_r,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((n_r,), cutlass.Float32)
-        row_max.fill(MAX_INIT if c.key_split else -cutlass.Float32.inf)
-        row_sum.fill(0.0)
         row_tok = cute.make_rmem_tensor((n_r,), cutlass.Int32)
-        for r in cutlass.range_constexpr(n_r):
-            row_tok[r] = tok0 + (mrow * 64 + cS_mn[r, 0][0]) // c.hb
 
         # both GEMMs accumulate (acc_S is zeroed per tile): the MMA state is set once, outside
         # the staged loops, so no loop region owns it
         qk_mma.set(warpgroup.Field.ACCUMULATE, True)
         pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-        cute.arch.mbarrier_wait(q_full, 0)
         if cutlass.const_expr(c.key_split):
             pv_ss_mma.set(warpgroup.Field.ACCUMULATE, True)
             tOsP = pv_ss_mma.make_fragment_A(pv_ss_mma.get_slice(wtid).partition_A(sP))
@@ -625,49 +674,66 @@ class GatherAttentionSm90:
             tPsP = store_P.partition_D(sP)
             record("partner's P operand fragments (tOsP)", tOsP)
             record("P registers -> smem (stmatrix) destination (tPsP)", tPsP)
-            args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn, P_mn,
-                    O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off, window,
-                    (n_tiles + 1) // 2)
+        if cutlass.const_expr(c.persistent):
+            if wg == 1:
+                cute.arch.barrier_arrive(barrier_id=BAR_TURN0, number_of_threads=256)  # warpgroup 0 goes first
+        base = cutlass.Int32(0)  # key tiles of the earlier items (the producer counts alike)
+        for w in cutlass.range(self._items_of_cta(mIdx, mK, mQ), unroll=1):
+            _, bidx, kvh, head0, _, n_tiles, tok0 = self._item(w, mIdx, mK, mQ, mLen)
+            acc_O.fill(0.0)
+            row_max.fill(MAX_INIT if c.key_split else -cutlass.Float32.inf)
+            row_sum.fill(0.0)
+            for r in cutlass.range_constexpr(n_r):
+                row_tok[r] = tok0 + (mrow * 64 + cS_mn[r, 0][0]) // c.hb
+            cute.arch.mbarrier_wait(q_full, w & 1)
+            if cutlass.const_expr(c.key_split):
+                args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn,
+                        P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
+                        window, (n_tiles + 1) // 2)
+                if wg == 0:
+                    self._pairs_wg0(*args)
+                else:
+                    self._pairs_wg1(*args)
+                self._merge_row_sums(row_sum, sX, wg, wtid)
+            else:
+                args = (qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max,
+                        row_sum, row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb)
+                if cutlass.const_expr(c.n_dsplit == 1):
+                    self._pingpong(*args, wg, base, q_empty)
+                else:
+                    self._split_d(*args, sX, dsplit, wtid)
+            self._epilogue(mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
+                           kvh, s_q, bidx)
+            base = base + n_tiles
+        if cutlass.const_expr(c.persistent):
             if wg == 0:
-                self._pairs_wg0(*args)
-            else:
-                self._pairs_wg1(*args)
-            self._merge_row_sums(row_sum, sX, wg, wtid)
-        else:
-            args = (qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
-                    row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb)
-            if cutlass.const_expr(c.n_dsplit == 1):
-                self._pingpong(*args, wg)
-            else:
-                self._split_d(*args, sX, dsplit, wtid)
-
-        self._epilogue(mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
-                       kvh, s_q, bidx)
+                cute.arch.barrier(barrier_id=BAR_TURN0, number_of_threads=256)  # pairs warpgroup 1's last arrive
 
     @cute.jit
     def _pingpong(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
-                  row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, wg):
+                  row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, wg, base, q_empty):
         """d <= 256, two warpgroups of 64 rows each (FA3's schedule, written for this kernel): a
         warpgroup issues S(kt) = Q K^T and O += P(kt-1) V(kt-1) back to back while it holds the
         turn, hands the turn over and runs the softmax of S(kt) while the partner's GEMMs use the
         tensor cores. The turn (named barriers BAR_TURN0 + w) keeps the two out of phase; left
-        free they fall into step, because both wait for the same smem stages."""
+        free they fall into step, because both wait for the same smem stages. The turns run on across
+        the CTA's work items (warpgroup 1 opens the first, warpgroup 0 closes the last, `_consume`):
+        warpgroup 0 starts the next item's S while warpgroup 1 finishes the current one. Tile kt of
+        the item is the CTA's tile base + kt; q_empty is signalled once the item's last S is done."""
         softmax_args = (S_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, scale_log2, causal_off, window)
         corr = cute.make_rmem_tensor((cute.size(S_mn, mode=[0]),), cutlass.Float32)
         mine, other = BAR_TURN0 + wg, BAR_TURN0 + 1 - wg
         S = self.cfg.stages
-        if wg == 1:
-            cute.arch.barrier_arrive(barrier_id=BAR_TURN0, number_of_threads=256)  # warpgroup 0 goes first
-        self._wait_k(bars, 0)
+        self._wait_k(bars, base)
         acc_S.fill(0.0)
         cute.arch.barrier(barrier_id=mine, number_of_threads=256)
-        self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, 0, 0, n_kb)
+        self._issue_qk(qk_mma, acc_S, tSrQ, tSrK, base % S, 0, n_kb)
         cute.arch.barrier_arrive(barrier_id=other, number_of_threads=256)
         warpgroup.wait_group(0)
-        self._softmax_scores(*softmax_args, corr, 0)
-        self._release_k(bars, 0)
+        self._softmax_scores(*softmax_args, corr, base % S)
+        self._release_k(bars, base)
         self._rescale_o_cast_p(O_mn, corr, acc_S, rP)
-        for kt in cutlass.range(1, n_tiles, unroll=1):
+        for kt in cutlass.range(base + 1, base + n_tiles, unroll=1):
             self._wait_k(bars, kt)  # the waits and the zeroing stay outside the turn: it is only
             self._wait_v(bars, kt - 1)  # held while the GEMMs are issued
             acc_S.fill(0.0)
@@ -681,14 +747,14 @@ class GatherAttentionSm90:
             warpgroup.wait_group(0)  # PV(kt-1): P and O are free
             self._release_v(bars, kt - 1)
             self._rescale_o_cast_p(O_mn, corr, acc_S, rP)
-        self._wait_v(bars, n_tiles - 1)
+        cute.arch.mbarrier_arrive(q_empty)  # every S of the item is done: sQ may take the next Q
+        last = base + n_tiles - 1
+        self._wait_v(bars, last)
         cute.arch.barrier(barrier_id=mine, number_of_threads=256)
-        self._pv(pv_mma, acc_O, tOrP, tOrV, (n_tiles - 1) % S, True)
+        self._pv(pv_mma, acc_O, tOrP, tOrV, last % S, True)
         cute.arch.barrier_arrive(barrier_id=other, number_of_threads=256)
         warpgroup.wait_group(0)
-        self._release_v(bars, n_tiles - 1)
-        if wg == 0:
-            cute.arch.barrier(barrier_id=BAR_TURN0, number_of_threads=256)  # pairs warpgroup 1's opening arrive
+        self._release_v(bars, last)
 
     @cute.jit
     def _split_d(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
@@ -983,10 +1049,14 @@ class GatherAttentionSm90:
     @cute.jit
     def _epilogue(self, mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
                   kvh, s_q, bidx):
-        """Normalise (sink in the denominator), stage O in smem (the Q buffer), store 16-byte rows."""
+        """Normalise (sink in the denominator) and store O: staged in smem (the Q buffer) and written
+        as 16-byte rows, or, persistent, straight from registers as column pairs (the Q buffer is
+        already taking the next item's Q; O is a small part of the traffic of d <= 256)."""
         c = self.cfg
         n_consumers = 128 * c.n_consumer_wg
-        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_consumers)  # all QK reads of sQ done
+        if cutlass.const_expr(not c.persistent):
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_consumers)  # all QK reads of sQ done
+        pair = cute.make_rmem_tensor((2,), mO.element_type)
         for r in cutlass.range_constexpr(cute.size(O_mn, mode=[0])):
             r_cta = mrow * 64 + cO_mn[r, 0][0]
             t = tok0 + r_cta // c.hb
@@ -1002,23 +1072,31 @@ class GatherAttentionSm90:
             inv = cutlass.Float32(0.0)
             if den > 0.0:
                 inv = 1.0 / den
-            for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
-                sQ[r_cta, dsplit * c.dv_wg + cO_mn[r, cc][1]] = (O_mn[r, cc] * inv).to(mO.element_type)
+            if cutlass.const_expr(c.persistent):
+                if ok:  # columns cc, cc + 1 of the accumulator are adjacent columns of O
+                    for cc in cutlass.range_constexpr(0, cute.size(O_mn, mode=[1]), 2):
+                        pair[0] = (O_mn[r, cc] * inv).to(mO.element_type)
+                        pair[1] = (O_mn[r, cc + 1] * inv).to(mO.element_type)
+                        cute.autovec_copy(pair, cute.local_tile(mO[t, head, None, bidx], (2,), (cO_mn[r, cc][1] // 2,)))
+            else:
+                for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
+                    sQ[r_cta, dsplit * c.dv_wg + cO_mn[r, cc][1]] = (O_mn[r, cc] * inv).to(mO.element_type)
             if ok & (dsplit == 0) & (cO_mn[r, 0][1] == 0):
                 lse = -cutlass.Float32.inf
                 if tot > 0.0:
                     lse = (m_base + cute.math.log2(tot, fastmath=False)) * LN2
                 mLse[t, head, bidx] = lse
-        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_consumers)
-        tid = mrow * 128 * c.n_dsplit + dsplit * 128 + wtid
-        cpr = c.dv // 8
-        rpp = n_consumers // cpr
-        chunk = tid % cpr
-        frag = cute.make_rmem_tensor((8,), mO.element_type)
-        for p in cutlass.range(c.m_cta // rpp, unroll_full=True):
-            r = p * rpp + tid // cpr
-            t = tok0 + r // c.hb
-            head = head0 + r % c.hb
-            if (t < s_q) & (head - kvh * c.hpg < c.hpg) & (r < c.hb * c.tq):
-                cute.autovec_copy(cute.local_tile(sQ[r, None], (8,), (chunk,)), frag)
-                cute.autovec_copy(frag, cute.local_tile(mO[t, head, None, bidx], (8,), (chunk,)))
+        if cutlass.const_expr(not c.persistent):
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=n_consumers)
+            tid = mrow * 128 * c.n_dsplit + dsplit * 128 + wtid
+            cpr = c.dv // 8
+            rpp = n_consumers // cpr
+            chunk = tid % cpr
+            frag = cute.make_rmem_tensor((8,), mO.element_type)
+            for p in cutlass.range(c.m_cta // rpp, unroll_full=True):
+                r = p * rpp + tid // cpr
+                t = tok0 + r // c.hb
+                head = head0 + r % c.hb
+                if (t < s_q) & (head - kvh * c.hpg < c.hpg) & (r < c.hb * c.tq):
+                    cute.autovec_copy(cute.local_tile(sQ[r, None], (8,), (chunk,)), frag)
+                    cute.autovec_copy(frag, cute.local_tile(mO[t, head, None, bidx], (8,), (chunk,)))

@@ -7,6 +7,8 @@ key ranges (the kernel masks each row by position); sparse cases pass their per-
 
 from __future__ import annotations
 
+import functools
+
 import cutlass
 import cutlass.cute as cute
 import torch
@@ -27,6 +29,12 @@ def config_for(case: Case) -> Config:
 
 
 NO_WINDOW = 1 << 30
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """CTAs of a persistent launch: one per SM."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def has_window(case: Case) -> bool:
@@ -50,7 +58,7 @@ def fake_args(cfg: Config) -> tuple:
     o = make_fake_tensor(bf, (s_q, h_q, cfg.dv, b), (s8(), s8(), 1, s8()), assumed_align=16)
     lse = make_fake_tensor(cutlass.Float32, (s_q, h_q, b), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()),
                            assumed_align=4)
-    return q, k, v, idx, lens, sink, o, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0)
+    return q, k, v, idx, lens, sink, o, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1)
 
 
 def compile_config(cfg: Config, arch: str):
@@ -84,9 +92,12 @@ class FmhaCuteDSL(Impl):
     archs = ("sm_90a",)
     compiles = True
 
-    def __init__(self):
+    def __init__(self, persistent_ctas: int | None = None):
+        """persistent_ctas: CTAs of a persistent launch (d <= 256), default one per SM; the tests
+        pass a few so that every CTA walks many work items."""
         self._idx: tuple | None = None  # (key, kernel-format indices) of the last case
         self._no_sink: dict = {}
+        self.persistent_ctas = persistent_ctas
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if arch not in (None, "sm_90a"):
@@ -131,5 +142,6 @@ class FmhaCuteDSL(Impl):
             inputs["q"].permute(1, 2, 3, 0), k.permute(1, 2, 3, 0), inputs.get("v", k).permute(1, 2, 3, 0),
             *self._indices(case, inputs, cfg), sink, out["out"].permute(1, 2, 3, 0), out["lse"].permute(1, 2, 0),
             case["hd"] ** -0.5 * LOG2E, case["s_kv"] - case["s_q"], case["window"] if has_window(case) else NO_WINDOW,
+            self.persistent_ctas or sm_count(inputs["q"].device),
         )
         return out

@@ -18,22 +18,43 @@ IMPL = FmhaCuteDSL()
 _compiled: dict = {}
 
 
-def _run(case):
+def _run(case, impl=IMPL):
     cfg = config_for(case)
     if cfg not in _compiled:
-        _compiled[cfg] = IMPL.compile(case, "sm_90a")
+        _compiled[cfg] = impl.compile(case, "sm_90a")
     x = FAMILY.make_inputs(case, case_generator(case), "cuda")
     out = FAMILY.alloc_outputs(case, "cuda")
     poison(out)
-    res = IMPL.run(case, x, out, _compiled[cfg])
+    res = impl.run(case, x, out, _compiled[cfg])
     torch.cuda.synchronize()
     return x, res
 
 
+def _many_items(case) -> bool:
+    """A persistent-kernel case with more work items than the 3 CTAs of `test_persistent_ctas_walk_many_items`."""
+    cfg = config_for(case)
+    blocks = -(-case["s_q"] // cfg.tq) if case["mask"] != "sparse" else case["s_q"]
+    return cfg.persistent and blocks * case["h_kv"] * cfg.n_hblk * case["b"] > 3
+
+
+PERSISTENT_CASES = list({(c["hd"], c["mask"]): c for c in reversed(CASES) if _many_items(c)}.values())
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_cutedsl_matches_fp32_oracle(case):
+    _check(case, IMPL)
+
+
+@pytest.mark.parametrize("case", PERSISTENT_CASES, ids=[c.id for c in PERSISTENT_CASES])
+def test_persistent_ctas_walk_many_items(case):
+    """3 CTAs for the whole grid: each runs items of both snake directions, of different list
+    lengths (causal), with the pipeline's stages and phases carried across items."""
+    _check(case, FmhaCuteDSL(persistent_ctas=3))
+
+
+def _check(case, impl):
     print(case)
-    x, res = _run(case)
+    x, res = _run(case, impl)
     ok, metrics = compare_outputs(res, FAMILY.oracle(case, x), FAMILY.lowprec(case, x),
                                   lambda n: FAMILY.tolerance_for(case, n))
     summary = "; ".join(f"{k}: {m.summary()}" for k, m in metrics.items())
