@@ -91,11 +91,12 @@ class Config:
 
     @property
     def persistent(self) -> bool:
-        """d <= 256 (ping-pong): one CTA per SM walks work items (query block x head block x batch)
-        in a fixed snake order, so the producer loads the next item's Q and first tiles while the
-        consumers finish the current one; a CTA per item left every item's pipeline fill and
-        epilogue exposed (docs/perf/fmha.md, v7). dv = 512 keeps one CTA per item."""
-        return self.n_dsplit == 1
+        """Causal, d <= 256 (ping-pong): one CTA per SM walks work items (query block x head block
+        x batch) in a fixed snake order, longest causal lists first, so the SMs finish together and
+        the producer loads the next item's Q and first tiles under the current item's last ones.
+        Lists of equal length (no mask, window, sparse) gain nothing from it on the H100 and lose
+        the staged epilogue (docs/perf/fmha.md, v7): they keep one CTA per item, as does dv = 512."""
+        return self.n_dsplit == 1 and self.causal
 
     @property
     def tma_kv(self) -> bool:
