@@ -56,8 +56,8 @@ class NoMath(GatherAttentionSm90):
     @cute.jit
     def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
                    S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                   window, base, n_pairs):
-        for pair in cutlass.range(base, base + n_pairs, unroll=1):
+                   window, n_pairs):
+        for pair in cutlass.range(n_pairs, unroll=1):
             for hb in cutlass.range_constexpr(2):
                 cute.arch.mbarrier_wait(bars + hb, pair & 1)
             cute.arch.mbarrier_arrive(bars + 4 + 0)
@@ -67,8 +67,8 @@ class NoMath(GatherAttentionSm90):
     @cute.jit
     def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
                    S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                   window, base, n_pairs):
-        for pair in cutlass.range(base, base + n_pairs, unroll=1):
+                   window, n_pairs):
+        for pair in cutlass.range(n_pairs, unroll=1):
             for hb in cutlass.range_constexpr(2):
                 cute.arch.mbarrier_wait(bars + 3 - hb, pair & 1)
             cute.arch.mbarrier_arrive(bars + 4 + 3)

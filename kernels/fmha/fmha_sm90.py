@@ -54,6 +54,7 @@ from dsv4bench.compile.recorder import record
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SMEM_BUDGET = 227 * 1024  # dynamic smem per CTA on the H100 (the kernel's Storage, 1 KiB-aligned regions)
+REGS_PRODUCER, REGS_CONSUMER = 40, 232  # setmaxnreg split of 3 x 128 threads (<= 64K registers)
 BAR_XCHG_S1, BAR_XCHG_S0, BAR_EPILOGUE, BAR_PRODUCER = 1, 2, 3, 4  # named barriers (0 = __syncthreads)
 BAR_MAX0, BAR_MAX1, BAR_P0, BAR_P1, BAR_SUMS = 5, 6, 7, 8, 9  # key split: WG0 max, final max, sP0, sP1, row sums
 BAR_TURN0 = 10  # ping-pong (d <= 256): BAR_TURN0 + w opens warpgroup w's turn to issue its GEMMs
@@ -90,21 +91,12 @@ class Config:
 
     @property
     def persistent(self) -> bool:
-        """One CTA per SM walks work items (query block x head block x batch) in a fixed snake
-        order, so the producer loads the next item's Q and tiles under the current item's last
-        ones. Causal d <= 256 (ping-pong): longest lists first, so the SMs finish together. Key
-        split: a DSV4 token's list is only 5-9 pairs of tiles, so every item's pipeline fill and
-        epilogue were exposed. Equal-length dense lists gain nothing from it on the H100 and lose
-        the staged epilogue (docs/perf/fmha.md, v7): they keep one CTA per item, as does dv = 512
-        with V != K."""
-        return (self.n_dsplit == 1 and self.causal) or self.key_split
-
-    @property
-    def regs(self) -> tuple[int, int]:
-        """setmaxnreg (producer, consumer) of the 3 x 128 threads: either split totals the 384 x 168
-        registers the launch allocates. The key split's producer runs its pair loop inside the
-        persistent item loop and spilled 20-24 B at 40 registers."""
-        return (56, 224) if self.key_split else (40, 232)
+        """Causal, d <= 256 (ping-pong): one CTA per SM walks work items (query block x head block
+        x batch) in a fixed snake order, longest causal lists first, so the SMs finish together and
+        the producer loads the next item's Q and first tiles under the current item's last ones.
+        Lists of equal length (no mask, window, sparse) gain nothing from it on the H100 and lose
+        the staged epilogue (docs/perf/fmha.md, v7): they keep one CTA per item, as does dv = 512."""
+        return self.n_dsplit == 1 and self.causal
 
     @property
     def tma_kv(self) -> bool:
@@ -454,31 +446,30 @@ class GatherAttentionSm90:
 
         if wg == c.n_consumer_wg:
             # ---------------- producer warpgroup: gather Q once, then kv tiles ----------------
-            cute.arch.setmaxregister_decrease(c.regs[0])
+            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
             ptid = tidx - 128 * c.n_consumer_wg
             # .cg: the rows go to smem only; .ca would also allocate them in the ~30 KB of L1 that
             # the 216 KB of smem leaves, for no reuse
             atom = cute.make_copy_atom(
                 cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), mQ.element_type, num_bits_per_copy=128
             )
-            base = cutlass.Int32(0)  # pipeline steps of the earlier items: stages and phases run on across items
+            base = cutlass.Int32(0)  # key tiles of the earlier items: stages and phases run on across items
             for w in cutlass.range(self._items_of_cta(mIdx, mK, mQ), unroll=1):
                 blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(w, mIdx, mK, mQ, mLen)
                 cute.arch.mbarrier_wait(q_empty, (w & 1) ^ 1)  # the previous item's last QK is done
                 self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
                 cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
                 if cutlass.const_expr(c.key_split):
-                    self._produce_pairs(atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx,
-                                        base)
+                    self._produce_pairs(atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx)
                 else:
                     self._produce_tiles(atom, tma, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx,
                                         n_tiles, s_kv, kvh, bidx, tok0, causal_off, window, base)
-                base = base + self._steps(n_tiles)
+                base = base + n_tiles
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
             # ---------------- consumer warpgroups ----------------
-            cute.arch.setmaxregister_increase(c.regs[1])
+            cute.arch.setmaxregister_increase(REGS_CONSUMER)
             if cutlass.const_expr(c.key_split):
                 self._consume(
                     mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma,
@@ -490,10 +481,6 @@ class GatherAttentionSm90:
                     mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, None,
                     sQ, sK, sVt, sIdx, sMaskFlag, sX, None, bars, wg, tidx % 128,
                 )
-
-    def _steps(self, n_tiles):
-        """Pipeline steps of an item: key tiles, or pairs of them (key split)."""
-        return (n_tiles + 1) // 2 if self.cfg.key_split else n_tiles
 
     @cute.jit
     def _items_of_cta(self, mIdx, mK, mQ):
@@ -596,12 +583,11 @@ class GatherAttentionSm90:
         cute.copy(atom, t_g, t_s[None, stage], tma_bar_ptr=bar)
 
     @cute.jit
-    def _produce_pairs(self, atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx, base):
+    def _produce_pairs(self, atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx):
         """Producer of a key split: tiles 2p (warpgroup 0) and 2p+1 (warpgroup 1) of pair p go to
         stages 0 and 1, each as two halves of d with their own full/empty barriers, in the order
         the consumers need them: 0-left, 1-right, 0-right, 1-left. Thread t holds the index of
-        slot t % 64 of tile t // 64, prefetched a pair ahead. `base` counts the pairs of the CTA's
-        earlier items."""
+        slot t % 64 of tile t // 64, prefetched a pair ahead."""
         c = self.cfg
         n = c.n_block
         n_slots = cute.size(mIdx, mode=[1])
@@ -615,7 +601,7 @@ class GatherAttentionSm90:
             if (j >= n_idx) | (v >= s_kv) | (v < 0):
                 v = cutlass.Int32(-1)
             v_next = mIdx[blk, cutlass.min(j + 2 * n, n_slots - 1), bidx]
-            phase = ((base + pair) & 1) ^ 1
+            phase = (pair & 1) ^ 1
             # the first reader of each tile's indices (its owner's mask) is done once that owner
             # has freed the half it multiplies locally: 0-left (WG0) and 1-right (WG1)
             cute.arch.mbarrier_wait(bars + 4 + 0, phase)
@@ -689,10 +675,10 @@ class GatherAttentionSm90:
             tPsP = store_P.partition_D(sP)
             record("partner's P operand fragments (tOsP)", tOsP)
             record("P registers -> smem (stmatrix) destination (tPsP)", tPsP)
-        if cutlass.const_expr(c.persistent and not c.key_split):
+        if cutlass.const_expr(c.persistent):
             if wg == 1:
                 cute.arch.barrier_arrive(barrier_id=BAR_TURN0, number_of_threads=256)  # warpgroup 0 goes first
-        base = cutlass.Int32(0)  # pipeline steps of the earlier items (the producer counts alike)
+        base = cutlass.Int32(0)  # key tiles of the earlier items (the producer counts alike)
         for w in cutlass.range(self._items_of_cta(mIdx, mK, mQ), unroll=1):
             _, bidx, kvh, head0, _, n_tiles, tok0 = self._item(w, mIdx, mK, mQ, mLen)
             acc_O.fill(0.0)
@@ -704,12 +690,11 @@ class GatherAttentionSm90:
             if cutlass.const_expr(c.key_split):
                 args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn,
                         P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                        window, base, self._steps(n_tiles))
+                        window, (n_tiles + 1) // 2)
                 if wg == 0:
                     self._pairs_wg0(*args)
                 else:
                     self._pairs_wg1(*args)
-                cute.arch.mbarrier_arrive(q_empty)  # every S of the item is done: sQ may take the next Q
                 self._merge_row_sums(row_sum, sX, wg, wtid)
             else:
                 args = (qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max,
@@ -720,8 +705,8 @@ class GatherAttentionSm90:
                     self._split_d(*args, sX, dsplit, wtid)
             self._epilogue(mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
                            kvh, s_q, bidx)
-            base = base + self._steps(n_tiles)
-        if cutlass.const_expr(c.persistent and not c.key_split):
+            base = base + n_tiles
+        if cutlass.const_expr(c.persistent):
             if wg == 0:
                 cute.arch.barrier(barrier_id=BAR_TURN0, number_of_threads=256)  # pairs warpgroup 1's last arrive
 
@@ -940,19 +925,18 @@ class GatherAttentionSm90:
     @cute.jit
     def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
                    S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                   window, base, n_pairs):
+                   window, n_pairs):
         """Warpgroup 0: tiles 2p in stage 0, O[:, :256]; frees 0-left and 1-left. The last pair is
         peeled off: a wgmma under a runtime branch (queue the next S or not) makes ptxas serialize
-        every wgmma of the kernel (C7520, docs/lessons/fmha.md). Pair p of the item is the CTA's
-        pair base + p (its barrier phases)."""
+        every wgmma of the kernel (C7520, docs/lessons/fmha.md)."""
         args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn, P_mn,
                 O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off, window)
-        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, base & 1, True)
-        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, base & 1, False)
+        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, 0, True)
+        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, 0, False)
         warpgroup.commit_group()
-        for pair in cutlass.range(base, base + n_pairs - 1, unroll=1):
+        for pair in cutlass.range(n_pairs - 1, unroll=1):
             self._wg0_pair(*args, pair, False)
-        self._wg0_pair(*args, base + n_pairs - 1, True)
+        self._wg0_pair(*args, n_pairs - 1, True)
 
     @cute.jit
     def _wg0_pair(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
@@ -999,13 +983,13 @@ class GatherAttentionSm90:
     @cute.jit
     def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
                    S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                   window, base, n_pairs):
+                   window, n_pairs):
         """Warpgroup 1: tiles 2p + 1 in stage 1, O[:, 256:]; frees 1-right and 0-right."""
         empty = bars + 4
         n_r = cute.size(S_mn, mode=[0])
         tile_max = cute.make_rmem_tensor((n_r,), cutlass.Float32)
         corr = cute.make_rmem_tensor((n_r,), cutlass.Float32)
-        for pair in cutlass.range(base, base + n_pairs, unroll=1):
+        for pair in cutlass.range(n_pairs, unroll=1):
             self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 1, pair & 1, True)
             self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 0, pair & 1, False)
             warpgroup.commit_group()
@@ -1094,8 +1078,7 @@ class GatherAttentionSm90:
                     for cc in cutlass.range_constexpr(0, cute.size(O_mn, mode=[1]), 2):
                         pair[0] = (O_mn[r, cc] * inv).to(mO.element_type)
                         pair[1] = (O_mn[r, cc + 1] * inv).to(mO.element_type)
-                        col = dsplit * c.dv_wg + cO_mn[r, cc][1]
-                        cute.autovec_copy(pair, cute.local_tile(mO[t, head, None, bidx], (2,), (col // 2,)))
+                        cute.autovec_copy(pair, cute.local_tile(mO[t, head, None, bidx], (2,), (cO_mn[r, cc][1] // 2,)))
             else:
                 for cc in cutlass.range(cute.size(O_mn, mode=[1]), unroll_full=True):
                     sQ[r_cta, dsplit * c.dv_wg + cO_mn[r, cc][1]] = (O_mn[r, cc] * inv).to(mO.element_type)
