@@ -6,11 +6,12 @@
     out[b, s] = qdq_fp8_NoPE( RoPE_{s·m}( RMSNorm_w(c) ) )          (fp32 math, one cast to bf16)
 
 Memory-bound: the fp32 projections kv / score are read once (16-byte vectors), the entry written
-once. A CTA owns one entry; a thread owns 4 channels. The softmax is online (running max, sum and
-weighted sum per channel); for HCA, G = 4 thread groups split the 128 tokens and merge through
-shared memory. Then group 0 normalises (warp butterfly + shared memory), rotates its last 64
-channels with the position's table row and quantises the 448 NoPE channels in 64-wide blocks
-(16 lanes each). One source for sm_90a and sm_100a.
+once; a thread owns 4 channels and keeps an online softmax state (running max, sum and weighted
+sum) per channel. This module holds the shared pieces (`EntryKernel`: the online update and the
+post-processing) and the CSA kernel (a CTA per entry); `hca.py` holds the HCA kernel (several CTAs
+per entry). The post-processing normalises (warp butterfly + shared memory), rotates the last 64
+channels with the position's table row and quantises the 448 NoPE channels in 64-wide blocks (16
+lanes each). One source for sm_90a and sm_100a.
 """
 
 from __future__ import annotations
@@ -24,30 +25,17 @@ from kernels.compressor.fp8 import qdq_block
 from kernels.rope.rotate import ROPE_DIM, rotate_pairs
 
 VEC = 4  # fp32 channels per thread (16 bytes)
-HCA_GROUPS = 4
-QDQ_BLOCK = 64
 
 
-class CompressorKernel:
-    """Compile-time: ratio m, entry width d, eps. Batch and tokens are runtime sizes."""
+class EntryKernel:
+    """Compile-time: ratio m, entry width d, eps; `groups` thread groups of d/4 lanes per CTA."""
 
-    def __init__(self, m: int, d: int, eps: float = 1e-6):
+    def __init__(self, m: int, d: int, eps: float = 1e-6, groups: int = 1):
         if d % 128 or d < 128:
             raise ValueError(f"compressor entry width must be a multiple of 128, got {d}")
-        self.m, self.d, self.eps = m, d, eps
-        self.overlap = m == 4
-        self.groups = 1 if self.overlap else HCA_GROUPS
-        if m % self.groups:
-            raise ValueError(f"ratio {m} must be a multiple of {self.groups}")
+        self.m, self.d, self.eps, self.groups = m, d, eps, groups
         self.lanes = d // VEC  # threads per group
         self.warps = self.lanes // 32
-
-    @cute.jit
-    def __call__(self, mKv: cute.Tensor, mScore: cute.Tensor, mW: cute.Tensor, mTab: cute.Tensor,
-                 mOut: cute.Tensor, stream):
-        self.kernel(mKv, mScore, mW, mTab, mOut).launch(
-            grid=[mOut.shape[1], mOut.shape[0], 1], block=[self.lanes * self.groups, 1, 1], stream=stream,
-        )
 
     @cute.jit
     def absorb(self, kv, z, mx, l, acc):
@@ -60,67 +48,24 @@ class CompressorKernel:
             acc[i] = acc[i] * corr + p * kv[i]
             mx[i] = new
 
-    @cute.kernel
-    def kernel(self, mKv: cute.Tensor, mScore: cute.Tensor, mW: cute.Tensor, mTab: cute.Tensor, mOut: cute.Tensor):
-        m, d = self.m, self.d
-        tidx, _, _ = cute.arch.thread_idx()
-        s, b, _ = cute.arch.block_idx()
-        group, lane = tidx // self.lanes, tidx % self.lanes
-        gKv = cute.zipped_divide(mKv, (1, 1, VEC))  # ((1,1,4), (B, S, W/4))
-        gSc = cute.zipped_divide(mScore, (1, 1, VEC))
+    @cute.jit
+    def combine(self, mx, l, acc, mx2, l2, acc2):
+        """Fold a second (non-empty) softmax state of the same 4 channels into (mx, l, acc)."""
+        for i in cutlass.range_constexpr(VEC):
+            new = cute.arch.fmax(mx[i], mx2[i])
+            a = cute.math.exp(mx[i] - new)
+            c = cute.math.exp(mx2[i] - new)
+            l[i] = l[i] * a + l2[i] * c
+            acc[i] = acc[i] * a + acc2[i] * c
+            mx[i] = new
 
-        mx = cute.make_rmem_tensor((VEC,), Float32)
-        l = cute.make_rmem_tensor((VEC,), Float32)
-        acc = cute.make_rmem_tensor((VEC,), Float32)
-        mx.fill(-Float32.inf)
-        l.fill(0.0)
-        acc.fill(0.0)
-        kv = cute.make_rmem_tensor((VEC,), Float32)
-        z = cute.make_rmem_tensor((VEC,), Float32)
-        if cutlass.const_expr(self.overlap):
-            if s > 0:  # block s-1 feeds its first halves
-                for j in cutlass.range_constexpr(m):
-                    cute.autovec_copy(gKv[(0, 0, None), (b, (s - 1) * m + j, lane)], kv)
-                    cute.autovec_copy(gSc[(0, 0, None), (b, (s - 1) * m + j, lane)], z)
-                    self.absorb(kv, z, mx, l, acc)
-            for j in cutlass.range_constexpr(m):  # block s feeds its second halves
-                cute.autovec_copy(gKv[(0, 0, None), (b, s * m + j, self.lanes + lane)], kv)
-                cute.autovec_copy(gSc[(0, 0, None), (b, s * m + j, self.lanes + lane)], z)
-                self.absorb(kv, z, mx, l, acc)
-        else:
-            per_group = m // self.groups
-            for j in cutlass.range(per_group, unroll=4):
-                token = s * m + group * per_group + j
-                cute.autovec_copy(gKv[(0, 0, None), (b, token, lane)], kv)
-                cute.autovec_copy(gSc[(0, 0, None), (b, token, lane)], z)
-                self.absorb(kv, z, mx, l, acc)
-
-        smem = memory.SmemAllocator()
+    @cute.jit
+    def finish(self, smem, y, mW: cute.Tensor, mTab: cute.Tensor, mOut: cute.Tensor, b, s, group, lane):
+        """RMSNorm, RoPE at s·m and FP8 NoPE qdq of the pooled entry y (4 channels per lane), then the
+        bf16 store by group 0. Every thread of the CTA calls it (barriers, warp butterflies); `smem`
+        is the kernel's one shared-memory allocator."""
+        d = self.d
         s_sq = smem.allocate_tensor(Float32, cute.make_layout((self.warps,)), 16)
-        y = cute.make_rmem_tensor((VEC,), Float32)
-        if cutlass.const_expr(self.groups > 1):  # merge the groups' (max, sum, weighted sum)
-            s_part = smem.allocate_tensor(Float32, cute.make_layout((3, self.groups, d)), 16)
-            for i in cutlass.range_constexpr(VEC):
-                s_part[0, group, lane * VEC + i] = mx[i]
-                s_part[1, group, lane * VEC + i] = l[i]
-                s_part[2, group, lane * VEC + i] = acc[i]
-            cute.arch.barrier()
-            for i in cutlass.range_constexpr(VEC):
-                top = s_part[0, 0, lane * VEC + i]
-                for g in cutlass.range_constexpr(1, self.groups):
-                    top = cute.arch.fmax(top, s_part[0, g, lane * VEC + i])
-                total = Float32(0.0)
-                weighted = Float32(0.0)
-                for g in cutlass.range_constexpr(self.groups):
-                    w = cute.math.exp(s_part[0, g, lane * VEC + i] - top)
-                    total += s_part[1, g, lane * VEC + i] * w
-                    weighted += s_part[2, g, lane * VEC + i] * w
-                y[i] = weighted / total
-        else:
-            for i in cutlass.range_constexpr(VEC):
-                y[i] = acc[i] / l[i]
-
-        # RMSNorm over the d channels (every group computes the same values; group 0 writes)
         sum_sq = Float32(0.0)
         for i in cutlass.range_constexpr(VEC):
             sum_sq += y[i] * y[i]
@@ -142,7 +87,7 @@ class CompressorKernel:
         rope_start = d - ROPE_DIM
         if col >= rope_start:
             cos_sin = cute.make_rmem_tensor((VEC,), Float32)
-            cute.autovec_copy(cute.zipped_divide(mTab, (1, VEC))[(0, None), (s * m, (col - rope_start) // VEC)],
+            cute.autovec_copy(cute.zipped_divide(mTab, (1, VEC))[(0, None), (s * self.m, (col - rope_start) // VEC)],
                               cos_sin)
             rotate_pairs(y, cos_sin, VEC, False)
         quant = cute.make_rmem_tensor((VEC,), Float32)
@@ -154,3 +99,61 @@ class CompressorKernel:
             out = cute.make_rmem_tensor((VEC,), mOut.element_type)
             out.store(y.load().to(mOut.element_type))
             cute.autovec_copy(out, cute.zipped_divide(mOut, (1, 1, VEC))[(0, 0, None), (b, s, lane)])
+
+
+class CsaKernel(EntryKernel):
+    """CSA (m = 4): a CTA of d/4 threads per entry. Every thread issues the loads of its 8 candidates
+    (block s−1 clamped to block 0 at s = 0) before any is consumed: one DRAM round trip per CTA. The
+    a-halves of block −1 are masked with a score of −inf, folded in after the b-halves (whose max is
+    finite) so that they add exactly zero."""
+
+    def __init__(self, m: int, d: int, eps: float = 1e-6):
+        if m != 4:
+            raise ValueError(f"the CSA kernel is for m = 4, got {m}")
+        super().__init__(m, d, eps)
+
+    @cute.jit
+    def __call__(self, mKv: cute.Tensor, mScore: cute.Tensor, mW: cute.Tensor, mTab: cute.Tensor,
+                 mOut: cute.Tensor, stream):
+        self.kernel(mKv, mScore, mW, mTab, mOut).launch(
+            grid=[mOut.shape[1], mOut.shape[0], 1], block=[self.lanes, 1, 1], stream=stream,
+        )
+
+    @cute.jit
+    def pool(self, mKv: cute.Tensor, mScore: cute.Tensor, s, b, lane, y):
+        m = self.m
+        gKv = cute.zipped_divide(mKv, (1, 1, VEC))  # ((1,1,4), (B, S, W/4))
+        gSc = cute.zipped_divide(mScore, (1, 1, VEC))
+        kv = cute.make_rmem_tensor(cute.make_layout((VEC, 2 * m), stride=(1, VEC)), Float32)
+        z = cute.make_rmem_tensor(cute.make_layout((VEC, 2 * m), stride=(1, VEC)), Float32)
+        prev = cutlass.max(s - 1, 0)
+        for j in cutlass.range_constexpr(m):
+            cute.autovec_copy(gKv[(0, 0, None), (b, s * m + j, self.lanes + lane)], kv[None, j])
+            cute.autovec_copy(gSc[(0, 0, None), (b, s * m + j, self.lanes + lane)], z[None, j])
+            cute.autovec_copy(gKv[(0, 0, None), (b, prev * m + j, lane)], kv[None, m + j])
+            cute.autovec_copy(gSc[(0, 0, None), (b, prev * m + j, lane)], z[None, m + j])
+        mask = Float32(0.0)
+        if s == 0:
+            mask = -Float32.inf
+        mx = cute.make_rmem_tensor((VEC,), Float32)
+        l = cute.make_rmem_tensor((VEC,), Float32)
+        acc = cute.make_rmem_tensor((VEC,), Float32)
+        mx.fill(-Float32.inf)
+        l.fill(0.0)
+        acc.fill(0.0)
+        for j in cutlass.range_constexpr(2 * m):
+            zj = z[None, j]
+            if cutlass.const_expr(j >= m):
+                for i in cutlass.range_constexpr(VEC):
+                    zj[i] = zj[i] + mask
+            self.absorb(kv[None, j], zj, mx, l, acc)
+        for i in cutlass.range_constexpr(VEC):
+            y[i] = acc[i] / l[i]
+
+    @cute.kernel
+    def kernel(self, mKv: cute.Tensor, mScore: cute.Tensor, mW: cute.Tensor, mTab: cute.Tensor, mOut: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        s, b, _ = cute.arch.block_idx()
+        y = cute.make_rmem_tensor((VEC,), Float32)
+        self.pool(mKv, mScore, s, b, tidx, y)
+        self.finish(memory.SmemAllocator(), y, mW, mTab, mOut, b, s, 0, tidx)

@@ -7,8 +7,10 @@ sequences of S tokens from position 0; the output is the ⌊S/m⌋ cache entries
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
 import torch
+from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import (
@@ -21,7 +23,9 @@ from dsv4bench.core.registry import (
 )
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel, fake_rowmajor
-from kernels.compressor.compressor import CompressorKernel
+from kernels.compressor.compressor import CsaKernel
+from kernels.compressor.hca import SPLITS as HCA_SPLITS
+from kernels.compressor.hca import STATE, HcaKernel, counters
 from kernels.rope.rotate import ROPE_DIM, rope_table
 from oracles.compressor import (
     block_candidates,
@@ -114,7 +118,7 @@ class CompressorCuteDSL(Impl):
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         try:
-            CompressorKernel(case["m"], case["d"], NORM_EPS)
+            kernel_for(case)
         except ValueError as e:
             return str(e)
         return None if entries(case) else "no complete block"
@@ -123,15 +127,41 @@ class CompressorCuteDSL(Impl):
         return (self.family, self.name, arch, case["m"], case["d"], NORM_EPS)
 
     def compile(self, case: Case, arch: str):
-        d, w = case["d"], width(case)
-        b, s, e, p = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
-        fake = (fake_rowmajor("fp32", (b, s, w)), fake_rowmajor("fp32", (b, s, w)), fake_rowmajor("bf16", (d,), 8),
-                fake_rowmajor("fp32", (p, ROPE_DIM)), fake_rowmajor("bf16", (b, e, d), 8))
-        return compile_kernel(CompressorKernel(case["m"], d, NORM_EPS), *fake, arch=arch)
+        return compile_kernel(kernel_for(case), *fake_args(case), arch=arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        compiled(inputs["kv"], inputs["score"], inputs["norm_w"], inputs["table"], out["out"])
+        args = (inputs["kv"], inputs["score"], inputs["norm_w"], inputs["table"], out["out"])
+        if overlaps(case["m"]):
+            compiled(*args)
+        else:
+            compiled(*args, *hca_scratch(case, out["out"].device))
         return split(out["out"])
+
+
+def kernel_for(case: Case, **hca):
+    """The CSA kernel for m = 4, the split HCA kernel otherwise (`hca`: its splits / groups)."""
+    if overlaps(case["m"]):
+        return CsaKernel(case["m"], case["d"], NORM_EPS)
+    return HcaKernel(case["m"], case["d"], NORM_EPS, **hca)
+
+
+def fake_args(case: Case, splits: int | None = None) -> tuple:
+    """Fake tensors of a launch (sizes symbolic but the entry width); HCA adds its scratch and counters."""
+    d, w = case["d"], width(case)
+    b, s, e, p = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    fake = (fake_rowmajor("fp32", (b, s, w)), fake_rowmajor("fp32", (b, s, w)), fake_rowmajor("bf16", (d,), 8),
+            fake_rowmajor("fp32", (p, ROPE_DIM)), fake_rowmajor("bf16", (b, e, d), 8))
+    if overlaps(case["m"]):
+        return fake
+    return (*fake, fake_rowmajor("fp32", (b, e, splits or HCA_SPLITS, STATE, d)),
+            make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),), assumed_align=4))
+
+
+def hca_scratch(case: Case, device, splits: int | None = None) -> tuple:
+    """The HCA merge's partial states (fresh each call) and the persistent entry counters."""
+    b, e = case["b"], entries(case)
+    part = torch.empty(b, e, splits or HCA_SPLITS, STATE, case["d"], dtype=torch.float32, device=device)
+    return part, counters(b * e, device)
 
 
 def _eager_args(case: Case, inputs: dict):
