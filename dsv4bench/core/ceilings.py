@@ -41,7 +41,7 @@ class SameTrafficCopy:
         self._ms: dict[int, float] = {}
 
     def ms(self, nbytes: int) -> float:
-        half = max(16, (nbytes // 2 + 15) // 16 * 16)
+        half = max(16, (int(nbytes) // 2 + 15) // 16 * 16)  # cost models count bytes as floats
         if half not in self._ms:
             src = torch.empty(half, dtype=torch.uint8, device=self.device)
             dst = torch.empty_like(src)
