@@ -1,7 +1,9 @@
 """GPU timing: CUDA events around the region, L2 flushed before every iteration.
 
 Protocol (docs/BENCHMARKING.md): warm-up first (compilation and module load stay out); before
-each iteration a memset of a buffer >= 2x the L2 evicts the cache; events bracket the call alone;
+each iteration a memset of a buffer >= 2x the L2 evicts the cache, and a read sweep of the same
+buffer then evicts the memset's dirty lines: left dirty, the timed call pays their write-back (up
+to the 50 MB of the L2, ~7-9 us on the H100: docs/lessons/harness.md); events bracket the call alone;
 at least `min_iters` iterations, more while the spread is large. The flush also hides the host's
 launch overhead: the GPU is still busy with the memset while the host enqueues the timed call.
 """
@@ -58,6 +60,7 @@ class CudaTimer:
         if flush_l2:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
             self.flush_buf = torch.empty(max(2 * l2, FLUSH_MIN_BYTES), dtype=torch.uint8, device=device)
+            self.flush_words = self.flush_buf.view(torch.int32)
 
     def time(
         self, fn: Callable[[], object], *, warmup: int = 3, min_iters: int = 20, max_iters: int = 100,
@@ -73,6 +76,7 @@ class CudaTimer:
             for _ in range(min_iters):
                 if self.flush_buf is not None:
                     self.flush_buf.zero_()
+                    self.flush_words.max()  # read sweep: L2 left full of clean lines
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn()
