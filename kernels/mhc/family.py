@@ -151,7 +151,7 @@ class MhcCuteDSL(Impl):
         return None if case["d"] % 8 == 0 else "mHC kernels need D % 8 == 0"
 
     def _tiling(self, case: Case) -> tuple[int, int]:
-        """Pass 1's (tokens per lane, K chunk), chosen from T."""
+        """Pass 1's (MMA row tiles per warp, K chunk), chosen from T."""
         return pick_tiling(HC_MULT * case["d"], case["t"])
 
     def compile_key(self, case: Case, arch: str) -> tuple:
@@ -170,8 +170,8 @@ class MhcCuteDSL(Impl):
             )
             return compile_kernel(HcPostKernel(d), *fake, arch=arch)
         head, k = case["op"] == "head", HC_MULT * d
-        tt, chunk = self._tiling(case)
-        mix = HcMixKernel(N_MIX[case["op"]], k, chunk, tt)
+        tm, chunk = self._tiling(case)
+        mix = HcMixKernel(N_MIX[case["op"]], k, chunk, tm)
         part = make_fake_compact_tensor(
             cutlass.Float32,
             (t, mix.splits, mix.n_mix + 1),
