@@ -13,8 +13,9 @@ v4, the mixes on tensor cores (warp MMA m16n8k16, bf16 operands, fp32 accumulato
   into hi = bf16(fn), lo = bf16(fn − hi); the accumulator takes x·hi + x·lo. bf16 x is exact, the
   bf16 products are exact in the fp32 accumulate, and |fn − hi − lo| ≤ 2^-16·|fn| (TF32, the
   family's low-precision reference, is 2^-11): see docs/perf/mhc.md, "v4 of pass 1".
-- Warp w computes tokens [16·tm·w, 16·tm·(w+1)) x all np mixes; Σx² stays on CUDA cores: thread
-  i sums half a row (32 columns, four 16-byte reads) of token i / 2 per stage.
+- Warp w computes the 16-token row tiles w (and w + 4 when tm = 2) x all np mixes; Σx² stays on
+  CUDA cores: thread i sums half a row (32 columns, four 16-byte reads) of token i / 2 (and
+  i / 2 + 64) per stage.
 - At the end the accumulators and Σx² meet in shared memory (the staging buffers reused), and the
   CTA stores its [64·tm, n_mix + 1] block as runs of (n_mix + 1)·4 bytes into the
   [T, splits, n_mix + 1] layout that pass 2 (`apply.py`) reads.

@@ -69,4 +69,4 @@ def test_mix_v4_partials_on_gpu(op, d, t):
     scale = xd.abs() @ fn.double().abs().T
     assert ((got[:, : mix.n_mix] - exact).abs() <= 2.0**-14 * scale + 1e-30).all()
     sq = (xd * xd).sum(1)
-    assert ((got[:, mix.n_mix] - sq).abs() <= 1e-5 * sq).all()
+    assert ((got[:, mix.n_mix] - sq).abs() <= 1e-4 * sq).all()
