@@ -13,13 +13,10 @@ One source for sm_90a and sm_100a: 128-bit loads, warp shuffles and `cvt...e4m3x
 Layout of the work (memory-bound: read x once, write codes + scales once):
 - A thread owns 16-byte vectors of 8 elements; thread t of a row holds vectors t, t + T, ...
   (T = threads per row), so consecutive threads read consecutive vectors.
-- Without rotation T is a multiple of block/8, so the block/8 lanes that share a block sit in one
-  aligned shuffle group; the block amax is a butterfly max over that group. Blocks never straddle
-  a row.
-- The Hadamard rotation (n = 128) gives a row to one thread (T = 1: 16 vectors, a block of 32 is
-  4 of them): H_128 is a 7-stage butterfly in registers, ~900 adds and no shuffles. (With 16
-  lanes per row, 4 shuffle stages across them plus the selects cost ~1,500 instructions per row
-  and the MXFP4 prefill ran at 38% of copy: docs/perf/quant.md.)
+- T is a multiple of block/8, so the block/8 lanes that share a block sit in one aligned shuffle
+  group; the block amax is a butterfly max over that group. Blocks never straddle a row.
+- The Hadamard rotation (n = 128, T = 16) is a 3-stage in-register butterfly over a vector's
+  8 elements followed by 4 shuffle stages across the 16 lanes: H_128 = H_16 (lanes) ⊗ H_8 (elements).
 - Rows are a runtime size and may have a row stride > n (a column slice such as kv[:, :448]).
 """
 
@@ -37,7 +34,6 @@ VEC = 8  # bf16 elements per 16-byte vector
 MAX_VECS_PER_THREAD = 8
 MAX_THREADS_PER_ROW = 256
 CTA_THREADS = 256
-ROTATE_CTA_THREADS = 64  # rows per CTA with one thread per row: 64 CTAs for the 4096 rows of decode
 FORMATS = {"fp8": (448.0, 1e-4), "mxfp4": (6.0, 6.0 * 2.0**-126)}  # qmax, amax floor
 HADAMARD_N = 128
 
@@ -67,9 +63,7 @@ class QuantConfig:
         if rotate and (fmt != "mxfp4" or n != HADAMARD_N):
             raise ValueError(f"the Hadamard rotation is the indexer's: mxfp4 with n = {HADAMARD_N}")
         n_vecs = n // VEC
-        if rotate:  # one thread per row
-            return cls(fmt, n, block, rotate, 1, n_vecs, ROTATE_CTA_THREADS)
-        threads = block // VEC
+        threads = n_vecs if rotate else block // VEC  # the rotation wants one vector on each of 16 lanes
         while threads < MAX_THREADS_PER_ROW and -(-n_vecs // threads) > MAX_VECS_PER_THREAD:
             threads *= 2
         vecs = -(-n_vecs // threads)
@@ -79,12 +73,7 @@ class QuantConfig:
 
     @property
     def lanes_per_block(self) -> int:
-        return min(self.block // VEC, self.threads_per_row)
-
-    @property
-    def vecs_per_block(self) -> int:
-        """A thread's vectors in one block: 1, or block/8 consecutive ones with one thread per row."""
-        return self.block // VEC // self.lanes_per_block
+        return self.block // VEC
 
     @property
     def code_vec(self) -> int:
@@ -148,42 +137,49 @@ class QuantKernel:
         x = cute.make_fragment_like(tXrX, Float32)
         x.store(tXrX.load().to(Float32))
         if cutlass.const_expr(cfg.rotate):
-            self.hadamard(x)
+            self.hadamard(x, lane_in_row)
 
         qmax, floor = FORMATS[cfg.fmt]
         tQrQ = cute.make_fragment_like(tQgQ)
-        vpb = cfg.vecs_per_block
-        for jb in cutlass.range_constexpr(cfg.vecs_per_thread // vpb):  # this thread's part of a block
-            amax = cute_abs(x[VEC * jb * vpb])
-            for e in cutlass.range_constexpr(1, VEC * vpb):
-                amax = cute.arch.fmax(amax, cute_abs(x[VEC * jb * vpb + e]))
-            if cutlass.const_expr(cfg.lanes_per_block > 1):
-                amax = cute.arch.warp_reduction_max(amax, threads_in_group=cfg.lanes_per_block)
+        for j in cutlass.range_constexpr(cfg.vecs_per_thread):
+            amax = cute_abs(x[VEC * j])
+            for e in cutlass.range_constexpr(1, VEC):
+                amax = cute.arch.fmax(amax, cute_abs(x[VEC * j + e]))
+            amax = cute.arch.warp_reduction_max(amax, threads_in_group=cfg.lanes_per_block)
             exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(floor)), 1.0 / qmax)
             inv_s = inv_pow2(exp)
-            col = tXcX[(0, 0), 0, jb * vpb][1]
+            col = tXcX[(0, 0), 0, j][1]
             if row_ok and col < cfg.n and lane_in_row % cfg.lanes_per_block == 0:
                 mS[row, col // cfg.block] = Uint8(exp)
-            for j in cutlass.range_constexpr(jb * vpb, (jb + 1) * vpb):
-                for k in cutlass.range_constexpr(VEC // 2):
-                    lo, hi = x[VEC * j + 2 * k] * inv_s, x[VEC * j + 2 * k + 1] * inv_s
-                    if cutlass.const_expr(cfg.fmt == "fp8"):
-                        pair = e4m3x2(lo, hi)
-                        tQrQ[VEC * j + 2 * k] = Uint8(pair & 0xFF)
-                        tQrQ[VEC * j + 2 * k + 1] = Uint8(pair >> 8)
-                    else:
-                        tQrQ[cfg.code_vec * j + k] = Uint8(e2m1_code(lo) | (e2m1_code(hi) << 4))
-                if row_ok and tXcX[(0, 0), 0, j][1] < cfg.n:  # store as soon as the codes exist
-                    cute.copy(q_atom, tQrQ[None, None, j], tQgQ[None, None, j])
+            for k in cutlass.range_constexpr(VEC // 2):
+                lo, hi = x[VEC * j + 2 * k] * inv_s, x[VEC * j + 2 * k + 1] * inv_s
+                if cutlass.const_expr(cfg.fmt == "fp8"):
+                    pair = e4m3x2(lo, hi)
+                    tQrQ[VEC * j + 2 * k] = Uint8(pair & 0xFF)
+                    tQrQ[VEC * j + 2 * k + 1] = Uint8(pair >> 8)
+                else:
+                    tQrQ[cfg.code_vec * j + k] = Uint8(e2m1_code(lo) | (e2m1_code(hi) << 4))
+
+        for j in cutlass.range_constexpr(cfg.vecs_per_thread):
+            if row_ok and tXcX[(0, 0), 0, j][1] < cfg.n:
+                cute.copy(q_atom, tQrQ[None, None, j], tQgQ[None, None, j])
 
     @cute.jit
-    def hadamard(self, x: cute.Tensor):
-        """x (a whole 128-wide row in one thread) ← bf16(H_128 · x · 128^-0.5): 7 butterfly stages."""
-        for stage in cutlass.range_constexpr(HADAMARD_N.bit_length() - 1):
+    def hadamard(self, x: cute.Tensor, lane_in_row: Int32):
+        """x (one 8-element vector per lane, 16 lanes per row) ← bf16(H_128 · x · 128^-0.5)."""
+        for stage in cutlass.range_constexpr(VEC.bit_length() - 1):  # H_8 over the vector's elements
             h = 1 << stage
-            for i in cutlass.range_constexpr(HADAMARD_N):
+            for i in cutlass.range_constexpr(VEC):
                 if cutlass.const_expr(i & h == 0):
                     a, b = x[i], x[i + h]
                     x[i], x[i + h] = a + b, a - b
-        for i in cutlass.range_constexpr(HADAMARD_N):
+        lanes = HADAMARD_N // VEC
+        for stage in cutlass.range_constexpr(lanes.bit_length() - 1):  # H_16 across the lanes
+            o = 1 << stage
+            upper = (lane_in_row & o) != 0  # the lower lane keeps a + b, the upper one a - b
+            for i in cutlass.range_constexpr(VEC):
+                mine = x[i]
+                other = cute.arch.shuffle_sync_bfly(mine, offset=o)
+                x[i] = cutlass.select_(upper, other - mine, mine + other)
+        for i in cutlass.range_constexpr(VEC):
             x[i] = round_bf16(x[i] * Float32(HADAMARD_N**-0.5))
