@@ -675,7 +675,7 @@ class GatherAttentionSm90:
             tPsP = store_P.partition_D(sP)
             record("partner's P operand fragments (tOsP)", tOsP)
             record("P registers -> smem (stmatrix) destination (tPsP)", tPsP)
-        if cutlass.const_expr(c.persistent):
+        if cutlass.const_expr(c.n_dsplit == 1):  # the ping-pong, persistent or not (v7b hung without this)
             if wg == 1:
                 cute.arch.barrier_arrive(barrier_id=BAR_TURN0, number_of_threads=256)  # warpgroup 0 goes first
         base = cutlass.Int32(0)  # key tiles of the earlier items (the producer counts alike)
@@ -706,7 +706,7 @@ class GatherAttentionSm90:
             self._epilogue(mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
                            kvh, s_q, bidx)
             base = base + n_tiles
-        if cutlass.const_expr(c.persistent):
+        if cutlass.const_expr(c.n_dsplit == 1):
             if wg == 0:
                 cute.arch.barrier(barrier_id=BAR_TURN0, number_of_threads=256)  # pairs warpgroup 1's last arrive
 
