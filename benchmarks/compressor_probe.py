@@ -6,8 +6,7 @@ that claims to be a correct kernel is compared with the FP32 oracle by the harne
 
     python3 benchmarks/compressor_probe.py --out compressor-probe.json
 
-compressor   csa_v1       CSA with the v1 load order (block s−1 behind an `if s > 0`: two round trips)
-             full         the shipped kernel
+compressor   full         the shipped kernel
              no_post      pooling only; RMSNorm/RoPE/FP8 knocked out (y stored as is)
              loads_only   the loads and the stores; the online softmax replaced by adds
              hca_pPgG     HCA with P CTAs per entry and G thread groups per CTA (p1g4 = v1)
@@ -22,7 +21,6 @@ import json
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Float32
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
@@ -48,33 +46,6 @@ class EmptyKernel:
     @cute.kernel
     def kernel(self):
         pass
-
-
-class CsaV1(CsaKernel):
-    @cute.jit
-    def pool(self, mKv, mScore, s, b, lane, y):
-        m = self.m
-        gKv = cute.zipped_divide(mKv, (1, 1, VEC))
-        gSc = cute.zipped_divide(mScore, (1, 1, VEC))
-        mx = cute.make_rmem_tensor((VEC,), Float32)
-        l = cute.make_rmem_tensor((VEC,), Float32)
-        acc = cute.make_rmem_tensor((VEC,), Float32)
-        mx.fill(-Float32.inf)
-        l.fill(0.0)
-        acc.fill(0.0)
-        kv = cute.make_rmem_tensor((VEC,), Float32)
-        z = cute.make_rmem_tensor((VEC,), Float32)
-        if s > 0:
-            for j in cutlass.range_constexpr(m):
-                cute.autovec_copy(gKv[(0, 0, None), (b, (s - 1) * m + j, lane)], kv)
-                cute.autovec_copy(gSc[(0, 0, None), (b, (s - 1) * m + j, lane)], z)
-                self.absorb(kv, z, mx, l, acc)
-        for j in cutlass.range_constexpr(m):
-            cute.autovec_copy(gKv[(0, 0, None), (b, s * m + j, self.lanes + lane)], kv)
-            cute.autovec_copy(gSc[(0, 0, None), (b, s * m + j, self.lanes + lane)], z)
-            self.absorb(kv, z, mx, l, acc)
-        for i in cutlass.range_constexpr(VEC):
-            y[i] = acc[i] / l[i]
 
 
 class NoPost:
@@ -130,7 +101,7 @@ def compressor_rows(timer):
         args = (x["kv"], x["score"], x["norm_w"], x["table"], out["out"])
         variants = {}
         if m == 4:
-            for label, cls in {"csa_v1": CsaV1, "full": CsaKernel, "no_post": type("P", (NoPost, CsaKernel), {}),
+            for label, cls in {"full": CsaKernel, "no_post": type("P", (NoPost, CsaKernel), {}),
                                "loads_only": type("L", (LoadsOnly, CsaKernel), {})}.items():
                 if label in ("no_post", "loads_only") and b > 1:
                     continue
