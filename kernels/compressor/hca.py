@@ -37,7 +37,8 @@ _COUNTERS: dict = {}
 
 def counters(n: int, device) -> torch.Tensor:
     """A zeroed int32 buffer of >= n entry counters on `device`, kept across calls: every launch
-    leaves it zeroed again (see module doc)."""
+    leaves it zeroed again (see module doc). One buffer per device: two HCA launches running at
+    once on different streams would share it, which the harness (one stream) never does."""
     buf = _COUNTERS.get(str(device))
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 1 << 12), dtype=torch.int32, device=device)

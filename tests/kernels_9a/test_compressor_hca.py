@@ -27,6 +27,15 @@ def test_hca_rejects_bad_splits(splits, groups):
         HcaKernel(128, 512, splits=splits, groups=groups)
 
 
+def test_sequences_shorter_than_one_block_are_refused_with_a_reason():
+    """S < 128: no complete HCA block, so no entry and no launch (a clear reason, not a crash)."""
+    from kernels.compressor.family import CompressorCuteDSL
+
+    case = Case("compressor", {"m": 128, "b": 2, "s": 127, "d": 512, "dtype": "bf16"})
+    assert entries(case) == 0
+    assert CompressorCuteDSL().supports(case, "sm_90a") == "no complete block"
+
+
 def _setup(b: int, s: int, splits: int, groups: int):
     case = Case("compressor", {"m": 128, "b": b, "s": s, "d": 512, "dtype": "bf16"})
     fam = get_family("compressor")
