@@ -17,7 +17,7 @@ from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_fami
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.sampler.eager import sample_with_noise
-from kernels.sampler.sampler import SamplerKernel
+from kernels.sampler.sampler import SamplerKernel, counters
 from oracles.head import sample
 from sweeps import sampler as space
 
@@ -58,11 +58,13 @@ class SamplerFamily(Family):
         return {"tokens": sample_with_noise(inputs["logits"].cpu(), inputs["temperatures"].cpu(), inputs["noise"].cpu())}
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
-        b, splits = case["b"], SamplerKernel(case["v"]).splits
+        """Tokens, and the kernel's per-split workspace (written before it is read; the arrival
+        counters, which must start at zero, are not outputs: see `run`)."""
+        b, width = case["b"], SamplerKernel(case["v"]).tiles
         return {
             "tokens": torch.empty(b, dtype=torch.int64, device=device),
-            "partial_keys": torch.empty(b, 2, splits, dtype=torch.float32, device=device),  # kernel workspace
-            "partial_index": torch.empty(b, splits, dtype=torch.int32, device=device),
+            "partial_keys": torch.empty(b, 2, width, dtype=torch.float32, device=device),
+            "partial_index": torch.empty(b, width, dtype=torch.int32, device=device),
         }
 
     def cost(self, case: Case) -> Cost:
@@ -91,12 +93,14 @@ class SamplerCuteDSL(Impl):
         b = cute.sym_int()
         logits, noise = _fake(cutlass.Float32, (b, case["v"]), 16), _fake(cutlass.Float32, (b, case["v"]), 16)
         temps = _fake(cutlass.Float32, (b,))
-        part_f, part_i = _fake(cutlass.Float32, (b, 2, kernel.splits)), _fake(cutlass.Int32, (b, kernel.splits))
-        return compile_kernel(kernel, logits, temps, noise, part_f, part_i, _fake(cutlass.Int64, (b,), 8), arch=arch)
+        part_f, part_i = _fake(cutlass.Float32, (b, 2, kernel.tiles)), _fake(cutlass.Int32, (b, kernel.tiles))
+        count = _fake(cutlass.Int32, (cute.sym_int(),))
+        return compile_kernel(kernel, logits, temps, noise, part_f, part_i, count, _fake(cutlass.Int64, (b,), 8),
+                              arch=arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         compiled(inputs["logits"], inputs["temperatures"], inputs["noise"], out["partial_keys"],
-                 out["partial_index"], out["tokens"])
+                 out["partial_index"], counters(case["b"], out["tokens"].device), out["tokens"])
         return out
 
 

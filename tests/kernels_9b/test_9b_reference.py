@@ -15,7 +15,7 @@ from dsv4bench.core.registry import get_family
 from dsv4bench.core.worker import CaseData
 from kernels.quant.numerics import E2M1_MIDPOINTS
 from kernels.quant.quant import VEC, QuantConfig
-from kernels.sampler.sampler import TILE, SamplerKernel
+from kernels.sampler.sampler import TILE, SamplerKernel, plan
 from oracles.quant import E2M1_GRID, e2m1_encode
 from sweeps import quant as qspace
 from sweeps import router as rspace
@@ -145,8 +145,10 @@ def test_sampler_temperature_changes_tokens():
 
 def test_sampler_splits_cover_the_vocabulary():
     for v in (4, 1024, 1028, 129280, 160000):
-        k = SamplerKernel(v)
-        tiles = -(-v // TILE)
-        assert (k.splits - 1) * k.tiles_per_split < tiles <= k.splits * k.tiles_per_split and k.splits <= 64
+        tiles = SamplerKernel(v).tiles
+        assert tiles == -(-v // TILE)
+        for rows in (1, 5, 64, 300):
+            per_split, splits = plan(rows, tiles)
+            assert (splits - 1) * per_split < tiles <= splits * per_split
     with pytest.raises(ValueError):
         SamplerKernel(1022)
