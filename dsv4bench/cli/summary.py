@@ -52,12 +52,17 @@ def _pct_same_traffic(perf: dict) -> str:
     return f"{perf['pct_same_traffic_copy']:.1f}" if perf and "pct_same_traffic_copy" in perf else ""
 
 
+def _kernels_us(perf: dict) -> str:
+    """The device µs of the call's kernels (CUPTI), where the event-timed median also holds launch gaps."""
+    return f"{perf['kernels_total_us']:.1f}" if perf and "kernels_total_us" in perf else ""
+
+
 def print_summary(records: list[ResultRecord], run_dir: RunDir) -> None:
     ours = ours_median(records)
     timed = any(r.timing for r in records)
     table = Table(title=f"{len(records)} results in {run_dir.path}")
     columns = ["case", "shape", "impl", "arch", "status", "max err/bound", "compile"]
-    columns += ["median ms", "GB/s", "% copy", "% same-traffic copy", "its time / ours"] if timed else []
+    columns += ["median ms", "kernels µs", "GB/s", "% copy", "% same-traffic copy", "its time / ours"] if timed else []
     for col in columns:
         table.add_column(col, no_wrap=col in ("case", "status"))
     ordered = sorted(records, key=lambda r: (r.status in GOOD_STATUSES, r.case_id, r.impl))
@@ -67,7 +72,7 @@ def print_summary(records: list[ResultRecord], run_dir: RunDir) -> None:
         if timed:
             t, p = r.timing or {}, r.perf or {}
             ratio = f"{t['median_ms'] / ours[r.case_id]:.2f}x" if t and r.case_id in ours and r.backend != "cutedsl" else ""
-            row += [f"{t['median_ms']:.4f}" if t else "", f"{p['gbps']:.0f}" if p else "",
+            row += [f"{t['median_ms']:.4f}" if t else "", _kernels_us(p), f"{p['gbps']:.0f}" if p else "",
                     f"{p['pct_copy']:.1f}" if p else "", _pct_same_traffic(p), ratio]
         table.add_row(*row)
     if len(ordered) > MAX_ROWS:

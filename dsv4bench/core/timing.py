@@ -62,6 +62,13 @@ class CudaTimer:
             self.flush_buf = torch.empty(max(2 * l2, FLUSH_MIN_BYTES), dtype=torch.uint8, device=device)
             self.flush_words = self.flush_buf.view(torch.int32)
 
+    def flush(self) -> None:
+        """Evict the L2 (no-op without flushing): a memset, then a read sweep so the L2 is left
+        full of clean lines."""
+        if self.flush_buf is not None:
+            self.flush_buf.zero_()
+            self.flush_words.max()
+
     def time(
         self, fn: Callable[[], object], *, warmup: int = 3, min_iters: int = 20, max_iters: int = 100,
         target_cv: float = 0.03,
@@ -74,9 +81,7 @@ class CudaTimer:
         while True:
             pairs = []
             for _ in range(min_iters):
-                if self.flush_buf is not None:
-                    self.flush_buf.zero_()
-                    self.flush_words.max()  # read sweep: L2 left full of clean lines
+                self.flush()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn()

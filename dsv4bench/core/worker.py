@@ -173,6 +173,17 @@ class Worker:
             "pct_same_traffic_copy": 100.0 * copy_ms / stats.median_ms,
             "gemm_tflops_measured": self.ceilings.gemm_bf16_tflops,
         }
+        rec.perf.update(self.kernel_split(call))
+
+    def kernel_split(self, call) -> dict:
+        """The device µs of each kernel of one call (where the event-timed median goes)."""
+        from dsv4bench.core.kernel_profile import kernel_times
+
+        try:
+            kernels = kernel_times(call, self.timer.flush)
+        except Exception as e:  # no CUPTI on this host: the timing stands without the split
+            return {"kernels_error": f"{type(e).__name__}: {str(e)[:200]}"}
+        return {"kernels_us": kernels, "kernels_total_us": round(sum(kernels.values()), 3)}
 
 
 def main() -> None:
