@@ -19,7 +19,9 @@ v2: a 2-D grid, (column blocks [+ 1 weights CTA]) × token blocks, so that decod
   its splits in order s = 0, 1, … (the v1 order: mixes, pre, post, comb are bit-identical).
 - Streaming CTAs compute only pre (a few sigmoids) and collapse; the Sinkhorn and the post/comb
   writes belong to one extra CTA per token block (hc_pre: grid x = 0), so they run beside the
-  streaming instead of in front of it, and each token's post/comb is written exactly once.
+  streaming instead of in front of it, and each token's post/comb is written exactly once. The
+  Sinkhorn runs on 16 lanes per token (one comb element each, sums by butterfly): its 39
+  normalisations are one division per lane, not 16 in a row on one lane.
 - The collapse issues all 4 streams' vectors of 4 tokens before consuming them; the first group
   is issued before the partials phase, so at decode the residual and partial loads overlap.
 One source for sm_90a and sm_100a.
@@ -39,6 +41,10 @@ COLS = THREADS * VEC  # columns per column block
 GROUP = 4  # tokens whose 4 streams are loaded before any is consumed
 STAGE = THREADS * 48  # fp32 partials staged in shared memory per round trip (24 KB)
 TARGET_CTAS = 264  # two CTAs per SM of a 132-SM H100
+
+
+def _add(a, b):
+    return a + b
 
 
 def _sigmoid(z):
@@ -108,48 +114,35 @@ class HcApplyKernel:
             pre[i] = _sigmoid(mixes[i] * r * mScale[0] + mBase[i]) + self.hc_eps
 
     @cute.jit
-    def post_comb(self, mixes, mScale, mBase, mPost, mComb, token):
-        """One token's post and Sinkhorn comb (one lane), written to global."""
-        r = cute.math.rsqrt(mixes[self.n_mix] / (HC * self.d) + self.norm_eps)
-        c = cute.make_rmem_tensor((HC * HC,), Float32)
-        for j in cutlass.range_constexpr(HC):
-            row_max = -Float32.inf
-            for k in cutlass.range_constexpr(HC):
-                c[j * HC + k] = (
-                    mixes[2 * HC + j * HC + k] * r * mScale[2]
-                    + mBase[2 * HC + j * HC + k]
-                )
-                row_max = cute.arch.fmax(row_max, c[j * HC + k])
-            row_sum = Float32(0.0)
-            for k in cutlass.range_constexpr(HC):
-                c[j * HC + k] = cute.math.exp(c[j * HC + k] - row_max)
-                row_sum += c[j * HC + k]
-            for k in cutlass.range_constexpr(HC):
-                c[j * HC + k] = c[j * HC + k] / row_sum + self.hc_eps
-        self.normalise(c, False)
-        for _ in cutlass.range(self.iters - 1, unroll=1):
-            self.normalise(c, True)
-            self.normalise(c, False)
-        for i in cutlass.range_constexpr(HC):
-            mPost[token, i] = 2.0 * _sigmoid(
-                mixes[HC + i] * r * mScale[1] + mBase[HC + i]
-            )
-        for i in cutlass.range_constexpr(HC * HC):
-            mComb[token, i] = c[i]
+    def post_comb(self, s_mix, mScale, mBase, mPost, mComb, first, n):
+        """post and the Sinkhorn comb of the CTA's n tokens, written to global: a half-warp per token,
+        lane e holding comb[e // 4, e % 4]; row sums are a butterfly over lanes 1, 2 and column sums
+        over lanes 4, 8, so a normalisation is one division per lane (one lane per token did 16)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        e = tidx % (HC * HC)
+        for p in cutlass.range(cute.ceil_div(n, THREADS // (HC * HC)), unroll=1):
+            tl = p * (THREADS // (HC * HC)) + tidx // (HC * HC)
+            valid = tl < n
+            t = cutlass.select_(valid, tl, 0)  # lanes past n shuffle alongside, write nothing
+            r = cute.math.rsqrt(s_mix[self.n_mix, t] / (HC * self.d) + self.norm_eps)
+            c = s_mix[2 * HC + e, t] * r * mScale[2] + mBase[2 * HC + e]
+            c = cute.math.exp(c - self.group_reduce(c, True, cute.arch.fmax))
+            c = c / self.group_reduce(c, True, _add) + self.hc_eps
+            c = c / (self.group_reduce(c, False, _add) + self.hc_eps)
+            for _ in cutlass.range(self.iters - 1, unroll=1):
+                c = c / (self.group_reduce(c, True, _add) + self.hc_eps)
+                c = c / (self.group_reduce(c, False, _add) + self.hc_eps)
+            if valid:
+                mComb[first + tl, e] = c
+                if e < HC:
+                    mPost[first + tl, e] = 2.0 * _sigmoid(s_mix[HC + e, t] * r * mScale[1] + mBase[HC + e])
 
     @cute.jit
-    def normalise(self, c, rows: cutlass.Constexpr):
-        """Divide each row (rows=True, sum over k) or column (sum over j) of the 4x4 by its sum + eps."""
-        for a in cutlass.range_constexpr(HC):
-            total = Float32(0.0)
-            for b in cutlass.range_constexpr(HC):
-                total += c[a * HC + b] if cutlass.const_expr(rows) else c[b * HC + a]
-            total = total + self.hc_eps
-            for b in cutlass.range_constexpr(HC):
-                if cutlass.const_expr(rows):
-                    c[a * HC + b] = c[a * HC + b] / total
-                else:
-                    c[b * HC + a] = c[b * HC + a] / total
+    def group_reduce(self, c, rows: cutlass.Constexpr, op):
+        """op over the 4 lanes of c's row (rows=True: lane bits 0-1) or column (bits 2-3)."""
+        for o in cutlass.range_constexpr(2):
+            c = op(c, cute.arch.shuffle_sync_bfly(c, offset=(1 << o) if cutlass.const_expr(rows) else (HC << o)))
+        return c
 
     @cute.jit
     def reduce_partials(self, mPart: cute.Tensor, s_stage, s_mix, first, n):
@@ -238,11 +231,7 @@ class HcApplyKernel:
         if bx < self.extra:
             # hc_pre's weights CTA: post and comb of the token block, one lane per token
             self.reduce_partials(mPart, s_stage, s_mix, first, n)
-            if tidx < n:
-                mixes = cute.make_rmem_tensor((n_mix + 1,), Float32)
-                for m in cutlass.range_constexpr(n_mix + 1):
-                    mixes[m] = s_mix[m, tidx]
-                self.post_comb(mixes, mScale, mBase, mPost, mComb, first + tidx)
+            self.post_comb(s_mix, mScale, mBase, mPost, mComb, first, n)
         else:
             col = (
                 bx - self.extra
