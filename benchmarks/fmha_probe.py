@@ -1,13 +1,16 @@
 """Where the time of the SM90 fmha kernel goes: the real kernel next to variants with one part
-knocked out, timed on the same inputs in one process (outputs of the variants are garbage and
-are not checked).
+knocked out, timed on the same inputs in one process (the knock-outs' outputs are garbage and
+are not checked; the candidates marked below are checked against the oracle).
 
-    python3 benchmarks/fmha_probe.py --out fmha-probe.json [--only pro_prefill,flash_prefill]
+    python3 benchmarks/fmha_probe.py --out fmha-probe.json [--only pro_prefill,flash_prefill] [--variants full,no_mufu]
 
 - full        the kernel as shipped
 - no_gather   the producer publishes the indices and arrives, but copies no kv rows
 - no_softmax  the MMAs and every barrier run; masking and the exponentials do not
 - no_math     consumers only wait for each tile and free it (no MMA, no softmax; key split and ping-pong)
+- no_mufu     the softmax's exp2 replaced by one FMA (what the MUFU's share of the softmax is)
+- fma_exp_N   a correct candidate: exp2 of 1 of every N score columns on the FMA pipe
+              (kernels/fmha/exp2_poly.py), the rest on the MUFU; checked against the oracle
 
 If no_gather is about as fast as full, the math side is the bound; if no_math is, the gather is.
 """
@@ -22,10 +25,12 @@ import cutlass.cute as cute
 import torch
 
 from dsv4bench.core.case import Case
+from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.worker import case_generator
 from kernels.common import compile_kernel
 from kernels.fmha.family import FAMILY
 from kernels.fmha.fmha_sm90 import GatherAttentionSm90
+from kernels.fmha.exp2_poly import exp2_fma
 from kernels.fmha.glue import FmhaCuteDSL, config_for, fake_args
 
 from fmha_bench import bench_cases  # benchmarks/ is on sys.path when run as a script
@@ -87,13 +92,33 @@ class NoMath(GatherAttentionSm90):
         cute.arch.mbarrier_arrive(q_empty)
 
 
-VARIANTS = {"full": GatherAttentionSm90, "no_gather": NoGather, "no_softmax": NoSoftmax, "no_math": NoMath}
+class NoMufu(GatherAttentionSm90):
+    @cute.jit
+    def _exp2(self, x, cc: cutlass.Constexpr):
+        return x * cutlass.Float32(0.5) + cutlass.Float32(1.0)
+
+
+def fma_exp_every(n: int):
+    class FmaExp(GatherAttentionSm90):
+        @cute.jit
+        def _exp2(self, x, cc: cutlass.Constexpr):
+            if cutlass.const_expr(cc % n == n - 1):
+                return exp2_fma(x)
+            return cute.arch.exp2(x)
+
+    return FmaExp
+
+
+VARIANTS = {"full": GatherAttentionSm90, "no_gather": NoGather, "no_softmax": NoSoftmax, "no_math": NoMath,
+            "no_mufu": NoMufu, "fma_exp_8": fma_exp_every(8), "fma_exp_4": fma_exp_every(4)}
+CHECKED = ("full", "fma_exp_8", "fma_exp_4")  # the variants that claim correct outputs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="pro_prefill,flash_prefill,pro_decode_64")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
     from dsv4bench.core.timing import CudaTimer
 
@@ -105,17 +130,24 @@ def main() -> None:
         cfg = config_for(case)
         x = FAMILY.make_inputs(case, case_generator(case), "cuda")
         out = FAMILY.alloc_outputs(case, "cuda")
-        for variant, cls in VARIANTS.items():
+        oracle, lowprec = FAMILY.oracle(case, x), FAMILY.lowprec(case, x)
+        for variant in args.variants.split(","):
+            cls = VARIANTS[variant]
             if variant == "no_math" and not (cfg.key_split or cfg.n_dsplit == 1):
                 continue  # written for the key-split and ping-pong schedules
             compiled = compile_kernel(cls(cfg), *fake_args(cfg), arch="sm_90a")
             stats = timer.time(lambda c=compiled, case=case, x=x, out=out: impl.run(case, x, out, c))
             rows.append({"case": name, "variant": variant, "median_ms": stats.median_ms, "cv": stats.cv})
+            if variant in CHECKED:
+                ok, metrics = compare_outputs(impl.run(case, x, out, compiled), oracle, lowprec,
+                                              lambda n: FAMILY.tolerance_for(case, n))
+                rows[-1]["passes_oracle"] = bool(ok)
+                rows[-1]["error"] = "; ".join(m.summary() for m in metrics.values())
             print(json.dumps(rows[-1]), flush=True)
-        del x, out
+            with open(args.out, "w") as f:  # after every row: a run cut off by its limit keeps what it measured
+                json.dump({"results": rows}, f, indent=1)
+        del x, out, oracle, lowprec
         torch.cuda.empty_cache()
-    with open(args.out, "w") as f:
-        json.dump({"results": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

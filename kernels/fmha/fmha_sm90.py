@@ -830,10 +830,15 @@ class GatherAttentionSm90:
             row_max[r] = m_new
             sums = [cutlass.Float32(0.0)] * 4
             for cc in cutlass.range_constexpr(n_c):
-                p = cute.arch.exp2(S_mn[r, cc] * scale_log2 - m_base)
+                p = self._exp2(S_mn[r, cc] * scale_log2 - m_base, cc)
                 S_mn[r, cc] = p
                 sums[cc % 4] = sums[cc % 4] + p
             row_sum[r] = row_sum[r] * corr[r] + ((sums[0] + sums[1]) + (sums[2] + sums[3]))
+
+    @cute.jit
+    def _exp2(self, x, cc: cutlass.Constexpr):
+        """exp2 of a score in column cc of this thread's tile (the MUFU's)."""
+        return cute.arch.exp2(x)
 
     @cute.jit
     def _rescale_o_cast_p(self, O_mn, corr, acc_S, rP):
@@ -905,7 +910,7 @@ class GatherAttentionSm90:
         row_max[r] = m_new
         acc = cutlass.Float32(0.0)
         for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-            pv = cute.arch.exp2(S_mn[r, cc] - m_new)
+            pv = self._exp2(S_mn[r, cc] - m_new, cc)
             S_mn[r, cc] = pv
             acc += pv
             P_mn[r, cc] = pv.to(P_mn.element_type)
