@@ -7,8 +7,10 @@ those of oracles/quant.py (spec §2.3, §2.4): the kernels must reproduce them b
 
 from __future__ import annotations
 
+import cutlass
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import arith, llvm
+from cutlass._mlir.dialects import math as mlir_math
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 UE8M0_BIAS = 127
@@ -68,3 +70,34 @@ def e2m1_code(v: Float32) -> Int32:
 
 def cute_abs(v: Float32) -> Float32:
     return bits_f32(f32_bits(v) & 0x7FFFFFFF)
+
+
+def cute_fmin(a: Float32, b: Float32) -> Float32:
+    return cutlass.cute.arch.fmin(a, b)
+
+
+@dsl_user_op
+def fabs(x, *, loc=None, ip=None) -> Float32:
+    """|x| as `abs.f32`: ptxas folds it into the consumer's |.| operand modifier (FMNMX, FADD, ...)."""
+    return Float32(mlir_math.absf(Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+# ---------------------------------------------------------------- branch-free e2m1 (v2)
+E2M1_MAGIC = 1.5 * 2.0**22  # fp32 ulp 0.5 on [2^22, 2^23): a + M rounds a to a multiple of 0.5, RNE
+E2M1_MAGIC_BITS = 0x4AC00000
+
+
+def e2m1_code_rne(v: Float32) -> Int32:
+    """`e2m1_code` without threshold compares; bit-exact with oracles.quant.e2m1_encode for every fp32.
+
+    a = min(|v|, 6). Below 2 the e2m1 grid is the multiples of 0.5, so the code is RNE(2a), the low
+    bits of a + 1.5·2^22 (fp32 ulp 0.5 there). From 2 on the grid is fp32 with one mantissa bit:
+    round a's bits to bit 22 with ties to even, b + 0x1FFFFF + bit22, and read (b >> 22) - 252
+    (2.0 = 0x40000000 → 4, 3 → 5, 4 → 6, 6 → 7). Sign in bit 3 only for codes > 0: v < -0.25.
+    """
+    a = cute_fmin(fabs(v), Float32(6.0))
+    lo = f32_bits(a + Float32(E2M1_MAGIC)) - E2M1_MAGIC_BITS
+    b = f32_bits(a)
+    hi = ((b + 0x1FFFFF + ((b >> 22) & 1)) >> 22) - 252
+    code = cutlass.select_(a < Float32(2.0), lo, hi)
+    return cutlass.select_(v < Float32(-0.25), code | 8, code)
