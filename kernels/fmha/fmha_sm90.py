@@ -343,15 +343,25 @@ class GatherAttentionSm90:
         cpr = c.d // 8  # 16-byte chunks per row
         rpp = 128 // cpr  # rows per pass of the 128 producer threads
         chunk = ptid % cpr
-        # a runtime loop: unrolled, the row offsets of every pass are invariants of the persistent
-        # item loop, hoisted out of it into the producer's 40 registers (spilled up to 72 B)
-        for p in cutlass.range(c.m_cta // rpp, unroll=1):
-            r = p * rpp + ptid // cpr
-            tok = tok0 + r // c.hb
-            hl = r % c.hb
-            ok = (tok < s_q) & (head0 + hl - kvh * c.hpg < c.hpg) & (r < c.hb * c.tq)
-            src = mQ[tok if ok else 0, head0 + hl if ok else 0, None, bidx]
-            cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(sQ[r, None], (8,), (chunk,)))
+        if cutlass.const_expr(c.persistent):
+            # a runtime loop: unrolled, the row offsets of every pass are invariants of the persistent
+            # item loop, hoisted out of it into the producer's 40 registers (spilled up to 72 B)
+            for p in cutlass.range(c.m_cta // rpp, unroll=1):
+                self._copy_q_row(atom, mQ, sQ, p * rpp + ptid // cpr, chunk, tok0, head0, kvh, s_q, bidx)
+        else:  # one item per CTA: unrolled, all the passes' copies are issued back to back (a
+            # runtime loop here cost the key split ~10%: docs/perf/fmha.md, v7 regression)
+            for p in cutlass.range_constexpr(c.m_cta // rpp):
+                self._copy_q_row(atom, mQ, sQ, p * rpp + ptid // cpr, chunk, tok0, head0, kvh, s_q, bidx)
+
+    @cute.jit
+    def _copy_q_row(self, atom, mQ, sQ, r, chunk, tok0, head0, kvh, s_q, bidx):
+        """This thread's 16-byte chunk of Q row r of the CTA."""
+        c = self.cfg
+        tok = tok0 + r // c.hb
+        hl = r % c.hb
+        ok = (tok < s_q) & (head0 + hl - kvh * c.hpg < c.hpg) & (r < c.hb * c.tq)
+        src = mQ[tok if ok else 0, head0 + hl if ok else 0, None, bidx]
+        cute.copy(atom, cute.local_tile(src, (8,), (chunk,)), cute.local_tile(sQ[r, None], (8,), (chunk,)))
 
     @cute.jit
     def _copy_kv(self, atom, sIdx, mT, dst, seg0: int, n_segs: int, ptid, stage, kvh, bidx):
