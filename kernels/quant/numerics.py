@@ -59,6 +59,22 @@ def round_bf16(x: Float32) -> Float32:
     return bits_f32(b & -65536)
 
 
+@dsl_user_op
+def bf16x2_bits(lo, hi, *, loc=None, ip=None) -> Int32:
+    """`cvt.rn.bf16x2.f32`: RNE of two fp32 to bf16 (one instruction), `lo` in bits 0-15, `hi` in 16-31."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+        "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+def round_bf16x2(lo: Float32, hi: Float32):
+    """`round_bf16` of two finite fp32 with one cvt and two unpacks (bf16 → fp32 is a 16-bit shift)."""
+    bits = bf16x2_bits(lo, hi)
+    return bits_f32(bits << 16), bits_f32(bits & -65536)
+
+
 def e2m1_code(v: Float32) -> Int32:
     """RNE of a scaled fp32 (|v| saturates at 6) to an e2m1 code 0..15; bit 3 is the sign, −0 → +0."""
     mag = cute_abs(v)
@@ -74,6 +90,16 @@ def cute_abs(v: Float32) -> Float32:
 
 def cute_fmin(a: Float32, b: Float32) -> Float32:
     return cutlass.cute.arch.fmin(a, b)
+
+
+@dsl_user_op
+def prmt(a, b, selector: int, *, loc=None, ip=None) -> Int32:
+    """`prmt.b32 d, a, b, selector`: byte k of d is byte (selector >> 4k) & 7 of the pair b:a."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
+        f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
 
 
 @dsl_user_op
