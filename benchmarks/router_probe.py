@@ -1,0 +1,236 @@
+"""Where the time of the MoE router kernel goes: v2 (the kernel before v3) and v3 next to variants
+with one part knocked out, the hash-layer kernels, an empty kernel of the same grid (the launch
+floor) and a device copy of the logits' bytes, timed on the same inputs in one process with the
+harness timer (CUDA events, L2 flushed per call) and with CUPTI (`kernel_times`: the device time of
+the kernel itself, flush excluded). Knock-out outputs are garbage and not checked; every variant
+that claims to be a correct kernel is compared with the oracle by the harness rule, and its expert
+ids with v2's (same ids in the same order: `same_ids_as_v2`).
+
+    python3 benchmarks/router_probe.py --out router-probe.json
+
+Cases: E = 384 (route_scale 2.5) and E = 256 (1.5), k = 6, T = 1 and T = 4096.
+
+v2 / v3     full         the kernel (v2 = RouterKernelV2, v3 = RouterKernel, the shipped one)
+            no_fp64      weights from an fp32 chain (fp32 sqrt-softplus, sum, divide)
+            no_topk      ids = lane; the scores are still computed and folded into the id (a sink)
+            no_score     score = logit (no exp / log1p / sqrt in the selection)
+            loads_only   score = logit, ids = lane (+ sink), weight = logit: loads and stores
+v3_libsqrt  v3 with libdevice sqrt.rn.f32 (its slow path a branch per slot) in the selection
+v3_bfly     v3 with v2's selection: per round a 5-level (key, id) butterfly instead of 2 redux.sync
+hash_v2/v3  the hash-layer kernels (ids from tid2eid; the same fp64 weights)
+empty       a kernel of the same grid that does nothing
+copy        torch copy of the logits' bytes (T·E·4 in, the same out)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import cutlass
+import cutlass.cute as cute
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.worker import case_generator
+from kernels.common import compile_kernel, fake_rowmajor
+from kernels.router import family as rfam
+from kernels.router.router import (
+    WARP, WARPS_PER_CTA, Float32, Int32, RouterKernel, RouterKernelV2, sqrt_softplus, tournament,
+)
+
+ARCH = "sm_90a"
+TOPK = 6
+MODELS = ((384, 2.5), (256, 1.5))
+TOKENS = (1, 4096)
+
+
+class EmptyKernel:
+    """`grid` CTAs of `threads` threads that do nothing (a tensor argument carries the stream)."""
+
+    def __init__(self, grid: int, threads: int):
+        self.grid, self.threads = grid, threads
+
+    @cute.jit
+    def __call__(self, mT: cute.Tensor, stream):
+        self.kernel().launch(grid=[self.grid, 1, 1], block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self):
+        pass
+
+
+# ---------------------------------------------------------------- knock-outs (subclass mixins)
+def fp32_weights(self, x, lane):
+    s = sqrt_softplus(x)
+    total = cute.arch.shuffle_sync(s, 0)
+    for r in range(1, self.topk):
+        total = total + cute.arch.shuffle_sync(s, r)
+    return s / total * Float32(self.route_scale)
+
+
+class NoFp64:
+    def weights(self, x, lane):
+        return fp32_weights(self, x, lane)
+
+
+class NoScore:
+    def score(self, x):
+        return x
+
+
+class RawWeights:
+    def weights(self, x, lane):
+        return x
+
+
+class NoTopkV3:
+    def select(self, keys, lane):
+        sink = keys[0]
+        for key in keys[1:]:
+            sink = sink ^ key
+        return lane + Int32(sink == Int32(0x1234567))
+
+
+class NoTopkV2:
+    @cute.jit
+    def select(self, mL, mBias, mTid, mIds, token, lane):
+        acc = Float32(0.0)
+        for k in cutlass.range_constexpr(self.slots):
+            e = lane + WARP * k
+            if e < self.n_experts:
+                acc = acc + self.score(Float32(mL[token, e])) + Float32(mBias[e])
+        return lane + Int32(acc == Float32(12345.0))
+
+
+class LibSqrt:
+    def score(self, x):
+        return sqrt_softplus(x)
+
+
+class Butterfly:
+    """v2's selection on v3's keys: per round the lane's best, then 5 butterfly levels of (key, id)."""
+
+    def select(self, keys, lane):
+        ids = [lane + WARP * k for k in range(self.slots)]
+        my_idx = Int32(0)
+        for r in range(self.topk):
+            best, best_id = tournament(keys, ids)
+            for o in range(5):
+                v = cute.arch.shuffle_sync_bfly(best, offset=1 << o)
+                i = cute.arch.shuffle_sync_bfly(best_id, offset=1 << o)
+                take = (v > best) | ((v == best) & (i < best_id))
+                best, best_id = cutlass.select_(take, v, best), cutlass.select_(take, i, best_id)
+            my_idx = cutlass.select_(lane == r, best_id, my_idx)
+            keys = [cutlass.select_(ids[k] == best_id, Int32(-(2**31)), keys[k]) for k in range(self.slots)]
+        return my_idx
+
+
+def variants(e: int, scale: float):
+    """label → (kernel, hashed, checked)."""
+    def mk(*bases):
+        return type("Probe" + "".join(b.__name__ for b in bases), bases, {})
+
+    out = {}
+    for tag, base, no_topk in (("v2", RouterKernelV2, NoTopkV2), ("v3", RouterKernel, NoTopkV3)):
+        out[tag] = (base(e, TOPK, scale, False), False, True)
+        out[f"{tag}_no_fp64"] = (mk(NoFp64, base)(e, TOPK, scale, False), False, False)
+        out[f"{tag}_no_topk"] = (mk(no_topk, base)(e, TOPK, scale, False), False, False)
+        out[f"{tag}_no_score"] = (mk(NoScore, base)(e, TOPK, scale, False), False, False)
+        out[f"{tag}_loads_only"] = (mk(NoScore, no_topk, RawWeights, base)(e, TOPK, scale, False), False, False)
+    out["v3_libsqrt"] = (mk(LibSqrt, RouterKernel)(e, TOPK, scale, False), False, True)
+    out["v3_bfly"] = (mk(Butterfly, RouterKernel)(e, TOPK, scale, False), False, True)
+    out["hash_v2"] = (RouterKernelV2(e, TOPK, scale, True), True, True)
+    out["hash_v3"] = (RouterKernel(e, TOPK, scale, True), True, True)
+    return out
+
+
+def compile_router(kernel, e: int, hashed: bool):
+    f = rfam._fake
+    t = cute.sym_int()
+    return compile_kernel(
+        kernel, f(cutlass.Float32, (t, e)), None if hashed else f(cutlass.Float32, (e,)),
+        f(cutlass.Int32, (cute.sym_int(), TOPK)) if hashed else None, f(cutlass.Int32, (t,)) if hashed else None,
+        f(cutlass.Float32, (t, TOPK)), f(cutlass.Int32, (t, TOPK)), arch=ARCH)
+
+
+def measure(timer, fn) -> dict:
+    from dsv4bench.core.kernel_profile import kernel_times
+
+    stats = timer.time(fn)
+    kernels = kernel_times(fn, timer.flush)
+    return {"median_us": round(stats.median_ms * 1e3, 3), "cv": round(stats.cv, 4),
+            "device_us": round(sum(kernels.values()), 3), "kernels": kernels}
+
+
+def router_rows(timer):
+    fam = rfam.RouterFamily()
+    for e, scale in MODELS:
+        t0 = time.time()
+        compiled = {label: (compile_router(k, e, hashed), hashed, check)
+                    for label, (k, hashed, check) in variants(e, scale).items()}
+        print(f"# E={e}: {len(compiled)} variants compiled in {time.time() - t0:.1f} s", flush=True)
+        for t in TOKENS:
+            name = f"e{e}_t{t}"
+            data = {}
+            for hashed in (False, True):
+                case = Case("router", {"t": t, "e": e, "k": TOPK, "scale": scale, "hashed": hashed,
+                                       "vocab": 129280}, 0, "probe")
+                x = fam.make_inputs(case, case_generator(case), "cuda")
+                data[hashed] = (case, x, fam.oracle(case, x), fam.lowprec(case, x))
+            v2_ids = {}
+            for label, (fn_c, hashed, check) in compiled.items():
+                case, x, oracle, lowprec = data[hashed]
+                out = fam.alloc_outputs(case, "cuda")
+                args = (x["logits"], x.get("bias"), x.get("tid2eid"), x.get("input_ids"), out["weights"], out["indices"])
+                fn = lambda c=fn_c, a=args: c(*a)  # noqa: E731
+                fn()
+                torch.cuda.synchronize()
+                row = {"case": name, "variant": label}
+                if check:
+                    ok, metrics = compare_outputs(out, oracle, lowprec, lambda n: fam.tolerance_for(case, n))
+                    row["passes_oracle"] = bool(ok)
+                    row["weights_max_abs"] = metrics["weights"].max_abs
+                    row["weights_bound"] = metrics["weights"].bound
+                    ids = out["indices"].cpu()
+                    key = "hash" if hashed else "score"
+                    if label in ("v2", "hash_v2"):
+                        v2_ids[key] = ids
+                    elif key in v2_ids:
+                        row["same_ids_as_v2"] = bool(torch.equal(ids, v2_ids[key]))
+                row.update(measure(timer, fn))
+                yield row
+            grid = -(-t // WARPS_PER_CTA)
+            empty = compile_kernel(EmptyKernel(grid, WARP * WARPS_PER_CTA),
+                                   fake_rowmajor("fp32", (cute.sym_int(),)), arch=ARCH)
+            tiny = torch.empty(4, device="cuda")
+            yield {"case": name, "variant": "empty", **measure(timer, lambda: empty(tiny))}
+            src = data[False][1]["logits"]
+            dst = torch.empty_like(src)
+            yield {"case": name, "variant": "copy", "bytes": 2 * src.numel() * 4,
+                   **measure(timer, lambda: dst.copy_(src))}
+            del data
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    from dsv4bench.core.timing import CudaTimer
+
+    timer = CudaTimer("cuda")
+    rows = []
+    t0 = time.time()
+    for row in router_rows(timer):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        with open(args.out, "w") as f:  # after every row: a run cut off by a time limit keeps what it measured
+            json.dump({"device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)
+    print(f"# done in {time.time() - t0:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
