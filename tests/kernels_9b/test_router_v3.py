@@ -230,9 +230,11 @@ def test_v3_matches_v2_and_the_oracle(e, k, scale, t):
     case = Case("router", {"t": t, "e": e, "k": k, "scale": scale, "hashed": False, "vocab": 1000}, 0, "v3")
     gen = torch.Generator().manual_seed(e * t + k)
     x = {"logits": torch.randn(t, e, generator=gen) * 3.0 - 1.0, "bias": torch.randn(e, generator=gen) * 0.5}
-    if t == 7:  # extremes: softplus underflow (s = 0 in fp32), the x > 20 branch, huge logits
-        n = min(e, 40)
-        x["logits"][0, :n] = torch.tensor([-200.0, -104.0, -90.0, 20.0, 25.0, 88.0, 1e6, 3e38] * 5)[:n]
+    if t == 7:  # extremes: softplus underflow (s = 0 in fp32), the x > 20 branch, huge logits; each
+        # once: repeated, the huge ones tie exactly in fp32 and torch.topk's choice among equal
+        # scores (the oracle's) is not the kernel's documented lower-id-first rule
+        n = min(e, 8)
+        x["logits"][0, :n] = torch.tensor([-200.0, -104.0, -90.0, 20.0, 25.0, 88.0, 1e6, 3e38])[:n]
     w3, i3 = _route(RouterKernel, e, k, scale, x["logits"], x["bias"])
     w2, i2 = _route(RouterKernelV2, e, k, scale, x["logits"], x["bias"])
     assert torch.equal(i3, i2)
