@@ -1,23 +1,25 @@
-"""Where the time of the MoE router kernel goes: v2 (the kernel before v3) and v3 next to variants
-with one part knocked out, the hash-layer kernels, an empty kernel of the same grid (the launch
-floor) and a device copy of the logits' bytes, timed on the same inputs in one process with the
+"""Where the time of the MoE router kernel goes: v3 (`RouterKernel`) next to variants with one part
+knocked out, the hash-layer kernel, an empty kernel of the same grid (the launch floor) and a device
+copy of the logits' bytes, timed on the same inputs in one process with the
 harness timer (CUDA events, L2 flushed per call) and with CUPTI (`kernel_times`: the device time of
 the kernel itself, flush excluded). Knock-out outputs are garbage and not checked; every variant
-that claims to be a correct kernel is compared with the oracle by the harness rule, and its expert
-ids with v2's (same ids in the same order: `same_ids_as_v2`).
+that claims to be a correct kernel is compared with the oracle by the harness rule, and the v3
+variants' expert ids with v3's (same ids in the same order: `same_ids_as_v3`). v2 (RouterKernelV2,
+removed after this probe's H100 run) and its knock-outs are recorded in
+benchmarks/results/router-h100-v3-ba2a2d2/router-probe.json.
 
     python3 benchmarks/router_probe.py --out router-probe.json
 
 Cases: E = 384 (route_scale 2.5) and E = 256 (1.5), k = 6, T = 1 and T = 4096.
 
-v2 / v3     full         the kernel (v2 = RouterKernelV2, v3 = RouterKernel, the shipped one)
-            no_fp64      weights from an fp32 chain (fp32 sqrt-softplus, sum, divide)
+v3          full         the kernel (RouterKernel)
+v3_*        no_fp64      weights from an fp32 chain (fp32 sqrt-softplus, sum, divide)
             no_topk      ids = lane; the scores are still computed and folded into the id (a sink)
             no_score     score = logit (no exp / log1p / sqrt in the selection)
             loads_only   score = logit, ids = lane (+ sink), weight = logit: loads and stores
 v3_libsqrt  v3 with libdevice sqrt.rn.f32 (its slow path a branch per slot) in the selection
 v3_bfly     v3 with v2's selection: per round a 5-level (key, id) butterfly instead of 2 redux.sync
-hash_v2/v3  the hash-layer kernels (ids from tid2eid; the same fp64 weights)
+hash_v3     the hash-layer kernel (ids from tid2eid; the same fp64 weights)
 empty       a kernel of the same grid that does nothing
 copy        torch copy of the logits' bytes (T·E·4 in, the same out)
 """
@@ -38,7 +40,7 @@ from dsv4bench.core.worker import case_generator
 from kernels.common import compile_kernel, fake_rowmajor
 from kernels.router import family as rfam
 from kernels.router.router import (
-    WARP, WARPS_PER_CTA, Float32, Int32, RouterKernel, RouterKernelV2, sqrt_softplus, tournament,
+    WARP, WARPS_PER_CTA, Float32, Int32, RouterKernel, sqrt_softplus, tournament,
 )
 
 ARCH = "sm_90a"
@@ -86,23 +88,12 @@ class RawWeights:
         return x
 
 
-class NoTopkV3:
+class NoTopk:
     def select(self, keys, lane):
         sink = keys[0]
         for key in keys[1:]:
             sink = sink ^ key
         return lane + Int32(sink == Int32(0x1234567))
-
-
-class NoTopkV2:
-    @cute.jit
-    def select(self, mL, mBias, mTid, mIds, token, lane):
-        acc = Float32(0.0)
-        for k in cutlass.range_constexpr(self.slots):
-            e = lane + WARP * k
-            if e < self.n_experts:
-                acc = acc + self.score(Float32(mL[token, e])) + Float32(mBias[e])
-        return lane + Int32(acc == Float32(12345.0))
 
 
 class LibSqrt:
@@ -133,18 +124,17 @@ def variants(e: int, scale: float):
     def mk(*bases):
         return type("Probe" + "".join(b.__name__ for b in bases), bases, {})
 
-    out = {}
-    for tag, base, no_topk in (("v2", RouterKernelV2, NoTopkV2), ("v3", RouterKernel, NoTopkV3)):
-        out[tag] = (base(e, TOPK, scale, False), False, True)
-        out[f"{tag}_no_fp64"] = (mk(NoFp64, base)(e, TOPK, scale, False), False, False)
-        out[f"{tag}_no_topk"] = (mk(no_topk, base)(e, TOPK, scale, False), False, False)
-        out[f"{tag}_no_score"] = (mk(NoScore, base)(e, TOPK, scale, False), False, False)
-        out[f"{tag}_loads_only"] = (mk(NoScore, no_topk, RawWeights, base)(e, TOPK, scale, False), False, False)
-    out["v3_libsqrt"] = (mk(LibSqrt, RouterKernel)(e, TOPK, scale, False), False, True)
-    out["v3_bfly"] = (mk(Butterfly, RouterKernel)(e, TOPK, scale, False), False, True)
-    out["hash_v2"] = (RouterKernelV2(e, TOPK, scale, True), True, True)
-    out["hash_v3"] = (RouterKernel(e, TOPK, scale, True), True, True)
-    return out
+    base = RouterKernel
+    return {
+        "v3": (base(e, TOPK, scale, False), False, True),
+        "v3_no_fp64": (mk(NoFp64, base)(e, TOPK, scale, False), False, False),
+        "v3_no_topk": (mk(NoTopk, base)(e, TOPK, scale, False), False, False),
+        "v3_no_score": (mk(NoScore, base)(e, TOPK, scale, False), False, False),
+        "v3_loads_only": (mk(NoScore, NoTopk, RawWeights, base)(e, TOPK, scale, False), False, False),
+        "v3_libsqrt": (mk(LibSqrt, base)(e, TOPK, scale, False), False, True),
+        "v3_bfly": (mk(Butterfly, base)(e, TOPK, scale, False), False, True),
+        "hash_v3": (base(e, TOPK, scale, True), True, True),
+    }
 
 
 def compile_router(kernel, e: int, hashed: bool):
@@ -180,7 +170,7 @@ def router_rows(timer):
                                        "vocab": 129280}, 0, "probe")
                 x = fam.make_inputs(case, case_generator(case), "cuda")
                 data[hashed] = (case, x, fam.oracle(case, x), fam.lowprec(case, x))
-            v2_ids = {}
+            v3_ids = {}
             for label, (fn_c, hashed, check) in compiled.items():
                 case, x, oracle, lowprec = data[hashed]
                 out = fam.alloc_outputs(case, "cuda")
@@ -196,10 +186,10 @@ def router_rows(timer):
                     row["weights_bound"] = metrics["weights"].bound
                     ids = out["indices"].cpu()
                     key = "hash" if hashed else "score"
-                    if label in ("v2", "hash_v2"):
-                        v2_ids[key] = ids
-                    elif key in v2_ids:
-                        row["same_ids_as_v2"] = bool(torch.equal(ids, v2_ids[key]))
+                    if label == "v3":
+                        v3_ids[key] = ids
+                    elif key in v3_ids:
+                        row["same_ids_as_v3"] = bool(torch.equal(ids, v3_ids[key]))
                 row.update(measure(timer, fn))
                 yield row
             grid = -(-t // WARPS_PER_CTA)

@@ -15,7 +15,7 @@ scores, as the reference does: libdevice expf / log1pf and a correctly rounded s
 divide, scale) drifts by a few ulps. One source for sm_90a and sm_100a: shuffles, redux.sync,
 libdevice math and two PTX instructions (rsqrt.approx, mul/fma.rn) that exist on both.
 
-v3 (`RouterKernel`), against v2 (`RouterKernelV2`, kept for the probe; docs/perf/router.md):
+v3 (`RouterKernel`; v2, commit 397cb23, and its measurements are in docs/perf/router.md):
   * every load (12 logits and 12 bias values per lane at E = 384) is issued before any math. In v2
     each slot's load sat behind the previous slot's `sqrt.rn.f32`, whose slow path is a branch
     (BSSY/CALL): ptxas kept the loads in program order, so the 12 DRAM round trips were serial;
@@ -26,6 +26,8 @@ v3 (`RouterKernel`), against v2 (`RouterKernelV2`, kept for the probe; docs/perf
     each of the k rounds is two `redux.sync` (max key, then min id among the lanes holding it)
     instead of a 5-level butterfly of (value, id) shuffles; only the winning lane's 12-slot
     tournament changes between rounds (every lane recomputes it, branch-free).
+Measured on the H100 (benchmarks/results/router-h100-v3-ba2a2d2): E = 384, T = 1 device 3.4 µs
+(v2 7.8), T = 4096 9.4 µs (v2 12.5).
 """
 
 from __future__ import annotations
@@ -205,83 +207,3 @@ class RouterKernel:
             total = total + cute.arch.shuffle_sync(s, r)
         return Float32(s / total * self.route_scale)
 
-
-class RouterKernelV2:
-    """v2 (commit 397cb23), the probe's baseline: per-slot load → sqrt-softplus (the sqrt.rn slow
-    path is a branch, so the loads serialise), 6 rounds of a 5-level (score, id) butterfly arg-max,
-    fp64 weights. Same interface as RouterKernel; `score`, `select`, `weights` overridable."""
-
-    def __init__(self, n_experts: int, topk: int, route_scale: float, hashed: bool):
-        if not 1 <= topk <= min(n_experts, WARP):
-            raise ValueError(f"top-{topk} of {n_experts} experts is not supported (k <= min(E, 32))")
-        self.n_experts, self.topk, self.route_scale, self.hashed = n_experts, topk, route_scale, hashed
-        self.slots = -(-n_experts // WARP)
-
-    @cute.jit
-    def __call__(self, mL: cute.Tensor, mBias, mTid, mIds, mW: cute.Tensor, mI: cute.Tensor, stream):
-        self.kernel(mL, mBias, mTid, mIds, mW, mI).launch(
-            grid=[cute.ceil_div(mL.shape[0], WARPS_PER_CTA), 1, 1], block=[WARP * WARPS_PER_CTA, 1, 1],
-            stream=stream,
-        )
-
-    @cute.kernel
-    def kernel(self, mL: cute.Tensor, mBias, mTid, mIds, mW: cute.Tensor, mI: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        lane = tidx % WARP
-        token = bidx * WARPS_PER_CTA + tidx // WARP
-        if token < mL.shape[0]:  # uniform per warp
-            my_idx = self.select(mL, mBias, mTid, mIds, token, lane)
-            x = Float32(0.0)
-            if lane < self.topk:
-                x = Float32(mL[token, my_idx])
-            w = self.weights(x, lane)
-            if lane < self.topk:
-                mW[token, lane] = w
-                mI[token, lane] = my_idx
-
-    def score(self, x: Float32) -> Float32:
-        return sqrt_softplus(x)
-
-    @cute.jit
-    def weights(self, x: Float32, lane) -> Float32:
-        s = Float64(0.0)
-        if lane < self.topk:
-            s = sqrt_softplus(Float64(x))
-        total = Float64(0.0)
-        for r in range(self.topk):
-            total = total + cute.arch.shuffle_sync(s, r)
-        return Float32(s / total * self.route_scale)
-
-    @cute.jit
-    def select(self, mL, mBias, mTid, mIds, token, lane):
-        """Lane r < k gets the r-th expert id: tid2eid's, or the r-th largest fp32 s + bias."""
-        my_idx = Int32(0)
-        if cutlass.const_expr(self.hashed):
-            if lane < self.topk:
-                my_idx = Int32(mTid[Int32(mIds[token]), lane])
-        else:
-            biased = cute.make_rmem_tensor((self.slots,), Float32)
-            for k in cutlass.range_constexpr(self.slots):
-                e = lane + WARP * k
-                biased[k] = Float32(-float("inf"))
-                if e < self.n_experts:
-                    biased[k] = self.score(Float32(mL[token, e])) + Float32(mBias[e])
-            for r in cutlass.range_constexpr(self.topk):
-                best_v, best_i = biased[0], lane
-                for k in cutlass.range_constexpr(1, self.slots):
-                    better = biased[k] > best_v
-                    best_v = cutlass.select_(better, biased[k], best_v)
-                    best_i = cutlass.select_(better, lane + WARP * k, best_i)
-                for o in cutlass.range_constexpr(5):  # butterfly arg-max; equal values → lower id
-                    v = cute.arch.shuffle_sync_bfly(best_v, offset=1 << o)
-                    i = cute.arch.shuffle_sync_bfly(best_i, offset=1 << o)
-                    take = (v > best_v) | ((v == best_v) & (i < best_i))
-                    best_v = cutlass.select_(take, v, best_v)
-                    best_i = cutlass.select_(take, i, best_i)
-                for k in cutlass.range_constexpr(self.slots):
-                    if best_i == lane + WARP * k:
-                        biased[k] = Float32(-float("inf"))
-                if lane == r:
-                    my_idx = best_i
-        return my_idx
