@@ -1,20 +1,18 @@
-"""Where the time of the indexer's Hadamard-128 + MXFP4 quantisation goes: the shipped rotate path (v2,
-4 lanes per row) next to v1 (16 lanes per row, compare-chain e2m1), v1 with only the new e2m1, and
-knock-outs, timed on the same inputs in one process with the harness timer (CUDA events, L2 flushed
-per call), plus empty kernels of both grids (the launch floor) and a 256 MiB device copy (bandwidth).
-Knock-out outputs are garbage and not checked; every variant that claims to be a correct kernel is
+"""Where the time of the indexer's Hadamard-128 + MXFP4 quantisation goes: the shipped rotate path (4
+lanes per row) next to knock-outs, timed on the same inputs in one process with the harness timer
+(CUDA events, L2 flushed per call), plus an empty kernel of the same grid (the launch floor) and a
+256 MiB device copy (bandwidth). Knock-out outputs are garbage and not checked; the shipped kernel is
 compared bit for bit with the oracle (oracles.quant.mxfp4_quant of oracles.hadamard's rotation).
+v1 (16 lanes per row) and v1 with the branch-free e2m1 were measured by this probe at 66b5a7b
+(benchmarks/results/quant-probe-h100-66b5a7b.json) before v1 was removed.
 
     python3 benchmarks/quant_probe.py --out quant-probe.json      (H100: about a minute)
 
 rows 262144 (indexer q prefill, 85 MB) and 4096 (decode q)
-    v1               16 lanes per row, 7-compare e2m1 (the measured 72.8 us kernel, commit 66372ae)
-    v1_e2m1          v1 layout, branch-free e2m1_code_rne
     v2               the shipped kernel: 4 lanes per row, half-exchange shuffles, e2m1_code_rne
     v2_no_e2m1       knock-out: the scaled value's raw low bits instead of the e2m1 code
     v2_no_hadamard   knock-out: no rotation (bf16 in, quantised as is)
-    v1_no_e2m1       knock-out on v1's layout
-    empty_v1/v2      a kernel of the same grid that does nothing
+    empty            a kernel of the same grid that does nothing
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.worker import case_generator
 from kernels.common import compile_kernel, fake_rowmajor
 from kernels.quant import family as qfam
-from kernels.quant.numerics import e2m1_code, f32_bits
+from kernels.quant.numerics import f32_bits
 from kernels.quant.quant import CTA_THREADS, ROT_ROWS_PER_CTA, QuantKernel
 from sweeps import quant as qspace
 
@@ -53,17 +51,6 @@ class EmptyKernel:
         pass
 
 
-class V1(QuantKernel):
-    rotate_v1 = True
-
-    def e2m1(self, v):
-        return e2m1_code(v)
-
-
-class V1E2m1(QuantKernel):
-    rotate_v1 = True
-
-
 class NoE2m1:
     def e2m1(self, v):
         return f32_bits(v) & 0xF
@@ -76,12 +63,9 @@ class NoHadamardV2:
 
 
 VARIANTS = {  # label: (class, checked against the oracle)
-    "v1": (V1, True),
-    "v1_e2m1": (V1E2m1, True),
     "v2": (QuantKernel, True),
     "v2_no_e2m1": (type("V2NoE2m1", (NoE2m1, QuantKernel), {}), False),
     "v2_no_hadamard": (type("V2NoH", (NoHadamardV2, QuantKernel), {}), False),
-    "v1_no_e2m1": (type("V1NoE2m1", (NoE2m1, V1), {}), False),
 }
 
 
@@ -126,8 +110,8 @@ def quant_rows(timer):
             row = {"case": f"mxfp4+H {m} rows", "variant": label, "passes_oracle": ok, **timed(timer, fn)}
             row["gb_s"] = mb / row["median_us"] * 1e3
             yield row
-        for label, grid in (("empty_v1", -(-m // 16)), ("empty_v2", -(-m // ROT_ROWS_PER_CTA))):
-            yield {"case": f"mxfp4+H {m} rows", "variant": label, **timed(timer, empty_launch(grid, CTA_THREADS))}
+        grid = -(-m // ROT_ROWS_PER_CTA)
+        yield {"case": f"mxfp4+H {m} rows", "variant": "empty", **timed(timer, empty_launch(grid, CTA_THREADS))}
         del x, out
         torch.cuda.empty_cache()
 

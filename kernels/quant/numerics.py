@@ -14,9 +14,6 @@ from cutlass._mlir.dialects import math as mlir_math
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 UE8M0_BIAS = 127
-# e2m1 rounding thresholds on |x| (grid 0, .5, 1, 1.5, 2, 3, 4, 6): at a midpoint the code rises only
-# when the code below it is odd (ties to even), so odd-below midpoints use >= and even-below use >.
-E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
 @dsl_user_op
@@ -52,13 +49,6 @@ def inv_pow2(e: Int32) -> Float32:
     return bits_f32((2 * UE8M0_BIAS - e) << 23)
 
 
-def round_bf16(x: Float32) -> Float32:
-    """RNE of a finite fp32 to the nearest bf16, returned as fp32."""
-    b = f32_bits(x)
-    b = b + 0x7FFF + ((b >> 16) & 1)
-    return bits_f32(b & -65536)
-
-
 @dsl_user_op
 def bf16x2_bits(lo, hi, *, loc=None, ip=None) -> Int32:
     """`cvt.rn.bf16x2.f32`: RNE of two fp32 to bf16 (one instruction), `lo` in bits 0-15, `hi` in 16-31."""
@@ -70,18 +60,9 @@ def bf16x2_bits(lo, hi, *, loc=None, ip=None) -> Int32:
 
 
 def round_bf16x2(lo: Float32, hi: Float32):
-    """`round_bf16` of two finite fp32 with one cvt and two unpacks (bf16 → fp32 is a 16-bit shift)."""
+    """RNE of two finite fp32 to bf16, returned as fp32: one cvt and two unpacks (bf16 → fp32 is a 16-bit shift)."""
     bits = bf16x2_bits(lo, hi)
     return bits_f32(bits << 16), bits_f32(bits & -65536)
-
-
-def e2m1_code(v: Float32) -> Int32:
-    """RNE of a scaled fp32 (|v| saturates at 6) to an e2m1 code 0..15; bit 3 is the sign, −0 → +0."""
-    mag = cute_abs(v)
-    idx = Int32(0)
-    for mid, inclusive in E2M1_MIDPOINTS:
-        idx = idx + Int32(mag >= mid if inclusive else mag > mid)
-    return idx | (Int32((v < 0.0) & (idx > 0)) << 3)
 
 
 def cute_abs(v: Float32) -> Float32:
@@ -114,7 +95,8 @@ E2M1_MAGIC_BITS = 0x4AC00000
 
 
 def e2m1_code_rne(v: Float32) -> Int32:
-    """`e2m1_code` without threshold compares; bit-exact with oracles.quant.e2m1_encode for every fp32.
+    """RNE of a scaled fp32 (|v| saturates at 6) to an e2m1 code 0..15 (bit 3 the sign, −0 → +0), without
+    threshold compares; bit-exact with oracles.quant.e2m1_encode for every fp32.
 
     a = min(|v|, 6). Below 2 the e2m1 grid is the multiples of 0.5, so the code is RNE(2a), the low
     bits of a + 1.5·2^22 (fp32 ulp 0.5 there). From 2 on the grid is fp32 with one mantissa bit:

@@ -29,7 +29,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8
 
 from kernels.quant.numerics import (
-    cute_abs, e2m1_code_rne, e4m3x2, inv_pow2, prmt, round_bf16, round_bf16x2, ue8m0_exponent,
+    cute_abs, e2m1_code_rne, e4m3x2, inv_pow2, prmt, round_bf16x2, ue8m0_exponent,
 )
 
 VEC = 8  # bf16 elements per 16-byte vector
@@ -107,7 +107,7 @@ ROT_ROWS_PER_CTA = CTA_THREADS // ROT_LANES
 
 
 class RotateV2:
-    """The rotate path with 4 lanes per row (mixed into QuantKernel; `rotate_v1` keeps the 16-lane path).
+    """The rotate path with 4 lanes per row (mixed into QuantKernel).
 
     Lane l of a row loads vectors l, l+4, l+8, l+12: one warp load instruction reads 64 contiguous
     bytes (two full sectors) of each of 8 rows, and a thread has 4 x 16 B in flight. Register slot
@@ -235,11 +235,10 @@ class RotateV2:
 class QuantKernel(RotateV2):
     """Compile-time: format, width, block, rotation. Runtime: rows and the input's row stride.
 
-    The rotate path runs `kernel_rotate_v2` (4 lanes per row); `rotate_v1=True` keeps the 16-lane
-    layout of v1 (`kernel`), which also serves every non-rotated format.
+    The rotate path runs `kernel_rotate_v2` (4 lanes per row); `kernel` serves every other format.
+    v1 of the rotate path (16 lanes per row, 73.5 µs at 262,144 rows vs v2's 51.1) is in git history
+    and its figures in benchmarks/results/quant-probe-h100-66b5a7b.json.
     """
-
-    rotate_v1 = False
 
     def __init__(self, fmt: str, n: int, block: int, rotate: bool = False):
         self.cfg = QuantConfig.make(fmt, n, block, rotate)
@@ -250,7 +249,7 @@ class QuantKernel(RotateV2):
     @cute.jit
     def __call__(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
         cfg = self.cfg
-        if cutlass.const_expr(cfg.rotate and not self.rotate_v1):
+        if cutlass.const_expr(cfg.rotate):
             self.launch_rotate_v2(mX, mQ, mS, stream)
         else:
             self.kernel(mX, mQ, mS).launch(
@@ -282,8 +281,6 @@ class QuantKernel(RotateV2):
                 cute.copy(x_atom, tXgX[None, None, j], tXrX[None, None, j])
         x = cute.make_fragment_like(tXrX, Float32)
         x.store(tXrX.load().to(Float32))
-        if cutlass.const_expr(cfg.rotate):
-            self.hadamard(x, lane_in_row)
 
         qmax, floor = FORMATS[cfg.fmt]
         tQrQ = cute.make_fragment_like(tQgQ)
@@ -309,23 +306,3 @@ class QuantKernel(RotateV2):
         for j in cutlass.range_constexpr(cfg.vecs_per_thread):
             if row_ok and tXcX[(0, 0), 0, j][1] < cfg.n:
                 cute.copy(q_atom, tQrQ[None, None, j], tQgQ[None, None, j])
-
-    @cute.jit
-    def hadamard(self, x: cute.Tensor, lane_in_row: Int32):
-        """x (one 8-element vector per lane, 16 lanes per row) ← bf16(H_128 · x · 128^-0.5)."""
-        for stage in cutlass.range_constexpr(VEC.bit_length() - 1):  # H_8 over the vector's elements
-            h = 1 << stage
-            for i in cutlass.range_constexpr(VEC):
-                if cutlass.const_expr(i & h == 0):
-                    a, b = x[i], x[i + h]
-                    x[i], x[i + h] = a + b, a - b
-        lanes = HADAMARD_N // VEC
-        for stage in cutlass.range_constexpr(lanes.bit_length() - 1):  # H_16 across the lanes
-            o = 1 << stage
-            upper = (lane_in_row & o) != 0  # the lower lane keeps a + b, the upper one a - b
-            for i in cutlass.range_constexpr(VEC):
-                mine = x[i]
-                other = cute.arch.shuffle_sync_bfly(mine, offset=o)
-                x[i] = cutlass.select_(upper, other - mine, mine + other)
-        for i in cutlass.range_constexpr(VEC):
-            x[i] = round_bf16(x[i] * Float32(HADAMARD_N**-0.5))
