@@ -15,9 +15,6 @@ compressor   full         the shipped kernel
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import cutlass
 import cutlass.cute as cute
 import torch
@@ -25,27 +22,11 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.worker import case_generator
-from kernels.common import compile_kernel, fake_rowmajor
+from kernels.common import compile_kernel
 from kernels.compressor import family as cfam
 from kernels.compressor.compressor import VEC, CsaKernel
 from kernels.compressor.hca import HcaKernel
-
-ARCH = "sm_90a"
-
-
-class EmptyKernel:
-    """Launches `grid` CTAs of `threads` threads that do nothing (a tensor argument carries the stream)."""
-
-    def __init__(self, grid: tuple, threads: int):
-        self.grid, self.threads = grid, threads
-
-    @cute.jit
-    def __call__(self, mT: cute.Tensor, stream):
-        self.kernel().launch(grid=list(self.grid), block=[self.threads, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self):
-        pass
+from probe_common import ARCH, empty_launch, run_probe, timed  # benchmarks/ is on sys.path as a script
 
 
 class NoPost:
@@ -66,28 +47,9 @@ class LoadsOnly:
             mx[i] = z[i]
 
 
-def timed(timer, fn) -> dict:
-    stats = timer.time(fn)
-    return {"median_us": stats.median_ms * 1e3, "cv": stats.cv}
-
-
 def checked(fam, case, x, result) -> bool:
     ok, _ = compare_outputs(result, fam.oracle(case, x), fam.lowprec(case, x), lambda n: fam.tolerance_for(case, n))
     return bool(ok)
-
-
-def copy_row(timer) -> dict:
-    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    row = timed(timer, lambda: dst.copy_(src))
-    row.update(case="copy 256 MiB", variant="copy", tb_s=2 * src.numel() / row["median_us"] / 1e6)
-    return row
-
-
-def empty_launch(grid, threads, count):
-    compiled = compile_kernel(EmptyKernel(grid, threads), fake_rowmajor("fp32", (cute.sym_int(),)), arch=ARCH)
-    t = torch.empty(4, device="cuda")
-    return lambda: [compiled(t) for _ in range(count)]
 
 
 def compressor_rows(timer):
@@ -127,26 +89,10 @@ def compressor_rows(timer):
             fn()
             ok = checked(fam, case, x, cfam.split(out["out"])) if check else None
             yield {"case": name, "variant": label, "passes_oracle": ok, **timed(timer, fn)}
-        yield {"case": name, "variant": "empty", **timed(timer, empty_launch(grid, 128, 1))}
+        yield {"case": name, "variant": "empty", **timed(timer, empty_launch(grid, 128))}
         del x, out
         torch.cuda.empty_cache()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    from dsv4bench.core.timing import CudaTimer
-
-    timer = CudaTimer("cuda")
-    rows = [copy_row(timer)]
-    print(json.dumps(rows[0]), flush=True)
-    for row in compressor_rows(timer):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        with open(args.out, "w") as f:  # after every row: a run cut off by a time limit keeps what it measured
-            json.dump({"device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    run_probe(compressor_rows)

@@ -17,9 +17,6 @@ rows 262144 (indexer q prefill, 85 MB) and 4096 (decode q)
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import cutlass
 import cutlass.cute as cute
 import torch
@@ -27,28 +24,12 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.worker import case_generator
-from kernels.common import compile_kernel, fake_rowmajor
+from kernels.common import compile_kernel
+from kernels.bits import f32_bits
 from kernels.quant import family as qfam
-from kernels.quant.numerics import f32_bits
 from kernels.quant.quant import CTA_THREADS, ROT_ROWS_PER_CTA, QuantKernel
+from probe_common import ARCH, empty_launch, run_probe, timed  # benchmarks/ is on sys.path as a script
 from sweeps import quant as qspace
-
-ARCH = "sm_90a"
-
-
-class EmptyKernel:
-    """Launches `grid` CTAs of `threads` threads that do nothing (a tensor argument carries the stream)."""
-
-    def __init__(self, grid: int, threads: int):
-        self.grid, self.threads = grid, threads
-
-    @cute.jit
-    def __call__(self, mT: cute.Tensor, stream):
-        self.kernel().launch(grid=[self.grid, 1, 1], block=[self.threads, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self):
-        pass
 
 
 class NoE2m1:
@@ -67,25 +48,6 @@ VARIANTS = {  # label: (class, checked against the oracle)
     "v2_no_e2m1": (type("V2NoE2m1", (NoE2m1, QuantKernel), {}), False),
     "v2_no_hadamard": (type("V2NoH", (NoHadamardV2, QuantKernel), {}), False),
 }
-
-
-def timed(timer, fn) -> dict:
-    stats = timer.time(fn)
-    return {"median_us": stats.median_ms * 1e3, "cv": stats.cv}
-
-
-def copy_row(timer) -> dict:
-    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    row = timed(timer, lambda: dst.copy_(src))
-    row.update(case="copy 256 MiB", variant="copy", tb_s=2 * src.numel() / row["median_us"] / 1e6)
-    return row
-
-
-def empty_launch(grid, threads):
-    compiled = compile_kernel(EmptyKernel(grid, threads), fake_rowmajor("fp32", (cute.sym_int(),)), arch=ARCH)
-    t = torch.empty(4, device="cuda")
-    return lambda: compiled(t)
 
 
 def quant_rows(timer):
@@ -129,21 +91,5 @@ def impl_fake(impl, case):
     return x, q, s
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    from dsv4bench.core.timing import CudaTimer
-
-    timer = CudaTimer("cuda")
-    rows = [copy_row(timer)]
-    print(json.dumps(rows[0]), flush=True)
-    for row in quant_rows(timer):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        with open(args.out, "w") as f:  # after every row: a run cut off by a time limit keeps what it measured
-            json.dump({"device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    run_probe(quant_rows)

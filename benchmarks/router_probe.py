@@ -26,8 +26,6 @@ copy        torch copy of the logits' bytes (T·E·4 in, the same out)
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import cutlass
@@ -37,31 +35,16 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.worker import case_generator
-from kernels.common import compile_kernel, fake_rowmajor
+from kernels.common import compile_kernel
 from kernels.router import family as rfam
 from kernels.router.router import (
     WARP, WARPS_PER_CTA, Float32, Int32, RouterKernel, sqrt_softplus, tournament,
 )
+from probe_common import ARCH, empty_launch, run_probe, timed  # benchmarks/ is on sys.path as a script
 
-ARCH = "sm_90a"
 TOPK = 6
 MODELS = ((384, 2.5), (256, 1.5))
 TOKENS = (1, 4096)
-
-
-class EmptyKernel:
-    """`grid` CTAs of `threads` threads that do nothing (a tensor argument carries the stream)."""
-
-    def __init__(self, grid: int, threads: int):
-        self.grid, self.threads = grid, threads
-
-    @cute.jit
-    def __call__(self, mT: cute.Tensor, stream):
-        self.kernel().launch(grid=[self.grid, 1, 1], block=[self.threads, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self):
-        pass
 
 
 # ---------------------------------------------------------------- knock-outs (subclass mixins)
@@ -149,10 +132,9 @@ def compile_router(kernel, e: int, hashed: bool):
 def measure(timer, fn) -> dict:
     from dsv4bench.core.kernel_profile import kernel_times
 
-    stats = timer.time(fn)
+    row = timed(timer, fn)
     kernels = kernel_times(fn, timer.flush)
-    return {"median_us": round(stats.median_ms * 1e3, 3), "cv": round(stats.cv, 4),
-            "device_us": round(sum(kernels.values()), 3), "kernels": kernels}
+    return {**row, "device_us": round(sum(kernels.values()), 3), "kernels": kernels}
 
 
 def router_rows(timer):
@@ -193,10 +175,7 @@ def router_rows(timer):
                 row.update(measure(timer, fn))
                 yield row
             grid = -(-t // WARPS_PER_CTA)
-            empty = compile_kernel(EmptyKernel(grid, WARP * WARPS_PER_CTA),
-                                   fake_rowmajor("fp32", (cute.sym_int(),)), arch=ARCH)
-            tiny = torch.empty(4, device="cuda")
-            yield {"case": name, "variant": "empty", **measure(timer, lambda: empty(tiny))}
+            yield {"case": name, "variant": "empty", **measure(timer, empty_launch(grid, WARP * WARPS_PER_CTA))}
             src = data[False][1]["logits"]
             dst = torch.empty_like(src)
             yield {"case": name, "variant": "copy", "bytes": 2 * src.numel() * 4,
@@ -205,22 +184,5 @@ def router_rows(timer):
             torch.cuda.empty_cache()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    from dsv4bench.core.timing import CudaTimer
-
-    timer = CudaTimer("cuda")
-    rows = []
-    t0 = time.time()
-    for row in router_rows(timer):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        with open(args.out, "w") as f:  # after every row: a run cut off by a time limit keeps what it measured
-            json.dump({"device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)
-    print(f"# done in {time.time() - t0:.1f} s", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    run_probe(router_rows, with_copy=False)  # each case times a copy of its own logits

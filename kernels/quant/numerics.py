@@ -1,4 +1,4 @@
-"""Bit-level helpers for the quantisation kernels: IEEE bit casts, ue8m0 scales, bf16/e4m3/e2m1 rounding.
+"""Bit-level helpers for the quantisation kernels: ue8m0 scales, bf16/e4m3/e2m1 rounding.
 
 Everything is plain integer/float arithmetic or one PTX `cvt` that exists on sm_89 and later, so a
 kernel built from these compiles unchanged for sm_90a and sm_100a. The scale and rounding rules are
@@ -9,21 +9,13 @@ from __future__ import annotations
 
 import cutlass
 from cutlass import Float32, Int32
-from cutlass._mlir.dialects import arith, llvm
+from cutlass._mlir.dialects import llvm
 from cutlass._mlir.dialects import math as mlir_math
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from kernels.bits import bits_f32, f32_bits
+
 UE8M0_BIAS = 127
-
-
-@dsl_user_op
-def f32_bits(x, *, loc=None, ip=None) -> Int32:
-    return Int32(arith.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-@dsl_user_op
-def bits_f32(x, *, loc=None, ip=None) -> Float32:
-    return Float32(arith.bitcast(T.f32(), Int32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
 @dsl_user_op

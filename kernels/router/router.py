@@ -35,8 +35,10 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Float64, Int32
-from cutlass._mlir.dialects import arith, llvm
+from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+from kernels.bits import bits_f32, f32_bits
 
 WARP = 32
 WARPS_PER_CTA = 8
@@ -80,16 +82,6 @@ def sqrt_rn(y: Float32) -> Float32:
 def sqrt_softplus_f32(x: Float32) -> Float32:
     """The selection score: torch's fp32 sqrt(softplus(x)) with libdevice expf/log1pf, branch-free."""
     return sqrt_rn(cutlass.select_(x > SOFTPLUS_THRESHOLD, x, cute.math.log1p(cute.math.exp(x))))
-
-
-@dsl_user_op
-def f32_bits(x, *, loc=None, ip=None) -> Int32:
-    return Int32(arith.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-@dsl_user_op
-def bits_f32(x, *, loc=None, ip=None) -> Float32:
-    return Float32(arith.bitcast(T.f32(), Int32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
 def order_key(v: Float32) -> Int32:

@@ -6,6 +6,8 @@ a sort of the oracle's fp32 scores (same ids in the same order) and the oracle."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import cutlass
 import cutlass.cute as cute
 import numpy as np
@@ -79,8 +81,9 @@ def test_order_key_is_monotone():
     assert keys.min() > KEY_NONE
 
 
-def test_probe_variants_compile_without_gpu():
-    from benchmarks.router_probe import compile_router, variants
+def test_probe_variants_compile_without_gpu(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))  # as when run as a script
+    from router_probe import compile_router, variants
     from dsv4bench.compile.cubin import parse_cubin
 
     for label, (kernel, hashed, _) in variants(384, 2.5).items():
