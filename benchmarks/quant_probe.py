@@ -9,7 +9,7 @@ v1 (16 lanes per row) and v1 with the branch-free e2m1 were measured by this pro
     python3 benchmarks/quant_probe.py --out quant-probe.json      (H100: about a minute)
 
 rows 262144 (indexer q prefill, 85 MB) and 4096 (decode q)
-    v2               the shipped kernel: 4 lanes per row, half-exchange shuffles, e2m1_code_rne
+    v2               the shipped kernel: 4 lanes per row, half-exchange shuffles, e2m1_code
     v2_no_e2m1       knock-out: the scaled value's raw low bits instead of the e2m1 code
     v2_no_hadamard   knock-out: no rotation (bf16 in, quantised as is)
     empty            a kernel of the same grid that does nothing

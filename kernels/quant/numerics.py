@@ -86,7 +86,7 @@ E2M1_MAGIC = 1.5 * 2.0**22  # fp32 ulp 0.5 on [2^22, 2^23): a + M rounds a to a 
 E2M1_MAGIC_BITS = 0x4AC00000
 
 
-def e2m1_code_rne(v: Float32) -> Int32:
+def e2m1_code(v: Float32) -> Int32:
     """RNE of a scaled fp32 (|v| saturates at 6) to an e2m1 code 0..15 (bit 3 the sign, −0 → +0), without
     threshold compares; bit-exact with oracles.quant.e2m1_encode for every fp32.
 

@@ -29,7 +29,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8
 
 from kernels.quant.numerics import (
-    cute_abs, e2m1_code_rne, e4m3x2, inv_pow2, prmt, round_bf16x2, ue8m0_exponent,
+    cute_abs, e2m1_code, e4m3x2, inv_pow2, prmt, round_bf16x2, ue8m0_exponent,
 )
 
 VEC = 8  # bf16 elements per 16-byte vector
@@ -244,7 +244,7 @@ class QuantKernel(RotateV2):
         self.cfg = QuantConfig.make(fmt, n, block, rotate)
 
     def e2m1(self, v: Float32) -> Int32:
-        return e2m1_code_rne(v)
+        return e2m1_code(v)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
