@@ -65,7 +65,7 @@ class QuantConfig:
         if rotate and (fmt != "mxfp4" or n != HADAMARD_N):
             raise ValueError(f"the Hadamard rotation is the indexer's: mxfp4 with n = {HADAMARD_N}")
         n_vecs = n // VEC
-        threads = n_vecs if rotate else block // VEC  # the rotation wants one vector on each of 16 lanes
+        threads = block // VEC  # (the rotation has its own 4-lanes-per-row layout, `RotateV2`)
         while threads < MAX_THREADS_PER_ROW and -(-n_vecs // threads) > MAX_VECS_PER_THREAD:
             threads *= 2
         vecs = -(-n_vecs // threads)
