@@ -38,14 +38,18 @@ class NoGather(GatherAttentionSm90):
     def _copy_kv(self, atom, sIdx, mT, dst, seg0: int, n_segs: int, ptid, stage, kvh, bidx):
         pass
 
+    @cute.jit
+    def _copy_half_rows(self, atom, mK, dst, rows, t, h: int, kvh, bidx):
+        pass
+
 
 class NoSoftmax(GatherAttentionSm90):
     @cute.jit
-    def _mask_row(self, S_mn, cS_mn, sIdx, stage, t, r: int, scale_log2, causal_off, window):
-        return cutlass.Float32(0.0)
+    def _mask_tile(self, S_mn, cS_mn, sIdx, sMaskFlag, stage, row_tok, causal_off, window):
+        pass
 
     @cute.jit
-    def _softmax_tile(self, S_mn, P_mn, corr, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new):
+    def _softmax_tile(self, S_mn, P_mn, corr, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new, scale_log2):
         corr[r] = cutlass.Float32(1.0)
 
     @cute.jit
@@ -57,8 +61,8 @@ class NoSoftmax(GatherAttentionSm90):
 class NoMath(GatherAttentionSm90):
     @cute.jit
     def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
-                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                   window, n_pairs):
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                   causal_off, window, n_pairs):
         for pair in cutlass.range(n_pairs, unroll=1):
             for hb in cutlass.range_constexpr(2):
                 cute.arch.mbarrier_wait(bars + hb, pair & 1)
@@ -68,8 +72,8 @@ class NoMath(GatherAttentionSm90):
 
     @cute.jit
     def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
-                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                   window, n_pairs):
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                   causal_off, window, n_pairs):
         for pair in cutlass.range(n_pairs, unroll=1):
             for hb in cutlass.range_constexpr(2):
                 cute.arch.mbarrier_wait(bars + 3 - hb, pair & 1)

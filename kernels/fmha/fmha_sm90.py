@@ -20,7 +20,9 @@ CTA geometry (rows of the M tile = (query token, head) pairs, heads fastest):
     warpgroup, so two warpgroups share 64 rows, each owning a 256-wide slice of O.
     - V = K (the DSV4 latent, `Config.key_split`): the warpgroups take alternate 64-key tiles
       over the full d, agree on the row max through smem and trade their bf16 P (stmatrix, SS
-      wgmma for the partner's P); each half of d of a tile has its own full/empty barriers.
+      wgmma for the partner's P); each half of d of a tile has its own full/empty barriers, and
+      each tile of a pair its own 64 producer threads (row indices in registers), so the half
+      freed last in one tile never holds up the other's gather.
     - V != K: S = Q K^T is split along d; the two fp32 partials are exchanged through smem.
     No QK work is duplicated in either.
   * Per tile: QK wgmma -> masked online softmax (exp2, fp32) -> PV wgmma (P from registers, V from
@@ -54,7 +56,6 @@ from dsv4bench.compile.recorder import record
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SMEM_BUDGET = 227 * 1024  # dynamic smem per CTA on the H100 (the kernel's Storage, 1 KiB-aligned regions)
-REGS_PRODUCER, REGS_CONSUMER = 40, 232  # setmaxnreg split of 3 x 128 threads (<= 64K registers)
 BAR_XCHG_S1, BAR_XCHG_S0, BAR_EPILOGUE, BAR_PRODUCER = 1, 2, 3, 4  # named barriers (0 = __syncthreads)
 BAR_MAX0, BAR_MAX1, BAR_P0, BAR_P1, BAR_SUMS = 5, 6, 7, 8, 9  # key split: WG0 max, final max, sP0, sP1, row sums
 BAR_TURN0 = 10  # ping-pong (d <= 256): BAR_TURN0 + w opens warpgroup w's turn to issue its GEMMs
@@ -141,6 +142,12 @@ class Config:
     @property
     def n_hblk(self) -> int:
         return -(-self.hpg // self.hb)
+
+    @property
+    def reg_split(self) -> tuple[int, int]:
+        """setmaxnreg (producer, consumer) of 3 x 128 threads (<= 64K registers): the key split's
+        producer keeps a pair's row indices in registers (72); elsewhere the consumers take 232."""
+        return (72, 216) if self.key_split else (40, 232)
 
     @property
     def stages(self) -> int:
@@ -239,6 +246,17 @@ def _scale_rows(X_mn: cute.Tensor, factor: cute.Tensor):
     for r in cutlass.range_constexpr(cute.size(X_mn, mode=[0])):
         for cc in cutlass.range(cute.size(X_mn, mode=[1]), unroll_full=True):
             X_mn[r, cc] = X_mn[r, cc] * factor[r]
+
+
+@cute.jit
+def _row_max(S_mn: cute.Tensor, r: cutlass.Constexpr) -> cutlass.Float32:
+    """Max of row r of S over the quad of threads sharing it; 4 independent chains, so a max of
+    64 is not 64 deep."""
+    part = [S_mn[r, q] for q in range(4)]
+    for cc in cutlass.range_constexpr(4, cute.size(S_mn, mode=[1])):
+        part[cc % 4] = cute.arch.fmax(part[cc % 4], S_mn[r, cc])
+    return _quad_allreduce(cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3])),
+                           cute.arch.fmax)
 
 
 def _quad_allreduce(x: cutlass.Float32, op) -> cutlass.Float32:
@@ -428,11 +446,11 @@ class GatherAttentionSm90:
             sVt = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         if cutlass.const_expr(c.key_split):
-            record("mbarrier full (per stage and half of d): arrive count", "256 = 128 producer threads x "
-                   "(cp.async.mbarrier.arrive.noinc for the rows + mbarrier.arrive after the index stores)")
+            record("mbarrier full (per stage and half of d): arrive count", "128 = the 64 producer threads of "
+                   "that stage x (cp.async.mbarrier.arrive.noinc for the rows + mbarrier.arrive after the index store)")
             record("mbarrier empty (per stage and half of d): arrive count",
                    "128 = the one warpgroup that reads that half last, once per tile")
-            counts = (256,) * (2 * S) + (128,) * (2 * S)
+            counts = (128,) * (2 * S) + (128,) * (2 * S)
         else:
             n_cons = 128 * c.n_consumer_wg
             # K full: every producer thread arrives after its index stores, plus the rows' arrivals:
@@ -456,7 +474,7 @@ class GatherAttentionSm90:
 
         if wg == c.n_consumer_wg:
             # ---------------- producer warpgroup: gather Q once, then kv tiles ----------------
-            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
+            cute.arch.setmaxregister_decrease(c.reg_split[0])
             ptid = tidx - 128 * c.n_consumer_wg
             # .cg: the rows go to smem only; .ca would also allocate them in the ~30 KB of L1 that
             # the 216 KB of smem leaves, for no reuse
@@ -470,7 +488,8 @@ class GatherAttentionSm90:
                 self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
                 cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
                 if cutlass.const_expr(c.key_split):
-                    self._produce_pairs(atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx)
+                    self._produce_pairs(atom, mIdx, mK, sK, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh,
+                                        bidx, tok0, causal_off, window)
                 else:
                     self._produce_tiles(atom, tma, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx,
                                         n_tiles, s_kv, kvh, bidx, tok0, causal_off, window, base)
@@ -479,11 +498,11 @@ class GatherAttentionSm90:
             cute.arch.cp_async_wait_group(0)
         else:
             # ---------------- consumer warpgroups ----------------
-            cute.arch.setmaxregister_increase(REGS_CONSUMER)
+            cute.arch.setmaxregister_increase(c.reg_split[1])
             if cutlass.const_expr(c.key_split):
                 self._consume(
                     mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma,
-                    sQ, sK, sVt, sIdx, None, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner), bars,
+                    sQ, sK, sVt, sIdx, sMaskFlag, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner), bars,
                     wg, tidx % 128,
                 )
             else:
@@ -593,40 +612,79 @@ class GatherAttentionSm90:
         cute.copy(atom, t_g, t_s[None, stage], tma_bar_ptr=bar)
 
     @cute.jit
-    def _produce_pairs(self, atom, mIdx, mK, sK, sIdx, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx):
-        """Producer of a key split: tiles 2p (warpgroup 0) and 2p+1 (warpgroup 1) of pair p go to
-        stages 0 and 1, each as two halves of d with their own full/empty barriers, in the order
-        the consumers need them: 0-left, 1-right, 0-right, 1-left. Thread t holds the index of
-        slot t % 64 of tile t // 64, prefetched a pair ahead."""
+    def _produce_pairs(self, atom, mIdx, mK, sK, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx,
+                       tok0, causal_off, window):
+        """Producer of a key split: each half of the producer warpgroup owns one tile of every pair,
+        threads 0-63 tile 2p (warpgroup 0's, stage 0: left then right half of d), threads 64-127
+        tile 2p + 1 (warpgroup 1's, stage 1: right then left), so the half of d freed last in one
+        tile never holds up the other tile's gather (v9, docs/perf/fmha.md)."""
+        args = (atom, mIdx, mK, sK, sIdx, sMaskFlag, bars)
+        tail = (blk, n_idx, n_tiles, s_kv, kvh, bidx, tok0, causal_off, window)
+        if ptid < self.cfg.n_block:
+            self._produce_tile_of_pairs(*args, ptid, *tail, 0)
+        else:
+            self._produce_tile_of_pairs(*args, ptid - self.cfg.n_block, *tail, 1)
+
+    @cute.jit
+    def _produce_tile_of_pairs(self, atom, mIdx, mK, sK, sIdx, sMaskFlag, bars, lt, blk, n_idx, n_tiles, s_kv, kvh,
+                               bidx, tok0, causal_off, window, stage: cutlass.Constexpr):
+        """Tile 2p + stage of every pair p into `stage`, by 64 threads. Thread lt publishes slot lt's
+        index for the mask (and each warp whether all its keys pass it) and copies 16-byte chunk
+        lt % 8 of each 128-byte segment of rows lt // 8 + 8 q; the row indices of the next pair are
+        loaded into registers while this pair's rows are copied, so no copy waits on shared memory
+        or on the other producer threads."""
         c = self.cfg
         n = c.n_block
         n_slots = cute.size(mIdx, mode=[1])
-        n_pairs = (n_tiles + 1) // 2
-        own = ptid // n  # which tile of the pair this thread's index belongs to
-        slot = ptid % n
-        v_next = mIdx[blk, cutlass.min(ptid, n_slots - 1), bidx]
-        for pair in cutlass.range(n_pairs, unroll=1):
-            j = pair * 2 * n + ptid
-            v = v_next
-            if (j >= n_idx) | (v >= s_kv) | (v < 0):
-                v = cutlass.Int32(-1)
-            v_next = mIdx[blk, cutlass.min(j + 2 * n, n_slots - 1), bidx]
+        n_rows = n // 8  # rows of the tile this thread copies
+        rows_next = cute.make_rmem_tensor((n_rows,), cutlass.Int32)
+        rows_now = cute.make_rmem_tensor((n_rows,), cutlass.Int32)
+        for q in cutlass.range_constexpr(n_rows):
+            rows_next[q] = mIdx[blk, cutlass.min(stage * n + lt // 8 + 8 * q, n_slots - 1), bidx]
+        mine_next = mIdx[blk, cutlass.min(stage * n + lt, n_slots - 1), bidx]
+        for pair in cutlass.range((n_tiles + 1) // 2, unroll=1):
+            j0 = (2 * pair + stage) * n
+            for q in cutlass.range_constexpr(n_rows):
+                v = rows_next[q]
+                if (j0 + lt // 8 + 8 * q >= n_idx) | (v >= s_kv) | (v < 0):
+                    v = cutlass.Int32(0)  # an invalid slot reads row 0; the mask zeroes its P
+                rows_now[q] = v
+                rows_next[q] = mIdx[blk, cutlass.min(j0 + 2 * n + lt // 8 + 8 * q, n_slots - 1), bidx]
+            mine = mine_next
+            if (j0 + lt >= n_idx) | (mine >= s_kv) | (mine < 0):
+                mine = cutlass.Int32(-1)
+            mine_next = mIdx[blk, cutlass.min(j0 + 2 * n + lt, n_slots - 1), bidx]
+            plain = self._key_ok(mine, tok0, tok0 + c.tq - 1, causal_off, window)
+            # pinned each pair: the 2 x n_rows x segs swizzled smem addresses derive from it inside
+            # the loop instead of being hoisted out of it into the producer's registers
+            t = _pin(lt)
             phase = (pair & 1) ^ 1
-            # the first reader of each tile's indices (its owner's mask) is done once that owner
-            # has freed the half it multiplies locally: 0-left (WG0) and 1-right (WG1)
-            cute.arch.mbarrier_wait(bars + 4 + 0, phase)
-            cute.arch.mbarrier_wait(bars + 4 + 3, phase)
-            sIdx[slot, own] = v
-            cute.arch.barrier(barrier_id=BAR_PRODUCER, number_of_threads=128)
-            for k in cutlass.range_constexpr(4):
-                stage, h = (0, 1, 0, 1)[k], (0, 1, 1, 0)[k]
+            for k in cutlass.range_constexpr(2):
+                h = (stage + k) % 2  # stage 0 reads left first, stage 1 right first
                 hb = stage * 2 + h
-                if cutlass.const_expr(k >= 2):
-                    cute.arch.mbarrier_wait(bars + 4 + hb, phase)
-                segs = c.d // 2 // 64
-                self._copy_kv(atom, sIdx, mK, sK[None, None, stage], h * segs, segs, ptid, stage, kvh, bidx)
+                # the first wait also covers the indices: the owner's mask read them before it
+                # freed the half it multiplies locally (0-left, 1-right)
+                cute.arch.mbarrier_wait(bars + 4 + hb, phase)
+                if cutlass.const_expr(k == 0):
+                    sIdx[lt, stage] = mine
+                    warp_plain = cutlass.Int32(cute.arch.vote_all_sync(plain))
+                    if lt % 32 == 0:
+                        sMaskFlag[lt // 32, stage] = warp_plain
+                self._copy_half_rows(atom, mK, sK[None, None, stage], rows_now, t, h, kvh, bidx)
                 cute.arch.cp_async_mbarrier_arrive_noinc(bars + hb)
                 cute.arch.mbarrier_arrive(bars + hb)
+
+    @cute.jit
+    def _copy_half_rows(self, atom, mK, dst, rows, t, h: int, kvh, bidx):
+        """Key split: half h of d of kv rows `rows` into rows t // 8 + 8 q of dst (keys, d), as the
+        16-byte chunks t % 8 of each 128-byte segment."""
+        segs = self.cfg.d // 2 // 64
+        for q in cutlass.range_constexpr(cute.size(rows)):
+            src = mK[rows[q], kvh, None, bidx]
+            for sg in cutlass.range_constexpr(segs):
+                chunk = (h * segs + sg) * 8 + t % 8
+                cute.copy(atom, cute.local_tile(src, (8,), (chunk,)),
+                          cute.local_tile(dst[t // 8 + 8 * q, None], (8,), (chunk,)))
 
     @cute.jit
     def _consume(
@@ -699,8 +757,8 @@ class GatherAttentionSm90:
             cute.arch.mbarrier_wait(q_full, w & 1)
             if cutlass.const_expr(c.key_split):
                 args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn,
-                        P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                        window, (n_tiles + 1) // 2)
+                        P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                        causal_off, window, (n_tiles + 1) // 2)
                 if wg == 0:
                     self._pairs_wg0(*args)
                 else:
@@ -821,18 +879,9 @@ class GatherAttentionSm90:
         this thread's row sums updated; corr[r] = the factor O must be scaled by, which the caller
         applies once the previous PV has left O. The mask runs only on tiles the producer flagged."""
         n_r, n_c = cute.size(S_mn, mode=[0]), cute.size(S_mn, mode=[1])
-        if sMaskFlag[0, stage] + sMaskFlag[1, stage] + sMaskFlag[2, stage] + sMaskFlag[3, stage] < 4:
-            for r in cutlass.range_constexpr(n_r):
-                for cc in cutlass.range_constexpr(n_c):
-                    if not self._key_ok(sIdx[cS_mn[r, cc][1], stage], row_tok[r], row_tok[r], causal_off, window):
-                        S_mn[r, cc] = -cutlass.Float32.inf
+        self._mask_tile(S_mn, cS_mn, sIdx, sMaskFlag, stage, row_tok, causal_off, window)
         for r in cutlass.range_constexpr(n_r):
-            part = [S_mn[r, q] for q in range(4)]  # 4 independent chains: a max of 64 is not 64 deep
-            for cc in cutlass.range_constexpr(4, n_c):
-                part[cc % 4] = cute.arch.fmax(part[cc % 4], S_mn[r, cc])
-            mx = _quad_allreduce(cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3])),
-                                 cute.arch.fmax)
-            m_new = cute.arch.fmax(row_max[r], mx * scale_log2)
+            m_new = cute.arch.fmax(row_max[r], _row_max(S_mn, r) * scale_log2)
             m_base = m_new
             if m_new == -cutlass.Float32.inf:  # a fully masked row so far: keep exp2 away from NaN
                 m_base = cutlass.Float32(0.0)
@@ -871,17 +920,19 @@ class GatherAttentionSm90:
         return ok
 
     @cute.jit
-    def _mask_row(self, S_mn, cS_mn, sIdx, stage, t, r: int, scale_log2, causal_off, window):
-        """Key split, row r of this thread's S: scale to the log2 domain, -inf where the key is
-        invalid (-1) or outside the positional mask of query token t; returns the row max over the quad."""
-        mx = -cutlass.Float32.inf
-        for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-            sv = S_mn[r, cc] * scale_log2
-            if not self._key_ok(sIdx[cS_mn[r, cc][1], stage], t, t, causal_off, window):
-                sv = -cutlass.Float32.inf
-            S_mn[r, cc] = sv
-            mx = cute.arch.fmax(mx, sv)
-        return _quad_allreduce(mx, cute.arch.fmax)
+    def _mask_tile(self, S_mn, cS_mn, sIdx, sMaskFlag, stage, row_tok, causal_off, window):
+        """S = -inf where the key is invalid (-1) or outside the positional mask of the row's query
+        token; skipped (one warp-uniform branch) when every producer warp of the tile found all its
+        keys inside every row's mask: a full top-k list, or a tile away from the causal diagonal."""
+        flag_warps = 2 if self.cfg.key_split else 4  # producer warps per tile
+        plain = sMaskFlag[0, stage]
+        for w in cutlass.range_constexpr(1, flag_warps):
+            plain = plain + sMaskFlag[w, stage]
+        if plain < flag_warps:
+            for r in cutlass.range_constexpr(cute.size(S_mn, mode=[0])):
+                for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+                    if not self._key_ok(sIdx[cS_mn[r, cc][1], stage], row_tok[r], row_tok[r], causal_off, window):
+                        S_mn[r, cc] = -cutlass.Float32.inf
 
     @cute.jit
     def _issue_qk(self, qk_mma, acc_S, tSrQ, tSrK, stage, dsplit, n_kb: int):
@@ -912,15 +963,15 @@ class GatherAttentionSm90:
             cute.gemm(qk_mma, acc_S, tSrQ[None, None, h * n_kb + kb], tSrK[None, None, h * n_kb + kb, stage], acc_S)
 
     @cute.jit
-    def _softmax_tile(self, S_mn, P_mn, corr, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new):
-        """Row r with the new running max: P = exp2(S - m_new) (fp32 kept in S, bf16 in P), rescale
+    def _softmax_tile(self, S_mn, P_mn, corr, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new, scale_log2):
+        """Row r with the new running max: P = exp2(S * scale - m_new) (fp32 kept in S, bf16 in P), rescale
         the row's partial sum, corr[r] = O's factor (the caller applies it), publish m_new (one lane
         of the quad)."""
         corr[r] = cute.arch.exp2(row_max[r] - m_new)
         row_max[r] = m_new
         acc = cutlass.Float32(0.0)
         for cc in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-            pv = self._exp2(S_mn[r, cc] - m_new, cc)
+            pv = self._exp2(S_mn[r, cc] * scale_log2 - m_new, cc)
             S_mn[r, cc] = pv
             acc += pv
             P_mn[r, cc] = pv.to(P_mn.element_type)
@@ -939,13 +990,13 @@ class GatherAttentionSm90:
 
     @cute.jit
     def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
-                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                   window, n_pairs):
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                   causal_off, window, n_pairs):
         """Warpgroup 0: tiles 2p in stage 0, O[:, :256]; frees 0-left and 1-left. The last pair is
         peeled off: a wgmma under a runtime branch (queue the next S or not) makes ptxas serialize
         every wgmma of the kernel (C7520, docs/lessons/fmha.md)."""
         args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn, P_mn,
-                O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off, window)
+                O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2, causal_off, window)
         self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, 0, True)
         self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, 0, False)
         warpgroup.commit_group()
@@ -955,15 +1006,17 @@ class GatherAttentionSm90:
 
     @cute.jit
     def _wg0_pair(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
-                  S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                  window, pair, last: cutlass.Constexpr):
+                  S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                  causal_off, window, pair, last: cutlass.Constexpr):
         empty = bars + 4
         n_r = cute.size(S_mn, mode=[0])
         warpgroup.wait_group(0)  # S of this pair's tile 2p
         corr = cute.make_rmem_tensor((n_r,), cutlass.Float32)
-        for r in cutlass.range_constexpr(n_r):
-            mx = self._mask_row(S_mn, cS_mn, sIdx, 0, row_tok[r], r, scale_log2, causal_off, window)
-            self._softmax_tile(S_mn, P_mn, corr, cS_mn, row_max, row_sum, sX, wtid, r, cute.arch.fmax(row_max[r], mx))
+        self._mask_tile(S_mn, cS_mn, sIdx, sMaskFlag, 0, row_tok, causal_off, window)
+        for r in cutlass.range_constexpr(n_r):  # the scale is positive: it commutes with the max
+            mx = _row_max(S_mn, r) * scale_log2
+            self._softmax_tile(S_mn, P_mn, corr, cS_mn, row_max, row_sum, sX, wtid, r, cute.arch.fmax(row_max[r], mx),
+                               scale_log2)
         cute.arch.barrier_arrive(barrier_id=BAR_MAX0, number_of_threads=256)  # the max is out; O is private
         if _any_moved(corr):
             _scale_rows(O_mn, corr)
@@ -997,8 +1050,8 @@ class GatherAttentionSm90:
 
     @cute.jit
     def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
-                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sX, bars, wtid, scale_log2, causal_off,
-                   window, n_pairs):
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                   causal_off, window, n_pairs):
         """Warpgroup 1: tiles 2p + 1 in stage 1, O[:, 256:]; frees 1-right and 0-right."""
         empty = bars + 4
         n_r = cute.size(S_mn, mode=[0])
@@ -1009,12 +1062,13 @@ class GatherAttentionSm90:
             self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 0, pair & 1, False)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
+            self._mask_tile(S_mn, cS_mn, sIdx, sMaskFlag, 1, row_tok, causal_off, window)
             for r in cutlass.range_constexpr(n_r):
-                tile_max[r] = self._mask_row(S_mn, cS_mn, sIdx, 1, row_tok[r], r, scale_log2, causal_off, window)
+                tile_max[r] = _row_max(S_mn, r) * scale_log2
             cute.arch.barrier(barrier_id=BAR_MAX0, number_of_threads=256)
             for r in cutlass.range_constexpr(n_r):  # WG0's max already includes the old running max
                 self._softmax_tile(S_mn, P_mn, corr, cS_mn, row_max, row_sum, sX, wtid, r,
-                                   cute.arch.fmax(sX[cS_mn[r, 0][0]], tile_max[r]))
+                                   cute.arch.fmax(sX[cS_mn[r, 0][0]], tile_max[r]), scale_log2)
             cute.arch.barrier_arrive(barrier_id=BAR_MAX1, number_of_threads=256)
             if _any_moved(corr):
                 _scale_rows(O_mn, corr)
