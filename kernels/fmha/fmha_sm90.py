@@ -755,6 +755,8 @@ class GatherAttentionSm90:
             for r in cutlass.range_constexpr(n_r):
                 row_tok[r] = tok0 + (mrow * 64 + cS_mn[r, 0][0]) // c.hb
             cute.arch.mbarrier_wait(q_full, w & 1)
+            if cutlass.const_expr(c.tma_kv):  # Q came by cp.async; the K/V waits fence only gathered tiles
+                cute.arch.fence_proxy("async.shared", space="cta")
             if cutlass.const_expr(c.key_split):
                 args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn,
                         P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
@@ -813,9 +815,9 @@ class GatherAttentionSm90:
             warpgroup.wait_group(1)  # S(kt); PV(kt-1) still runs
             self._softmax_scores(*softmax_args, corr, kt % S)
             self._release_k(bars, kt)
-            warpgroup.wait_group(0)  # PV(kt-1): P and O are free
+            self._wait_pv_rescale_o(O_mn, corr)  # PV(kt-1): P and O are free
             self._release_v(bars, kt - 1)
-            self._rescale_o_cast_p(O_mn, corr, acc_S, rP)
+            rP.store(acc_S.load().to(rP.element_type))
         cute.arch.mbarrier_arrive(q_empty)  # every S of the item is done: sQ may take the next Q
         last = base + n_tiles - 1
         self._wait_v(bars, last)
@@ -851,7 +853,8 @@ class GatherAttentionSm90:
     def _wait_k(self, bars, kt):
         S = self.cfg.stages
         cute.arch.mbarrier_wait(bars + kt % S, (kt // S) & 1)
-        cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
+        if cutlass.const_expr(not self.cfg.tma_kv):  # TMA writes are the async proxy's already
+            cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
 
     @cute.jit
     def _wait_v(self, bars, kt):
@@ -859,7 +862,8 @@ class GatherAttentionSm90:
         S = self.cfg.stages
         if cutlass.const_expr(not self.cfg.kv_shared):
             cute.arch.mbarrier_wait(bars + 2 * S + kt % S, (kt // S) & 1)
-            cute.arch.fence_proxy("async.shared", space="cta")
+            if cutlass.const_expr(not self.cfg.tma_kv):
+                cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
     def _release_k(self, bars, kt):
@@ -904,6 +908,18 @@ class GatherAttentionSm90:
         if _any_moved(corr):
             _scale_rows(O_mn, corr)
         rP.store(acc_S.load().to(rP.element_type))
+
+    @cute.jit
+    def _wait_pv_rescale_o(self, O_mn, corr):
+        """Wait for the queued PV (it reads P, accumulates O), then O *= corr where a row max moved.
+        The wait sits in both arms of the vote's branch on purpose: in one straight-line block with
+        the softmax, ptxas scheduled the wgmma wait above the exponentials (they touch neither P
+        nor O), so the softmax ran after PV(kt-1) instead of under it (docs/lessons/fmha.md, 25)."""
+        if _any_moved(corr):
+            warpgroup.wait_group(0)
+            _scale_rows(O_mn, corr)
+        else:
+            warpgroup.wait_group(0)
 
     @cute.jit
     def _key_ok(self, key, t_first, t_last, causal_off, window):
