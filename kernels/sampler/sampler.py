@@ -13,8 +13,8 @@ v3, one launch: grid (splits, B) with splits chosen at run time from B (`plan`) 
 about TARGET_CTAS CTAs — all resident at once (two per SM), each streaming a contiguous run of
 1024-wide tiles of its row with 128-bit loads, DEPTH tiles per batch, two batches in flight (the
 next batch's loads are issued before the current one is ranked). A CTA's best (x, g, index) goes to
-the row's workspace slot; the last CTA of the row to arrive (an int32 arrival counter per row:
-release fence, atomic add, acquire fence) merges the row's partials in split order, writes the
+the row's workspace slot; the last CTA of the row to arrive (an int32 arrival counter per row: one
+acq_rel atomic add) merges the row's partials in split order, writes the
 token (int64) and puts the counter back to 0, so every call starts from zero. With one split per
 row (B ≥ TARGET_CTAS) the CTA writes the token itself and the counter is not touched. Per-row
 temperatures; a T = 0 row never reads noise. One source for sm_90a and sm_100a.
@@ -127,13 +127,16 @@ class SamplerKernel:
         return bx, bg, bi
 
     @cute.jit
-    def stream(self, gL, gN, logit0, noise0, row, first, end, tidx, t_eff, sampled: cutlass.Constexpr):
+    def stream(self, gL, gN, logit0, noise0, row, first, end, tidx, t_eff, noise0_issued,
+               sampled: cutlass.Constexpr):
         """Best (x, g, index) of tiles [first, end) of `row`; batch 0's logits are already issued into
-        logit0. Two batches in flight: batch j + 1 is issued before batch j is ranked."""
+        logit0 (and its noise into noise0 when `noise0_issued`). Two batches in flight: batch j + 1 is
+        issued before batch j is ranked."""
         logit1 = cute.make_rmem_tensor(cute.make_layout((DEPTH, VEC), stride=(VEC, 1)), Float32)
         noise1 = cute.make_rmem_tensor(cute.make_layout((DEPTH, VEC), stride=(VEC, 1)), Float32)
         if cutlass.const_expr(sampled):
-            self.issue(gN, noise0, row, first, end, tidx)
+            if not noise0_issued:
+                self.issue(gN, noise0, row, first, end, tidx)
         best = (Float32(EMPTY[0]), Float32(EMPTY[1]), Int32(EMPTY[2]))
         for t in cutlass.range(first, end, 2 * DEPTH):
             self.issue(gL, logit1, row, t + DEPTH, end, tidx)
@@ -157,17 +160,24 @@ class SamplerKernel:
         gL = cute.zipped_divide(mL, (1, VEC))  # ((1, 4), (B, V/4))
         gN = cute.zipped_divide(mN, (1, VEC))
 
-        # The first batch of logits goes out before the temperature is needed (the noise waits on it).
+        # The first batch of logits goes out before the temperature is needed. Its noise goes out
+        # with it, before the temperature says whether the row samples, when the CTA's run is that one
+        # batch (few rows, many splits: a CTA is then a chain of dependent memory trips, and waiting
+        # for the temperature was one of them); a greedy row then reads up to 16 KB of noise per CTA
+        # that it ignores. Longer runs issue the noise after the temperature.
         temperature = Float32(mT[row])
         logit0 = cute.make_rmem_tensor(cute.make_layout((DEPTH, VEC), stride=(VEC, 1)), Float32)
         noise0 = cute.make_rmem_tensor(cute.make_layout((DEPTH, VEC), stride=(VEC, 1)), Float32)
         self.issue(gL, logit0, row, first, end, tidx)
+        one_batch = end - first <= DEPTH
+        if one_batch:
+            self.issue(gN, noise0, row, first, end, tidx)
         t_eff = cute.arch.fmax(temperature, Float32(MIN_TEMPERATURE))
         bx, bg, bi = Float32(EMPTY[0]), Float32(EMPTY[1]), Int32(EMPTY[2])
         if temperature == 0.0:
-            bx, bg, bi = self.stream(gL, gN, logit0, noise0, row, first, end, tidx, t_eff, False)
+            bx, bg, bi = self.stream(gL, gN, logit0, noise0, row, first, end, tidx, t_eff, one_batch, False)
         else:
-            bx, bg, bi = self.stream(gL, gN, logit0, noise0, row, first, end, tidx, t_eff, True)
+            bx, bg, bi = self.stream(gL, gN, logit0, noise0, row, first, end, tidx, t_eff, one_batch, True)
 
         bx, bg, bi = warp_argmax(bx, bg, bi)
         smem = utils.SmemAllocator()
@@ -195,15 +205,14 @@ class SamplerKernel:
         """Warp 0: publish this split's best; the row's last CTA to arrive merges all `splits` partials
         in split order (lane l folds splits l, l + 32, …, then the butterfly), writes the token and
         resets the row's counter."""
-        if lane == 0:
-            mPF[row, 0, split], mPF[row, 1, split], mPI[row, split] = x, g, i
-        cute.arch.fence_acq_rel_gpu()  # release: the partial is visible before the arrival counts
         arrived = Int32(0)
-        if lane == 0:
-            arrived = cute.arch.atomic_add(mCnt.iterator + row, Int32(1), sem="relaxed", scope="gpu")
+        if lane == 0:  # release: this partial is visible before the arrival counts; acquire: so are
+            # the partials of every CTA that arrived before (one atomic, no separate fences)
+            mPF[row, 0, split], mPF[row, 1, split], mPI[row, split] = x, g, i
+            arrived = cute.arch.atomic_add(mCnt.iterator + row, Int32(1), sem="acq_rel", scope="gpu")
+        cute.arch.sync_warp()  # orders lane 0's acquire before the other lanes' loads below
         arrived = cute.arch.shuffle_sync(arrived, 0)
         if arrived == splits - 1:  # the row's last CTA
-            cute.arch.fence_acq_rel_gpu()  # acquire: every other split's partial is visible
             if lane == 0:
                 mCnt[row] = Int32(0)  # the next call starts from zero
             x, g, i = Float32(EMPTY[0]), Float32(EMPTY[1]), Int32(EMPTY[2])
