@@ -109,6 +109,12 @@ class Family(ABC):
                 else parse_int_list(opt, v) for opt, v in raw.items()}
 
 
+class Unsupported(Exception):
+    """Raised by an impl's `run` when its backend declines the case only at call time (a peer's own
+    dispatch: cuDNN's "No available kernel"): the result is UNSUPPORTED with this message, not
+    FAIL_RUNTIME. Rules known in advance belong in `supports`."""
+
+
 class Impl(ABC):
     family: str = ""
     name: str = ""

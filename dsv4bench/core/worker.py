@@ -24,7 +24,7 @@ import torch
 from dsv4bench.compile.cache import CompileCache
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
-from dsv4bench.core.registry import get_family, get_impl
+from dsv4bench.core.registry import Unsupported, get_family, get_impl
 from dsv4bench.core.results import (
     COMPILED, FAIL_COMPILE, FAIL_LINT, FAIL_NUMERIC, FAIL_RUNTIME, PASS, UNSUPPORTED, ResultRecord,
 )
@@ -126,7 +126,11 @@ class Worker:
         out = family.alloc_outputs(case, "cuda")
         poison(out)
         before = {k: v.clone() for k, v in data.inputs.items()}
-        result = impl.run(case, data.inputs, out, compiled)
+        try:
+            result = impl.run(case, data.inputs, out, compiled)
+        except Unsupported as e:
+            rec.status, rec.reason = UNSUPPORTED, str(e)
+            return rec
         torch.cuda.synchronize()
         tol = lambda n: family.tolerance_for(case, n)  # noqa: E731
         ok, metrics = compare_outputs(result, data.oracle, data.lowprec, tol)

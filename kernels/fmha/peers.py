@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.registry import Impl
-
-LN2 = math.log(2.0)
+from dsv4bench.core.registry import Impl, Unsupported
 
 
 def _import_reason(module: str) -> str | None:
@@ -32,16 +28,20 @@ class FlashMLA(Impl):
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         ok = (case["mask"] == "sparse" and case["hd"] == 512 and case["h_q"] in (64, 128)
               and case["kv_shared"] and case["b"] == 1 and case["h_kv"] == 1)
-        return None if ok else "flash_mla_sparse_fwd: sparse, d 512, h_q 64/128, one latent kv head only"
+        if not ok:
+            return "flash_mla_sparse_fwd: sparse, d 512, h_q 64/128, one latent kv head only"
+        if case["topk"] % 128:  # its index list is walked in pairs of 64-key blocks (asserted in phase1.cuh)
+            return "flash_mla_sparse_fwd: index list width (top-k + window) must be a multiple of 128"
+        return None
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         import flash_mla
 
-        o, _max_logits, lse2 = flash_mla.flash_mla_sparse_fwd(
+        o, _max_logits, lse = flash_mla.flash_mla_sparse_fwd(
             inputs["q"][0], inputs["k"][0], inputs["idx"][0][:, None, :], case["hd"] ** -0.5, 512,
             inputs.get("sink"),
         )
-        return {"out": o[None], "lse": (lse2 * LN2)[None]}  # FlashMLA's lse is base 2, sink-free
+        return {"out": o[None], "lse": lse[None]}  # natural log, sink-free: the oracle's convention
 
 
 def _dense_ok(case: Case) -> str | None:
@@ -110,6 +110,11 @@ class CudnnSDPA(Impl):
         k = inputs["k"]
         q, k, v = (t.transpose(1, 2) for t in (inputs["q"], k, inputs.get("v", k)))
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            o = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=case["mask"] == "causal", scale=case["hd"] ** -0.5)
+            try:
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=case["mask"] == "causal", scale=case["hd"] ** -0.5)
+            except RuntimeError as e:  # torch's cuDNN dispatch declined the shapes (e.g. s_q = s_kv = 1)
+                if "No available kernel" in str(e):
+                    raise Unsupported(f"cuDNN SDPA: {e}") from e
+                raise
         return {"out": o.transpose(1, 2)}
