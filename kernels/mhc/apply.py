@@ -63,7 +63,9 @@ def token_block(n_tok, d: int):
 
 
 class HcApplyKernel:
-    """Compile-time: head (hc_head) or pre (hc_pre), D, splits of pass 1, Sinkhorn iterations, eps."""
+    """Compile-time: head (hc_head) or pre (hc_pre), D, splits of pass 1, Sinkhorn iterations, eps,
+    and whether the launch is a programmatic dependent launch (pdl: it may start while pass 1 runs;
+    off only to measure what it buys, benchmarks/mhc_dispatch_probe.py)."""
 
     def __init__(
         self,
@@ -73,10 +75,11 @@ class HcApplyKernel:
         iters: int = 20,
         hc_eps: float = 1e-6,
         norm_eps: float = 1e-6,
+        pdl: bool = True,
     ):
         if d % VEC:
             raise ValueError(f"mHC needs D % 8 == 0, got {d}")
-        self.head, self.d, self.splits, self.iters = head, d, splits, iters
+        self.head, self.d, self.splits, self.iters, self.pdl = head, d, splits, iters, pdl
         self.hc_eps, self.norm_eps = hc_eps, norm_eps
         self.n_mix = HC if head else (2 + HC) * HC
         self.col_blocks = column_blocks(d)
@@ -104,6 +107,7 @@ class HcApplyKernel:
             grid=[self.col_blocks + self.extra, cute.ceil_div(n_tok, tb), 1],
             block=[THREADS, 1, 1],
             stream=stream,
+            use_pdl=self.pdl,  # may start while pass 1 runs: x streams in, griddepcontrol.wait guards the partials
         )
 
     @cute.jit
@@ -230,6 +234,7 @@ class HcApplyKernel:
 
         if bx < self.extra:
             # hc_pre's weights CTA: post and comb of the token block, one lane per token
+            cute.arch.griddepcontrol_wait()  # pass 1 (the primary launch) has written every partial
             self.reduce_partials(mPart, s_stage, s_mix, first, n)
             self.post_comb(s_mix, mScale, mBase, mPost, mComb, first, n)
         else:
@@ -246,7 +251,8 @@ class HcApplyKernel:
             if active:
                 self.load_group(
                     gX, raw, first, n, col
-                )  # in flight during the partials phase
+                )  # in flight during the partials phase (and, launched early, during pass 1)
+            cute.arch.griddepcontrol_wait()
             self.reduce_partials(mPart, s_stage, s_mix, first, n)
             if tidx < n:
                 mixes = cute.make_rmem_tensor((n_mix + 1,), Float32)

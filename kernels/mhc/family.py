@@ -169,32 +169,31 @@ class MhcCuteDSL(Impl):
                 fake_rowmajor("bf16", (t, HC_MULT, d)),
             )
             return compile_kernel(HcPostKernel(d), *fake, arch=arch)
-        head, k = case["op"] == "head", HC_MULT * d
-        tm, chunk = self._tiling(case)
-        mix = HcMixKernel(N_MIX[case["op"]], k, chunk, tm)
+        mix, apply = self._passes(case)
         part = make_fake_compact_tensor(
             cutlass.Float32,
             (t, mix.splits, mix.n_mix + 1),
             stride_order=(2, 1, 0),
             assumed_align=4,
         )
-        x2, fn = fake_rowmajor("bf16", (t, k)), fake_rowmajor("fp32", (mix.n_mix, k))
-        apply = HcApplyKernel(head, d, mix.splits)
         fake = (
+            fake_rowmajor("bf16", (t, HC_MULT * d)),
+            fake_rowmajor("fp32", (mix.n_mix, HC_MULT * d)),
             part,
             fake_rowmajor("bf16", (t, HC_MULT, d)),
-            fake_rowmajor("fp32", (1 if head else 3,), 4),
+            fake_rowmajor("fp32", (1 if apply.head else 3,), 4),
             fake_rowmajor("fp32", (mix.n_mix,), 4),
             fake_rowmajor("bf16", (t, d)),
             fake_rowmajor("fp32", (t, HC_MULT), 4),
             fake_rowmajor("fp32", (t, HC_MULT * HC_MULT), 4),
         )
-        return CompiledPair(
-            compile_kernel(mix, x2, fn, part, arch=arch),
-            compile_kernel(apply, *fake, arch=arch),
-            mix.splits,
-            mix.n_mix,
-        )
+        return compile_kernel(HcTwoPass(mix, apply), *fake, arch=arch)
+
+    def _passes(self, case: Case) -> tuple[HcMixKernel, HcApplyKernel]:
+        head = case["op"] == "head"
+        tm, chunk = self._tiling(case)
+        mix = HcMixKernel(N_MIX[case["op"]], HC_MULT * case["d"], chunk, tm)
+        return mix, HcApplyKernel(head, case["d"], mix.splits)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         t = case["t"]
@@ -208,24 +207,28 @@ class MhcCuteDSL(Impl):
             )
             return out
         x = inputs["x"]
-        part = torch.empty(
-            t, compiled.splits, compiled.n_mix + 1, device=x.device
-        )  # [T, splits, n_mix + 1]
-        compiled.mix(x.view(t, -1), inputs["fn"], part)
+        mix, _ = self._passes(case)
+        part = torch.empty(t, mix.splits, mix.n_mix + 1, device=x.device)  # [T, splits, n_mix + 1]
         post = out.get("post", torch.empty(t, HC_MULT, device=x.device))
         comb = out.get("comb", torch.empty(t, HC_MULT, HC_MULT, device=x.device))
-        compiled.apply(
-            part, x, inputs["scale"], inputs["base"], out["y"], post, comb.view(t, -1)
-        )
+        compiled(x.view(t, -1), inputs["fn"], part, x, inputs["scale"], inputs["base"], out["y"], post,
+                 comb.view(t, -1))
         return out
 
 
-class CompiledPair:
-    """The two launches of hc_pre / hc_head; __cubin__ is pass 1's (the heavier) for resource reports."""
+class HcTwoPass:
+    """hc_pre / hc_head as one host call: pass 1 (mix partials per K split) then pass 2 (reduce,
+    Sinkhorn, collapse) on the same stream. Two separately compiled functions cost a second TVM-FFI
+    dispatch, which at decode (a few µs of kernels) left the GPU idle between the passes."""
 
-    def __init__(self, mix, apply, splits: int, n_mix: int):
-        self.mix, self.apply, self.splits, self.n_mix = mix, apply, splits, n_mix
-        self.__cubin__ = getattr(mix, "__cubin__", None)
+    def __init__(self, mix: HcMixKernel, apply: HcApplyKernel):
+        self.mix, self.apply = mix, apply
+
+    @cute.jit
+    def __call__(self, mX2: cute.Tensor, mFn: cute.Tensor, mPart: cute.Tensor, mX: cute.Tensor, mScale: cute.Tensor,
+                 mBase: cute.Tensor, mY: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, stream):
+        self.mix(mX2, mFn, mPart, stream)
+        self.apply(mPart, mX, mScale, mBase, mY, mPost, mComb, stream)
 
 
 def _eager(fns: dict, case: Case, inputs: dict) -> dict:

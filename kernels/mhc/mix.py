@@ -34,6 +34,7 @@ MAX_CHUNK = 1024
 MIN_CHUNK = 128
 SUB = 64  # K columns per shared-memory stage
 TARGET_CTAS = 264  # two waves of 132 SMs
+ONE_WAVE_CTAS = 128  # a grid this small is resident at once on an H100 (132 SMs) or a B200 (148)
 VEC = 8  # bf16 per 16-byte vector
 MMA_M = 16  # rows of one warp MMA tile (m16n8k16)
 
@@ -142,6 +143,15 @@ class HcMixKernel:
             self.n_mix, self.np, self.tokc, self.sub, self.xrow, self.frow
         )
         m1, crow = n_mix + 1, self.crow
+        # Pass 2 is launched with programmatic dependent launch: it may be scheduled once every CTA
+        # of this grid has triggered (or exited), then loads x and waits for these partials. A grid
+        # that fits one wave triggers at once (decode: pass 2's launch and x loads overlap this
+        # pass); a bigger one at the end of each CTA, so that pass 2's CTAs do not take the SMs
+        # this grid's later waves need (prefill got 3.5% slower with the early trigger).
+        gx, gy, _ = cute.arch.grid_dim()
+        one_wave = gx * gy <= ONE_WAVE_CTAS
+        if one_wave:
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, split, _ = cute.arch.block_idx()
         n_tokens = mX.shape[0]
@@ -243,3 +253,5 @@ class HcMixKernel:
                         mPart[t0 + t, split, m] = s_c[t, m]
                     else:
                         mPart[t0 + t, split, m] = s_c[t, np_]
+        if not one_wave:
+            cute.arch.griddepcontrol_launch_dependents()
