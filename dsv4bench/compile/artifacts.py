@@ -1,16 +1,13 @@
 """What the disk cache stores for a compiled kernel, and how it is brought back without the JIT.
 
 A TVM-FFI compiled function is exported to one object file (`compiled.export_to_c`) and loaded with
-`cute.runtime.load_module(..., enable_tvm_ffi=True)`. An impl may also return a plain object that
-holds several compiled functions plus JSON-able values (mhc's pair of launches): each function is
-exported on its own, and loading rebuilds an object of the same class with loaded functions in
-their places and the values restored. Anything else cannot be stored (TypeError).
+`cute.runtime.load_module(..., enable_tvm_ffi=True)`. Anything else cannot be stored (TypeError): a
+kernel of several launches is one jitted function that launches them (kernels/mhc/family.py,
+`HcTwoPass`).
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import tempfile
 from pathlib import Path
 
@@ -40,53 +37,28 @@ class LoadedKernel:
         return self.function(*args)
 
 
-def _split(compiled) -> tuple[dict[str, object], dict, str | None]:
-    """(name -> exportable function, JSON-able state, "module:qualname" of a holder class or None)."""
-    if hasattr(compiled, "export_to_c"):
-        return {"": compiled}, {}, None
-    attrs = {k: v for k, v in getattr(compiled, "__dict__", {}).items() if not k.startswith("__")}
-    parts = {k: v for k, v in attrs.items() if hasattr(v, "export_to_c")}
-    state = {k: v for k, v in attrs.items() if k not in parts}
-    if not parts:
-        raise TypeError(f"{type(compiled).__name__} is not a compiled function and holds none")
-    json.dumps(state)  # TypeError when a value cannot be stored
-    cls = type(compiled)
-    return parts, state, f"{cls.__module__}:{cls.__qualname__}"
-
-
 def export(compiled, function: str) -> tuple[dict[str, bytes], dict]:
-    """(payloads by file name, the layout of the entry for `load`): an object file per compiled
-    function (symbol `function`, suffixed by the part's name), and the cubin / PTX the compile kept."""
-    parts, state, holder = _split(compiled)
-    payloads, specs = {}, {}
+    """(payloads by file name, the layout of the entry for `load`): the object file of the compiled
+    function (symbol `function`) and the cubin / PTX the compile kept. TypeError for anything that is
+    not a TVM-FFI compiled function (it is cached in memory only)."""
+    if not hasattr(compiled, "export_to_c"):
+        raise TypeError(f"{type(compiled).__name__} is not a compiled function")
+    payloads = {}
     with tempfile.TemporaryDirectory(prefix="dsv4bench-export-") as tmp:
-        for name, fn in parts.items():
-            obj, symbol = (OBJECT, function) if not name else (f"kernel.{name}.o", f"{function}_{name}")
-            fn.export_to_c(str(Path(tmp) / obj), function_name=symbol)
-            payloads[obj] = (Path(tmp) / obj).read_bytes()
-            specs[name] = {"object": obj, "function": symbol}
+        compiled.export_to_c(str(Path(tmp) / OBJECT), function_name=function)
+        payloads[OBJECT] = (Path(tmp) / OBJECT).read_bytes()
     for name, attr in ((CUBIN, "__cubin__"), (PTX, "__ptx__")):
         blob = artifact(compiled, attr)
         if blob:
             payloads[name] = blob
-    return payloads, {"parts": specs, "state": state, "class": holder}
+    return payloads, {"object": OBJECT, "function": function}
 
 
-def load(paths: dict[str, Path], layout: dict):
-    """The callable (or holder object) stored by `export`, from verified payload paths."""
+def load(paths: dict[str, Path], layout: dict) -> LoadedKernel:
+    """The function stored by `export`, from verified payload paths."""
     import cutlass.cute as cute
 
     cubin = paths[CUBIN].read_bytes() if CUBIN in paths else None
-    loaded = {name: LoadedKernel(cute.runtime.load_module(str(paths[spec["object"]]), enable_tvm_ffi=True),
-                                 spec["function"], cubin if not name else None)
-              for name, spec in layout["parts"].items()}
-    if layout["class"] is None:
-        return loaded[""]
-    module, qualname = layout["class"].split(":")
-    cls = importlib.import_module(module)
-    for attr in qualname.split("."):
-        cls = getattr(cls, attr)
-    holder = cls.__new__(cls)
-    holder.__dict__.update(layout["state"], **loaded)
-    holder.__cubin__ = cubin
-    return holder
+    spec = layout["parts"][""] if "parts" in layout else layout  # entries written before 2026-11-23
+    module = cute.runtime.load_module(str(paths[spec["object"]]), enable_tvm_ffi=True)
+    return LoadedKernel(module, spec["function"], cubin)

@@ -101,13 +101,6 @@ def parse(log: str) -> tuple[list[dict], list[dict]]:
     return serialized, injected
 
 
-def _ptx_of(compiled) -> list[bytes]:
-    """The kept PTX of a compiled function, or of each compiled function a holder object keeps."""
-    own = artifact(compiled, "__ptx__") if hasattr(compiled, "__ptx__") else None
-    if own:
-        return [own]
-    parts = [v for k, v in sorted(getattr(compiled, "__dict__", {}).items()) if not k.startswith("__")]
-    return [blob for blob in (artifact(p, "__ptx__") for p in parts if hasattr(p, "__ptx__")) if blob]
 
 
 def run_ptxas(exe: str, ptx: bytes, arch: str) -> tuple[int, str]:
@@ -133,23 +126,20 @@ def check(compiled, arch: str) -> dict | None:
             print(f"dsv4bench: lint {RULE} {SKIPPED_NO_PTXAS} (looked at ${ENV}, PATH, $CUDA_HOME/bin, "
                   f"/usr/local/cuda*/bin)", file=sys.stderr, flush=True)
         return fact
-    ptxs = _ptx_of(compiled)
-    if not ptxs:
+    ptx = artifact(compiled, "__ptx__")
+    if not ptx:
         fact["status"] = "skipped: PTX not kept (compile with kernels.common.compile_kernel)"
         return fact
     t0 = time.perf_counter()
-    for ptx in ptxs:
-        try:
-            rc, log = run_ptxas(exe, ptx, arch)
-        except (OSError, subprocess.SubprocessError) as e:
-            fact["status"] = f"error: {type(e).__name__}: {str(e)[:200]}"
-            break
+    try:
+        rc, log = run_ptxas(exe, ptx, arch)
+    except (OSError, subprocess.SubprocessError) as e:
+        fact["status"] = f"error: {type(e).__name__}: {str(e)[:200]}"
+    else:
         if rc != 0:  # a ptxas older than the PTX, say: report, never fail the case on it
             fact["status"] = f"error: ptxas exit {rc}: {' '.join(log.split())[-300:]}"
-            break
-        serialized, injected = parse(log)
-        fact["serialized"] += serialized
-        fact["injected"] += injected
+        else:
+            fact["serialized"], fact["injected"] = parse(log)
     fact["seconds"] = round(time.perf_counter() - t0, 3)
     return fact
 
