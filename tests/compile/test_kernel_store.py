@@ -57,7 +57,7 @@ def test_an_entry_in_the_earlier_layout_still_loads(store):
 
     entry, meta = the_entry(store)
     meta["artifact"] = {"parts": {"": meta["artifact"]}, "state": {}, "class": None}
-    (entry / "meta.json").write_text(json.dumps(meta))
+    (entry / META).write_text(json.dumps(meta))
     kernel, info = fresh_get(store)
     assert isinstance(kernel, LoadedKernel) and info.cache == "disk"
 
