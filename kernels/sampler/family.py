@@ -74,6 +74,17 @@ class SamplerFamily(Family):
         return Cost(flops=float(b * v * FLOPS_PER_TOKEN), bytes=float(reads + b * 12))
 
 
+def compile_sampler(kernel: SamplerKernel, arch: str):
+    """`kernel` (a SamplerKernel, or a probe's variant of it) for any B, with fake tensors."""
+    b = cute.sym_int()
+    logits, noise = _fake(cutlass.Float32, (b, kernel.vocab), 16), _fake(cutlass.Float32, (b, kernel.vocab), 16)
+    temps = _fake(cutlass.Float32, (b,))
+    part_f, part_i = _fake(cutlass.Float32, (b, 2, kernel.tiles)), _fake(cutlass.Int32, (b, kernel.tiles))
+    count = _fake(cutlass.Int32, (cute.sym_int(),))
+    return compile_kernel(kernel, logits, temps, noise, part_f, part_i, count, _fake(cutlass.Int64, (b,), 8),
+                          arch=arch)
+
+
 class SamplerCuteDSL(Impl):
     family, name, backend = "sampler", "cutedsl", "cutedsl"
     compiles = True
@@ -89,14 +100,7 @@ class SamplerCuteDSL(Impl):
         return (self.family, self.name, arch, case["v"])
 
     def compile(self, case: Case, arch: str):
-        kernel = SamplerKernel(case["v"])
-        b = cute.sym_int()
-        logits, noise = _fake(cutlass.Float32, (b, case["v"]), 16), _fake(cutlass.Float32, (b, case["v"]), 16)
-        temps = _fake(cutlass.Float32, (b,))
-        part_f, part_i = _fake(cutlass.Float32, (b, 2, kernel.tiles)), _fake(cutlass.Int32, (b, kernel.tiles))
-        count = _fake(cutlass.Int32, (cute.sym_int(),))
-        return compile_kernel(kernel, logits, temps, noise, part_f, part_i, count, _fake(cutlass.Int64, (b,), 8),
-                              arch=arch)
+        return compile_sampler(SamplerKernel(case["v"]), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         compiled(inputs["logits"], inputs["temperatures"], inputs["noise"], out["partial_keys"],
