@@ -217,9 +217,11 @@ class MhcCuteDSL(Impl):
 
 
 class HcTwoPass:
-    """hc_pre / hc_head as one host call: pass 1 (mix partials per K split) then pass 2 (reduce,
-    Sinkhorn, collapse) on the same stream. Two separately compiled functions cost a second TVM-FFI
-    dispatch, which at decode (a few µs of kernels) left the GPU idle between the passes."""
+    """hc_pre / hc_head as one compiled function: pass 1 (mix partials per K split) then pass 2
+    (reduce, Sinkhorn, collapse, a programmatic dependent launch) on the same stream. One host call
+    instead of two measured the same (the host is ahead of the GPU; the decode gap between the
+    passes was the dependent launch, which PDL hides: docs/perf/mhc.md, v5); one function is simply
+    one artifact to cache and call."""
 
     def __init__(self, mix: HcMixKernel, apply: HcApplyKernel):
         self.mix, self.apply = mix, apply

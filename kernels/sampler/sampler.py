@@ -17,7 +17,8 @@ the row's workspace slot; the last CTA of the row to arrive (an int32 arrival co
 acq_rel atomic add) merges the row's partials in split order, writes the
 token (int64) and puts the counter back to 0, so every call starts from zero. With one split per
 row (B ≥ TARGET_CTAS) the CTA writes the token itself and the counter is not touched. Per-row
-temperatures; a T = 0 row never reads noise. One source for sm_90a and sm_100a.
+temperatures; a T = 0 row reads no noise, except the one batch of a CTA whose run is that short
+(its noise is issued before the temperature is known). One source for sm_90a and sm_100a.
 """
 
 from __future__ import annotations
