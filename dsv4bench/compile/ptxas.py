@@ -101,8 +101,6 @@ def parse(log: str) -> tuple[list[dict], list[dict]]:
     return serialized, injected
 
 
-
-
 def run_ptxas(exe: str, ptx: bytes, arch: str) -> tuple[int, str]:
     with tempfile.TemporaryDirectory(prefix="dsv4bench-ptxas-") as tmp:
         src = Path(tmp) / "kernel.ptx"
