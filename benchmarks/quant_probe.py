@@ -1,18 +1,19 @@
-"""Where the time of the indexer's Hadamard-128 + MXFP4 quantisation goes: the shipped rotate path (4
-lanes per row) next to knock-outs, timed on the same inputs in one process with the harness timer
+"""Where the time of the indexer's Hadamard-128 + MXFP4 quantisation goes: the shipped rotate path (v3)
+next to the previous one (v2) and knock-outs, timed on the same inputs in one process with the harness timer
 (CUDA events, L2 flushed per call), plus an empty kernel of the same grid (the launch floor) and a
 256 MiB device copy (bandwidth). Knock-out outputs are garbage and not checked; the shipped kernel is
 compared bit for bit with the oracle (oracles.quant.mxfp4_quant of oracles.hadamard's rotation).
 v1 (16 lanes per row) and v1 with the branch-free e2m1 were measured by this probe at 66b5a7b
-(benchmarks/results/quant-probe-h100-66b5a7b.json) before v1 was removed.
+(benchmarks/results/quant-probe-h100-66b5a7b.json) before v1 was removed; v2's knock-outs are there too.
 
     python3 benchmarks/quant_probe.py --out quant-probe.json      (H100: about a minute)
 
 rows 262144 (indexer q prefill, 85 MB) and 4096 (decode q)
-    v2               the shipped kernel: 4 lanes per row, half-exchange shuffles, e2m1_code
-    v2_no_e2m1       knock-out: the scaled value's raw low bits instead of the e2m1 code
-    v2_no_hadamard   knock-out: no rotation (bf16 in, quantised as is)
-    empty            a kernel of the same grid that does nothing
+    v3               the shipped kernel: 2 lanes per row, one full-exchange shuffle stage, e2m1 on bf16 pairs
+    v2               the previous kernel: 4 lanes per row, half-exchange shuffles, fp32 e2m1_code
+    v3_no_e2m1       knock-out: the bf16 pair itself instead of its two e2m1 codes
+    v3_no_hadamard   knock-out: no rotation (bf16 in, quantised as is)
+    empty_v3/v2      a kernel of the same grid that does nothing
 """
 
 from __future__ import annotations
@@ -25,29 +26,37 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.worker import case_generator
 from kernels.common import compile_kernel
-from kernels.bits import f32_bits
 from kernels.quant import family as qfam
+from kernels.quant import rotate
 from kernels.quant.quant import CTA_THREADS, ROT_ROWS_PER_CTA, QuantKernel
 from probe_common import ARCH, empty_launch, run_probe, timed  # benchmarks/ is on sys.path as a script
 from sweeps import quant as qspace
 
 
 class NoE2m1:
-    def e2m1(self, v):
-        return f32_bits(v) & 0xF
+    def e2m1x2(self, p, inv):
+        return p
 
 
-class NoHadamardV2:
+class NoHadamard:
     @cute.jit
-    def hadamard_v2(self, x: cute.Tensor, lane: cutlass.Int32):
+    def hadamard(self, x: cute.Tensor, lane: cutlass.Int32):
         pass
 
 
+class V2:
+    @cute.jit
+    def launch_rotate(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
+        self.launch_rotate_v2(mX, mQ, mS, stream)
+
+
 VARIANTS = {  # label: (class, checked against the oracle)
-    "v2": (QuantKernel, True),
-    "v2_no_e2m1": (type("V2NoE2m1", (NoE2m1, QuantKernel), {}), False),
-    "v2_no_hadamard": (type("V2NoH", (NoHadamardV2, QuantKernel), {}), False),
+    "v3": (QuantKernel, True),
+    "v2": (type("V2", (V2, QuantKernel), {}), True),
+    "v3_no_e2m1": (type("V3NoE2m1", (NoE2m1, QuantKernel), {}), False),
+    "v3_no_hadamard": (type("V3NoH", (NoHadamard, QuantKernel), {}), False),
 }
+GRIDS = {"empty_v3": (rotate.ROWS_PER_CTA, rotate.THREADS), "empty_v2": (ROT_ROWS_PER_CTA, CTA_THREADS)}
 
 
 def quant_rows(timer):
@@ -72,8 +81,9 @@ def quant_rows(timer):
             row = {"case": f"mxfp4+H {m} rows", "variant": label, "passes_oracle": ok, **timed(timer, fn)}
             row["gb_s"] = mb / row["median_us"] * 1e3
             yield row
-        grid = -(-m // ROT_ROWS_PER_CTA)
-        yield {"case": f"mxfp4+H {m} rows", "variant": "empty", **timed(timer, empty_launch(grid, CTA_THREADS))}
+        for label, (rows_per_cta, threads) in GRIDS.items():
+            grid = -(-m // rows_per_cta)
+            yield {"case": f"mxfp4+H {m} rows", "variant": label, **timed(timer, empty_launch(grid, threads))}
         del x, out
         torch.cuda.empty_cache()
 

@@ -76,6 +76,27 @@ def prmt(a, b, selector: int, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def packed(op: str, *args, loc=None, ip=None) -> Int32:
+    """One PTX instruction `op d, a, b[, c]` on 32-bit registers holding two 16-bit lanes, such as
+    `mul.rn.bf16x2`, `add.rn.bf16x2`, `fma.rn.bf16x2` (sm_90: bf16x2 add/mul) or `max.u16x2` (sm_90)."""
+    operands = ", ".join(f"${i + 1}" for i in range(len(args)))
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(a).ir_value(loc=loc, ip=ip) for a in args], f"{op} $0, {operands};",
+        "=r," + ",".join("r" * len(args)),
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@dsl_user_op
+def ffma(a, b, c, *, loc=None, ip=None) -> Float32:
+    """`fma.rn.f32`: one rounding of a·b + c (with b = ±1, exactly the rounded a + c or c − a)."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)], "fma.rn.f32 $0, $1, $2, $3;",
+        "=f,f,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@dsl_user_op
 def fabs(x, *, loc=None, ip=None) -> Float32:
     """|x| as `abs.f32`: ptxas folds it into the consumer's |.| operand modifier (FMNMX, FADD, ...)."""
     return Float32(mlir_math.absf(Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
@@ -101,3 +122,48 @@ def e2m1_code(v: Float32) -> Int32:
     hi = ((b + 0x1FFFFF + ((b >> 22) & 1)) >> 22) - 252
     code = cutlass.select_(a < Float32(2.0), lo, hi)
     return cutlass.select_(v < Float32(-0.25), code | 8, code)
+
+
+# ---------------------------------------------------------------- packed e2m1 on bf16 pairs (v3)
+def _i32(v: int) -> int:
+    """A 32-bit pattern as the signed Python int an Int32 constant takes."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v & 0x80000000 else v
+
+
+BF16X2_ABS = 0x7FFF7FFF
+BF16X2_TWO = 0x40004000
+BF16X2_96 = 0x42C042C0  # 96 + m for m in [0, 2]: bf16 ulp 0.5 on [64, 128), so the sum rounds m to 0.5 steps (RNE)
+BF16X2_260 = 0x43824382  # 65 · 4: Veltkamp's split constant 2^(8-2) + 1, times the x4 that aligns the nibble
+BF16X2_MINUS_4 = _i32(0xC080C080)
+NIBBLE_SIGN = 0x02000200  # each lane's nibble bit 3 (bit 9 of the lane)
+NIBBLE_NONZERO = 0x01C001C0  # + 7 << 6: carries into bit 9 exactly when the code is >= 1
+# L = 0x42C0 + c per lane -> (c + 256) · 64 = c << 6 | 0x4000, the domain of the split's bf16 bits
+LO_TO_NIBBLE = _i32((0x4000 - 0x42C0 * 64) * 0x10001)
+
+
+def bf16x2_pow2(e: Int32) -> Int32:
+    """Both lanes of a bf16x2 = 2^(127 - e), the inverse of a ue8m0 scale (exact for 1 <= e <= 253)."""
+    return ((2 * UE8M0_BIAS - e) << 7) * 0x10001
+
+
+def e2m1x2_nibbles(p: Int32, inv: Int32) -> Int32:
+    """Two e2m1 codes from a bf16x2 `p` and the block's bf16x2 inverse scale `inv`, bit-exact with
+    oracles.quant.e2m1_encode(lane · scale⁻¹); lane k's code nibble is at bits 16k + 6..9.
+
+    a = |p| · inv is exact (a power of two) and a <= 6 for every bf16 block max (the ue8m0 rule;
+    checked over all bf16 in the tests), so no saturation is needed:
+    - below 2 the grid is the multiples of 0.5: L = bf16(min(a, 2) + 96) = 0x42C0 + RNE(2a) (bf16
+      ulp 0.5 on [64, 128), ties to the even code);
+    - from 1 on the grid is bf16 with one mantissa bit: Veltkamp's split g = 260a, d = g − 4a,
+      r = g − d rounds 4a to 2 significant bits with ties to even, and its bits are (code + 256)·64;
+    - on [1, 2) both agree; below 1 the split's code is the smaller, at or above 2 the magic's (it
+      saturates at code 4), so one u16x2 max of the two, in the split's domain, is the code.
+    The sign goes to nibble bit 3 only for codes >= 1 (−0 and |v| <= 0.25 give +0).
+    """
+    a = packed("mul.rn.bf16x2", p & BF16X2_ABS, inv)
+    lo = packed("add.rn.bf16x2", packed("min.u16x2", a, BF16X2_TWO), BF16X2_96) * 64 + LO_TO_NIBBLE
+    g = packed("mul.rn.bf16x2", a, BF16X2_260)
+    r = packed("sub.rn.bf16x2", g, packed("fma.rn.bf16x2", a, BF16X2_MINUS_4, g))
+    code = packed("max.u16x2", r, lo)
+    return code | ((p >> 6) & NIBBLE_SIGN & (code + NIBBLE_NONZERO))

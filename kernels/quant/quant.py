@@ -31,6 +31,7 @@ from cutlass import Float32, Int32, Uint8
 from kernels.quant.numerics import (
     cute_abs, e2m1_code, e4m3x2, inv_pow2, prmt, round_bf16x2, ue8m0_exponent,
 )
+from kernels.quant.rotate import HadamardMxfp4
 
 VEC = 8  # bf16 elements per 16-byte vector
 MAX_VECS_PER_THREAD = 8
@@ -232,7 +233,7 @@ class RotateV2:
             mS[row, lane] = Uint8(my_exp)
 
 
-class QuantKernel(RotateV2):
+class QuantKernel(HadamardMxfp4, RotateV2):
     """Compile-time: format, width, block, rotation. Runtime: rows and the input's row stride.
 
     The rotate path runs `kernel_rotate_v2` (4 lanes per row); `kernel` serves every other format.
@@ -250,7 +251,7 @@ class QuantKernel(RotateV2):
     def __call__(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, stream):
         cfg = self.cfg
         if cutlass.const_expr(cfg.rotate):
-            self.launch_rotate_v2(mX, mQ, mS, stream)
+            self.launch_rotate(mX, mQ, mS, stream)
         else:
             self.kernel(mX, mQ, mS).launch(
                 grid=[cute.ceil_div(mX.shape[0], cfg.rows_per_cta), 1, 1], block=[cfg.threads, 1, 1], stream=stream,
