@@ -51,12 +51,6 @@ def bf16x2_bits(lo, hi, *, loc=None, ip=None) -> Int32:
     ))
 
 
-def round_bf16x2(lo: Float32, hi: Float32):
-    """RNE of two finite fp32 to bf16, returned as fp32: one cvt and two unpacks (bf16 → fp32 is a 16-bit shift)."""
-    bits = bf16x2_bits(lo, hi)
-    return bits_f32(bits << 16), bits_f32(bits & -65536)
-
-
 def cute_abs(v: Float32) -> Float32:
     return bits_f32(f32_bits(v) & 0x7FFFFFFF)
 
@@ -66,12 +60,12 @@ def cute_fmin(a: Float32, b: Float32) -> Float32:
 
 
 @dsl_user_op
-def prmt(a, b, selector: int, *, loc=None, ip=None) -> Int32:
-    """`prmt.b32 d, a, b, selector`: byte k of d is byte (selector >> 4k) & 7 of the pair b:a."""
+def lop3(a, b, c, lut: int, *, loc=None, ip=None) -> Int32:
+    """`lop3.b32 d, a, b, c, lut`: any bitwise function of three words in one instruction (the truth
+    table over a = 0xF0, b = 0xCC, c = 0xAA); for the cases ptxas does not fold into one LOP3."""
     return Int32(llvm.inline_asm(
-        T.i32(), [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
-        f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r",
-        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        T.i32(), [Int32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)], f"lop3.b32 $0, $1, $2, $3, {lut:#x};",
+        "=r,r,r,r", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
     ))
 
 
@@ -132,14 +126,15 @@ def _i32(v: int) -> int:
 
 
 BF16X2_ABS = 0x7FFF7FFF
+BF16X2_ONE = 0x3F803F80
 BF16X2_TWO = 0x40004000
-BF16X2_96 = 0x42C042C0  # 96 + m for m in [0, 2]: bf16 ulp 0.5 on [64, 128), so the sum rounds m to 0.5 steps (RNE)
+BF16X2_64 = 0x42804280  # 64 + m for m in [0, 1]: bf16 ulp 0.5 on [64, 128), so the sum rounds m to 0.5 steps (RNE)
+BF16X2_MINUS_126 = _i32(0xC2FCC2FC)  # 2(64 + c/2) - 126 = 2 + c, whose bits are (c + 256) · 64
 BF16X2_260 = 0x43824382  # 65 · 4: Veltkamp's split constant 2^(8-2) + 1, times the x4 that aligns the nibble
 BF16X2_MINUS_4 = _i32(0xC080C080)
-NIBBLE_SIGN = 0x02000200  # each lane's nibble bit 3 (bit 9 of the lane)
-NIBBLE_NONZERO = 0x01C001C0  # + 7 << 6: carries into bit 9 exactly when the code is >= 1
-# L = 0x42C0 + c per lane -> (c + 256) · 64 = c << 6 | 0x4000, the domain of the split's bf16 bits
-LO_TO_NIBBLE = _i32((0x4000 - 0x42C0 * 64) * 0x10001)
+SIGN_AND_DOMAIN = 0x42004200  # per lane: nibble bit 3 (bit 9), and bit 14, set in every code of the split's domain
+LUT_SIGN_INTO_CODE = (0xCC & 0xAA & ~0xF0 | ~0xCC & 0xF0) & 0xFF  # lop3(code, k, s): k ? s & ~code : code
+NIBBLE_MAGNITUDES = 0x77777777  # bits 0-2 of each of 8 packed nibbles
 
 
 def bf16x2_pow2(e: Int32) -> Int32:
@@ -149,21 +144,40 @@ def bf16x2_pow2(e: Int32) -> Int32:
 
 def e2m1x2_nibbles(p: Int32, inv: Int32) -> Int32:
     """Two e2m1 codes from a bf16x2 `p` and the block's bf16x2 inverse scale `inv`, bit-exact with
-    oracles.quant.e2m1_encode(lane · scale⁻¹); lane k's code nibble is at bits 16k + 6..9.
+    oracles.quant.e2m1_encode(lane · scale⁻¹) up to the sign of zero codes (pack_codes clears it);
+    lane k's code nibble is at bits 16k + 6..9.
 
     a = |p| · inv is exact (a power of two) and a <= 6 for every bf16 block max (the ue8m0 rule;
     checked over all bf16 in the tests), so no saturation is needed:
-    - below 2 the grid is the multiples of 0.5: L = bf16(min(a, 2) + 96) = 0x42C0 + RNE(2a) (bf16
-      ulp 0.5 on [64, 128), ties to the even code);
+    - up to 1 the grid is the multiples of 0.5: L = bf16(min(a, 1) + 64) = 64 + RNE(2a)/2 (bf16 ulp
+      0.5 on [64, 128), ties to the even code), and 2L − 126 = 2 + c, whose bf16 bits are (c + 256)·64;
     - from 1 on the grid is bf16 with one mantissa bit: Veltkamp's split g = 260a, d = g − 4a,
       r = g − d rounds 4a to 2 significant bits with ties to even, and its bits are (code + 256)·64;
-    - on [1, 2) both agree; below 1 the split's code is the smaller, at or above 2 the magic's (it
-      saturates at code 4), so one u16x2 max of the two, in the split's domain, is the code.
-    The sign goes to nibble bit 3 only for codes >= 1 (−0 and |v| <= 0.25 give +0).
+    - at 1 both give code 2; below 1 the split's code is the smaller, above 1 the clamped path's (it
+      stops at code 2), so one u16x2 max of the two is the code. All of it but the clamp, the max
+      and the sign runs on the bf16x2 pipe, off the integer ALU the rest of the kernel crowds.
+    The sign goes to nibble bit 3 of every code, zero included; no other bit is set.
     """
     a = packed("mul.rn.bf16x2", p & BF16X2_ABS, inv)
-    lo = packed("add.rn.bf16x2", packed("min.u16x2", a, BF16X2_TWO), BF16X2_96) * 64 + LO_TO_NIBBLE
+    half_steps = packed("add.rn.bf16x2", packed("min.u16x2", a, BF16X2_ONE), BF16X2_64)
+    lo = packed("fma.rn.bf16x2", half_steps, BF16X2_TWO, BF16X2_MINUS_126)
     g = packed("mul.rn.bf16x2", a, BF16X2_260)
     r = packed("sub.rn.bf16x2", g, packed("fma.rn.bf16x2", a, BF16X2_MINUS_4, g))
-    code = packed("max.u16x2", r, lo)
-    return code | ((p >> 6) & NIBBLE_SIGN & (code + NIBBLE_NONZERO))
+    code = packed("max.u16x2", r, lo)  # per lane 0x4000 | code << 6
+    # k ? (s & ~code) : code with k = SIGN_AND_DOMAIN: the sign into bit 9, the domain's bit 14 out
+    return lop3(code, SIGN_AND_DOMAIN, p >> 6, LUT_SIGN_INTO_CODE)
+
+
+def pack_codes(n0: Int32, n1: Int32, n2: Int32, n3: Int32) -> Int32:
+    """8 codes as 4 bytes, element 2k in the low nibble of byte k, from the e2m1x2_nibbles of the
+    pairs (0, 4), (1, 5), (2, 6), (3, 7): n0 + (n1 << 4) holds elements 0, 1 at bits 6-13 and 4, 5
+    at 22-29, n2 + (n3 << 4) elements 2, 3 and 6, 7, so one shift each way interleaves the bytes."""
+    return clear_negative_zeros(((n0 + (n1 << 4)) >> 6) + ((n2 + (n3 << 4)) << 2))
+
+
+def clear_negative_zeros(word: Int32) -> Int32:
+    """8 packed e2m1 codes with the sign on every nibble -> −0 (0b1000) becomes +0 (the oracle's
+    rule: negative only for codes >= 1). Per nibble, magnitude + 7 carries into bit 3 exactly when
+    the magnitude is >= 1 (and never out of the nibble), so bit 3 of that sum keeps the sign; one
+    fix per word of 8 codes where fixing each pair would cost 2 instructions per pair."""
+    return word & (((word & NIBBLE_MAGNITUDES) + NIBBLE_MAGNITUDES) | NIBBLE_MAGNITUDES)

@@ -1,20 +1,25 @@
-"""The indexer's Hadamard-128 + MXFP4 quantisation (spec §2.4, §2.5), v3: two lanes per row.
+"""The indexer's Hadamard-128 + MXFP4 quantisation (spec §2.4, §2.5), v4: two lanes per row, staged loads.
 
 rows of 128 bf16 → bf16(H_128·x·128^-0.5) → per 32: ue8m0 scale + e2m1 codes (two per byte, element
 2k in the low nibble), bit-exact with the reference's butterfly (fast_hadamard_transform's order:
 element bit 0, 1, ..., 6; each stage (a + b, a − b) rounded in fp32, then ·128^-0.5, then bf16).
 
-Layout. Lane l of a row loads vectors v = l + 2j (j = 0..7): one warp load reads a full 32-byte sector
-of each of 16 rows. Register (e, j) holds element 8v + e, so element bits 0-2 are e, bit 3 the lane,
-bits 4-6 j. Stages 0-2 and 4-6 run in registers; stage 3 swaps all 64 values with the partner lane
-and forms fma(x, ±1, other): a + b on lane 0, a − b on lane 1 (the same single rounding as the
-reference's add/sub).
+Loads. Warp w of a CTA owns rows 16w..16w+15; copy j of lane t moves vector t % 16 of row 2j + t // 16
+(cp.async, 16 bytes), so every warp instruction reads 512 contiguous bytes like a copy does, into a
+[row][vector] smem tile whose 288-byte row pitch keeps both sides conflict-free; each lane then reads
+its own vectors back. (v3 loaded straight into registers, one 32-byte sector of each of 16 rows per
+warp instruction: that pattern alone cost 33 µs where a copy's costs 29, docs/perf/quant.md.)
+
+Layout. Lane l of a row holds vectors v = l + 2j (j = 0..7). Register (e, j) holds element 8v + e,
+so element bits 0-2 are e, bit 3 the lane, bits 4-6 j. Stages 0-2 and 4-6 run in registers; stage 3
+swaps all 64 values with the partner lane and forms fma(x, ±1, other): a + b on lane 0, a − b on
+lane 1 (the same single rounding as the reference's add/sub).
 
 Quantisation in bf16 pairs. After the rotation every value is a bf16, so the block max, the scaling
 and the e2m1 rounding run on bf16x2 registers, two elements per instruction (numerics.e2m1x2_nibbles).
-The pairs are elements (e, e + 2) of a vector, which puts the nibbles of elements 2k and 2k + 1 side by
-side in one shift and an OR; one PRMT gathers a vector's 4 code bytes. Block b = vectors 4b..4b+3 =
-j in {2b, 2b + 1} on both lanes: its max is one u16x2 max chain and one shuffle.
+The pairs are elements (e, e + 4) of a vector, the order numerics.pack_codes turns into a vector's
+4 code bytes with three shifts-and-adds. Block b = vectors 4b..4b+3 = j in {2b, 2b + 1} on both
+lanes: its max is one u16x2 max chain and one shuffle.
 
 Stores: the lanes swap half their code words so that lane l writes row bytes 16l..16l+15 and
 32+16l..32+16l+15 (two 16-byte stores, each a full 32-byte sector per row across the pair), and
@@ -25,11 +30,12 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint8
+from cutlass import Float32, Int32, Uint8, memory
+from cutlass.cute.nvgpu import cpasync
 
 from kernels.bits import bits_f32
 from kernels.quant.numerics import (
-    BF16X2_ABS, bf16x2_bits, bf16x2_pow2, e2m1x2_nibbles, ffma, packed, prmt, ue8m0_exponent,
+    BF16X2_ABS, bf16x2_bits, bf16x2_pow2, e2m1x2_nibbles, ffma, pack_codes, packed, ue8m0_exponent,
 )
 
 HADAMARD_N = 128
@@ -39,8 +45,12 @@ VECS = HADAMARD_N // (VEC * LANES)  # vectors per lane
 BLOCK = 32
 THREADS = 128
 ROWS_PER_CTA = THREADS // LANES
+WARPS = THREADS // 32
+ROWS_PER_WARP = 32 // LANES
+VECS_PER_ROW = HADAMARD_N // VEC
+ROW_PITCH = HADAMARD_N + 16  # smem row pitch: 32 bytes of padding put a quarter-warp's 16-byte accesses in 8 bank groups
 FP4_MAX, FP4_AMAX_FLOOR = 6.0, 6.0 * 2.0**-126
-PAIRS = ((0, 2), (1, 3), (4, 6), (5, 7))  # a vector's bf16x2 pairs: nibbles of 2k and 2k + 1 sit side by side
+PAIRS = ((0, 4), (1, 5), (2, 6), (3, 7))  # a vector's bf16x2 pairs, in numerics.pack_codes' order
 
 
 class HadamardMxfp4:
@@ -60,17 +70,48 @@ class HadamardMxfp4:
         row = bidx * ROWS_PER_CTA + tidx // LANES
         row_ok = row < mX.shape[0]
 
-        gX = cute.zipped_divide(mX, (1, VEC))
-        raw = cute.make_rmem_tensor((VEC, VECS), mX.element_type)  # (e, j): element 8(lane + 2j) + e
-        src = cutlass.min(row, mX.shape[0] - 1)  # past the end: reload the last row (no zero fill, no branch)
-        for j in cutlass.range_constexpr(VECS):  # every load before any math
-            cute.autovec_copy(gX[(0, None), (src, lane + LANES * j)], raw[None, j])
+        raw = self.load_row(mX, row, lane)
         x = cute.make_rmem_tensor((VEC, VECS), Float32)
         x.store(raw.load().to(Float32))
         self.hadamard(x, lane)
         pairs = self.round_to_bf16_pairs(x)
         words, exps = self.quantise(pairs)
         self.store(words, exps, lane, row, row_ok, mQ, mS)
+
+    @cute.jit
+    def load_row(self, mX: cute.Tensor, row: Int32, lane: Int32) -> cute.Tensor:
+        """raw[e, j] = element 8(lane + 2j) + e of the row, through the warp's smem tile (rows past the
+        end are not loaded: their slots hold garbage, and their results are never stored)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        warp, t = tidx // 32, tidx % 32
+        smem = memory.SmemAllocator()
+        tile = smem.allocate_tensor(
+            mX.element_type,
+            cute.make_layout((VEC, (VECS_PER_ROW, ROWS_PER_WARP, WARPS)),
+                             stride=(1, (VEC, ROW_PITCH, ROW_PITCH * ROWS_PER_WARP))),
+            128,
+        )[None, (None, None, warp)]  # this warp's (element, vector, row)
+        self.copy_rows(mX, tile, row - t // LANES, t)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_warp()
+        raw = cute.make_rmem_tensor((VEC, VECS), mX.element_type)
+        for j in cutlass.range_constexpr(VECS):
+            cute.autovec_copy(tile[None, lane + LANES * j, t // LANES], raw[None, j])
+        return raw
+
+    @cute.jit
+    def copy_rows(self, mX: cute.Tensor, tile: cute.Tensor, first: Int32, t: Int32):
+        """Lane t's cp.asyncs of the warp's rows first..first+15: vector t % 16 of rows 2j + t // 16,
+        walking one pointer two rows per copy; rows past the end are skipped."""
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), mX.element_type,
+                                   num_bits_per_copy=128)
+        v, r0 = t % VECS_PER_ROW, t // VECS_PER_ROW
+        mine = cute.zipped_divide(mX, (1, VEC))[(0, None), (first + r0, v)]  # keeps the 16-byte alignment
+        rows = cute.make_tensor(mine.iterator, cute.make_layout((VEC, VECS), stride=(1, LANES * mX.stride[0])))
+        for j in cutlass.range_constexpr(VECS):
+            if first + r0 + LANES * j < mX.shape[0]:
+                cute.copy(atom, rows[None, j], tile[None, v, r0 + LANES * j])
 
     @cute.jit
     def hadamard(self, x: cute.Tensor, lane: Int32):
@@ -119,11 +160,7 @@ class HadamardMxfp4:
             exps[b] = exp
             inv = bf16x2_pow2(exp)
             for j in cutlass.range_constexpr(2 * b, 2 * b + 2):
-                n = [self.e2m1x2(pairs[len(PAIRS) * j + p], inv) for p in range(len(PAIRS))]
-                # nibbles at bits 6-9 / 22-25, nothing at 10-13 / 26-29: (n0 + (n1 << 4)) >> 6 has
-                # bytes [e0e1, -, e2e3, -] (one LEA and one shift)
-                lo, hi = (n[0] + (n[1] << 4)) >> 6, (n[2] + (n[3] << 4)) >> 6
-                words[j] = prmt(lo, hi, 0x6420)
+                words[j] = pack_codes(*[self.e2m1x2(pairs[len(PAIRS) * j + p], inv) for p in range(len(PAIRS))])
         return words, exps
 
     @cute.jit
@@ -131,7 +168,8 @@ class HadamardMxfp4:
         """Lane l holds the code words of vectors l + 2j; after swapping half of them it stores vectors
         4l..4l+3 and 8+4l..8+4l+3 (row bytes 16l.. and 32+16l..), and scales 2l, 2l + 1."""
         first = lane == 0
-        out = cute.make_rmem_tensor((2, 4), Int32)  # (half, word): bytes 32·half + 16·lane + 4·word
+        # (half, word): bytes 32·half + 16·lane + 4·word; row-major, so that a half is one 16-byte store
+        out = cute.make_rmem_tensor(cute.make_layout((2, 4), stride=(4, 1)), Int32)
         for half in cutlass.range_constexpr(2):
             for k in cutlass.range_constexpr(2):
                 mine, theirs = 4 * half + k, 4 * half + 2 + k  # lane 0 keeps vectors 8h + 2k, sends 8h + 4 + 2k

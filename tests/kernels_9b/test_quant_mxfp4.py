@@ -1,13 +1,13 @@
 """MXFP4 quantisation: the branch-free fp32 e2m1 rounding (kernels/quant/numerics.e2m1_code, the
-unrotated path) and the Hadamard-128 + MXFP4 rotate path, v3 (kernels/quant/rotate.py: two lanes per
-row, e2m1 on bf16 pairs).
+unrotated path) and the Hadamard-128 + MXFP4 rotate path, v4 (kernels/quant/rotate.py: two lanes per
+row, loads staged through shared memory, e2m1 on bf16 pairs).
 
 CPU: a numpy emulation of the exact integer/float steps of `e2m1_code` against
 oracles.quant.e2m1_encode over every fp32 within 65,536 ulps of each rounding boundary and a strided
 sweep of all |x| <= 8 (both signs, ±0, subnormals, 6, >6), plus values above 8 (the full |x| <= 8
 sweep, 2.2e9 patterns, passed once at 5497c38 and took 2 min 40 s). The packed bf16x2 e2m1
-(`e2m1x2_nibbles`) over every bf16 of both signs and every scale exponent; the ue8m0 rule's bound
-(scaled block max <= 6) over every bf16; the v3 lane choreography emulated step by step against the
+(`e2m1x2_nibbles` + `pack_codes`) over every bf16 of both signs and every scale exponent; the ue8m0
+rule's bound (scaled block max <= 6) over every bf16; the lane choreography emulated step by step against the
 reference butterfly order and the oracle; the kernel compiles for sm_90a / sm_100a without local memory.
 GPU (`-m gpu`, skipped without CUDA): the rotate path bit-exact (codes and scales) at 262,144 rows, at
 ragged row counts, with a row stride, and on rows of bf16 subnormals.
@@ -71,7 +71,7 @@ def test_e2m1_edges():
     assert e2m1_emulated(np.array([-0.0, -0.25], np.float32)).tolist() == [0, 0]
 
 
-# ---------------------------------------------------------------- v3: e2m1 on bf16 pairs, emulated
+# ---------------------------------------------------------------- e2m1 on bf16 pairs, emulated
 
 def _bf16(x: np.ndarray) -> np.ndarray:
     """fp32 values rounded to bf16 (RNE), as fp32."""
@@ -130,15 +130,31 @@ def e2m1x2_emulated(p: np.ndarray, inv: np.ndarray) -> np.ndarray:
 
     m32 = 0xFFFFFFFF
     a = packed("mul.rn.bf16x2", p & nm.BF16X2_ABS, inv)
-    lo = (packed("add.rn.bf16x2", packed("min.u16x2", a, nm.BF16X2_TWO), nm.BF16X2_96) * 64 + nm.LO_TO_NIBBLE) & m32
+    half_steps = packed("add.rn.bf16x2", packed("min.u16x2", a, nm.BF16X2_ONE), nm.BF16X2_64)
+    lo = packed("fma.rn.bf16x2", half_steps, nm.BF16X2_TWO, nm.BF16X2_MINUS_126 & m32)
     g = packed("mul.rn.bf16x2", a, nm.BF16X2_260)
     r = packed("sub.rn.bf16x2", g, packed("fma.rn.bf16x2", a, nm.BF16X2_MINUS_4 & m32, g))
     code = packed("max.u16x2", r, lo)
-    return code | ((p >> 6) & nm.NIBBLE_SIGN & ((code + nm.NIBBLE_NONZERO) & m32))
+    return _lop3(code, nm.SIGN_AND_DOMAIN, (p & m32) >> 6, nm.LUT_SIGN_INTO_CODE)
 
 
-def _nibbles(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return (n >> 6) & 0xF, (n >> 22) & 0xF
+def _lop3(a, b, c, lut: int):
+    """PTX lop3.b32 from its truth table: bit (a << 2 | b << 1 | c) of lut, per bit position."""
+    m32 = 0xFFFFFFFF
+    a, b, c = (np.asarray(v, dtype=np.int64) & m32 for v in (a, b, c))
+    out = np.zeros(np.broadcast(a, b, c).shape, np.int64)
+    for i in range(8):
+        if lut >> i & 1:
+            out |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c) & m32
+    return out
+
+
+def pack_codes_emulated(n0, n1, n2, n3):
+    """numerics.pack_codes on int64 words (32-bit wrap-around where the kernel wraps)."""
+    from kernels.quant import numerics as nm
+    m32 = 0xFFFFFFFF
+    w = ((((n0 + (n1 << 4)) & m32) >> 6) + (((n2 + (n3 << 4)) << 2) & m32)) & m32
+    return w & ((((w & nm.NIBBLE_MAGNITUDES) + nm.NIBBLE_MAGNITUDES) & m32) | nm.NIBBLE_MAGNITUDES)
 
 
 def test_scaled_block_max_never_exceeds_6():
@@ -159,7 +175,7 @@ def test_e2m1x2_every_bf16_and_every_scale():
     every = np.arange(0, 0x10000, dtype=np.int64)
     every = every[(every & 0x7F80) != 0x7F80]  # finite
     val = _as_f32(every)
-    bad = 0
+    bad = stray = 0
     for e in range(1, 254):
         inv_f = np.float32(2.0 ** (127 - e))
         ok = np.abs(val.astype(np.float64)) * float(inv_f) <= 6.0
@@ -168,11 +184,14 @@ def test_e2m1x2_every_bf16_and_every_scale():
             continue
         partner = np.roll(lanes, 1)  # a different value in the other lane
         inv = np.int64(bf16x2_pow2(e))  # plain integer arithmetic: the kernel's formula on a Python int
-        n0, n1 = _nibbles(e2m1x2_emulated(_join(lanes, partner), inv))
+        n = e2m1x2_emulated(_join(lanes, partner), inv)
+        stray += int((n & ~0x03C003C0).astype(bool).sum())  # nothing but the two nibbles (pack_codes adds words)
+        packed = pack_codes_emulated(n, 0, 0, 0)  # elements 0 and 4
+        n0, n1 = packed & 0xF, (packed >> 16) & 0xF
         want = e2m1_encode(torch.from_numpy((_as_f32(lanes).astype(np.float64) * float(inv_f)).astype(np.float32))).numpy()
         want_p = e2m1_encode(torch.from_numpy((_as_f32(partner).astype(np.float64) * float(inv_f)).astype(np.float32))).numpy()
         bad += int((n0 != want).sum() + (n1 != want_p).sum())
-    assert bad == 0
+    assert bad == 0 and stray == 0
 
 
 def _reference_order_rotation(rows: np.ndarray) -> np.ndarray:
@@ -188,12 +207,7 @@ def _reference_order_rotation(rows: np.ndarray) -> np.ndarray:
     return _bf16((x * f(128 ** -0.5)).astype(f))
 
 
-def _prmt(a: np.ndarray, b: np.ndarray, sel: int) -> np.ndarray:
-    src = np.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)])
-    return sum(src[(sel >> (4 * k)) & 7] << (8 * k) for k in range(4))
-
-
-def rotate_v3_emulated(rows: np.ndarray):
+def rotate_emulated(rows: np.ndarray):
     """kernels/quant/rotate.py step by step: lanes, registers, shuffles, pair words, nibble packing,
     the word swap and the stores. rows [m, 128] of bf16 values → (codes [m, 64] uint8, scales [m, 4])."""
     from kernels.quant import rotate as rt
@@ -231,9 +245,7 @@ def rotate_v3_emulated(rows: np.ndarray):
         exps[:, b] = e
         inv = bf16x2_pow2(e)[:, None]
         for j in (2 * b, 2 * b + 1):
-            n = [e2m1x2_emulated(pairs[..., 4 * j + p], inv) for p in range(4)]
-            lo, hi = ((n[0] + (n[1] << 4)) & 0xFFFFFFFF) >> 6, ((n[2] + (n[3] << 4)) & 0xFFFFFFFF) >> 6
-            words[..., j] = _prmt(lo, hi, 0x6420)
+            words[..., j] = pack_codes_emulated(*[e2m1x2_emulated(pairs[..., 4 * j + p], inv) for p in range(4)])
     codes = np.zeros((m, 16), np.int64)  # 16 words of 4 bytes per row
     for lane in (0, 1):
         first, partner = lane == 0, 1 - lane
@@ -260,8 +272,8 @@ def _oracle_codes(y_bf16_values: np.ndarray):
 
 
 @pytest.mark.parametrize("spread", [4, 40])
-def test_rotate_v3_emulated_matches_reference_order_and_oracle(spread):
-    """The v3 choreography gives the codes and scales of the reference butterfly order, also where the
+def test_rotate_emulated_matches_reference_order_and_oracle(spread):
+    """The lane choreography gives the codes and scales of the reference butterfly order, also where the
     fp32 sums round (exponent spread 2^±40 inside a row), and the oracle's own (matmul rotation) where
     they are exact; rows of zeros and of bf16 subnormals included."""
     from oracles.hadamard import hadamard_rotate_lowprec
@@ -270,7 +282,7 @@ def test_rotate_v3_emulated_matches_reference_order_and_oracle(spread):
     x[3] = 0.0
     x[7] *= 2.0**-133  # bf16 subnormals after the rotation
     xb = x.to(torch.bfloat16).float().numpy()
-    codes, scales = rotate_v3_emulated(xb)
+    codes, scales = rotate_emulated(xb)
     want_codes, want_scales = _oracle_codes(_reference_order_rotation(xb))
     assert np.array_equal(codes, want_codes) and np.array_equal(scales, want_scales)
     if spread == 4:
@@ -279,8 +291,8 @@ def test_rotate_v3_emulated_matches_reference_order_and_oracle(spread):
         assert np.array_equal(codes, oc) and np.array_equal(scales, os_)
 
 
-def test_rotate_v3_emulation_catches_a_swapped_pair():
-    """The emulation is sensitive to the layout: pairing (0, 1) instead of (0, 2) must break it."""
+def test_rotate_emulation_catches_a_swapped_pair():
+    """The emulation is sensitive to the layout: pairing (0, 1) instead of (0, 4) must break it."""
     from kernels.quant import rotate as rt
     gen = torch.Generator().manual_seed(1)
     xb = torch.randn(64, 128, generator=gen).to(torch.bfloat16).float().numpy()
@@ -288,7 +300,7 @@ def test_rotate_v3_emulation_catches_a_swapped_pair():
     saved = rt.PAIRS
     try:
         rt.PAIRS = ((0, 1), (2, 3), (4, 5), (6, 7))
-        assert not np.array_equal(rotate_v3_emulated(xb)[0], want)
+        assert not np.array_equal(rotate_emulated(xb)[0], want)
     finally:
         rt.PAIRS = saved
 
