@@ -118,7 +118,7 @@ def e2m1_code(v: Float32) -> Int32:
     return cutlass.select_(v < Float32(-0.25), code | 8, code)
 
 
-# ---------------------------------------------------------------- packed e2m1 on bf16 pairs (v3)
+# ---------------------------------------------------------------- packed e2m1 on bf16 pairs (the rotate path)
 def _i32(v: int) -> int:
     """A 32-bit pattern as the signed Python int an Int32 constant takes."""
     v &= 0xFFFFFFFF

@@ -30,13 +30,12 @@ from cutlass import Float32, Int32, Uint8
 from kernels.quant.numerics import (
     cute_abs, e2m1_code, e4m3x2, inv_pow2, ue8m0_exponent,
 )
-from kernels.quant.rotate import HADAMARD_N, HadamardMxfp4
+from kernels.quant.rotate import FP4_AMAX_FLOOR, FP4_MAX, HADAMARD_N, VEC, HadamardMxfp4
 
-VEC = 8  # bf16 elements per 16-byte vector
 MAX_VECS_PER_THREAD = 8
 MAX_THREADS_PER_ROW = 256
 CTA_THREADS = 256
-FORMATS = {"fp8": (448.0, 1e-4), "mxfp4": (6.0, 6.0 * 2.0**-126)}  # qmax, amax floor
+FORMATS = {"fp8": (448.0, 1e-4), "mxfp4": (FP4_MAX, FP4_AMAX_FLOOR)}  # qmax, amax floor
 
 
 @dataclass(frozen=True)

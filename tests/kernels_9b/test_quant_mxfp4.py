@@ -252,8 +252,7 @@ def rotate_emulated(rows: np.ndarray):
         for half in (0, 1):
             for k in (0, 1):
                 mine, theirs = 4 * half + k, 4 * half + 2 + k
-                sent_by_partner = words[:, partner, theirs] if partner == 0 else words[:, partner, mine]
-                got = sent_by_partner
+                got = words[:, partner, theirs] if partner == 0 else words[:, partner, mine]
                 out0 = words[:, lane, mine] if first else got
                 out1 = got if first else words[:, lane, theirs]
                 base = 4 * (2 * half + lane)
