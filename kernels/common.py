@@ -5,20 +5,35 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+from dataclasses import dataclass
+from typing import Callable
 
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-from dsv4bench.compile.ptxas import keep_ptx
-
 CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
-# Per-process dump dir for the kept cubins (removed at exit); with --dump-dir the compiled
-# function's __cubin__ is the path of the file there.
-DUMP_DIR = tempfile.mkdtemp(prefix="dsv4bench-cute-")
-atexit.register(shutil.rmtree, DUMP_DIR, True)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class CompilePolicy:
+    """What the harness wants kept from a compile; it sets this (kernels never import the harness).
+    keep_ptx(arch): keep the PTX too (the harness's ptxas lint reads it). dump_dir: where the kept
+    cubin/PTX files go (default: a per-process temporary directory, removed at exit)."""
+
+    keep_ptx: Callable[[str], bool] = lambda arch: False
+    dump_dir: str | None = None
+
+    def dump(self) -> str:
+        if self.dump_dir is None:
+            self.dump_dir = tempfile.mkdtemp(prefix="dsv4bench-cute-")
+            atexit.register(shutil.rmtree, self.dump_dir, True)
+        return self.dump_dir
+
+
+POLICY = CompilePolicy()
 
 
 def fake_rowmajor(dtype_name: str, shape: tuple, align: int = 16):
@@ -32,11 +47,11 @@ def compile_kernel(kernel, *fake_args, arch: str):
 
     Works without a GPU. The result is called with torch tensors on the current CUDA stream;
     --keep-cubin keeps the cubin for resource reports and the on-disk cache; --keep-ptx (sm_90a /
-    sm_100a, when a ptxas is found) the PTX for the `wgmma-serialized` lint (dsv4bench/compile/ptxas.py).
+    sm_100a, when the harness's POLICY asks) the PTX for its `wgmma-serialized` lint.
     """
     # --keep-cubin also writes the cubin to a dump dir (default: the cwd); keep it out of trees
-    ptx = " --keep-ptx" if keep_ptx(arch) else ""
+    ptx = " --keep-ptx" if POLICY.keep_ptx(arch) else ""
     return cute.compile(
         kernel, *fake_args, make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=f"--gpu-arch {arch} --enable-tvm-ffi --keep-cubin{ptx} --dump-dir={DUMP_DIR}",
+        options=f"--gpu-arch {arch} --enable-tvm-ffi --keep-cubin{ptx} --dump-dir={POLICY.dump()}",
     )

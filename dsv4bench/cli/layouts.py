@@ -16,7 +16,7 @@ from dsv4bench.compile.cache import compile_recorded, describe
 from dsv4bench.compile import ptxas
 from dsv4bench.compile.cache import ptxas_fact
 from dsv4bench.compile.lints import lint
-from dsv4bench.compile.recorder import Recording
+from kernels.trace import Recording
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Family, Impl, SweepOptions, get_family, impls
 

@@ -25,8 +25,12 @@ from dsv4bench.compile.artifacts import artifact, export, load
 from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.compile.fingerprint import fingerprint, versions
 from dsv4bench.compile.lints import lint
-from dsv4bench.compile.recorder import Recording, recording
 from dsv4bench.compile.store import CorruptEntry, DiskStore
+from kernels import common as kernel_common
+from kernels.trace import Recording, recording
+
+# The harness's compile policy: keep the PTX wherever the ptxas lint can read it.
+kernel_common.POLICY.keep_ptx = ptxas.keep_ptx
 
 ENV_NO_CACHE = "DSV4BENCH_NO_KERNEL_CACHE"
 

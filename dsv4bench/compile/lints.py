@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4bench.compile.recorder import Recording
+from kernels.trace import Recording
 
 # How many arrivals each consumer warp makes on the empty barrier, per pipeline class.
 ARRIVES_PER_WARP = {"PipelineAsync": 32, "PipelineCpAsync": 32, "PipelineUmmaAsync": 32, "PipelineTmaAsync": 1}

@@ -21,8 +21,8 @@ No ptxas (DSV4BENCH_PTXAS, PATH, $CUDA_HOME/bin, $CUDA_PATH/bin, /usr/local/cuda
 says "skipped: no ptxas", one line goes to stderr per process, nothing fails. DSV4BENCH_PTXAS=off
 turns the check off; DSV4BENCH_PTXAS=/path/to/ptxas picks the binary.
 
-Only `kernels/common.py` imports this module (for `keep_ptx`); it imports nothing from dsv4bench
-but the leaf `artifacts`.
+The compile cache hands `keep_ptx` to kernels/common.py's compile policy; this module imports
+nothing from dsv4bench but the leaf `artifacts`.
 """
 
 from __future__ import annotations

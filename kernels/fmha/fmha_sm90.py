@@ -51,7 +51,7 @@ from cutlass.utils import LayoutEnum
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from dsv4bench.compile.recorder import record
+from kernels.trace import record
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)

@@ -35,7 +35,7 @@ from cutlass import Float32, Int64, cute, utils
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from dsv4bench.compile.recorder import record, record_slice
+from kernels.trace import record, record_slice
 
 COPY_BITS = 128
 MAX_VECS_PER_THREAD = (

@@ -22,7 +22,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.runtime import make_fake_compact_tensor
 from cutlass.tensor_utils import LayoutEnum
 
-from dsv4bench.compile import recorder as rec
+from kernels import trace as rec
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl
 

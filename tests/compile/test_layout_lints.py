@@ -8,7 +8,7 @@ from cutlass.cute import sym_int
 from planted_kernels import BUGS, PlantedImpl, compile_planted
 
 from dsv4bench.compile.lints import lint
-from dsv4bench.compile.recorder import Recording, record, recording
+from kernels.trace import Recording, record, recording
 from dsv4bench.compile.store import DiskStore
 from dsv4bench.core.case import Case
 from dsv4bench.core.results import COMPILED, FAIL_LINT, ResultRecord

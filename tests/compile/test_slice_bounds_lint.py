@@ -11,7 +11,7 @@ import cutlass
 import cutlass.cute as cute
 
 from dsv4bench.compile.lints import lint
-from dsv4bench.compile.recorder import record_slice, recording
+from kernels.trace import record_slice, recording
 from kernels.common import compile_kernel, fake_rowmajor
 
 THREADS, VEC, VECS = 32, 8, 4

@@ -18,7 +18,7 @@ from planted_wgmma import compile_wgmma
 from dsv4bench.compile import ptxas
 from dsv4bench.compile.cache import compile_recorded, ptxas_fact
 from dsv4bench.compile.lints import lint
-from dsv4bench.compile.recorder import Recording
+from kernels.trace import Recording
 from dsv4bench.compile.store import DiskStore
 from dsv4bench.core.case import Case
 from dsv4bench.core.results import COMPILED, FAIL_LINT, ResultRecord

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from dsv4bench.compile.cubin import parse_cubin
-from dsv4bench.compile.recorder import recording
+from kernels.trace import recording
 from kernels.fmha.fmha_sm90 import Config
 from kernels.fmha.glue import block_indices, compile_config
 

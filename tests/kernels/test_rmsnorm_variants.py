@@ -17,7 +17,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import get_family
 from dsv4bench.core.worker import CaseData, poison
-from kernels.common import CUTE_DTYPES, DUMP_DIR, fake_rowmajor
+from kernels.common import CUTE_DTYPES, POLICY, fake_rowmajor
 from kernels.rmsnorm.family import compile_rmsnorm
 from kernels.rmsnorm.rmsnorm import RmsNormConfig, RmsNormKernel, variants
 
@@ -49,7 +49,7 @@ def _ptx(knobs: dict, n: int = 7168) -> str:
         fake_rowmajor("bf16", (n,)),
     )
     kernel = RmsNormKernel(CUTE_DTYPES["bf16"], n, True, 1e-6, **knobs)
-    opts = f"--gpu-arch sm_90a --enable-tvm-ffi --keep-ptx --dump-dir={DUMP_DIR}"
+    opts = f"--gpu-arch sm_90a --enable-tvm-ffi --keep-ptx --dump-dir={POLICY.dump()}"
     compiled = cute.compile(
         kernel, x, w, o, make_fake_stream(use_tvm_ffi_env_stream=True), options=opts
     )

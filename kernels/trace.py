@@ -4,7 +4,7 @@ Kernels call these functions inside @cute.jit / @cute.kernel code. Python runs t
 only, so a call costs nothing in the generated code; with no recording active (every compile
 outside `recording()`) each call returns at its first line.
 
-    from dsv4bench.compile import recorder as rec
+    from kernels import trace as rec
     rec.record("sK", sK)                                    # any CuTe object: text only
     tBgK = rec.record_tma_slice("K tile after TMA partition", tBgK, (None, 0, None, 0), tile_mode=2)
     v = rec.record_slice("x vector j", tXgX, ((None, j), None, None))   # bounds-checked slice
@@ -12,7 +12,7 @@ outside `recording()`) each call returns at its first line.
     rec.record_pipeline("S ready", pipeline.PipelineUmmaAsync, consumer_group, consumer_warps=4)
 
 Entries are plain JSON-able dicts (stored with cached kernels so lints re-run on a cache hit).
-This module is a leaf: it imports nothing from dsv4bench, so kernels/ may import it.
+This module is a leaf of kernels/: it imports nothing from the harness (dsv4bench/), which reads it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,93 @@
+"""Our impl's glue: fake tensors for the CPU compile, argument checks, workspaces and the call."""
+
+from __future__ import annotations
+
+import functools
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_tensor
+
+from kernels.common import compile_kernel
+from kernels.gemm.gemm_sm90 import KBLOCK, Fp8GemmSm90, GemmConfig
+
+
+def fake_args(cfg: GemmConfig) -> tuple:
+    """x (M, K) fp8, sa (M, K/128) fp32, w (N, K) fp8, sw (N/128, K/128) fp32, y (M, N) bf16, the
+    split-K workspace and counters, n_ctas; every size a runtime value."""
+    m, n, k, kb, nb, ws, nt = (cute.sym_int32() for _ in range(7))
+    fp8 = cutlass.Float8E4M3FN
+    x = make_fake_tensor(fp8, (m, k), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
+    w = make_fake_tensor(fp8, (n, k), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
+    sa = make_fake_tensor(cutlass.Float32, (m, kb), (cute.sym_int64(), 1), assumed_align=4)
+    sw = make_fake_tensor(cutlass.Float32, (nb, kb), (cute.sym_int64(), 1), assumed_align=4)
+    y = make_fake_tensor(cutlass.BFloat16, (m, n), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
+    work = make_fake_tensor(cutlass.Float32, (ws,), (1,), assumed_align=16)
+    count = make_fake_tensor(cutlass.Int32, (nt,), (1,), assumed_align=4)
+    return x, sa, w, sw, y, work, count, cutlass.Int32(132)
+
+
+def compile_gemm(cfg: GemmConfig, arch: str = "sm_90a"):
+    """Compile one tile configuration (no GPU needed)."""
+    return compile_kernel(Fp8GemmSm90(cfg), *fake_args(cfg), arch=arch)
+
+
+def check_operands(x, sa, w, sw, out=None) -> tuple[int, int, int]:
+    """Validate the DSV4 FP8 operands; raise ValueError naming the offending tensor. Returns (M, N, K)."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            raise ValueError(f"gemm: {name} {what}")
+
+    for name, t in (("x", x), ("w", w)):
+        need(isinstance(t, torch.Tensor) and t.dim() == 2, name, "must be a 2-D tensor")
+        need(t.dtype == torch.float8_e4m3fn, name, f"must be float8_e4m3fn, got {t.dtype}")
+        need(t.is_contiguous(), name, f"must be contiguous (K-major), got strides {tuple(t.stride())}")
+    m, k = x.shape
+    n, kw = w.shape
+    need(kw == k, "w", f"has K = {kw}, x has K = {k}")
+    need(k % KBLOCK == 0 and k > 0, "x", f"K = {k} is not a positive multiple of {KBLOCK}")
+    need(n % 8 == 0 and n > 0, "w", f"N = {n} must be a positive multiple of 8 (16-byte output rows for TMA)")
+    need(m > 0, "x", "has M = 0")
+    kb = k // KBLOCK
+    for name, t, shape in (("sa", sa, (m, kb)), ("sw", sw, ((n + KBLOCK - 1) // KBLOCK, kb))):
+        need(isinstance(t, torch.Tensor) and t.dtype == torch.float32, name,
+             f"must be a float32 tensor, got {getattr(t, 'dtype', type(t))}")
+        need(tuple(t.shape) == shape, name, f"must have shape {shape}, got {tuple(t.shape)}")
+        need(t.is_contiguous(), name, f"must be contiguous, got strides {tuple(t.stride())}")
+    if out is not None:
+        need(out.dtype == torch.bfloat16, "out", f"must be bfloat16, got {out.dtype}")
+        need(tuple(out.shape) == (m, n), "out", f"must have shape {(m, n)}, got {tuple(out.shape)}")
+        need(out.is_contiguous(), "out", "must be contiguous")
+    devs = {t.device for t in (x, sa, w, sw) + ((out,) if out is not None else ())}
+    need(len(devs) == 1, "x", f"and the other operands must be on one device, got {sorted(map(str, devs))}")
+    return m, n, k
+
+
+@functools.cache
+def sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_WORK: dict = {}
+
+
+def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K partials and per-tile counters (zeroed once; the kernel leaves them at zero)."""
+    tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
+    need_w = tiles * cfg.split_k * cfg.bm * cfg.bn if cfg.split_k > 1 else 4
+    key = (str(device),)
+    work, count = _WORK.get(key, (None, None))
+    if work is None or work.numel() < need_w:
+        work = torch.empty(max(need_w, 4), dtype=torch.float32, device=device)
+    if count is None or count.numel() < max(tiles, 1):
+        count = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+    _WORK[key] = (work, count)
+    return work, count
+
+
+def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, n_ctas: int | None = None):
+    m, n, _ = x.shape[0], w.shape[0], x.shape[1]
+    work, count = workspace(cfg, m, n, x.device)
+    compiled(x, sa, w, sw, out, work, count, n_ctas or sm_count(x.device))
+    return out
