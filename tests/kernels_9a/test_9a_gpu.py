@@ -12,7 +12,7 @@ from dsv4bench.compile.cache import CompileCache
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import SweepOptions, get_family, get_impl
 from dsv4bench.core.worker import CaseData, poison
-from tests.kernels_9a.fp8_grid import off_grid
+from tests.compressor.fp8_grid import off_grid
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

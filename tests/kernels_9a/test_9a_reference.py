@@ -10,7 +10,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import SweepOptions, get_family
 from dsv4bench.core.worker import CaseData
-from tests.kernels_9a.fp8_grid import off_grid
+from tests.compressor.fp8_grid import off_grid
 
 CASES = [
     ("rope", {"op": "q_norm_rope", "t": 37, "h": 3, "n": 512, "table": "yarn", "pos": "decode", "dtype": "bf16"}),

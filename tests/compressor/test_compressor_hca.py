@@ -16,7 +16,7 @@ from dsv4bench.core.worker import poison
 from kernels.common import compile_kernel
 from kernels.compressor.family import entries, fake_args, kernel_for, split
 from kernels.compressor.hca import STATE, HcaKernel
-from tests.kernels_9a.fp8_grid import off_grid
+from tests.compressor.fp8_grid import off_grid
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
