@@ -122,6 +122,12 @@ class Impl(ABC):
     archs: tuple = ARCHS  # archs it compiles for (cutedsl) or runs on (peers: any)
     needs_gpu: bool = True
     compiles: bool = False  # has a CuTeDSL compile step that works on a CPU with fake tensors
+    # A declared variant of another impl (a knock-out or an ablation, next to the kernel it probes):
+    # named "<base>:<variant>" (e.g. "cutedsl:no-softmax"), run only when `--impl` names it.
+    variant: str = ""
+    # False for a knock-out whose output is meaningless: it is run and timed but never compared
+    # (status UNCHECKED). A variant that computes the real answer keeps True and must pass.
+    checked: bool = True
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         """None when supported, else a short reason (-> status UNSUPPORTED)."""
