@@ -91,3 +91,24 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, n_ctas: int | None = 
     work, count = workspace(cfg, m, n, x.device)
     compiled(x, sa, w, sw, out, work, count, n_ctas or sm_count(x.device))
     return out
+
+
+def make_operands(m: int, n: int, k: int, seed: int, device: str = "cpu"):
+    """Random DSV4-style operands: x quantised per (row, 128) and W per 128x128 block, ue8m0 scales
+    as fp32. Rows of x get different magnitudes so that the per-row scales matter."""
+    from oracles.quant import fp8_block_quant, quant_fp8_weight, ue8m0_decode
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen) * torch.exp2(torch.randint(-3, 4, (m, 1), generator=gen).float())
+    w = torch.randn(n, k, generator=gen) * 0.05 * torch.exp2(torch.randint(-2, 3, (n, 1), generator=gen).float())
+    xq, sa = fp8_block_quant(x, KBLOCK)
+    wq, sw = quant_fp8_weight(w)
+    return (xq.to(device), sa.float().contiguous().to(device), wq.to(device),
+            ue8m0_decode(sw).float().contiguous().to(device))
+
+
+def oracle_of(x, sa, w, sw) -> torch.Tensor:
+    """FP32 truth: dequant(x) @ dequant(W)^T."""
+    from oracles.quant import dequant_fp8_weight, fp8_block_dequant
+
+    return fp8_block_dequant(x, sa, KBLOCK) @ dequant_fp8_weight(w, sw).T
