@@ -112,3 +112,10 @@ def oracle_of(x, sa, w, sw) -> torch.Tensor:
     from oracles.quant import dequant_fp8_weight, fp8_block_dequant
 
     return fp8_block_dequant(x, sa, KBLOCK) @ dequant_fp8_weight(w, sw).T
+
+
+def dequant_operands(x, sa, w, sw, **_):
+    """fp32 dequant(x) [M, K] and dequant(W) [N, K]."""
+    from oracles.quant import dequant_fp8_weight, fp8_block_dequant
+
+    return fp8_block_dequant(x, sa, KBLOCK), dequant_fp8_weight(w, sw)

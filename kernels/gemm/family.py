@@ -1,0 +1,109 @@
+"""The gemm family: the DSV4 FP8 block-scaled linear y = x . W^T (spec §2.3 / §2.6), its inputs,
+oracle pairing, cost model, CLI filters and implementations (ours, DeepGEMM, cuBLASLt, bf16 torch).
+
+Inputs are the quantised operands the GEMM consumes: x e4m3 [M, K] with fp32 power-of-two scales
+per (row, 128 columns), W e4m3 [N, K] with one fp32 power-of-two scale per 128 x 128 block.
+Oracle: dequant(x) @ dequant(W)^T in fp32. Low-precision reference: the same product rounded to
+bf16 (the reference fp8_gemm accumulates in fp32 per K block and writes bf16).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core import registry
+from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
+from kernels.gemm import peers
+from kernels.gemm.config import choose_config
+from kernels.gemm.gemm_sm90 import KBLOCK
+from kernels.gemm.glue import check_operands, compile_gemm, dequant_operands, make_operands, run_gemm
+from sweeps import gemm as space
+
+SM90_ONLY = ("the SM90 kernel is built on warpgroup MMA (wgmma) and Hopper TMA descriptors; sm_100a "
+             "has no wgmma (it needs a tcgen05/TMEM kernel), so it is not compiled for sm_100a")
+
+
+class GemmFamily(Family):
+    name = "gemm"
+    description = "FP8 e4m3 block-scaled GEMM y = x W^T (1x128 act / 128x128 weight scales), bf16 out"
+    tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
+    space = space
+    filters = {"rows": "m", "width": "n", "depth": "k"}  # the registry API before `Option`
+    if hasattr(registry, "Option"):  # the registry API with per-family sweep options
+        options = {
+            "rows": registry.Option("m", "token rows M of x", "tokens"),
+            "width": registry.Option("n", "output features N (weight rows)", "features"),
+            "depth": registry.Option("k", "reduction length K (a multiple of 128)", "elements"),
+        }
+
+    def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        x, sa, w, sw = make_operands(case["m"], case["n"], case["k"], seed, device)
+        return {"x": x, "sa": sa, "w": w, "sw": sw}
+
+    def oracle(self, case: Case, inputs: dict) -> dict:
+        xd, wd = dequant_operands(**inputs)
+        return {"out": xd @ wd.T}
+
+    def lowprec(self, case: Case, inputs: dict) -> dict:
+        xd, wd = dequant_operands(**inputs)
+        return {"out": (xd @ wd.T).bfloat16()}
+
+    def alloc_outputs(self, case: Case, device: str) -> dict:
+        return {"out": torch.empty(case["m"], case["n"], dtype=torch.bfloat16, device=device)}
+
+    def cost(self, case: Case) -> Cost:
+        m, n, k = case["m"], case["n"], case["k"]
+        kb = k // KBLOCK
+        nb = -(-n // KBLOCK)
+        return Cost(flops=2.0 * m * n * k, bytes=float(m * k + n * k + 4 * (m * kb + nb * kb) + 2 * m * n))
+
+
+class GemmCuteDSL(Impl):
+    family, name, backend = "gemm", "cutedsl", "cutedsl"
+    archs = ("sm_90a",)
+    compiles = True
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if arch not in (None, "sm_90a"):
+            return SM90_ONLY
+        if case["k"] % KBLOCK:
+            return f"K must be a multiple of {KBLOCK} (the quantisation block)"
+        if case["n"] % 8:
+            return "N must be a multiple of 8 (16-byte output rows for the TMA store)"
+        return None
+
+    def compile_key(self, case: Case, arch: str) -> tuple:
+        return (self.family, self.name, arch, choose_config(case["m"], case["n"], case["k"]))
+
+    def compile(self, case: Case, arch: str):
+        if arch != "sm_90a":
+            raise ValueError(SM90_ONLY)
+        return compile_gemm(choose_config(case["m"], case["n"], case["k"]), arch)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        check_operands(inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"])
+        cfg = choose_config(case["m"], case["n"], case["k"])
+        run_gemm(compiled, cfg, inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"])
+        return out
+
+
+FAMILY = register_family(GemmFamily())
+for _impl in (GemmCuteDSL(), peers.DeepGemm(), peers.CublasLt(), peers.TorchBf16()):
+    register_impl(_impl)
+
+
+def gemm(x: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """The op for model code: y = x . W^T with DSV4 FP8 operands (bad input -> ValueError naming
+    the tensor). Compiled kernels are cached per tile configuration."""
+    m, n, k = check_operands(x, sa, w, sw, out)
+    cfg = choose_config(m, n, k)
+    if cfg not in _COMPILED:
+        _COMPILED[cfg] = compile_gemm(cfg)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device) if out is None else out
+    return run_gemm(_COMPILED[cfg], cfg, x, sa, w, sw, out)
+
+
+_COMPILED: dict = {}
