@@ -5,3 +5,7 @@ Each op has an FP32 oracle and a `*_lowprec` twin composing the same math in the
 functions and tests. `fmha` (attention core) and `model` (full-model composition) are owned
 by their kernel/runner families.
 """
+
+# A family may live outside this tree: every `oracles/` directory on sys.path joins this package
+# (kernels/<f>/, oracles/<f>.py, sweeps/<f>.py; docs/adding-a-family.md).
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)

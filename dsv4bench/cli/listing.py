@@ -16,7 +16,7 @@ def list_cmd() -> None:
     for col in ("family", "impl", "backend", "archs", "here"):
         table.add_column(col)
     for name, fam in sorted(families().items()):
-        for i, impl in enumerate(impls(name)):
+        for i, impl in enumerate(impls(name, variants=True)):
             why = impl.available()
             if why:
                 status = f"[yellow]{why}[/]"
@@ -24,6 +24,8 @@ def list_cmd() -> None:
                 status = "compile + run" if here else "compile-only"
             else:
                 status = "run" if here or not impl.needs_gpu else "needs a GPU"
+            if impl.variant:  # declared knock-outs/ablations: run only when `sweep --impl` names them
+                status = f"[dim]variant{'' if impl.checked else ' (knock-out, not compared)'}: {status}[/]"
             table.add_row(name if i == 0 else "", impl.name, impl.backend, ",".join(impl.archs), status)
         table.add_row(f"[dim]{fam.description}[/]", "", "", "", "", end_section=True)
     console.print(table)

@@ -14,9 +14,11 @@ from rich.table import Table
 from dsv4bench.cli.common import console, fail, gpu_arch
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.evaluate import CaseData, Outcome, evaluate
 from dsv4bench.core.regressions import regressions_dir
 from dsv4bench.core.registry import get_family, impls
-from dsv4bench.core.worker import CaseData, Worker, poison
+from dsv4bench.core.results import PASS, UNCHECKED, UNSUPPORTED
+from dsv4bench.core.worker import Worker
 
 WORST = 8
 
@@ -66,16 +68,26 @@ def show_worst(name: str, out: torch.Tensor, ref: torch.Tensor, low: torch.Tenso
     console.print(hist)
 
 
-def show_result(label: str, result: dict, data: CaseData, tol) -> bool:
-    ok, metrics = compare_outputs(result, data.oracle, data.lowprec, tol)
-    console.print(f"[{'green' if ok else 'red'}]{label}: {'PASS' if ok else 'FAIL'}[/]")
-    for name, m in metrics.items():
+def show_outcome(label: str, outcome: Outcome, data: CaseData) -> bool:
+    ok = outcome.passed
+    colour = {PASS: "green", UNCHECKED: "yellow", UNSUPPORTED: "yellow"}.get(outcome.status, "red")
+    console.print(f"[{colour}]{label}: {outcome.status}[/]" + ("" if ok else f" {outcome.reason}"), highlight=False)
+    for name, m in outcome.metrics.items():
         console.print(f"  {name}: max {m.max_abs:.4g} mean {m.mean_abs:.4g} rel_l2 {m.rel_l2:.3g} "
                       f"bound {m.bound} worst at {m.worst_index}" + ("" if ok else f"; {m.summary()}"))
-        if name in result and result[name].is_floating_point():
-            show_worst(name, result[name].cpu(), data.oracle[name].cpu(),
+        res = outcome.result.get(name)
+        if res is not None and res.is_floating_point():
+            show_worst(name, res.cpu(), data.oracle[name].cpu(),
                        data.lowprec[name].cpu() if name in data.lowprec else None)
-    return ok
+    return ok or outcome.status == UNSUPPORTED
+
+
+def show_reference_check(data: CaseData, tol) -> bool:
+    """What a CPU sweep checks: the low-precision reference against the FP32 oracle."""
+    ok, metrics = compare_outputs(data.lowprec, data.oracle, data.lowprec, tol)
+    outcome = Outcome(PASS if ok else "FAIL_NUMERIC", "; ".join(m.summary() for m in metrics.values()),
+                      metrics, data.lowprec)
+    return show_outcome("lowprec reference vs FP32 oracle (CPU check)", outcome, data)
 
 
 def repro_cmd(
@@ -99,11 +111,13 @@ def repro_cmd(
     data = CaseData(family, case, device)
     tol = lambda n: family.tolerance_for(case, n)  # noqa: E731
     passed = True
-    if not arch and impl in (None, "torch"):  # what a CPU sweep checks: the low-precision reference
-        passed &= show_result("lowprec reference vs FP32 oracle (CPU check)", data.lowprec, data, tol)
-    for im in impls(case.family):
-        if impl and im.name != impl:
-            continue
+    if not arch and impl in (None, "torch"):
+        passed &= show_reference_check(data, tol)
+    chosen = [im for im in impls(case.family, variants=True) if (im.name == impl if impl else not im.variant)]
+    if impl and not chosen:
+        fail(f"family {case.family} has no impl '{impl}' (impls: "
+             f"{', '.join(i.name for i in impls(case.family, variants=True))})")
+    for im in chosen:
         if not arch:
             if im.compiles:
                 for a in im.archs:
@@ -122,9 +136,7 @@ def repro_cmd(
             console.print(f"{im.name}: UNSUPPORTED ({reason})")
             continue
         compiled = worker.cache.get(im, case, arch)[0] if im.compiles else None
-        out = family.alloc_outputs(case, device)
-        poison(out)
-        passed &= show_result(im.name, im.run(case, data.inputs, out, compiled), data, tol)
+        passed &= show_outcome(im.name, evaluate(family, im, case, compiled, device=device, data=data), data)
     if not passed:
         raise typer.Exit(1)
 

@@ -1,7 +1,13 @@
-"""`dsv4bench sweep KERNEL`: plan the case space, run it isolated, record, summarize."""
+"""`dsv4bench sweep FAMILY`: plan the case space, run it isolated, record, summarize.
+
+`sweep` is a group with one command per discovered family, built when it is called from the
+family's declaration: the common options below plus the family's own shape options
+(`Family.options`), so `dsv4bench sweep <family> --help` shows exactly what that family takes.
+"""
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
 import sys
@@ -10,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dsv4bench.cli.common import console, fail, gpu_arch, resolve_archs
@@ -17,12 +24,10 @@ from dsv4bench.cli.report import render
 from dsv4bench.cli.summary import exit_code, print_summary
 from dsv4bench.compile.cache import ENV_NO_CACHE
 from dsv4bench.core.regressions import record_failures, with_regressions
-from dsv4bench.core.registry import SweepOptions, get_family
+from dsv4bench.core.environment import describe_environment
+from dsv4bench.core.registry import Family, SweepOptions, family_packages, impls, load_family
 from dsv4bench.core.results import GOOD_STATUSES, RunDir
 from dsv4bench.core.runner import Runner, plan
-from dsv4bench.core.environment import describe_environment
-
-FAMILY_OPTIONS = ("hd", "heads", "topk", "sink", "mask", "width", "rows", "dtype")
 
 
 def parse_shard(shard: str | None) -> tuple[int, int] | None:
@@ -45,22 +50,29 @@ def open_run_dir(out: Optional[Path], kernel: str) -> RunDir:
         fail(f"cannot write to --out {path}: {e.strerror or e}")
 
 
-def sweep_cmd(
-    kernel: str = typer.Argument(..., help="kernel family (see `dsv4bench list`)"),
-    hd: Optional[str] = typer.Option(None, help="head dims, e.g. 64,128,256,512 (fmha)"),
-    heads: Optional[str] = typer.Option(None, help="query heads, e.g. 64,128 (fmha)"),
-    topk: Optional[str] = typer.Option(None, help="top-k sizes (fmha)"),
-    sink: Optional[bool] = typer.Option(None, "--sink/--no-sink", help="with or without the attention sink (fmha)"),
-    mask: Optional[str] = typer.Option(None, help="masks, e.g. causal,window,topk (fmha)"),
-    width: Optional[str] = typer.Option(None, help="normalized widths, e.g. 4096,7168 (rmsnorm)"),
-    rows: Optional[str] = typer.Option(None, help="row counts (rmsnorm)"),
-    dtype: Optional[str] = typer.Option(None, help="dtypes, e.g. bf16,fp32"),
+def parse_impls(family: Family, impl: str | None) -> list[str] | None:
+    """--impl a,b: the impls to run (declared variants only run when named here)."""
+    if impl is None:
+        return None
+    names = [n.strip() for n in impl.split(",") if n.strip()]
+    known = [i.name for i in impls(family.name, variants=True)]
+    bad = [n for n in names if n not in known]
+    if not names or bad:
+        fail(f"--impl: {family.name} has no impl '{(bad or [impl])[0]}' (impls: {', '.join(known)})")
+    return names
+
+
+def sweep_family(
+    family: Family,
+    shape: dict,
     examples: int = typer.Option(20, min=0, help="hypothesis-drawn extra cases"),
     seed: int = typer.Option(0, help="seed of the drawn cases and of every input"),
     grid: bool = typer.Option(True, "--grid/--no-grid", help="include the DSV4 production grid"),
     arch: str = typer.Option("auto", help="auto | sm_90a | sm_100a | sm_90a,sm_100a"),
     compile_only: bool = typer.Option(False, "--compile-only", help="compile, do not run (no GPU needed)"),
     bench: bool = typer.Option(False, "--bench", help="time every passing impl (GPU)"),
+    impl: Optional[str] = typer.Option(None, help="only these impls, e.g. cutedsl,cutedsl:no-softmax "
+                                                 "(declared variants run only when named; see `list`)"),
     baseline: Optional[str] = typer.Option(None, help="peers to run beside ours, e.g. torch,quack (default: all)"),
     out: Optional[Path] = typer.Option(None, help="run directory; re-running with the same one resumes"),
     timeout: float = typer.Option(300.0, min=1.0, help="seconds per task before it is killed as TIMEOUT"),
@@ -68,16 +80,13 @@ def sweep_cmd(
     no_cache: bool = typer.Option(False, "--no-cache", help="bypass the compiled-kernel disk cache (cold compiles)"),
 ) -> None:
     """Sweep a kernel family over its case space against the FP32 oracle."""
-    try:
-        family = get_family(kernel)
-    except KeyError as e:
-        fail(e.args[0])
-    raw = {k: v for k, v in dict(hd=hd, heads=heads, topk=topk, sink=sink, mask=mask, width=width, rows=rows,
-                                 dtype=dtype).items() if v is not None}
+    kernel = family.name
+    raw = {k: v for k, v in shape.items() if v is not None}
     try:
         filters = family.parse_filters(raw)
     except ValueError as e:
         fail(str(e))
+    chosen = parse_impls(family, impl)
     archs = resolve_archs(arch)
     here = gpu_arch()
     gpu = here is not None and not compile_only
@@ -94,7 +103,8 @@ def sweep_cmd(
         cases = cases[shard_ix[0]::shard_ix[1]]
     if not cases:
         fail("no case matches the given options")
-    tasks = plan(cases, archs, gpu=gpu, bench=bench and gpu, compile_only=compile_only, baselines=baselines)
+    tasks = plan(cases, archs, gpu=gpu, bench=bench and gpu, compile_only=compile_only, baselines=baselines,
+                 only=chosen)
     done = run_dir.done_tasks()
     todo = [t for t in tasks if t.key not in done]
     command, environment = "dsv4bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]), describe_environment()
@@ -143,5 +153,69 @@ def sweep_cmd(
     raise typer.Exit(exit_code(records))
 
 
+COMMON = [p for p in inspect.signature(sweep_family, eval_str=True).parameters.values()
+          if p.name not in ("family", "shape")]
+
+
+try:  # typer >= 0.22 carries its own click, whose exceptions are the ones raised
+    from typer._click.exceptions import NoSuchOption
+except ImportError:
+    from click.exceptions import NoSuchOption
+
+
+class FamilyCommand(typer.core.TyperCommand):
+    """A family's sweep command: an option it does not take is one line naming those it does."""
+
+    family: Family
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except NoSuchOption as e:
+            takes = ", ".join(f"--{o}" for o in self.family.options) or "no shape options"
+            fail(f"option {e.option_name} does not apply to {self.family.name} (its shape options: {takes}; "
+                 f"`dsv4bench sweep {self.family.name} --help` lists every option)")
+
+
+def family_command(family: Family):
+    """`sweep <family>`: the common options plus the family's declared shape options."""
+    clash = sorted(set(family.options) & {p.name for p in COMMON})
+    if clash:
+        fail(f"family {family.name} declares option --{clash[0]}, which every sweep already has")
+    own = [inspect.Parameter(
+        name.replace("-", "_"), inspect.Parameter.KEYWORD_ONLY, annotation=Optional[bool] if opt.flag else Optional[str],
+        default=typer.Option(None, f"--{name}/--no-{name}" if opt.flag else f"--{name}", help=opt.describe(),
+                             show_default=False))
+        for name, opt in family.options.items()]
+
+    def command(**kwargs):
+        shape = {name: kwargs.pop(name.replace("-", "_")) for name in family.options}
+        sweep_family(family, shape, **kwargs)
+
+    command.__signature__ = inspect.Signature(own + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in COMMON])
+    app = typer.Typer(add_completion=False)
+    app.command(family.name, cls=FamilyCommand, help=f"{family.description}.\n\nSweeps {family.name} over its "
+                                                     f"case space against the FP32 oracle.")(command)
+    cmd = typer.main.get_command(app)
+    cmd.family = family
+    return cmd
+
+
+class FamilyGroup(typer.core.TyperGroup):
+    """One subcommand per family, discovered from kernels/ and built only when called."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted(family_packages())
+
+    def get_command(self, ctx, name: str):
+        try:
+            family = load_family(name)
+        except KeyError as e:
+            fail(e.args[0])
+        return family_command(family)
+
+
 def register(app: typer.Typer) -> None:
-    app.command("sweep")(sweep_cmd)
+    group = typer.Typer(cls=FamilyGroup, no_args_is_help=True, add_completion=False,
+                        help="Sweep a kernel family against its FP32 oracle (`sweep FAMILY --help`: its options).")
+    app.add_typer(group, name="sweep")

@@ -1,9 +1,13 @@
 """The Family / Impl registry: one place where every kernel family and implementation is known.
 
 A Family owns the math (inputs, FP32 oracle, low-precision torch reference, cost model, case
-space). An Impl is one way to compute it: our CuTeDSL kernel, torch eager, torch.compile, or a
-peer library. Families register themselves at import time of their module; `load_families()`
-imports the built-in ones plus any module named in DSV4BENCH_PLUGINS (comma-separated).
+space, its sweep options, the model ops it serves). An Impl is one way to compute it: our CuTeDSL
+kernel, a declared knock-out variant of it, torch eager, torch.compile, or a peer library.
+
+Families are discovered, not listed: every package `kernels/<name>/` holding a `family.py` is one
+(the `kernels` package may span several directories on sys.path, see kernels/__init__.py), and
+that module registers it at import. `load_families()` imports them, plus any module named in
+DSV4BENCH_PLUGINS (comma-separated). docs/adding-a-family.md is the recipe.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import importlib
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
@@ -20,18 +25,56 @@ from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_l
 Tensors = dict  # name -> torch.Tensor
 
 ARCHS = ("sm_90a", "sm_100a")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
-# Modules that define the built-in families; each calls register_family at import.
-BUILTIN_FAMILY_MODULES = [
-    "kernels.rmsnorm.family",
-    "kernels.rope.family",
-    "kernels.mhc.family",
-    "kernels.compressor.family",
-    "kernels.quant.family",
-    "kernels.router.family",
-    "kernels.sampler.family",
-    "kernels.fmha.family",
-]
+
+def family_packages() -> dict[str, str]:
+    """Family name -> module of its registration (`kernels.<name>.family`), from the directories
+    of the `kernels` package that hold a family.py. Found without importing any kernel."""
+    import kernels
+
+    found = {}
+    for root in kernels.__path__:
+        for pkg in sorted(Path(root).iterdir()):
+            if (pkg / "family.py").is_file() and pkg.name.isidentifier():
+                found.setdefault(pkg.name, f"kernels.{pkg.name}.family")
+    return found
+
+
+@dataclass(frozen=True)
+class Option:
+    """One shape filter of a family's sweep command: `--<name> a,b` keeps the cases whose parameter
+    `param` is one of the values. The family declares it once; `dsv4bench sweep <family> --help`
+    shows `help`, `unit` and `choices` as written here."""
+
+    param: str  # the case parameter it selects
+    help: str  # in the family's own words
+    unit: str = ""  # e.g. "elements", "tokens"
+    choices: tuple = ()  # the allowed values (integers, or names when `names`); empty: any positive int
+    names: bool = False  # values are names (bf16, causal), not integers
+    flag: bool = False  # a --x/--no-x switch selecting True or False
+    aliases: Mapping[str, str] = field(default_factory=dict)  # CLI name -> case value ("topk": "sparse")
+
+    def describe(self) -> str:
+        unit = f", in {self.unit}" if self.unit else ""
+        shown = list(self.choices) + list(self.aliases)
+        return f"{self.help}{unit}" + (f"; one or more of {', '.join(map(str, shown))}" if shown else "")
+
+    def parse(self, name: str, raw: Any) -> list:
+        """The typed values of `--name raw`; ValueError with one clear line on bad input."""
+        if self.flag:
+            key = str(raw).strip().lower()
+            if key not in _TRUE + _FALSE:
+                raise ValueError(f"--{name} takes true/false, got '{raw}'")
+            return [key in _TRUE]
+        if self.names:
+            picked = parse_choice_list(name, raw, [*map(str, self.choices), *self.aliases])
+            return [self.aliases.get(v, v) for v in picked]
+        values = parse_int_list(name, raw)
+        bad = [v for v in values if self.choices and v not in self.choices]
+        if bad:
+            raise ValueError(f"--{name} takes {', '.join(map(str, self.choices))}; got {bad[0]}")
+        return values
 
 
 @dataclass(frozen=True)
@@ -63,19 +106,21 @@ class SweepOptions:
 
 
 class Family(ABC):
-    name: str = ""
+    name: str = ""  # the name of its package under kernels/
     description: str = ""
     tolerance: Tolerance = Tolerance()
     space: Any = None  # its module in sweeps/: production() -> [params], extra(n, seed) -> [params]
-    filters: Mapping[str, str] = {}  # CLI shape option -> the case param it selects, e.g. {"width": "n"}
-    choices: Mapping[str, Sequence[str]] = {}  # options taking names (--dtype bf16), not integers
+    options: Mapping[str, Option] = {}  # its sweep command's shape filters, by option name
+    # The model ops it serves (dsv4bench/model/dispatch.py): op name -> a callable with the op
+    # oracle's signature (oracles/model.py ORACLE_OPS) that runs this family's kernel.
+    serves: Mapping[str, Callable] = {}
 
     def cases(self, opts: SweepOptions) -> list[Case]:
         """The case space (sweeps/): the production grid, then hypothesis draws; filtered."""
         params = [(p, "grid") for p in self.space.production()] if opts.grid else []
         params += [(p, "hypothesis") for p in self.space.extra(opts.examples, opts.seed)]
         cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, self.filters)
+        return apply_filters(cases, opts.filters, {k: o.param for k, o in self.options.items()})
 
     @abstractmethod
     def make_inputs(self, case: Case, gen: "Any", device: str) -> Tensors:
@@ -99,14 +144,13 @@ class Family(ABC):
     def tolerance_for(self, case: Case, output: str) -> Tolerance:
         return self.tolerance
 
-    def parse_filters(self, raw: Mapping[str, str]) -> dict:
+    def parse_filters(self, raw: Mapping[str, Any]) -> dict:
         """Turn CLI options (e.g. --hd 64,128) into typed filters; raise ValueError on bad input."""
-        unknown = sorted(set(raw) - set(self.filters))
+        unknown = sorted(set(raw) - set(self.options))
         if unknown:
-            takes = ", ".join(f"--{opt} ({param})" for opt, param in self.filters.items()) or "no shape options"
+            takes = ", ".join(f"--{opt}" for opt in self.options) or "no shape options"
             raise ValueError(f"option --{unknown[0]} does not apply to {self.name} (it takes {takes})")
-        return {opt: parse_choice_list(opt, v, list(self.choices[opt])) if opt in self.choices
-                else parse_int_list(opt, v) for opt, v in raw.items()}
+        return {opt: self.options[opt].parse(opt, v) for opt, v in raw.items()}
 
 
 class Unsupported(Exception):
@@ -171,6 +215,13 @@ _loaded = False
 BROKEN_MODULES: dict[str, str] = {}  # module -> why it failed to import (shown by `list`)
 
 
+def _import_family(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # a broken kernel module must not take the whole tool down
+        BROKEN_MODULES[module] = f"{type(e).__name__}: {e}"
+
+
 def load_families() -> None:
     """Import every family module; one that fails is recorded in BROKEN_MODULES, not fatal."""
     global _loaded
@@ -178,11 +229,19 @@ def load_families() -> None:
         return
     _loaded = True
     extra = [m.strip() for m in os.environ.get("DSV4BENCH_PLUGINS", "").split(",") if m.strip()]
-    for mod in BUILTIN_FAMILY_MODULES + extra:
-        try:
-            importlib.import_module(mod)
-        except Exception as e:  # a broken kernel module must not take the whole tool down
-            BROKEN_MODULES[mod] = f"{type(e).__name__}: {e}"
+    for mod in list(family_packages().values()) + extra:
+        _import_family(mod)
+    for name, module in family_packages().items():
+        if module not in BROKEN_MODULES and name not in _FAMILIES:
+            BROKEN_MODULES[module] = f"it registered no family named '{name}' (a family is named after its package)"
+
+
+def load_family(name: str) -> Family:
+    """One family by name, importing only its own package (fast CLI paths); else as get_family."""
+    module = family_packages().get(name)
+    if module and name not in _FAMILIES and not _loaded:
+        _import_family(module)
+    return _FAMILIES[name] if name in _FAMILIES else get_family(name)
 
 
 def families() -> dict[str, Family]:
@@ -201,13 +260,16 @@ def get_family(name: str) -> Family:
     return _FAMILIES[name]
 
 
-def impls(family: str) -> list[Impl]:
-    load_families()
-    return list(_IMPLS.get(family, []))
+def impls(family: str, variants: bool = False) -> list[Impl]:
+    """The family's impls; declared variants (knock-outs, ablations) only with `variants`."""
+    if family not in _IMPLS:
+        load_families()
+    return [i for i in _IMPLS.get(family, []) if variants or not i.variant]
 
 
 def get_impl(family: str, name: str) -> Impl:
-    for impl in impls(family):
+    for impl in impls(family, variants=True):
         if impl.name == name:
             return impl
-    raise KeyError(f"family '{family}' has no impl '{name}'")
+    known = ", ".join(i.name for i in impls(family, variants=True))
+    raise KeyError(f"family '{family}' has no impl '{name}' (impls: {known})")

@@ -43,12 +43,15 @@ class Task:
 
 
 def plan(cases: Iterable[Case], archs: list[str], gpu: bool, bench: bool, compile_only: bool,
-         baselines: list[str] | None = None) -> list[Task]:
+         baselines: list[str] | None = None, only: list[str] | None = None) -> list[Task]:
     """GPU: every impl runs (peers too, for ratios). No GPU: CuTeDSL impls compile per arch and
-    the low-precision reference is checked against the oracle on the CPU."""
+    the low-precision reference is checked against the oracle on the CPU. `only` names the impls
+    to run (declared variants run only when named there); `baselines` narrows the peers."""
     tasks: list[Task] = []
     for case in cases:
-        for impl in impls(case.family):
+        for impl in impls(case.family, variants=only is not None):
+            if only is not None and impl.name not in only:
+                continue
             if baselines is not None and not impl.compiles and impl.name not in baselines:
                 continue
             if gpu and not compile_only:

@@ -13,7 +13,6 @@ Task modes:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -24,34 +23,14 @@ import torch
 from dsv4bench.compile.cache import CompileCache
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
-from dsv4bench.core.registry import Unsupported, get_family, get_impl
+from dsv4bench.core.evaluate import CaseData, evaluate
+from dsv4bench.core.registry import get_family, get_impl
 from dsv4bench.core.results import (
     COMPILED, FAIL_COMPILE, FAIL_LINT, FAIL_NUMERIC, FAIL_RUNTIME, PASS, UNSUPPORTED, ResultRecord,
 )
 
 CPU_CHECK_MAX_BYTES = 1 << 30
 CUDA_FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "CUDA error", "cudaError")
-
-
-def case_generator(case: Case, device: str = "cpu") -> torch.Generator:
-    seed = int(hashlib.sha256(case.id.encode()).hexdigest()[:15], 16)
-    return torch.Generator(device="cpu").manual_seed(seed)
-
-
-def poison(outputs: dict) -> None:
-    """NaN-fill float outputs (an unwritten element then fails); a sentinel for integer ones."""
-    for t in outputs.values():
-        t.fill_(float("nan") if t.dtype.is_floating_point else -7)
-
-
-class CaseData:
-    """Inputs, oracle and low-precision reference of one case, kept while its impls run."""
-
-    def __init__(self, family, case: Case, device: str):
-        self.case_id = case.id
-        self.inputs = family.make_inputs(case, case_generator(case), device)
-        self.oracle = family.oracle(case, self.inputs)
-        self.lowprec = family.lowprec(case, self.inputs)
 
 
 class Worker:
@@ -123,47 +102,26 @@ class Worker:
             if compiled is None:
                 return rec
         data = self.case_data(family, case, "cuda")
-        out = family.alloc_outputs(case, "cuda")
-        poison(out)
-        before = {k: v.clone() for k, v in data.inputs.items()}
-        try:
-            result = impl.run(case, data.inputs, out, compiled)
-        except Unsupported as e:
-            rec.status, rec.reason = UNSUPPORTED, str(e)
-            return rec
-        torch.cuda.synchronize()
-        tol = lambda n: family.tolerance_for(case, n)  # noqa: E731
-        ok, metrics = compare_outputs(result, data.oracle, data.lowprec, tol)
-        mutated = [k for k, v in data.inputs.items() if not torch.equal(v, before[k])]
-        rec.metrics = {k: m.to_json() for k, m in metrics.items()}
-        rec.status = PASS if ok and not mutated else FAIL_NUMERIC
-        rec.reason = "; ".join(m.summary() for m in metrics.values())
-        if mutated:
-            rec.reason = f"inputs modified: {', '.join(mutated)}; " + rec.reason
-        if rec.status == PASS and task.get("bench"):
-            self.bench(rec, family, impl, case, data, out, compiled, tol)
+        outcome = evaluate(family, impl, case, compiled, device="cuda", data=data,
+                           timer=self.cuda_timer() if task.get("bench") else None)
+        rec.status, rec.reason, rec.metrics = outcome.status, outcome.reason, outcome.metrics_json()
+        if outcome.timing is not None:
+            self.derive_perf(rec, family.cost(case), outcome)
         return rec
 
-    def bench(self, rec, family, impl, case, data, out, compiled, tol) -> None:
-        from dsv4bench.core import ceilings
-        from dsv4bench.core.timing import CudaTimer
-
+    def cuda_timer(self):
         if self.timer is None:
+            from dsv4bench.core import ceilings
+            from dsv4bench.core.timing import CudaTimer
+
             self.timer = CudaTimer("cuda")
             self.ceilings = ceilings.measure("cuda")
             self.same_traffic_copy = ceilings.SameTrafficCopy(self.timer, "cuda")
-        holder = {}
+        return self.timer
 
-        def call():
-            holder["r"] = impl.run(case, data.inputs, out, compiled)
-
-        stats = self.timer.time(call)
-        torch.cuda.synchronize()
-        ok, metrics = compare_outputs(holder["r"], data.oracle, data.lowprec, tol)  # re-validate timed outputs
-        if not ok:
-            rec.status = FAIL_NUMERIC
-            rec.reason = "timed output differs: " + "; ".join(m.summary() for m in metrics.values())
-        cost = family.cost(case)
+    def derive_perf(self, rec, cost, outcome) -> None:
+        """Throughput, % of the measured ceilings and of a same-traffic copy, the per-kernel split."""
+        stats = outcome.timing
         sec = stats.median_ms / 1e3
         copy_ms = self.same_traffic_copy.ms(cost.bytes)
         rec.timing = stats.to_json()
@@ -177,7 +135,7 @@ class Worker:
             "pct_same_traffic_copy": 100.0 * copy_ms / stats.median_ms,
             "gemm_tflops_measured": self.ceilings.gemm_bf16_tflops,
         }
-        rec.perf.update(self.kernel_split(call))
+        rec.perf.update(self.kernel_split(outcome.call))
 
     def kernel_split(self, call) -> dict:
         """The device µs of each kernel of one call (where the event-timed median goes)."""

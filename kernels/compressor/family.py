@@ -14,6 +14,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import (
+    Option,
     Cost,
     Family,
     Impl,
@@ -67,7 +68,11 @@ class CompressorFamily(Family):
     description = "CSA (m=4, overlap) / HCA (m=128) pooling + RMSNorm + RoPE(s·m) + FP8 NoPE qdq (§5)"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
-    filters = {"rows": "s", "width": "d"}
+    options = {
+        "ratio": Option("m", "compression ratio: 4 = CSA (overlapping windows), 128 = HCA", "tokens per entry", (4, 128)),
+        "rows": Option("s", "tokens compressed per sequence", "tokens"),
+        "width": Option("d", "head dim of an entry", "elements"),
+    }
     # e4m3 keeps 3 mantissa bits: a value on the other side of a rounding midpoint moves by one
     # code (6-12 %). The bf16 reference flips ~1 in 16 NoPE values (rel L2 ~1.5e-2); the max rule
     # scales with its flips, the L2 bound of the NoPE part allows twice that.

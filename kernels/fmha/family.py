@@ -6,14 +6,11 @@ from __future__ import annotations
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import parse_choice_list, parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.fmha import peers
 from kernels.fmha.glue import FmhaCuteDSL
 from oracles.fmha import dense_attention, hca_compressed, sparse_attention
 from sweeps import fmha as space
-
-_BOOL = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
 
 def scale_of(case: Case) -> float:
@@ -78,36 +75,14 @@ class FmhaFamily(Family):
     description = "attention with sink over gathered (DSV4 top-k/window/HCA) or dense masked keys, hd 64-512"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
-    filters = {"hd": "hd", "heads": "h_q", "topk": "topk", "sink": "sink", "mask": "mask"}
-
-    def parse_filters(self, raw: dict) -> dict:
-        def sink(v):
-            key = str(v).strip().lower()
-            if key not in _BOOL:
-                raise ValueError(f"--sink takes true/false, got '{v}'")
-            return [_BOOL[key]]
-
-        def hd(v):
-            vals = parse_int_list("hd", v)
-            bad = [x for x in vals if x not in space.HEAD_DIMS]
-            if bad:
-                raise ValueError(f"--hd takes {', '.join(map(str, space.HEAD_DIMS))}; got {bad[0]}")
-            return vals
-
-        parsers = {
-            "hd": hd,
-            "heads": lambda v: parse_int_list("heads", v),
-            "topk": lambda v: parse_int_list("topk", v),
-            "sink": sink,
-            # "topk" is the CLI's name for the gathered (sparse) key lists
-            "mask": lambda v: [m if m != "topk" else "sparse"
-                               for m in parse_choice_list("mask", v, list(space.MASKS) + ["topk"])],
-        }
-        unknown = sorted(set(raw) - set(parsers))
-        if unknown:
-            raise ValueError(f"option --{unknown[0]} does not apply to fmha (it takes --hd, --heads, --topk, "
-                             "--sink/--no-sink, --mask)")
-        return {k: parsers[k](v) for k, v in raw.items()}
+    options = {
+        "hd": Option("hd", "head dim (d_qk = d_v)", "elements", tuple(space.HEAD_DIMS)),
+        "heads": Option("h_q", "query heads", "heads"),
+        "topk": Option("topk", "keys gathered per query (top-k / window list length)", "keys"),
+        "sink": Option("sink", "with or without the per-head attention sink", flag=True),
+        # "topk" is the CLI's name for the gathered (sparse) key lists
+        "mask": Option("mask", "key selection", choices=tuple(space.MASKS), names=True, aliases={"topk": "sparse"}),
+    }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         b, s_q, s_kv, h_q, h_kv, d = (case[k] for k in ("b", "s_q", "s_kv", "h_q", "h_kv", "hd"))

@@ -18,6 +18,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import (
+    Option,
     Cost,
     Family,
     Impl,
@@ -59,7 +60,11 @@ class MhcFamily(Family):
     )
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
-    filters: ClassVar[dict[str, str]] = {"rows": "t", "width": "d"}
+    options: ClassVar[dict[str, Option]] = {
+        "op": Option("op", "which mHC step", choices=("pre", "post", "head"), names=True),
+        "rows": Option("t", "tokens", "tokens"),
+        "width": Option("d", "hidden size D of one stream", "elements"),
+    }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         t, d = case["t"], case["d"]

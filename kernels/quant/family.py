@@ -15,7 +15,7 @@ import torch
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.quant import eager
@@ -34,7 +34,13 @@ class QuantFamily(Family):
     description = "activation quant: FP8 e4m3 per 128/64, Hadamard-128 + MXFP4 per 32; ue8m0 scales (§2.3-§2.5)"
     tolerance = Tolerance(exact=True)
     space = space
-    filters = {"width": "n", "rows": "m"}
+    options = {
+        "format": Option("fmt", "output format: FP8 e4m3 codes, or MXFP4 (e2m1 pairs)", choices=("fp8", "mxfp4"),
+                         names=True),
+        "rotate": Option("rotate", "Hadamard-128 rotation before MXFP4 (the indexer's path)", flag=True),
+        "width": Option("n", "quantised columns per row", "elements"),
+        "rows": Option("m", "rows (tokens, or tokens x heads)", "rows"),
+    }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         """Rows of random magnitude (2^-10 .. 2^10), sparse outliers, and at the edges of the scale
@@ -79,6 +85,16 @@ class QuantFamily(Family):
         return Cost(flops=float(flops), bytes=float(m * n * 2 + m * code_width(case) + m * n // case["block"]))
 
 
+def fake_args(case: Case) -> tuple:
+    """Fake (x, codes, scales) of a launch: rows a run-time size, x's row stride a run-time multiple of 8."""
+    n, block = case["n"], case["block"]
+    rows = cute.sym_int()
+    x = make_fake_tensor(cutlass.BFloat16, (rows, n), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
+    q = make_fake_compact_tensor(cutlass.Uint8, (rows, code_width(case)), stride_order=(1, 0), assumed_align=16)
+    s = make_fake_compact_tensor(cutlass.Uint8, (rows, n // block), stride_order=(1, 0), assumed_align=1)
+    return x, q, s
+
+
 class QuantCuteDSL(Impl):
     family, name, backend = "quant", "cutedsl", "cutedsl"
     compiles = True
@@ -93,13 +109,12 @@ class QuantCuteDSL(Impl):
     def compile_key(self, case: Case, arch: str) -> tuple:
         return (self.family, self.name, arch, case["fmt"], case["n"], case["block"], bool(case["rotate"]))
 
+    def make_kernel(self, case: Case):
+        """The kernel object to compile (a declared variant, kernels/quant/variants.py, returns its own)."""
+        return QuantKernel(case["fmt"], case["n"], case["block"], bool(case["rotate"]))
+
     def compile(self, case: Case, arch: str):
-        n, block = case["n"], case["block"]
-        rows = cute.sym_int()
-        x = make_fake_tensor(cutlass.BFloat16, (rows, n), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
-        q = make_fake_compact_tensor(cutlass.Uint8, (rows, code_width(case)), stride_order=(1, 0), assumed_align=16)
-        s = make_fake_compact_tensor(cutlass.Uint8, (rows, n // block), stride_order=(1, 0), assumed_align=1)
-        return compile_kernel(QuantKernel(case["fmt"], n, block, bool(case["rotate"])), x, q, s, arch=arch)
+        return compile_kernel(self.make_kernel(case), *fake_args(case), arch=arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         compiled(inputs["x"], out["codes"], out["scales"])
@@ -111,3 +126,7 @@ register_impl(QuantCuteDSL())
 register_torch_baselines(
     "quant", eager.quant, lambda fn, case, inputs: fn(inputs["x"], case["fmt"], case["block"], case["rotate"])
 )
+
+# Declared variants (knock-outs and reference rows, run only when named: `--impl cutedsl:<variant>`).
+# They subclass QuantCuteDSL, so they are imported last; variants.py registers them (register_impl).
+from kernels.quant import variants  # noqa: E402,F401

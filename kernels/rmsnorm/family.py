@@ -6,7 +6,7 @@ import cutlass.cute as cute
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import CUTE_DTYPES, TORCH_DTYPES, compile_kernel, fake_rowmajor
 from kernels.rmsnorm.rmsnorm import RmsNormKernel
@@ -28,8 +28,11 @@ class RmsNormFamily(Family):
     description = "RMSNorm over the last dim (spec §2.1), weighted and weightless"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
-    filters = {"width": "n", "rows": "m", "dtype": "dtype"}
-    choices = {"dtype": sorted(TORCH_DTYPES)}
+    options = {
+        "width": Option("n", "normalised width (the last dim)", "elements"),
+        "rows": Option("m", "rows normalised", "rows"),
+        "dtype": Option("dtype", "element type", choices=tuple(sorted(TORCH_DTYPES)), names=True),
+    }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         m, n, dt = case["m"], case["n"], TORCH_DTYPES[case["dtype"]]

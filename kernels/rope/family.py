@@ -10,6 +10,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import (
+    Option,
     Cost,
     Family,
     Impl,
@@ -61,8 +62,14 @@ class RopeFamily(Family):
     description = "partial interleaved RoPE (last 64 dims), fwd/inverse, fused per-head q RMSNorm (§2.2, §4)"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
-    filters = {"rows": "t", "heads": "h", "hd": "n", "dtype": "dtype"}
-    choices = {"dtype": sorted(TORCH_DTYPES)}
+    options = {
+        "op": Option("op", "q_norm_rope (per-head RMSNorm + RoPE), rope, or inverse (output side)",
+                     choices=("q_norm_rope", "rope", "inverse"), names=True),
+        "rows": Option("t", "tokens", "tokens"),
+        "heads": Option("h", "heads per token (1 = the shared KV latent)", "heads"),
+        "hd": Option("n", "head dim (RoPE rotates its last 64)", "elements"),
+        "dtype": Option("dtype", "element type", choices=tuple(sorted(TORCH_DTYPES)), names=True),
+    }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         t, h, n, dt = case["t"], case["h"], case["n"], TORCH_DTYPES[case["dtype"]]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.router.eager import route_from_logits
@@ -37,7 +37,11 @@ class RouterFamily(Family):
     description = "MoE router from gate logits: sqrt-softplus, bias top-6 or tid2eid hash, renorm × route_scale (§8.1)"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-5)
     space = space
-    filters = {"width": "e", "rows": "t"}
+    options = {
+        "experts": Option("e", "routed experts (256 Flash, 384 Pro)", "experts"),
+        "rows": Option("t", "tokens", "tokens"),
+        "hash": Option("hashed", "hash-routed layers (tid2eid) instead of score top-k", flag=True),
+    }
 
     def tolerance_for(self, case: Case, output: str) -> Tolerance:
         return Tolerance(index_set=True) if output == "indices" else self.tolerance

@@ -13,7 +13,7 @@ import torch
 from cutlass.cute.runtime import make_fake_compact_tensor
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
 from kernels.sampler.eager import sample_with_noise
@@ -37,7 +37,10 @@ class SamplerFamily(Family):
     description = "temperature + Gumbel-max sampling over the vocabulary (seeded noise input), argmax at T = 0 (§9.3)"
     tolerance = Tolerance(exact=True)
     space = space
-    filters = {"width": "v", "rows": "b"}
+    options = {
+        "vocab": Option("v", "vocabulary size", "tokens"),
+        "rows": Option("b", "sequences sampled at once (batch)", "rows"),
+    }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         """Logits rounded to bf16 (so a row's maximum is often tied: T = 0 must pick the lowest index)."""
