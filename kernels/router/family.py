@@ -110,7 +110,11 @@ class RouterCuteDSL(Impl):
         tid2eid = _fake(cutlass.Int32, (cute.sym_int(), k)) if hashed else None
         ids = _fake(cutlass.Int32, (t,)) if hashed else None
         w, idx = _fake(cutlass.Float32, (t, k)), _fake(cutlass.Int32, (t, k))
-        return compile_kernel(RouterKernel(e, k, case["scale"], hashed), logits, bias, tid2eid, ids, w, idx, arch=arch)
+        return compile_kernel(self.make_kernel(case), logits, bias, tid2eid, ids, w, idx, arch=arch)
+
+    def make_kernel(self, case: Case):
+        """The kernel object to compile (a declared variant, kernels/router/variants.py, returns its own)."""
+        return RouterKernel(case["e"], case["k"], case["scale"], bool(case["hashed"]))
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         compiled(inputs["logits"], inputs.get("bias"), inputs.get("tid2eid"), inputs.get("input_ids"),
@@ -122,3 +126,7 @@ register_family(RouterFamily())
 register_impl(RouterCuteDSL())
 register_torch_baselines("router", route_from_logits, lambda fn, case, inputs: fn(
     inputs["logits"], inputs.get("bias"), inputs.get("tid2eid"), inputs.get("input_ids"), case["k"], case["scale"]))
+
+# Declared variants (knock-outs and ablations, run only when named: `--impl cutedsl:<variant>`).
+# They subclass RouterCuteDSL, so they are imported last; variants.py registers them (register_impl).
+from kernels.router import variants  # noqa: E402,F401

@@ -110,8 +110,9 @@ def tournament(keys: list, ids: list):
 class RouterKernel:
     """v3. Compile-time: experts E, k, route_scale, hash or score routing. Runtime: tokens T.
 
-    Overridable parts (benchmarks/router_probe.py knocks them out): `score` (fp32 score of a logit),
-    `select` (lane r < k gets the r-th winner id), `weights` (lane r's weight from its logit)."""
+    Overridable parts (the declared variants in kernels/router/variants.py knock them out): `score`
+    (fp32 score of a logit), `select` (lane r < k gets the r-th winner id), `weights` (lane r's
+    weight from its logit)."""
 
     def __init__(self, n_experts: int, topk: int, route_scale: float, hashed: bool):
         if not 1 <= topk <= min(n_experts, WARP):
