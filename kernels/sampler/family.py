@@ -78,7 +78,7 @@ class SamplerFamily(Family):
 
 
 def compile_sampler(kernel: SamplerKernel, arch: str):
-    """`kernel` (a SamplerKernel, or a probe's variant of it) for any B, with fake tensors."""
+    """`kernel` (a SamplerKernel, or a declared variant's subclass of it) for any B, with fake tensors."""
     b = cute.sym_int()
     logits, noise = _fake(cutlass.Float32, (b, kernel.vocab), 16), _fake(cutlass.Float32, (b, kernel.vocab), 16)
     temps = _fake(cutlass.Float32, (b,))
@@ -102,8 +102,12 @@ class SamplerCuteDSL(Impl):
     def compile_key(self, case: Case, arch: str) -> tuple:
         return (self.family, self.name, arch, case["v"])
 
+    def make_kernel(self, case: Case):
+        """The kernel object to compile (a declared variant, kernels/sampler/variants.py, returns its own)."""
+        return SamplerKernel(case["v"])
+
     def compile(self, case: Case, arch: str):
-        return compile_sampler(SamplerKernel(case["v"]), arch)
+        return compile_sampler(self.make_kernel(case), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         compiled(inputs["logits"], inputs["temperatures"], inputs["noise"], out["partial_keys"],
@@ -115,3 +119,7 @@ register_family(SamplerFamily())
 register_impl(SamplerCuteDSL())
 register_torch_baselines("sampler", sample_with_noise, lambda fn, case, inputs: {
     "tokens": fn(inputs["logits"], inputs["temperatures"], inputs["noise"])})
+
+# Declared variants (knock-outs, run only when named: `--impl cutedsl:<variant>`).
+# They subclass SamplerCuteDSL, so they are imported last; variants.py registers them (register_impl).
+from kernels.sampler import variants  # noqa: E402,F401

@@ -120,7 +120,7 @@ class SamplerKernel:
         for k in cutlass.range_constexpr(DEPTH):
             # a CTA-uniform branch, not a select: a tile past the run costs no divide and no log
             # (B = 1 runs one tile per CTA; ranking the 7 empty slots of its two batches had been
-            # 6 of its 10.5 µs, benchmarks/sampler_probe.py)
+            # 6 of its 10.5 µs: the no-rank knock-out, kernels/sampler/variants.py, docs/perf/sampler.md v5)
             if tile + k < end:
                 col = ((tile + k) * THREADS + tidx) * VEC
                 for e in cutlass.range_constexpr(VEC):
