@@ -120,6 +120,7 @@ class CompressorFamily(Family):
 class CompressorCuteDSL(Impl):
     family, name, backend = "compressor", "cutedsl", "cutedsl"
     compiles = True
+    hca: dict = {}  # HcaKernel's splits / groups: {} is the shipped choice (a declared variant sets its own)
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         try:
@@ -131,15 +132,19 @@ class CompressorCuteDSL(Impl):
     def compile_key(self, case: Case, arch: str) -> tuple:
         return (self.family, self.name, arch, case["m"], case["d"], NORM_EPS)
 
+    def make_kernel(self, case: Case):
+        """The kernel object to compile (a declared variant, kernels/compressor/variants.py, returns its own)."""
+        return kernel_for(case, **self.hca)
+
     def compile(self, case: Case, arch: str):
-        return compile_kernel(kernel_for(case), *fake_args(case), arch=arch)
+        return compile_kernel(self.make_kernel(case), *fake_args(case, self.hca.get("splits")), arch=arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         args = (inputs["kv"], inputs["score"], inputs["norm_w"], inputs["table"], out["out"])
         if overlaps(case["m"]):
             compiled(*args)
         else:
-            compiled(*args, *hca_scratch(case, out["out"].device))
+            compiled(*args, *hca_scratch(case, out["out"].device, self.hca.get("splits")))
         return split(out["out"])
 
 
@@ -177,3 +182,7 @@ def _eager_args(case: Case, inputs: dict):
 register_family(CompressorFamily())
 register_impl(CompressorCuteDSL())
 register_torch_baselines("compressor", compress_eager, lambda fn, case, inputs: split(fn(*_eager_args(case, inputs))))
+
+# Declared variants (knock-outs and ablations, run only when named: `--impl cutedsl:<variant>`).
+# They subclass CompressorCuteDSL, so they are imported last; variants.py registers them (register_impl).
+from kernels.compressor import variants  # noqa: E402,F401
