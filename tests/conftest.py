@@ -41,3 +41,34 @@ def private_regressions_dir(tmp_path_factory, monkeypatch):
     test (and the CLIs it spawns) gets a fresh directory instead, so the suite never dirties the
     repo and no test replays another's failures."""
     monkeypatch.setenv("DSV4BENCH_REGRESSIONS_DIR", str(tmp_path_factory.mktemp("regressions")))
+
+
+@pytest.fixture(scope="session")
+def gpu_check():
+    """Every GPU test's run-and-compare: `gpu_check(case, impl=None)` compiles (cached for the session)
+    and evaluates the impl (default: the family's `cutedsl`) through the one evaluation path
+    (dsv4bench/core/evaluate.py: poisoned outputs between canary pads, inputs checked unchanged, the
+    oracle comparison), asserts it passed and returns the Outcome."""
+    import torch
+
+    from dsv4bench.compile.cache import CompileCache
+    from dsv4bench.core.evaluate import evaluate
+    from dsv4bench.core.registry import get_family, get_impl
+
+    cache = CompileCache(use_disk=False)
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}a"
+
+    def check(case, impl=None, expect_pass: bool = True):
+        family = get_family(case.family)
+        impl = impl or get_impl(case.family, "cutedsl")
+        print(case, impl.name, arch)
+        assert impl.supports(case, arch) is None, impl.supports(case, arch)
+        compiled = cache.get(impl, case, arch)[0] if impl.compiles else None
+        outcome = evaluate(family, impl, case, compiled, device="cuda")
+        print(outcome.status, outcome.reason)
+        if expect_pass:
+            assert outcome.passed, f"{case}: {outcome.status}: {outcome.reason}"
+        return outcome
+
+    return check

@@ -160,7 +160,7 @@ def test_kernels_loaded_from_the_cache_pass_on_the_gpu(tmp_path, family_name, ca
 
     from dsv4bench.core.compare import compare_outputs
     from dsv4bench.core.registry import get_family
-    from dsv4bench.core.worker import CaseData, poison
+    from dsv4bench.core.evaluate import CaseData, poison
 
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}a"

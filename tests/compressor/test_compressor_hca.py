@@ -12,7 +12,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import get_family
-from dsv4bench.core.worker import poison
+from dsv4bench.core.evaluate import poison
 from kernels.common import compile_kernel
 from kernels.compressor.family import entries, fake_args, kernel_for, split
 from kernels.compressor.hca import STATE, HcaKernel

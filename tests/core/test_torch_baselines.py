@@ -7,7 +7,7 @@ import pytest
 
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import SweepOptions, families, get_impl
-from dsv4bench.core.worker import CaseData
+from dsv4bench.core.evaluate import CaseData
 
 SMALL_BYTES = 64 << 20
 

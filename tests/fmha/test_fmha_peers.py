@@ -12,7 +12,8 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
-from dsv4bench.core.worker import Worker, case_generator
+from dsv4bench.core.evaluate import case_generator
+from dsv4bench.core.worker import Worker
 from kernels.fmha.family import FAMILY
 from kernels.fmha.peers import CudnnSDPA, FlashMLA
 from sweeps.fmha import WINDOW, _dense, _sparse

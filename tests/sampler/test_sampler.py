@@ -11,7 +11,7 @@ import torch
 from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_family, get_impl
-from dsv4bench.core.worker import case_generator
+from dsv4bench.core.evaluate import case_generator
 from kernels.sampler.eager import sample_with_noise
 from kernels.sampler.sampler import TARGET_CTAS, TILE, SamplerKernel, counters, plan
 from sweeps import sampler as space
