@@ -65,7 +65,7 @@ def token_block(n_tok, d: int):
 class HcApplyKernel:
     """Compile-time: head (hc_head) or pre (hc_pre), D, splits of pass 1, Sinkhorn iterations, eps,
     and whether the launch is a programmatic dependent launch (pdl: it may start while pass 1 runs;
-    off only to measure what it buys, benchmarks/mhc_dispatch_probe.py)."""
+    off only to measure what it buys: the declared variant cutedsl:no-pdl, kernels/mhc/variants.py)."""
 
     def __init__(
         self,

@@ -151,6 +151,7 @@ class MhcFamily(Family):
 class MhcCuteDSL(Impl):
     family, name, backend = "mhc", "cutedsl", "cutedsl"
     compiles = True
+    pdl = True  # pass 2 as a programmatic dependent launch (off: the declared variant cutedsl:no-pdl)
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         return None if case["d"] % 8 == 0 else "mHC kernels need D % 8 == 0"
@@ -198,7 +199,7 @@ class MhcCuteDSL(Impl):
         head = case["op"] == "head"
         tm, chunk = self._tiling(case)
         mix = HcMixKernel(N_MIX[case["op"]], HC_MULT * case["d"], chunk, tm)
-        return mix, HcApplyKernel(head, case["d"], mix.splits)
+        return mix, HcApplyKernel(head, case["d"], mix.splits, pdl=self.pdl)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         t = case["t"]
@@ -262,3 +263,7 @@ register_family(MhcFamily())
 register_impl(MhcCuteDSL())
 # the reference's composition (F.linear mixes, torch Sinkhorn loop, weighted sum), one fn per op
 register_torch_baselines("mhc", EAGER, _eager)
+
+# Declared variants (ablations, run only when named: `--impl cutedsl:<variant>`).
+# They subclass MhcCuteDSL, so they are imported last; variants.py registers them (register_impl).
+from kernels.mhc import variants  # noqa: E402,F401
