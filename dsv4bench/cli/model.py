@@ -70,6 +70,22 @@ def _resolve_checkpoint(checkpoint: Optional[Path], config: Optional[str]) -> Pa
         return default_checkpoint()
 
 
+def show_serving(backend: str, runs_here: bool) -> None:
+    """Which kernel serves each model op under `backend` (and which ops stay on their oracle)."""
+    from dsv4bench.model.dispatch import serving_table
+
+    rows = serving_table(backend)
+    table = Table(title=f"--backend {backend}: " + ("what serves each op" if runs_here else
+                  "what would serve each op on a GPU (this run: --device cpu, every op on its oracle)"))
+    table.add_column("op")
+    table.add_column("served by")
+    for op, by in rows:
+        table.add_row(op, by if not by.startswith("oracle") else f"[dim]{by}[/]")
+    console.print(table)
+    served = sum(not by.startswith("oracle") for _, by in rows)
+    console.print(f"{served} of {len(rows)} ops served by kernels; the rest run their FP32 oracle", highlight=False)
+
+
 def run_model_cmd(
     prompt: str = typer.Option(..., "--prompt", help="text to continue"),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="HF safetensors checkpoint directory"),
@@ -78,14 +94,15 @@ def run_model_cmd(
     temperature: float = typer.Option(0.6, "--temperature", help="0 = greedy"),
     seed: int = typer.Option(0, "--seed", help="sampler seed"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
-    backend: str = typer.Option("oracle", "--backend", help="op backend; ops without it run their oracle"),
+    backend: str = typer.Option("oracle", "--backend", help="op backend: oracle, or cutedsl (every op a kernel "
+                                                           "family serves; the others run their oracle)"),
     threads: int = typer.Option(1, "--threads", help="CPU threads for torch (tiny models run best on 1)"),
     compare: bool = typer.Option(False, "--compare", help="diff every step's logits against the FP32 oracles"),
 ) -> None:
     """Generate from a checkpoint through the FP32 oracles (or registered kernels), streaming tokens."""
     import torch
 
-    from dsv4bench.model.dispatch import DispatchError, OpTable
+    from dsv4bench.model.dispatch import DispatchError, OpTable, register_kernel_ops
     from dsv4bench.model.engine import Engine, compare_to_oracle
     from dsv4bench.model.loader import Checkpoint, CheckpointError
     from dsv4bench.model.tokenizer import load_tokenizer
@@ -104,10 +121,14 @@ def run_model_cmd(
         torch.set_num_threads(threads)
     ops = OpTable()
     if backend != "oracle":
+        register_kernel_ops()
+        show_serving(backend, runs_here=device == "cuda")
         try:
-            ops.select_all(backend)
+            selected = OpTable().select_all(backend)  # an unknown backend is an error on any device
         except DispatchError as e:
             fail(str(e))
+        if device == "cuda":  # the kernels need a GPU: on the CPU every op stays on its oracle
+            ops = selected
     path = _resolve_checkpoint(checkpoint, config)
     t0 = time.perf_counter()
     try:

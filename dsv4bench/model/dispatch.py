@@ -11,6 +11,9 @@ alternative with the oracle's signature:
 and a run selects it per op (`OpTable.select({"rmsnorm": "cutedsl"})`) or for every op that has it
 (`OpTable.select_all("cutedsl")`), so each layer can be diffed against FP32 one op at a time.
 Calls are counted and timed per op, which `run-model` reports.
+
+Kernel families need no call here: each declares the ops it serves (`Family.serves`) and
+`register_kernel_ops()` registers them as backend "cutedsl" (dsv4bench/model/kernel_ops.py).
 """
 
 from __future__ import annotations
@@ -52,6 +55,26 @@ def register_op(op: str, backend: str, fn: Callable) -> None:
     if backend == ORACLE:
         raise DispatchError("the 'oracle' backend is reserved for the FP32 oracles")
     _REGISTRY[op][backend] = fn
+
+
+def register_kernel_ops() -> dict[str, str]:
+    """Register every op a kernel family serves as backend "cutedsl"; op -> what serves it."""
+    from dsv4bench.model.kernel_ops import KERNEL, served_ops
+
+    served = served_ops()
+    for op, kernel_op in served.items():
+        register_op(op, KERNEL, kernel_op)
+    return {op: k.describe() for op, k in served.items()}
+
+
+def serving_table(backend: str) -> list[tuple[str, str]]:
+    """(op, what runs it under `backend`) for every op, in dataflow order: a registered
+    implementation's description, or "oracle (no kernel)"."""
+    rows = []
+    for op in OPS:
+        fn = _REGISTRY[op].get(backend)
+        rows.append((op, fn.describe() if hasattr(fn, "describe") else ("registered" if fn else "oracle (no kernel)")))
+    return rows
 
 
 class OpTable:

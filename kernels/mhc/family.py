@@ -28,6 +28,7 @@ from dsv4bench.core.registry import (
 )
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel, fake_rowmajor
+from kernels.mhc import serves as served
 from kernels.mhc.apply import HcApplyKernel
 from kernels.mhc.mix import HcMixKernel, pick_tiling
 from kernels.mhc.post import HcPostKernel
@@ -60,6 +61,7 @@ class MhcFamily(Family):
     )
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
+    serves = served.OPS  # the model ops it serves (kernels/mhc/serves.py)
     options: ClassVar[dict[str, Option]] = {
         "op": Option("op", "which mHC step", choices=("pre", "post", "head"), names=True),
         "rows": Option("t", "tokens", "tokens"),

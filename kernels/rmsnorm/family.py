@@ -9,6 +9,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import CUTE_DTYPES, TORCH_DTYPES, compile_kernel, fake_rowmajor
+from kernels.rmsnorm import serves as served
 from kernels.rmsnorm.rmsnorm import RmsNormKernel
 from oracles.norm import NORM_EPS, rmsnorm, rmsnorm_lowprec
 from sweeps import rmsnorm as space
@@ -28,6 +29,7 @@ class RmsNormFamily(Family):
     description = "RMSNorm over the last dim (spec §2.1), weighted and weightless"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
+    serves = served.OPS  # the model ops it serves (kernels/rmsnorm/serves.py)
     options = {
         "width": Option("n", "normalised width (the last dim)", "elements"),
         "rows": Option("m", "rows normalised", "rows"),
@@ -62,10 +64,11 @@ class RmsNormFamily(Family):
 class RmsNormCuteDSL(Impl):
     family, name, backend = "rmsnorm", "cutedsl", "cutedsl"
     compiles = True
+    knobs: dict = {}  # RmsNormConfig tuning knobs: {} is the shipped default (a declared variant sets its own)
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         try:
-            RmsNormKernel(CUTE_DTYPES[case["dtype"]], case["n"], case["weight"])
+            RmsNormKernel(CUTE_DTYPES[case["dtype"]], case["n"], case["weight"], **self.knobs)
         except ValueError as e:
             return str(e)
         return None
@@ -74,7 +77,7 @@ class RmsNormCuteDSL(Impl):
         return (self.family, self.name, arch, case["dtype"], case["n"], bool(case["weight"]), NORM_EPS)
 
     def compile(self, case: Case, arch: str):
-        return compile_rmsnorm(case["dtype"], case["n"], bool(case["weight"]), arch)
+        return compile_rmsnorm(case["dtype"], case["n"], bool(case["weight"]), arch, **self.knobs)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         compiled(inputs["x"], inputs.get("w"), out["out"])
@@ -108,3 +111,7 @@ register_torch_baselines(
     "rmsnorm", rmsnorm_lowprec, lambda fn, case, inputs: {"out": fn(inputs["x"], inputs.get("w"), NORM_EPS)},
     eager=lambda x, w, eps: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps),  # the fused eager op
 )
+
+# Declared variants (tuning knob sets, run only when named: `--impl cutedsl:<knobs>`).
+# They subclass RmsNormCuteDSL, so they are imported last; variants.py registers them (register_impl).
+from kernels.rmsnorm import variants  # noqa: E402,F401

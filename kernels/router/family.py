@@ -20,6 +20,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
+from kernels.router import serves as served
 from kernels.router.eager import route_from_logits
 from kernels.router.router import RouterKernel
 from oracles.moe import route
@@ -37,6 +38,7 @@ class RouterFamily(Family):
     description = "MoE router from gate logits: sqrt-softplus, bias top-6 or tid2eid hash, renorm × route_scale (§8.1)"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-5)
     space = space
+    serves = served.OPS  # the model ops it serves (kernels/router/serves.py)
     options = {
         "experts": Option("e", "routed experts (256 Flash, 384 Pro)", "experts"),
         "rows": Option("t", "tokens", "tokens"),

@@ -1,0 +1,66 @@
+"""Model ops served by kernel families: the bridge between the model's op vocabulary
+(oracles/model.py ORACLE_OPS) and the family registry.
+
+A family declares `serves = {"op": adapter}`; an adapter has the op oracle's signature with one
+leading argument, `run(params, inputs) -> outputs`, which runs the family's CuTeDSL impl on the case
+`params` with `inputs` (tensors in the kernel's dtypes, on the model's device). `run` compiles once
+per compile key (the compile cache) and raises `Unsupported` for a shape the kernel does not take.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import Family, Unsupported, families, get_impl
+
+KERNEL = "cutedsl"  # the backend name kernel-served ops register under
+
+
+def device_arch() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}a"
+
+
+class KernelOp:
+    """One op served by one family's CuTeDSL impl."""
+
+    def __init__(self, family: Family, op: str, adapter: Callable):
+        self.family, self.op, self.adapter = family, op, adapter
+        self.impl = get_impl(family.name, KERNEL)
+        self._cache = None
+
+    def run(self, params: dict, inputs: dict) -> dict:
+        arch = device_arch()
+        if arch is None:
+            raise Unsupported(f"{self.op}: the {self.family.name} kernel needs a CUDA GPU")
+        case = Case(self.family.name, params)
+        reason = self.impl.supports(case, arch)
+        if reason:
+            raise Unsupported(f"{self.op}: the {self.family.name} kernel does not take {case.shape_str()}: {reason}")
+        if self._cache is None:
+            from dsv4bench.compile.cache import CompileCache
+
+            self._cache = CompileCache()
+        compiled = self._cache.get(self.impl, case, arch)[0]
+        out = self.family.alloc_outputs(case, "cuda")
+        return self.impl.run(case, inputs, out, compiled)
+
+    def __call__(self, *args, **kwargs):
+        return self.adapter(self.run, *args, **kwargs)
+
+    def describe(self) -> str:
+        return f"{self.family.name}/{self.impl.name} ({', '.join(self.impl.archs)})"
+
+
+def served_ops() -> dict[str, KernelOp]:
+    """Every op a registered family serves, op -> KernelOp (the first family to claim it)."""
+    out: dict[str, KernelOp] = {}
+    for name, family in sorted(families().items()):
+        for op, adapter in family.serves.items():
+            out.setdefault(op, KernelOp(family, op, adapter))
+    return out
