@@ -24,6 +24,8 @@ rows of >= TWO_PASS_MIN_VECS vectors given no knobs take v4, Inductor's two-pass
   G = ceil(tiles / R)), with the next tile's x loads issued before the current tile's reduction
   and store (double-buffered registers); the weight is loaded once per CTA.
 - `threads_per_row`: overrides the width's default split (vecs_per_thread follows).
+The knob sets timed against QuACK are declared variants, kernels/rmsnorm/variants.py
+(`dsv4bench sweep rmsnorm --impl cutedsl,cutedsl:t256,... --bench`).
 """
 
 from __future__ import annotations
@@ -474,45 +476,3 @@ class RmsNormKernel:
                     vector(tXrW, j, "w vector (registers)"),
                 )
         return tXrW
-
-
-_HINT_VARIANTS = {
-    "ld_na": {"load_hint": "na"},
-    "ld_cs": {"load_hint": "cs"},
-    "ld_nc": {"load_hint": "nc"},
-    "st_cs": {"store_hint": "cs"},
-    "na_cs": {"load_hint": "na", "store_hint": "cs"},
-    "l2ef": {"load_hint": "na_l2ef", "store_hint": "l2ef"},
-    "w_late": {"w_early": False},  # v2: the weight loaded after the reduction
-    # two passes over x, the weight read in the second (w_early would keep it live in the first)
-    "rr": {"reload_hint": "none", "w_early": False},
-    "rr_el_ef": {"load_hint": "el_l2el", "reload_hint": "ef_l2ef", "w_early": False},
-    "loop2": {"tiles_per_cta": 2},
-    "loop4": {"tiles_per_cta": 4},
-    "loop16": {"tiles_per_cta": 16},
-    "loop4_na_cs": {"tiles_per_cta": 4, "load_hint": "na", "store_hint": "cs"},
-}
-# width -> the threads_per_row candidates worth timing beside the default split
-_THREAD_VARIANTS = {7168: (256, 64, 512), 4096: (128, 256, 512), 512: (16, 64)}
-# width -> threads_per_row of the two-pass (reload) variants beside the default split;
-# rr_t512_el_ef is Inductor's kernel for both widths (16 warps per row, docs/perf/rmsnorm.md)
-_RELOAD_THREADS = {7168: (256, 512), 4096: (256, 512)}
-
-
-def variants(n: int) -> dict[str, dict]:
-    """The tuning candidates for width n: name -> RmsNormKernel knobs ("base" is the default)."""
-    out = {"base": {}, **_HINT_VARIANTS}
-    for t in _THREAD_VARIANTS.get(n, ()):
-        out[f"t{t}"] = {"threads_per_row": t}
-    if n in _THREAD_VARIANTS:
-        t = _THREAD_VARIANTS[n][0]
-        out[f"t{t}_na_cs"] = {
-            "threads_per_row": t,
-            "load_hint": "na",
-            "store_hint": "cs",
-        }
-        out[f"t{t}_loop4"] = {"threads_per_row": t, "tiles_per_cta": 4}
-    for t in _RELOAD_THREADS.get(n, ()):
-        out[f"rr_t{t}"] = {"threads_per_row": t, **_HINT_VARIANTS["rr"]}
-        out[f"rr_t{t}_el_ef"] = {"threads_per_row": t, **_HINT_VARIANTS["rr_el_ef"]}
-    return out

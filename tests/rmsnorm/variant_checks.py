@@ -3,8 +3,9 @@ place: each declared variant (kernels/<family>/variants.py) is registered as `cu
 compiles for sm_90a from fake tensors, and a knock-out (`checked = False`) generates SASS that differs
 from the shipped kernel's for the same case (a knock-out that knocks out nothing is a defect).
 
-A family's test builds one `VariantBuild` in a module-scoped fixture: the shipped kernel and every
-variant are compiled once per case, and nvdisasm runs once per compiled function.
+A family's test builds one `VariantBuild` in a module-scoped fixture: each variant is compiled once,
+for the first of the test's cases it supports (`every_case`: for each one, where a variant is a
+different kernel per case), beside the shipped kernel of that case; nvdisasm runs once per compile.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def instructions(sass: str) -> str:
 class VariantBuild:
     """The shipped kernel and every declared variant of `family`, compiled for each case they support."""
 
-    def __init__(self, family: str, cases: list[dict]):
+    def __init__(self, family: str, cases: list[dict], every_case: bool = False):
         if find_nvdisasm() is None:
             pytest.skip("needs nvdisasm (the nvidia-cuda-nvdisasm wheel) to read SASS")
         self.family = family
@@ -43,11 +44,18 @@ class VariantBuild:
         self.variants = declared(family)
         self.compiled: dict[tuple[int, str], object] = {}  # (case index, impl name) -> compiled function
         self.sass: dict[tuple[int, str], str] = {}
-        for i, case in enumerate(self.cases):
-            for impl in [get_impl(family, SHIPPED), *self.variants]:
+        for impl in self.variants:
+            for i, case in enumerate(self.cases):
                 if impl.supports(case, ARCH) is None:
-                    self.compiled[i, impl.name] = fn = impl.compile(case, ARCH)
-                    self.sass[i, impl.name] = instructions(sass_of(fn) or "")
+                    self._compile(i, get_impl(family, SHIPPED))
+                    self._compile(i, impl)
+                    if not every_case:
+                        break
+
+    def _compile(self, i: int, impl) -> None:
+        if (i, impl.name) not in self.compiled:
+            self.compiled[i, impl.name] = fn = impl.compile(self.cases[i], ARCH)
+            self.sass[i, impl.name] = instructions(sass_of(fn) or "")
 
     def check(self, name: str) -> None:
         impl = get_impl(self.family, name)
