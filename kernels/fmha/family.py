@@ -7,7 +7,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
-from kernels.fmha import peers
+from kernels.fmha import peers, variants
 from kernels.fmha.glue import FmhaCuteDSL
 from oracles.fmha import dense_attention, hca_compressed, sparse_attention
 from sweeps import fmha as space
@@ -159,3 +159,5 @@ class FmhaTorch(Impl):
 FAMILY = register_family(FmhaFamily())
 for _impl in (FmhaCuteDSL(), FmhaTorch(), peers.FlashMLA(), peers.FA4(), peers.CudnnSDPA()):
     register_impl(_impl)
+for _variant in variants.VARIANTS:  # knock-outs, run only when --impl names them
+    register_impl(_variant())

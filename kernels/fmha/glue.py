@@ -17,7 +17,8 @@ from cutlass.cute.runtime import make_fake_tensor
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl
 from kernels.common import compile_kernel
-from kernels.fmha.fmha_sm90 import LOG2E, Config, GatherAttentionSm90
+from kernels.fmha.config import LOG2E, Config
+from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 
 
 def config_for(case: Case) -> Config:
@@ -61,9 +62,10 @@ def fake_args(cfg: Config) -> tuple:
     return q, k, v, idx, lens, sink, o, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1)
 
 
-def compile_config(cfg: Config, arch: str):
-    """Compile the kernel for one Config (no GPU needed); layouts go to an active recorder."""
-    return compile_kernel(GatherAttentionSm90(cfg), *fake_args(cfg), arch=arch)
+def compile_config(cfg: Config, arch: str, kernel_class: type = GatherAttentionSm90):
+    """Compile the kernel (or a variant's subclass of it) for one Config (no GPU needed); layouts
+    go to an active recorder."""
+    return compile_kernel(kernel_class(cfg), *fake_args(cfg), arch=arch)
 
 
 def block_indices(s_q: int, s_kv: int, tq: int, causal: bool, window: int | None, device):
@@ -91,6 +93,7 @@ class FmhaCuteDSL(Impl):
     family, name, backend = "fmha", "cutedsl", "cutedsl"
     archs = ("sm_90a",)
     compiles = True
+    kernel_class: type = GatherAttentionSm90  # a declared variant compiles its subclass (variants.py)
 
     def __init__(self, persistent_ctas: int | None = None):
         """persistent_ctas: CTAs of a persistent launch (d <= 256), default one per SM; the tests
@@ -114,7 +117,7 @@ class FmhaCuteDSL(Impl):
         return (self.family, self.name, arch, config_for(case))
 
     def compile(self, case: Case, arch: str):
-        return compile_config(config_for(case), arch)
+        return compile_config(config_for(case), arch, self.kernel_class)
 
     def _indices(self, case: Case, inputs: dict, cfg: Config) -> tuple:
         """Kernel-format (indices (rows, n, b), lengths (rows, b)), cached for the current case."""

@@ -7,7 +7,7 @@ import pytest
 
 from dsv4bench.compile.cubin import parse_cubin
 from kernels.trace import recording
-from kernels.fmha.fmha_sm90 import Config
+from kernels.fmha.config import Config
 from kernels.fmha.glue import block_indices, compile_config
 
 CONFIGS = [

@@ -7,7 +7,7 @@ import torch
 
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import SweepOptions
-from dsv4bench.core.worker import case_generator, poison
+from dsv4bench.core.evaluate import case_generator, poison
 from kernels.fmha.family import FAMILY
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 

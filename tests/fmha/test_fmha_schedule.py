@@ -12,7 +12,9 @@ from cutlass.cute.nvgpu import warpgroup
 
 from dsv4bench.compile.sass import find_nvdisasm, sass_of
 from kernels.common import compile_kernel
-from kernels.fmha.fmha_sm90 import Config, GatherAttentionSm90, _any_moved, _scale_rows
+from kernels.fmha.config import Config
+from kernels.fmha.kernel_sm90 import GatherAttentionSm90
+from kernels.fmha.softmax import any_moved, scale_rows
 from kernels.fmha.glue import fake_args
 
 pytestmark = pytest.mark.skipif(find_nvdisasm() is None,
@@ -25,8 +27,8 @@ class WaitAboveSoftmax(GatherAttentionSm90):
     @cute.jit
     def _wait_pv_rescale_o(self, O_mn, corr):
         warpgroup.wait_group(0)
-        if _any_moved(corr):
-            _scale_rows(O_mn, corr)
+        if any_moved(corr):
+            scale_rows(O_mn, corr)
 
 
 def exps_under_pv(cls, cfg: Config) -> int:

@@ -1,0 +1,153 @@
+"""Declared knock-out variants of the SM90 attention kernel (kernel_sm90.py): where its time goes,
+run through the harness beside the shipped kernel, on the same inputs, in one process:
+
+    dsv4bench sweep fmha --hd 128,512 --impl cutedsl,cutedsl:no-gather,cutedsl:no-softmax,\\
+        cutedsl:no-math,cutedsl:no-mufu,cutedsl:empty-grid --bench
+
+Each is the kernel with one part replaced at its seam (a small method of the mixin that owns the
+part); the outputs are garbage, so every variant declares `checked = False` (run and timed, never
+compared):
+    cutedsl:no-gather   the producer publishes the indices and arrives, but loads no kv rows: no
+                        cp.async gather (`_copy_kv`, `_copy_half_rows`) and no TMA box (`_tma_load`:
+                        a plain arrive where the box's arrive.expect_tx was), producer.py
+    cutedsl:no-softmax  the MMAs and every barrier run; the mask and the exponentials do not, O's
+                        rescale factor is 1 (`_mask_tile`, `_softmax_scores`: softmax.py;
+                        `_softmax_tile`: key_split.py)
+    cutedsl:no-math     the consumers only wait for each tile and free it: no MMA, no softmax
+                        (`_pingpong`, `_split_d`, `_pairs_wg0` / `_pairs_wg1`: the schedules)
+    cutedsl:no-mufu     the softmax's exp2 is one FMA (`_exp2`): what the MUFU's share costs
+    cutedsl:empty-grid  an empty kernel of the same grid and block (the launch floor, kernels/probes.py)
+
+Reading: if no-gather is about as fast as the kernel, the math is the bound; if no-math is, the
+loads are; the kernel minus no-softmax is the softmax left exposed (docs/perf/fmha.md).
+Registered by kernels/fmha/family.py.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+
+from dsv4bench.core.case import Case
+from kernels.fmha.glue import FmhaCuteDSL, config_for, sm_count
+from kernels.fmha.kernel_sm90 import GatherAttentionSm90
+from kernels.probes import EmptyGridMixin
+
+
+class NoGather(GatherAttentionSm90):
+    @cute.jit
+    def _copy_kv(self, atom, sIdx, mT, dst, seg0: int, n_segs: int, ptid, stage, kvh, bidx):
+        pass
+
+    @cute.jit
+    def _copy_half_rows(self, atom, mK, dst, rows, t, h: int, kvh, bidx):
+        pass
+
+    @cute.jit
+    def _tma_load(self, atom, coords, offset, tile: tuple, dst, stage, bar):
+        if cute.arch.lane_idx() == 0:  # the arrival of the box's arrive.expect_tx, with no bytes to expect
+            cute.arch.mbarrier_arrive(bar)
+
+
+class NoSoftmax(GatherAttentionSm90):
+    @cute.jit
+    def _mask_tile(self, S_mn, cS_mn, sIdx, sMaskFlag, stage, row_tok, causal_off, window):
+        pass
+
+    @cute.jit
+    def _softmax_tile(self, S_mn, P_mn, corr, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new, scale_log2):
+        corr[r] = cutlass.Float32(1.0)
+
+    @cute.jit
+    def _softmax_scores(self, S_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, scale_log2, causal_off, window,
+                        corr, stage):
+        corr.fill(1.0)
+
+
+class NoMath(GatherAttentionSm90):
+    """Each schedule reduced to its stage hand-off: wait for every tile, free it."""
+
+    @cute.jit
+    def _pingpong(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
+                  row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, wg, base, q_empty):
+        for kt in cutlass.range(base, base + n_tiles, unroll=1):
+            self._wait_k(bars, kt)
+            self._release_k(bars, kt)
+            self._wait_v(bars, kt)
+            self._release_v(bars, kt)
+        cute.arch.mbarrier_arrive(q_empty)
+
+    @cute.jit
+    def _split_d(self, qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max, row_sum,
+                 row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb: int, sX, dsplit, wtid):
+        for kt in cutlass.range(n_tiles, unroll=1):
+            self._wait_k(bars, kt)
+            self._release_k(bars, kt)
+            self._wait_v(bars, kt)
+            self._release_v(bars, kt)
+
+    @cute.jit
+    def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                   causal_off, window, n_pairs):
+        for pair in cutlass.range(n_pairs, unroll=1):  # full[stage, half] = bars + 2 stage + half, empty = + 4
+            for hb in cutlass.range_constexpr(2):
+                cute.arch.mbarrier_wait(bars + hb, pair & 1)
+            cute.arch.mbarrier_arrive(bars + 4 + 0)  # 0-left
+            cute.arch.mbarrier_wait(bars + 2, pair & 1)
+            cute.arch.mbarrier_arrive(bars + 4 + 2)  # 1-left
+
+    @cute.jit
+    def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                   causal_off, window, n_pairs):
+        for pair in cutlass.range(n_pairs, unroll=1):
+            for hb in cutlass.range_constexpr(2):
+                cute.arch.mbarrier_wait(bars + 3 - hb, pair & 1)
+            cute.arch.mbarrier_arrive(bars + 4 + 3)  # 1-right
+            cute.arch.mbarrier_wait(bars + 1, pair & 1)
+            cute.arch.mbarrier_arrive(bars + 4 + 1)  # 0-right
+
+
+class NoMufu(GatherAttentionSm90):
+    @cute.jit
+    def _exp2(self, x, cc: cutlass.Constexpr):
+        return x * cutlass.Float32(0.5) + cutlass.Float32(1.0)
+
+
+class FmhaVariant(FmhaCuteDSL):
+    """A knock-out: `kernel_class` (the kernel with one part overridden) compiled in its place."""
+
+    checked = False
+
+
+class FmhaNoGather(FmhaVariant):
+    name, variant, kernel_class = "cutedsl:no-gather", "no-gather", NoGather
+
+
+class FmhaNoSoftmax(FmhaVariant):
+    name, variant, kernel_class = "cutedsl:no-softmax", "no-softmax", NoSoftmax
+
+
+class FmhaNoMath(FmhaVariant):
+    name, variant, kernel_class = "cutedsl:no-math", "no-math", NoMath
+
+
+class FmhaNoMufu(FmhaVariant):
+    name, variant, kernel_class = "cutedsl:no-mufu", "no-mufu", NoMufu
+
+
+class FmhaEmptyGrid(EmptyGridMixin, FmhaVariant):
+    name, variant = "cutedsl:empty-grid", "empty-grid"
+
+    def launch_shape(self, case: Case):
+        cfg = config_for(case)
+        rows = case["s_q"] if cfg.per_token_idx else -(-case["s_q"] // cfg.tq)  # rows of the index list
+        grid = (rows, case["h_kv"] * cfg.n_hblk, case["b"])
+        if cfg.persistent and torch.cuda.is_available():  # the grid is a run-time value: CPU compiles skip it
+            grid = (min(grid[0] * grid[1] * grid[2], self.persistent_ctas or sm_count(torch.device("cuda"))), 1, 1)
+        return grid, cfg.threads
+
+
+VARIANTS = (FmhaNoGather, FmhaNoSoftmax, FmhaNoMath, FmhaNoMufu, FmhaEmptyGrid)
