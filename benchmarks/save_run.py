@@ -78,6 +78,8 @@ def _readme(title: str, fields: list[tuple[str, str]], command: str, body: list[
     lines += [f"- {k}: {v}" for k, v in fields if v]
     if command:
         lines += ["", "Command:", "", *[f"    {c}" for c in command.splitlines()]]
+    while body and not body[0]:
+        body = body[1:]
     if body:
         lines += ["", *body]
     return "\n".join(lines).rstrip() + "\n"
@@ -177,16 +179,19 @@ def junit_rows(xml: Path) -> list[dict]:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                 message = (el.get("message") or "")[:300]
                 break
-        rows.append({"test": f"{case.get('classname', '')}::{case.get('name', '')}", "file": case.get("file", ""),
+        test = "::".join(x for x in (case.get("classname"), case.get("name")) if x)
+        rows.append({"test": test, "file": case.get("file", ""),
                      "outcome": outcome, "seconds": float(case.get("time") or 0), "message": message})
     return rows
 
 
 def test_family(row: dict) -> str:
-    """tests/<family>/... (or the classname tests.<family>.test_x) names the family; else 'core'."""
-    path = row.get("file") or row["test"].split("::")[0].replace(".", "/")
-    parts = Path(path).parts
-    return parts[parts.index("tests") + 1] if "tests" in parts[:-1] and parts.index("tests") + 2 < len(parts) else "core"
+    """tests/<family>/... (a file path, or a dotted classname tests.<family>.test_x) names the family; else 'core'."""
+    for text in (row.get("file") or "", row["test"]):
+        m = re.search(r"(?:^|[/.:])tests[/.]([A-Za-z0-9_]+)[/.]", text)
+        if m and not m.group(1).startswith("test_") and m.group(1) not in ("py", "conftest"):
+            return m.group(1)
+    return "core"
 
 
 def save_junit(xml: Path, commit: str, device: str, root: Path = ROOT, date: str = "", command: str = "",
