@@ -21,6 +21,7 @@ def any_moved(corr: cute.Tensor) -> cutlass.Boolean:
 
 @cute.jit
 def scale_rows(X_mn: cute.Tensor, factor: cute.Tensor):
+    """Row r of X (this thread's (rows, cols) view) times factor[r]."""
     for r in cutlass.range_constexpr(cute.size(X_mn, mode=[0])):
         for cc in cutlass.range(cute.size(X_mn, mode=[1]), unroll_full=True):
             X_mn[r, cc] = X_mn[r, cc] * factor[r]
@@ -34,7 +35,7 @@ def quad_row_max(S_mn: cute.Tensor, r: cutlass.Constexpr) -> cutlass.Float32:
     for cc in cutlass.range_constexpr(4, cute.size(S_mn, mode=[1])):
         part[cc % 4] = cute.arch.fmax(part[cc % 4], S_mn[r, cc])
     return quad_allreduce(cute.arch.fmax(cute.arch.fmax(part[0], part[1]), cute.arch.fmax(part[2], part[3])),
-                           cute.arch.fmax)
+                          cute.arch.fmax)
 
 
 def quad_allreduce(x: cutlass.Float32, op) -> cutlass.Float32:

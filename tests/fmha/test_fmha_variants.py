@@ -1,7 +1,8 @@
 """Every declared knock-out variant of the fmha kernel (kernels/fmha/variants.py) is registered as an
 unchecked `cutedsl:<variant>`, compiles for sm_90a from fake tensors (no GPU) on each of the
 kernel's schedules, and generates different code from the shipped kernel: a knock-out that knocks
-out nothing (the probe's no-gather on TMA-loaded tiles did) would time the shipped kernel twice."""
+out nothing (the probe's no-gather on TMA-loaded tiles did) would time the shipped kernel twice.
+On a GPU each runs once through the evaluation path: it must return and keep its stores in bounds."""
 
 import functools
 import re
@@ -62,3 +63,13 @@ def test_variant_compiles_and_knocks_something_out(variant, case_name):
     if find_nvdisasm() is None:
         pytest.skip("no nvdisasm: compiled, SASS not compared")
     assert mine != _sass("cutedsl", case_name), f"{variant} generates the shipped kernel's code on {case_name}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case_name", list(CASES))
+@pytest.mark.parametrize("variant", KNOCK_OUTS)
+def test_variant_runs_on_the_gpu(variant, case_name, gpu_check):
+    """Through the one evaluation path: the knock-out still balances its barriers (it returns),
+    stores nothing past its outputs, leaves its inputs unchanged; its output is not compared."""
+    outcome = gpu_check(CASES[case_name], get_impl("fmha", variant))
+    assert outcome.status == "UNCHECKED", outcome.reason
