@@ -19,7 +19,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import get_impl
-from dsv4bench.core.worker import case_generator, poison
+from dsv4bench.core.evaluate import case_generator, poison
 from kernels.fmha.family import FAMILY
 from sweeps.fmha import _sparse, dense_bench
 

@@ -47,7 +47,7 @@ def shaped_like_the_grid(family: Family, filters: dict) -> list[Case]:
     (`layouts rmsnorm --width 4416`)."""
     cases = []
     for case in family.cases(SweepOptions(examples=0)):
-        params = {**case.params, **{family.filters[opt]: values[0] for opt, values in filters.items()}}
+        params = {**case.params, **{family.options[opt].param: values[0] for opt, values in filters.items()}}
         cases.append(Case(family.name, params, case.seed, "cli"))
     return cases
 

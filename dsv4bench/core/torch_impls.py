@@ -21,7 +21,7 @@ Call = Callable[[object, Case, dict], dict]
 # A sweep compiles one function for many shapes (dynamic=False: one specialised kernel each).
 # Past dynamo's default recompile limit (8 per code object) it silently runs the function
 # *eagerly and unfused* from then on, and "torch_compile" timed 11x slower than eager
-# (benchmarks/results/rmsnorm-h100-v3). The limits are raised for every compile we make.
+# (rmsnorm v3 on the H100, docs/perf/rmsnorm.md). The limits are raised for every compile we make.
 RECOMPILE_LIMIT = 4096
 
 

@@ -102,9 +102,8 @@ class QuantKernel(HadamardMxfp4):
     """Compile-time: format, width, block, rotation. Runtime: rows and the input's row stride.
 
     The rotate path runs `HadamardMxfp4.kernel_rotate` (v4, kernels/quant/rotate.py); `kernel` serves
-    every other format. Earlier rotate paths are in git history and their figures in
-    benchmarks/results/ (v1, v2: quant-probe-h100-66b5a7b.json; v2, v3 and v4 candidates:
-    quant-mxfp4-v4-h100-*/), told in docs/perf/quant.md.
+    every other format. Earlier rotate paths are in git history; their figures are told in
+    docs/perf/quant.md (runs listed in benchmarks/results/INDEX.md).
     """
 
     def __init__(self, fmt: str, n: int, block: int, rotate: bool = False):

@@ -107,7 +107,7 @@ class RmsNormConfig:
     vecs_per_thread: int
     load_hint: str = "none"
     store_hint: str = "none"
-    w_early: bool = True  # measured (benchmarks/results/rmsnorm-variants-h100.json): at least QuACK's speed
+    w_early: bool = True  # measured (docs/perf/rmsnorm.md, variants): at least QuACK's speed
     reload_hint: str | None = None
     tiles_per_cta: int = 1
 

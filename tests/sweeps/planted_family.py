@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import parse_int_list
-from dsv4bench.core.registry import Cost, Family, Impl, SweepOptions, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Option, SweepOptions, Tolerance, register_family, register_impl
 from planted import BUGGY_WIDTH, GRID, NAME
 
 
@@ -20,14 +19,12 @@ class PlantedFamily(Family):
     name = NAME
     description = "test-only: scale rows by 2, with a planted bug at n=13"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
+    options = {"width": Option("n", "row width", "elements")}
 
     def cases(self, opts: SweepOptions) -> list[Case]:
         widths = opts.filters.get("width")
         params = [{"m": 3, "n": n} for n in widths] if widths else GRID
         return [Case(self.name, p, opts.seed, "cli" if widths else "grid") for p in params]
-
-    def parse_filters(self, raw: dict) -> dict:
-        return {"width": parse_int_list("width", raw["width"])} if "width" in raw else {}
 
     def make_inputs(self, case, gen, device):
         return {"x": torch.randn(case["m"], case["n"], generator=gen).to(device)}
