@@ -18,6 +18,7 @@ from dsv4bench.core.evaluate import CaseData, Outcome, evaluate
 from dsv4bench.core.regressions import regressions_dir
 from dsv4bench.core.registry import get_family, impls
 from dsv4bench.core.results import PASS, UNCHECKED, UNSUPPORTED
+from dsv4bench.core.runner import CHECK_IMPL
 from dsv4bench.core.worker import Worker
 
 WORST = 8
@@ -111,10 +112,10 @@ def repro_cmd(
     data = CaseData(family, case, device)
     tol = lambda n: family.tolerance_for(case, n)  # noqa: E731
     passed = True
-    if not arch and impl in (None, "torch"):
+    if not arch and impl in (None, CHECK_IMPL):
         passed &= show_reference_check(data, tol)
     chosen = [im for im in impls(case.family, variants=True) if (im.name == impl if impl else not im.variant)]
-    if impl and not chosen:
+    if impl and not chosen and impl != CHECK_IMPL:
         fail(f"family {case.family} has no impl '{impl}' (impls: "
              f"{', '.join(i.name for i in impls(case.family, variants=True))})")
     for im in chosen:

@@ -24,6 +24,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import impls
 from dsv4bench.core.results import FAIL_RUNTIME, TIMEOUT, ResultRecord, RunDir, task_key
 
+CHECK_IMPL = "torch"  # the impl column of a CPU check record: the low-precision reference in torch
 KILL_GRACE_S = 3.0
 STARTUP_TIMEOUT_S = 180.0
 LOG_TAIL_BYTES = 2000
@@ -60,8 +61,8 @@ def plan(cases: Iterable[Case], archs: list[str], gpu: bool, bench: bool, compil
                 continue
             if impl.compiles:
                 tasks += [Task(case, impl.name, a, "compile") for a in archs if a in impl.archs]
-        if (not gpu or compile_only) and any(i.name == "torch" for i in impls(case.family)):
-            tasks.append(Task(case, "torch", "cpu", "check"))
+        if not gpu or compile_only:  # the family's torch low-precision reference vs its oracle
+            tasks.append(Task(case, CHECK_IMPL, "cpu", "check"))
     return tasks
 
 

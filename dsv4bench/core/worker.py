@@ -51,12 +51,17 @@ class Worker:
 
     def handle(self, task: dict) -> ResultRecord:
         case = Case.from_json(task["case"])
-        family, impl = get_family(case.family), get_impl(case.family, task["impl"])
+        family = get_family(case.family)
+        # a CPU check runs the family's own low-precision reference, not a registered impl
+        impl = None if task["mode"] == "check" else get_impl(case.family, task["impl"])
         rec = ResultRecord(
-            run_id=task["run_id"], task=task["key"], case_id=case.id, family=case.family, impl=impl.name,
-            backend=impl.backend, arch=task["arch"], mode=task["mode"], device=task.get("device", "cpu"),
-            params=dict(case.params), seed=case.seed, origin=case.origin, status=UNSUPPORTED,
+            run_id=task["run_id"], task=task["key"], case_id=case.id, family=case.family, impl=task["impl"],
+            backend=impl.backend if impl else "torch", arch=task["arch"], mode=task["mode"],
+            device=task.get("device", "cpu"), params=dict(case.params), seed=case.seed, origin=case.origin,
+            status=UNSUPPORTED,
         )
+        if impl is None:
+            return self.check(rec, family, case)
         reason = impl.available() or impl.supports(case, task["arch"])
         if reason:
             rec.reason = reason
@@ -64,8 +69,6 @@ class Worker:
         if task["mode"] == "compile":
             self.compile(rec, impl, case, task["arch"])
             return rec
-        if task["mode"] == "check":
-            return self.check(rec, family, case)
         return self.run(rec, family, impl, case, task)
 
     def compile(self, rec, impl, case, arch):
