@@ -12,11 +12,10 @@ from __future__ import annotations
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core import registry
-from dsv4bench.core.registry import Cost, Family, Impl, Tolerance, register_family, register_impl
+from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.gemm import peers
 from kernels.gemm.config import choose_config
-from kernels.gemm.gemm_sm90 import KBLOCK
+from kernels.gemm.gemm_sm90 import KBLOCK, GemmConfig
 from kernels.gemm.glue import check_operands, compile_gemm, dequant_operands, make_operands, run_gemm
 from sweeps import gemm as space
 
@@ -29,13 +28,11 @@ class GemmFamily(Family):
     description = "FP8 e4m3 block-scaled GEMM y = x W^T (1x128 act / 128x128 weight scales), bf16 out"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
-    filters = {"rows": "m", "width": "n", "depth": "k"}  # the registry API before `Option`
-    if hasattr(registry, "Option"):  # the registry API with per-family sweep options
-        options = {
-            "rows": registry.Option("m", "token rows M of x", "tokens"),
-            "width": registry.Option("n", "output features N (weight rows)", "features"),
-            "depth": registry.Option("k", "reduction length K (a multiple of 128)", "elements"),
-        }
+    options = {
+        "rows": Option("m", "token rows M of x", "tokens"),
+        "width": Option("n", "output features N (weight rows)", "features"),
+        "depth": Option("k", "reduction length K (a multiple of 128)", "elements"),
+    }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
@@ -74,18 +71,21 @@ class GemmCuteDSL(Impl):
             return "N must be a multiple of 8 (16-byte output rows for the TMA store)"
         return None
 
+    def config(self, case: Case) -> GemmConfig:
+        """The tile configuration of the case (the seam of the declared variants)."""
+        return choose_config(case["m"], case["n"], case["k"])
+
     def compile_key(self, case: Case, arch: str) -> tuple:
-        return (self.family, self.name, arch, choose_config(case["m"], case["n"], case["k"]))
+        return (self.family, "cutedsl", arch, self.config(case))
 
     def compile(self, case: Case, arch: str):
         if arch != "sm_90a":
             raise ValueError(SM90_ONLY)
-        return compile_gemm(choose_config(case["m"], case["n"], case["k"]), arch)
+        return compile_gemm(self.config(case), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         check_operands(inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"])
-        cfg = choose_config(case["m"], case["n"], case["k"])
-        run_gemm(compiled, cfg, inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"])
+        run_gemm(compiled, self.config(case), inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"])
         return out
 
 
@@ -107,3 +107,7 @@ def gemm(x: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor,
 
 
 _COMPILED: dict = {}
+
+# Declared variants (tile-rule ablations, run only when named: `--impl cutedsl:<name>`). They
+# subclass GemmCuteDSL, so they are imported last; variants.py registers them (register_impl).
+from kernels.gemm import variants  # noqa: E402,F401

@@ -33,7 +33,9 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
@@ -52,6 +54,8 @@ class GemmConfig:
     group_m: int = 8  # rasterisation: M-tiles per group
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M/N give too few tiles)
     epi_stages: int = 2
+    pingpong: bool = False  # two promotion temporaries per warpgroup (ptxas serializes it: C7514)
+    stagger: bool = True  # bm = 128: warpgroup 1 starts each tile one K block after warpgroup 0
 
     def __post_init__(self) -> None:
         if self.bm not in (64, 128):
@@ -101,6 +105,26 @@ def _mn_view(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
 
 
+@dsl_user_op
+def _keep(x: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Int32:
+    """x through an empty volatile asm: the value is read and re-defined at this program point."""
+    return cutlass.Int32(llvm.inline_asm(
+        T.i32(), [x.ir_value(loc=loc, ip=ip)], "", "=r,0", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@cute.jit
+def _fence_regs(frag: cute.Tensor):
+    """Pin an accumulator fragment at this point (CUTLASS's warpgroup_fence_operand). The wgmma
+    results are SSA values, so without it the compiler may hoist the promotion's reads of a
+    temporary above the wgmma wait, or sink them below the next wgmma that overwrites it, and
+    ptxas then serializes every wgmma of the kernel (C7514)."""
+    words = cute.recast_tensor(frag, cutlass.Int32)
+    for i in cutlass.range_constexpr(cute.size(words)):
+        words[i] = _keep(words[i])
+
+
 class Fp8GemmSm90:
     def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
@@ -113,7 +137,7 @@ class Fp8GemmSm90:
         mB: cute.Tensor,  # W (N, K) fp8 e4m3, K contiguous
         mSB: cute.Tensor,  # (ceil(N/128), K/128) fp32
         mC: cute.Tensor,  # y (M, N) bf16, N contiguous
-        mWork: cute.Tensor,  # split-K: (tiles * split_k * bm * bn,) fp32 partials; else unused
+        mWork: cute.Tensor,  # split-K: (tiles * bm * bn,) fp32 tile sums, zero between calls; else unused
         mCount: cute.Tensor,  # split-K: (tiles,) int32 arrival counters, zero between calls
         n_ctas: cutlass.Int32,  # persistent grid size (the SM count)
         stream: cuda.CUstream,
@@ -121,10 +145,16 @@ class Fp8GemmSm90:
         c = self.cfg
         S = c.n_stages
         fp8 = mA.element_type
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            fp8, mB.element_type, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            cutlass.Float32, (c.n_mma_wg, 1, 1), (64, c.bn),
-        )
+        def make_mma():
+            return sm90_utils.make_trivial_tiled_mma(
+                fp8, mB.element_type, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                cutlass.Float32, (c.n_mma_wg, 1, 1), (64, c.bn),
+            )
+
+        # two copies of the MMA: the first k-step of a block overwrites (ACCUMULATE off), the rest
+        # accumulate; each is set once at kernel entry (toggling one MMA inside the loops makes a
+        # value that does not dominate its later uses)
+        tiled_mma, mma_acc = make_mma(), make_mma()
         tile = (c.bm, c.bn, KBLOCK)
         sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, mB.element_type, S)
@@ -151,7 +181,7 @@ class Fp8GemmSm90:
         units = ((m + c.bm - 1) // c.bm) * ((n + c.bn - 1) // c.bn) * c.split_k
         grid = cutlass.min(units, n_ctas)
         self.kernel(
-            tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, mSA, mSB, mWork, mCount, tiled_mma,
+            tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, mSA, mSB, mWork, mCount, tiled_mma, mma_acc,
             sA_layout, sB_layout, sC_layout, Storage,
         ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
@@ -182,6 +212,7 @@ class Fp8GemmSm90:
         mWork: cute.Tensor,
         mCount: cute.Tensor,
         tiled_mma: cute.TiledMma,
+        mma_acc: cute.TiledMma,
         sA_layout: cute.ComposedLayout,
         sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout,
@@ -194,6 +225,9 @@ class Fp8GemmSm90:
         gdim, _, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+        mmas = (tiled_mma, mma_acc)
 
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_a)
@@ -266,7 +300,7 @@ class Fp8GemmSm90:
             acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
             tmp = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
             acc_mn = _mn_view(acc)
-            tmp_mn = _mn_view(tmp)
+            tmp2 = cute.make_rmem_tensor(acc_shape, cutlass.Float32) if c.pingpong else tmp
             cC = thr_mma.partition_C(cute.make_identity_tensor((c.bm, c.bn)))
             cC_mn = _mn_view(cC)
             n_rows = cute.size(acc_mn, mode=[0])
@@ -292,7 +326,8 @@ class Fp8GemmSm90:
             slice_tiler = (c.bm, EPI_N)
             n_slices = c.bn // EPI_N
 
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, S)
+            g_rd = cutlass.Int32(0)  # K blocks this CTA has waited for / released (ring position)
+            g_rel = cutlass.Int32(0)
             flag = st.flag.get_tensor(cute.make_layout((4,)))
             slices_done = cutlass.Int32(0)
             for u in cutlass.range(bidx, units, gdim, unroll=1):
@@ -301,36 +336,16 @@ class Fp8GemmSm90:
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
                 sb_row = (tn * c.bn) // KBLOCK
                 # the two (or 2*M) rows this thread accumulates, clamped into [0, M) for the scale loads
+                acc.fill(0.0)
                 rows = cute.make_rmem_tensor((n_rows,), cutlass.Int32)
                 for r in cutlass.range_constexpr(n_rows):
                     rows[r] = cutlass.min(tm * c.bm + cC_mn[r, 0][0], m_size - 1)
-                sa_next = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-                for r in cutlass.range_constexpr(n_rows):
-                    sa_next[r] = mSA[rows[r], kb0]
-                sw_next = mSB[sb_row, kb0]
-                acc.fill(0.0)
-                for kb in cutlass.range(kb0, kb1, unroll=1):
-                    scale = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-                    for r in cutlass.range_constexpr(n_rows):
-                        scale[r] = sa_next[r] * sw_next
-                    kn = cutlass.min(kb + 1, kb1 - 1)
-                    for r in cutlass.range_constexpr(n_rows):
-                        sa_next[r] = mSA[rows[r], kn]
-                    sw_next = mSB[sb_row, kn]
-                    ring.consumer_wait(state)
-                    warpgroup.fence()
-                    for k in cutlass.range_constexpr(k_blocks):
-                        tiled_mma.set(warpgroup.Field.ACCUMULATE, k != 0)
-                        cute.gemm(tiled_mma, tmp, tCrA[(None, None, k, state.index)],
-                                  tCrB[(None, None, k, state.index)], tmp)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
-                    ring.consumer_release(state)
-                    state.advance()
-                    for r in cutlass.range_constexpr(n_rows):
-                        for cc in cutlass.range_constexpr(n_cols):
-                            acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * scale[r]
-
+                if cutlass.const_expr(c.pingpong):
+                    g_rd, g_rel = self._mainloop_pingpong(
+                        ring, mmas, tCrA, tCrB, acc_mn, tmp, tmp2, mSA, mSB, rows, sb_row, kb0, kb1, g_rd, g_rel)
+                else:
+                    g_rd = self._mainloop_serial(ring, mmas, tCrA, tCrB, acc_mn, tmp, mSA, mSB, rows, sb_row,
+                                                 kb0, kb1, g_rd, wg - 1)
                 last = True
                 if cutlass.const_expr(c.split_k > 1):
                     last = self._split_k_merge(acc, mWork, mCount, flag, epi_bar, t, ks, mtid)
@@ -354,18 +369,132 @@ class Fp8GemmSm90:
                     slices_done = slices_done + n_slices
             store_pipe.producer_tail()
 
+
+    # ---------------- mainloops (consumer warpgroups) ----------------
+    def _state(self, g):
+        S = self.cfg.n_stages
+        return pipeline.PipelineState(S, g, g % S, (g // S) % 2)
+
+    @cute.jit
+    def _issue(self, mmas, tmp, tCrA, tCrB, stage):
+        """The 4 wgmma (k = 32 each) of one 128-wide K block into tmp (overwritten), one group."""
+        _fence_regs(tmp)
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, stage)],
+                      tCrB[(None, None, k, stage)], tmp)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _load_scales(self, sc, mSA, mSB, rows, sb_row, kb):
+        """sc[r] = sa[row r, kb] * sw[n block, kb] (global loads; consumed one K block later)."""
+        sw = mSB[sb_row, kb]
+        for r in cutlass.range_constexpr(cute.size(sc)):
+            sc[r] = mSA[rows[r], kb] * sw
+
+    @cute.jit
+    def _promote(self, acc_mn, tmp, sc):
+        _fence_regs(tmp)  # after the wgmma wait that completed tmp
+        tmp_mn = _mn_view(tmp)
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            for cc in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[r]
+
+    @cute.jit
+    def _mainloop_serial(self, ring, mmas, tCrA, tCrB, acc_mn, tmp, mSA, mSB, rows, sb_row, kb0, kb1, g_rd, wgc):
+        """Per K block: wait -> 4 wgmma -> wait_group(0) -> release -> promote. The tensor core idles
+        while a warpgroup promotes unless the other warpgroup's wgmmas fill it; two warpgroups that
+        wait for the same stages run in lockstep and promote at the same time. `stagger`: warpgroup
+        1 starts each tile only once warpgroup 0's first block is done (a named barrier), so one
+        promotes while the other's wgmmas run (the epilogue barrier re-aligns them every tile)."""
+        c = self.cfg
+        stagger = c.stagger and c.n_mma_wg == 2
+        n_rows = cute.size(rows)
+        sc = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+        nxt = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+        self._load_scales(nxt, mSA, mSB, rows, sb_row, kb0)
+        for kb in cutlass.range(kb0, kb1, unroll=1):
+            for r in cutlass.range_constexpr(n_rows):
+                sc[r] = nxt[r]
+            self._load_scales(nxt, mSA, mSB, rows, sb_row, cutlass.min(kb + 1, kb1 - 1))
+            st = self._state(g_rd)
+            if cutlass.const_expr(stagger):
+                if kb == kb0 and wgc == 1:
+                    cute.arch.barrier(barrier_id=2, number_of_threads=256)
+            ring.consumer_wait(st)
+            self._issue(mmas, tmp, tCrA, tCrB, st.index)
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(stagger):
+                if kb == kb0 and wgc == 0:
+                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=256)
+            ring.consumer_release(st)
+            g_rd = g_rd + 1
+            self._promote(acc_mn, tmp, sc)
+        return g_rd
+
+    @cute.jit
+    def _mainloop_pingpong(self, ring, mmas, tCrA, tCrB, acc_mn, tA, tB, mSA, mSB, rows, sb_row, kb0, kb1,
+                           g_rd, g_rel):
+        """v2: two temporaries. K block j+1's wgmmas are queued (into the other temporary) before block
+        j is promoted, so the tensor core always holds this warpgroup's next group while it promotes.
+        Blocks go A, B, A, B, ...; with n blocks the loop runs n // 2 pairs. For even n the last A
+        issue is a phantom (block n does not exist): it re-reads the stage of block n - 1 (still
+        held), takes no ring slot and is never promoted -- no wgmma sits under a runtime branch
+        (docs/lessons/fmha.md 13), only the ring wait and the promotion do."""
+        n_rows = cute.size(rows)
+        n = kb1 - kb0
+        scA = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+        scB = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+        self._load_scales(scA, mSA, mSB, rows, sb_row, kb0)
+        st = self._state(g_rd)
+        ring.consumer_wait(st)
+        self._issue(mmas, tA, tCrA, tCrB, st.index)
+        g_rd = g_rd + 1
+        for p in cutlass.range(n // 2, unroll=1):
+            b1 = kb0 + 2 * p + 1  # always a real block
+            self._load_scales(scB, mSA, mSB, rows, sb_row, b1)
+            st1 = self._state(g_rd)
+            ring.consumer_wait(st1)
+            self._issue(mmas, tB, tCrA, tCrB, st1.index)
+            g_rd = g_rd + 1
+            warpgroup.wait_group(1)
+            ring.consumer_release(self._state(g_rel))
+            g_rel = g_rel + 1
+            self._promote(acc_mn, tA, scA)
+            b2 = b1 + 1
+            real = b2 < kb1
+            self._load_scales(scA, mSA, mSB, rows, sb_row, cutlass.min(b2, kb1 - 1))
+            st2 = self._state(g_rd)
+            if real:
+                ring.consumer_wait(st2)
+            stage2 = st2.index if real else st1.index
+            self._issue(mmas, tA, tCrA, tCrB, stage2)
+            g_rd = g_rd + (1 if real else 0)
+            warpgroup.wait_group(1)
+            ring.consumer_release(self._state(g_rel))
+            g_rel = g_rel + 1
+            self._promote(acc_mn, tB, scB)
+        warpgroup.wait_group(0)
+        if n % 2 == 1:
+            ring.consumer_release(self._state(g_rel))
+            g_rel = g_rel + 1
+            self._promote(acc_mn, tA, scA)
+        return g_rd, g_rel
+
     @cute.jit
     def _split_k_merge(self, acc, mWork, mCount, flag, epi_bar, t, ks, mtid) -> cutlass.Boolean:
-        """Split-K: publish this slice's fp32 partial, count arrivals; the last slice to arrive
-        adds the other partials into acc and returns True (it stores the tile)."""
+        """Split-K fix-up: every slice adds its fp32 partial into the tile's zeroed workspace with
+        red.global.add (fire and forget), then counts itself in; the last slice to arrive reads the
+        sum back (one pass, every load in flight at once), zeroes the workspace and the counter for
+        the next call, and returns True (it stores the tile). Addition order varies run to run."""
         c = self.cfg
-        tile_elems = c.bm * c.bn
         per_thread = cute.size(acc)
         nthr = 128 * c.n_mma_wg
-        # partial layout: [tile][slice][element index in the thread's fragment][thread] (coalesced)
-        base = (t * c.split_k + ks) * tile_elems
+        # workspace layout: [tile][element of the thread's fragment][thread] (coalesced)
+        base = t * (c.bm * c.bn) + mtid
         for i in cutlass.range_constexpr(per_thread):
-            mWork[base + i * nthr + mtid] = acc[i]
+            cute.arch.red(mWork.iterator + (base + i * nthr), acc[i], op="add", dtype=cutlass.Float32,
+                          sem="relaxed", scope="gpu")
         cute.arch.fence_acq_rel_gpu()
         epi_bar.arrive_and_wait()
         if mtid == 0:
@@ -378,10 +507,9 @@ class Fp8GemmSm90:
         last = flag[0] != 0
         if last:
             cute.arch.fence_acq_rel_gpu()
-            for s in cutlass.range(c.split_k, unroll=1):
-                if s != ks:
-                    ob = (t * c.split_k + s) * tile_elems
-                    for i in cutlass.range_constexpr(per_thread):
-                        acc[i] = acc[i] + mWork[ob + i * nthr + mtid]
+            for i in cutlass.range_constexpr(per_thread):
+                acc[i] = mWork[base + i * nthr]
+            for i in cutlass.range_constexpr(per_thread):
+                mWork[base + i * nthr] = cutlass.Float32(0.0)
         epi_bar.arrive_and_wait()
         return last

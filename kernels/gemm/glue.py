@@ -73,13 +73,13 @@ _WORK: dict = {}
 
 
 def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split-K partials and per-tile counters (zeroed once; the kernel leaves them at zero)."""
+    """Split-K fp32 tile sums and per-tile counters (zeroed once; the kernel leaves them at zero)."""
     tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
-    need_w = tiles * cfg.split_k * cfg.bm * cfg.bn if cfg.split_k > 1 else 4
+    need_w = tiles * cfg.bm * cfg.bn if cfg.split_k > 1 else 4
     key = (str(device),)
     work, count = _WORK.get(key, (None, None))
     if work is None or work.numel() < need_w:
-        work = torch.empty(max(need_w, 4), dtype=torch.float32, device=device)
+        work = torch.zeros(max(need_w, 4), dtype=torch.float32, device=device)
     if count is None or count.numel() < max(tiles, 1):
         count = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
     _WORK[key] = (work, count)

@@ -50,7 +50,8 @@ def test_rule(m, n, k):
 CONFIGS = [
     GemmConfig(128, 128), GemmConfig(128, 64), GemmConfig(64, 128), GemmConfig(64, 64), GemmConfig(64, 32),
     GemmConfig(128, 128, split_k=3), GemmConfig(64, 64, split_k=5), GemmConfig(128, 32, stages=2),
-    GemmConfig(128, 128, group_m=3),
+    GemmConfig(128, 128, group_m=3), GemmConfig(128, 128, stagger=False), GemmConfig(128, 128, pingpong=True),
+    GemmConfig(64, 128, pingpong=True, split_k=3), GemmConfig(128, 64, split_k=2),
 ]
 
 

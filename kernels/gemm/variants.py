@@ -1,0 +1,61 @@
+"""Declared variants of the gemm kernel: the shipped tile rule (kernels/gemm/config.py) with one knob
+overridden, each `cutedsl:<name>`, timed through the harness beside the shipped rule and the peers on
+the same inputs:
+
+    dsv4bench sweep gemm --rows 4096 --examples 0 --bench \\
+        --impl cutedsl,cutedsl:no-stagger,cutedsl:bn64,cutedsl:g16,deepgemm,cublaslt
+
+Every variant computes the real answer (`checked = True`: it must pass the oracle); one whose
+override makes an impossible configuration is UNSUPPORTED there.
+
+    no-stagger      both consumer warpgroups start each tile together (bm = 128)
+    pingpong        two promotion temporaries per warpgroup (block j+1's wgmmas queued before block
+                    j is promoted; ptxas serialises it, C7514 -- kept as the measured counter-example)
+    bmB / bnB       CTA tile rows B (64, 128) / columns B (32, 64, 128) instead of the rule's
+    gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
+    no-split        split-K off (decode shapes that the rule splits)
+    sS              S smem ring stages instead of as many as fit
+
+Imported at the end of kernels/gemm/family.py; registers its impls itself (register_impl).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import register_impl
+from kernels.gemm.family import GemmCuteDSL
+from kernels.gemm.gemm_sm90 import GemmConfig
+
+KNOBS: dict[str, dict] = {
+    "no-stagger": {"stagger": False},
+    "pingpong": {"pingpong": True},
+    "no-split": {"split_k": 1},
+    **{f"bm{b}": {"bm": b} for b in (64, 128)},
+    **{f"bn{b}": {"bn": b} for b in (32, 64, 128)},
+    **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
+    **{f"s{s}": {"stages": s} for s in (2, 4)},
+}
+
+
+class GemmKnob(GemmCuteDSL):
+    """The shipped kernel with the rule's configuration overridden by `knobs`."""
+
+    def __init__(self, name: str, knobs: dict):
+        self.variant, self.name, self.knobs = name, f"cutedsl:{name}", dict(knobs)
+
+    def config(self, case: Case) -> GemmConfig:
+        return replace(super().config(case), **self.knobs)
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        try:
+            self.config(case)
+        except ValueError as e:
+            return f"{self.name}: {e}"
+        return super().supports(case, arch)
+
+
+VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items())
+for _impl in VARIANTS:
+    register_impl(_impl)
