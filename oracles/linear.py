@@ -76,3 +76,12 @@ def linear_lowprec(x: torch.Tensor, w: Weight, out_dtype: torch.dtype | None = N
     else:
         y = (fp8_qdq(x, ACT_QUANT_BLOCK) @ dequant(w).T).bfloat16()
     return y if out_dtype is None else y.to(out_dtype)
+
+
+def grouped_linear(x: torch.Tensor, w: Weight, groups: int) -> torch.Tensor:
+    """FP32 oracle of a grouped linear (the output projection's wo_a, §7.4): x [..., G·K] and W
+    [G·N, K] → fp32 [..., G·N] where output group g is x[..., gK:(g+1)K] @ W[gN:(g+1)N].T (a
+    block-diagonal weight). `groups` = 1 is `linear`."""
+    wd = dequant(w)
+    grouped = x.float().unflatten(-1, (groups, -1))  # [..., G, K]
+    return torch.einsum("...gk,gnk->...gn", grouped, wd.unflatten(0, (groups, -1))).flatten(-2)

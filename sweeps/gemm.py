@@ -1,9 +1,11 @@
-"""gemm case space: every FP8 linear of DSV4 Flash and Pro (spec §1.3, §2.6, §11.2) at decode and
-prefill token counts, plus hypothesis draws of ragged M / N / K (K a multiple of 128).
+"""gemm case space: every FP8 linear of DSV4 Flash and Pro (spec §1.3, §2.6, §7.4, §11.2) at decode
+and prefill token counts, plus hypothesis draws of ragged M / N / K (K a multiple of 128).
 
-y[M, N] = x[M, K] . W[N, K]^T; the weight is [out, in] = [N, K]. The shared expert's w1 and w3 run
-as one GEMM (their rows concatenated: N = 2 x moe_inter_dim). The grouped wo_a is not here (a
-later grouped mode). Shapes shared by two layers appear once, named after both.
+y[M, N] = x[M, groups*K] . blockdiag(W)^T; the weight is [out, in] = [N, K]. The shared expert's w1
+and w3 run as one GEMM (their rows concatenated: N = 2 x moe_inter_dim). The grouped output
+projection wo_a (groups = o_groups) takes each group's 4096 attention features to its 1024 outputs
+in one launch: x [T, G*4096], W [G*1024, 4096]. Shapes shared by two layers appear once, named
+after both.
 """
 
 from __future__ import annotations
@@ -12,23 +14,25 @@ from hypothesis import strategies as st
 
 from sweeps.common import draw, tile_counts
 
-# (model, layer, N = out, K = in)
+# (model, layer, N = out, K = in per group, groups)
 LAYERS = [
-    ("flash", "wq_a", 1024, 4096),
-    ("flash", "wq_b", 32768, 1024),
-    ("flash", "wkv", 512, 4096),
-    ("flash", "wo_b", 4096, 8192),
-    ("flash", "shared_w13+mtp_proj", 4096, 4096),
-    ("flash", "shared_w2", 4096, 2048),
-    ("flash", "indexer_wq_b", 8192, 1024),
-    ("pro", "wq_a", 1536, 7168),
-    ("pro", "wq_b", 65536, 1536),
-    ("pro", "wkv", 512, 7168),
-    ("pro", "wo_b", 7168, 16384),
-    ("pro", "shared_w13", 6144, 7168),
-    ("pro", "shared_w2", 7168, 3072),
-    ("pro", "indexer_wq_b", 8192, 1536),
-    ("pro", "mtp_proj", 7168, 7168),
+    ("flash", "wq_a", 1024, 4096, 1),
+    ("flash", "wq_b", 32768, 1024, 1),
+    ("flash", "wkv", 512, 4096, 1),
+    ("flash", "wo_a", 8192, 4096, 8),
+    ("flash", "wo_b", 4096, 8192, 1),
+    ("flash", "shared_w13+mtp_proj", 4096, 4096, 1),
+    ("flash", "shared_w2", 4096, 2048, 1),
+    ("flash", "indexer_wq_b", 8192, 1024, 1),
+    ("pro", "wq_a", 1536, 7168, 1),
+    ("pro", "wq_b", 65536, 1536, 1),
+    ("pro", "wkv", 512, 7168, 1),
+    ("pro", "wo_a", 16384, 4096, 16),
+    ("pro", "wo_b", 7168, 16384, 1),
+    ("pro", "shared_w13", 6144, 7168, 1),
+    ("pro", "shared_w2", 7168, 3072, 1),
+    ("pro", "indexer_wq_b", 8192, 1536, 1),
+    ("pro", "mtp_proj", 7168, 7168, 1),
 ]
 DECODE_M = (1, 8, 64, 256)
 PREFILL_M = (4096, 16384)
@@ -36,8 +40,14 @@ TOKENS = DECODE_M + PREFILL_M
 
 
 def production() -> list[dict]:
-    return [{"m": m, "n": n, "k": k, "layer": f"{model}.{layer}"}
-            for model, layer, n, k in LAYERS for m in TOKENS]
+    return [{"m": m, "n": n, "k": k, "groups": g, "layer": f"{model}.{layer}"}
+            for model, layer, n, k, g in LAYERS for m in TOKENS]
+
+
+def _grouped(d: dict) -> dict:
+    """A grouped draw: N becomes groups whole 128-row weight blocks per group."""
+    g = d["groups"]
+    return d if g == 1 else {**d, "n": g * 128 * max(1, d["n"] // (128 * g))}
 
 
 def extra_strategy() -> st.SearchStrategy[dict]:
@@ -45,8 +55,9 @@ def extra_strategy() -> st.SearchStrategy[dict]:
         "m": tile_counts(64, 40),
         "n": tile_counts(64, 64).map(lambda v: max(8, v - v % 8)),  # 16-byte output rows
         "k": st.integers(1, 40).map(lambda b: 128 * b),
+        "groups": st.sampled_from([1, 1, 1, 2, 3]),
         "layer": st.just("drawn"),
-    })
+    }).map(_grouped)
 
 
 def extra(n: int, seed: int) -> list[dict]:

@@ -103,6 +103,7 @@ def run_model_cmd(
     import torch
 
     from dsv4bench.model.dispatch import DispatchError, OpTable, register_kernel_ops
+    from dsv4bench.model.kernel_ops import KERNEL
     from dsv4bench.model.engine import Engine, compare_to_oracle
     from dsv4bench.model.loader import Checkpoint, CheckpointError
     from dsv4bench.model.tokenizer import load_tokenizer
@@ -122,13 +123,13 @@ def run_model_cmd(
     ops = OpTable()
     if backend != "oracle":
         register_kernel_ops()
-        show_serving(backend, runs_here=device == "cuda")
+        show_serving(backend, runs_here=device == "cuda" or backend != KERNEL)
         try:
             selected = OpTable().select_all(backend)  # an unknown backend is an error on any device
         except DispatchError as e:
             fail(str(e))
-        if device == "cuda":  # the kernels need a GPU: on the CPU every op stays on its oracle
-            ops = selected
+        if device == "cuda" or backend != KERNEL:  # CuTeDSL kernels need a GPU: on the CPU their ops
+            ops = selected                           # stay on the oracle (other backends run anywhere)
     path = _resolve_checkpoint(checkpoint, config)
     t0 = time.perf_counter()
     try:

@@ -1,38 +1,80 @@
 """The tile rule: which GemmConfig runs a problem (M, N, K) on an SM90 part with `sms` SMs.
 
-Work per CTA is a (bm x bn) output tile times K/128 promotion blocks.
-* Prefill (M large, compute bound): bm = 128 (two consumer warpgroups, 64 rows each) and bn = 128:
-  the largest tile whose fp32 accumulator plus promotion temporary (128 registers per thread) fits
-  beside the epilogue without spills; bn must divide the 128-wide weight-scale block.
-* Decode (M <= 64, weight-bandwidth bound): bm = 64 (one consumer warpgroup; rows past M are
-  TMA zero fill and cost no DRAM traffic). Every SM must stream weight bytes, so when the tiles do
-  not fill the SMs, bn drops to 64 and then K is split (split-K with an in-kernel fix-up by the last
-  slice to finish), keeping at least `MIN_KB_PER_SLICE` K blocks per slice so that the pipeline
-  fills.
+A small cost model, not a table of measurements: every candidate (bm, bn, split_k) is scored by
+the time its busiest CTA needs, and the cheapest wins (ties: the larger tile, then fewer slices).
+
+    units       = ceil(M / bm) * ceil(N / bn) * split_k        (work units, dealt round-robin)
+    rounds      = ceil(units / sms)                             (units of the busiest CTA)
+    per K block = max(tensor core: 2 * bm * bn * 128 / FP8_FLOPS_PER_CLK,
+                      L2 -> SM:    (bm + bn) * 128 / L2_BYTES_PER_CLK,
+                      DRAM:        bn * 128 / DRAM_BYTES_PER_CLK   (only when W is read once: one M tile))
+    cost        = rounds * (K blocks per slice * per K block + UNIT_CLK (+ SPLIT_CLK when split))
+
+Prefill (large M) is bound by the tensor core and the L2: the model prefers bm = 256 (two waves of
+128 rows, 2.7x fewer L2 bytes per flop than 128 x 64) whenever the tiles fill the SMs, and falls
+back to 128 x 128 when they do not (a few wide tiles leave SMs idle). Decode (M <= 64) is bound by
+the weight stream from DRAM: bm = 64 and the (bn, split_k) that spreads the weight bytes most evenly
+over the SMs, split-K with an in-kernel fix-up when N alone gives too few tiles, at least
+MIN_KB_PER_SLICE K blocks per slice so that each slice's pipeline fills.
+
+Constants (H100 SXM, per SM per clock): 8192 dense e4m3 flops (1979 TFLOP/s at 1.83 GHz); ~46 B
+from L2 when every SM pulls (DeepGEMM's model: ~6.1 KB/clock over 132 SMs); 12.4 B from DRAM (the
+3.0 TB/s copy measured in every bench run, over 132 SMs at 1.83 GHz). UNIT_CLK is a unit's fixed
+cost (scale loads, epilogue); SPLIT_CLK the split-K fix-up (fp32 partials through L2, a counter).
 """
 
 from __future__ import annotations
 
+import math
+
 from kernels.gemm.gemm_sm90 import KBLOCK, GemmConfig
 
 H100_SMS = 132
+FP8_FLOPS_PER_CLK = 8192
+L2_BYTES_PER_CLK = 46.0
+DRAM_BYTES_PER_CLK = 12.4
+UNIT_CLK = 600
+SPLIT_CLK = 600
 MIN_KB_PER_SLICE = 4
 MAX_SPLIT = 16
+BN = (128, 64, 32)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def choose_config(m: int, n: int, k: int, sms: int = H100_SMS) -> GemmConfig:
+def row_tiles(m: int) -> tuple[int, ...]:
+    """The CTA heights that suit M: 64 for decode, 64/128 up to 128 rows, 128/256 beyond."""
+    if m <= 64:
+        return (64,)
+    return (128, 64) if m <= 128 else (256, 128)
+
+
+def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_SMS) -> float:
+    """Modelled clocks of the busiest CTA (see the module docstring)."""
     kb = k // KBLOCK
-    bm = 64 if m <= 64 else 128
-    bn = 128
-    tiles = _cdiv(m, bm) * _cdiv(n, bn)
-    if tiles < sms:
-        bn = 64
-        tiles = _cdiv(m, bm) * _cdiv(n, bn)
-    split = 1
-    if tiles < sms and kb >= 2 * MIN_KB_PER_SLICE:
-        split = max(1, min(MAX_SPLIT, _cdiv(sms, tiles), kb // MIN_KB_PER_SLICE))
+    tiles_m = _cdiv(m, bm)
+    units = tiles_m * _cdiv(n, bn) * split
+    per_kb = max(2 * bm * bn * KBLOCK / FP8_FLOPS_PER_CLK, (bm + bn) * KBLOCK / L2_BYTES_PER_CLK,
+                 bn * KBLOCK / DRAM_BYTES_PER_CLK if tiles_m == 1 else 0.0)
+    return _cdiv(units, sms) * (_cdiv(kb, split) * per_kb + UNIT_CLK + (SPLIT_CLK if split > 1 else 0))
+
+
+def candidates(m: int, n: int, k: int, sms: int = H100_SMS):
+    kb = k // KBLOCK
+    for bm in row_tiles(m):
+        for bn in BN:
+            tiles = _cdiv(m, bm) * _cdiv(n, bn)
+            splits = [1]
+            if bm <= 128 and tiles < sms:  # split-K only to fill idle SMs, and one wave per tile
+                splits += [s for s in range(2, MAX_SPLIT + 1) if kb // s >= MIN_KB_PER_SLICE]
+            for s in splits:
+                yield bm, bn, s
+
+
+def choose_config(m: int, n: int, k: int, sms: int = H100_SMS) -> GemmConfig:
+    best = min(candidates(m, n, k, sms),
+               key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
+    bm, bn, split = best
     return GemmConfig(bm=bm, bn=bn, split_k=split)

@@ -1,10 +1,16 @@
-"""The gemm family: the DSV4 FP8 block-scaled linear y = x . W^T (spec §2.3 / §2.6), its inputs,
-oracle pairing, cost model, CLI filters and implementations (ours, DeepGEMM, cuBLASLt, bf16 torch).
+"""The gemm family: the DSV4 FP8 block-scaled linear y = x . W^T (spec §2.3 / §2.6) and its grouped
+form, the output projection wo_a (§7.4): its inputs, oracle pairing, cost model, sweep options and
+implementations (ours, DeepGEMM, cuBLASLt, torch).
 
-Inputs are the quantised operands the GEMM consumes: x e4m3 [M, K] with fp32 power-of-two scales
-per (row, 128 columns), W e4m3 [N, K] with one fp32 power-of-two scale per 128 x 128 block.
-Oracle: dequant(x) @ dequant(W)^T in fp32. Low-precision reference: the same product rounded to
-bf16 (the reference fp8_gemm accumulates in fp32 per K block and writes bf16).
+Inputs are the quantised operands the GEMM consumes: x e4m3 [M, G*K] with fp32 power-of-two scales
+per (row, 128 columns), W e4m3 [N, K] with one fp32 power-of-two scale per 128 x 128 block; G = 1
+except for wo_a. Oracle: dequant(x) . blockdiag(dequant(W))^T in fp32 (oracles/linear.py). Low-
+precision reference: the same product rounded to bf16 (the reference fp8_gemm accumulates in fp32 per
+K block and writes bf16).
+
+wo_a runs in FP8 with the same recipe, not the reference's bf16 einsum: the checkpoint stores it in
+FP8 (convert.py dequantises it to bf16 only because the reference has no grouped FP8 kernel), FP8
+halves the weight bytes that decode streams, and vLLM serves it the same way (DeepGEMM fp8_einsum).
 """
 
 from __future__ import annotations
@@ -17,44 +23,51 @@ from kernels.gemm import peers
 from kernels.gemm.config import choose_config
 from kernels.gemm.gemm_sm90 import KBLOCK, GemmConfig
 from kernels.gemm.glue import check_operands, compile_gemm, dequant_operands, make_operands, run_gemm
+from oracles.linear import grouped_linear
 from sweeps import gemm as space
 
 SM90_ONLY = ("the SM90 kernel is built on warpgroup MMA (wgmma) and Hopper TMA descriptors; sm_100a "
              "has no wgmma (it needs a tcgen05/TMEM kernel), so it is not compiled for sm_100a")
 
 
+def _groups(case: Case) -> int:
+    return case.params.get("groups", 1)
+
+
 class GemmFamily(Family):
     name = "gemm"
-    description = "FP8 e4m3 block-scaled GEMM y = x W^T (1x128 act / 128x128 weight scales), bf16 out"
+    description = ("FP8 e4m3 block-scaled GEMM y = x W^T (1x128 act / 128x128 weight scales), bf16 out; "
+                   "grouped for wo_a")
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
     options = {
         "rows": Option("m", "token rows M of x", "tokens"),
-        "width": Option("n", "output features N (weight rows)", "features"),
-        "depth": Option("k", "reduction length K (a multiple of 128)", "elements"),
+        "width": Option("n", "output features N (weight rows, all groups)", "features"),
+        "depth": Option("k", "reduction length K of one group (a multiple of 128)", "elements"),
+        "groups": Option("groups", "weight groups (1: a plain linear; 8 / 16: wo_a of Flash / Pro)", "groups"),
     }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
-        x, sa, w, sw = make_operands(case["m"], case["n"], case["k"], seed, device)
+        x, sa, w, sw = make_operands(case["m"], case["n"], case["k"], seed, device, _groups(case))
         return {"x": x, "sa": sa, "w": w, "sw": sw}
 
     def oracle(self, case: Case, inputs: dict) -> dict:
         xd, wd = dequant_operands(**inputs)
-        return {"out": xd @ wd.T}
+        return {"out": grouped_linear(xd, wd, _groups(case))}
 
     def lowprec(self, case: Case, inputs: dict) -> dict:
-        xd, wd = dequant_operands(**inputs)
-        return {"out": (xd @ wd.T).bfloat16()}
+        return {"out": self.oracle(case, inputs)["out"].bfloat16()}
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
         return {"out": torch.empty(case["m"], case["n"], dtype=torch.bfloat16, device=device)}
 
     def cost(self, case: Case) -> Cost:
-        m, n, k = case["m"], case["n"], case["k"]
+        m, n, k, g = case["m"], case["n"], case["k"], _groups(case)
         kb = k // KBLOCK
         nb = -(-n // KBLOCK)
-        return Cost(flops=2.0 * m * n * k, bytes=float(m * k + n * k + 4 * (m * kb + nb * kb) + 2 * m * n))
+        return Cost(flops=2.0 * m * n * k,
+                    bytes=float(m * g * k + n * k + 4 * (m * g * kb + nb * kb) + 2 * m * n))
 
 
 class GemmCuteDSL(Impl):
@@ -69,6 +82,8 @@ class GemmCuteDSL(Impl):
             return f"K must be a multiple of {KBLOCK} (the quantisation block)"
         if case["n"] % 8:
             return "N must be a multiple of 8 (16-byte output rows for the TMA store)"
+        if _groups(case) > 1 and case["n"] % (_groups(case) * KBLOCK):
+            return f"grouped: each group's N must be a multiple of {KBLOCK} (whole weight-scale blocks)"
         return None
 
     def config(self, case: Case) -> GemmConfig:
@@ -84,26 +99,28 @@ class GemmCuteDSL(Impl):
         return compile_gemm(self.config(case), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        check_operands(inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"])
-        run_gemm(compiled, self.config(case), inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"])
+        g = _groups(case)
+        check_operands(inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"], g)
+        run_gemm(compiled, self.config(case), inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"], g)
         return out
 
 
 FAMILY = register_family(GemmFamily())
-for _impl in (GemmCuteDSL(), peers.DeepGemm(), peers.CublasLt(), peers.TorchBf16()):
+for _impl in (GemmCuteDSL(), peers.DeepGemm(), peers.CublasLt()):
     register_impl(_impl)
+peers.register_torch_peers()
 
 
 def gemm(x: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor,
-         out: torch.Tensor | None = None) -> torch.Tensor:
-    """The op for model code: y = x . W^T with DSV4 FP8 operands (bad input -> ValueError naming
-    the tensor). Compiled kernels are cached per tile configuration."""
-    m, n, k = check_operands(x, sa, w, sw, out)
+         out: torch.Tensor | None = None, groups: int = 1) -> torch.Tensor:
+    """The op for model code: y = x . W^T (grouped: blockdiag(W)) with DSV4 FP8 operands (bad input ->
+    ValueError naming the tensor). Compiled kernels are cached per tile configuration."""
+    m, n, k = check_operands(x, sa, w, sw, out, groups)
     cfg = choose_config(m, n, k)
     if cfg not in _COMPILED:
         _COMPILED[cfg] = compile_gemm(cfg)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device) if out is None else out
-    return run_gemm(_COMPILED[cfg], cfg, x, sa, w, sw, out)
+    return run_gemm(_COMPILED[cfg], cfg, x, sa, w, sw, out, groups)
 
 
 _COMPILED: dict = {}

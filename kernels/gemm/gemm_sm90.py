@@ -1,25 +1,32 @@
 """SM90 FP8 block-scaled GEMM (DSV4 linear layers): y[M, N] = x[M, K] . W[N, K]^T, bf16 out.
 
-Recipe (DSV4_SPEC.md §2.3 / §2.6, the reference's fp8_gemm and DeepGEMM's sm90 1d2d kernel):
-x and W are FP8 e4m3, K-major. The activation carries one fp32 scale per (row, 128 columns of K)
-(`sa` [M, K/128]); the weight one per 128 x 128 block (`sw` [ceil(N/128), K/128]). For every
-128-wide K block the warpgroup runs its wgmmas into a temporary fp32 accumulator (tensor-core
-accumulation stays inside one block), then promotes: acc += tmp * (sa[row, kb] * sw[n_blk, kb]).
+Recipe (DSV4_SPEC.md §2.3 / §2.6, the reference's fp8_gemm): x and W are FP8 e4m3, K-major. The
+activation carries one fp32 scale per (row, 128 columns of K) (`sa` [M, K/128]); the weight one per
+128 x 128 block (`sw` [ceil(N/128), K/128]). For every 128-wide K block a warpgroup runs its wgmmas
+into a temporary fp32 accumulator (tensor-core accumulation stays inside one block), then promotes:
+acc += tmp * (sa[row, kb] * sw[n_blk, kb]).
+
+Grouped mode (the output projection wo_a, spec §7.4): y[:, g*Ng:(g+1)*Ng] = x[:, g*K:(g+1)*K] .
+W[g*Ng:(g+1)*Ng, :]^T for G groups in one launch. x is [M, G*K], W [G*Ng, K], y [M, G*Ng]; a tile's
+group follows from its first output column, and only its A loads (and activation scales) move by
+g*K. `n_group` = N makes the plain GEMM.
 
 Structure (one CTA per SM, persistent):
   * warpgroup 0: warp 0 issues the TMA loads of the (bm x 128) x tile and (bn x 128) W tile of each
     K block into a `stages`-deep ring (PipelineTmaAsync: full barrier with transaction bytes,
     empty barrier with one arrive per consumer warp). Rows past M or N are zero-filled by TMA.
-  * warpgroups 1..bm/64: each owns 64 rows of the tile and all bn columns; it waits for a stage,
-    issues 4 wgmma (m64 n{bn} k32) into `tmp`, waits for them, frees the stage and promotes.
-    The scales of K block kb + 1 are loaded from global memory (L2) while block kb runs.
-  * epilogue: acc -> bf16 -> shared memory (stmatrix) -> TMA store in (bm x 32) slices; TMA clips
-    rows / columns past M / N, so ragged shapes need no padding copies.
+  * consumer warpgroups (1 for bm = 64, 2 otherwise): the tile's rows go in `waves` of
+    wave_m = 64 * warpgroups rows (bm = 256: two waves); per K block and wave, each warpgroup issues
+    4 wgmma (m64 n{bn} k32) into `tmp`, waits for them and promotes into that wave's accumulator
+    (the other warpgroup's wgmmas keep the tensor core busy meanwhile). The stage is freed after
+    the last wave's wgmmas; the scales of K block kb + 1 are loaded from global memory (L2) while
+    block kb runs.
+  * epilogue: per wave, acc -> bf16 -> shared memory (stmatrix) -> TMA store in (wave_m x 32)
+    slices; TMA clips rows / columns past M / N, so ragged shapes need no padding copies.
   * tiles are handed out statically (tile t goes to CTA t mod grid), rasterised in groups of
     `group_m` M-tiles so that the CTAs running at one time share x rows and W rows in L2.
-  * split-K (`split_k` > 1, decode): work unit = (tile, K slice). Every slice but the last to
-    finish writes its fp32 partial into a workspace and bumps a per-tile counter; the last one
-    adds the others' partials, stores bf16 and resets the counter to 0 for the next call.
+  * split-K (`split_k` > 1, decode): work unit = (tile, K slice); the slices' fp32 partials meet
+    in a workspace and the last slice to finish stores the tile (`_split_k_merge`).
 
 The weight scale is one value per tile and K block because bn divides 128.
 """
@@ -42,34 +49,48 @@ from cutlass.utils import LayoutEnum
 KBLOCK = 128  # the quantisation block along K: one promotion per 128 columns
 SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
 EPI_N = 32  # epilogue slice width (columns) per TMA store
+MAX_STAGES = 16
 
 
 @dataclass(frozen=True)
 class GemmConfig:
     """Compile-time tile configuration (kernels/gemm/config.py picks one per problem)."""
 
-    bm: int = 128  # CTA rows: 64 (one consumer warpgroup) or 128 (two)
+    bm: int = 128  # CTA rows: 64 (one consumer warpgroup), 128 or 256 (two; 256 in two waves)
     bn: int = 128  # CTA columns: 32, 64 or 128 (divides the 128-wide weight-scale block)
-    stages: int = 0  # smem ring depth; 0 = as many as fit
+    stages: int = 0  # smem ring depth; 0 = as many as fit (at most MAX_STAGES)
     group_m: int = 8  # rasterisation: M-tiles per group
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M/N give too few tiles)
     epi_stages: int = 2
-    pingpong: bool = False  # two promotion temporaries per warpgroup (ptxas serializes it: C7514)
-    stagger: bool = True  # bm = 128: warpgroup 1 starts each tile one K block after warpgroup 0
 
     def __post_init__(self) -> None:
-        if self.bm not in (64, 128):
-            raise ValueError(f"bm must be 64 or 128, got {self.bm}")
+        if self.bm not in (64, 128, 256):
+            raise ValueError(f"bm must be 64, 128 or 256, got {self.bm}")
         if self.bn not in (32, 64, 128):
             raise ValueError(f"bn must be 32, 64 or 128, got {self.bn}")
         if self.split_k < 1:
             raise ValueError("split_k must be >= 1")
+        if self.split_k > 1 and self.waves > 1:
+            raise ValueError("split-K takes one wave per tile (bm <= 128)")
+        if self.group_m < 1:
+            raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
             raise ValueError(f"{self.stages} stages of {self.stage_bytes} B do not fit shared memory")
+        if self.n_stages < 2:
+            raise ValueError(f"bm {self.bm} x bn {self.bn} leaves room for {self.n_stages} smem stage(s)")
 
     @property
     def n_mma_wg(self) -> int:
-        return self.bm // 64
+        return 1 if self.bm == 64 else 2
+
+    @property
+    def wave_m(self) -> int:
+        """Rows one round of the consumer warpgroups covers (64 each)."""
+        return 64 * self.n_mma_wg
+
+    @property
+    def waves(self) -> int:
+        return self.bm // self.wave_m
 
     @property
     def threads(self) -> int:
@@ -81,13 +102,13 @@ class GemmConfig:
 
     @property
     def fixed_bytes(self) -> int:
-        return self.bm * EPI_N * 2 * self.epi_stages + 2048
+        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048
 
     @property
     def n_stages(self) -> int:
         if self.stages:
             return self.stages
-        return min(8, (SMEM_BYTES - self.fixed_bytes) // self.stage_bytes)
+        return min(MAX_STAGES, (SMEM_BYTES - self.fixed_bytes) // self.stage_bytes)
 
     @property
     def reg_split(self) -> tuple[int, int]:
@@ -132,19 +153,21 @@ class Fp8GemmSm90:
     @cute.jit
     def __call__(
         self,
-        mA: cute.Tensor,  # x (M, K) fp8 e4m3, K contiguous
-        mSA: cute.Tensor,  # (M, K/128) fp32
-        mB: cute.Tensor,  # W (N, K) fp8 e4m3, K contiguous
+        mA: cute.Tensor,  # x (M, G*K) fp8 e4m3, K contiguous
+        mSA: cute.Tensor,  # (M, G*K/128) fp32
+        mB: cute.Tensor,  # W (N, K) fp8 e4m3, K contiguous (N = G*Ng)
         mSB: cute.Tensor,  # (ceil(N/128), K/128) fp32
         mC: cute.Tensor,  # y (M, N) bf16, N contiguous
         mWork: cute.Tensor,  # split-K: (tiles * bm * bn,) fp32 tile sums, zero between calls; else unused
         mCount: cute.Tensor,  # split-K: (tiles,) int32 arrival counters, zero between calls
+        n_group: cutlass.Int32,  # output columns per group (N: one group)
         n_ctas: cutlass.Int32,  # persistent grid size (the SM count)
         stream: cuda.CUstream,
     ):
         c = self.cfg
         S = c.n_stages
         fp8 = mA.element_type
+
         def make_mma():
             return sm90_utils.make_trivial_tiled_mma(
                 fp8, mB.element_type, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
@@ -155,14 +178,15 @@ class Fp8GemmSm90:
         # accumulate; each is set once at kernel entry (toggling one MMA inside the loops makes a
         # value that does not dominate its later uses)
         tiled_mma, mma_acc = make_mma(), make_mma()
-        tile = (c.bm, c.bn, KBLOCK)
-        sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S)
+        tile = (c.wave_m, c.bn, KBLOCK)
+        # A: one (wave_m x 128) buffer per wave and stage, index stage * waves + wave
+        sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S * c.waves)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, mB.element_type, S)
-        epi_tile = (c.bm, EPI_N)
+        epi_tile = (c.wave_m, EPI_N)
         sC_layout = sm90_utils.make_smem_layout_epi(mC.element_type, LayoutEnum.ROW_MAJOR, epi_tile, c.epi_stages)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(sA_layout, (None, None, 0)), (c.bm, KBLOCK))
+        tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(sA_layout, (None, None, 0)), (c.wave_m, KBLOCK))
         tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(sB_layout, (None, None, 0)), (c.bn, KBLOCK))
         tma_c, gC_t = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile
@@ -181,7 +205,7 @@ class Fp8GemmSm90:
         units = ((m + c.bm - 1) // c.bm) * ((n + c.bn - 1) // c.bn) * c.split_k
         grid = cutlass.min(units, n_ctas)
         self.kernel(
-            tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, mSA, mSB, mWork, mCount, tiled_mma, mma_acc,
+            tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, mSA, mSB, mWork, mCount, n_group, tiled_mma, mma_acc,
             sA_layout, sB_layout, sC_layout, Storage,
         ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
@@ -211,6 +235,7 @@ class Fp8GemmSm90:
         mSB: cute.Tensor,
         mWork: cute.Tensor,
         mCount: cute.Tensor,
+        n_group: cutlass.Int32,
         tiled_mma: cute.TiledMma,
         mma_acc: cute.TiledMma,
         sA_layout: cute.ComposedLayout,
@@ -220,6 +245,7 @@ class Fp8GemmSm90:
     ):
         c = self.cfg
         S = c.n_stages
+        W = c.waves
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -236,13 +262,12 @@ class Fp8GemmSm90:
 
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
-        tx_bytes = c.stage_bytes
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.bars.data_ptr(),
             num_stages=S,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, c.n_mma_wg * 4),
-            tx_count=tx_bytes,
+            tx_count=c.stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
             defer_sync=True,
         )
@@ -252,19 +277,20 @@ class Fp8GemmSm90:
         sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = st.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
 
-        # (bm, 128, tiles_m, kb), (bn, 128, tiles_n, kb), (bm, bn, tiles_m, tiles_n)
-        gA = cute.local_tile(gA_t, (c.bm, KBLOCK), (None, None))
+        # (wave_m, 128, row tiles, G*kb), (bn, 128, tiles_n, kb), (wave_m, bn, row tiles, tiles_n)
+        gA = cute.local_tile(gA_t, (c.wave_m, KBLOCK), (None, None))
         gB = cute.local_tile(gB_t, (c.bn, KBLOCK), (None, None))
-        gC = cute.local_tile(gC_t, (c.bm, c.bn), (None, None))
+        gC = cute.local_tile(gC_t, (c.wave_m, c.bn), (None, None))
         tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
                                            cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
                                            cute.group_modes(gB, 0, 2))
 
         m_size = cute.size(gA_t, mode=[0])
-        tiles_m = cute.size(gA, mode=[2])
+        row_tiles = cute.size(gA, mode=[2])  # wave_m-row tiles of M
+        tiles_m = (row_tiles + W - 1) // W
         tiles_n = cute.size(gB, mode=[2])
-        n_kb = cute.size(gA, mode=[3])
+        n_kb = cute.size(gB, mode=[3])  # K blocks of one group
         units = tiles_m * tiles_n * c.split_k
         kb_per = (n_kb + c.split_k - 1) // c.split_k
 
@@ -279,10 +305,13 @@ class Fp8GemmSm90:
                     tm, tn, ks, _t = self._tile_of(u, tiles_m, tiles_n)
                     kb0 = ks * kb_per
                     kb1 = cutlass.min(kb0 + kb_per, n_kb)
+                    a_kb = ((tn * c.bn) // n_group) * n_kb  # the group's first K block of x
                     for kb in cutlass.range(kb0, kb1, unroll=1):
                         ring.producer_acquire(state)
                         bar = ring.producer_get_barrier(state)
-                        cute.copy(tma_a, tAgA[(None, tm, kb)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                        for w in cutlass.range_constexpr(W):
+                            cute.copy(tma_a, tAgA[(None, tm * W + w, a_kb + kb)], tAsA[(None, state.index * W + w)],
+                                      tma_bar_ptr=bar)
                         cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                         ring.producer_commit(state)
                         state.advance()
@@ -292,28 +321,20 @@ class Fp8GemmSm90:
             cute.arch.setmaxregister_increase(c.reg_split[1])
             mtid = tidx - 128
             thr_mma = tiled_mma.get_slice(mtid)
-            tCsA = thr_mma.partition_A(sA)
-            tCsB = thr_mma.partition_B(sB)
-            tCrA = tiled_mma.make_fragment_A(tCsA)
-            tCrB = tiled_mma.make_fragment_B(tCsB)
-            acc_shape = thr_mma.partition_shape_C((c.bm, c.bn))
-            acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            acc_shape = thr_mma.partition_shape_C((c.wave_m, c.bn))
+            accs = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(W)]
             tmp = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-            acc_mn = _mn_view(acc)
-            tmp2 = cute.make_rmem_tensor(acc_shape, cutlass.Float32) if c.pingpong else tmp
-            cC = thr_mma.partition_C(cute.make_identity_tensor((c.bm, c.bn)))
-            cC_mn = _mn_view(cC)
-            n_rows = cute.size(acc_mn, mode=[0])
-            n_cols = cute.size(acc_mn, mode=[1])
-            k_blocks = cute.size(tCrA, mode=[2])
+            cC_mn = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.wave_m, c.bn))))
+            n_rows = cute.size(cC_mn, mode=[0])
 
-            # epilogue: registers -> smem (stmatrix) -> TMA store, as bm x 32 slices
+            # epilogue: registers -> smem (stmatrix) -> TMA store, as wave_m x 32 slices
             store_op = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, cutlass.BFloat16, cutlass.Float32)
             stm_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), cutlass.BFloat16)
             r2s = cute.make_tiled_copy_S(store_op, cute.make_tiled_copy_C_atom(stm_atom, tiled_mma))
             thr_r2s = r2s.get_slice(mtid)
             tRS_sC = thr_r2s.partition_D(sC)
-            tRS_acc = r2s.retile(acc)
             rD_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
             tRS_f32 = cute.make_rmem_tensor(rD_shape, cutlass.Float32)
             tRS_bf16 = cute.make_rmem_tensor(rD_shape, cutlass.BFloat16)
@@ -323,163 +344,105 @@ class Fp8GemmSm90:
                 num_stages=c.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * c.n_mma_wg),
             )
-            slice_tiler = (c.bm, EPI_N)
             n_slices = c.bn // EPI_N
 
-            g_rd = cutlass.Int32(0)  # K blocks this CTA has waited for / released (ring position)
-            g_rel = cutlass.Int32(0)
+            g_rd = cutlass.Int32(0)  # K blocks this CTA has consumed (its ring position)
             flag = st.flag.get_tensor(cute.make_layout((4,)))
             slices_done = cutlass.Int32(0)
             for u in cutlass.range(bidx, units, gdim, unroll=1):
                 tm, tn, ks, t = self._tile_of(u, tiles_m, tiles_n)
                 kb0 = ks * kb_per
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
+                a_kb = ((tn * c.bn) // n_group) * n_kb
                 sb_row = (tn * c.bn) // KBLOCK
-                # the two (or 2*M) rows this thread accumulates, clamped into [0, M) for the scale loads
-                acc.fill(0.0)
-                rows = cute.make_rmem_tensor((n_rows,), cutlass.Int32)
-                for r in cutlass.range_constexpr(n_rows):
-                    rows[r] = cutlass.min(tm * c.bm + cC_mn[r, 0][0], m_size - 1)
-                if cutlass.const_expr(c.pingpong):
-                    g_rd, g_rel = self._mainloop_pingpong(
-                        ring, mmas, tCrA, tCrB, acc_mn, tmp, tmp2, mSA, mSB, rows, sb_row, kb0, kb1, g_rd, g_rel)
-                else:
-                    g_rd = self._mainloop_serial(ring, mmas, tCrA, tCrB, acc_mn, tmp, mSA, mSB, rows, sb_row,
-                                                 kb0, kb1, g_rd, wg - 1)
+                # the rows this thread accumulates in each wave, clamped into [0, M) for the scale loads
+                rows = cute.make_rmem_tensor((W, n_rows), cutlass.Int32)
+                for w in cutlass.range_constexpr(W):
+                    accs[w].fill(0.0)
+                    for r in cutlass.range_constexpr(n_rows):
+                        rows[w, r] = cutlass.min((tm * W + w) * c.wave_m + cC_mn[r, 0][0], m_size - 1)
+                g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, rows, sb_row, a_kb, kb0, kb1, g_rd)
                 last = True
                 if cutlass.const_expr(c.split_k > 1):
-                    last = self._split_k_merge(acc, mWork, mCount, flag, epi_bar, t, ks, mtid)
+                    last = self._split_k_merge(accs[0], mWork, mCount, flag, epi_bar, t, ks, mtid)
                 if last:
-                    gC_tile = cute.zipped_divide(gC[(None, None, tm, tn)], slice_tiler)
-                    bSG_sC, bSG_gC = cpasync.tma_partition(tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2),
-                                                           gC_tile)
-                    for e in cutlass.range_constexpr(n_slices):
-                        for v in cutlass.range_constexpr(per_slice):
-                            tRS_f32[v] = tRS_acc[e * per_slice + v]
-                        tRS_bf16.store(tRS_f32.load().to(cutlass.BFloat16))
-                        buf = (slices_done + e) % c.epi_stages
-                        cute.copy(r2s, tRS_bf16, tRS_sC[(None, None, None, buf)])
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        epi_bar.arrive_and_wait()
-                        if warp_idx == 4:
-                            cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
-                            store_pipe.producer_commit()
-                            store_pipe.producer_acquire()
-                        epi_bar.arrive_and_wait()
-                    slices_done = slices_done + n_slices
+                    for w in cutlass.range_constexpr(W):
+                        row_tile = tm * W + w
+                        if row_tile < row_tiles:  # a wave wholly past M stores nothing
+                            gC_tile = cute.zipped_divide(gC[(None, None, row_tile, tn)], (c.wave_m, EPI_N))
+                            bSG_sC, bSG_gC = cpasync.tma_partition(
+                                tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_tile)
+                            tRS_acc = r2s.retile(accs[w])
+                            for e in cutlass.range_constexpr(n_slices):
+                                for v in cutlass.range_constexpr(per_slice):
+                                    tRS_f32[v] = tRS_acc[e * per_slice + v]
+                                tRS_bf16.store(tRS_f32.load().to(cutlass.BFloat16))
+                                buf = (slices_done + e) % c.epi_stages
+                                cute.copy(r2s, tRS_bf16, tRS_sC[(None, None, None, buf)])
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                epi_bar.arrive_and_wait()
+                                if warp_idx == 4:
+                                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
+                                    store_pipe.producer_commit()
+                                    store_pipe.producer_acquire()
+                                epi_bar.arrive_and_wait()
+                            slices_done = slices_done + n_slices
             store_pipe.producer_tail()
 
-
-    # ---------------- mainloops (consumer warpgroups) ----------------
-    def _state(self, g):
-        S = self.cfg.n_stages
-        return pipeline.PipelineState(S, g, g % S, (g // S) % 2)
-
+    # ---------------- the mainloop (consumer warpgroups) ----------------
     @cute.jit
-    def _issue(self, mmas, tmp, tCrA, tCrB, stage):
+    def _issue(self, mmas, tmp, tCrA, tCrB, a_buf, b_buf):
         """The 4 wgmma (k = 32 each) of one 128-wide K block into tmp (overwritten), one group."""
         _fence_regs(tmp)
         warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, stage)],
-                      tCrB[(None, None, k, stage)], tmp)
+            cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, a_buf)],
+                      tCrB[(None, None, k, b_buf)], tmp)
         warpgroup.commit_group()
 
     @cute.jit
-    def _load_scales(self, sc, mSA, mSB, rows, sb_row, kb):
-        """sc[r] = sa[row r, kb] * sw[n block, kb] (global loads; consumed one K block later)."""
+    def _load_scales(self, sc, mSA, mSB, rows, sb_row, a_kb, kb):
+        """sc[w, r] = sa[row (w, r), a_kb + kb] * sw[n block, kb] (global loads, consumed one K block later)."""
         sw = mSB[sb_row, kb]
-        for r in cutlass.range_constexpr(cute.size(sc)):
-            sc[r] = mSA[rows[r], kb] * sw
+        for w in cutlass.range_constexpr(cute.size(sc, mode=[0])):
+            for r in cutlass.range_constexpr(cute.size(sc, mode=[1])):
+                sc[w, r] = mSA[rows[w, r], a_kb + kb] * sw
 
     @cute.jit
-    def _promote(self, acc_mn, tmp, sc):
+    def _promote(self, acc, tmp, sc, w):
         _fence_regs(tmp)  # after the wgmma wait that completed tmp
+        acc_mn = _mn_view(acc)
         tmp_mn = _mn_view(tmp)
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             for cc in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[r]
+                acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[w, r]
 
     @cute.jit
-    def _mainloop_serial(self, ring, mmas, tCrA, tCrB, acc_mn, tmp, mSA, mSB, rows, sb_row, kb0, kb1, g_rd, wgc):
-        """Per K block: wait -> 4 wgmma -> wait_group(0) -> release -> promote. The tensor core idles
-        while a warpgroup promotes unless the other warpgroup's wgmmas fill it; two warpgroups that
-        wait for the same stages run in lockstep and promote at the same time. `stagger`: warpgroup
-        1 starts each tile only once warpgroup 0's first block is done (a named barrier), so one
-        promotes while the other's wgmmas run (the epilogue barrier re-aligns them every tile)."""
+    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, rows, sb_row, a_kb, kb0, kb1, g_rd):
+        """Per K block and wave: wait -> 4 wgmma -> wait_group(0) -> (last wave: release) -> promote.
+        The tensor core idles while a warpgroup promotes unless the other warpgroup's wgmmas fill it;
+        the two drift apart by themselves (measured: forcing a one-block stagger lost 1-3%,
+        docs/perf/gemm.md)."""
         c = self.cfg
-        stagger = c.stagger and c.n_mma_wg == 2
-        n_rows = cute.size(rows)
-        sc = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-        nxt = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-        self._load_scales(nxt, mSA, mSB, rows, sb_row, kb0)
+        S = c.n_stages
+        W = c.waves
+        sc = cute.make_rmem_tensor(rows.shape, cutlass.Float32)
+        nxt = cute.make_rmem_tensor(rows.shape, cutlass.Float32)
+        self._load_scales(nxt, mSA, mSB, rows, sb_row, a_kb, kb0)
         for kb in cutlass.range(kb0, kb1, unroll=1):
-            for r in cutlass.range_constexpr(n_rows):
-                sc[r] = nxt[r]
-            self._load_scales(nxt, mSA, mSB, rows, sb_row, cutlass.min(kb + 1, kb1 - 1))
-            st = self._state(g_rd)
-            if cutlass.const_expr(stagger):
-                if kb == kb0 and wgc == 1:
-                    cute.arch.barrier(barrier_id=2, number_of_threads=256)
+            for i in cutlass.range_constexpr(cute.size(sc)):
+                sc[i] = nxt[i]
+            self._load_scales(nxt, mSA, mSB, rows, sb_row, a_kb, cutlass.min(kb + 1, kb1 - 1))
+            st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
             ring.consumer_wait(st)
-            self._issue(mmas, tmp, tCrA, tCrB, st.index)
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(stagger):
-                if kb == kb0 and wgc == 0:
-                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=256)
-            ring.consumer_release(st)
+            for w in cutlass.range_constexpr(W):
+                self._issue(mmas, tmp, tCrA, tCrB, st.index * W + w, st.index)
+                warpgroup.wait_group(0)
+                if w == W - 1:
+                    ring.consumer_release(st)
+                self._promote(accs[w], tmp, sc, w)
             g_rd = g_rd + 1
-            self._promote(acc_mn, tmp, sc)
         return g_rd
-
-    @cute.jit
-    def _mainloop_pingpong(self, ring, mmas, tCrA, tCrB, acc_mn, tA, tB, mSA, mSB, rows, sb_row, kb0, kb1,
-                           g_rd, g_rel):
-        """v2: two temporaries. K block j+1's wgmmas are queued (into the other temporary) before block
-        j is promoted, so the tensor core always holds this warpgroup's next group while it promotes.
-        Blocks go A, B, A, B, ...; with n blocks the loop runs n // 2 pairs. For even n the last A
-        issue is a phantom (block n does not exist): it re-reads the stage of block n - 1 (still
-        held), takes no ring slot and is never promoted -- no wgmma sits under a runtime branch
-        (docs/lessons/fmha.md 13), only the ring wait and the promotion do."""
-        n_rows = cute.size(rows)
-        n = kb1 - kb0
-        scA = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-        scB = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
-        self._load_scales(scA, mSA, mSB, rows, sb_row, kb0)
-        st = self._state(g_rd)
-        ring.consumer_wait(st)
-        self._issue(mmas, tA, tCrA, tCrB, st.index)
-        g_rd = g_rd + 1
-        for p in cutlass.range(n // 2, unroll=1):
-            b1 = kb0 + 2 * p + 1  # always a real block
-            self._load_scales(scB, mSA, mSB, rows, sb_row, b1)
-            st1 = self._state(g_rd)
-            ring.consumer_wait(st1)
-            self._issue(mmas, tB, tCrA, tCrB, st1.index)
-            g_rd = g_rd + 1
-            warpgroup.wait_group(1)
-            ring.consumer_release(self._state(g_rel))
-            g_rel = g_rel + 1
-            self._promote(acc_mn, tA, scA)
-            b2 = b1 + 1
-            real = b2 < kb1
-            self._load_scales(scA, mSA, mSB, rows, sb_row, cutlass.min(b2, kb1 - 1))
-            st2 = self._state(g_rd)
-            if real:
-                ring.consumer_wait(st2)
-            stage2 = st2.index if real else st1.index
-            self._issue(mmas, tA, tCrA, tCrB, stage2)
-            g_rd = g_rd + (1 if real else 0)
-            warpgroup.wait_group(1)
-            ring.consumer_release(self._state(g_rel))
-            g_rel = g_rel + 1
-            self._promote(acc_mn, tB, scB)
-        warpgroup.wait_group(0)
-        if n % 2 == 1:
-            ring.consumer_release(self._state(g_rel))
-            g_rel = g_rel + 1
-            self._promote(acc_mn, tA, scA)
-        return g_rd, g_rel
 
     @cute.jit
     def _split_k_merge(self, acc, mWork, mCount, flag, epi_bar, t, ks, mtid) -> cutlass.Boolean:

@@ -14,18 +14,18 @@ from kernels.gemm.gemm_sm90 import KBLOCK, Fp8GemmSm90, GemmConfig
 
 
 def fake_args(cfg: GemmConfig) -> tuple:
-    """x (M, K) fp8, sa (M, K/128) fp32, w (N, K) fp8, sw (N/128, K/128) fp32, y (M, N) bf16, the
-    split-K workspace and counters, n_ctas; every size a runtime value."""
-    m, n, k, kb, nb, ws, nt = (cute.sym_int32() for _ in range(7))
+    """x (M, G*K) fp8, sa (M, G*K/128) fp32, w (N, K) fp8, sw (N/128, K/128) fp32, y (M, N) bf16,
+    the split-K workspace and counters, n_group, n_ctas; every size a runtime value."""
+    m, n, ka, k, kba, kb, nb, ws, nt = (cute.sym_int32() for _ in range(9))
     fp8 = cutlass.Float8E4M3FN
-    x = make_fake_tensor(fp8, (m, k), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
+    x = make_fake_tensor(fp8, (m, ka), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
     w = make_fake_tensor(fp8, (n, k), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
-    sa = make_fake_tensor(cutlass.Float32, (m, kb), (cute.sym_int64(), 1), assumed_align=4)
+    sa = make_fake_tensor(cutlass.Float32, (m, kba), (cute.sym_int64(), 1), assumed_align=4)
     sw = make_fake_tensor(cutlass.Float32, (nb, kb), (cute.sym_int64(), 1), assumed_align=4)
     y = make_fake_tensor(cutlass.BFloat16, (m, n), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
     work = make_fake_tensor(cutlass.Float32, (ws,), (1,), assumed_align=16)
     count = make_fake_tensor(cutlass.Int32, (nt,), (1,), assumed_align=4)
-    return x, sa, w, sw, y, work, count, cutlass.Int32(132)
+    return x, sa, w, sw, y, work, count, cutlass.Int32(128), cutlass.Int32(132)
 
 
 def compile_gemm(cfg: GemmConfig, arch: str = "sm_90a"):
@@ -33,30 +33,35 @@ def compile_gemm(cfg: GemmConfig, arch: str = "sm_90a"):
     return compile_kernel(Fp8GemmSm90(cfg), *fake_args(cfg), arch=arch)
 
 
-def check_operands(x, sa, w, sw, out=None) -> tuple[int, int, int]:
-    """Validate the DSV4 FP8 operands; raise ValueError naming the offending tensor. Returns (M, N, K)."""
+def check_operands(x, sa, w, sw, out=None, groups: int = 1) -> tuple[int, int, int]:
+    """Validate the DSV4 FP8 operands (x [M, G*K], sa [M, G*K/128], w [N, K] with N = G*Ng, sw
+    [ceil(N/128), K/128], out [M, N]); raise ValueError naming the offending tensor. Returns (M, N, K)."""
     def need(ok: bool, name: str, what: str):
         if not ok:
             raise ValueError(f"gemm: {name} {what}")
 
+    need(isinstance(groups, int) and groups >= 1, "groups", f"must be a positive integer, got {groups!r}")
     for name, t in (("x", x), ("w", w)):
         need(isinstance(t, torch.Tensor) and t.dim() == 2, name, "must be a 2-D tensor")
         need(t.dtype == torch.float8_e4m3fn, name, f"must be float8_e4m3fn, got {t.dtype}")
         need(t.is_contiguous(), name, f"must be contiguous (K-major), got strides {tuple(t.stride())}")
-    m, k = x.shape
-    n, kw = w.shape
-    need(kw == k, "w", f"has K = {kw}, x has K = {k}")
-    need(k % KBLOCK == 0 and k > 0, "x", f"K = {k} is not a positive multiple of {KBLOCK}")
+    m, ka = x.shape
+    n, k = w.shape
+    need(k % KBLOCK == 0 and k > 0, "w", f"K = {k} is not a positive multiple of {KBLOCK}")
+    need(ka == groups * k, "x", f"has {ka} columns, expected groups x K = {groups} x {k}")
     need(n % 8 == 0 and n > 0, "w", f"N = {n} must be a positive multiple of 8 (16-byte output rows for TMA)")
+    if groups > 1:
+        need(n % (groups * KBLOCK) == 0, "w", f"N = {n} must be {groups} groups of a multiple of {KBLOCK} rows")
     need(m > 0, "x", "has M = 0")
     kb = k // KBLOCK
-    for name, t, shape in (("sa", sa, (m, kb)), ("sw", sw, ((n + KBLOCK - 1) // KBLOCK, kb))):
+    for name, t, shape in (("sa", sa, (m, groups * kb)), ("sw", sw, ((n + KBLOCK - 1) // KBLOCK, kb))):
         need(isinstance(t, torch.Tensor) and t.dtype == torch.float32, name,
              f"must be a float32 tensor, got {getattr(t, 'dtype', type(t))}")
         need(tuple(t.shape) == shape, name, f"must have shape {shape}, got {tuple(t.shape)}")
         need(t.is_contiguous(), name, f"must be contiguous, got strides {tuple(t.stride())}")
     if out is not None:
-        need(out.dtype == torch.bfloat16, "out", f"must be bfloat16, got {out.dtype}")
+        need(isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16, "out",
+             f"must be bfloat16, got {getattr(out, 'dtype', type(out))}")
         need(tuple(out.shape) == (m, n), "out", f"must have shape {(m, n)}, got {tuple(out.shape)}")
         need(out.is_contiguous(), "out", "must be contiguous")
     devs = {t.device for t in (x, sa, w, sw) + ((out,) if out is not None else ())}
@@ -86,20 +91,22 @@ def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, to
     return work, count
 
 
-def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, n_ctas: int | None = None):
-    m, n, _ = x.shape[0], w.shape[0], x.shape[1]
+def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ctas: int | None = None):
+    m, n = x.shape[0], w.shape[0]
     work, count = workspace(cfg, m, n, x.device)
-    compiled(x, sa, w, sw, out, work, count, n_ctas or sm_count(x.device))
+    compiled(x, sa, w, sw, out, work, count, n // groups, n_ctas or sm_count(x.device))
     return out
 
 
-def make_operands(m: int, n: int, k: int, seed: int, device: str = "cpu"):
-    """Random DSV4-style operands: x quantised per (row, 128) and W per 128x128 block, ue8m0 scales
-    as fp32. Rows of x get different magnitudes so that the per-row scales matter."""
+def make_operands(m: int, n: int, k: int, seed: int, device: str = "cpu", groups: int = 1):
+    """Random DSV4-style operands: x [m, groups*k] quantised per (row, 128) and W [n, k] (groups
+    blocks of n/groups rows) per 128x128 block, ue8m0 scales as fp32. Rows of x get different magnitudes so that the per-row
+    scales matter."""
     from oracles.quant import fp8_block_quant, quant_fp8_weight, ue8m0_decode
 
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=gen) * torch.exp2(torch.randint(-3, 4, (m, 1), generator=gen).float())
+    ka = groups * k
+    x = torch.randn(m, ka, generator=gen) * torch.exp2(torch.randint(-3, 4, (m, 1), generator=gen).float())
     w = torch.randn(n, k, generator=gen) * 0.05 * torch.exp2(torch.randint(-2, 3, (n, 1), generator=gen).float())
     xq, sa = fp8_block_quant(x, KBLOCK)
     wq, sw = quant_fp8_weight(w)
@@ -107,15 +114,16 @@ def make_operands(m: int, n: int, k: int, seed: int, device: str = "cpu"):
             ue8m0_decode(sw).float().contiguous().to(device))
 
 
-def oracle_of(x, sa, w, sw) -> torch.Tensor:
-    """FP32 truth: dequant(x) @ dequant(W)^T."""
-    from oracles.quant import dequant_fp8_weight, fp8_block_dequant
+def oracle_of(x, sa, w, sw, groups: int = 1) -> torch.Tensor:
+    """FP32 truth: dequant(x) . blockdiag(dequant(W))^T (oracles/linear.py)."""
+    from oracles.linear import grouped_linear
 
-    return fp8_block_dequant(x, sa, KBLOCK) @ dequant_fp8_weight(w, sw).T
+    xd, wd = dequant_operands(x, sa, w, sw)
+    return grouped_linear(xd, wd, groups)
 
 
 def dequant_operands(x, sa, w, sw, **_):
-    """fp32 dequant(x) [M, K] and dequant(W) [N, K]."""
+    """fp32 dequant(x) [M, G*K] and dequant(W) [N, K]."""
     from oracles.quant import dequant_fp8_weight, fp8_block_dequant
 
     return fp8_block_dequant(x, sa, KBLOCK), dequant_fp8_weight(w, sw)

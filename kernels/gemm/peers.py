@@ -1,5 +1,6 @@
-"""Peers of the gemm family, each behind its own import: DeepGEMM fp8_gemm_nt, cuBLASLt blockwise
-FP8 through torch._scaled_mm, and bf16 torch.matmul on the dequantised operands.
+"""Peers of the gemm family, each behind its own import: DeepGEMM fp8_gemm_nt (fp8_einsum for the
+grouped wo_a), cuBLASLt blockwise FP8 through torch._scaled_mm, and torch (eager and compiled) bf16
+matmul / einsum on the dequantised operands.
 
 Operand preparation that the peer's API needs but that the model would do once (cuBLASLt's
 column-major activation scales, the bf16 dequantised weight) is cached per input buffer and kept
@@ -40,8 +41,13 @@ def _key(*ts):
     return tuple((t.data_ptr(), tuple(t.shape), t._version) for t in ts)
 
 
+def _groups(case: Case) -> int:
+    return case.params.get("groups", 1)
+
+
 class DeepGemm(Impl):
-    """deepseek-ai/DeepGEMM fp8_gemm_nt (SM90: 1x128 activation / 128x128 weight fp32 scales)."""
+    """deepseek-ai/DeepGEMM (SM90: 1x128 activation / 128x128 weight fp32 scales): fp8_gemm_nt, and
+    for the grouped wo_a fp8_einsum('bhr,hdr->bhd'), the call vLLM makes."""
 
     family, name, backend = "gemm", "deepgemm", "deepgemm"
     archs = ("any",)
@@ -52,12 +58,19 @@ class DeepGemm(Impl):
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         import deep_gemm
 
-        deep_gemm.fp8_gemm_nt((inputs["x"], inputs["sa"]), (inputs["w"], inputs["sw"]), out["out"])
+        x, sa, w, sw, y = inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"]
+        g = _groups(case)
+        if g == 1:
+            deep_gemm.fp8_gemm_nt((x, sa), (w, sw), y)
+        else:
+            m, k = x.shape[0], w.shape[1]
+            deep_gemm.fp8_einsum("bhr,hdr->bhd", (x.view(m, g, k), sa.view(m, g, -1)),
+                                 (w.view(g, -1, k), sw.view(g, -1, sw.shape[1])), y.view(m, g, -1))
         return out
 
 
 class CublasLt(Impl):
-    """cuBLASLt blockwise FP8 via torch._scaled_mm (1x128 / 128x128 scales)."""
+    """cuBLASLt blockwise FP8 via torch._scaled_mm (1x128 / 128x128 scales); no grouped form."""
 
     family, name, backend = "gemm", "cublaslt", "torch"
     archs = ("any",)
@@ -69,6 +82,8 @@ class CublasLt(Impl):
         return None if hasattr(torch, "_scaled_mm") else "torch._scaled_mm missing"
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if _groups(case) > 1:
+            return "torch._scaled_mm has no grouped (block-diagonal) form: one launch per group"
         if case["n"] % 16 or case["k"] % 128:
             return "cuBLASLt blockwise FP8 needs N % 16 == 0 and K % 128 == 0"
         return None
@@ -80,19 +95,29 @@ class CublasLt(Impl):
         return {"out": y}
 
 
-class TorchBf16(Impl):
-    """bf16 torch.matmul on the dequantised operands (what a non-FP8 deployment would run)."""
+_BF16 = _Prepared()
 
-    family, name, backend = "gemm", "torch_bf16", "torch"
-    archs = ("any",)
 
-    def __init__(self):
-        self._ops = _Prepared()
+def bf16_product(xb: torch.Tensor, wb: torch.Tensor, groups: int) -> torch.Tensor:
+    """What a bf16 deployment runs: x @ W^T, or for wo_a the reference's bf16 einsum."""
+    if groups == 1:
+        return xb @ wb.t()
+    m = xb.shape[0]
+    return torch.einsum("mgk,gnk->mgn", xb.view(m, groups, -1), wb.view(groups, -1, wb.shape[1])).reshape(m, -1)
 
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        from kernels.gemm.glue import dequant_operands
 
-        xb, wb = self._ops.get(_key(inputs["x"], inputs["w"], inputs["sa"], inputs["sw"]),
-                               lambda: tuple(t.bfloat16() for t in dequant_operands(**inputs)))
-        torch.matmul(xb, wb.t(), out=out["out"])
-        return out
+def _bf16_call(fn, case: Case, inputs: dict) -> dict:
+    """The dequantised bf16 operands are made once per input buffer (a bf16 model keeps its
+    weights in bf16), out of the timed call."""
+    from kernels.gemm.glue import dequant_operands
+
+    xb, wb = _BF16.get(_key(inputs["x"], inputs["w"], inputs["sa"], inputs["sw"]),
+                       lambda: tuple(t.bfloat16() for t in dequant_operands(**inputs)))
+    return {"out": fn(xb, wb, _groups(case))}
+
+
+def register_torch_peers() -> None:
+    """torch (eager bf16 matmul / einsum on the dequantised operands) and torch_compile of it."""
+    from dsv4bench.core.torch_impls import register_torch_baselines
+
+    register_torch_baselines("gemm", bf16_product, _bf16_call)

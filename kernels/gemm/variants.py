@@ -3,15 +3,12 @@ overridden, each `cutedsl:<name>`, timed through the harness beside the shipped 
 the same inputs:
 
     dsv4bench sweep gemm --rows 4096 --examples 0 --bench \\
-        --impl cutedsl,cutedsl:no-stagger,cutedsl:bn64,cutedsl:g16,deepgemm,cublaslt
+        --impl cutedsl,cutedsl:bm128,cutedsl:bn64,cutedsl:g16,deepgemm,cublaslt
 
 Every variant computes the real answer (`checked = True`: it must pass the oracle); one whose
 override makes an impossible configuration is UNSUPPORTED there.
 
-    no-stagger      both consumer warpgroups start each tile together (bm = 128)
-    pingpong        two promotion temporaries per warpgroup (block j+1's wgmmas queued before block
-                    j is promoted; ptxas serialises it, C7514 -- kept as the measured counter-example)
-    bmB / bnB       CTA tile rows B (64, 128) / columns B (32, 64, 128) instead of the rule's
+    bmB / bnB       CTA tile rows B (64, 128, 256) / columns B (32, 64, 128) instead of the rule's
     gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
     no-split        split-K off (decode shapes that the rule splits)
     sS              S smem ring stages instead of as many as fit
@@ -29,10 +26,8 @@ from kernels.gemm.family import GemmCuteDSL
 from kernels.gemm.gemm_sm90 import GemmConfig
 
 KNOBS: dict[str, dict] = {
-    "no-stagger": {"stagger": False},
-    "pingpong": {"pingpong": True},
     "no-split": {"split_k": 1},
-    **{f"bm{b}": {"bm": b} for b in (64, 128)},
+    **{f"bm{b}": {"bm": b} for b in (64, 128, 256)},
     **{f"bn{b}": {"bn": b} for b in (32, 64, 128)},
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
@@ -46,7 +41,11 @@ class GemmKnob(GemmCuteDSL):
         self.variant, self.name, self.knobs = name, f"cutedsl:{name}", dict(knobs)
 
     def config(self, case: Case) -> GemmConfig:
-        return replace(super().config(case), **self.knobs)
+        cfg = super().config(case)
+        knobs = dict(self.knobs)
+        if knobs.get("bm", 0) > 128:  # two waves take no split-K
+            knobs.setdefault("split_k", 1)
+        return replace(cfg, **knobs)
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         try:
