@@ -90,6 +90,18 @@ def _counts(rows: list[dict], *keys: str) -> str:
     return ", ".join(f"{'/'.join(k)} {n}" for k, n in sorted(c.items()))
 
 
+def rounded(obj, digits: int = 5):
+    """Every float in a JSON value to `digits` significant digits (timings and errors are not
+    known better than that); other values as they are."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [rounded(v, digits) for v in obj]
+    return obj
+
+
 def save_sweep(run: Path, family: str, commit: str, device: str, root: Path = ROOT, date: str = "",
                tag: str = "", backs: str = "", notes: tuple[str, ...] = (), force: bool = False,
                command: str = "", drop_samples: bool = False) -> Path:
@@ -113,9 +125,10 @@ def save_sweep(run: Path, family: str, commit: str, device: str, root: Path = RO
             notes = (*notes, "results.jsonl converted from the run's results.csv (`dsv4bench.core.results.read_csv`).")
         if drop_samples:
             dropped = sum(len((r.get("timing") or {}).pop("samples_ms", None) or []) for r in rows)
-            notes = (*notes, f"timing.samples_ms (the {dropped} per-iteration times) left out to keep the tree small; "
-                             "every record keeps its median, p10, p90, mean, cv and n, which is all `dsv4bench report` "
-                             "and `--against` read.")
+            rows = [rounded(r) for r in rows]
+            notes = (*notes, f"timing.samples_ms (the {dropped} per-iteration times) left out and floats rounded to 5 "
+                             "significant digits to keep the tree small; every record keeps its median, p10, p90, "
+                             "mean, cv and n, which is all `dsv4bench report` and `--against` read.")
         (dest / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     small = compact_meta(meta)
     if small:
@@ -222,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--note", action="append", default=[])
     ap.add_argument("--force", action="store_true", help="replace an existing run directory")
     ap.add_argument("--drop-samples", action="store_true",
-                    help="leave out timing.samples_ms (the raw per-iteration times; the report reads only their summary)")
+                    help="leave out timing.samples_ms (the raw per-iteration times; the report reads only their summary) "
+                         "and round floats to 5 significant digits")
     kind = ap.add_mutually_exclusive_group()
     kind.add_argument("--json", action="store_true", help="SRC is a one-process bench or probe JSON")
     kind.add_argument("--junit", action="store_true", help="SRC is pytest's --junitxml output")
