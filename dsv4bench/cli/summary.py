@@ -53,8 +53,11 @@ def _pct_same_traffic(perf: dict) -> str:
 
 
 def _kernels_us(perf: dict) -> str:
-    """The device µs of the call's kernels (CUPTI), where the event-timed median also holds launch gaps."""
-    return f"{perf['kernels_total_us']:.1f}" if perf and "kernels_total_us" in perf else ""
+    """The device µs of the call's kernels (CUPTI), where the event-timed median also holds launch gaps;
+    'host-bound' when the median is mostly the GPU waiting for the host."""
+    if not perf or "kernels_total_us" not in perf:
+        return ""
+    return f"{perf['kernels_total_us']:.1f}" + (" [yellow]host-bound[/]" if perf.get("host_bound") else "")
 
 
 def print_summary(records: list[ResultRecord], run_dir: RunDir) -> None:

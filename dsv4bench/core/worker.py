@@ -33,6 +33,15 @@ CPU_CHECK_MAX_BYTES = 1 << 30
 CUDA_FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "CUDA error", "cudaError")
 
 
+HOST_BOUND_RATIO, HOST_BOUND_SLACK_US = 2.0, 5.0
+
+
+def host_bound(event_us: float, kernels_us: float | None) -> bool:
+    """The event-timed median is far above the device time of the call's kernels (CUPTI): the GPU
+    idled waiting for the host to enqueue it (docs/lessons/harness.md, lesson 4)."""
+    return bool(kernels_us) and event_us > HOST_BOUND_RATIO * kernels_us + HOST_BOUND_SLACK_US
+
+
 class Worker:
     def __init__(self):
         self.cache = CompileCache()
@@ -139,6 +148,8 @@ class Worker:
             "gemm_tflops_measured": self.ceilings.gemm_bf16_tflops,
         }
         rec.perf.update(self.kernel_split(outcome.call))
+        if host_bound(stats.median_ms * 1e3, rec.perf.get("kernels_total_us")):
+            rec.perf["host_bound"] = True  # the GPU waited for the host: the median times Python
 
     def kernel_split(self, call) -> dict:
         """The device µs of each kernel of one call (where the event-timed median goes)."""
