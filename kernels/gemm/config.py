@@ -10,9 +10,11 @@ the time its busiest CTA needs, and the cheapest wins (ties: the larger tile, th
                       DRAM:        bn * 128 / DRAM_BYTES_PER_CLK   (only when W is read once: one M tile))
     cost        = rounds * (K blocks per slice * per K block + UNIT_CLK (+ SPLIT_CLK when split))
 
-Prefill (large M) is bound by the tensor core and the L2: the model prefers bm = 256 (two waves of
-128 rows, 2.7x fewer L2 bytes per flop than 128 x 64) whenever the tiles fill the SMs, and falls
-back to 128 x 128 when they do not (a few wide tiles leave SMs idle). Decode (M <= 64) is bound by
+Prefill (large M) is bound by the tensor core and the L2 in the model: it prefers bm = 256 (two
+waves of 128 rows, 3/4 of the L2 bytes per flop of 128 x 128) whenever the tiles fill the SMs, and
+falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle). Measured, both tile
+heights stop at ~980 TFLOP/s on the big-K layers: the L2 term is not what binds the kernel yet
+(docs/perf/gemm.md, v2). Decode (M <= 64) is bound by
 the weight stream from DRAM: bm = 64 and the (bn, split_k) that spreads the weight bytes most evenly
 over the SMs, split-K with an in-kernel fix-up when N alone gives too few tiles, at least
 MIN_KB_PER_SLICE K blocks per slice so that each slice's pipeline fills.

@@ -421,8 +421,8 @@ class Fp8GemmSm90:
     def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, rows, sb_row, a_kb, kb0, kb1, g_rd):
         """Per K block and wave: wait -> 4 wgmma -> wait_group(0) -> (last wave: release) -> promote.
         The tensor core idles while a warpgroup promotes unless the other warpgroup's wgmmas fill it;
-        the two drift apart by themselves (measured: forcing a one-block stagger lost 1-3%,
-        docs/perf/gemm.md)."""
+        the two drift apart by themselves (measured: forcing a one-block stagger was slower on 23 of 30
+        shapes, docs/perf/gemm.md)."""
         c = self.cfg
         S = c.n_stages
         W = c.waves
