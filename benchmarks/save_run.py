@@ -224,7 +224,7 @@ def save_junit(xml: Path, commit: str, device: str, root: Path = ROOT, date: str
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", help="a sweep run directory, or a JSON (--json) / junit XML (--junit) file")
-    ap.add_argument("--family", help="kernel family (rmsnorm, fmha, rope, quant, router, sampler, mhc, compressor)")
+    ap.add_argument("--family", help="kernel family (the package name under kernels/: rmsnorm, fmha, gemm, ...)")
     ap.add_argument("--commit", required=True, help="the commit whose code ran")
     ap.add_argument("--device", default="h100")
     ap.add_argument("--date", default="", help="YYYY-MM-DD (default: run.json's start, else today)")
