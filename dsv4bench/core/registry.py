@@ -153,6 +153,15 @@ class Family(ABC):
         return {opt: self.options[opt].parse(opt, v) for opt, v in raw.items()}
 
 
+def import_reason(module: str) -> str | None:
+    """None when a peer's module imports here, else one line saying why not (an Impl's `available`)."""
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # ImportError, or a CUDA-only import failing on a CPU box
+        return f"{module} not importable ({type(e).__name__}: {str(e)[:80]})"
+    return None
+
+
 class Unsupported(Exception):
     """Raised by an impl's `run` when its backend declines the case only at call time (a peer's own
     dispatch: cuDNN's "No available kernel"): the result is UNSUPPORTED with this message, not

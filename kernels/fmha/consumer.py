@@ -9,7 +9,8 @@ from cutlass.cute.nvgpu import warpgroup
 
 from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.config import MAX_INIT
-from kernels.fmha.mma import acc_as_operand_a, mn_view
+from kernels.fmha.mma import acc_as_operand_a
+from kernels.regs import mn_view
 from kernels.trace import record
 
 

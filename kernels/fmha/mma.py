@@ -5,19 +5,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
-from cutlass.cutlass_dsl import T, dsl_user_op
 
-
-def mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """SM90 accumulator ((2,2,V),M,N) viewed as (rows, cols) of this thread: ((2,M),(2,V,N))."""
-    cm = cute.make_layout(acc.layout.shape)
-    mn = cute.make_layout(
-        ((cm.shape[0][1], cm.shape[1]), (cm.shape[0][0], cm.shape[0][2], cm.shape[2])),
-        stride=((cm.stride[0][1], cm.stride[1]), (cm.stride[0][0], cm.stride[0][2], cm.stride[2])),
-    )
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+from kernels.regs import fence_operand
 
 
 def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
@@ -32,25 +22,6 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
         ),
     )
     return cute.make_tensor(acc.iterator, lay)
-
-
-@dsl_user_op
-def pin(x: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Int32:
-    """An empty asm that takes and returns x: whatever computes x must run before it."""
-    return cutlass.Int32(llvm.inline_asm(
-        T.i32(), [x.ir_value(loc=loc, ip=ip)], "", "=r,0", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
-
-
-@cute.jit
-def fence_operand(frag: cute.Tensor):
-    """Materialize a register operand before the wgmma that reads it (CUTLASS's
-    warpgroup_fence_operand): otherwise the compiler sinks P's bf16 conversion between the wgmma
-    issues and ptxas injects a warpgroup.arrive before each one (C7519)."""
-    words = cute.recast_tensor(frag, cutlass.Int32)
-    for i in cutlass.range_constexpr(cute.size(words)):
-        words[i] = pin(words[i])
 
 
 class Mma:

@@ -5,15 +5,7 @@ from __future__ import annotations
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.registry import Impl, Unsupported
-
-
-def _import_reason(module: str) -> str | None:
-    try:
-        __import__(module)
-    except Exception as e:  # ImportError, or a CUDA-only import failing on a CPU box
-        return f"{module} not importable ({type(e).__name__}: {str(e)[:80]})"
-    return None
+from dsv4bench.core.registry import Impl, Unsupported, import_reason
 
 
 class FlashMLA(Impl):
@@ -23,7 +15,7 @@ class FlashMLA(Impl):
     archs = ("any",)
 
     def available(self) -> str | None:
-        return _import_reason("flash_mla")
+        return import_reason("flash_mla")
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         ok = (case["mask"] == "sparse" and case["hd"] == 512 and case["h_q"] in (64, 128)
@@ -59,7 +51,7 @@ class FA4(Impl):
     archs = ("any",)
 
     def available(self) -> str | None:
-        return _import_reason("flash_attn.cute")
+        return import_reason("flash_attn.cute")
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case["sink"] and case["lse"]:

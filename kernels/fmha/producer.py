@@ -10,7 +10,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
 from kernels.fmha.barriers import NamedBarrier
-from kernels.fmha.mma import pin
+from kernels.regs import pin
 
 
 class Producer:

@@ -40,11 +40,11 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
+
+from kernels.regs import fence_operand, mn_view
 
 KBLOCK = 128  # the quantisation block along K: one promotion per 128 columns
 SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
@@ -114,36 +114,6 @@ class GemmConfig:
     def reg_split(self) -> tuple[int, int]:
         """setmaxnreg (producer, consumer)."""
         return (40, 232) if self.n_mma_wg == 2 else (40, 256)
-
-
-def _mn_view(t: cute.Tensor) -> cute.Tensor:
-    """SM90 accumulator ((2,2,V),M,N) of one thread viewed as (rows, cols): ((2,M),(2,V,N))."""
-    cm = cute.make_layout(t.layout.shape)
-    mn = cute.make_layout(
-        ((cm.shape[0][1], cm.shape[1]), (cm.shape[0][0], cm.shape[0][2], cm.shape[2])),
-        stride=((cm.stride[0][1], cm.stride[1]), (cm.stride[0][0], cm.stride[0][2], cm.stride[2])),
-    )
-    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
-
-
-@dsl_user_op
-def _keep(x: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Int32:
-    """x through an empty volatile asm: the value is read and re-defined at this program point."""
-    return cutlass.Int32(llvm.inline_asm(
-        T.i32(), [x.ir_value(loc=loc, ip=ip)], "", "=r,0", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
-
-
-@cute.jit
-def _fence_regs(frag: cute.Tensor):
-    """Pin an accumulator fragment at this point (CUTLASS's warpgroup_fence_operand). The wgmma
-    results are SSA values, so without it the compiler may hoist the promotion's reads of a
-    temporary above the wgmma wait, or sink them below the next wgmma that overwrites it, and
-    ptxas then serializes every wgmma of the kernel (C7514)."""
-    words = cute.recast_tensor(frag, cutlass.Int32)
-    for i in cutlass.range_constexpr(cute.size(words)):
-        words[i] = _keep(words[i])
 
 
 class Fp8GemmSm90:
@@ -326,7 +296,7 @@ class Fp8GemmSm90:
             acc_shape = thr_mma.partition_shape_C((c.wave_m, c.bn))
             accs = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(W)]
             tmp = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-            cC_mn = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.wave_m, c.bn))))
+            cC_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.wave_m, c.bn))))
             n_rows = cute.size(cC_mn, mode=[0])
 
             # epilogue: registers -> smem (stmatrix) -> TMA store, as wave_m x 32 slices
@@ -393,7 +363,7 @@ class Fp8GemmSm90:
     @cute.jit
     def _issue(self, mmas, tmp, tCrA, tCrB, a_buf, b_buf):
         """The 4 wgmma (k = 32 each) of one 128-wide K block into tmp (overwritten), one group."""
-        _fence_regs(tmp)
+        fence_operand(tmp)
         warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
             cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, a_buf)],
@@ -410,9 +380,9 @@ class Fp8GemmSm90:
 
     @cute.jit
     def _promote(self, acc, tmp, sc, w):
-        _fence_regs(tmp)  # after the wgmma wait that completed tmp
-        acc_mn = _mn_view(acc)
-        tmp_mn = _mn_view(tmp)
+        fence_operand(tmp)  # after the wgmma wait that completed tmp
+        acc_mn = mn_view(acc)
+        tmp_mn = mn_view(tmp)
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             for cc in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
                 acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[w, r]

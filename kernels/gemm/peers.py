@@ -12,15 +12,7 @@ from __future__ import annotations
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.registry import Impl
-
-
-def _import_reason(module: str) -> str | None:
-    try:
-        __import__(module)
-    except Exception as e:  # ImportError, or a CUDA-only import failing on a CPU box
-        return f"{module} not importable ({type(e).__name__}: {str(e)[:80]})"
-    return None
+from dsv4bench.core.registry import Impl, import_reason
 
 
 class _Prepared:
@@ -53,7 +45,7 @@ class DeepGemm(Impl):
     archs = ("any",)
 
     def available(self) -> str | None:
-        return _import_reason("deep_gemm")
+        return import_reason("deep_gemm")
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         import deep_gemm
