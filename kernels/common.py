@@ -28,7 +28,7 @@ class CompilePolicy:
 
     def dump(self) -> str:
         if self.dump_dir is None:
-            self.dump_dir = tempfile.mkdtemp(prefix="dsv4bench-cute-")
+            self.dump_dir = tempfile.mkdtemp(prefix="dsv4-cute-")
             atexit.register(shutil.rmtree, self.dump_dir, True)
         return self.dump_dir
 

@@ -9,7 +9,7 @@ compiled empty kernel per block size serves every case. A family declares it as
         name, variant, checked = "cutedsl:empty-grid", "empty-grid", False
         def launch_shape(self, case): return (grid_x, grid_y, grid_z), threads
 
-Imports nothing from dsv4bench/ (kernels never import the harness).
+Imports nothing from the harness (kernels never do).
 """
 
 from __future__ import annotations

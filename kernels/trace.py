@@ -1,4 +1,4 @@
-"""Trace-time layout recorder: kernels name their layouts; `dsv4bench layouts` and the lints read them.
+"""Trace-time layout recorder: kernels name their layouts; the `layouts` command and the lints read them.
 
 Kernels call these functions inside @cute.jit / @cute.kernel code. Python runs there at trace time
 only, so a call costs nothing in the generated code; with no recording active (every compile
@@ -12,7 +12,7 @@ outside `recording()`) each call returns at its first line.
     rec.record_pipeline("S ready", pipeline.PipelineUmmaAsync, consumer_group, consumer_warps=4)
 
 Entries are plain JSON-able dicts (stored with cached kernels so lints re-run on a cache hit).
-This module is a leaf of kernels/: it imports nothing from the harness (dsv4bench/), which reads it.
+This module is a leaf of kernels/: it imports nothing from the harness, which reads it.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def _caller_group(depth: int = 2) -> str:
 
 
 def record(stage: str, obj, group: str | None = None) -> None:
-    """Print `obj` under `stage` in `dsv4bench layouts` (grouped by the calling function by default)."""
+    """Print `obj` under `stage` in the `layouts` command (grouped by the calling function by default)."""
     if _active is None:
         return
     kind, fields = describe(obj)

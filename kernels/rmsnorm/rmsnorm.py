@@ -25,7 +25,7 @@ rows of >= TWO_PASS_MIN_VECS vectors given no knobs take v4, Inductor's two-pass
   and store (double-buffered registers); the weight is loaded once per CTA.
 - `threads_per_row`: overrides the width's default split (vecs_per_thread follows).
 The knob sets timed against QuACK are declared variants, kernels/rmsnorm/variants.py
-(`dsv4bench sweep rmsnorm --impl cutedsl,cutedsl:t256,... --bench`).
+(`sweep rmsnorm --impl cutedsl,cutedsl:t256,... --bench`).
 """
 
 from __future__ import annotations
