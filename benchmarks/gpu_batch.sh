@@ -32,7 +32,8 @@ case "$phase" in
   tests)
     # tests/remote needs asyncssh and an sshd, neither of which the GPU site has; it is CPU-only
     cmd="python3 -m pytest -q -m gpu tests --ignore=tests/remote${3:+ -k \"$3\"}"
-    timeout 540 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/remote --tb=short -rf \
+    # SIGINT at the limit: pytest stops like a Ctrl-C and still writes the junit of what ran
+    timeout --signal=INT --kill-after=30 540 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/remote --tb=short -rf \
       --junitxml="$work/gpu-tests.xml" ${3:+-k "$3"} 2>&1 | tee "$log"
     status=${PIPESTATUS[0]}
     [ -s "$work/gpu-tests.xml" ] && save "$work/gpu-tests.xml" --junit --command "$cmd" ;;
