@@ -22,16 +22,11 @@ from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, regis
 from kernels.gemm import peers
 from kernels.gemm.config import choose_config
 from kernels.gemm.gemm_sm90 import KBLOCK, GemmConfig
-from kernels.gemm.glue import check_operands, compile_gemm, dequant_operands, make_operands, run_gemm
-from oracles.linear import grouped_linear
+from kernels.gemm.glue import check_operands, compile_gemm, groups_of, make_operands, oracle_of, run_gemm
 from sweeps import gemm as space
 
 SM90_ONLY = ("the SM90 kernel is built on warpgroup MMA (wgmma) and Hopper TMA descriptors; sm_100a "
              "has no wgmma (it needs a tcgen05/TMEM kernel), so it is not compiled for sm_100a")
-
-
-def _groups(case: Case) -> int:
-    return case.params.get("groups", 1)
 
 
 class GemmFamily(Family):
@@ -49,12 +44,11 @@ class GemmFamily(Family):
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
-        x, sa, w, sw = make_operands(case["m"], case["n"], case["k"], seed, device, _groups(case))
+        x, sa, w, sw = make_operands(case["m"], case["n"], case["k"], seed, device, groups_of(case))
         return {"x": x, "sa": sa, "w": w, "sw": sw}
 
     def oracle(self, case: Case, inputs: dict) -> dict:
-        xd, wd = dequant_operands(**inputs)
-        return {"out": grouped_linear(xd, wd, _groups(case))}
+        return {"out": oracle_of(**inputs, groups=groups_of(case))}
 
     def lowprec(self, case: Case, inputs: dict) -> dict:
         return {"out": self.oracle(case, inputs)["out"].bfloat16()}
@@ -63,7 +57,7 @@ class GemmFamily(Family):
         return {"out": torch.empty(case["m"], case["n"], dtype=torch.bfloat16, device=device)}
 
     def cost(self, case: Case) -> Cost:
-        m, n, k, g = case["m"], case["n"], case["k"], _groups(case)
+        m, n, k, g = case["m"], case["n"], case["k"], groups_of(case)
         kb = k // KBLOCK
         nb = -(-n // KBLOCK)
         return Cost(flops=2.0 * m * n * k,
@@ -82,7 +76,7 @@ class GemmCuteDSL(Impl):
             return f"K must be a multiple of {KBLOCK} (the quantisation block)"
         if case["n"] % 8:
             return "N must be a multiple of 8 (16-byte output rows for the TMA store)"
-        if _groups(case) > 1 and case["n"] % (_groups(case) * KBLOCK):
+        if groups_of(case) > 1 and case["n"] % (groups_of(case) * KBLOCK):
             return f"grouped: each group's N must be a multiple of {KBLOCK} (whole weight-scale blocks)"
         return None
 
@@ -99,7 +93,7 @@ class GemmCuteDSL(Impl):
         return compile_gemm(self.config(case), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        g = _groups(case)
+        g = groups_of(case)
         check_operands(inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"], g)
         run_gemm(compiled, self.config(case), inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"], g)
         return out

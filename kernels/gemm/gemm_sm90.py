@@ -334,7 +334,7 @@ class Fp8GemmSm90:
                 g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, rows, sb_row, a_kb, kb0, kb1, g_rd)
                 last = True
                 if cutlass.const_expr(c.split_k > 1):
-                    last = self._split_k_merge(accs[0], mWork, mCount, flag, epi_bar, t, ks, mtid)
+                    last = self._split_k_merge(accs[0], mWork, mCount, flag, epi_bar, t, mtid)
                 if last:
                     for w in cutlass.range_constexpr(W):
                         row_tile = tm * W + w
@@ -415,7 +415,7 @@ class Fp8GemmSm90:
         return g_rd
 
     @cute.jit
-    def _split_k_merge(self, acc, mWork, mCount, flag, epi_bar, t, ks, mtid) -> cutlass.Boolean:
+    def _split_k_merge(self, acc, mWork, mCount, flag, epi_bar, t, mtid) -> cutlass.Boolean:
         """Split-K fix-up: every slice adds its fp32 partial into the tile's zeroed workspace with
         red.global.add (fire and forget), then counts itself in; the last slice to arrive reads the
         sum back (one pass, every load in flight at once), zeroes the workspace and the counter for

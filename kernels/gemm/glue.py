@@ -13,6 +13,11 @@ from kernels.common import compile_kernel
 from kernels.gemm.gemm_sm90 import KBLOCK, Fp8GemmSm90, GemmConfig
 
 
+def groups_of(case) -> int:
+    """A case's weight groups (1 but for the grouped wo_a)."""
+    return case.params.get("groups", 1)
+
+
 def fake_args(cfg: GemmConfig) -> tuple:
     """x (M, G*K) fp8, sa (M, G*K/128) fp32, w (N, K) fp8, sw (N/128, K/128) fp32, y (M, N) bf16,
     the split-K workspace and counters, n_group, n_ctas; every size a runtime value."""
@@ -100,8 +105,8 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ct
 
 def make_operands(m: int, n: int, k: int, seed: int, device: str = "cpu", groups: int = 1):
     """Random DSV4-style operands: x [m, groups*k] quantised per (row, 128) and W [n, k] (groups
-    blocks of n/groups rows) per 128x128 block, ue8m0 scales as fp32. Rows of x get different magnitudes so that the per-row
-    scales matter."""
+    blocks of n/groups rows) per 128x128 block, ue8m0 scales as fp32. Rows of x get different
+    magnitudes so that the per-row scales matter."""
     from oracles.quant import fp8_block_quant, quant_fp8_weight, ue8m0_decode
 
     gen = torch.Generator().manual_seed(seed)

@@ -13,6 +13,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl, import_reason
+from kernels.gemm.glue import dequant_operands, groups_of
 
 
 class _Prepared:
@@ -33,10 +34,6 @@ def _key(*ts):
     return tuple((t.data_ptr(), tuple(t.shape), t._version) for t in ts)
 
 
-def _groups(case: Case) -> int:
-    return case.params.get("groups", 1)
-
-
 class DeepGemm(Impl):
     """deepseek-ai/DeepGEMM (SM90: 1x128 activation / 128x128 weight fp32 scales): fp8_gemm_nt, and
     for the grouped wo_a fp8_einsum('bhr,hdr->bhd'), the call vLLM makes."""
@@ -51,7 +48,7 @@ class DeepGemm(Impl):
         import deep_gemm
 
         x, sa, w, sw, y = inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"]
-        g = _groups(case)
+        g = groups_of(case)
         if g == 1:
             deep_gemm.fp8_gemm_nt((x, sa), (w, sw), y)
         else:
@@ -74,7 +71,7 @@ class CublasLt(Impl):
         return None if hasattr(torch, "_scaled_mm") else "torch._scaled_mm missing"
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
-        if _groups(case) > 1:
+        if groups_of(case) > 1:
             return "torch._scaled_mm has no grouped (block-diagonal) form: one launch per group"
         if case["n"] % 16 or case["k"] % 128:
             return "cuBLASLt blockwise FP8 needs N % 16 == 0 and K % 128 == 0"
@@ -101,11 +98,9 @@ def bf16_product(xb: torch.Tensor, wb: torch.Tensor, groups: int) -> torch.Tenso
 def _bf16_call(fn, case: Case, inputs: dict) -> dict:
     """The dequantised bf16 operands are made once per input buffer (a bf16 model keeps its
     weights in bf16), out of the timed call."""
-    from kernels.gemm.glue import dequant_operands
-
     xb, wb = _BF16.get(_key(inputs["x"], inputs["w"], inputs["sa"], inputs["sw"]),
                        lambda: tuple(t.bfloat16() for t in dequant_operands(**inputs)))
-    return {"out": fn(xb, wb, _groups(case))}
+    return {"out": fn(xb, wb, groups_of(case))}
 
 
 def register_torch_peers() -> None:
