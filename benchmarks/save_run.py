@@ -30,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent / "results"
+KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 META_KEYS = ("command", "kernel", "seed", "examples", "archs", "gpu", "started", "environment")
 
 
@@ -199,7 +200,11 @@ def junit_rows(xml: Path) -> list[dict]:
 
 
 def test_family(row: dict) -> str:
-    """tests/<family>/... (a file path, or a dotted classname tests.<family>.test_x) names the family; else 'core'."""
+    """tests/<family>/... (a file path, or a dotted classname tests.<family>.test_x) names the family; else 'core'.
+    A generic conformance case belongs to the family its id starts with (test_x[gemm-cutedsl-...])."""
+    if "conformance" in (row.get("file") or "") + row["test"]:
+        m = re.search(r"\[([A-Za-z0-9_]+)-", row["test"])
+        return m.group(1) if m and (KERNELS / m.group(1)).is_dir() else "core"
     for text in (row.get("file") or "", row["test"]):
         m = re.search(r"(?:^|[/.:])tests[/.]([A-Za-z0-9_]+)[/.]", text)
         if m and not m.group(1).startswith("test_") and m.group(1) not in ("py", "conftest"):
@@ -216,7 +221,8 @@ def save_junit(xml: Path, commit: str, device: str, root: Path = ROOT, date: str
     for family, rows in sorted(by.items()):
         c = Counter(r["outcome"] for r in rows)
         summary = ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
-        out.append(save_json(xml, family, commit, device, root, date, "gpu-tests", command,
+        tag = "conformance" if all("conformance" in (r.get("file") or "") + r["test"] for r in rows) else "gpu-tests"
+        out.append(save_json(xml, family, commit, device, root, date, tag, command,
                              f"GPU tests of {family}: {summary}", notes, force, rows=rows, meta={}))
     return out
 

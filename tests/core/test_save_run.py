@@ -133,3 +133,16 @@ def test_gpu_test_results_go_under_each_family(tmp_path):
         ("tests.fmha.test_fmha_gpu::test_case[pro]", "passed"), ("tests.fmha.test_fmha_gpu::test_case[flash]", "failed")]
     assert fmha[1]["message"] == "max err 3e-2"
     assert "1 failed, 1 passed" in (dests[1] / "README.md").read_text()
+
+
+def test_conformance_cases_go_under_the_family_their_id_names(tmp_path):
+    xml = tmp_path / "conformance.xml"
+    xml.write_text("""<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
+<testcase classname="tests.conformance.test_families" name="test_matches_oracle_on_gpu[gemm-cutedsl-gemm-1a2b]" time="1"/>
+<testcase classname="tests.conformance.test_families" name="test_matches_oracle_on_gpu[rope-cutedsl-rope-3c4d]" time="1"/>
+<testcase classname="tests.conformance.test_served_ops" name="test_served_op_matches_its_oracle_on_model_inputs[hc_pre]" time="1"/>
+</testsuite></testsuites>""")
+    dests = save_run.save_junit(xml, "abc1234", "h100", tmp_path / "results", "2026-11-25")
+    assert [(d.parent.name, d.name) for d in dests] == [
+        ("core", "2026-11-25-h100-abc1234-conformance"), ("gemm", "2026-11-25-h100-abc1234-conformance"),
+        ("rope", "2026-11-25-h100-abc1234-conformance")]
