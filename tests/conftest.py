@@ -43,6 +43,17 @@ def private_regressions_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DSV4BENCH_REGRESSIONS_DIR", str(tmp_path_factory.mktemp("regressions")))
 
 
+@pytest.fixture(autouse=True)
+def release_gpu_memory_between_workers(request):
+    """Under pytest-xdist several processes share one GPU: each hands its cached-but-free blocks back
+    after a GPU test, or one worker's idle cache starves another's next large case (CUDA OOM)."""
+    yield
+    if os.environ.get("PYTEST_XDIST_WORKER") and "gpu" in request.keywords:
+        import torch
+
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture(scope="session")
 def gpu_check():
     """Every GPU test's run-and-compare: `gpu_check(case, impl=None)` compiles (cached for the session)
