@@ -50,6 +50,7 @@ KBLOCK = 128  # the quantisation block along K: one promotion per 128 columns
 SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
 EPI_N = 32  # epilogue slice width (columns) per TMA store
 MAX_STAGES = 16
+ABLATIONS = ("", "no-promote", "const-scale", "no-store")
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,14 @@ class GemmConfig:
     group_m: int = 8  # rasterisation: M-tiles per group
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M/N give too few tiles)
     epi_stages: int = 2
+    # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
+    # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
+    # "const-scale" promotes with scale 1 (no scale loads), "no-store" skips the epilogue
+    ablate: str = ""
 
     def __post_init__(self) -> None:
+        if self.ablate not in ABLATIONS:
+            raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.bm not in (64, 128, 256):
             raise ValueError(f"bm must be 64, 128 or 256, got {self.bm}")
         if self.bn not in (32, 64, 128):
@@ -335,6 +342,8 @@ class Fp8GemmSm90:
                 last = True
                 if cutlass.const_expr(c.split_k > 1):
                     last = self._split_k_merge(accs[0], mWork, mCount, flag, epi_bar, t, mtid)
+                if cutlass.const_expr(c.ablate == "no-store"):
+                    last = False
                 if last:
                     for w in cutlass.range_constexpr(W):
                         row_tile = tm * W + w
@@ -398,19 +407,30 @@ class Fp8GemmSm90:
         W = c.waves
         sc = cute.make_rmem_tensor(rows.shape, cutlass.Float32)
         nxt = cute.make_rmem_tensor(rows.shape, cutlass.Float32)
-        self._load_scales(nxt, mSA, mSB, rows, sb_row, a_kb, kb0)
+        scaled = c.ablate not in ("no-promote", "const-scale")
+        if cutlass.const_expr(scaled):
+            self._load_scales(nxt, mSA, mSB, rows, sb_row, a_kb, kb0)
+        else:
+            sc.fill(1.0)
         for kb in cutlass.range(kb0, kb1, unroll=1):
-            for i in cutlass.range_constexpr(cute.size(sc)):
-                sc[i] = nxt[i]
-            self._load_scales(nxt, mSA, mSB, rows, sb_row, a_kb, cutlass.min(kb + 1, kb1 - 1))
+            if cutlass.const_expr(scaled):
+                for i in cutlass.range_constexpr(cute.size(sc)):
+                    sc[i] = nxt[i]
+                self._load_scales(nxt, mSA, mSB, rows, sb_row, a_kb, cutlass.min(kb + 1, kb1 - 1))
             st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
             ring.consumer_wait(st)
             for w in cutlass.range_constexpr(W):
-                self._issue(mmas, tmp, tCrA, tCrB, st.index * W + w, st.index)
-                warpgroup.wait_group(0)
-                if w == W - 1:
-                    ring.consumer_release(st)
-                self._promote(accs[w], tmp, sc, w)
+                if cutlass.const_expr(c.ablate == "no-promote"):
+                    self._issue((mmas[1], mmas[1]), accs[w], tCrA, tCrB, st.index * W + w, st.index)
+                    warpgroup.wait_group(0)
+                    if w == W - 1:
+                        ring.consumer_release(st)
+                else:
+                    self._issue(mmas, tmp, tCrA, tCrB, st.index * W + w, st.index)
+                    warpgroup.wait_group(0)
+                    if w == W - 1:
+                        ring.consumer_release(st)
+                    self._promote(accs[w], tmp, sc, w)
             g_rd = g_rd + 1
         return g_rd
 

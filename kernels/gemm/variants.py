@@ -5,13 +5,16 @@ the same inputs:
     dsv4bench sweep gemm --rows 4096 --examples 0 --bench \\
         --impl cutedsl,cutedsl:bm128,cutedsl:bn64,cutedsl:g16,deepgemm,cublaslt
 
-Every variant computes the real answer (`checked = True`: it must pass the oracle); one whose
+Every variant but the ko-* knock-outs computes the real answer (it must pass the oracle); one whose
 override makes an impossible configuration is UNSUPPORTED there.
 
     bmB / bnB       CTA tile rows B (64, 128, 256) / columns B (32, 64, 128) instead of the rule's
     gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
-    no-split        split-K off (decode shapes that the rule splits)
+    no-split        split-K off (decode shapes that the rule splits); bn64-no-split both
     sS              S smem ring stages instead of as many as fit
+    ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
+    ko-const-scale  GEMM), promotion without the scale loads, no epilogue store; the gap to the
+    ko-no-store     shipped kernel is what that part costs
 
 Imported at the end of kernels/gemm/family.py; registers its impls itself (register_impl).
 """
@@ -31,7 +34,10 @@ KNOBS: dict[str, dict] = {
     **{f"bn{b}": {"bn": b} for b in (32, 64, 128)},
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
+    "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
 }
+# knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
+KNOCKOUTS = ("no-promote", "const-scale", "no-store")
 
 
 class GemmKnob(GemmCuteDSL):
@@ -55,6 +61,11 @@ class GemmKnob(GemmCuteDSL):
         return super().supports(case, arch)
 
 
-VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items())
+class GemmKnockOut(GemmKnob):
+    checked = False  # the output is not an answer
+
+
+VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items()) + tuple(
+    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS)
 for _impl in VARIANTS:
     register_impl(_impl)
