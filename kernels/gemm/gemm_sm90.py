@@ -19,8 +19,10 @@ Structure (one CTA per SM, persistent):
     wave_m = 64 * warpgroups rows (bm = 256: two waves); per K block and wave, each warpgroup issues
     4 wgmma (m64 n{bn} k32) into `tmp`, waits for them and promotes into that wave's accumulator
     (the other warpgroup's wgmmas keep the tensor core busy meanwhile). The stage is freed after
-    the last wave's wgmmas; the scales of K block kb + 1 are loaded from global memory (L2) while
-    block kb runs.
+    the last wave's wgmmas. Each thread cp.asyncs the scales it needs (its rows' activation scales,
+    the tile's weight scale) SCALE_DEPTH - 1 K blocks ahead into a private shared-memory ring and
+    reads them from there: a plain global load in flight would stall every wgmma fence for the
+    whole L2 latency.
   * epilogue: per wave, acc -> bf16 -> shared memory (stmatrix) -> TMA store in (wave_m x 32)
     slices; TMA clips rows / columns past M / N, so ragged shapes need no padding copies.
   * tiles are handed out statically (tile t goes to CTA t mod grid), rasterised in groups of
@@ -50,7 +52,8 @@ KBLOCK = 128  # the quantisation block along K: one promotion per 128 columns
 SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
 EPI_N = 32  # epilogue slice width (columns) per TMA store
 MAX_STAGES = 16
-ABLATIONS = ("", "no-promote", "const-scale", "no-store")
+ABLATIONS = ("", "no-promote", "const-scale")
+SCALE_DEPTH = 3  # K blocks of scales in flight per consumer thread (cp.async ring in shared memory)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class GemmConfig:
     epi_stages: int = 2
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
-    # "const-scale" promotes with scale 1 (no scale loads), "no-store" skips the epilogue
+    # "const-scale" promotes with scale 1 (no scale loads)
     ablate: str = ""
 
     def __post_init__(self) -> None:
@@ -108,8 +111,18 @@ class GemmConfig:
         return (self.bm + self.bn) * KBLOCK
 
     @property
+    def scales_per_thread(self) -> int:
+        """Scales a consumer thread needs per K block: its 2 rows' activation scales in each wave
+        (an m64 wgmma fragment spans rows r and r + 8) and the tile's weight scale."""
+        return 2 * self.waves + 1
+
+    @property
+    def scale_bytes(self) -> int:
+        return 128 * self.n_mma_wg * SCALE_DEPTH * self.scales_per_thread * 4
+
+    @property
     def fixed_bytes(self) -> int:
-        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048
+        return self.wave_m * EPI_N * 2 * self.epi_stages + self.scale_bytes + 2048
 
     @property
     def n_stages(self) -> int:
@@ -173,6 +186,7 @@ class Fp8GemmSm90:
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, S * 2]
             flag: cute.struct.MemRange[cutlass.Int32, 4]
+            scl: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, c.scale_bytes // 4], 16]
             sA: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[mB.element_type, cute.cosize(sB_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[mC.element_type, cute.cosize(sC_layout)], 1024]
@@ -323,6 +337,12 @@ class Fp8GemmSm90:
             )
             n_slices = c.bn // EPI_N
 
+            # each thread's private ring of scales, [thread] fastest (conflict-free): (thread, value, slot)
+            nthr = 128 * c.n_mma_wg
+            sScl = st.scl.get_tensor(cute.make_layout((nthr, c.scales_per_thread, SCALE_DEPTH),
+                                                      stride=(1, nthr, nthr * c.scales_per_thread)))
+            assert n_rows == 2, "scales_per_thread assumes 2 rows per thread and wave"
+
             g_rd = cutlass.Int32(0)  # K blocks this CTA has consumed (its ring position)
             flag = st.flag.get_tensor(cute.make_layout((4,)))
             slices_done = cutlass.Int32(0)
@@ -338,12 +358,11 @@ class Fp8GemmSm90:
                     accs[w].fill(0.0)
                     for r in cutlass.range_constexpr(n_rows):
                         rows[w, r] = cutlass.min((tm * W + w) * c.wave_m + cC_mn[r, 0][0], m_size - 1)
-                g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, rows, sb_row, a_kb, kb0, kb1, g_rd)
+                g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, sScl, mtid, rows, sb_row, a_kb,
+                                      kb0, kb1, g_rd)
                 last = True
                 if cutlass.const_expr(c.split_k > 1):
                     last = self._split_k_merge(accs[0], mWork, mCount, flag, epi_bar, t, mtid)
-                if cutlass.const_expr(c.ablate == "no-store"):
-                    last = False
                 if last:
                     for w in cutlass.range_constexpr(W):
                         row_tile = tm * W + w
@@ -380,12 +399,29 @@ class Fp8GemmSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def _load_scales(self, sc, mSA, mSB, rows, sb_row, a_kb, kb):
-        """sc[w, r] = sa[row (w, r), a_kb + kb] * sw[n block, kb] (global loads, consumed one K block later)."""
-        sw = mSB[sb_row, kb]
-        for w in cutlass.range_constexpr(cute.size(sc, mode=[0])):
-            for r in cutlass.range_constexpr(cute.size(sc, mode=[1])):
-                sc[w, r] = mSA[rows[w, r], a_kb + kb] * sw
+    def _fetch_scales(self, sScl, mSA, mSB, rows, sb_row, a_kb, kb, slot, mtid):
+        """cp.async this thread's scales of K block kb into its slot: sa[row (w, r), a_kb + kb] for
+        each wave and row, then sw[n block, kb]. Asynchronous copies hold no register, so the
+        wgmma fence does not wait for them (an ld.global in flight there stalls it for the whole
+        L2 latency, every K block: docs/lessons/gemm.md)."""
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float32, num_bits_per_copy=32)
+        one = cute.make_layout(1)
+        v = 0
+        for w in cutlass.range_constexpr(self.cfg.waves):
+            for r in cutlass.range_constexpr(2):
+                src = cute.make_tensor(mSA.iterator + cute.crd2idx((rows[w, r], a_kb + kb), mSA.layout), one)
+                cute.copy(atom, src, cute.make_tensor(sScl.iterator + cute.crd2idx((mtid, v, slot), sScl.layout), one))
+                v += 1
+        src = cute.make_tensor(mSB.iterator + cute.crd2idx((sb_row, kb), mSB.layout), one)
+        cute.copy(atom, src, cute.make_tensor(sScl.iterator + cute.crd2idx((mtid, v, slot), sScl.layout), one))
+
+    @cute.jit
+    def _read_scales(self, sc, sScl, slot, mtid):
+        """sc[w, r] = activation scale x weight scale, from this thread's landed slot."""
+        sw = sScl[mtid, 2 * self.cfg.waves, slot]
+        for w in cutlass.range_constexpr(self.cfg.waves):
+            for r in cutlass.range_constexpr(2):
+                sc[w, r] = sScl[mtid, 2 * w + r, slot] * sw
 
     @cute.jit
     def _promote(self, acc, tmp, sc, w):
@@ -397,26 +433,34 @@ class Fp8GemmSm90:
                 acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[w, r]
 
     @cute.jit
-    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, rows, sb_row, a_kb, kb0, kb1, g_rd):
+    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, sScl, mtid, rows, sb_row, a_kb, kb0, kb1, g_rd):
         """Per K block and wave: wait -> 4 wgmma -> wait_group(0) -> (last wave: release) -> promote.
+        The scales of block kb were fetched SCALE_DEPTH - 1 blocks earlier (cp.async into this
+        thread's smem ring) and are read from shared memory before the wgmmas are issued.
         The tensor core idles while a warpgroup promotes unless the other warpgroup's wgmmas fill it;
         the two drift apart by themselves (measured: forcing a one-block stagger was slower on 23 of 30
         shapes, docs/perf/gemm.md)."""
         c = self.cfg
         S = c.n_stages
         W = c.waves
-        sc = cute.make_rmem_tensor(rows.shape, cutlass.Float32)
-        nxt = cute.make_rmem_tensor(rows.shape, cutlass.Float32)
+        D = SCALE_DEPTH
+        sc = cute.make_rmem_tensor((W, 2), cutlass.Float32)
         scaled = c.ablate not in ("no-promote", "const-scale")
         if cutlass.const_expr(scaled):
-            self._load_scales(nxt, mSA, mSB, rows, sb_row, a_kb, kb0)
+            for i in cutlass.range_constexpr(D - 1):  # prologue: blocks kb0 .. kb0 + D - 2 (clamped)
+                self._fetch_scales(sScl, mSA, mSB, rows, sb_row, a_kb, cutlass.min(kb0 + i, kb1 - 1), i, mtid)
+                cute.arch.cp_async_commit_group()
         else:
             sc.fill(1.0)
         for kb in cutlass.range(kb0, kb1, unroll=1):
             if cutlass.const_expr(scaled):
-                for i in cutlass.range_constexpr(cute.size(sc)):
-                    sc[i] = nxt[i]
-                self._load_scales(nxt, mSA, mSB, rows, sb_row, a_kb, cutlass.min(kb + 1, kb1 - 1))
+                i = kb - kb0
+                # the slot refilled here was read (and its values used) in the previous K block
+                self._fetch_scales(sScl, mSA, mSB, rows, sb_row, a_kb, cutlass.min(kb + D - 1, kb1 - 1),
+                                   (i + D - 1) % D, mtid)
+                cute.arch.cp_async_commit_group()
+                cute.arch.cp_async_wait_group(D - 1)  # block kb's group has landed
+                self._read_scales(sc, sScl, i % D, mtid)
             st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
             ring.consumer_wait(st)
             for w in cutlass.range_constexpr(W):
@@ -432,6 +476,8 @@ class Fp8GemmSm90:
                         ring.consumer_release(st)
                     self._promote(accs[w], tmp, sc, w)
             g_rd = g_rd + 1
+        if cutlass.const_expr(scaled):
+            cute.arch.cp_async_wait_group(0)  # no copy of this tile may land in the next tile's slots
         return g_rd
 
     @cute.jit

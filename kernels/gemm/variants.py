@@ -13,8 +13,9 @@ override makes an impossible configuration is UNSUPPORTED there.
     no-split        split-K off (decode shapes that the rule splits); bn64-no-split both
     sS              S smem ring stages instead of as many as fit
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
-    ko-const-scale  GEMM), promotion without the scale loads, no epilogue store; the gap to the
-    ko-no-store     shipped kernel is what that part costs
+    ko-const-scale  GEMM), promotion without the scale loads; the gap to the shipped kernel is what
+                    that part costs. (No "skip the store" knock-out: with nothing stored, the compiler
+                    drops the promotion and scale loads too, so it times a plain GEMM again.)
 
 Imported at the end of kernels/gemm/family.py; registers its impls itself (register_impl).
 """
@@ -37,7 +38,7 @@ KNOBS: dict[str, dict] = {
     "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
 }
 # knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
-KNOCKOUTS = ("no-promote", "const-scale", "no-store")
+KNOCKOUTS = ("no-promote", "const-scale")
 
 
 class GemmKnob(GemmCuteDSL):
