@@ -19,10 +19,9 @@ Structure (one CTA per SM, persistent):
     wave_m = 64 * warpgroups rows (bm = 256: two waves); per K block and wave, each warpgroup issues
     4 wgmma (m64 n{bn} k32) into `tmp`, waits for them and promotes into that wave's accumulator
     (the other warpgroup's wgmmas keep the tensor core busy meanwhile). The stage is freed after
-    the last wave's wgmmas. Each thread cp.asyncs the scales it needs (its rows' activation scales,
-    the tile's weight scale) SCALE_DEPTH - 1 K blocks ahead into a private shared-memory ring and
-    reads them from there: a plain global load in flight would stall every wgmma fence for the
-    whole L2 latency.
+    the last wave's wgmmas. The scales ride in the stage too (TMA boxes of sa and sw, see below)
+    and are read from shared memory before the wgmmas are issued: a global load (ld.global or
+    cp.async) in flight at a wgmma fence stalls it for the whole L2 latency, every K block.
   * epilogue: per wave, acc -> bf16 -> shared memory (stmatrix) -> TMA store in (wave_m x 32)
     slices; TMA clips rows / columns past M / N, so ragged shapes need no padding copies.
   * tiles are handed out statically (tile t goes to CTA t mod grid), rasterised in groups of
@@ -30,7 +29,9 @@ Structure (one CTA per SM, persistent):
   * split-K (`split_k` > 1, decode): work unit = (tile, K slice); the slices' fp32 partials meet
     in a workspace and the last slice to finish stores the tile (`_split_k_merge`).
 
-The weight scale is one value per tile and K block because bn divides 128.
+The weight scale is one value per tile and K block because bn divides 128. A TMA box needs 16-byte
+rows, so the scales are loaded as boxes of SCALE_BOX = 4 K blocks (one used per stage) from scale
+tensors whose row length is a multiple of 4 K blocks (the glue pads the rare K that is not).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
 EPI_N = 32  # epilogue slice width (columns) per TMA store
 MAX_STAGES = 16
 ABLATIONS = ("", "no-promote", "const-scale")
-SCALE_DEPTH = 3  # K blocks of scales in flight per consumer thread (cp.async ring in shared memory)
+SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class GemmConfig:
     epi_stages: int = 2
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
-    # "const-scale" promotes with scale 1 (no scale loads)
+    # "const-scale" promotes with scale 1 (the scale boxes still load, unread)
     ablate: str = ""
 
     def __post_init__(self) -> None:
@@ -107,22 +108,17 @@ class GemmConfig:
         return 128 * (1 + self.n_mma_wg)
 
     @property
+    def scale_stage_bytes(self) -> int:
+        """A stage's scale boxes: (bm rows x 4 K blocks) of sa and (1 x 4) of sw, fp32."""
+        return (self.bm + 1) * SCALE_BOX * 4
+
+    @property
     def stage_bytes(self) -> int:
-        return (self.bm + self.bn) * KBLOCK
-
-    @property
-    def scales_per_thread(self) -> int:
-        """Scales a consumer thread needs per K block: its 2 rows' activation scales in each wave
-        (an m64 wgmma fragment spans rows r and r + 8) and the tile's weight scale."""
-        return 2 * self.waves + 1
-
-    @property
-    def scale_bytes(self) -> int:
-        return 128 * self.n_mma_wg * SCALE_DEPTH * self.scales_per_thread * 4
+        return (self.bm + self.bn) * KBLOCK + self.scale_stage_bytes
 
     @property
     def fixed_bytes(self) -> int:
-        return self.wave_m * EPI_N * 2 * self.epi_stages + self.scale_bytes + 2048
+        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048
 
     @property
     def n_stages(self) -> int:
@@ -144,9 +140,9 @@ class Fp8GemmSm90:
     def __call__(
         self,
         mA: cute.Tensor,  # x (M, G*K) fp8 e4m3, K contiguous
-        mSA: cute.Tensor,  # (M, G*K/128) fp32
+        mSA: cute.Tensor,  # (M, G*Kp/128) fp32, Kp/128 = K/128 rounded up to 4 (16-byte rows for TMA)
         mB: cute.Tensor,  # W (N, K) fp8 e4m3, K contiguous (N = G*Ng)
-        mSB: cute.Tensor,  # (ceil(N/128), K/128) fp32
+        mSB: cute.Tensor,  # (ceil(N/128), Kp/128) fp32
         mC: cute.Tensor,  # y (M, N) bf16, N contiguous
         mWork: cute.Tensor,  # split-K: (tiles * bm * bn,) fp32 tile sums, zero between calls; else unused
         mCount: cute.Tensor,  # split-K: (tiles,) int32 arrival counters, zero between calls
@@ -181,12 +177,21 @@ class Fp8GemmSm90:
         tma_c, gC_t = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile
         )
+        # scales ride in the stage: the (bm x 4) box of sa columns holding K block kb (and the next 3,
+        # unused) and the (1 x 4) box of the tile's sw row; row-major, [stage] outermost
+        sSA_layout = cute.make_layout((c.bm, SCALE_BOX, S), stride=(SCALE_BOX, 1, c.bm * SCALE_BOX))
+        sSW_layout = cute.make_layout((1, SCALE_BOX, S), stride=(SCALE_BOX, 1, SCALE_BOX))
+        tma_sa, gSA_t = cpasync.make_tiled_tma_atom(g2s, mSA, cute.slice_(sSA_layout, (None, None, 0)),
+                                                    (c.bm, SCALE_BOX))
+        tma_sw, gSW_t = cpasync.make_tiled_tma_atom(g2s, mSB, cute.slice_(sSW_layout, (None, None, 0)),
+                                                    (1, SCALE_BOX))
 
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, S * 2]
             flag: cute.struct.MemRange[cutlass.Int32, 4]
-            scl: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, c.scale_bytes // 4], 16]
+            sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sSA_layout)], 128]
+            sSW: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sSW_layout)], 128]
             sA: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[mB.element_type, cute.cosize(sB_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[mC.element_type, cute.cosize(sC_layout)], 1024]
@@ -196,8 +201,8 @@ class Fp8GemmSm90:
         units = ((m + c.bm - 1) // c.bm) * ((n + c.bn - 1) // c.bn) * c.split_k
         grid = cutlass.min(units, n_ctas)
         self.kernel(
-            tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, mSA, mSB, mWork, mCount, n_group, tiled_mma, mma_acc,
-            sA_layout, sB_layout, sC_layout, Storage,
+            tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, tma_sa, gSA_t, tma_sw, gSW_t, mWork, mCount, n_group,
+            tiled_mma, mma_acc, sA_layout, sB_layout, sC_layout, sSA_layout, sSW_layout, Storage,
         ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -222,8 +227,10 @@ class Fp8GemmSm90:
         gB_t: cute.Tensor,
         tma_c: cute.CopyAtom,
         gC_t: cute.Tensor,
-        mSA: cute.Tensor,
-        mSB: cute.Tensor,
+        tma_sa: cute.CopyAtom,
+        gSA_t: cute.Tensor,
+        tma_sw: cute.CopyAtom,
+        gSW_t: cute.Tensor,
         mWork: cute.Tensor,
         mCount: cute.Tensor,
         n_group: cutlass.Int32,
@@ -232,6 +239,8 @@ class Fp8GemmSm90:
         sA_layout: cute.ComposedLayout,
         sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout,
+        sSA_layout: cute.Layout,
+        sSW_layout: cute.Layout,
         Storage: cutlass.Constexpr,
     ):
         c = self.cfg
@@ -250,6 +259,8 @@ class Fp8GemmSm90:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
             cpasync.prefetch_descriptor(tma_c)
+            cpasync.prefetch_descriptor(tma_sa)
+            cpasync.prefetch_descriptor(tma_sw)
 
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
@@ -267,6 +278,8 @@ class Fp8GemmSm90:
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = st.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+        sSA = st.sSA.get_tensor(sSA_layout)
+        sSW = st.sSW.get_tensor(sSW_layout)
 
         # (wave_m, 128, row tiles, G*kb), (bn, 128, tiles_n, kb), (wave_m, bn, row tiles, tiles_n)
         gA = cute.local_tile(gA_t, (c.wave_m, KBLOCK), (None, None))
@@ -276,8 +289,16 @@ class Fp8GemmSm90:
                                            cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
                                            cute.group_modes(gB, 0, 2))
+        # (bm, 4, M tiles, scale columns / 4), (1, 4, N/128 blocks, K blocks / 4)
+        gSA = cute.local_tile(gSA_t, (c.bm, SCALE_BOX), (None, None))
+        gSW = cute.local_tile(gSW_t, (1, SCALE_BOX), (None, None))
+        tSAs, tSAg = cpasync.tma_partition(tma_sa, 0, cute.make_layout(1), cute.group_modes(sSA, 0, 2),
+                                           cute.group_modes(gSA, 0, 2))
+        tSWs, tSWg = cpasync.tma_partition(tma_sw, 0, cute.make_layout(1), cute.group_modes(sSW, 0, 2),
+                                           cute.group_modes(gSW, 0, 2))
+        # scale columns of one group in sa (K blocks rounded up to SCALE_BOX): G = N / n_group groups
+        sa_cols = (cute.size(gSA_t, mode=[1]) * n_group) // cute.size(gB_t, mode=[0])
 
-        m_size = cute.size(gA_t, mode=[0])
         row_tiles = cute.size(gA, mode=[2])  # wave_m-row tiles of M
         tiles_m = (row_tiles + W - 1) // W
         tiles_n = cute.size(gB, mode=[2])
@@ -296,7 +317,10 @@ class Fp8GemmSm90:
                     tm, tn, ks, _t = self._tile_of(u, tiles_m, tiles_n)
                     kb0 = ks * kb_per
                     kb1 = cutlass.min(kb0 + kb_per, n_kb)
-                    a_kb = ((tn * c.bn) // n_group) * n_kb  # the group's first K block of x
+                    grp = (tn * c.bn) // n_group
+                    a_kb = grp * n_kb  # the group's first K block of x
+                    a_sc = grp * sa_cols  # and its first scale column (a multiple of SCALE_BOX)
+                    sb_row = (tn * c.bn) // KBLOCK
                     for kb in cutlass.range(kb0, kb1, unroll=1):
                         ring.producer_acquire(state)
                         bar = ring.producer_get_barrier(state)
@@ -304,6 +328,10 @@ class Fp8GemmSm90:
                             cute.copy(tma_a, tAgA[(None, tm * W + w, a_kb + kb)], tAsA[(None, state.index * W + w)],
                                       tma_bar_ptr=bar)
                         cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_sa, tSAg[(None, tm, (a_sc + kb) // SCALE_BOX)], tSAs[(None, state.index)],
+                                  tma_bar_ptr=bar)
+                        cute.copy(tma_sw, tSWg[(None, sb_row, kb // SCALE_BOX)], tSWs[(None, state.index)],
+                                  tma_bar_ptr=bar)
                         ring.producer_commit(state)
                         state.advance()
                 ring.producer_tail(state)
@@ -337,11 +365,11 @@ class Fp8GemmSm90:
             )
             n_slices = c.bn // EPI_N
 
-            # each thread's private ring of scales, [thread] fastest (conflict-free): (thread, value, slot)
-            nthr = 128 * c.n_mma_wg
-            sScl = st.scl.get_tensor(cute.make_layout((nthr, c.scales_per_thread, SCALE_DEPTH),
-                                                      stride=(1, nthr, nthr * c.scales_per_thread)))
-            assert n_rows == 2, "scales_per_thread assumes 2 rows per thread and wave"
+            # the tile rows (in sSA) whose scales this thread applies: wave w, fragment row r
+            lrows = cute.make_rmem_tensor((W, n_rows), cutlass.Int32)
+            for w in cutlass.range_constexpr(W):
+                for r in cutlass.range_constexpr(n_rows):
+                    lrows[w, r] = w * c.wave_m + cC_mn[r, 0][0]
 
             g_rd = cutlass.Int32(0)  # K blocks this CTA has consumed (its ring position)
             flag = st.flag.get_tensor(cute.make_layout((4,)))
@@ -350,16 +378,9 @@ class Fp8GemmSm90:
                 tm, tn, ks, t = self._tile_of(u, tiles_m, tiles_n)
                 kb0 = ks * kb_per
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
-                a_kb = ((tn * c.bn) // n_group) * n_kb
-                sb_row = (tn * c.bn) // KBLOCK
-                # the rows this thread accumulates in each wave, clamped into [0, M) for the scale loads
-                rows = cute.make_rmem_tensor((W, n_rows), cutlass.Int32)
                 for w in cutlass.range_constexpr(W):
                     accs[w].fill(0.0)
-                    for r in cutlass.range_constexpr(n_rows):
-                        rows[w, r] = cutlass.min((tm * W + w) * c.wave_m + cC_mn[r, 0][0], m_size - 1)
-                g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, sScl, mtid, rows, sb_row, a_kb,
-                                      kb0, kb1, g_rd)
+                g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd)
                 last = True
                 if cutlass.const_expr(c.split_k > 1):
                     last = self._split_k_merge(accs[0], mWork, mCount, flag, epi_bar, t, mtid)
@@ -399,29 +420,14 @@ class Fp8GemmSm90:
         warpgroup.commit_group()
 
     @cute.jit
-    def _fetch_scales(self, sScl, mSA, mSB, rows, sb_row, a_kb, kb, slot, mtid):
-        """cp.async this thread's scales of K block kb into its slot: sa[row (w, r), a_kb + kb] for
-        each wave and row, then sw[n block, kb]. Asynchronous copies hold no register, so the
-        wgmma fence does not wait for them (an ld.global in flight there stalls it for the whole
-        L2 latency, every K block: docs/lessons/gemm.md)."""
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float32, num_bits_per_copy=32)
-        one = cute.make_layout(1)
-        v = 0
-        for w in cutlass.range_constexpr(self.cfg.waves):
-            for r in cutlass.range_constexpr(2):
-                src = cute.make_tensor(mSA.iterator + cute.crd2idx((rows[w, r], a_kb + kb), mSA.layout), one)
-                cute.copy(atom, src, cute.make_tensor(sScl.iterator + cute.crd2idx((mtid, v, slot), sScl.layout), one))
-                v += 1
-        src = cute.make_tensor(mSB.iterator + cute.crd2idx((sb_row, kb), mSB.layout), one)
-        cute.copy(atom, src, cute.make_tensor(sScl.iterator + cute.crd2idx((mtid, v, slot), sScl.layout), one))
-
-    @cute.jit
-    def _read_scales(self, sc, sScl, slot, mtid):
-        """sc[w, r] = activation scale x weight scale, from this thread's landed slot."""
-        sw = sScl[mtid, 2 * self.cfg.waves, slot]
-        for w in cutlass.range_constexpr(self.cfg.waves):
-            for r in cutlass.range_constexpr(2):
-                sc[w, r] = sScl[mtid, 2 * w + r, slot] * sw
+    def _read_scales(self, sc, sSA, sSW, lrows, kb, stage):
+        """sc[w, r] = sa[row, kb] * sw[n block, kb] from the stage's scale boxes (shared memory:
+        read before the wgmmas are issued, as the wgmma fence waits for loads in flight)."""
+        col = kb % SCALE_BOX
+        sw = sSW[0, col, stage]
+        for w in cutlass.range_constexpr(cute.size(sc, mode=[0])):
+            for r in cutlass.range_constexpr(cute.size(sc, mode=[1])):
+                sc[w, r] = sSA[lrows[w, r], col, stage] * sw
 
     @cute.jit
     def _promote(self, acc, tmp, sc, w):
@@ -433,36 +439,23 @@ class Fp8GemmSm90:
                 acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[w, r]
 
     @cute.jit
-    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, mSA, mSB, sScl, mtid, rows, sb_row, a_kb, kb0, kb1, g_rd):
-        """Per K block and wave: wait -> 4 wgmma -> wait_group(0) -> (last wave: release) -> promote.
-        The scales of block kb were fetched SCALE_DEPTH - 1 blocks earlier (cp.async into this
-        thread's smem ring) and are read from shared memory before the wgmmas are issued.
+    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd):
+        """Per K block: wait for the stage -> read its scales -> per wave: 4 wgmma -> wait_group(0) ->
+        (last wave: release the stage) -> promote.
         The tensor core idles while a warpgroup promotes unless the other warpgroup's wgmmas fill it;
         the two drift apart by themselves (measured: forcing a one-block stagger was slower on 23 of 30
         shapes, docs/perf/gemm.md)."""
         c = self.cfg
         S = c.n_stages
         W = c.waves
-        D = SCALE_DEPTH
-        sc = cute.make_rmem_tensor((W, 2), cutlass.Float32)
-        scaled = c.ablate not in ("no-promote", "const-scale")
-        if cutlass.const_expr(scaled):
-            for i in cutlass.range_constexpr(D - 1):  # prologue: blocks kb0 .. kb0 + D - 2 (clamped)
-                self._fetch_scales(sScl, mSA, mSB, rows, sb_row, a_kb, cutlass.min(kb0 + i, kb1 - 1), i, mtid)
-                cute.arch.cp_async_commit_group()
-        else:
+        sc = cute.make_rmem_tensor(lrows.shape, cutlass.Float32)
+        if cutlass.const_expr(c.ablate != ""):
             sc.fill(1.0)
         for kb in cutlass.range(kb0, kb1, unroll=1):
-            if cutlass.const_expr(scaled):
-                i = kb - kb0
-                # the slot refilled here was read (and its values used) in the previous K block
-                self._fetch_scales(sScl, mSA, mSB, rows, sb_row, a_kb, cutlass.min(kb + D - 1, kb1 - 1),
-                                   (i + D - 1) % D, mtid)
-                cute.arch.cp_async_commit_group()
-                cute.arch.cp_async_wait_group(D - 1)  # block kb's group has landed
-                self._read_scales(sc, sScl, i % D, mtid)
             st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
             ring.consumer_wait(st)
+            if cutlass.const_expr(c.ablate == ""):
+                self._read_scales(sc, sSA, sSW, lrows, kb, st.index)
             for w in cutlass.range_constexpr(W):
                 if cutlass.const_expr(c.ablate == "no-promote"):
                     self._issue((mmas[1], mmas[1]), accs[w], tCrA, tCrB, st.index * W + w, st.index)
@@ -476,8 +469,6 @@ class Fp8GemmSm90:
                         ring.consumer_release(st)
                     self._promote(accs[w], tmp, sc, w)
             g_rd = g_rd + 1
-        if cutlass.const_expr(scaled):
-            cute.arch.cp_async_wait_group(0)  # no copy of this tile may land in the next tile's slots
         return g_rd
 
     @cute.jit

@@ -10,7 +10,7 @@ import torch
 from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import compile_kernel
-from kernels.gemm.gemm_sm90 import KBLOCK, Fp8GemmSm90, GemmConfig
+from kernels.gemm.gemm_sm90 import KBLOCK, SCALE_BOX, Fp8GemmSm90, GemmConfig
 
 
 def groups_of(case) -> int:
@@ -25,8 +25,9 @@ def fake_args(cfg: GemmConfig) -> tuple:
     fp8 = cutlass.Float8E4M3FN
     x = make_fake_tensor(fp8, (m, ka), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
     w = make_fake_tensor(fp8, (n, k), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
-    sa = make_fake_tensor(cutlass.Float32, (m, kba), (cute.sym_int64(), 1), assumed_align=4)
-    sw = make_fake_tensor(cutlass.Float32, (nb, kb), (cute.sym_int64(), 1), assumed_align=4)
+    # scale rows of whole TMA boxes (scales_for_tma)
+    sa = make_fake_tensor(cutlass.Float32, (m, kba), (cute.sym_int64(divisibility=SCALE_BOX), 1), assumed_align=16)
+    sw = make_fake_tensor(cutlass.Float32, (nb, kb), (cute.sym_int64(divisibility=SCALE_BOX), 1), assumed_align=16)
     y = make_fake_tensor(cutlass.BFloat16, (m, n), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
     work = make_fake_tensor(cutlass.Float32, (ws,), (1,), assumed_align=16)
     count = make_fake_tensor(cutlass.Int32, (nt,), (1,), assumed_align=4)
@@ -96,8 +97,24 @@ def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, to
     return work, count
 
 
+def scales_for_tma(sa, sw, groups: int = 1):
+    """The kernel TMA-loads scales in boxes of SCALE_BOX K blocks (16 bytes): it needs each group's
+    scale row a multiple of SCALE_BOX long and 16-byte aligned. DSV4's K are (K/128 of 8 to 128);
+    any other K gets zero-padded copies (one small copy per call)."""
+    kb = sw.shape[1]
+    if kb % SCALE_BOX == 0 and sa.data_ptr() % 16 == 0 and sw.data_ptr() % 16 == 0:
+        return sa, sw
+    kbp = -(-kb // SCALE_BOX) * SCALE_BOX
+    sa_p = sa.new_zeros(sa.shape[0], groups, kbp)
+    sa_p[:, :, :kb] = sa.view(sa.shape[0], groups, kb)
+    sw_p = sw.new_zeros(sw.shape[0], kbp)
+    sw_p[:, :kb] = sw
+    return sa_p.view(sa.shape[0], groups * kbp), sw_p
+
+
 def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ctas: int | None = None):
     m, n = x.shape[0], w.shape[0]
+    sa, sw = scales_for_tma(sa, sw, groups)
     work, count = workspace(cfg, m, n, x.device)
     compiled(x, sa, w, sw, out, work, count, n // groups, n_ctas or sm_count(x.device))
     return out

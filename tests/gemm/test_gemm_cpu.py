@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kernels.gemm.config import H100_SMS, choose_config, cost
-from kernels.gemm.gemm_sm90 import SMEM_BYTES, GemmConfig
-from kernels.gemm.glue import check_operands, make_operands, oracle_of
+from kernels.gemm.gemm_sm90 import SCALE_BOX, SMEM_BYTES, GemmConfig
+from kernels.gemm.glue import check_operands, make_operands, oracle_of, scales_for_tma
 from oracles.linear import grouped_linear
 from sweeps.gemm import LAYERS, TOKENS
 
@@ -114,3 +114,19 @@ def test_every_rule_config_compiles_without_spills_or_serialised_wgmma(cfg):
     fact = ptxas.check(compiled, "sm_90a")
     if fact["status"] == "ok":  # no ptxas here: the lint is skipped, the compile still counts
         assert fact["serialized"] == [], fact["serialized"]
+
+
+@pytest.mark.parametrize("k,groups", [(384, 1), (640, 3), (1024, 2)])
+def test_scales_padded_to_whole_tma_boxes_keep_every_value(k, groups):
+    m, n = 5, 3 * 128
+    kb = k // 128
+    sa = torch.rand(m, groups * kb) + 0.5
+    sw = torch.rand(n // 128, kb) + 0.5
+    sa_p, sw_p = scales_for_tma(sa, sw, groups)
+    kbp = sw_p.shape[1]
+    assert kbp % SCALE_BOX == 0 and sa_p.shape == (m, groups * kbp)
+    assert torch.equal(sa_p.view(m, groups, kbp)[:, :, :kb], sa.view(m, groups, kb))
+    assert torch.equal(sw_p[:, :kb], sw)
+    assert (sa_p.view(m, groups, kbp)[:, :, kb:] == 0).all() and (sw_p[:, kb:] == 0).all()
+    if kb % SCALE_BOX == 0:
+        assert sa_p is sa and sw_p is sw  # DSV4's K: no copy
