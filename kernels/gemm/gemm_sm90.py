@@ -55,6 +55,7 @@ EPI_N = 32  # epilogue slice width (columns) per TMA store
 MAX_STAGES = 16
 ABLATIONS = ("", "no-promote", "const-scale")
 SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
+SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class GemmConfig:
 
     @property
     def fixed_bytes(self) -> int:
-        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048
+        return self.wave_m * EPI_N * 2 * self.epi_stages + MAX_STAGES * SW_SLOT * 4 + 2048
 
     @property
     def n_stages(self) -> int:
@@ -180,7 +181,8 @@ class Fp8GemmSm90:
         # scales ride in the stage: the (bm x 4) box of sa columns holding K block kb (and the next 3,
         # unused) and the (1 x 4) box of the tile's sw row; row-major, [stage] outermost
         sSA_layout = cute.make_layout((c.bm, SCALE_BOX, S), stride=(SCALE_BOX, 1, c.bm * SCALE_BOX))
-        sSW_layout = cute.make_layout((1, SCALE_BOX, S), stride=(SCALE_BOX, 1, SCALE_BOX))
+        # (a TMA destination is 128-byte aligned: one 128-byte slot per stage for the 16-byte sw box)
+        sSW_layout = cute.make_layout((1, SCALE_BOX, S), stride=(SCALE_BOX, 1, SW_SLOT))
         tma_sa, gSA_t = cpasync.make_tiled_tma_atom(g2s, mSA, cute.slice_(sSA_layout, (None, None, 0)),
                                                     (c.bm, SCALE_BOX))
         tma_sw, gSW_t = cpasync.make_tiled_tma_atom(g2s, mSB, cute.slice_(sSW_layout, (None, None, 0)),
