@@ -139,7 +139,7 @@ def status_cmd(job: Optional[str] = typer.Argument(None, help="job id (or a uniq
         status = _run(one())
         _print_status(record, status)
         raise typer.Exit(status.exit_code if outcome.finished(status.outcome) else 0)
-    records = registry.all_jobs()
+    records = _registry(registry.all_jobs)
 
     async def every():
         by_host: dict[str, list[registry.JobRecord]] = {}
@@ -221,7 +221,8 @@ def render(run: Path) -> str:
 
 @app.command("cancel")
 def cancel_cmd(job: str = typer.Argument(..., help="job id")) -> None:
-    """TERM the job's own process group, KILL it after the grace period; report other GPU processes."""
+    """TERM the job's process group and session, KILL them after the grace period; report other GPU
+    processes. A finished job is left as it ended."""
     record = _load(job)
 
     async def stop():
@@ -236,8 +237,13 @@ def cancel_cmd(job: str = typer.Argument(..., help="job id")) -> None:
 
 
 def _load(job: str) -> registry.JobRecord:
+    return _registry(registry.load, job)
+
+
+def _registry(read, *args):
+    """A read of the local job registry; an unknown job or a corrupt job file is bad input."""
     try:
-        return registry.load(job)
+        return read(*args)
     except registry.UnknownJob as e:
         fail(str(e))
 

@@ -76,12 +76,12 @@ def load_hosts(path: str | os.PathLike | None = None) -> dict[str, HostConfig]:
         data = tomllib.loads(file.read_text())
     except FileNotFoundError:
         raise ConfigError(f"no hosts file at {file} (see `dsv4bench remote --help` for its format)") from None
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read hosts file {file}: {e}") from None
     tables = data.get("hosts")
     if not isinstance(tables, dict) or not tables:
         raise ConfigError(f"{file} defines no hosts (a table hosts.NAME per host)")
-    return {name: _host(name, table, file) for name, table in tables.items()}
+    return {name: parse_host(name, table, f"{file}, host '{name}'", file.parent) for name, table in tables.items()}
 
 
 def get_host(name: str, path: str | os.PathLike | None = None) -> HostConfig:
@@ -91,32 +91,68 @@ def get_host(name: str, path: str | os.PathLike | None = None) -> HostConfig:
     return hosts[name]
 
 
-def _host(name: str, table: object, file: Path) -> HostConfig:
-    where = f"{file}, host '{name}'"
+def _string(v) -> bool:
+    return isinstance(v, str)
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+def _real(v) -> bool:  # TOML booleans are Python ints: refused wherever a number is wanted
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _positive(v) -> bool:
+    return _real(v) and v > 0
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and _real(v) and v >= 0
+
+
+def _env(v) -> bool:
+    return isinstance(v, dict) and all(_ENV_NAME.match(k) and (_string(x) or _real(x)) for k, x in v.items())
+
+
+# Every key's type, checked before anything connects or launches: key -> (check, what it must do).
+_CHECKS = {
+    "ssh": (_text, "be a non-empty string"),
+    "workdir": (_text, "be a non-empty string"),
+    "backend": (lambda v: v in BACKENDS, f"be one of {', '.join(BACKENDS)}"),
+    "python": (_text, "be a non-empty string"),
+    "setup": (_string, "be a string"),
+    "env": (_env, "map variable names to strings or numbers"),
+    "gpu": (_count, "be a GPU index (an integer >= 0)"),
+    "gpu_lock": (lambda v: isinstance(v, bool), "be true or false"),
+    "timeout_s": (_positive, "be a positive number"),
+    "kill_grace_s": (_positive, "be a positive number"),
+    "connect_timeout_s": (_positive, "be a positive number"),
+    "keep_jobs": (_count, "be an integer >= 0"),
+    "ssh_config": (_text, "be a path (a non-empty string)"),
+    "sbatch": (lambda v: isinstance(v, list) and all(map(_string, v)), "be a list of strings"),
+    "slurm_bin": (_string, "be a string"),
+}
+assert set(_CHECKS) == {f.name for f in fields(HostConfig)} - {"name"}
+
+
+def parse_host(name: str, table: object, where: str, base: Path) -> HostConfig:
+    """A host's settings from its table, every key type-checked (`where` names it in errors);
+    a relative `ssh_config` is under `base`."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} is not a table")
-    known = {f.name for f in fields(HostConfig)} - {"name"}
-    unknown = sorted(set(table) - known)
+    unknown = sorted(set(table) - set(_CHECKS))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
     for key in ("ssh", "workdir"):
         if not isinstance(table.get(key), str) or not table[key]:
             raise ConfigError(f"{where}: '{key}' (a string) is required")
-    if table.get("backend", "ssh") not in BACKENDS:
-        raise ConfigError(f"{where}: backend must be one of {', '.join(BACKENDS)}")
-    env = table.get("env", {})
-    if not isinstance(env, dict) or any(not _ENV_NAME.match(k) for k in env):
-        raise ConfigError(f"{where}: env must map variable names to values")
-    gpu = table.get("gpu")
-    if gpu is not None and (not isinstance(gpu, int) or gpu < 0):
-        raise ConfigError(f"{where}: gpu must be a GPU index (>= 0)")
-    sbatch = table.get("sbatch", [])
-    if not isinstance(sbatch, list) or not all(isinstance(s, str) for s in sbatch):
-        raise ConfigError(f"{where}: sbatch must be a list of strings")
-    for key in ("timeout_s", "kill_grace_s", "connect_timeout_s"):
-        if key in table and not (isinstance(table[key], (int, float)) and table[key] > 0):
-            raise ConfigError(f"{where}: {key} must be a positive number")
-    values = {**table, "env": {k: str(v) for k, v in env.items()}, "sbatch": tuple(sbatch)}
-    if values.get("ssh_config"):
-        values["ssh_config"] = str((file.parent / Path(values["ssh_config"]).expanduser()).resolve())
+    for key, value in table.items():
+        check, what = _CHECKS[key]
+        if not check(value):
+            raise ConfigError(f"{where}: {key} must {what}, not {value!r:.60}")
+    values = {**table, "env": {k: str(v) for k, v in table.get("env", {}).items()},
+              "sbatch": tuple(table.get("sbatch", ()))}
+    if "ssh_config" in values:
+        values["ssh_config"] = str((base / Path(values["ssh_config"]).expanduser()).resolve())
     return HostConfig(name=name, **values)

@@ -4,7 +4,8 @@ On the host, under the configured workdir:
     trees/<tree_id>/   the packed working tree, extracted once and shared by every job that uses it
     locks/<gpuN|host>.lock   the per-GPU lock the wrapper takes before it runs anything
     jobs/<job_id>/     run.sh (the wrapper), job.env (argv, env, timeouts; all values quoted),
-                       job.json, and per task: pid, pgid, state, exit, cancelled, output.log, out/
+                       job.json, and per task: pid, pgid (each with a .stime: the process's start time), state,
+                       exit, cancelled, finish.lock, output.log, out/
                        (the command's working directory). Slurm tasks use jobs/<job_id>/task-<i>/.
 """
 
@@ -150,10 +151,11 @@ async def status(remote: Remote, record: JobRecord) -> JobStatus:
 
 
 async def cancel(remote: Remote, record: JobRecord) -> list[str]:
-    """TERM, then KILL, the job's own process group(s); returns the wrapper's report lines."""
+    """Stop the job unless it has finished (TERM, then KILL, its process group and session; Slurm:
+    scancel); returns the wrapper's report lines."""
     result = await remote.run(["bash", "run.sh", "cancel"], cwd=record.remote_dir,
                               timeout=record.host.kill_grace_s + 60)
-    if record.slurm_id is not None:
+    if record.slurm_id is not None and not outcome.finished((await status(remote, record)).outcome):
         await slurm.cancel(remote, record.slurm_id)
     return [line for line in result.stdout.splitlines() if line.strip()]
 

@@ -11,13 +11,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4bench.remote.config import HostConfig
+from dsv4bench.remote.config import ConfigError, HostConfig, parse_host
 
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
 
 
 class UnknownJob(LookupError):
-    pass
+    """No such job here: one line, exit status 2."""
+
+
+class CorruptJob(UnknownJob):
+    """A job file that cannot be read back: reported, as an unknown job is, with the file's path."""
 
 
 @dataclass
@@ -35,9 +39,18 @@ class JobRecord:
         return {**dataclasses.asdict(self), "host": dataclasses.asdict(self.host)}
 
     @classmethod
-    def from_json(cls, d: dict) -> "JobRecord":
-        host = d["host"]
-        return cls(**{**d, "host": HostConfig(**{**host, "sbatch": tuple(host.get("sbatch", ()))})})
+    def from_json(cls, d: dict, where: str = "job record") -> "JobRecord":
+        """Raises ConfigError, KeyError or TypeError for a record that is not one."""
+        host = {k: v for k, v in d["host"].items() if v is not None}  # None: a setting left unset
+        record = cls(**{**d, "host": parse_host(host.pop("name"), host, where, Path("/"))})
+        for name, kind in _FIELD_TYPES.items():
+            if not isinstance(getattr(record, name), kind):
+                raise TypeError(f"{name} is {getattr(record, name)!r:.40}")
+        return record
+
+
+_FIELD_TYPES = {"id": str, "remote_dir": str, "argv": list, "tree_id": str, "tasks": int,
+                "slurm_id": (str, type(None)), "submitted": (int, float)}
 
 
 def new_job_id() -> str:
@@ -64,11 +77,21 @@ def load(job_id: str) -> JobRecord:
     if len(matches) != 1:
         raise UnknownJob(f"no job '{job_id}' (see `dsv4bench remote status`)" if not matches
                          else f"'{job_id}' matches {len(matches)} jobs")
-    return JobRecord.from_json(json.loads(matches[0].read_text()))
+    return _read(matches[0])
 
 
 def all_jobs() -> list[JobRecord]:
-    return [JobRecord.from_json(json.loads(p.read_text())) for p in sorted(state_dir().glob("*.json"))]
+    return [_read(p) for p in sorted(state_dir().glob("*.json"))]
+
+
+def _read(path: Path) -> JobRecord:
+    try:
+        return JobRecord.from_json(json.loads(path.read_text()), where=f"job file {path}")
+    except ConfigError as e:
+        raise CorruptJob(f"corrupt {e}") from None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:  # ValueError: not UTF-8, not JSON
+        detail = f"no key {e}" if isinstance(e, KeyError) else str(e)
+        raise CorruptJob(f"corrupt job file {path}: {detail}") from None
 
 
 def redact(env: dict[str, str]) -> dict[str, str]:
