@@ -1,7 +1,9 @@
 """Model configurations (DSV4_SPEC.md §1): Flash, Pro and a tiny one with the real structure.
 
 `ModelConfig` mirrors the reference `ModelArgs`; `to_hf()` / `from_hf()` convert to and from the
-HF `config.json` keys of §1.1, so a checkpoint directory carries its own configuration.
+HF `config.json` keys of §1.1 (one table, `HF_KEYS`), so a checkpoint directory carries its own
+configuration. Construction checks every field's type and value (a `ConfigError` names the
+config.json key), so a bad config.json never reaches the model as a ZeroDivisionError or worse.
 
 `tiny` keeps every code path of the real models at toy widths: a SWA-only layer, CSA (m=4) and
 HCA (m=128) layers, hash-routed (layers < n_hash_layers) and bias-routed MoE layers, and the
@@ -11,7 +13,8 @@ SWA-only MTP block. The window (128) and the compression ratios are the real one
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 # Expert weight formats: the official MXFP4 (e2m1 packed in I8, ue8m0 scale per 32 along K) and
@@ -21,6 +24,95 @@ EXPERT_DTYPES = ("fp4", "nvfp4")
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the offending key."""
+
+
+def is_int(v: Any) -> bool:
+    """A JSON integer (a bool is not one)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def shown(v: Any) -> str:
+    """A value as an error message shows it: its repr (cut) and its type, `'64' (str)`."""
+    s = repr(v)
+    return f"{s[:40]}... ({type(v).__name__})" if len(s) > 40 else f"{s} ({type(v).__name__})"
+
+
+REQUIRED = object()
+# field, its config.json key ("a.b" = key b of the object a), the default of an absent key
+HF_KEYS: tuple[tuple[str, str, Any], ...] = (
+    ("name", "dsv4bench_name", "checkpoint"),
+    ("vocab_size", "vocab_size", REQUIRED),
+    ("dim", "hidden_size", REQUIRED),
+    ("n_layers", "num_hidden_layers", REQUIRED),
+    ("n_heads", "num_attention_heads", REQUIRED),
+    ("head_dim", "head_dim", REQUIRED),
+    ("rope_head_dim", "qk_rope_head_dim", REQUIRED),
+    ("q_lora_rank", "q_lora_rank", REQUIRED),
+    ("o_groups", "o_groups", REQUIRED),
+    ("o_lora_rank", "o_lora_rank", REQUIRED),
+    ("window_size", "sliding_window", REQUIRED),
+    ("compress_ratios", "compress_ratios", REQUIRED),
+    ("index_n_heads", "index_n_heads", REQUIRED),
+    ("index_head_dim", "index_head_dim", REQUIRED),
+    ("index_topk", "index_topk", REQUIRED),
+    ("n_routed_experts", "n_routed_experts", REQUIRED),
+    ("n_activated_experts", "num_experts_per_tok", REQUIRED),
+    ("moe_inter_dim", "moe_intermediate_size", REQUIRED),
+    ("n_hash_layers", "num_hash_layers", REQUIRED),
+    ("route_scale", "routed_scaling_factor", REQUIRED),
+    ("n_shared_experts", "n_shared_experts", 1),
+    ("n_mtp_layers", "num_nextn_predict_layers", 1),
+    ("compress_rope_theta", "compress_rope_theta", 160000.0),
+    ("rope_theta", "rope_theta", 10000.0),
+    ("rope_factor", "rope_scaling.factor", 1.0),
+    ("original_seq_len", "rope_scaling.original_max_position_embeddings", 0),
+    ("beta_fast", "rope_scaling.beta_fast", 32),
+    ("beta_slow", "rope_scaling.beta_slow", 1),
+    ("swiglu_limit", "swiglu_limit", 10.0),
+    ("hc_mult", "hc_mult", 4),
+    ("hc_sinkhorn_iters", "hc_sinkhorn_iters", 20),
+    ("hc_eps", "hc_eps", 1e-6),
+    ("norm_eps", "rms_norm_eps", 1e-6),
+    ("max_position_embeddings", "max_position_embeddings", 1048576),
+    ("bos_token_id", "bos_token_id", 0),
+    ("eos_token_id", "eos_token_id", 1),
+    ("expert_dtype", "expert_dtype", "fp4"),
+    ("score_func", "scoring_func", "sqrtsoftplus"),
+)
+HF_KEY = {f: key for f, key, _ in HF_KEYS}
+# constant keys of the official config.json that no field carries
+HF_CONSTANTS = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "num_key_value_heads": 1,
+    "norm_topk_prob": True,
+    "topk_method": "noaux_tc",
+    "tie_word_embeddings": False,
+    "quantization_config": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+        "activation_scheme": "dynamic",
+    },
+    "torch_dtype": "bfloat16",
+}
+ROPE_SCALING_TYPE = "yarn"
+# integer fields that may be 0 (every other integer field must be positive; floats positive, finite)
+MAY_BE_ZERO = ("n_hash_layers", "n_mtp_layers", "original_seq_len", "bos_token_id", "eos_token_id")
+# field annotation (a string: `from __future__ import annotations`) -> (type test, what a message asks for)
+TYPES = {
+    "int": (is_int, "an integer"),
+    "float": (lambda v: is_int(v) or isinstance(v, float), "a number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "tuple[int, ...]": (lambda v: isinstance(v, (list, tuple)) and all(is_int(r) for r in v), "a list of integers"),
+}
+
+
+def label(field: str) -> str:
+    """The config.json key of a field, with the field's name when it differs: `hidden_size (dim)`."""
+    key = HF_KEY.get(field, field)
+    return key if key == field else f"{key} ({field})"
 
 
 @dataclass(frozen=True)
@@ -65,7 +157,14 @@ class ModelConfig:
     score_func: str = "sqrtsoftplus"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "compress_ratios", tuple(int(r) for r in self.compress_ratios))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            ok, want = TYPES[f.type]
+            if not ok(value):
+                raise ConfigError(f"{label(f.name)} must be {want}, not {shown(value)}")
+            if f.type == "float":
+                object.__setattr__(self, f.name, float(value))
+        object.__setattr__(self, "compress_ratios", tuple(self.compress_ratios))
         self.validate()
 
     # ---- structure -------------------------------------------------------------------------
@@ -90,6 +189,19 @@ class ModelConfig:
         return self.head_dim ** -0.5
 
     def validate(self) -> None:
+        """Values and structure (the types are checked on construction)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and value < (0 if f.name in MAY_BE_ZERO else 1):
+                raise ConfigError(f"{label(f.name)} must be {'>= 0' if f.name in MAY_BE_ZERO else '>= 1'}, "
+                                  f"not {value}")
+            if f.type == "float" and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{label(f.name)} must be a positive finite number, not {value}")
+        for key in ("bos_token_id", "eos_token_id"):
+            if getattr(self, key) >= self.vocab_size:
+                raise ConfigError(f"{key}={getattr(self, key)} is not below vocab_size={self.vocab_size}")
+        if self.score_func != "sqrtsoftplus":
+            raise ConfigError(f"scoring_func={self.score_func!r} is not supported (sqrtsoftplus only)")
         if len(self.compress_ratios) != self.n_layers + self.n_mtp_layers:
             raise ConfigError(
                 f"compress_ratios has {len(self.compress_ratios)} entries; expected "
@@ -114,114 +226,41 @@ class ModelConfig:
 
     # ---- HF config.json ----------------------------------------------------------------------
     def to_hf(self) -> dict:
-        return {
-            "architectures": ["DeepseekV4ForCausalLM"],
-            "model_type": "deepseek_v4",
-            "dsv4bench_name": self.name,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.dim,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": 1,
-            "head_dim": self.head_dim,
-            "qk_rope_head_dim": self.rope_head_dim,
-            "q_lora_rank": self.q_lora_rank,
-            "o_groups": self.o_groups,
-            "o_lora_rank": self.o_lora_rank,
-            "sliding_window": self.window_size,
-            "compress_ratios": list(self.compress_ratios),
-            "compress_rope_theta": self.compress_rope_theta,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": {
-                "type": "yarn",
-                "factor": self.rope_factor,
-                "original_max_position_embeddings": self.original_seq_len,
-                "beta_fast": self.beta_fast,
-                "beta_slow": self.beta_slow,
-            },
-            "max_position_embeddings": self.max_position_embeddings,
-            "index_n_heads": self.index_n_heads,
-            "index_head_dim": self.index_head_dim,
-            "index_topk": self.index_topk,
-            "n_routed_experts": self.n_routed_experts,
-            "num_experts_per_tok": self.n_activated_experts,
-            "n_shared_experts": self.n_shared_experts,
-            "moe_intermediate_size": self.moe_inter_dim,
-            "num_hash_layers": self.n_hash_layers,
-            "scoring_func": self.score_func,
-            "routed_scaling_factor": self.route_scale,
-            "norm_topk_prob": True,
-            "topk_method": "noaux_tc",
-            "swiglu_limit": self.swiglu_limit,
-            "hc_mult": self.hc_mult,
-            "hc_sinkhorn_iters": self.hc_sinkhorn_iters,
-            "hc_eps": self.hc_eps,
-            "rms_norm_eps": self.norm_eps,
-            "num_nextn_predict_layers": self.n_mtp_layers,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-            "tie_word_embeddings": False,
-            "expert_dtype": self.expert_dtype,
-            "quantization_config": {
-                "quant_method": "fp8",
-                "fmt": "e4m3",
-                "scale_fmt": "ue8m0",
-                "weight_block_size": [128, 128],
-                "activation_scheme": "dynamic",
-            },
-            "torch_dtype": "bfloat16",
-        }
+        d = dict(HF_CONSTANTS)
+        rope_scaling = {"type": ROPE_SCALING_TYPE}
+        for f, key, _ in HF_KEYS:
+            value = getattr(self, f)
+            value = list(value) if isinstance(value, tuple) else value
+            if key.startswith("rope_scaling."):
+                rope_scaling[key.split(".", 1)[1]] = value
+            else:
+                d[key] = value
+        d["rope_scaling"] = rope_scaling
+        return d
 
     @classmethod
     def from_hf(cls, d: Mapping[str, Any], name: str | None = None) -> "ModelConfig":
-        def get(key: str) -> Any:
-            if key not in d:
-                raise ConfigError(f"config.json is missing the key {key!r}")
-            return d[key]
-
-        rs = d.get("rope_scaling") or {}
-        kw = dict(
-            name=name or d.get("dsv4bench_name", "checkpoint"),
-            vocab_size=get("vocab_size"),
-            dim=get("hidden_size"),
-            n_layers=get("num_hidden_layers"),
-            n_heads=get("num_attention_heads"),
-            head_dim=get("head_dim"),
-            rope_head_dim=get("qk_rope_head_dim"),
-            q_lora_rank=get("q_lora_rank"),
-            o_groups=get("o_groups"),
-            o_lora_rank=get("o_lora_rank"),
-            window_size=get("sliding_window"),
-            compress_ratios=get("compress_ratios"),
-            index_n_heads=get("index_n_heads"),
-            index_head_dim=get("index_head_dim"),
-            index_topk=get("index_topk"),
-            n_routed_experts=get("n_routed_experts"),
-            n_activated_experts=get("num_experts_per_tok"),
-            moe_inter_dim=get("moe_intermediate_size"),
-            n_hash_layers=get("num_hash_layers"),
-            route_scale=get("routed_scaling_factor"),
-            n_shared_experts=d.get("n_shared_experts", 1),
-            n_mtp_layers=d.get("num_nextn_predict_layers", 1),
-            compress_rope_theta=d.get("compress_rope_theta", 160000.0),
-            rope_theta=d.get("rope_theta", 10000.0),
-            rope_factor=rs.get("factor", 1.0) if rs else 1.0,
-            original_seq_len=rs.get("original_max_position_embeddings", 0) if rs else 0,
-            beta_fast=rs.get("beta_fast", 32),
-            beta_slow=rs.get("beta_slow", 1),
-            swiglu_limit=d.get("swiglu_limit", 10.0),
-            hc_mult=d.get("hc_mult", 4),
-            hc_sinkhorn_iters=d.get("hc_sinkhorn_iters", 20),
-            hc_eps=d.get("hc_eps", 1e-6),
-            norm_eps=d.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=d.get("max_position_embeddings", 1048576),
-            bos_token_id=d.get("bos_token_id", 0),
-            eos_token_id=d.get("eos_token_id", 1),
-            expert_dtype=d.get("expert_dtype", "fp4"),
-            score_func=d.get("scoring_func", "sqrtsoftplus"),
-        )
-        if kw["score_func"] != "sqrtsoftplus":
-            raise ConfigError(f"scoring_func={kw['score_func']!r} is not supported (sqrtsoftplus only)")
+        """From the keys of a config.json; a ConfigError names a missing or wrong key."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"config.json must hold a JSON object, not {type(d).__name__}")
+        kw = {}
+        for f, key, default in HF_KEYS:
+            *parents, leaf = key.split(".")
+            obj = d
+            for p in parents:  # an absent or null parent object: every key in it takes its default
+                obj = obj.get(p)
+                if obj is None:
+                    obj = {}
+                elif not isinstance(obj, Mapping):
+                    raise ConfigError(f"{p} must be a JSON object or null, not {shown(obj)}")
+            if leaf in obj:
+                kw[f] = obj[leaf]
+            elif default is REQUIRED:
+                raise ConfigError(f"missing the key {key!r}")
+            else:
+                kw[f] = default
+        if name:
+            kw["name"] = name
         return cls(**kw)
 
     def with_(self, **changes: Any) -> "ModelConfig":

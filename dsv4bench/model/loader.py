@@ -1,112 +1,47 @@
 """Strict loader for HF safetensors checkpoints in the official DSV4 layout (DSV4_SPEC.md §11).
 
-Opening a checkpoint reads only the shard headers (8-byte length + JSON) and checks everything
-before a byte of weight data is touched:
+Opening a checkpoint checks everything before weights are loaded (the file-level rules are in
+`dsv4bench.model.validate`):
 
 * the directory, `config.json` and the shards exist; pickle / torch.save files are refused;
-* each header parses, each tensor's byte range matches its dtype and shape and lies inside the
-  file (a truncated shard names the tensors it cuts off);
-* the index's weight map agrees with the shard headers;
+* `config.json` and the index are strict JSON of the right types, the configuration valid;
+* each shard header is well formed and its byte ranges tile the file (a truncated shard names
+  the tensors it cuts off);
+* the index's weight map agrees with the shard headers; no tensor is stored twice;
 * the set of tensors equals the inventory derived from the config (missing, unexpected,
-  wrong shape, wrong dtype), the expert format (MXFP4 or NVFP4) being read from the names.
+  wrong shape, wrong dtype), the expert format (MXFP4 or NVFP4) being read from the names;
+* the hash layers' `tid2eid` tables hold expert ids below n_routed_experts (the only tensor
+  values read at open);
+* `tokenizer.json`, when present, loads and stays inside the vocabulary.
 
-Every problem found is reported at once in a `CheckpointError` naming the tensors. Weights are
-then read a load unit at a time (top level, one layer, one MTP block) through memory-mapped
-`safe_open`.
+Problems are reported in one `CheckpointError` naming the files and tensors (every problem of the
+shards at once; a bad config.json or index stops the check there).
+Weights are then read a load unit at a time (top level, one layer, one MTP block) through
+memory-mapped `safe_open`.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from dsv4bench.model.config import ConfigError, ModelConfig
-from dsv4bench.model.inventory import (
-    INDEX_NAME,
-    ST_DTYPES,
-    ST_ITEMSIZE,
-    TensorSpec,
-    expected_tensors,
-    group_of,
+from dsv4bench.model.inventory import INDEX_NAME, ST_DTYPES, TensorSpec, expected_tensors, group_of
+from dsv4bench.model.tokenizer import load_tokenizer
+from dsv4bench.model.validate import (
+    MAX_LISTED,
+    CheckpointError,
+    StoredTensor,
+    listing,
+    read_header,
+    read_json_object,
+    read_weight_map,
 )
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
-MAX_HEADER = 100 << 20
-MAX_LISTED = 8  # names listed per problem kind before "... and N more"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message names every offending file and tensor."""
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    shard: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int  # absolute file offsets of the data
-    end: int
-
-
-def _looks_like_pickle(head: bytes) -> bool:
-    return head[:4] == b"PK\x03\x04" or (len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5)
-
-
-def read_header(path: Path) -> dict[str, StoredTensor]:
-    """Parse and check one safetensors shard header; raise CheckpointError naming the problem."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(8)
-        if _looks_like_pickle(head):
-            raise CheckpointError(
-                f"{path.name} is a pickle/torch.save file, not safetensors; refusing to load it "
-                "(pickle can execute code)"
-            )
-        if len(head) < 8:
-            raise CheckpointError(f"{path.name} is truncated: {size} bytes, no safetensors header")
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_HEADER:
-            raise CheckpointError(f"{path.name} is not a safetensors file (header length {n} is implausible)")
-        if 8 + n > size:
-            raise CheckpointError(f"{path.name} is truncated: {size} bytes, its header alone needs {8 + n}")
-        try:
-            meta = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path.name} has a corrupt safetensors header ({e})") from None
-    data0 = 8 + n
-    out: dict[str, StoredTensor] = {}
-    cut, bad = [], []
-    for name, info in meta.items():
-        if name == "__metadata__":
-            continue
-        dtype, shape, (b, e) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        numel = 1
-        for s in shape:
-            numel *= s
-        if dtype not in ST_ITEMSIZE or e - b != numel * ST_ITEMSIZE[dtype]:
-            bad.append(name)
-        if data0 + e > size:
-            cut.append(name)
-        out[name] = StoredTensor(path.name, dtype, shape, data0 + b, data0 + e)
-    if cut:
-        raise CheckpointError(
-            f"{path.name} is truncated: {size} bytes, but {len(cut)} tensor(s) extend past the end: "
-            + _listing(cut)
-        )
-    if bad:
-        raise CheckpointError(f"{path.name} has tensors whose byte range does not match dtype x shape: " + _listing(bad))
-    return out
-
-
-def _listing(names: list[str]) -> str:
-    names = sorted(names)
-    s = ", ".join(names[:MAX_LISTED])
-    return s + (f", ... and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
 
 
 def _fmt(spec: StoredTensor | TensorSpec) -> str:
@@ -118,7 +53,7 @@ def detect_expert_dtype(names: set[str] | dict) -> str:
     return "nvfp4" if any(".experts." in n and n.endswith(".weight_scale_2") for n in names) else "fp4"
 
 
-def validate(stored: dict[str, StoredTensor], expected: dict[str, TensorSpec]) -> list[str]:
+def check_inventory(stored: dict[str, StoredTensor], expected: dict[str, TensorSpec]) -> list[str]:
     """Problems (one line each) between what is stored and what the config implies."""
     problems = []
     missing = [n for n in expected if n not in stored]
@@ -134,9 +69,9 @@ def validate(stored: dict[str, StoredTensor], expected: dict[str, TensorSpec]) -
         if n in stored and stored[n].shape == s.shape and stored[n].dtype != s.dtype
     ]
     if missing:
-        problems.append(f"missing {len(missing)} tensor(s): " + _listing(missing))
+        problems.append(f"missing {len(missing)} tensor(s): " + listing(missing))
     if unexpected:
-        problems.append(f"unexpected {len(unexpected)} tensor(s): " + _listing(unexpected))
+        problems.append(f"unexpected {len(unexpected)} tensor(s): " + listing(unexpected))
     for kind, rows in (("wrong shape", shape), ("wrong dtype", dtype)):
         if rows:
             problems.append(f"{kind} in {len(rows)} tensor(s): " + "; ".join(rows[:MAX_LISTED])
@@ -144,28 +79,86 @@ def validate(stored: dict[str, StoredTensor], expected: dict[str, TensorSpec]) -
     return problems
 
 
+def _read_config(root: Path) -> ModelConfig:
+    path = root / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{root} has no config.json")
+    try:
+        return ModelConfig.from_hf(read_json_object(path))
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
 def _shard_files(root: Path) -> tuple[list[str], dict[str, str] | None]:
     index = root / INDEX_NAME
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({e})") from None
+        weight_map = read_weight_map(index)
         files = sorted(set(weight_map.values()))
         pickles = [f for f in files if not f.endswith(".safetensors")]
         if pickles:
-            raise CheckpointError(f"the index points at non-safetensors files (safetensors only): {_listing(pickles)}")
+            raise CheckpointError(f"the index points at non-safetensors files (safetensors only): {listing(pickles)}")
         absent = [f for f in files if not (root / f).is_file()]
         if absent:
-            raise CheckpointError(f"shard file(s) named in {INDEX_NAME} are missing: {_listing(absent)}")
+            raise CheckpointError(f"shard file(s) named in {INDEX_NAME} are missing: {listing(absent)}")
         return files, weight_map
     files = sorted(p.name for p in root.glob("*.safetensors"))
     if not files:
         pickles = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
-            raise CheckpointError(f"{root} holds only pickle checkpoints ({_listing(pickles)}); safetensors only")
+            raise CheckpointError(f"{root} holds only pickle checkpoints ({listing(pickles)}); safetensors only")
         raise CheckpointError(f"{root} holds no *.safetensors files")
     return files, None
+
+
+def _read_headers(root: Path, files: list[str]) -> tuple[dict[str, StoredTensor], list[str]]:
+    stored: dict[str, StoredTensor] = {}
+    problems: list[str] = []
+    for fname in files:
+        try:
+            header = read_header(root / fname)
+        except CheckpointError as e:
+            problems.append(str(e))
+            continue
+        dup = [f"{n} ({stored[n].shard}, {fname})" for n in header if n in stored]
+        if dup:
+            problems.append(f"tensor(s) stored in more than one shard: {listing(dup)}")
+        stored.update(header)
+    return stored, problems
+
+
+def _index_problems(weight_map: dict[str, str], stored: dict[str, StoredTensor]) -> list[str]:
+    problems = []
+    wrong = [n for n, f in weight_map.items() if n in stored and stored[n].shard != f]
+    lost = [n for n, f in weight_map.items() if n not in stored]
+    if wrong:
+        problems.append(f"{INDEX_NAME} maps tensor(s) to the wrong shard: {listing(wrong)}")
+    if lost:
+        problems.append(f"{INDEX_NAME} lists tensor(s) absent from their shard: {listing(lost)}")
+    return problems
+
+
+def _read_tensors(path: Path, names: list[str], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            return {n: f.get_tensor(n) for n in names}
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path.name} cannot be read ({e}); was it changed after the checkpoint "
+                              "was opened?") from None
+
+
+def _tid2eid_problems(root: Path, stored: dict[str, StoredTensor], cfg: ModelConfig) -> list[str]:
+    """Hash routing indexes the experts with tid2eid[token]: every id must be an expert."""
+    n = cfg.n_routed_experts
+    problems = []
+    for name in sorted(t for t in stored if t.endswith(".gate.tid2eid")):
+        shard = stored[name].shard
+        ids = _read_tensors(root / shard, [name])[name]
+        bad = (ids < 0) | (ids >= n)
+        if bad.any():
+            token, col = (int(i) for i in bad.nonzero()[0])
+            problems.append(f"{shard}: {name} holds {int(bad.sum())} expert id(s) outside 0..{n - 1} "
+                            f"(n_routed_experts={n}), the first {int(ids[token, col])} for token id {token}")
+    return problems
 
 
 @dataclass
@@ -181,38 +174,20 @@ class Checkpoint:
         if not root.is_dir():
             raise CheckpointError(f"checkpoint directory {root} does not exist")
         if config is None:
-            cfg_path = root / "config.json"
-            if not cfg_path.is_file():
-                raise CheckpointError(f"{root} has no config.json")
-            try:
-                config = ModelConfig.from_hf(json.loads(cfg_path.read_text()))
-            except json.JSONDecodeError as e:
-                raise CheckpointError(f"{cfg_path} is not valid JSON ({e})") from None
-            except ConfigError as e:
-                raise CheckpointError(f"{cfg_path}: {e}") from None
+            config = _read_config(root)
         files, weight_map = _shard_files(root)
-        stored: dict[str, StoredTensor] = {}
-        problems: list[str] = []
-        for fname in files:
-            try:
-                header = read_header(root / fname)
-            except CheckpointError as e:
-                problems.append(str(e))
-                continue
-            dup = [n for n in header if n in stored]
-            if dup:
-                problems.append(f"tensor(s) stored in more than one shard: {_listing(dup)}")
-            stored.update(header)
+        stored, problems = _read_headers(root, files)
         if weight_map is not None and not problems:
-            wrong = [n for n, f in weight_map.items() if n in stored and stored[n].shard != f]
-            lost = [n for n, f in weight_map.items() if n not in stored]
-            if wrong:
-                problems.append(f"{INDEX_NAME} maps tensor(s) to the wrong shard: {_listing(wrong)}")
-            if lost:
-                problems.append(f"{INDEX_NAME} lists tensor(s) absent from their shard: {_listing(lost)}")
+            problems += _index_problems(weight_map, stored)
         if not problems:
             config = config.with_(expert_dtype=detect_expert_dtype(stored))
-            problems += validate(stored, expected_tensors(config))
+            problems += check_inventory(stored, expected_tensors(config))
+        if not problems:
+            problems += _tid2eid_problems(root, stored, config)
+        try:
+            load_tokenizer(config, root)
+        except (CheckpointError, ConfigError) as e:
+            problems.append(str(e))
         if problems:
             raise CheckpointError(f"checkpoint {root} is invalid:\n  - " + "\n  - ".join(problems))
         ckpt = cls(root, config, stored)
@@ -230,9 +205,7 @@ class Checkpoint:
             by_shard.setdefault(self.tensors[n].shard, []).append(n)
         out: dict[str, torch.Tensor] = {}
         for shard, ns in by_shard.items():
-            with safe_open(str(self.root / shard), framework="pt", device=str(device)) as f:
-                for n in ns:
-                    t = f.get_tensor(n)
-                    assert t.dtype == ST_DTYPES[self.tensors[n].dtype], n
-                    out[n] = t
+            out.update(_read_tensors(self.root / shard, ns, device))
+        for n, t in out.items():
+            assert t.dtype == ST_DTYPES[self.tensors[n].dtype], n
         return out

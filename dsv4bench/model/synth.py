@@ -34,7 +34,7 @@ class SynthError(RuntimeError):
 
 
 def _gen(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**64)  # any CLI seed
 
 
 def _e8m0(exponents: torch.Tensor) -> torch.Tensor:

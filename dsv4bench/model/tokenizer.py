@@ -7,13 +7,17 @@ Decoding maps those ids back to bytes (invalid UTF-8 shows as U+FFFD); BOS/EOS a
 any other id (the synthetic vocab is larger than 258) is shown as `<id>`.
 
 Both add the config's BOS id in front of the prompt, as the reference chat template does.
+
+A `tokenizer.json` that does not load, or holds ids beyond the config's vocab_size, raises
+`CheckpointError` naming the file (`Checkpoint.open` loads it once to check).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dsv4bench.model.config import ModelConfig
+from dsv4bench.model.config import ConfigError, ModelConfig
+from dsv4bench.model.validate import CheckpointError, read_text
 
 BYTE_OFFSET = 2
 
@@ -23,7 +27,8 @@ class ByteTokenizer:
 
     def __init__(self, cfg: ModelConfig):
         if cfg.vocab_size < BYTE_OFFSET + 256:
-            raise ValueError(f"vocab_size {cfg.vocab_size} is too small for the byte-level tokenizer")
+            raise ConfigError(f"vocab_size {cfg.vocab_size} is too small for the byte-level tokenizer "
+                              f"(at least {BYTE_OFFSET + 256}; or give the checkpoint a tokenizer.json)")
         self.bos, self.eos = cfg.bos_token_id, cfg.eos_token_id
 
     def encode(self, text: str) -> list[int]:
@@ -47,18 +52,23 @@ class HFTokenizer:
     name = "tokenizer.json"
 
     def __init__(self, path: Path, cfg: ModelConfig):
+        """Raises CheckpointError naming the file when it is not a tokenizer for this vocabulary."""
         from tokenizers import Tokenizer
 
-        self._tok = Tokenizer.from_file(str(path))
+        text = read_text(path)
+        try:
+            self._tok = Tokenizer.from_str(text)
+        except Exception as e:  # tokenizers raises a bare Exception for any JSON or schema error
+            raise CheckpointError(f"{path} cannot be loaded by HF tokenizers ({e})") from None
+        too_big = {t: i for t, i in self._tok.get_vocab(with_added_tokens=True).items() if i >= cfg.vocab_size}
+        if too_big:
+            first = min(too_big, key=too_big.get)
+            raise CheckpointError(f"{path}: {len(too_big)} token(s) have ids >= vocab_size {cfg.vocab_size}, "
+                                  f"the first {first!r} = {too_big[first]}")
         self.bos, self.eos = cfg.bos_token_id, cfg.eos_token_id
-        self.vocab_size = cfg.vocab_size
 
     def encode(self, text: str) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
-        too_big = [i for i in ids if i >= self.vocab_size]
-        if too_big:
-            raise ValueError(f"tokenizer.json produced ids {too_big[:4]} beyond vocab_size {self.vocab_size}")
-        return [self.bos] + ids
+        return [self.bos] + self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
