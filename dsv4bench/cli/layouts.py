@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape as rich_escape
 from rich.tree import Tree
 
-from dsv4bench.cli.common import console, fail, resolve_archs
+from dsv4bench.cli.common import check_output, console, fail, resolve_archs, writing
 from dsv4bench.compile.cache import compile_recorded, describe
 from dsv4bench.compile import ptxas
 from dsv4bench.compile.cache import ptxas_fact
@@ -97,6 +97,8 @@ def layouts_cmd(
 ) -> None:
     """Print the traced CuTe layouts of one compile, by stage, and the layout lints. Extra options
     select the case the way `sweep` does (e.g. --width 7168, --hd 512)."""
+    if json_out:
+        check_output("--json", json_out)
     try:
         family = get_family(kernel)
     except KeyError as e:
@@ -125,8 +127,10 @@ def layouts_cmd(
     for f in findings:
         console.print(f"[yellow]warning:[/] lint {f}", highlight=False)
     if json_out:
-        json_out.write_text(json.dumps({"case": case.to_json(), "arch": target, "compile": info.to_json(),
-                                        "recording": rec.to_json(), "lints": [str(f) for f in findings]}, indent=1))
+        payload = {"case": case.to_json(), "arch": target, "compile": info.to_json(),
+                   "recording": rec.to_json(), "lints": [str(f) for f in findings]}
+        with writing(f"--json {json_out}"):
+            json_out.write_text(json.dumps(payload, indent=1))
         console.print(f"wrote {json_out}")
 
 

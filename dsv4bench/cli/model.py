@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -10,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dsv4bench.cli.common import console, fail
+from dsv4bench.cli.common import SEED_MAX, check_output, check_range, console, fail, writing
 
 
 def make_checkpoint_cmd(
@@ -30,6 +31,8 @@ def make_checkpoint_cmd(
         fail(str(e))
     if expert_dtype not in EXPERT_DTYPES:
         fail(f"unknown --expert-dtype {expert_dtype!r}; choose one of {', '.join(EXPERT_DTYPES)}")
+    check_range("--seed", seed, 0, SEED_MAX)
+    check_output("--out", out, directory=True)
     cfg = cfg.with_(expert_dtype=expert_dtype)
     inv = expected_tensors(cfg)
     t0 = time.perf_counter()
@@ -37,8 +40,9 @@ def make_checkpoint_cmd(
                   console=console, transient=True) as bar:
         task = bar.add_task(f"writing {cfg.name}", total=cfg.n_layers + cfg.n_mtp_layers + 1)
         try:
-            write_checkpoint(cfg, out, seed, progress=lambda unit, i, n: bar.update(task, completed=i,
-                                                                                  description=unit))
+            with writing(f"the checkpoint to {out}"):
+                write_checkpoint(cfg, out, seed, progress=lambda unit, i, n: bar.update(task, completed=i,
+                                                                                      description=unit))
         except SynthError as e:
             fail(str(e))
     table = Table(title=f"checkpoint {cfg.name}", show_header=False)
@@ -96,7 +100,8 @@ def run_model_cmd(
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     backend: str = typer.Option("oracle", "--backend", help="op backend: oracle, or cutedsl (every op a kernel "
                                                            "family serves; the others run their oracle)"),
-    threads: int = typer.Option(1, "--threads", help="CPU threads for torch (tiny models run best on 1)"),
+    threads: int = typer.Option(1, "--threads", help="CPU threads for torch, 1..the CPU count (tiny models "
+                                                      "run best on 1)"),
     compare: bool = typer.Option(False, "--compare", help="diff every step's logits against the FP32 oracles"),
 ) -> None:
     """Generate from a checkpoint through the FP32 oracles (or registered kernels), streaming tokens."""
@@ -108,16 +113,14 @@ def run_model_cmd(
     from dsv4bench.model.loader import Checkpoint, CheckpointError
     from dsv4bench.model.tokenizer import load_tokenizer
 
-    if max_new_tokens < 1:
-        fail("--max-new-tokens must be at least 1")
-    if temperature < 0:
-        fail("--temperature must be >= 0")
+    check_range("--max-new-tokens", max_new_tokens, 1)
+    check_range("--temperature", temperature, 0)
+    check_range("--seed", seed, 0, SEED_MAX)
+    check_range("--threads", threads, 1, os.cpu_count() or 1)
     if device not in ("cpu", "cuda"):
         fail(f"unknown --device {device!r}; choose cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no CUDA GPU is visible")
-    if threads < 1:
-        fail("--threads must be at least 1")
     if device == "cpu":
         torch.set_num_threads(threads)
     ops = OpTable()

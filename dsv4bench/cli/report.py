@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.table import Table
 
-from dsv4bench.cli.common import console, fail
+from dsv4bench.cli.common import console, fail, writing
 from dsv4bench.report.against import Comparison
+from dsv4bench.report.axes import BadAxes
 from dsv4bench.report.rundata import NotARunDir
 
 if TYPE_CHECKING:
@@ -46,11 +47,10 @@ def render(run_dir: Path, against: Path | None = None, axes: tuple[str, ...] | N
 
     t0 = time.perf_counter()
     try:
-        report = write_report(run_dir, against, axes, new_regressions)
-    except (NotARunDir, ValueError) as e:
+        with writing(f"the report into {run_dir}"):
+            report = write_report(run_dir, against, axes, new_regressions)
+    except (NotARunDir, BadAxes) as e:
         fail(str(e))
-    except OSError as e:
-        fail(f"cannot write the report into {run_dir}: {e.strerror or e}")
     if report.comparison is not None:
         print_comparison(report.comparison)
     console.print(f"report: {report.index}\n        {report.csv}  ({time.perf_counter() - t0:.1f} s)", highlight=False)

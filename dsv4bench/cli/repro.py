@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from dsv4bench.cli.common import console, fail, gpu_arch
@@ -16,31 +17,76 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.evaluate import CaseData, Outcome, evaluate
 from dsv4bench.core.regressions import regressions_dir
-from dsv4bench.core.registry import get_family, impls
-from dsv4bench.core.results import PASS, UNCHECKED, UNSUPPORTED
+from dsv4bench.core.registry import Impl, get_family, impls
+from dsv4bench.core.results import PASS, UNCHECKED, UNSUPPORTED, RunDir
 from dsv4bench.core.runner import CHECK_IMPL
 from dsv4bench.core.worker import Worker
+from dsv4bench.report.rundata import NotARunDir, read_meta
 
 WORST = 8
 
 
-def find_case(case_id: str, roots: list[Path]) -> tuple[Case, Path, str]:
-    """The case as recorded in any run directory under `roots` (newest first), else in a regression
-    file; with where it was found and the command that produced it."""
-    metas = sorted((p for root in roots if root.exists() for p in root.rglob("run.json")),
-                   key=lambda p: p.stat().st_mtime, reverse=True)
-    for meta in metas:
-        d = json.loads(meta.read_text())
-        if case_id in d.get("cases", {}):
-            return Case.from_json(d["cases"][case_id]), meta.parent, d.get("command", "?")
-    for path in sorted(regressions_dir().glob("*.jsonl")):
-        for line in path.read_text().splitlines():
+Found = tuple[Case, Path, str]  # the case, where it was found, the command that made it
+
+
+def _case_in_run(meta: Path, case_id: str) -> Found | None:
+    """The case as one run.json records it, None when it is not there; NotARunDir (naming the
+    file) when the file or the case's entry cannot be read."""
+    d = read_meta(RunDir(meta.parent))
+    cases = d.get("cases") or {}
+    if not isinstance(cases, dict):
+        raise NotARunDir(f"{meta}: 'cases' is a JSON {type(cases).__name__}, not an object")
+    if case_id not in cases:
+        return None
+    try:
+        return Case.from_json(cases[case_id]), meta.parent, d.get("command", "?")
+    except (KeyError, TypeError, ValueError) as e:
+        raise NotARunDir(f"{meta}: case {case_id} is malformed ({type(e).__name__}: {e})") from None
+
+
+def _case_in_regressions(path: Path, case_id: str, skipped: list[str]) -> Found | None:
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
             entry = json.loads(line) if line.strip() else {}
             if entry.get("case_id") == case_id:
                 case = Case(path.stem, entry["params"], int(entry.get("seed", 0)), "regression")
                 return case, path, f"{entry.get('command', '?')}  ({entry.get('status')} at {entry.get('commit')})"
-    fail(f"case '{case_id}' not found in any run directory under {', '.join(map(str, roots))} "
-         f"nor in the regression files in {regressions_dir()}")
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            skipped.append(f"{path} line {n}: {type(e).__name__}: {e}")
+    return None
+
+
+def _recordings(case_id: str, roots: list[Path], skipped: list[str]) -> Iterator[Found]:
+    """Where the case is recorded: run directories under `roots` (newest first), then the
+    regression files; what cannot be read is skipped and noted in `skipped`."""
+    metas = sorted((p for root in roots if root.exists() for p in root.rglob("run.json")),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    for meta in metas:
+        try:
+            found = _case_in_run(meta, case_id)
+        except NotARunDir as e:
+            skipped.append(str(e))
+            continue
+        if found:
+            yield found
+    for path in sorted(regressions_dir().glob("*.jsonl")):
+        found = _case_in_regressions(path, case_id, skipped)
+        if found:
+            yield found
+
+
+def find_case(case_id: str, roots: list[Path]) -> Found:
+    """The newest recording of the case; unreadable run.json files and regression lines on the way
+    are skipped, and named."""
+    skipped: list[str] = []
+    found = next(_recordings(case_id, roots, skipped), None)
+    if found is None:
+        also = f"; skipped {len(skipped)} unreadable, first {skipped[0]}" if skipped else ""
+        fail(f"case '{case_id}' not found in any run directory under {', '.join(map(str, roots))} "
+             f"nor in the regression files in {regressions_dir()}{also}")
+    for why in skipped:
+        console.print(f"[yellow]skipped[/] {escape(why)}", highlight=False, soft_wrap=True)
+    return found
 
 
 def error_histogram(out: torch.Tensor, ref: torch.Tensor) -> list[tuple[str, int]]:
@@ -91,19 +137,42 @@ def show_reference_check(data: CaseData, tol) -> bool:
     return show_outcome("lowprec reference vs FP32 oracle (CPU check)", outcome, data)
 
 
+def plan_impls(case: Case, impl: str | None, arch: str | None) -> list[tuple[Impl, str | None]]:
+    """The impls to replay (--impl, else the family's non-variant ones), each with why it cannot
+    run here (None: it runs, or without a GPU compiles for each arch)."""
+    known = impls(case.family, variants=True)
+    chosen = [im for im in known if (im.name == impl if impl else not im.variant)]
+    if impl and not chosen and impl != CHECK_IMPL:
+        fail(f"--impl: family {case.family} has no impl '{impl}' (impls: {', '.join(i.name for i in known)})")
+
+    def why_not(im: Impl) -> str | None:
+        if not arch and im.compiles:
+            return None
+        if not arch and im.needs_gpu:
+            return "needs a GPU"
+        return im.available() or im.supports(case, arch)
+
+    return [(im, why_not(im)) for im in chosen]
+
+
 def repro_cmd(
     case_id: str = typer.Argument(..., help="a case id from a sweep's results"),
     runs: Optional[Path] = typer.Option(None, help="run directory root to search (default: reports/)"),
     impl: Optional[str] = typer.Option(None, help="only this impl"),
 ) -> None:
     """Replay one case: inputs regenerated from its seed, every impl compared with diagnostics.
-    Exit status 1 when any comparison fails."""
+    Exit status 1 when any comparison fails, 2 when nothing can be compared here."""
     case, found, made_by = find_case(case_id, [runs] if runs else [Path("reports")])
     try:
         family = get_family(case.family)
     except KeyError as e:
         fail(e.args[0])
     arch = gpu_arch()
+    check = not arch and impl in (None, CHECK_IMPL)  # the CPU check: lowprec reference vs oracle
+    planned = plan_impls(case, impl, arch)
+    if not check and all(why for _, why in planned):
+        why = "; ".join(f"{im.name} {why}" for im, why in planned) or f"family {case.family} has no impl '{impl}'"
+        fail(f"nothing to compare for {case_id} on this machine: {why}")
     replay = ["dsv4bench", "repro", case_id] + (["--runs", str(runs.resolve())] if runs else [])
     console.print(f"[bold]{case}[/]\nfound in: {found}\nmade by:  {made_by}\n"
                   f"replay:   {shlex.join(replay + (['--impl', impl] if impl else []))}", highlight=False)
@@ -111,35 +180,30 @@ def repro_cmd(
     device = "cuda" if arch else "cpu"
     data = CaseData(family, case, device)
     tol = lambda n: family.tolerance_for(case, n)  # noqa: E731
-    passed = True
-    if not arch and impl in (None, CHECK_IMPL):
-        passed &= show_reference_check(data, tol)
-    chosen = [im for im in impls(case.family, variants=True) if (im.name == impl if impl else not im.variant)]
-    if impl and not chosen and impl != CHECK_IMPL:
-        fail(f"family {case.family} has no impl '{impl}' (impls: "
-             f"{', '.join(i.name for i in impls(case.family, variants=True))})")
-    for im in chosen:
-        if not arch:
-            if im.compiles:
-                for a in im.archs:
-                    try:
-                        info = worker.cache.get(im, case, a)[1]
-                        console.print(f"{im.name} {a}: COMPILED in {info.seconds:.2f}s, {info.registers} registers, "
-                                      f"{info.local_bytes} B local, {info.cubin_bytes} B cubin")
-                    except Exception as e:
-                        console.print(f"[red]{im.name} {a}: FAIL_COMPILE[/] {type(e).__name__}: {e}")
-                        passed = False
-                continue
-            if im.needs_gpu:
-                continue
-        reason = im.available() or im.supports(case, arch)
-        if reason:
-            console.print(f"{im.name}: UNSUPPORTED ({reason})")
-            continue
-        compiled = worker.cache.get(im, case, arch)[0] if im.compiles else None
-        passed &= show_outcome(im.name, evaluate(family, im, case, compiled, device=device, data=data), data)
+    passed = show_reference_check(data, tol) if check else True
+    for im, why in planned:
+        if why:
+            console.print(f"{im.name}: UNSUPPORTED ({why})", highlight=False)
+        elif not arch and im.compiles:  # for each arch, on fake tensors
+            passed &= show_compiles(worker, im, case)
+        else:
+            compiled = worker.cache.get(im, case, arch)[0] if im.compiles else None
+            passed &= show_outcome(im.name, evaluate(family, im, case, compiled, device=device, data=data), data)
     if not passed:
         raise typer.Exit(1)
+
+
+def show_compiles(worker: Worker, im: Impl, case: Case) -> bool:
+    ok = True
+    for a in im.archs:
+        try:
+            info = worker.cache.get(im, case, a)[1]
+            console.print(f"{im.name} {a}: COMPILED in {info.seconds:.2f}s, {info.registers} registers, "
+                          f"{info.local_bytes} B local, {info.cubin_bytes} B cubin")
+        except Exception as e:
+            console.print(f"[red]{im.name} {a}: FAIL_COMPILE[/] {type(e).__name__}: {e}")
+            ok = False
+    return ok
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,7 @@ import typer
 import typer.core
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dsv4bench.cli.common import console, fail, gpu_arch, resolve_archs
+from dsv4bench.cli.common import console, fail, gpu_arch, resolve_archs, writing
 from dsv4bench.cli.report import render
 from dsv4bench.cli.summary import exit_code, print_summary
 from dsv4bench.compile.cache import ENV_NO_CACHE
@@ -44,10 +44,8 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
 
 def open_run_dir(out: Optional[Path], kernel: str) -> RunDir:
     path = out or Path("reports") / f"{kernel}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
+    with writing(f"to --out {path}"):
         return RunDir(path).create()
-    except OSError as e:
-        fail(f"cannot write to --out {path}: {e.strerror or e}")
 
 
 def parse_impls(family: Family, impl: str | None) -> list[str] | None:

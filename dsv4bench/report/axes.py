@@ -9,6 +9,10 @@ import importlib
 from dsv4bench.core.results import ResultRecord
 
 
+class BadAxes(ValueError):
+    """--axes names a param the run's cases lack (one line for the user, exit 2)."""
+
+
 def declared_axes(family: str) -> tuple[str, ...] | None:
     try:
         module = importlib.import_module(f"sweeps.{family}")
@@ -21,12 +25,12 @@ def declared_axes(family: str) -> tuple[str, ...] | None:
 def heatmap_axes(family: str, records: list[ResultRecord], requested: tuple[str, ...] | None = None
                  ) -> tuple[str, str | None] | None:
     """(x, y) or (x, None) for a single numeric param; None when nothing numeric varies. A
-    requested axis the records do not have raises ValueError."""
+    requested axis the records do not have raises BadAxes."""
     present = {k for r in records for k in r.params}
     if requested:
         missing = [a for a in requested if a not in present]
         if missing:
-            raise ValueError(f"{family} cases have no param '{missing[0]}' (they have: {', '.join(sorted(present))})")
+            raise BadAxes(f"{family} cases have no param '{missing[0]}' (they have: {', '.join(sorted(present))})")
         return requested[0], requested[1] if len(requested) > 1 else None
     declared = declared_axes(family)
     if declared and all(a in present for a in declared):

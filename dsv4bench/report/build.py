@@ -82,7 +82,7 @@ def context(run: Run, comparison: Comparison | None, axes: tuple[str, ...] | Non
 
 def write_report(path: str | Path, against: str | Path | None = None, axes: tuple[str, ...] | None = None,
                  new_regressions: int = 0) -> Report:
-    """Raises NotARunDir for a bad RUN_DIR or --against, ValueError for axes the cases lack."""
+    """Raises NotARunDir for a bad RUN_DIR or --against, BadAxes for axes the cases lack."""
     run = load_run(path)
     comparison = None
     if against is not None:

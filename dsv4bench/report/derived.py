@@ -19,24 +19,30 @@ def shape(params: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
+def worst(values) -> float | None:
+    """The largest of the errors, NaN above all (a NaN error is no better than inf); None for none."""
+    vals = list(values)
+    if not vals:
+        return None
+    return math.nan if any(math.isnan(v) for v in vals) else max(vals)
+
+
+def _ratio(m: dict) -> float:
+    if m.get("bound"):
+        return (m.get("max_abs") or 0.0) / m["bound"]
+    if m.get("bound") == 0 and m.get("max_abs"):
+        return math.inf
+    return 0.0 if m.get("passed", True) else math.inf
+
+
 def error_ratio(rec: ResultRecord) -> float | None:
-    """Worst max|err| / bound over the outputs (pass <= 1); inf for an exact-compare mismatch;
-    None when the record was not compared."""
-    worst = None
-    for m in (rec.metrics or {}).values():
-        if m.get("bound"):
-            r = (m.get("max_abs") or 0.0) / m["bound"]
-        elif m.get("bound") == 0 and m.get("max_abs"):
-            r = math.inf
-        else:
-            r = 0.0 if m.get("passed", True) else math.inf
-        worst = r if worst is None else max(worst, r)
-    return worst
+    """Worst max|err| / bound over the outputs (pass <= 1); inf for an exact-compare mismatch,
+    NaN for a NaN error; None when the record was not compared."""
+    return worst(_ratio(m) for m in (rec.metrics or {}).values())
 
 
 def rel_l2(rec: ResultRecord) -> float | None:
-    vals = [m["rel_l2"] for m in (rec.metrics or {}).values() if m.get("rel_l2") is not None]
-    return max(vals) if vals else None
+    return worst(m["rel_l2"] for m in (rec.metrics or {}).values() if m.get("rel_l2") is not None)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from dsv4bench.core.results import GOOD_STATUSES, ResultRecord  # noqa: E402
-from dsv4bench.report.derived import error_ratio, rel_l2, roofline  # noqa: E402
+from dsv4bench.report.derived import error_ratio, rel_l2, roofline, worst  # noqa: E402
 
 GRID_MAX = 20  # distinct values per axis up to which the heatmap is a categorical grid
 ANNOTATE_MAX = 150  # cells up to which each cell prints its value
@@ -44,8 +44,8 @@ def error_heatmap(records: list[ResultRecord], x: str, y: str | None, title: str
         if ratio is None or x not in r.params or (y and y not in r.params):
             continue
         cell = cells[(r.params[x], r.params[y] if y else "")]
-        cell[0] = max(cell[0], ratio)
-        cell[1] = max(cell[1], rel_l2(r) or 0.0)
+        cell[0] = worst((cell[0], ratio))
+        cell[1] = worst((cell[1], rel_l2(r) or 0.0))
         cell[2] = cell[2] or r.status not in GOOD_STATUSES
     if not cells:
         return None
@@ -54,7 +54,7 @@ def error_heatmap(records: list[ResultRecord], x: str, y: str | None, title: str
     grid = len(xs) <= GRID_MAX and len(ys) <= GRID_MAX
     fig = Figure(figsize=(12, max(3.2, 0.32 * len(ys) + 1.8) if grid else 4.6))
     axes = fig.subplots(1, 2)
-    rels = [c[1] for c in cells.values() if c[1] > 0]
+    rels = [c[1] for c in cells.values() if 0 < c[1] < math.inf]
     # a decade below the smallest non-zero error, where exact zeros sit
     rel_norm = LogNorm(min(rels) / 10, max(rels)) if rels else Normalize(0, 1)
     for ax, idx, norm, cmap, label in ((axes[0], 0, RATIO_NORM, "RdYlGn_r", "max|err| / bound (pass <= 1)"),
@@ -70,11 +70,18 @@ def error_heatmap(records: list[ResultRecord], x: str, y: str | None, title: str
     return data_uri(fig)
 
 
+def _colour_value(v: float, norm) -> float:
+    """What a cell is coloured by: an exact zero error takes the lowest colour (a log scale would
+    show it as "no case"), an inf or NaN error the highest (matplotlib masks both as "no case")."""
+    if not math.isfinite(v):
+        return norm.vmax
+    return max(v, norm.vmin) if v <= 0 else v
+
+
 def _grid(fig, ax, cells, xs, ys, idx, norm, cmap, label) -> None:
-    values = [[cells[(xv, yv)][idx] if (xv, yv) in cells else math.nan for xv in xs] for yv in ys]
+    shown = [[_colour_value(cells[(xv, yv)][idx], norm) if (xv, yv) in cells else math.nan for xv in xs]
+             for yv in ys]
     cmap = matplotlib.colormaps[cmap].with_extremes(bad="#eeeeee")
-    # an exact zero error takes the lowest colour (a log scale would otherwise show it as "no case")
-    shown = [[max(v, norm.vmin) if v == v and v <= 0 else v for v in row] for row in values]
     im = ax.imshow(shown, cmap=cmap, norm=norm, aspect="auto", origin="lower")
     fig.colorbar(im, ax=ax, label=label)
     ax.set_xticks(range(len(xs)), [str(v) for v in xs], rotation=60, fontsize=7)
@@ -94,7 +101,7 @@ def _scatter(fig, ax, cells, idx, norm, cmap, label, numeric_y: bool) -> None:
            if isinstance(k[0], (int, float)) and (not numeric_y or isinstance(k[1], (int, float)))]
     ok = [p for p in pts if not p[3]]
     bad = [p for p in pts if p[3]]
-    sc = ax.scatter([p[0] for p in ok], [p[1] for p in ok], c=[max(p[2], 1e-30) for p in ok], cmap=cmap,
+    sc = ax.scatter([p[0] for p in ok], [p[1] for p in ok], c=[_colour_value(p[2], norm) for p in ok], cmap=cmap,
                     norm=norm, s=18)
     if bad:
         ax.scatter([p[0] for p in bad], [p[1] for p in bad], marker="x", c="black", s=50, label="fails")

@@ -35,8 +35,17 @@ def load_run(path: str | Path) -> Run:
         raise NotARunDir(f"{run_dir.path} is not a directory")
     if not run_dir.results.exists() and not run_dir.meta.exists():
         raise NotARunDir(f"{run_dir.path} is not a run directory (no results.jsonl or run.json in it)")
+    return Run(run_dir, read_meta(run_dir), run_dir.records())
+
+
+def read_meta(run_dir: RunDir) -> dict:
+    """run.json as a dict ({} when absent); NotARunDir naming the file when it is not a JSON object."""
     try:
         meta = run_dir.read_meta()
     except ValueError as e:
         raise NotARunDir(f"{run_dir.meta} is not valid JSON: {e}") from None
-    return Run(run_dir, meta, run_dir.records())
+    except OSError as e:
+        raise NotARunDir(f"cannot read {run_dir.meta}: {e.strerror or e}") from None
+    if not isinstance(meta, dict):
+        raise NotARunDir(f"{run_dir.meta} holds a JSON {type(meta).__name__}, not the object a sweep writes")
+    return meta
