@@ -31,8 +31,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True, scope="session")
 def isolated_user_cache(tmp_path_factory):
-    """Compiled kernels and synthetic checkpoints go to a throwaway dir, never ~/.cache."""
+    """Compiled kernels, their signing key and synthetic checkpoints go to a throwaway dir, never
+    ~/.cache or ~/.config."""
     os.environ["DSV4BENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("dsv4bench-cache"))
+    os.environ["DSV4BENCH_CACHE_KEY"] = str(tmp_path_factory.mktemp("dsv4bench-key") / "cache.key")
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from rich.table import Table
 from dsv4bench.cli.common import console, fail, resolve_archs
 from dsv4bench.compile.cache import CompileCache
 from dsv4bench.compile.fingerprint import fingerprint
-from dsv4bench.compile.store import DiskStore
+from dsv4bench.compile.store import DiskStore, Unusable
 from dsv4bench.core.registry import SweepOptions, families, get_family, impls
 
 app = typer.Typer(no_args_is_help=True, help="The persistent compiled-kernel cache.")
@@ -29,6 +29,13 @@ def entry_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
 
+def existing_store(cache_dir: Optional[Path]) -> DiskStore:
+    store = DiskStore(cache_dir)
+    if not store.root.is_dir():
+        fail(f"no kernel cache at {store.root}" + (" (not a directory)" if store.root.exists() else ""))
+    return store
+
+
 def check_family(family: Optional[str]) -> None:
     if family is not None:
         try:
@@ -42,7 +49,7 @@ def ls_cmd(family: Optional[str] = typer.Argument(None, help="only this kernel f
            cache_dir: Optional[Path] = typer.Option(None, "--dir", help=DIR_HELP)) -> None:
     """One row per cached kernel: what it is, its size and resources, and whether it is current."""
     check_family(family)
-    store, now = DiskStore(cache_dir), current_fingerprints()
+    store, now = existing_store(cache_dir), current_fingerprints()
     table = Table(title=f"compiled kernels in {store.root}")
     for col in ("family", "impl", "arch", "built for case", "object", "compile s", "regs", "lints", "state", "age"):
         table.add_column(col)
@@ -67,7 +74,7 @@ def ls_cmd(family: Optional[str] = typer.Argument(None, help="only this kernel f
 @app.command("stats")
 def stats_cmd(cache_dir: Optional[Path] = typer.Option(None, "--dir", help=DIR_HELP)) -> None:
     """Entries, bytes and compile time saved per family and arch, plus hit / compile / corrupt counters."""
-    store, now = DiskStore(cache_dir), current_fingerprints()
+    store, now = existing_store(cache_dir), current_fingerprints()
     per: dict[tuple, list] = {}
     stale = unreadable = 0
     for path, meta in store.entries():
@@ -103,7 +110,12 @@ def warm_cmd(
     """Compile a family's case space for the given archs into the cache (no GPU needed)."""
     check_family(family)
     archs = resolve_archs(arch)
-    cache = CompileCache(store=DiskStore(cache_dir), use_disk=True)
+    store = DiskStore(cache_dir)
+    try:
+        store.open()
+    except Unusable as e:
+        fail(f"cannot warm {store.root}: {e}")
+    cache = CompileCache(store=store, use_disk=True)
     work = []
     for fam in [family] if family else sorted(families()):
         cases = get_family(fam).cases(SweepOptions(examples=examples, seed=seed))
@@ -136,7 +148,7 @@ def clear_cmd(family: Optional[str] = typer.Argument(None, help="only this kerne
               cache_dir: Optional[Path] = typer.Option(None, "--dir", help=DIR_HELP)) -> None:
     """Delete cached kernels (all, one family's, or the stale ones)."""
     check_family(family)
-    store = DiskStore(cache_dir)
+    store = existing_store(cache_dir)
     now = current_fingerprints() if stale else {}
     removed = freed = 0
     for path, meta in list(store.entries()):
@@ -144,9 +156,13 @@ def clear_cmd(family: Optional[str] = typer.Argument(None, help="only this kerne
             continue
         if stale and meta is not None and now.get((meta["family"], meta["impl"])) == meta["fingerprint"]:
             continue
-        with store.lock(path):
-            freed += entry_bytes(path)
-            store.remove(path)
+        try:
+            with store.lock(path):
+                size = entry_bytes(path)
+                store.remove(path)
+        except Unusable as e:
+            fail(f"cannot clear {store.root}: {e}")
+        freed += size
         removed += 1
     console.print(f"removed {removed} entries ({freed / 2**20:.2f} MiB) from {store.root}")
 

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dsv4bench.cli.common import console, fail, gpu_arch, resolve_archs, writing
 from dsv4bench.cli.report import render
 from dsv4bench.cli.summary import exit_code, print_summary
-from dsv4bench.compile.cache import ENV_NO_CACHE
+from dsv4bench.compile.cache import ENV_NO_CACHE, CompileCache
 from dsv4bench.core.regressions import record_failures, with_regressions
 from dsv4bench.core.environment import describe_environment
 from dsv4bench.core.registry import Family, SweepOptions, family_packages, impls, load_family
@@ -120,6 +120,8 @@ def sweep_family(
 
     if no_cache:  # read by the workers' CompileCache
         os.environ[ENV_NO_CACHE] = "1"
+    else:  # an unusable cache is said once here: the workers' own warnings go to their logs
+        CompileCache().disk_ready()
     runner = Runner(run_dir, timeout_s=timeout, gpu=gpu)
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())

@@ -59,6 +59,5 @@ def load(paths: dict[str, Path], layout: dict) -> LoadedKernel:
     import cutlass.cute as cute
 
     cubin = paths[CUBIN].read_bytes() if CUBIN in paths else None
-    spec = layout["parts"][""] if "parts" in layout else layout  # entries written before 2026-11-23
-    module = cute.runtime.load_module(str(paths[spec["object"]]), enable_tvm_ffi=True)
-    return LoadedKernel(module, spec["function"], cubin)
+    module = cute.runtime.load_module(str(paths[layout["object"]]), enable_tvm_ffi=True)
+    return LoadedKernel(module, layout["function"], cubin)

@@ -7,8 +7,11 @@ traced, and where it came from: "miss" (compiled now), "memory" (reused in this 
 was compiled again; reported once on stderr and counted in `dsv4bench cache stats`).
 
 The disk key is the impl's compile key (family, impl, arch, dtypes, compile-time parameters) plus the
-source fingerprint of its kernel modules and the library versions (compile/fingerprint.py).
-DSV4BENCH_NO_KERNEL_CACHE=1 turns the disk off (cold-compile timing); DSV4BENCH_CACHE_DIR moves it.
+source fingerprint of its kernel modules and the library versions (compile/fingerprint.py); an entry
+is loaded only when its signed metadata names exactly that key (compile/store.py). A disk store that
+cannot be used (unwritable, writable by every user, no key) is reported once on stderr and the
+kernels are compiled without storing. DSV4BENCH_NO_KERNEL_CACHE=1 turns the disk off (cold-compile
+timing); DSV4BENCH_CACHE_DIR moves it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dsv4bench.compile.artifacts import artifact, export, load
 from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.compile.fingerprint import fingerprint, versions
 from dsv4bench.compile.lints import lint
-from dsv4bench.compile.store import CorruptEntry, DiskStore
+from dsv4bench.compile.store import CorruptEntry, DiskStore, Unusable
 from kernels import common as kernel_common
 from kernels.trace import Recording, recording
 
@@ -81,9 +84,14 @@ def ptxas_fact(rec: Recording) -> dict | None:
     return next((f for f in rec.facts if f["rule"] == ptxas.RULE), None)
 
 
-def entry_id(impl, key: tuple) -> str:
-    ident = json.dumps([impl.family, impl.name, repr(key), fingerprint(type(impl).__module__)])
-    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+def identity(impl, arch: str, key: tuple) -> dict:
+    """What a disk entry must say it holds to be loaded for this request (stored in its signed metadata)."""
+    return {"family": impl.family, "impl": impl.name, "arch": arch, "key": repr(key),
+            "fingerprint": fingerprint(type(impl).__module__)}
+
+
+def entry_id(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
 
 
 class CompileCache:
@@ -91,6 +99,7 @@ class CompileCache:
         if use_disk is None:
             use_disk = os.environ.get(ENV_NO_CACHE, "") not in ("1", "true", "yes")
         self.store = (store or DiskStore()) if use_disk else None
+        self.problem: str | None = None  # why the disk store is unusable: reported once, then left alone
         self._mem: dict[tuple, tuple[object, CompileInfo]] = {}
         self.compiles = 0  # JIT compiles done by this cache
 
@@ -99,12 +108,28 @@ class CompileCache:
         if key in self._mem:
             compiled, info = self._mem[key]
             return compiled, replace(info, seconds=0.0, cache="memory", note="")
-        if self.store is None or not impl.compiles:
-            compiled, info, _ = self._compile(impl, case, arch, "miss")
-        else:
+        if impl.compiles and self.disk_ready():
             compiled, info = self._through_disk(impl, case, arch, key)
+        else:
+            compiled, info = self._unstored(impl, case, arch)
         self._mem[key] = (compiled, info)
         return compiled, info
+
+    def disk_ready(self) -> bool:
+        """Whether kernels go through the disk store (opened on the first call). An unusable one is
+        reported once on stderr; kernels are then compiled without storing."""
+        return self.store is not None and self._disk(self.store.open) is not None
+
+    def _disk(self, step, *args):
+        """A store step's result; None, and the one warning, when the store turns out unusable."""
+        if self.problem is None:
+            try:
+                return step(*args)
+            except Unusable as e:
+                self.problem = str(e)
+                print(f"dsv4bench cache: {self.store.root}: {e}; compiling without storing kernels",
+                      file=sys.stderr, flush=True)
+        return None
 
     def _compile(self, impl, case, arch, cache: str):
         compiled, rec, seconds = compile_recorded(impl, case, arch)
@@ -114,41 +139,63 @@ class CompileCache:
         info.ptxas = ptxas.summary(ptxas_fact(rec))
         return compiled, info, rec
 
+    def _unstored(self, impl, case, arch):
+        compiled, info, _ = self._compile(impl, case, arch, "miss")
+        if impl.compiles and self.problem:
+            not_stored(info, self.problem)
+        return compiled, info
+
     def _through_disk(self, impl, case, arch, key):
-        ident = entry_id(impl, key)
-        function = f"dsv4bench_{ident[:16]}"  # one symbol per kernel, however many are loaded
-        entry = self.store.entry(impl.family, impl.name, ident)
-        with self.store.lock(entry):
+        ident = identity(impl, arch, key)
+        entry = self.store.entry(impl.family, impl.name, entry_id(ident))
+        held = self._disk(self.store.lock, entry)  # held from the lookup to the store: one compile per kernel
+        if held is None:
+            return self._unstored(impl, case, arch)
+        with held:
             t0 = time.perf_counter()
-            note = ""
-            try:
-                found = self.store.read(entry)
-                if found:
-                    meta, paths = found
-                    kernel = load(paths, meta["artifact"])
-                    self.store.bump("disk_hits")
-                    return kernel, self._info_from(meta, time.perf_counter() - t0)
-            except Exception as e:  # verification failed, or the object would not load
-                why = str(e) if isinstance(e, CorruptEntry) else f"load failed: {type(e).__name__}: {e}"
-                note = f"corrupt cache entry rebuilt ({why})"
-                print(f"dsv4bench cache: {entry}: {note}", file=sys.stderr, flush=True)
-                self.store.remove(entry)
-                self.store.bump("corrupt_rebuilt")
+            found, note = self._load(entry, ident)
+            if found:
+                kernel, meta = found
+                self._disk(self.store.bump, "disk_hits")
+                return kernel, self._info_from(meta, time.perf_counter() - t0)
             compiled, info, rec = self._compile(impl, case, arch, "rebuilt" if note else "miss")
             info.note = note
-            try:
-                payloads, layout = export(compiled, function)
-            except Exception as e:  # not exportable: memory only
-                info.note = (note + "; " if note else "") + f"not stored: {type(e).__name__}: {str(e)[:120]}"
-                return compiled, info
-            self.store.write(entry, payloads, {
-                "family": impl.family, "impl": impl.name, "arch": arch, "key": repr(key),
-                "case": case.to_json(), "fingerprint": fingerprint(type(impl).__module__), "versions": versions(),
-                "artifact": layout, "compile": info.to_json(), "recording": rec.to_json(), "created": time.time(),
-            })
-            self.store.bump("compiles")
+            self._keep(entry, ident, case, compiled, info, rec)
             info.seconds = time.perf_counter() - t0  # what this get cost: compile + export + write
             return compiled, info
+
+    def _load(self, entry, ident) -> tuple[tuple | None, str]:
+        """((kernel, metadata) of the verified entry, or None when absent or bad; the note of a bad one,
+        which is reported once, deleted and counted)."""
+        try:
+            with self.store.checkout(entry, ident) as found:
+                if found is None:
+                    return None, ""
+                meta, paths = found
+                return (load(paths, meta["artifact"]), meta), ""
+        except Exception as e:  # verification failed, or the object would not load
+            why = str(e) if isinstance(e, CorruptEntry) else f"load failed: {type(e).__name__}: {e}"
+            note = f"corrupt cache entry rebuilt ({why})"
+            print(f"dsv4bench cache: {entry}: {note}", file=sys.stderr, flush=True)
+            self._disk(self.store.remove, entry)
+            self._disk(self.store.bump, "corrupt_rebuilt")
+            return None, note
+
+    def _keep(self, entry, ident, case, compiled, info, rec) -> None:
+        """Export and store the kernel; why it was not stored goes into info.note."""
+        if self.problem:
+            return not_stored(info, self.problem)
+        try:
+            payloads, layout = export(compiled, f"dsv4bench_{entry.name[:16]}")  # one symbol per kernel
+        except Exception as e:  # not exportable: memory only
+            return not_stored(info, f"{type(e).__name__}: {str(e)[:120]}")
+        self._disk(self.store.write, entry, payloads, {
+            **ident, "case": case.to_json(), "versions": versions(), "artifact": layout,
+            "compile": info.to_json(), "recording": rec.to_json(), "created": time.time(),
+        })
+        if self.problem:
+            return not_stored(info, self.problem)
+        self._disk(self.store.bump, "compiles")
 
     @staticmethod
     def _info_from(meta: dict, seconds: float) -> CompileInfo:
@@ -157,3 +204,7 @@ class CompileCache:
         rec = Recording.from_json(meta.get("recording", {}))
         return replace(CompileInfo(**stored), seconds=seconds, cache="disk", note="",
                        lints=[str(f) for f in lint(rec)])
+
+
+def not_stored(info: CompileInfo, why: str) -> None:
+    info.note = "; ".join(n for n in (info.note, f"not stored: {why}") if n)

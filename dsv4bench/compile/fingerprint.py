@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT_PACKAGE = "kernels"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: entries signed with the user key (older ones show as stale)
 
 
 def _origin(module: str) -> Path | None:

@@ -51,17 +51,6 @@ def test_entry_holds_object_cubin_and_metadata_and_loads_without_jit(store):
     assert not [p for p in entry.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
 
 
-def test_an_entry_in_the_earlier_layout_still_loads(store):
-    """Entries written before the holder-object path went kept their function under "parts"."""
-    import json
-
-    entry, meta = the_entry(store)
-    meta["artifact"] = {"parts": {"": meta["artifact"]}, "state": {}, "class": None}
-    (entry / META).write_text(json.dumps(meta))
-    kernel, info = fresh_get(store)
-    assert isinstance(kernel, LoadedKernel) and info.cache == "disk"
-
-
 @pytest.mark.parametrize("damage", ["truncate object", "flip a byte", "drop cubin", "garbage metadata"])
 def test_corrupt_entry_is_detected_rebuilt_and_reported_once(store, capsys, damage):
     entry, _ = the_entry(store)
