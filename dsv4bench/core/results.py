@@ -4,14 +4,22 @@ A run directory holds `run.json` (what ran, where, with which versions), `result
 (append-only, one ResultRecord per line, flushed and fsynced per record so an interrupted run
 loses nothing), `results.csv` (flat, unit-suffixed columns, full precision, rebuilt from the
 JSONL, read back losslessly by `read_csv`) and `logs/` (worker logs). Re-running with the same directory skips finished tasks.
+
+One writer at a time: `RunDir.create` takes `.lock` (an flock held while the RunDir lives; the
+kernel drops it when the process dies) and refuses, naming the holder, while another process has it.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import json
 import os
+import socket
+import sys
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -61,25 +69,126 @@ def task_key(case_id: str, impl: str, arch: str, mode: str) -> str:
     return f"{case_id}|{impl}|{arch}|{mode}"
 
 
+def _last_newline(f, end: int, block: int = 1 << 16) -> int:
+    """The offset of the last b"\\n" in binary file `f` of size `end`, -1 when it has none."""
+    while end > 0:
+        start = max(0, end - block)
+        f.seek(start)
+        at = f.read(end - start).rfind(b"\n")
+        if at >= 0:
+            return start + at
+        end = start
+    return -1
+
+
+def _is_record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+class RunDirBusy(OSError):
+    """Another live process writes the run directory; the message names it (one line)."""
+
+
+class _DirLock:
+    """An exclusive flock on a run directory's lock file, with who holds it written inside (the
+    flock is the lock; the text only names the holder). Released when the object is collected or
+    the process exits, by the kernel when the process dies."""
+
+    def __init__(self, path: Path):
+        self.file = open(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self.file.read()
+            self.file.close()
+            raise RunDirBusy(errno.EBUSY, f"another sweep is writing it ({describe_holder(holder)})") from None
+        stale = self.file.read()
+        if stale.strip():  # left by a process that died holding it: a clean release empties it
+            print(f"dsv4bench: {path.parent}: taking over the lock of a sweep that is gone "
+                  f"({describe_holder(stale)})", file=sys.stderr, flush=True)
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                    "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        self.file.flush()
+        weakref.finalize(self, _release, self.file)
+
+
+def _release(f) -> None:
+    try:
+        f.truncate(0)  # empty: a clean release, not a stale holder
+        f.close()
+    except (OSError, ValueError):
+        pass
+
+
+def describe_holder(text: str) -> str:
+    try:
+        h = json.loads(text)
+        return f"pid {h['pid']} on {h['host']}, started {h['started']}"
+    except (ValueError, TypeError, KeyError):
+        return "holder unknown"
+
+
+# one lock per directory per process: a second RunDir of the same directory shares it
+_HELD: "weakref.WeakValueDictionary[str, _DirLock]" = weakref.WeakValueDictionary()
+
+
 class RunDir:
+    LOCK = ".lock"
+
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.results = self.path / "results.jsonl"
         self.csv = self.path / "results.csv"
         self.meta = self.path / "run.json"
         self.logs = self.path / "logs"
+        self._lock: _DirLock | None = None
+        self._tail_checked = False
 
     @property
     def run_id(self) -> str:
         return self.path.name
 
     def create(self) -> "RunDir":
-        """Create (or reopen) the directory; raises OSError when it cannot be written."""
+        """Create (or reopen) the directory and hold its lock while this RunDir lives; raises OSError
+        when it cannot be written, RunDirBusy (an OSError) while another process holds it."""
         self.logs.mkdir(parents=True, exist_ok=True)
         probe = self.path / ".write-probe"
         probe.write_text("")
         probe.unlink()
+        self.lock()
+        self.repair_tail()
         return self
+
+    def lock(self) -> None:
+        key = os.path.realpath(self.path)
+        self._lock = _HELD.get(key) or _DirLock(self.path / self.LOCK)
+        _HELD[key] = self._lock
+
+    def repair_tail(self) -> None:
+        """Cut a torn last line of results.jsonl (a crash mid-write), saying so, so that the next
+        record starts a line of its own; a complete record missing only its newline gets one."""
+        self._tail_checked = True
+        try:
+            f = open(self.results, "rb+")
+        except FileNotFoundError:
+            return
+        with f:
+            keep = _last_newline(f, f.seek(0, os.SEEK_END)) + 1
+            f.seek(keep)
+            tail = f.read()
+            if not tail:
+                return
+            if _is_record(tail):
+                f.write(b"\n")  # at the end, where the read left off
+                return
+            f.truncate(keep)
+        print(f"dsv4bench: {self.results}: dropped a torn last line ({len(tail)} bytes, cut by a crash "
+              f"mid-write); its task runs again", file=sys.stderr, flush=True)
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Merge `meta` into run.json; each invocation is logged too, without the (large) case table."""
@@ -93,6 +202,8 @@ class RunDir:
         return json.loads(self.meta.read_text()) if self.meta.exists() else {}
 
     def append(self, record: ResultRecord) -> None:
+        if not self._tail_checked:
+            self.repair_tail()
         line = json.dumps(record.to_json(), default=str)
         with open(self.results, "a") as f:
             f.write(line + "\n")

@@ -3,7 +3,8 @@
 Protocol: the parent writes one JSON task per line on stdin; the worker answers one JSON
 ResultRecord per task on the file descriptor named by DSV4BENCH_RESULT_FD (never on stdout, which
 kernels and libraries may write to freely: it goes to the worker's log). A hang or a crash costs
-only this process: the parent kills its process group and starts a fresh worker.
+only this process: the parent kills its process group and starts a fresh worker. The worker dies
+with the sweep, and what it starts dies with it (`runner.bind_worker_to_sweep`, first in `main`).
 
 Task modes:
   compile  compile a CuTeDSL impl for one arch with fake tensors (no GPU) -> COMPILED
@@ -28,6 +29,7 @@ from dsv4bench.core.registry import get_family, get_impl
 from dsv4bench.core.results import (
     COMPILED, FAIL_COMPILE, FAIL_LINT, FAIL_NUMERIC, FAIL_RUNTIME, PASS, UNSUPPORTED, ResultRecord,
 )
+from dsv4bench.core.runner import ENV_RESULT_FD, bind_worker_to_sweep
 
 CPU_CHECK_MAX_BYTES = 1 << 30
 CUDA_FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "CUDA error", "cudaError")
@@ -165,10 +167,11 @@ class Worker:
 def main() -> None:
     from dsv4bench.core.registry import load_families
 
+    bind_worker_to_sweep()
     torch.backends.cuda.matmul.allow_tf32 = False  # the oracle is FP32, not TF32
     torch.backends.cudnn.allow_tf32 = False
     load_families()
-    out = os.fdopen(int(os.environ["DSV4BENCH_RESULT_FD"]), "w", buffering=1)
+    out = os.fdopen(int(os.environ[ENV_RESULT_FD]), "w", buffering=1)
     out.write(json.dumps({"ready": True}) + "\n")
     worker = Worker()
     for line in sys.stdin:
