@@ -86,8 +86,8 @@ class GemmConfig:
             raise ValueError("split-K takes one wave per tile (bm <= 128)")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
-        if self.stages and self.stage_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
-            raise ValueError(f"{self.stages} stages of {self.stage_bytes} B do not fit shared memory")
+        if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
+            raise ValueError(f"{self.stages} stages of {self.stage_smem_bytes} B do not fit shared memory")
         if self.n_stages < 2:
             raise ValueError(f"bm {self.bm} x bn {self.bn} leaves room for {self.n_stages} smem stage(s)")
 
@@ -109,23 +109,25 @@ class GemmConfig:
         return 128 * (1 + self.n_mma_wg)
 
     @property
-    def scale_stage_bytes(self) -> int:
-        """A stage's scale boxes: (bm rows x 4 K blocks) of sa and (1 x 4) of sw, fp32."""
-        return (self.bm + 1) * SCALE_BOX * 4
+    def stage_bytes(self) -> int:
+        """Bytes TMA brings per stage (the full barrier's transaction count): the x and W tiles and
+        the scale boxes, (bm rows x 4 K blocks) of sa and (1 x 4) of sw, fp32."""
+        return (self.bm + self.bn) * KBLOCK + (self.bm + 1) * SCALE_BOX * 4
 
     @property
-    def stage_bytes(self) -> int:
-        return (self.bm + self.bn) * KBLOCK + self.scale_stage_bytes
+    def stage_smem_bytes(self) -> int:
+        """Shared memory per stage: the sw box sits in a 128-byte slot."""
+        return self.stage_bytes - SCALE_BOX * 4 + SW_SLOT * 4
 
     @property
     def fixed_bytes(self) -> int:
-        return self.wave_m * EPI_N * 2 * self.epi_stages + MAX_STAGES * SW_SLOT * 4 + 2048
+        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048  # + barriers and alignment
 
     @property
     def n_stages(self) -> int:
         if self.stages:
             return self.stages
-        return min(MAX_STAGES, (SMEM_BYTES - self.fixed_bytes) // self.stage_bytes)
+        return min(MAX_STAGES, (SMEM_BYTES - self.fixed_bytes) // self.stage_smem_bytes)
 
     @property
     def reg_split(self) -> tuple[int, int]:
@@ -197,6 +199,10 @@ class Fp8GemmSm90:
             sA: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[mB.element_type, cute.cosize(sB_layout)], 1024]
             sC: cute.struct.Align[cute.struct.MemRange[mC.element_type, cute.cosize(sC_layout)], 1024]
+
+        # the stage count comes from an estimate (GemmConfig.n_stages); the compile proves it fits
+        if cutlass.const_expr(Storage.size_in_bytes() > SMEM_BYTES):
+            raise ValueError(f"{c}: {Storage.size_in_bytes()} B of shared memory, more than {SMEM_BYTES}")
 
         m = cute.size(mA, mode=[0])
         n = cute.size(mB, mode=[0])

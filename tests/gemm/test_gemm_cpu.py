@@ -8,7 +8,7 @@ import torch
 
 from kernels.gemm.config import H100_SMS, choose_config, cost
 from kernels.gemm.gemm_sm90 import SCALE_BOX, SMEM_BYTES, GemmConfig
-from kernels.gemm.glue import check_operands, make_operands, oracle_of, scales_for_tma
+from kernels.gemm.glue import check_operands, compile_gemm, make_operands, oracle_of, scales_for_tma
 from oracles.linear import grouped_linear
 from sweeps.gemm import LAYERS, TOKENS
 
@@ -29,7 +29,7 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
 def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     for _, _, n, k, _ in LAYERS:
         cfg = choose_config(m, n, k)
-        assert cfg.stage_bytes * cfg.n_stages + cfg.fixed_bytes <= SMEM_BYTES and cfg.n_stages >= 2
+        assert cfg.stage_smem_bytes * cfg.n_stages + cfg.fixed_bytes <= SMEM_BYTES and cfg.n_stages >= 2
         best = cost(m, n, k, cfg.bm, cfg.bn, cfg.split_k)
         for bm, bn in [(64, 64), (128, 128), (128, 64)]:
             if m <= 64 and bm > 64:
@@ -130,3 +130,13 @@ def test_scales_padded_to_whole_tma_boxes_keep_every_value(k, groups):
     assert (sa_p.view(m, groups, kbp)[:, :, kb:] == 0).all() and (sw_p[:, kb:] == 0).all()
     if kb % SCALE_BOX == 0:
         assert sa_p is sa and sw_p is sw  # DSV4's K: no copy
+
+
+def test_the_compile_refuses_a_configuration_whose_shared_memory_does_not_fit():
+    """n_stages is an estimate; the kernel's trace checks the real struct, so the CPU compile of every
+    rule configuration (above) proves its shared memory fits."""
+    cfg = GemmConfig(bm=256, bn=128)
+    assert cfg.n_stages == 4  # the scale boxes leave room for a fourth 48 KB stage
+    object.__setattr__(cfg, "stages", cfg.n_stages + 1)  # past the estimate's guard
+    with pytest.raises(ValueError, match="shared memory"):
+        compile_gemm(cfg)
