@@ -2,7 +2,7 @@
 
     python3 benchmarks/fmha_bench.py --out benchmarks/results/fmha-h100.json
 
-Every timed output is validated against the FP32 oracle first (BENCHMARKING.md); L2 is flushed
+Every timed output is validated against the FP32 oracle first (docs/benchmarking.md); L2 is flushed
 between iterations. Ratios are peer_time / our_time (> 1 means we are faster).
 """
 

@@ -56,7 +56,9 @@ def compact_meta(meta: dict) -> dict:
     out = {k: meta[k] for k in META_KEYS if k in meta}
     invocations = meta.get("invocations") or []
     if len(invocations) > 1:  # a resumed run: keep each invocation's command and start
-        out["invocations"] = [{k: i.get(k) for k in ("command", "started")} for i in invocations]
+        # since #26 each invocation's own command is `invoked` (`command` stays the first one)
+        out["invocations"] = [{"command": i.get("invoked") or i.get("command"),
+                               "started": i.get("invoked_at") or i.get("started")} for i in invocations]
     return out
 
 

@@ -1,4 +1,4 @@
-"""Core attention of a DSV4 layer (DSV4_SPEC.md §7): key index sets, softmax with sink,
+"""Core attention of a DSV4 layer (docs/model-math.md §7): key index sets, softmax with sink,
 inverse RoPE on the output, grouped low-rank output projection.
 
 The softmax-with-sink core is `oracles.fmha.sparse_attention` (§7.2); this module builds what

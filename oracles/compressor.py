@@ -1,4 +1,4 @@
-"""Token compressor oracles (DSV4_SPEC.md §5): CSA (m = 4, overlapping) and HCA (m = 128).
+"""Token compressor oracles (docs/model-math.md §5): CSA (m = 4, overlapping) and HCA (m = 128).
 
 Per token t (§5.2, fp32):  k_t = wkv(x_t),  z_t = wgate(x_t) + ape[t mod m]   (coff·d wide,
 coff = 2 for m = 4, else 1). Entry s pools, per channel, a softmax over candidate scores:

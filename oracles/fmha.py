@@ -1,4 +1,4 @@
-"""Attention oracles (DSV4_SPEC.md §7.2) and the key-index builders that express every mask.
+"""Attention oracles (docs/model-math.md §7.2) and the key-index builders that express every mask.
 
 One formulation covers dense, causal, sliding-window, CSA top-k and HCA attention: each query
 row t gets a list of key rows `indices[t, :]` into one kv tensor, -1 = invalid (skipped). The

@@ -1,4 +1,4 @@
-"""Walsh–Hadamard rotation oracle (DSV4_SPEC.md §2.5, `[REF-M]` rotate_activation).
+"""Walsh–Hadamard rotation oracle (docs/model-math.md §2.5, `[REF-M]` rotate_activation).
 
 `y = x @ H_n · n^-0.5` with H_n the Sylvester (natural-order) Hadamard matrix; the indexer uses
 n = 128. H_n·n^-0.5 is symmetric and orthonormal, so rotated dot products equal plain ones.

@@ -1,4 +1,4 @@
-"""Final head, MTP input and sampler oracles (DSV4_SPEC.md §9).
+"""Final head, MTP input and sampler oracles (docs/model-math.md §9).
 
     logits = RMSNorm_{norm}(hc_head(X_final)) @ headᵀ          (fp32; the reference keeps only the
                                                                  last position, these keep all)

@@ -1,11 +1,11 @@
-"""Lightning indexer oracles (DSV4_SPEC.md §6), CSA layers only.
+"""Lightning indexer oracles (docs/model-math.md §6), CSA layers only.
 
     qI = fp4_qdq(Hadamard_128(RoPE_t(wq_b(qr).view(64, 128))))      (RoPE on the last 64 dims)
     w_{t,h} = weights_proj(x_t)_h · 128^-0.5 · 64^-0.5
     I(t, s) = Σ_h w_{t,h} · ReLU(qI_{t,h} · kI_s),   valid only for s < ⌊(t+1)/4⌋
     sel(t)  = top-k_s I(t, s), k = min(index_topk, number of entries), invalid picks → −1
 The keys kI_s are the indexer compressor's entries (`oracles.compressor.postprocess(indexer=True)`).
-Top-k is a set: compare selections as sets and allow ties (§6, BENCHMARKING.md rule 5).
+Top-k is a set: compare selections as sets and allow ties (§6, docs/benchmarking.md rule 5).
 """
 
 from __future__ import annotations

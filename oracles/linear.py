@@ -1,4 +1,4 @@
-"""Linear-layer oracles for the checkpoint's weight formats (DSV4_SPEC.md §2.6).
+"""Linear-layer oracles for the checkpoint's weight formats (docs/model-math.md §2.6).
 
 A weight is either a plain tensor (bf16/fp32: `F.linear` in the tensor dtype) or a `QuantWeight`
 as the checkpoint stores it:

@@ -1,4 +1,4 @@
-"""Embedding and mHC (manifold-constrained hyper-connection) oracles (DSV4_SPEC.md §3).
+"""Embedding and mHC (manifold-constrained hyper-connection) oracles (docs/model-math.md §3).
 
 The residual is `hc_mult` (= 4) streams X ∈ [..., 4, D]. `hc_pre` collapses them into the
 sublayer input, `hc_post` expands the sublayer output back and mixes the residual streams with a

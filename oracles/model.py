@@ -1,4 +1,4 @@
-"""FP32 composition of the DSV4 forward pass (DSV4_SPEC.md §3–§9), op by op through a table.
+"""FP32 composition of the DSV4 forward pass (docs/model-math.md §3–§9), op by op through a table.
 
 Every numerical op goes through `ops`, an object whose attributes are the ops of `ORACLE_OPS`
 (`dsv4bench.model.dispatch.OpTable`), so a kernel can replace any one op and the rest stays FP32. Nothing here quantises activations: this

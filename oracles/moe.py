@@ -1,4 +1,4 @@
-"""MoE FFN oracles (DSV4_SPEC.md §8): sqrt-softplus router with hash routing, clamped SwiGLU
+"""MoE FFN oracles (docs/model-math.md §8): sqrt-softplus router with hash routing, clamped SwiGLU
 experts (routed and shared), combine.
 
     s = sqrt(softplus(x·Gᵀ))  (fp32);  idx = tid2eid[ids] (hash layers) or topk(s + bias, k)

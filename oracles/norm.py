@@ -1,4 +1,4 @@
-"""RMSNorm oracles (DSV4_SPEC.md §2.1).
+"""RMSNorm oracles (docs/model-math.md §2.1).
 
 `RMSNorm_w(x) = cast_in_dtype(w ⊙ (x_f32 · rsqrt(mean(x_f32², -1) + eps)))`, eps = 1e-6.
 The weightless variant (weight=None) is the per-head q norm (§4), the mHC pre-norm (§3.3)

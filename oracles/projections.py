@@ -1,4 +1,4 @@
-"""Attention input projections (DSV4_SPEC.md §4): q path and the single shared kv latent.
+"""Attention input projections (docs/model-math.md §4): q path and the single shared kv latent.
 
     qr = RMSNorm_{q_norm}(wq_a(x));  q = wq_b(qr).view(H, 512);  q = q·rsqrt(mean(q²)+eps) per head
     q[..., 448:] = RoPE_t(q[..., 448:])

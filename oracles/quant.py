@@ -1,6 +1,6 @@
 """Quantisation oracles: FP8 e4m3 / MXFP4 / NVFP4 quant-dequant, ue8m0 scales, FP4 nibble packing.
 
-Spec: DSV4_SPEC.md §2.3 (FP8 block qdq, `act_quant`), §2.4 (MXFP4 qdq, `fp4_act_quant`),
+Spec: docs/model-math.md §2.3 (FP8 block qdq, `act_quant`), §2.4 (MXFP4 qdq, `fp4_act_quant`),
 §2.6 (checkpoint weight dequant), §11.2 (e2m1 table, nibble order, E8M0 scales).
 NVFP4 (e2m1 + e4m3 scale per 16 + fp32 global scale) covers NVIDIA's requantised checkpoints,
 which are third-party conversions (§11.2); the official experts are MXFP4.

@@ -1,4 +1,4 @@
-"""RoPE oracles: partial interleaved rotary embedding with YaRN tables (DSV4_SPEC.md §2.2).
+"""RoPE oracles: partial interleaved rotary embedding with YaRN tables (docs/model-math.md §2.2).
 
 RoPE acts on the last `rope_dim` (= 64) dims of a vector; pair i is dims (2i, 2i+1) of that slice
 (interleaved / GPT-J pairing). Compressed layers (ratio 4 or 128) use base 160000 with YaRN

@@ -71,7 +71,7 @@ def dense_production() -> list[dict]:
 
 
 def dense_bench() -> list[dict]:
-    """The dense peer-comparison shapes (BENCHMARKING.md: b4 s4096 h16, hd 128/256), kept out of
+    """The dense peer-comparison shapes (docs/benchmarking.md: b4 s4096 h16, hd 128/256), kept out of
     the default grid: their FP32 oracle is minutes on a CPU. benchmarks/fmha_bench.py times them."""
     return [_dense(hd, mask, b=4, h_q=16, h_kv=16, s_q=4096, s_kv=4096, lse=False)
             for hd in (128, 256) for mask in ("none", "causal")]

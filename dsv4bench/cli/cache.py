@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dsv4bench.cli.common import console, fail, resolve_archs
+from dsv4bench.cli.jsonout import JSON_OPTION, print_json
 from dsv4bench.compile.cache import CompileCache
 from dsv4bench.compile.fingerprint import fingerprint
 from dsv4bench.compile.store import DiskStore, Unusable
@@ -44,59 +45,94 @@ def check_family(family: Optional[str]) -> None:
             fail(e.args[0])
 
 
-@app.command("ls")
-def ls_cmd(family: Optional[str] = typer.Argument(None, help="only this kernel family"),
-           cache_dir: Optional[Path] = typer.Option(None, "--dir", help=DIR_HELP)) -> None:
-    """One row per cached kernel: what it is, its size and resources, and whether it is current."""
-    check_family(family)
-    store, now = existing_store(cache_dir), current_fingerprints()
-    table = Table(title=f"compiled kernels in {store.root}")
-    for col in ("family", "impl", "arch", "built for case", "object", "compile s", "regs", "lints", "state", "age"):
-        table.add_column(col)
-    rows = 0
+def entry_rows(store: DiskStore, family: Optional[str]) -> list[dict]:
+    """One dict per cached kernel (the --json form of `cache ls`); an unreadable entry has only
+    its family and impl directory names, its path and state "unreadable"."""
+    now, rows = current_fingerprints(), []
     for path, meta in store.entries():
         if meta is None:
-            table.add_row(path.parent.parent.name, path.parent.name, "", "", "", "", "", "", "[red]unreadable[/]", "")
+            rows.append({"family": path.parent.parent.name, "impl": path.parent.name, "path": str(path),
+                         "state": "unreadable"})
             continue
         if family and meta["family"] != family:
             continue
         comp = meta["compile"]
-        state = "current" if now.get((meta["family"], meta["impl"])) == meta["fingerprint"] else "[dim]stale[/]"
-        params = " ".join(f"{k}={v}" for k, v in meta["case"]["params"].items())
-        table.add_row(meta["family"], meta["impl"], meta["arch"], params, f"{entry_bytes(path) / 1024:.0f} KiB",
-                      f"{comp['compile_seconds']:.2f}", str(comp.get("registers") or ""),
-                      str(len(comp.get("lints") or [])), state, f"{(time.time() - meta['created']) / 3600:.1f} h")
-        rows += 1
+        rows.append({"family": meta["family"], "impl": meta["impl"], "arch": meta["arch"],
+                     "params": meta["case"]["params"], "bytes": entry_bytes(path),
+                     "compile_seconds": comp["compile_seconds"], "registers": comp.get("registers"),
+                     "lints": len(comp.get("lints") or []),
+                     "state": "current" if now.get((meta["family"], meta["impl"])) == meta["fingerprint"] else "stale",
+                     "age_hours": round((time.time() - meta["created"]) / 3600, 3), "path": str(path)})
+    return rows
+
+
+@app.command("ls")
+def ls_cmd(family: Optional[str] = typer.Argument(None, help="only this kernel family"),
+           cache_dir: Optional[Path] = typer.Option(None, "--dir", help=DIR_HELP),
+           as_json: bool = JSON_OPTION) -> None:
+    """One row per cached kernel: what it is, its size and resources, and whether it is current."""
+    check_family(family)
+    store = existing_store(cache_dir)
+    rows = entry_rows(store, family)
+    if as_json:
+        print_json({"root": str(store.root), "entries": rows})
+        return
+    table = Table(title=f"compiled kernels in {store.root}")
+    for col in ("family", "impl", "arch", "built for case", "object", "compile s", "regs", "lints", "state", "age"):
+        table.add_column(col)
+    for r in rows:
+        if r["state"] == "unreadable":
+            table.add_row(r["family"], r["impl"], "", "", "", "", "", "", "[red]unreadable[/]", "")
+            continue
+        table.add_row(r["family"], r["impl"], r["arch"], " ".join(f"{k}={v}" for k, v in r["params"].items()),
+                      f"{r['bytes'] / 1024:.0f} KiB", f"{r['compile_seconds']:.2f}", str(r["registers"] or ""),
+                      str(r["lints"]), "current" if r["state"] == "current" else "[dim]stale[/]",
+                      f"{r['age_hours']:.1f} h")
     console.print(table)
-    console.print(f"{rows} entries")
+    console.print(f"{sum(r['state'] != 'unreadable' for r in rows)} entries")
+
+
+def cache_stats(store: DiskStore) -> dict:
+    """Entries, bytes and stored compile seconds per (family, impl, arch), the stale and unreadable
+    counts and the store's counters (the --json form of `cache stats`)."""
+    per: dict[tuple, dict] = {}
+    stale = unreadable = 0
+    for r in entry_rows(store, None):
+        if r["state"] == "unreadable":
+            unreadable += 1
+            continue
+        stale += r["state"] == "stale"
+        group = per.setdefault((r["family"], r["impl"], r["arch"]), {
+            "family": r["family"], "impl": r["impl"], "arch": r["arch"], "entries": 0, "bytes": 0,
+            "compile_seconds": 0.0})
+        group["entries"] += 1
+        group["bytes"] += r["bytes"]
+        group["compile_seconds"] += r["compile_seconds"] or 0.0
+    counts = store.counters()
+    return {"root": str(store.root), "groups": [per[k] for k in sorted(per)],
+            "entries": sum(g["entries"] for g in per.values()), "stale": stale, "unreadable": unreadable,
+            "counters": {k: counts.get(k, 0) for k in ("compiles", "disk_hits", "corrupt_rebuilt")}}
 
 
 @app.command("stats")
-def stats_cmd(cache_dir: Optional[Path] = typer.Option(None, "--dir", help=DIR_HELP)) -> None:
+def stats_cmd(cache_dir: Optional[Path] = typer.Option(None, "--dir", help=DIR_HELP),
+              as_json: bool = JSON_OPTION) -> None:
     """Entries, bytes and compile time saved per family and arch, plus hit / compile / corrupt counters."""
-    store, now = existing_store(cache_dir), current_fingerprints()
-    per: dict[tuple, list] = {}
-    stale = unreadable = 0
-    for path, meta in store.entries():
-        if meta is None:
-            unreadable += 1
-            continue
-        stale += now.get((meta["family"], meta["impl"])) != meta["fingerprint"]
-        row = per.setdefault((meta["family"], meta["impl"], meta["arch"]), [0, 0, 0.0])
-        row[0] += 1
-        row[1] += entry_bytes(path)
-        row[2] += meta["compile"]["compile_seconds"] or 0.0
-    table = Table(title=f"kernel cache {store.root}")
+    stats = cache_stats(existing_store(cache_dir))
+    if as_json:
+        print_json(stats)
+        return
+    table = Table(title=f"kernel cache {stats['root']}")
     for col in ("family", "impl", "arch", "entries", "MiB", "compile s stored"):
         table.add_column(col)
-    for (fam, imp, arch), (n, size, secs) in sorted(per.items()):
-        table.add_row(fam, imp, arch, str(n), f"{size / 2**20:.2f}", f"{secs:.1f}")
+    for g in stats["groups"]:
+        table.add_row(g["family"], g["impl"], g["arch"], str(g["entries"]), f"{g['bytes'] / 2**20:.2f}",
+                      f"{g['compile_seconds']:.1f}")
     console.print(table)
-    counts = store.counters()
-    total = sum(r[0] for r in per.values())
-    console.print(f"entries {total} (stale {stale}, unreadable {unreadable}); "
-                  f"compiles {counts.get('compiles', 0)}, disk hits {counts.get('disk_hits', 0)}, "
-                  f"corrupt entries rebuilt {counts.get('corrupt_rebuilt', 0)}")
+    c = stats["counters"]
+    console.print(f"entries {stats['entries']} (stale {stats['stale']}, unreadable {stats['unreadable']}); "
+                  f"compiles {c['compiles']}, disk hits {c['disk_hits']}, "
+                  f"corrupt entries rebuilt {c['corrupt_rebuilt']}")
 
 
 @app.command("warm")

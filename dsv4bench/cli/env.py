@@ -6,12 +6,16 @@ import typer
 from rich.table import Table
 
 from dsv4bench.cli.common import console
+from dsv4bench.cli.jsonout import JSON_OPTION, print_json
 from dsv4bench.core.environment import describe_environment
 
 
-def env_cmd() -> None:
+def env_cmd(as_json: bool = JSON_OPTION) -> None:
     """Print the GPU, driver, clocks, CUDA and library versions of this machine."""
     env = describe_environment()
+    if as_json:  # the record a sweep stores in run.json: "gpu" is null without one
+        print_json(env)
+        return
     table = Table(title="dsv4bench environment", show_header=False)
     gpu = env.pop("gpu") or {"gpu": "none (compile-only; kernels compile for sm_90a and sm_100a)"}
     packages = env.pop("packages")

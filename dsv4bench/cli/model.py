@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import unicodedata
 from pathlib import Path
 from typing import Optional
 
@@ -53,6 +54,14 @@ def make_checkpoint_cmd(
     table.add_row("seconds", f"{time.perf_counter() - t0:.1f}")
     console.print(table)
     console.print(f"wrote {out}")
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal: control and format characters (ESC, CR, BEL, bidi overrides...,
+    which the byte-level tokenizer of a random model emits freely) written as repr-style escapes
+    (\\x1b, \\u202e); newline and tab kept."""
+    return "".join(c if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co")
+                   else repr(c)[1:-1] for c in text)
 
 
 def _resolve_checkpoint(checkpoint: Optional[Path], config: Optional[str]) -> Path:
@@ -152,7 +161,7 @@ def run_model_cmd(
         fail(f"{len(ids)} prompt + {max_new_tokens} new tokens exceed max_position_embeddings={limit}")
     console.print(f"[dim]{ckpt.config.name} from {path} · {tok.name} tokenizer · {len(ids)} prompt tokens · "
                   f"{device} · loaded in {load_s:.2f} s[/]", highlight=False, soft_wrap=True)
-    console.print(prompt, end="", markup=False, highlight=False, soft_wrap=True)
+    console.print(printable(prompt), end="", markup=False, highlight=False, soft_wrap=True)
     new: list[int] = []
     steps = []
     shown = ""
@@ -165,10 +174,10 @@ def run_model_cmd(
             steps.append(step)
         text = tok.decode(new)
         if not text.endswith("\ufffd"):
-            console.print(text[len(shown):], end="", markup=False, highlight=False, soft_wrap=True)
+            console.print(printable(text[len(shown):]), end="", markup=False, highlight=False, soft_wrap=True)
             shown = text
     end = time.perf_counter()
-    console.print(tok.decode(new)[len(shown):], markup=False, highlight=False, soft_wrap=True)
+    console.print(printable(tok.decode(new)[len(shown):]), markup=False, highlight=False, soft_wrap=True)
     decode_n = len(new) - 1
     summary = Table(title="run-model", show_header=False)
     summary.add_row("prompt tokens", str(len(ids)))

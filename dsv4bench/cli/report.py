@@ -11,7 +11,8 @@ import typer
 from rich.table import Table
 
 from dsv4bench.cli.common import console, fail, writing
-from dsv4bench.report.against import Comparison
+from dsv4bench.cli.summary import print_speed
+from dsv4bench.report.against import FAIL_ON, Comparison, NothingInCommon
 from dsv4bench.report.axes import BadAxes
 from dsv4bench.report.rundata import NotARunDir
 
@@ -49,7 +50,7 @@ def render(run_dir: Path, against: Path | None = None, axes: tuple[str, ...] | N
     try:
         with writing(f"the report into {run_dir}"):
             report = write_report(run_dir, against, axes, new_regressions)
-    except (NotARunDir, BadAxes) as e:
+    except (NotARunDir, BadAxes, NothingInCommon) as e:
         fail(str(e))
     if report.comparison is not None:
         print_comparison(report.comparison)
@@ -61,12 +62,25 @@ def report_cmd(
     run_dir: Path = typer.Argument(..., help="a run directory written by `dsv4bench sweep`"),
     against: Optional[Path] = typer.Option(None, help="another run directory to compare with (the baseline)"),
     axes: Optional[str] = typer.Option(None, help="params the error heatmaps span, e.g. hd,s_kv"),
+    fail_on: list[str] = typer.Option([], help="with --against, exit 1 when any task is SLOWER beyond the noise "
+                                               "rule (slower) or fails anew (new-failures); repeatable"),
 ) -> None:
     """Render RUN_DIR/index.html (self-contained) and RUN_DIR/results.csv (full precision)."""
     wanted = tuple(a.strip() for a in axes.split(",") if a.strip()) if axes else None
     if axes is not None and not (wanted and len(wanted) <= 2):
         fail(f"--axes takes one or two param names, e.g. hd,s_kv; got '{axes}'")
-    render(run_dir, against, wanted)
+    bad = [f for f in fail_on if f not in FAIL_ON]
+    if bad:
+        fail(f"--fail-on takes {' or '.join(FAIL_ON)}; got '{bad[0]}'")
+    if fail_on and against is None:
+        fail("--fail-on needs --against OLD_RUN")
+    report = render(run_dir, against, wanted)
+    print_speed(report.speed)
+    reasons = report.comparison.failed(tuple(fail_on)) if report.comparison else []
+    for reason in reasons:
+        console.print(f"[red]--fail-on[/]: {reason}", highlight=False)
+    if reasons:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

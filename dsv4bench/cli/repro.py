@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shlex
 from pathlib import Path
@@ -18,7 +19,7 @@ from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.evaluate import CaseData, Outcome, evaluate
 from dsv4bench.core.regressions import regressions_dir
 from dsv4bench.core.registry import Impl, get_family, impls
-from dsv4bench.core.results import PASS, UNCHECKED, UNSUPPORTED, RunDir
+from dsv4bench.core.results import PASS, UNCHECKED, UNSUPPORTED, RunDir, read_csv
 from dsv4bench.core.runner import CHECK_IMPL
 from dsv4bench.core.worker import Worker
 from dsv4bench.report.rundata import NotARunDir, read_meta
@@ -29,19 +30,54 @@ WORST = 8
 Found = tuple[Case, Path, str]  # the case, where it was found, the command that made it
 
 
-def _case_in_run(meta: Path, case_id: str) -> Found | None:
-    """The case as one run.json records it, None when it is not there; NotARunDir (naming the
-    file) when the file or the case's entry cannot be read."""
-    d = read_meta(RunDir(meta.parent))
+RESULT_FILES = ("run.json", "results.jsonl", "results.csv")  # what makes a directory a run directory
+
+
+def _case_in_meta(run: RunDir, case_id: str) -> Found | None:
+    """The case as run.json records it, None when it is not there; NotARunDir (naming the file)
+    when the file or the case's entry cannot be read."""
+    d = read_meta(run)
     cases = d.get("cases") or {}
     if not isinstance(cases, dict):
-        raise NotARunDir(f"{meta}: 'cases' is a JSON {type(cases).__name__}, not an object")
+        raise NotARunDir(f"{run.meta}: 'cases' is a JSON {type(cases).__name__}, not an object")
     if case_id not in cases:
         return None
     try:
-        return Case.from_json(cases[case_id]), meta.parent, d.get("command", "?")
+        return Case.from_json(cases[case_id]), run.path, d.get("command", "?")
     except (KeyError, TypeError, ValueError) as e:
-        raise NotARunDir(f"{meta}: case {case_id} is malformed ({type(e).__name__}: {e})") from None
+        raise NotARunDir(f"{run.meta}: case {case_id} is malformed ({type(e).__name__}: {e})") from None
+
+
+def _case_in_records(run: RunDir, case_id: str) -> Found | None:
+    """The case rebuilt from its result records (every parameter and the seed are in each), for a
+    directory without run.json: results.jsonl, else results.csv."""
+    source = run.results if run.results.exists() else run.csv
+    try:
+        records = run.records() if source == run.results else read_csv(run.csv)
+    except (OSError, csv.Error, KeyError, TypeError, ValueError) as e:
+        raise NotARunDir(f"{source}: cannot read its records ({type(e).__name__}: {e})") from None
+    r = next((r for r in records if r.case_id == case_id), None)
+    if r is None:
+        return None
+    return (Case(r.family, r.params, int(r.seed), r.origin or "grid"), run.path,
+            f"unknown: no run.json, so the run's metadata (command, environment) is absent; "
+            f"case rebuilt from {source.name}")
+
+
+def _case_in_run(path: Path, case_id: str) -> Found | None:
+    run = RunDir(path)
+    return _case_in_meta(run, case_id) if run.meta.exists() else _case_in_records(run, case_id)
+
+
+def _run_dirs(roots: list[Path]) -> list[Path]:
+    """Directories under `roots` (each root included) holding run.json or only result files,
+    newest first."""
+    newest: dict[Path, float] = {}
+    for root in roots:
+        for name in RESULT_FILES if root.exists() else ():
+            for p in root.rglob(name):
+                newest[p.parent] = max(newest.get(p.parent, 0.0), p.stat().st_mtime)
+    return sorted(newest, key=newest.__getitem__, reverse=True)
 
 
 def _case_in_regressions(path: Path, case_id: str, skipped: list[str]) -> Found | None:
@@ -59,11 +95,9 @@ def _case_in_regressions(path: Path, case_id: str, skipped: list[str]) -> Found 
 def _recordings(case_id: str, roots: list[Path], skipped: list[str]) -> Iterator[Found]:
     """Where the case is recorded: run directories under `roots` (newest first), then the
     regression files; what cannot be read is skipped and noted in `skipped`."""
-    metas = sorted((p for root in roots if root.exists() for p in root.rglob("run.json")),
-                   key=lambda p: p.stat().st_mtime, reverse=True)
-    for meta in metas:
+    for path in _run_dirs(roots):
         try:
-            found = _case_in_run(meta, case_id)
+            found = _case_in_run(path, case_id)
         except NotARunDir as e:
             skipped.append(str(e))
             continue
@@ -174,8 +208,8 @@ def repro_cmd(
         why = "; ".join(f"{im.name} {why}" for im, why in planned) or f"family {case.family} has no impl '{impl}'"
         fail(f"nothing to compare for {case_id} on this machine: {why}")
     replay = ["dsv4bench", "repro", case_id] + (["--runs", str(runs.resolve())] if runs else [])
-    console.print(f"[bold]{case}[/]\nfound in: {found}\nmade by:  {made_by}\n"
-                  f"replay:   {shlex.join(replay + (['--impl', impl] if impl else []))}", highlight=False)
+    console.print(f"[bold]{escape(str(case))}[/]\nfound in: {escape(str(found))}\nmade by:  {escape(made_by)}\n"
+                  f"replay:   {escape(shlex.join(replay + (['--impl', impl] if impl else [])))}", highlight=False)
     worker = Worker()
     device = "cuda" if arch else "cpu"
     data = CaseData(family, case, device)

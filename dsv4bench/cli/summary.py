@@ -9,6 +9,7 @@ from dsv4bench.core.results import (
     FAIL_COMPILE, FAIL_LINT, FAIL_NUMERIC, FAIL_RUNTIME, GOOD_STATUSES, TIMEOUT, ResultRecord, RunDir,
     summarize_statuses,
 )
+from dsv4bench.report.speedup import NOISY_CV, Ratio, Speed, Stats, describe, ratios, speed
 
 MAX_ROWS = 60
 # Exit statuses shared with `dsv4bench remote` (2 is bad input everywhere).
@@ -24,9 +25,40 @@ def exit_code(records: list[ResultRecord]) -> int:
     return 0
 
 
-def ours_median(records: list[ResultRecord]) -> dict[str, float]:
-    """case id -> median ms of our CuTeDSL impl, to express every peer as a ratio of it."""
-    return {r.case_id: r.timing["median_ms"] for r in records if r.backend == "cutedsl" and r.timing}
+def _x(speedup: float) -> str:
+    """A speedup (peer ms / ours ms), green where ours is faster, red where slower."""
+    return f"[{'green' if speedup > 1 else 'red' if speedup < 1 else 'default'}]{speedup:.2f}x[/]"
+
+
+def _speedup(r: Ratio | None) -> str:
+    return "" if r is None else _x(r.speedup) + (" [yellow]NOISY[/]" if r.noisy else "")
+
+
+def _class_cell(s: Stats) -> str:
+    noisy = f" [dim]{'+' if s.quiet else ''}{s.noisy} NOISY[/]" if s.noisy else ""
+    return (f"{_x(s.geomean)} {s.wins}-{s.losses}" if s.quiet else "") + noisy
+
+
+def print_speed(sp: Speed | None) -> None:
+    """The lead: per peer the geomean speedup (peer ms / ours ms, > 1: ours faster), wins/losses, worst and
+    best case; then the same per shape class."""
+    if sp is None:
+        return
+    console.print(f"[bold]speed[/] (speedup = peer ms / ours ms: > 1 ours faster; rows with timing CV > "
+                  f"{NOISY_CV:.0%} are NOISY and left out of the means: {sp.noisy_records} noisy rows left out)",
+                  highlight=False)
+    for s in sp.per_peer:
+        console.print(f"  {_x(s.geomean) if s.quiet else ''} {describe(s)}", highlight=False)
+    if sp.per_class:
+        table = Table(title="geomean speedup per shape class (peer ms / ours ms; wins-losses, NOISY left out)")
+        table.add_column("class")
+        for peer in sp.peers:
+            table.add_column(f"vs {peer}", justify="right")
+        classes = list(dict.fromkeys(s.cls for s in sp.per_class))
+        cells = {(s.cls, s.peer): s for s in sp.per_class}
+        for cls in classes:
+            table.add_row(cls, *[_class_cell(cells[(cls, p)]) for p in sp.peers])
+        console.print(table)
 
 
 def _err(r: ResultRecord) -> str:
@@ -61,11 +93,12 @@ def _kernels_us(perf: dict) -> str:
 
 
 def print_summary(records: list[ResultRecord], run_dir: RunDir) -> None:
-    ours = ours_median(records)
+    vs_ours = {(r.case_id, r.peer): r for r in ratios(records)}
     timed = any(r.timing for r in records)
     table = Table(title=f"{len(records)} results in {run_dir.path}")
     columns = ["case", "shape", "impl", "arch", "status", "max err/bound", "compile"]
-    columns += ["median ms", "kernels µs", "GB/s", "% copy", "% same-traffic copy", "its time / ours"] if timed else []
+    columns += ["median ms", "kernels µs", "GB/s", "% copy", "% same-traffic copy",
+                "speedup (its ms / ours)"] if timed else []
     for col in columns:
         table.add_column(col, no_wrap=col in ("case", "status"))
     ordered = sorted(records, key=lambda r: (r.status in GOOD_STATUSES, r.case_id, r.impl))
@@ -74,13 +107,14 @@ def print_summary(records: list[ResultRecord], run_dir: RunDir) -> None:
                f"[{STYLE.get(r.status, 'red')}]{r.status}[/]", _err(r), _compile(r)]
         if timed:
             t, p = r.timing or {}, r.perf or {}
-            ratio = f"{t['median_ms'] / ours[r.case_id]:.2f}x" if t and r.case_id in ours and r.backend != "cutedsl" else ""
             row += [f"{t['median_ms']:.4f}" if t else "", _kernels_us(p), f"{p['gbps']:.0f}" if p else "",
-                    f"{p['pct_copy']:.1f}" if p else "", _pct_same_traffic(p), ratio]
+                    f"{p['pct_copy']:.1f}" if p else "", _pct_same_traffic(p),
+                    _speedup(vs_ours.get((r.case_id, r.impl)))]
         table.add_row(*row)
     if len(ordered) > MAX_ROWS:
         table.caption = f"{len(ordered) - MAX_ROWS} more rows in {run_dir.csv}"
     console.print(table)
+    print_speed(speed(records))
     counts = summarize_statuses(records)
     console.print("  ".join(f"[{STYLE.get(s, 'red')}]{s}[/] {n}" for s, n in sorted(counts.items())))
     console.print(f"results: {run_dir.results}\n         {run_dir.csv}")

@@ -17,17 +17,19 @@ from typing import Optional
 
 import typer
 import typer.core
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dsv4bench.cli.common import console, fail, gpu_arch, resolve_archs, writing
+from dsv4bench.cli.progress import task_progress
 from dsv4bench.cli.report import render
 from dsv4bench.cli.summary import exit_code, print_summary
 from dsv4bench.compile.cache import ENV_NO_CACHE, CompileCache
-from dsv4bench.core.regressions import record_failures, with_regressions
 from dsv4bench.core.environment import describe_environment
+from dsv4bench.core.filters import cases_under_filters
+from dsv4bench.core.regressions import RUN_FILE, record_failures, with_regressions
 from dsv4bench.core.registry import Family, SweepOptions, family_packages, impls, load_family
-from dsv4bench.core.results import GOOD_STATUSES, RunDir
-from dsv4bench.core.runner import Runner, plan
+from dsv4bench.core.results import RunDir
+from dsv4bench.core.resume import invocation_meta, resume_conflict
+from dsv4bench.core.runner import DEFAULT_TIMEOUT_S, Runner, plan
 
 
 def parse_shard(shard: str | None) -> tuple[int, int] | None:
@@ -60,6 +62,29 @@ def parse_impls(family: Family, impl: str | None) -> list[str] | None:
     return names
 
 
+def parse_baselines(family: Family, baseline: str | None) -> list[str] | None:
+    """--baseline a,b: the peers to run beside ours (the family's impls that do not compile)."""
+    if baseline is None:
+        return None
+    names = [n.strip() for n in baseline.split(",") if n.strip()]
+    known = [i.name for i in impls(family.name, variants=True) if not i.compiles]
+    bad = [n for n in names if n not in known]
+    if not names or bad:
+        fail(f"--baseline: {family.name} has no baseline '{(bad or [baseline])[0]}' "
+             f"(baselines: {', '.join(known) or 'none'})")
+    return names
+
+
+def draw_cases(family: Family, opts: SweepOptions) -> list:
+    """The grid and `opts.examples` draws that satisfy the filters; one line when fewer exist."""
+    cases, draws = cases_under_filters(family, opts)
+    found = sum(c.origin == "hypothesis" for c in cases)
+    if opts.filters and found < opts.examples:
+        console.print(f"[yellow]--examples {opts.examples}[/]: only {found} drawn case(s) satisfy the filters "
+                      f"({draws} draws made, seed {opts.seed})", highlight=False, soft_wrap=True)
+    return cases
+
+
 def sweep_family(
     family: Family,
     shape: dict,
@@ -67,13 +92,20 @@ def sweep_family(
     seed: int = typer.Option(0, help="seed of the drawn cases and of every input"),
     grid: bool = typer.Option(True, "--grid/--no-grid", help="include the DSV4 production grid"),
     arch: str = typer.Option("auto", help="auto | sm_90a | sm_100a | sm_90a,sm_100a"),
-    compile_only: bool = typer.Option(False, "--compile-only", help="compile, do not run (no GPU needed)"),
+    compile_only: bool = typer.Option(False, "--compile-only", help="compile only: run and check nothing (no GPU "
+                                                                     "needed; --cpu-check adds the CPU checks)"),
+    cpu_check: Optional[bool] = typer.Option(
+        None, "--cpu-check/--no-cpu-check", show_default=False,
+        help="check each case's low-precision torch reference against the FP32 oracle on the CPU (slow for large "
+             "cases); default: on without a GPU, off with --compile-only or on a GPU"),
     bench: bool = typer.Option(False, "--bench", help="time every passing impl (GPU)"),
     impl: Optional[str] = typer.Option(None, help="only these impls, e.g. cutedsl,cutedsl:no-softmax "
                                                  "(declared variants run only when named; see `list`)"),
     baseline: Optional[str] = typer.Option(None, help="peers to run beside ours, e.g. torch,quack (default: all)"),
     out: Optional[Path] = typer.Option(None, help="run directory; re-running with the same one resumes"),
-    timeout: float = typer.Option(300.0, min=1.0, help="seconds per task before it is killed as TIMEOUT"),
+    force_merge: bool = typer.Option(False, "--force-merge", help="resume into an --out made with other options "
+                                                                  "(refused otherwise)"),
+    timeout: float = typer.Option(DEFAULT_TIMEOUT_S, min=1.0, help="seconds per task before it is killed as TIMEOUT"),
     shard: Optional[str] = typer.Option(None, help="run only shard i of n: i/n"),
     no_cache: bool = typer.Option(False, "--no-cache", help="bypass the compiled-kernel disk cache (cold compiles)"),
 ) -> None:
@@ -93,28 +125,42 @@ def sweep_family(
     if bench and not gpu:
         console.print("[yellow]--bench needs a GPU: timing is skipped on this machine[/]")
     shard_ix = parse_shard(shard)
-    baselines = [b.strip() for b in baseline.split(",")] if baseline else None
+    baselines = parse_baselines(family, baseline)
+    checks = cpu_check if cpu_check is not None else not (gpu or compile_only)
+    options = {"kernel": kernel, "filters": filters, "examples": examples, "seed": seed, "grid": grid,
+               "archs": archs, "gpu": gpu, "compile_only": compile_only, "cpu_check": checks,
+               "bench": bench and gpu, "impl": chosen, "baseline": baselines, "shard": shard_ix}
+    command = "dsv4bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
     run_dir = open_run_dir(out, kernel)
-    cases = with_regressions(kernel, family.cases(SweepOptions(examples=examples, seed=seed, grid=grid, filters=filters)))
+    conflict = resume_conflict(run_dir.read_meta(), command, options)
+    if conflict and not force_merge:
+        fail(f"--out {run_dir.path} is another sweep's: {conflict}; use the same options to resume it, "
+             f"another --out, or --force-merge to add this sweep's tasks to it")
+    cases = with_regressions(kernel, draw_cases(family, SweepOptions(examples=examples, seed=seed, grid=grid,
+                                                                     filters=filters)))
     if shard_ix:
         cases = cases[shard_ix[0]::shard_ix[1]]
     if not cases:
         fail("no case matches the given options")
     tasks = plan(cases, archs, gpu=gpu, bench=bench and gpu, compile_only=compile_only, baselines=baselines,
-                 only=chosen)
+                 only=chosen, cpu_check=checks)
     done = run_dir.done_tasks()
     todo = [t for t in tasks if t.key not in done]
-    command, environment = "dsv4bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]), describe_environment()
+    environment = describe_environment()
+    if conflict:
+        console.print(f"[yellow]--force-merge[/]: adding to {run_dir.path}, whose run.json keeps its first "
+                      f"command; {conflict}", highlight=False, soft_wrap=True)
     run_dir.write_meta({
-        "command": command,
+        **invocation_meta(run_dir.read_meta(), command, options, time.strftime("%Y-%m-%d %H:%M:%S"),
+                          {c.id: c.to_json() for c in cases}),
         "kernel": kernel, "seed": seed, "examples": examples, "archs": archs, "gpu": gpu,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "environment": environment,
-        "cases": {c.id: c.to_json() for c in cases},
+        "environment": environment,
     })
     replayed = sum(c.origin == "regression" for c in cases)
     console.print(f"[bold]{kernel}[/]: {len(cases)} cases, {len(tasks)} tasks on "
-                  f"{'GPU ' + here if gpu else 'CPU (compile-only: ' + ','.join(archs) + ')'}, seed {seed}"
+                  f"{'GPU ' + here if gpu else 'CPU (compile' + (' + CPU check' if checks else ' only')}"
+                  f"{'' if gpu else ': ' + ','.join(archs) + ')'}, seed {seed}"
                   + (f"; resuming, {len(tasks) - len(todo)} already done" if len(todo) < len(tasks) else "")
                   + (f"; {replayed} regression case(s) replayed first" if replayed else ""))
 
@@ -123,16 +169,7 @@ def sweep_family(
     else:  # an unusable cache is said once here: the workers' own warnings go to their logs
         CompileCache().disk_ready()
     runner = Runner(run_dir, timeout_s=timeout, gpu=gpu)
-    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        bar = progress.add_task(kernel, total=len(todo))
-
-        def on_record(rec):
-            progress.advance(bar)
-            if rec.status not in GOOD_STATUSES:
-                progress.console.print(f"[red]{rec.status}[/] {rec.case_id} {rec.impl} {rec.arch}: {rec.reason[:160]}")
-
+    with task_progress(console, kernel, len(todo)) as on_record:
         try:
             runner.run(todo, on_record)
         except KeyboardInterrupt:
@@ -142,9 +179,11 @@ def sweep_family(
             raise typer.Exit(130)
     records = run_dir.records()
     print_summary(records, run_dir)
-    added = record_failures(kernel, records, environment.get("commit"), command)
+    added = record_failures(kernel, records, environment.get("commit"), command, run_dir.path / RUN_FILE, timeout)
     if added:
-        console.print(f"[red]{len(added)} failing case(s)[/] added to the regression file (replayed first next time)")
+        console.print(f"[red]{len(added)} failing case(s)[/] new to the regression file, recorded in "
+                      f"{run_dir.path / RUN_FILE}; `dsv4bench regressions add {run_dir.path}` promotes them",
+                      highlight=False, soft_wrap=True)
     try:
         render(run_dir.path, new_regressions=len(added))  # also rewrites results.csv
     except Exception as e:  # the records are safe on disk; a report bug must not change the sweep's verdict

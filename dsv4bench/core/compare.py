@@ -1,4 +1,4 @@
-"""Scoring an output against the FP32 oracle with the BENCHMARKING.md rule.
+"""Scoring an output against the FP32 oracle with the docs/benchmarking.md rule.
 
 A float output passes only when all hold:
 1. no NaN/Inf where the oracle has none;

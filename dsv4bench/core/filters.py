@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dsv4bench.core.case import Case
 
 
@@ -34,3 +36,23 @@ def apply_filters(cases: list[Case], filters: dict, option_to_param: dict[str, s
         if all(c.get(option_to_param[k]) in v for k, v in filters.items() if k in option_to_param):
             out.append(c)
     return out
+
+
+DRAW_GROWTH, MAX_DRAWS_PER_EXAMPLE, MIN_DRAW_BUDGET = 4, 50, 1000
+
+
+def cases_under_filters(family, opts) -> tuple[list[Case], int]:
+    """The family's cases with `opts.examples` hypothesis draws that satisfy `opts.filters` (not
+    N draws, then filtered): draw more, 4x at a time, until N satisfy them or the draw budget
+    (50 per example asked, at least 1000) is spent. Deterministic for a seed. Returns the cases
+    (grid first, then the first N satisfying draws) and how many draws were made; fewer than N
+    drawn cases means no more exist within the budget."""
+    want, n = opts.examples, opts.examples
+    budget = max(want * MAX_DRAWS_PER_EXAMPLE, MIN_DRAW_BUDGET)
+    while True:
+        cases = family.cases(replace(opts, examples=n))
+        drawn = [c for c in cases if c.origin == "hypothesis"]
+        if len(drawn) >= want or not opts.filters or n >= budget:
+            break
+        n = min(n * DRAW_GROWTH, budget)
+    return [c for c in cases if c.origin != "hypothesis"] + drawn[:want], n

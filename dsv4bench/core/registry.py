@@ -87,7 +87,7 @@ class Cost:
 
 @dataclass(frozen=True)
 class Tolerance:
-    """The BENCHMARKING.md rule. `exact` compares bit for bit (codes, scales, indices)."""
+    """The docs/benchmarking.md rule. `exact` compares bit for bit (codes, scales, indices)."""
 
     ratio: float = 2.0  # max|out-oracle| <= ratio * max|lowprec-oracle| + atol_floor
     rel_l2: float = 1e-2  # ||out-oracle|| / ||oracle||

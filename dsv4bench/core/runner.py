@@ -35,6 +35,7 @@ from dsv4bench.core.results import FAIL_RUNTIME, TIMEOUT, ResultRecord, RunDir, 
 CHECK_IMPL = "torch"  # the impl column of a CPU check record: the low-precision reference in torch
 WORKER_COMMAND = [sys.executable, "-m", "dsv4bench.core.worker"]
 KILL_GRACE_S = 3.0
+DEFAULT_TIMEOUT_S = 300.0  # `sweep --timeout`: a TIMEOUT under a shorter one is not promoted by default
 # a worker's start is bounded by --timeout, but never below this: importing torch and the kernel
 # modules takes seconds, and a small --timeout must not fail every start
 MIN_STARTUP_S = 10.0
@@ -57,10 +58,11 @@ class Task:
 
 
 def plan(cases: Iterable[Case], archs: list[str], gpu: bool, bench: bool, compile_only: bool,
-         baselines: list[str] | None = None, only: list[str] | None = None) -> list[Task]:
-    """GPU: every impl runs (peers too, for ratios). No GPU: CuTeDSL impls compile per arch and
-    the low-precision reference is checked against the oracle on the CPU. `only` names the impls
-    to run (declared variants run only when named there); `baselines` narrows the peers."""
+         baselines: list[str] | None = None, only: list[str] | None = None, cpu_check: bool = False) -> list[Task]:
+    """GPU: every impl runs (peers too, for ratios). No GPU or `compile_only`: CuTeDSL impls
+    compile per arch, nothing runs. `cpu_check` adds, per case, the family's low-precision torch
+    reference checked against its FP32 oracle on the CPU. `only` names the impls to run (declared
+    variants run only when named there); `baselines` narrows the peers."""
     tasks: list[Task] = []
     for case in cases:
         for impl in impls(case.family, variants=only is not None):
@@ -74,7 +76,7 @@ def plan(cases: Iterable[Case], archs: list[str], gpu: bool, bench: bool, compil
                 continue
             if impl.compiles:
                 tasks += [Task(case, impl.name, a, "compile") for a in archs if a in impl.archs]
-        if not gpu or compile_only:  # the family's torch low-precision reference vs its oracle
+        if cpu_check:
             tasks.append(Task(case, CHECK_IMPL, "cpu", "check"))
     return tasks
 

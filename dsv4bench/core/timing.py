@@ -1,6 +1,6 @@
 """GPU timing: CUDA events around the region, L2 flushed before every iteration.
 
-Protocol (docs/BENCHMARKING.md): warm-up first (compilation and module load stay out); before
+Protocol (docs/benchmarking.md): warm-up first (compilation and module load stay out); before
 each iteration a memset of a buffer >= 2x the L2 evicts the cache, and a read sweep of the same
 buffer then evicts the memset's dirty lines: left dirty, the timed call pays their write-back (up
 to the 50 MB of the L2, ~7-9 us on the H100: docs/lessons/harness.md); events bracket the call alone;

@@ -48,16 +48,17 @@ class Worker:
     def __init__(self):
         self.cache = CompileCache()
         self.data: CaseData | None = None
+        self.data_key: tuple[str, str] | None = None  # (case id, device) of `data`
         self.timer = None
         self.ceilings = None
         self.same_traffic_copy = None
 
     def case_data(self, family, case: Case, device: str) -> CaseData:
-        if self.data is None or self.data.case_id != case.id:
-            self.data = None
+        if self.data is None or self.data_key != (case.id, device):
+            self.data = self.data_key = None
             if device == "cuda":
                 torch.cuda.empty_cache()
-            self.data = CaseData(family, case, device)
+            self.data, self.data_key = CaseData(family, case, device), (case.id, device)
         return self.data
 
     def handle(self, task: dict) -> ResultRecord:

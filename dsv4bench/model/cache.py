@@ -1,4 +1,4 @@
-"""Per-layer inference caches (DSV4_SPEC.md §10.1), FP32, one sequence.
+"""Per-layer inference caches (docs/model-math.md §10.1), FP32, one sequence.
 
 * the window ring: `ring [window, head_dim]`, token p in slot p mod window (raw KV after the
   norm and RoPE);

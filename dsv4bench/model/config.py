@@ -1,4 +1,4 @@
-"""Model configurations (DSV4_SPEC.md §1): Flash, Pro and a tiny one with the real structure.
+"""Model configurations (docs/model-math.md §1): Flash, Pro and a tiny one with the real structure.
 
 `ModelConfig` mirrors the reference `ModelArgs`; `to_hf()` / `from_hf()` convert to and from the
 HF `config.json` keys of §1.1 (one table, `HF_KEYS`), so a checkpoint directory carries its own

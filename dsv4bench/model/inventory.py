@@ -1,5 +1,5 @@
 """The expected tensor inventory of an official HF checkpoint, derived from the config alone
-(DSV4_SPEC.md §11.2). The loader validates against it and the synthesiser writes exactly it.
+(docs/model-math.md §11.2). The loader validates against it and the synthesiser writes exactly it.
 
 Names are the inference names of the official files (no `model.` prefix); the scale of an FP8 or
 MXFP4 `X.weight` is `X.scale` (F8_E8M0). FP8 weights carry one ue8m0 scale per 128x128 block;

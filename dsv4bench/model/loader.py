@@ -1,4 +1,4 @@
-"""Strict loader for HF safetensors checkpoints in the official DSV4 layout (DSV4_SPEC.md §11).
+"""Strict loader for HF safetensors checkpoints in the official DSV4 layout (docs/model-math.md §11).
 
 Opening a checkpoint checks everything before weights are loaded (the file-level rules are in
 `dsv4bench.model.validate`):

@@ -1,4 +1,4 @@
-"""Random checkpoints in exactly the official HF layout (DSV4_SPEC.md §11), so the real loader
+"""Random checkpoints in exactly the official HF layout (docs/model-math.md §11), so the real loader
 path is what runs on them.
 
 One shard per load unit (top level, each layer, each MTP block), a `model.safetensors.index.json`
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import zlib
 from pathlib import Path
@@ -96,6 +97,12 @@ def make_tensor(name: str, spec: TensorSpec, specs: dict[str, TensorSpec], seed:
     raise SynthError(f"no synthesis rule for {name} ({dt})")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def shard_name(i: int, n: int) -> str:
     return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
 
@@ -121,11 +128,13 @@ def write_checkpoint(
     if total > free:
         raise SynthError(f"{cfg.name} needs {total / 1e9:.1f} GB but {existing} has {free / 1e9:.1f} GB free")
     out.mkdir(parents=True, exist_ok=True)
+    mask = _umask()
     weight_map: dict[str, str] = {}
     for i, (unit, inv) in enumerate(zip(units, inventories)):
         fname = shard_name(i, len(units))
         tensors = {name: make_tensor(name, spec, inv, seed) for name, spec in inv.items()}
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        os.chmod(out / fname, 0o666 & ~mask)  # safetensors creates 0600; a checkpoint is meant to be shared
         weight_map.update({name: fname for name in tensors})
         del tensors
         if progress:

@@ -75,7 +75,9 @@ def load_hosts(path: str | os.PathLike | None = None) -> dict[str, HostConfig]:
     try:
         data = tomllib.loads(file.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"no hosts file at {file} (see `dsv4bench remote --help` for its format)") from None
+        raise ConfigError(f"no hosts file at {file}; create it with a table per host, at least "
+                          f'[hosts.NAME] ssh = "ALIAS" workdir = "DIR" (every key: docs/remote.md, section Hosts)'
+                          ) from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read hosts file {file}: {e}") from None
     tables = data.get("hosts")

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 
 from dsv4bench.core.results import GOOD_STATUSES, ResultRecord
 from dsv4bench.report.derived import shape
-from dsv4bench.report.verdict import Spread, verdict
+from dsv4bench.report.verdict import SLOWER, Spread, verdict
+
+FAIL_ON = ("slower", "new-failures")  # what `report --against --fail-on` turns into exit status 1
+
+
+class NothingInCommon(ValueError):
+    """The two runs share no task: nothing to compare (one line for the user, exit 2)."""
 
 
 @dataclass
@@ -27,6 +33,20 @@ class Comparison:
     @property
     def counts(self) -> dict[str, int]:
         return dict(Counter(r["verdict"] for r in self.rows))
+
+    @property
+    def slower(self) -> list[dict]:
+        """Tasks SLOWER beyond the noise rule (p10..p90 apart and the medians more than 3% apart)."""
+        return [r for r in self.rows if r["verdict"] == SLOWER]
+
+    def failed(self, fail_on: tuple[str, ...]) -> list[str]:
+        """Why `--fail-on` makes the comparison fail: one line per reason, none when it passes."""
+        reasons = []
+        if "slower" in fail_on and self.slower:
+            reasons.append(f"{len(self.slower)} task(s) SLOWER than {self.base_path}")
+        if "new-failures" in fail_on and self.new_failures:
+            reasons.append(f"{len(self.new_failures)} new failure(s) against {self.base_path}")
+        return reasons
 
 
 def _latest(records: list[ResultRecord]) -> dict[str, ResultRecord]:
@@ -43,6 +63,9 @@ def _change_row(b: ResultRecord | None, n: ResultRecord) -> dict:
 
 def compare_runs(base: list[ResultRecord], new: list[ResultRecord], base_path: str) -> Comparison:
     old, cur = _latest(base), _latest(new)
+    if not old.keys() & cur.keys():
+        raise NothingInCommon(f"{base_path} has no task in common with this run (different family, seed or "
+                              "impls?): nothing to compare")
     cmp = Comparison(base_path, only_new=len(cur.keys() - old.keys()), only_base=len(old.keys() - cur.keys()))
     for task, n in cur.items():
         b = old.get(task)

@@ -13,12 +13,17 @@ class BadAxes(ValueError):
     """--axes names a param the run's cases lack (one line for the user, exit 2)."""
 
 
-def declared_axes(family: str) -> tuple[str, ...] | None:
+def declared(family: str, name: str, default=None):
+    """A report setting declared by the family's case space (sweeps/<family>.py), else `default`."""
     try:
         module = importlib.import_module(f"sweeps.{family}")
     except ImportError:
-        return None
-    axes = getattr(module, "REPORT_AXES", None)
+        return default
+    return getattr(module, name, default)
+
+
+def declared_axes(family: str) -> tuple[str, ...] | None:
+    axes = declared(family, "REPORT_AXES")
     return tuple(axes) if axes else None
 
 

@@ -6,28 +6,41 @@ from __future__ import annotations
 import base64
 import io
 import math
+import textwrap
 from collections import defaultdict
 
 import matplotlib
 
 matplotlib.use("Agg")
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from dsv4bench.core.results import GOOD_STATUSES, ResultRecord  # noqa: E402
-from dsv4bench.report.derived import error_ratio, rel_l2, roofline, worst  # noqa: E402
+from dsv4bench.report.derived import OURS, error_ratio, rel_l2, roofline, worst  # noqa: E402
 
 GRID_MAX = 20  # distinct values per axis up to which the heatmap is a categorical grid
 ANNOTATE_MAX = 150  # cells up to which each cell prints its value
 BARS_MAX = 40  # cases in the %-of-limit bar chart
 RATIO_NORM = Normalize(0.0, 2.0)  # max|err|/bound: <= 1 passes; the colour saturates at 2x the bound
 MARKERS = "osD^vP*X<>"
+DPI = 80  # the PNGs' resolution; a figure whose layout measures text is made at it (hinting is not linear)
+# one colour per impl in every figure and in the page's legend (matplotlib's tab10, ours first)
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
+LABEL_WRAP = 60  # characters per line of a bar chart's case label
+
+
+def impl_colours(records: list[ResultRecord]) -> dict[str, str]:
+    """impl -> colour, the same for the whole report: our impls first, then the peers by name."""
+    impls = sorted({(r.backend != OURS, r.impl) for r in records})
+    return {impl: PALETTE[i % len(PALETTE)] for i, (_, impl) in enumerate(impls)}
 
 
 def data_uri(fig: Figure) -> str:
     """Fixed margins (set per figure), not bbox_inches="tight", which draws every figure twice."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
+    fig.savefig(buf, format="png", dpi=DPI)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
@@ -113,7 +126,7 @@ def _scatter(fig, ax, cells, idx, norm, cmap, label, numeric_y: bool) -> None:
         ax.set_yscale("log")
 
 
-def roofline_plot(records: list[ResultRecord], title: str) -> str | None:
+def roofline_plot(records: list[ResultRecord], title: str, colours: dict[str, str]) -> str | None:
     """Each timed record as a point (arithmetic intensity, TFLOP/s) under the measured ceilings."""
     by_impl: dict[str, list] = defaultdict(list)
     for r in records:
@@ -134,7 +147,7 @@ def roofline_plot(records: list[ResultRecord], title: str) -> str | None:
             label=f"measured limit: copy {copy:.0f} GB/s, bf16 GEMM {gemm:.0f} TFLOP/s")
     for i, (impl, pts) in enumerate(sorted(by_impl.items())):
         ax.scatter([p.intensity for p in pts], [p.tflops for p in pts], marker=MARKERS[i % len(MARKERS)], s=24,
-                   label=impl, alpha=0.8)
+                   label=impl, alpha=0.8, color=colours[impl])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (flop / byte)")
@@ -146,8 +159,24 @@ def roofline_plot(records: list[ResultRecord], title: str) -> str | None:
     return data_uri(fig)
 
 
-def limit_bars(perf_rows: list[dict], title: str) -> str | None:
-    """% of the measured limit per shape, one bar per impl (the first BARS_MAX timed cases)."""
+def limit_bars(perf_rows: list[dict], title: str, colours: dict[str, str]) -> str | None:
+    fig = limit_bars_figure(perf_rows, title, colours)
+    return data_uri(fig) if fig else None
+
+
+def _varying(perf_rows: list[dict]) -> set[str]:
+    """The params that differ between the cases (the label shows those alone)."""
+    values: dict[str, set] = defaultdict(set)
+    for row in perf_rows:
+        for part in row["shape"].split(" "):
+            k, _, v = part.partition("=")
+            values[k].add(v)
+    return {k for k, vs in values.items() if len(vs) > 1} or set(values)
+
+
+def limit_bars_figure(perf_rows: list[dict], title: str, colours: dict[str, str]) -> Figure | None:
+    """% of the measured limit per shape, one bar per impl (the first BARS_MAX timed cases). Labels
+    are the case id and the params that vary, wrapped, with the left margin measured to fit them."""
     cases: list[str] = []
     impls: list[str] = []
     pct: dict[tuple, float] = {}
@@ -163,19 +192,27 @@ def limit_bars(perf_rows: list[dict], title: str) -> str | None:
         pct[(row["case_id"], row["impl"])] = row["roof"].pct_limit
     if not pct:
         return None
-    labels = {row["case_id"]: f"{row['case_id']}  {row['shape']}"[:70] for row in perf_rows}
+    varying = _varying(perf_rows)
+    labels = {row["case_id"]: "\n".join(textwrap.wrap(
+        row["case_id"] + "  " + " ".join(p for p in row["shape"].split(" ") if p.partition("=")[0] in varying),
+        LABEL_WRAP)) for row in perf_rows}
+    lines = max(labels[c].count("\n") + 1 for c in cases)
     height = 0.8 / len(impls)
-    fig = Figure(figsize=(10, 1.2 + 0.22 * len(cases) * max(1, len(impls) / 2)))
+    fig = Figure(figsize=(11, 1.2 + 0.22 * len(cases) * max(1, len(impls) / 2, 0.6 * lines)), dpi=DPI)
     ax = fig.subplots()
     for j, impl in enumerate(impls):
         ys = [i + j * height for i, c in enumerate(cases) if (c, impl) in pct]
-        ax.barh(ys, [pct[(c, impl)] for c in cases if (c, impl) in pct], height=height, label=impl)
+        ax.barh(ys, [pct[(c, impl)] for c in cases if (c, impl) in pct], height=height, label=impl,
+                color=colours[impl])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0))
     ax.set_yticks([i + 0.4 - height / 2 for i in range(len(cases))], [labels[c] for c in cases], fontsize=7)
     ax.invert_yaxis()
     ax.axvline(100, color="black", lw=1)
     ax.set_xlabel("% of the measured limit (roofline at the case's intensity)")
-    ax.legend(fontsize=7, loc="lower right")
     ax.set_title(title)
     inches = fig.get_size_inches()
-    fig.subplots_adjust(left=3.9 / inches[0], right=0.97, bottom=0.7 / inches[1], top=1 - 0.4 / inches[1])
-    return data_uri(fig)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    label_px = max(t.get_window_extent(renderer).width for t in ax.get_yticklabels())
+    left = (label_px / fig.dpi + 0.25) / inches[0]
+    fig.subplots_adjust(left=min(left, 0.7), right=0.89, bottom=0.7 / inches[1], top=1 - 0.4 / inches[1])
+    return fig

@@ -6,8 +6,9 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
-from dsv4bench.core.results import GOOD_STATUSES, ResultRecord
+from dsv4bench.core.results import GOOD_STATUSES, UNSUPPORTED, ResultRecord
 from dsv4bench.report.derived import OURS, error_ratio, rel_l2, roofline, shape
+from dsv4bench.report.speedup import is_noisy, ratios
 
 ORIGIN_ORDER = {"regression": 0, "grid": 1, "cli": 2, "hypothesis": 3}
 SHORT = {"PASS": "ok", "COMPILED": "ok", "UNSUPPORTED": "n/a", "FAIL_NUMERIC": "num", "FAIL_COMPILE": "cmp",
@@ -69,20 +70,40 @@ def failures(records: list[ResultRecord], run_path: Path) -> list[dict]:
 
 
 def perf_rows(records: list[ResultRecord]) -> list[dict]:
-    """Timed records, grouped by case, ours first, each peer as a ratio of our median."""
+    """Timed records, grouped by case, ours first, each peer with its speedup (its ms / ours ms)."""
     timed = [r for r in records if r.timing and r.timing.get("median_ms")]
-    ours = {r.case_id: r.timing["median_ms"] for r in timed if r.backend == OURS}
+    vs_ours = {(r.case_id, r.peer): r for r in ratios(records)}
     order = {r.case_id: i for i, r in enumerate(case_order(timed))}
     rows = []
     for r in sorted(timed, key=lambda r: (order[r.case_id], r.backend != OURS, r.impl)):
-        t, roof = r.timing, roofline(r)
+        t, roof, p = r.timing, roofline(r), r.perf or {}
         rows.append({
             "case_id": r.case_id, "shape": shape(r.params), "impl": r.impl, "arch": r.arch, "ours": r.backend == OURS,
             "median_ms": t["median_ms"], "p10_ms": t.get("p10_ms"), "p90_ms": t.get("p90_ms"), "cv": t.get("cv"),
             "iters": t.get("n"), "l2_flush": t.get("l2_flush"), "roof": roof,
-            "vs_ours": t["median_ms"] / ours[r.case_id] if r.case_id in ours and r.backend != OURS else None,
+            "ratio": vs_ours.get((r.case_id, r.impl)) if r.backend != OURS else None, "noisy": is_noisy(r),
+            "pct_same_traffic_copy": p.get("pct_same_traffic_copy"), "kernels_us": p.get("kernels_us") or {},
+            "kernels_total_us": p.get("kernels_total_us"), "host_bound": p.get("host_bound"),
         })
     return rows
+
+
+def speedup_class(v: float | None) -> str:
+    """The colour of a speedup cell: green shades where ours is faster, red where slower."""
+    if v is None:
+        return ""
+    return "sp-win2" if v >= 1.25 else "sp-win" if v > 1 else "sp-loss2" if v <= 0.8 else "sp-loss" if v < 1 else ""
+
+
+def unsupported(records: list[ResultRecord]) -> list[dict]:
+    """UNSUPPORTED results grouped by impl and reason, with their count and an example case."""
+    groups: dict[tuple, list[ResultRecord]] = {}
+    for r in records:
+        if r.status == UNSUPPORTED:
+            groups.setdefault((r.impl, r.reason), []).append(r)
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], -len(kv[1])))
+    return [{"impl": impl, "reason": reason, "count": len(rs), "example": rs[0].case_id,
+             "example_shape": shape(rs[0].params)} for (impl, reason), rs in ordered]
 
 
 def compile_rows(records: list[ResultRecord]) -> list[dict]:

@@ -1,6 +1,6 @@
 """SM90 FP8 block-scaled GEMM (DSV4 linear layers): y[M, N] = x[M, K] . W[N, K]^T, bf16 out.
 
-Recipe (DSV4_SPEC.md §2.3 / §2.6, the reference's fp8_gemm): x and W are FP8 e4m3, K-major. The
+Recipe (docs/model-math.md §2.3 / §2.6, the reference's fp8_gemm): x and W are FP8 e4m3, K-major. The
 activation carries one fp32 scale per (row, 128 columns of K) (`sa` [M, K/128]); the weight one per
 128 x 128 block (`sw` [ceil(N/128), K/128]). For every 128-wide K block a warpgroup runs its wgmmas
 into a temporary fp32 accumulator (tensor-core accumulation stays inside one block), then promotes:

@@ -1,4 +1,4 @@
-"""The BENCHMARKING.md pass rule, on planted errors."""
+"""The docs/benchmarking.md pass rule, on planted errors."""
 
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ def test_the_toy_family_is_listed_swept_replayed_and_conforms(toy_tree):
     assert "--hd" not in helped.stdout  # only its own shape options
 
     out = root / "run"
-    swept = run(env, "-m", "dsv4bench", "sweep", "toy", "--compile-only", "--examples", "2", "--out", str(out))
+    swept = run(env, "-m", "dsv4bench", "sweep", "toy", "--compile-only", "--cpu-check", "--examples", "2", "--out", str(out))
     assert swept.returncode == 0, swept.stdout
     recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     compiled = {(r["arch"], r["status"]) for r in recs if r["impl"] == "cutedsl"}

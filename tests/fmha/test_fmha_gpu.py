@@ -1,4 +1,4 @@
-"""Our SM90 kernel against the FP32 oracle on a GPU (BENCHMARKING.md rule), every production case
+"""Our SM90 kernel against the FP32 oracle on a GPU (docs/benchmarking.md rule), every production case
 plus hypothesis draws: hd 64-512, sink on/off, causal/window masks, invalid indices, partial
 tiles, non-square, ragged and decode shapes. Skipped without CUDA."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -53,10 +54,11 @@ def test_plots_are_embedded_pngs(timed_report):
 
 def test_perf_table_has_peers_as_ratios_and_percent_of_limit(timed_report):
     _, cases, _ = timed_report
-    cells = [c.text for c in find(parse(_row_html(timed_report, cases[5].id, "flashmla")), "td")]
-    ratio = float(cells[-1].rstrip("×"))
-    assert 1.1 < ratio < 1.4  # the synthetic peer is 1.25x our time
-    pct = float(cells[9])
+    cells = find(parse(_row_html(timed_report, cases[5].id, "flashmla")), "td")
+    ratio = float(cells[-1].text.rstrip("×"))
+    assert 1.1 < ratio < 1.4  # the synthetic peer is 1.25x our time: speedup = its ms / ours ms
+    assert cells[-1].classes & {"sp-win", "sp-win2"}  # green: ours faster
+    pct = float(cells[9].text)
     assert 0 < pct < 100
 
 
@@ -64,7 +66,7 @@ def _row_html(timed_report, case_id: str, impl: str) -> str:
     html = timed_report[0].index.read_text()
     perf = html[html.index('<table class="perf">'):]
     for row in perf.split("<tr")[1:]:
-        if case_id in row and f"<td>{impl}</td>" in row:
+        if f'data-case-id="{case_id}" data-impl="{impl}"' in row:
             return "<tr" + row.split("</tr>")[0]
     raise AssertionError("row not found")
 
@@ -112,3 +114,14 @@ def test_bad_axes_and_bad_against_exit_2(tmp_path, monkeypatch, capsys):
     assert "does not exist" in capsys.readouterr().out
     assert _cli(monkeypatch, "report", str(tmp_path / "run")) == 0
     assert f"report: {tmp_path / 'run' / 'index.html'}" in capsys.readouterr().out
+
+
+def test_unsupported_reasons_are_text(tmp_path):
+    run, cases = report_synth.make_run(tmp_path / "run", 3, failing=())
+    records = run.records()
+    for r in records[:2]:
+        r.status, r.reason, r.timing, r.perf = "UNSUPPORTED", "head_dim > 256 is not supported", None, None
+    run.results.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
+    rows = find(parse(write_report(run.path).index.read_text()), "tr", "unsupported")
+    assert len(rows) == 2  # one row per impl x reason, the reason as text (not only a tooltip)
+    assert all("head_dim > 256 is not supported" in r.text for r in rows)

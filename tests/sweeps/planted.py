@@ -48,11 +48,12 @@ class TwoRuns:
 @functools.lru_cache(maxsize=None)
 def two_runs() -> TwoRuns:
     """Two real sweeps, made once per test session (tests/sweeps and tests/report share them):
-    the first meets the planted bug (--width 8,13); the second's own cases avoid it, so only the
-    regression file brings it back."""
+    the first meets the planted bug (--width 8,13) and its failure is promoted (`regressions add`);
+    the second's own cases avoid it, so only the regression file brings it back."""
     root = Path(tempfile.mkdtemp(prefix="dsv4bench-planted-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     regressions = root / "regressions"
     first = sweep(root / "run1", regressions, "--width", "8,13", "--seed", "5")
+    dsv4bench(regressions, "regressions", "add", str(root / "run1"))
     second = sweep(root / "run2", regressions, "--seed", "5")
     return TwoRuns(regressions, root / "run1", root / "run2", first, second)

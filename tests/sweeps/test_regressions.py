@@ -37,16 +37,19 @@ def test_default_dir_is_the_checked_in_sweeps_regressions(monkeypatch):
     assert d.parts[-2:] == ("sweeps", "regressions")
 
 
-def test_failures_are_appended_once_with_their_summary(regdir):
+def test_failures_are_appended_once_with_their_summary(regdir, tmp_path):
+    run_file = tmp_path / "run" / regressions.RUN_FILE
     bad = Case("fmha", {"hd": 512, "s_kv": 65}, seed=3)
     slow = Case("fmha", {"hd": 64, "s_kv": 1}, seed=3)
     good = Case("fmha", {"hd": 128, "s_kv": 64}, seed=3)
     records = [_rec(bad, FAIL_NUMERIC, reason="max|err| 0.5 > bound 0.01"), _rec(bad, FAIL_COMPILE, impl="x"),
                _rec(slow, TIMEOUT), _rec(good, PASS), _rec(good, COMPILED)]
-    assert regressions.record_failures("fmha", records, "abc1234", "dsv4bench sweep fmha") == [bad.id, slow.id]
-    # a later sweep failing the same case again adds nothing
-    assert regressions.record_failures("fmha", records, "def5678", "dsv4bench sweep fmha") == []
-    lines = (regdir / "fmha.jsonl").read_text().splitlines()
+    added = regressions.record_failures("fmha", records, "abc1234", "dsv4bench sweep fmha", run_file)
+    assert added == [bad.id, slow.id]
+    # a resumed sweep failing the same case again adds nothing; the checked-in file is not written
+    assert regressions.record_failures("fmha", records, "def5678", "dsv4bench sweep fmha", run_file) == []
+    assert not (regdir / "fmha.jsonl").exists()
+    lines = run_file.read_text().splitlines()
     assert len(lines) == 2
     first = json.loads(lines[0])
     assert first["params"] == {"hd": 512, "s_kv": 65} and first["seed"] == 3 and first["case_id"] == bad.id
@@ -55,15 +58,16 @@ def test_failures_are_appended_once_with_their_summary(regdir):
     assert first["error"]["outputs"]["out"]["worst_index"] == [3, 127]
 
 
-def test_other_families_records_are_not_recorded(regdir):
+def test_other_families_records_are_not_recorded(regdir, tmp_path):
     other = Case("rmsnorm", {"m": 1, "n": 8})
-    assert regressions.record_failures("fmha", [_rec(other, FAIL_NUMERIC)], None, "") == []
-    assert not (regdir / "fmha.jsonl").exists()
+    assert regressions.record_failures("fmha", [_rec(other, FAIL_NUMERIC)], None, "", tmp_path / "r.jsonl") == []
+    assert not (tmp_path / "r.jsonl").exists()
 
 
-def test_regression_cases_come_first_and_once(regdir):
+def test_regression_cases_come_first_and_once(regdir, tmp_path):
     old = Case("fmha", {"hd": 512, "s_kv": 65}, seed=3)
-    regressions.record_failures("fmha", [_rec(old, FAIL_NUMERIC)], None, "")
+    regressions.record_failures("fmha", [_rec(old, FAIL_NUMERIC)], None, "", tmp_path / "r.jsonl")
+    regressions.promote("fmha", regressions.read_entries(tmp_path / "r.jsonl"), None, False, 300.0)
     with open(regdir / "fmha.jsonl", "a") as f:  # a duplicated line and a broken hand edit
         f.write((regdir / "fmha.jsonl").read_text() + "{not json\n")
     grid = [Case("fmha", {"hd": 64, "s_kv": 1}, seed=3), Case("fmha", {"hd": 512, "s_kv": 65}, seed=3, origin="grid")]
@@ -73,8 +77,9 @@ def test_regression_cases_come_first_and_once(regdir):
 
 
 def test_planted_failure_is_recorded_then_replayed_first():
-    """Two real sweeps: the first meets the planted bug, the second (whose own cases avoid it)
-    replays it first from the regression file."""
+    """Two real sweeps: the first meets the planted bug (recorded in its run directory, promoted
+    by `regressions add`), the second (whose own cases avoid it) replays it first from the
+    regression file."""
     runs = planted.two_runs()
     first, second = runs.first_result, runs.second_result
     assert first.returncode == 1, first.stdout + first.stderr  # FAIL_NUMERIC
@@ -83,7 +88,7 @@ def test_planted_failure_is_recorded_then_replayed_first():
     assert [e["case_id"] for e in entries] == [failing.id]
     assert entries[0]["params"] == {"m": 3, "n": 13} and entries[0]["status"] == "FAIL_NUMERIC"
     assert "relative L2" in entries[0]["error"]["reason"]
-    assert "added to the regression file" in first.stdout
+    assert "new to the regression file" in first.stdout and "regressions add" in first.stdout
 
     assert second.returncode == 1, second.stdout + second.stderr  # the bug is still there
     assert "1 regression case(s) replayed first" in second.stdout
