@@ -160,3 +160,19 @@ def test_fmha_dsv4_pro_config_is_not_serialized():
     assert fact["status"] == "ok", fact["status"]
     assert fact["serialized"] == [], fact["serialized"]
     assert lint(Recording(facts=[fact])) == []
+
+
+def test_a_ptxas_older_than_the_ptx_skips_once_and_never_fails(tmp_path, monkeypatch, capsys):
+    """The H100 host's CUDA 13.0 ptxas cannot read CuTeDSL's PTX 9.4: a skip, not an error."""
+    exe = tmp_path / "ptxas"
+    exe.write_text("#!/bin/sh\necho \"ptxas $3, line 9; fatal : Unsupported .version 9.4; current version is '9.0'\" >&2\n"
+                   "exit 255\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(ptxas.ENV, os.fspath(exe))
+    monkeypatch.setattr(ptxas, "_warned", False)
+    for branch in ("divergent", None):
+        rec, findings = compile_linted(branch)
+        status = ptxas_fact(rec)["status"]
+        assert findings == [] and status.startswith("skipped: ptxas older than the PTX"), status
+        assert "Unsupported .version 9.4; current version is '9.0'" in status
+    assert capsys.readouterr().err.count("skipped: ptxas older than the PTX") == 1
