@@ -201,10 +201,14 @@ def junit_rows(xml: Path) -> list[dict]:
     return rows
 
 
+def _is_conformance(row: dict) -> bool:
+    return "conformance" in (row.get("file") or "") + row["test"]
+
+
 def test_family(row: dict) -> str:
     """tests/<family>/... (a file path, or a dotted classname tests.<family>.test_x) names the family; else 'core'.
     A generic conformance case belongs to the family its id starts with (test_x[gemm-cutedsl-...])."""
-    if "conformance" in (row.get("file") or "") + row["test"]:
+    if _is_conformance(row):
         m = re.search(r"\[([A-Za-z0-9_]+)-", row["test"])
         return m.group(1) if m and (KERNELS / m.group(1)).is_dir() else "core"
     for text in (row.get("file") or "", row["test"]):
@@ -223,7 +227,7 @@ def save_junit(xml: Path, commit: str, device: str, root: Path = ROOT, date: str
     for family, rows in sorted(by.items()):
         c = Counter(r["outcome"] for r in rows)
         summary = ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
-        tag = "conformance" if all("conformance" in (r.get("file") or "") + r["test"] for r in rows) else "gpu-tests"
+        tag = "conformance" if all(map(_is_conformance, rows)) else "gpu-tests"
         out.append(save_json(xml, family, commit, device, root, date, tag, command,
                              f"GPU tests of {family}: {summary}", notes, force, rows=rows, meta={}))
     return out

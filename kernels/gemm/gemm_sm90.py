@@ -456,6 +456,7 @@ class Fp8GemmSm90:
         c = self.cfg
         S = c.n_stages
         W = c.waves
+        plain = c.ablate == "no-promote"  # knock-out: a plain FP8 GEMM, wgmmas straight into acc
         sc = cute.make_rmem_tensor(lrows.shape, cutlass.Float32)
         if cutlass.const_expr(c.ablate != ""):
             sc.fill(1.0)
@@ -465,16 +466,12 @@ class Fp8GemmSm90:
             if cutlass.const_expr(c.ablate == ""):
                 self._read_scales(sc, sSA, sSW, lrows, kb, st.index)
             for w in cutlass.range_constexpr(W):
-                if cutlass.const_expr(c.ablate == "no-promote"):
-                    self._issue((mmas[1], mmas[1]), accs[w], tCrA, tCrB, st.index * W + w, st.index)
-                    warpgroup.wait_group(0)
-                    if w == W - 1:
-                        ring.consumer_release(st)
-                else:
-                    self._issue(mmas, tmp, tCrA, tCrB, st.index * W + w, st.index)
-                    warpgroup.wait_group(0)
-                    if w == W - 1:
-                        ring.consumer_release(st)
+                self._issue((mmas[1], mmas[1]) if plain else mmas, accs[w] if plain else tmp, tCrA, tCrB,
+                            st.index * W + w, st.index)
+                warpgroup.wait_group(0)
+                if w == W - 1:
+                    ring.consumer_release(st)
+                if cutlass.const_expr(not plain):
                     self._promote(accs[w], tmp, sc, w)
             g_rd = g_rd + 1
         return g_rd
