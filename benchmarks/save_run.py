@@ -105,6 +105,21 @@ def rounded(obj, digits: int = 5):
     return obj
 
 
+TOP_KERNELS = 6  # CUPTI split entries kept per record by --drop-samples; the rest summed into one
+
+
+def top_kernels(rec: dict, keep: int = TOP_KERNELS) -> int:
+    """Keep a record's `keep` longest kernels in perf.kernels_us and sum the others into one
+    "(N other kernels)" entry (torch eager launches dozens); returns how many were folded."""
+    split = (rec.get("perf") or {}).get("kernels_us")
+    if not isinstance(split, dict) or len(split) <= keep + 1:  # idempotent: kept + one folded entry
+        return 0
+    ranked = sorted(split.items(), key=lambda kv: -kv[1])
+    rest = ranked[keep:]
+    rec["perf"]["kernels_us"] = {**dict(ranked[:keep]), f"({len(rest)} other kernels)": sum(v for _, v in rest)}
+    return len(rest)
+
+
 def save_sweep(run: Path, family: str, commit: str, device: str, root: Path = ROOT, date: str = "",
                tag: str = "", backs: str = "", notes: tuple[str, ...] = (), force: bool = False,
                command: str = "", drop_samples: bool = False) -> Path:
@@ -128,10 +143,13 @@ def save_sweep(run: Path, family: str, commit: str, device: str, root: Path = RO
             notes = (*notes, "results.jsonl converted from the run's results.csv (`dsv4bench.core.results.read_csv`).")
         if drop_samples:
             dropped = sum(len((r.get("timing") or {}).pop("samples_ms", None) or []) for r in rows)
+            folded = sum(top_kernels(r) for r in rows)
             rows = [rounded(r) for r in rows]
-            notes = (*notes, f"timing.samples_ms (the {dropped} per-iteration times) left out and floats rounded to 5 "
-                             "significant digits to keep the tree small; every record keeps its median, p10, p90, "
-                             "mean, cv and n, which is all `dsv4bench report` and `--against` read.")
+            notes = (*notes, f"timing.samples_ms (the {dropped} per-iteration times) left out, floats rounded to 5 "
+                             f"significant digits and the CUPTI split cut to each record's {TOP_KERNELS} longest "
+                             f"kernels ({folded} shorter ones summed into one entry) to keep the tree small; every "
+                             "record keeps its median, p10, p90, mean, cv and n, which is all `dsv4bench report` and "
+                             "`--against` read.")
         (dest / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     small = compact_meta(meta)
     if small:

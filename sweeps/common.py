@@ -7,7 +7,9 @@ boundaries +-1, several tiles, ragged remainders (`tile_counts`), ragged batches
 (`ragged_lengths`), non-square pairs (`non_square`), with a bounded cost per example
 (`tile_counts_within`, `within_budget`). Cases that once failed are replayed from the regression
 file (dsv4bench.core.regressions), not from hypothesis' database.
-A family may set `REPORT_AXES = ("hd", "s_kv")` in its module: the params its error heatmaps span.
+A family may set `REPORT_AXES = ("hd", "s_kv")` in its module: the params its error heatmaps span;
+and `REPORT_ROWS = "t"`: its token-count param, which splits the report into decode and prefill
+(None: no split; unset: the first of speedup.ROWS_PARAMS that a case has).
 """
 
 from __future__ import annotations

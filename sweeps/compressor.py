@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sweeps.common import draw
 
 RATIOS = (4, 128)
+REPORT_ROWS = "s"  # tokens per sequence: decode-time emission pools 2m or m of them; m is the ratio
 
 
 def _case(m: int, b: int, s: int, d: int = 512) -> dict:

@@ -246,8 +246,10 @@ class RunDir:
 # str(int), repr(float) (shortest exact form), True/False, null for None, JSON for lists and
 # dicts; a string that would read back as anything else is written JSON-quoted. An empty cell
 # is the empty string in a top-level column and "no such key in this record" in a nested one.
+# Top-level `time` and `mode` get CSV names of their own: `time` sat beside the time.* timing
+# columns and `mode` shadows pandas' DataFrame.mode. CSVs with the old names still read back.
 _GROUPS = (("params", "param"), ("timing", "time"), ("perf", "perf"), ("compile", "compile"))
-_RENAME = {"time.n": "time.iters"}
+_RENAME = {"time.n": "time.iters", "time": "recorded_at_epoch_s", "mode": "task_mode"}
 _UNRENAME = {v: k for k, v in _RENAME.items()}
 
 
@@ -286,7 +288,7 @@ def _encode(v: Any) -> str:
 def flatten(r: ResultRecord) -> dict[str, str]:
     """Top-level fields first, then the nested groups."""
     d = r.to_json()
-    top = {k: _encode(v) for k, v in d.items() if k != "metrics" and k not in dict(_GROUPS)}
+    top = {_RENAME.get(k, k): _encode(v) for k, v in d.items() if k != "metrics" and k not in dict(_GROUPS)}
     nested: dict[str, Any] = {}
     for name, prefix in _GROUPS[:1]:
         nested.update({f"{prefix}.{k}": v for k, v in (d[name] or {}).items()})

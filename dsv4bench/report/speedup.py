@@ -17,7 +17,7 @@ from dsv4bench.report.derived import OURS, shape
 
 NOISY_CV = 0.2  # timing.cv above which a median is not trusted for a speed claim
 ROWS_PARAMS = ("m", "t", "s_q", "rows", "tokens")  # the token-count param, first one present
-DECODE_MAX_ROWS = 128  # rows at or below this are decode, above prefill
+DECODE_MAX_ROWS = 256  # rows at or below this are decode (a decode batch: 1-256 tokens), above prefill
 CLASS_PARAMS = ("model", "layer")  # named params that are a class of their own when present
 
 

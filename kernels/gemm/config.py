@@ -5,24 +5,33 @@ the time its busiest CTA needs, and the cheapest wins (ties: the larger tile, th
 
     units       = ceil(M / bm) * ceil(N / bn) * split_k        (work units, dealt round-robin)
     rounds      = ceil(units / sms)                             (units of the busiest CTA)
+    active      = min(units, sms)                               (CTAs pulling at one time)
     per K block = max(tensor core: 2 * bm * bn * 128 / FP8_FLOPS_PER_CLK,
                       L2 -> SM:    (bm + bn) * 128 / L2_BYTES_PER_CLK,
-                      DRAM:        bn * 128 / DRAM_BYTES_PER_CLK   (only when W is read once: one M tile))
-    cost        = rounds * (K blocks per slice * per K block + UNIT_CLK (+ SPLIT_CLK when split))
+                      DRAM:        bn * 128 / min(SM_DRAM_BYTES_PER_CLK, DRAM_BYTES_PER_CLK / active)
+                                   (only when W is read once: one M tile))
+    cost        = rounds * (K blocks per slice * per K block + UNIT_CLK
+                            (+ bm * bn * 4 / SPLIT_BYTES_PER_CLK when split: the fp32 partial's fix-up))
 
 Prefill (large M) is bound by the tensor core and the L2 in the model: it prefers bm = 256 (two
 waves of 128 rows, 3/4 of the L2 bytes per flop of 128 x 128) whenever the tiles fill the SMs, and
 falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle). Measured, both tile
 heights stop at ~980 TFLOP/s on the big-K layers: the L2 term is not what binds the kernel yet
 (docs/perf/gemm.md, v2). Decode (M <= 64) is bound by
-the weight stream from DRAM: bm = 64 and the (bn, split_k) that spreads the weight bytes most evenly
-over the SMs, split-K with an in-kernel fix-up when N alone gives too few tiles, at least
-MIN_KB_PER_SLICE K blocks per slice so that each slice's pipeline fills.
+the weight stream from DRAM: bm = 64 and the (bn, split_k) that streams the weight fastest. One CTA
+pulls at most SM_DRAM_BYTES_PER_CLK, so N alone fills the chip's bandwidth from ~56 CTAs on; fewer
+tiles than that take split-K, whose fix-up (red.global.add of a bm x bn fp32 partial per unit) is
+charged by its bytes, and at least MIN_KB_PER_SLICE K blocks per slice so that each slice's
+pipeline fills.
 
-Constants (H100 SXM, per SM per clock): 8192 dense e4m3 flops (1979 TFLOP/s at 1.83 GHz); ~46 B
-from L2 when every SM pulls (DeepGEMM's model: ~6.1 KB/clock over 132 SMs); 12.4 B from DRAM (the
-3.0 TB/s copy measured in every bench run, over 132 SMs at 1.83 GHz). UNIT_CLK is a unit's fixed
-cost (scale loads, epilogue); SPLIT_CLK the split-K fix-up (fp32 partials through L2, a counter).
+Constants (H100 SXM, per clock at 1.83 GHz): 8192 dense e4m3 flops per SM (1979 TFLOP/s); ~46 B
+per SM from L2 when every SM pulls (DeepGEMM's model: ~6.1 KB/clock over 132 SMs). The DRAM and
+fix-up constants are fitted to the decode weight streams measured on the H100 at v3 (run
+gemm/2026-11-25-h100-833ceaa-decode-variants, M = 64, all 17 layers, docs/perf/gemm.md): ours and
+DeepGEMM alike stream the large weights at ~2.3 TB/s in all (1257 B/clock; the 1 GiB copy reaches
+3.0), one CTA at up to ~41 GB/s (22.4 B/clock: pro.wo_b without split, 56 CTAs, 51 us), and a
+split-K unit's fix-up costs ~3.8k clocks per 32 KB partial (pro.shared_w13: split 8 at 32.0 us
+against 25.7 without). UNIT_CLK is a unit's fixed cost (pipeline fill, epilogue).
 """
 
 from __future__ import annotations
@@ -35,9 +44,10 @@ from kernels.gemm.gemm_sm90 import KBLOCK, GemmConfig
 H100_SMS = 132
 FP8_FLOPS_PER_CLK = 8192
 L2_BYTES_PER_CLK = 46.0
-DRAM_BYTES_PER_CLK = 12.4
+DRAM_BYTES_PER_CLK = 1257.0  # the whole chip's weight stream
+SM_DRAM_BYTES_PER_CLK = 22.4  # one CTA's
+SPLIT_BYTES_PER_CLK = 8.6  # split-K fix-up, fp32 partial bytes per clock per CTA
 UNIT_CLK = 600
-SPLIT_CLK = 600
 MIN_KB_PER_SLICE = 4
 MAX_SPLIT = 16
 BN = (128, 64, 32)
@@ -59,9 +69,11 @@ def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_S
     kb = k // KBLOCK
     tiles_m = _cdiv(m, bm)
     units = tiles_m * _cdiv(n, bn) * split
+    dram = min(SM_DRAM_BYTES_PER_CLK, DRAM_BYTES_PER_CLK / min(units, sms))
     per_kb = max(2 * bm * bn * KBLOCK / FP8_FLOPS_PER_CLK, (bm + bn) * KBLOCK / L2_BYTES_PER_CLK,
-                 bn * KBLOCK / DRAM_BYTES_PER_CLK if tiles_m == 1 else 0.0)
-    return _cdiv(units, sms) * (_cdiv(kb, split) * per_kb + UNIT_CLK + (SPLIT_CLK if split > 1 else 0))
+                 bn * KBLOCK / dram if tiles_m == 1 else 0.0)
+    fixup = bm * bn * 4 / SPLIT_BYTES_PER_CLK if split > 1 else 0.0
+    return _cdiv(units, sms) * (_cdiv(kb, split) * per_kb + UNIT_CLK + fixup)
 
 
 def candidates(m: int, n: int, k: int, sms: int = H100_SMS):

@@ -146,3 +146,14 @@ def test_conformance_cases_go_under_the_family_their_id_names(tmp_path):
     assert [(d.parent.name, d.name) for d in dests] == [
         ("core", "2026-11-25-h100-abc1234-conformance"), ("gemm", "2026-11-25-h100-abc1234-conformance"),
         ("rope", "2026-11-25-h100-abc1234-conformance")]
+
+
+def test_drop_samples_folds_the_short_kernels_of_a_cupti_split():
+    split = {f"k{i}": float(i) for i in range(1, 11)}  # k10 longest
+    rec = {"perf": {"kernels_us": dict(split)}}
+    assert save_run.top_kernels(rec, keep=3) == 7
+    kept = rec["perf"]["kernels_us"]
+    assert list(kept) == ["k10", "k9", "k8", "(7 other kernels)"] and kept["(7 other kernels)"] == sum(range(1, 8))
+    assert sum(kept.values()) == sum(split.values())
+    short = {"perf": {"kernels_us": {"a": 1.0}}}
+    assert save_run.top_kernels(short) == 0 and short["perf"]["kernels_us"] == {"a": 1.0}

@@ -56,3 +56,26 @@ def test_columns_carry_units_and_full_precision(tmp_path):
             "perf.pct_copy", "err.out.max_abs", "param.hd", "seed", "status", "case_id"} <= cols
     median = run.records()[0].timing["median_ms"]
     assert float(rows[0]["time.median_ms"]) == median and rows[0]["time.median_ms"] == repr(median)
+
+
+def test_mode_and_time_have_csv_names_of_their_own(tmp_path):
+    run, _ = report_synth.make_run(tmp_path / "run", 3, failing=())
+    records = run.records()
+    with open(run.write_csv(), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {"task_mode", "recorded_at_epoch_s"} <= set(rows[0]) and not {"mode", "time"} & set(rows[0])
+    assert [(r["task_mode"], r["recorded_at_epoch_s"]) for r in rows] == [(r.mode, repr(r.time)) for r in records]
+    assert _canon(read_csv(run.csv)) == _canon(records)
+
+
+def test_csv_with_the_old_mode_and_time_columns_still_reads(tmp_path):
+    run, _ = report_synth.make_run(tmp_path / "run", 3, failing=(0,))
+    records = run.records()
+    with open(run.write_csv(), newline="") as f:
+        rows = list(csv.reader(f))
+    old = {"task_mode": "mode", "recorded_at_epoch_s": "time"}
+    rows[0] = [old.get(c, c) for c in rows[0]]
+    with open(run.csv, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    assert {"mode", "time"} <= set(rows[0])
+    assert _canon(read_csv(run.csv)) == _canon(records)

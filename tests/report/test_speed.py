@@ -16,7 +16,7 @@ from dsv4bench.cli import main as cli_main
 from dsv4bench.core.results import PASS, ResultRecord, RunDir, read_csv
 from dsv4bench.report import plots, tables
 from dsv4bench.report.build import write_report
-from dsv4bench.report.speedup import NOISY_CV, shape_classes, speed
+from dsv4bench.report.speedup import NOISY_CV, rows_params, shape_classes, speed
 
 # (m, layer) -> median ms of ours, deepgemm, cublaslt; the last case's deepgemm timing is noisy
 TIMES = {(64, "flash.wq_a"): (1.0, 2.0, 0.5), (64, "pro.wo_b"): (2.0, 4.0, 2.5),
@@ -69,6 +69,16 @@ def test_per_shape_class():
     prefill = cls[("deepgemm", "prefill")]
     assert prefill.geomean == pytest.approx(0.5) and prefill.noisy == 1
     assert cls[("cublaslt", "layer=flash.wq_a")].geomean == pytest.approx(1.0)  # 0.5 and 2
+
+
+def test_compressor_splits_by_its_tokens_not_by_its_ratio():
+    from sweeps import compressor
+
+    assert rows_params("compressor") == ("s",)  # m is the compression ratio, 4 or 128
+    classes = {(c["m"], c["b"], c["s"]): shape_classes("compressor", c) for c in compressor.production()}
+    decode = {(4, 64, 8), (4, 128, 8), (4, 1, 4), (128, 64, 128), (128, 128, 128), (128, 1, 128)}
+    assert classes == {k: ("decode",) if k in decode else ("prefill",) for k in classes}
+    assert {k[2] for k in classes if k not in decode} == {4096, 16384, 1001, 2002}
 
 
 def _hand_run(path) -> RunDir:
