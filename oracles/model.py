@@ -1,22 +1,28 @@
 """FP32 composition of the DSV4 forward pass (docs/model-math.md §3–§9), op by op through a table.
 
 Every numerical op goes through `ops`, an object whose attributes are the ops of `ORACLE_OPS`
-(`dsv4bench.model.dispatch.OpTable`), so a kernel can replace any one op and the rest stays FP32. Nothing here quantises activations: this
-is the pure-FP32 oracle of the dataflow (no FP8/FP4 QAT simulation), with the checkpoint's
-quantised weights dequantised exactly (§2.6).
+(`dsv4bench.model.dispatch.OpTable`), so a kernel can replace any one op and the rest stays FP32;
+`ops.enter(scope)` names the part of the model that runs next ("embed", "layer 3", "mtp.0",
+"head"), which a diff of two backends uses to attribute errors. Weights are the checkpoint's
+quantised ones dequantised exactly (§2.6). `qat` switches the official model's quantisation-aware
+round trips (§2.3/§2.4): FP8 qdq of the window and compressed KV NoPE dims, FP4 qdq of the
+Hadamard-rotated indexer queries and keys; with `qat=False` the model is pure FP32 (§12.2).
 
 One code path serves prefill, chunked prefill and decode: `forward` processes the S tokens at
-positions start..start+S-1 on top of whatever the per-layer caches already hold. A cache object
-(`dsv4bench.model.cache.LayerCache` in the runner) provides, per layer:
+positions start..start+S-1 of B sequences on top of whatever the per-layer caches already hold.
+Every sequence of a batch is at the same positions (the official generate loop's left-aligned
+batch). A cache object (`dsv4bench.model.cache.LayerCache` in the runner) provides, per layer:
 
 * `freqs`: the layer's RoPE frequencies (theta 10000 without YaRN for ratio 0, else 160000+YaRN);
-* `window_keys(kv_new, pos) -> (kv_rows, indices [S, window])` and `push_window(kv_new, pos)`:
-  the 128-slot ring of raw window KV (§10.1);
+* `window_keys(kv_new, pos) -> (kv_rows [B, R, d], indices [S, window])` and
+  `push_window(kv_new, pos)`: the 128-slot ring of raw window KV per sequence (§10.1);
 * `comp` / `idx_comp`: the main and indexer compressor states (`oracles.compressor.
-  CompressorState`, set by the chunk at position 0); `comp_kv` / `idx_keys`: the compressed KV
-  entries and the indexer keys emitted so far.
+  CompressorState`, set by the chunk at position 0); `comp_kv` / `idx_keys` [B, n, d]: the
+  compressed KV entries and the indexer keys emitted so far.
 
-Shapes: one sequence, tokens first: streams X [S, hc, D], activations [S, D], all fp32.
+Shapes: token-wise ops see the B·S tokens flattened, sequence-major (streams [B·S, hc, D],
+activations [B·S, D], all fp32), so a batch of one passes the ops exactly the single-sequence
+shapes; the caches, the compressor, the indexer scores and the attention key sets keep B apart.
 """
 
 from __future__ import annotations
@@ -81,40 +87,47 @@ ORACLE_OPS = {
 
 
 def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, cache, attr: str, ops, ratio: int,
-                freqs: torch.Tensor, eps: float, indexer: bool) -> torch.Tensor:
-    """Feed S new tokens to a compressor (§5); return the entries their blocks complete, [n_new, d].
+                eps: float, indexer: bool, qat: bool) -> torch.Tensor:
+    """Feed S new tokens of B sequences (x [B·S, D]) to a compressor (§5); return the entries
+    their blocks complete, [B, n_new, d].
 
     A chunk at position 0 is a prefill: pool every complete block and leave the reference's
     state (`CompressorState.after_prefill`) in `cache.<attr>`; later chunks push token by token.
     """
-    kv, score = ops.compressor_project(x, p[f"{prefix}.wkv"], p[f"{prefix}.wgate"], p[f"{prefix}.ape"], pos)
+    batch = x.shape[0] // pos.shape[0]
+    kv, score = ops.compressor_project(x, p[f"{prefix}.wkv"], p[f"{prefix}.wgate"], p[f"{prefix}.ape"],
+                                       pos.repeat(batch))
+    kv, score = kv.unflatten(0, (batch, -1)), score.unflatten(0, (batch, -1))
     if int(pos[0]) == 0:
-        raw = ops.compressor_pool(*block_candidates(kv[None], score[None], ratio))[0]
-        state = CompressorState.after_prefill(kv[None], score[None], ratio)
+        raw = ops.compressor_pool(*block_candidates(kv, score, ratio))
+        state = CompressorState.after_prefill(kv, score, ratio)
         state.kv, state.score = state.kv.to(x.device), state.score.to(x.device)  # it builds on the CPU
         setattr(cache, attr, state)
-        ids = torch.arange(raw.shape[0], device=x.device)
+        ids = torch.arange(raw.shape[1], device=x.device)
     else:
         state, rows, ids = getattr(cache, attr), [], []
         for i, t in enumerate(pos.tolist()):
-            entry = ops.compressor_push(state, kv[i:i + 1], score[i:i + 1], t)
+            entry = ops.compressor_push(state, kv[:, i], score[:, i], t)
             if entry is not None:
-                rows.append(entry[0])
+                rows.append(entry)
                 ids.append(t // ratio)
         if not rows:
-            return kv.new_zeros(0, kv.shape[-1] // (2 if overlaps(ratio) else 1))
-        raw, ids = torch.stack(rows), torch.tensor(ids, device=x.device)
-    return ops.compressor_post(raw, p[f"{prefix}.norm"], ids, ratio, freqs, indexer=indexer, qat=False, eps=eps)
+            return kv.new_zeros(batch, 0, kv.shape[-1] // (2 if overlaps(ratio) else 1))
+        raw, ids = torch.stack(rows, dim=1), torch.tensor(ids, device=x.device)
+    out = ops.compressor_post(raw.flatten(0, 1), p[f"{prefix}.norm"], ids.repeat(batch), ratio, cache.freqs,
+                              indexer=indexer, qat=qat, eps=eps)
+    return out.unflatten(0, (batch, -1))
 
 
-def _indexer(p: dict, x, qr, pos, cache, ops, cfg) -> torch.Tensor:
-    """§6: the CSA top-k of compressed entries per query, [S, k] entry ids, -1 = none."""
-    keys = _compressor(p, "attn.indexer.compressor", x, pos, cache, "idx_comp", ops, 4, cache.freqs,
-                       cfg.norm_eps, indexer=True)
-    cache.idx_keys = torch.cat([cache.idx_keys, keys])
-    q = ops.indexer_queries(qr, p["attn.indexer.wq_b"], cfg.index_n_heads, pos, cache.freqs, qat=False)
+def _indexer(p: dict, x, qr, pos, cache, ops, cfg, qat: bool) -> torch.Tensor:
+    """§6: the CSA top-k of compressed entries per query, [B, S, k] entry ids, -1 = none."""
+    batch = x.shape[0] // pos.shape[0]
+    keys = _compressor(p, "attn.indexer.compressor", x, pos, cache, "idx_comp", ops, 4, cfg.norm_eps,
+                       indexer=True, qat=qat)
+    cache.idx_keys = torch.cat([cache.idx_keys, keys], dim=1)
+    q = ops.indexer_queries(qr, p["attn.indexer.wq_b"], cfg.index_n_heads, pos.repeat(batch), cache.freqs, qat=qat)
     w = ops.indexer_weights(x, p["attn.indexer.weights_proj"], cfg.index_head_dim)
-    scores = ops.indexer_scores(q[None], cache.idx_keys[None], w[None], pos)[0]
+    scores = ops.indexer_scores(q.unflatten(0, (batch, -1)), cache.idx_keys, w.unflatten(0, (batch, -1)), pos)
     return ops.indexer_topk(scores, cfg.index_topk)
 
 
@@ -124,25 +137,35 @@ def _hca_visible(pos: torch.Tensor, n: int, ratio: int) -> torch.Tensor:
     return torch.where(s < visible_entries(pos, ratio)[:, None], s, -1)
 
 
-def attention(p: dict, x: torch.Tensor, pos: torch.Tensor, cache, ops, cfg, layer: int) -> torch.Tensor:
-    """§4–§7: the attention sublayer for S new tokens. x [S, D] (after attn_norm) → [S, D]."""
-    H, eps = cfg.n_heads, cfg.norm_eps
-    ratio, freqs = cfg.ratio(layer), cache.freqs
-    q, qr = ops.q_projection(x, p["attn.wq_a"], p["attn.q_norm"], p["attn.wq_b"], H, pos, freqs, eps)
-    kv = ops.kv_projection(x, p["attn.wkv"], p["attn.kv_norm"], pos, freqs, eps, qat=False)
+def _one_pool(kv_rows: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence key rows [B, R, d] and indices [B, S, n] → one gather pool [B·R, d] with
+    indices [B·S, n] into it (sequence b's rows at b·R..), -1 kept."""
+    batch, rows = kv_rows.shape[:2]
+    offset = (torch.arange(batch, device=idx.device) * rows)[:, None, None]
+    return kv_rows.flatten(0, 1), torch.where(idx >= 0, idx + offset, -1).flatten(0, 1)
 
-    kv_rows, idx = cache.window_keys(kv, pos)
+
+def attention(p: dict, x: torch.Tensor, pos: torch.Tensor, cache, ops, cfg, layer: int, qat: bool) -> torch.Tensor:
+    """§4–§7: the attention sublayer for S new tokens of B sequences. x [B·S, D] (after attn_norm) → [B·S, D]."""
+    H, eps = cfg.n_heads, cfg.norm_eps
+    ratio, freqs, batch = cfg.ratio(layer), cache.freqs, x.shape[0] // pos.shape[0]
+    pos_t = pos.repeat(batch)
+    q, qr = ops.q_projection(x, p["attn.wq_a"], p["attn.q_norm"], p["attn.wq_b"], H, pos_t, freqs, eps)
+    kv = ops.kv_projection(x, p["attn.wkv"], p["attn.kv_norm"], pos_t, freqs, eps, qat=qat).unflatten(0, (batch, -1))
+
+    kv_rows, win = cache.window_keys(kv, pos)
+    idx = win.expand(batch, -1, -1)
     if ratio:
-        entries = _compressor(p, "attn.compressor", x, pos, cache, "comp", ops, ratio, freqs, eps, indexer=False)
-        cache.comp_kv = torch.cat([cache.comp_kv, entries])
-        comp = _indexer(p, x, qr, pos, cache, ops, cfg) if ratio == 4 else \
-            _hca_visible(pos, cache.comp_kv.shape[0], ratio)
-        idx = torch.cat([torch.where(comp >= 0, comp + kv_rows.shape[0], -1), idx], dim=1)
-        kv_rows = torch.cat([kv_rows, cache.comp_kv])
+        entries = _compressor(p, "attn.compressor", x, pos, cache, "comp", ops, ratio, eps, indexer=False, qat=qat)
+        cache.comp_kv = torch.cat([cache.comp_kv, entries], dim=1)
+        comp = _indexer(p, x, qr, pos, cache, ops, cfg, qat) if ratio == 4 else \
+            _hca_visible(pos, cache.comp_kv.shape[1], ratio).expand(batch, -1, -1)
+        idx = torch.cat([torch.where(comp >= 0, comp + kv_rows.shape[1], -1), idx], dim=2)
+        kv_rows = torch.cat([kv_rows, cache.comp_kv], dim=1)
     cache.push_window(kv, pos)
 
-    o, _ = ops.sparse_attention(q, kv_rows, idx, p["attn.attn_sink"], cfg.softmax_scale)
-    return ops.output_projection(o, pos, freqs, p["attn.wo_a"], p["attn.wo_b"], cfg.o_groups)
+    o, _ = ops.sparse_attention(q, *_one_pool(kv_rows, idx), p["attn.attn_sink"], cfg.softmax_scale)
+    return ops.output_projection(o, pos_t, freqs, p["attn.wo_a"], p["attn.wo_b"], cfg.o_groups)
 
 
 def _expert(p: dict, name: str) -> ExpertWeights:
@@ -157,39 +180,53 @@ def ffn(p: dict, x: torch.Tensor, ids: torch.Tensor, ops, cfg) -> torch.Tensor:
     return ops.moe(x, weights, idx, experts, _expert(p, "ffn.shared_experts"), cfg.swiglu_limit)
 
 
-def block(p: dict, X: torch.Tensor, pos, ids, cache, ops, cfg, layer: int) -> torch.Tensor:
-    """§3.4: X [S, hc, D] → hc_pre → attn_norm → attention → hc_post → same with the MoE."""
+def block(p: dict, X: torch.Tensor, pos, ids, cache, ops, cfg, layer: int, qat: bool) -> torch.Tensor:
+    """§3.4: X [B·S, hc, D] → hc_pre → attn_norm → attention → hc_post → same with the MoE.
+    ids [B·S]; pos [S] the positions every sequence is at."""
     it, he, ne = cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps
     y, post, comb = ops.hc_pre(X, p["hc_attn_fn"], p["hc_attn_scale"], p["hc_attn_base"], it, he, ne)
-    X = ops.hc_post(attention(p, ops.rmsnorm(y, p["attn_norm"], ne), pos, cache, ops, cfg, layer), X, post, comb)
+    o = attention(p, ops.rmsnorm(y, p["attn_norm"], ne), pos, cache, ops, cfg, layer, qat)
+    X = ops.hc_post(o, X, post, comb)
     y, post, comb = ops.hc_pre(X, p["hc_ffn_fn"], p["hc_ffn_scale"], p["hc_ffn_base"], it, he, ne)
     return ops.hc_post(ffn(p, ops.rmsnorm(y, p["ffn_norm"], ne), ids, ops, cfg), X, post, comb)
 
 
-def forward(top: dict, layers: list[dict], ids: torch.Tensor, start: int, caches: list, ops, cfg,
-            all_logits: bool = False):
-    """The main model on tokens ids [S] at positions start..start+S-1 (§3.1, blocks, §9.1).
-
-    Returns (logits fp32 [S or 1, V] — every position or the last one, X fp32 [S, hc, D], the
-    final residual streams before hc_head, which feed the MTP block).
-    """
-    pos = torch.arange(start, start + ids.shape[0], device=ids.device)
-    X = ops.embed(ids, top["embed"], cfg.hc_mult).float()
-    for i, (p, cache) in enumerate(zip(layers, caches)):
-        X = block(p, X, pos, ids, cache, ops, cfg, i)
-    sel = X if all_logits else X[-1:]
-    logits = ops.lm_head(sel, top["hc_head_fn"], top["hc_head_scale"], top["hc_head_base"], top["norm"], top["head"],
+def _head(ops, X: torch.Tensor, batch: int, p: dict, head_weight: torch.Tensor, cfg, all_logits: bool):
+    """Logits [B, S or 1, V] of the streams X [B·S, hc, D] (every position or each sequence's last)."""
+    sel = X if all_logits else X.unflatten(0, (batch, -1))[:, -1]
+    logits = ops.lm_head(sel, p["hc_head_fn"], p["hc_head_scale"], p["hc_head_base"], p["norm"], head_weight,
                          cfg.norm_eps)
-    return logits, X
+    return logits.unflatten(0, (batch, -1))
 
 
-def mtp_forward(top: dict, p: dict, X: torch.Tensor, next_ids: torch.Tensor, start: int, cache, ops, cfg,
+def forward(top: dict, layers: list[dict], ids: torch.Tensor, start: int, caches: list, ops, cfg, qat: bool,
+            all_logits: bool = False):
+    """The main model on tokens ids [B, S] at positions start..start+S-1 (§3.1, blocks, §9.1).
+
+    Returns (logits fp32 [B, S or 1, V] — every position or the last one, X fp32 [B, S, hc, D],
+    the final residual streams before hc_head, which feed the MTP block).
+    """
+    batch, seqlen = ids.shape
+    pos = torch.arange(start, start + seqlen, device=ids.device)
+    flat = ids.reshape(-1)
+    ops.enter("embed")
+    X = ops.embed(flat, top["embed"], cfg.hc_mult).float()
+    for i, (p, cache) in enumerate(zip(layers, caches)):
+        ops.enter(f"layer {i}")
+        X = block(p, X, pos, flat, cache, ops, cfg, i, qat)
+    ops.enter("head")
+    return _head(ops, X, batch, top, top["head"], cfg, all_logits), X.unflatten(0, (batch, seqlen))
+
+
+def mtp_forward(top: dict, p: dict, X: torch.Tensor, next_ids: torch.Tensor, start: int, cache, ops, cfg, qat: bool,
                 k: int = 0, all_logits: bool = False) -> torch.Tensor:
-    """§9.2 MTP block k: main streams X [S, hc, D] at positions start.. and the ids of the tokens
-    that follow them → draft logits fp32 [S or 1, V] for the token after those."""
-    pos = torch.arange(start, start + next_ids.shape[0], device=next_ids.device)
-    X0 = ops.mtp_input(X, next_ids, top["embed"], p["enorm"], p["hnorm"], p["e_proj"], p["h_proj"], cfg.norm_eps)
-    X1 = block(p, X0, pos, next_ids, cache, ops, cfg, cfg.n_layers + k)
-    sel = X1 if all_logits else X1[-1:]
-    return ops.lm_head(sel, p["hc_head_fn"], p["hc_head_scale"], p["hc_head_base"], p["norm"], top["head"],
+    """§9.2 MTP block k: main streams X [B, S, hc, D] at positions start.. and the ids [B, S] of
+    the tokens that follow them → draft logits fp32 [B, S or 1, V] for the token after those."""
+    batch, seqlen = next_ids.shape
+    pos = torch.arange(start, start + seqlen, device=next_ids.device)
+    flat = next_ids.reshape(-1)
+    ops.enter(f"mtp.{k}")
+    X0 = ops.mtp_input(X.flatten(0, 1), flat, top["embed"], p["enorm"], p["hnorm"], p["e_proj"], p["h_proj"],
                        cfg.norm_eps)
+    X1 = block(p, X0, pos, flat, cache, ops, cfg, cfg.n_layers + k, qat)
+    return _head(ops, X1, batch, p, top["head"], cfg, all_logits)

@@ -99,26 +99,75 @@ def show_serving(backend: str, runs_here: bool) -> None:
     console.print(f"{served} of {len(rows)} ops served by kernels; the rest run their FP32 oracle", highlight=False)
 
 
+def _selected_ops(backend: str, device: str):
+    """The op table of the run; prints what serves each op under a backend other than the oracle."""
+    from dsv4bench.model.dispatch import DispatchError, OpTable, register_kernel_ops
+    from dsv4bench.model.kernel_ops import KERNEL
+
+    if backend == "oracle":
+        return OpTable()
+    register_kernel_ops()
+    runs_here = device == "cuda" or backend != KERNEL  # CuTeDSL kernels need a GPU: on the CPU their ops
+    show_serving(backend, runs_here)                     # stay on the oracle (other backends run anywhere)
+    try:
+        selected = OpTable().select_all(backend)  # an unknown backend is an error on any device
+    except DispatchError as e:
+        fail(str(e))
+    return selected if runs_here else OpTable()
+
+
+def _stream(engine, tok, prompts: list[list[int]], texts: list[str], max_new_tokens: int, temperature: float,
+            seed: int) -> tuple[list[list[int]], float, float, float]:
+    """Generate; one prompt streams its text, a batch prints each completion at the end.
+    Returns (new tokens per prompt, start, first-token and end times)."""
+    single = len(prompts) == 1
+    if single:
+        console.print(printable(texts[0]), end="", markup=False, highlight=False, soft_wrap=True)
+    new: list[list[int]] = [[] for _ in prompts]
+    shown, first = "", None
+    t0 = time.perf_counter()
+    for b, t, _ in engine.generate_batch(prompts, max_new_tokens, temperature, seed):
+        if first is None:
+            first = time.perf_counter()
+        new[b].append(t)
+        if single:
+            text = tok.decode(new[0])
+            if not text.endswith("\ufffd"):
+                console.print(printable(text[len(shown):]), end="", markup=False, highlight=False, soft_wrap=True)
+                shown = text
+    end = time.perf_counter()
+    if single:
+        console.print(printable(tok.decode(new[0])[len(shown):]), markup=False, highlight=False, soft_wrap=True)
+    else:
+        for i, (text, toks) in enumerate(zip(texts, new)):
+            console.print(f"[{i}] " + printable(text + tok.decode(toks)), markup=False, highlight=False,
+                          soft_wrap=True)
+    return new, t0, first, end
+
+
 def run_model_cmd(
-    prompt: str = typer.Option(..., "--prompt", help="text to continue"),
+    prompt: list[str] = typer.Option(..., "--prompt", help="text to continue; repeat it for a batch of prompts "
+                                                           "(the official generate loop's left-aligned batch)"),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="HF safetensors checkpoint directory"),
     config: Optional[str] = typer.Option(None, "--config", help="embedded checkpoint to use (tiny)"),
-    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="tokens to generate"),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="tokens to generate (per prompt)"),
     temperature: float = typer.Option(0.6, "--temperature", help="0 = greedy"),
-    seed: int = typer.Option(0, "--seed", help="sampler seed"),
+    seed: int = typer.Option(0, "--seed", help="sampler seed (every prompt of a batch samples as if alone)"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
-    backend: str = typer.Option("oracle", "--backend", help="op backend: oracle, or cutedsl (every op a kernel "
-                                                           "family serves; the others run their oracle)"),
+    backend: str = typer.Option("oracle", "--backend", help="op backend: oracle, oracle-bf16, or cutedsl (every "
+                                                           "op a kernel family serves; the others run their oracle)"),
+    qat: str = typer.Option("on", "--qat", help="on | off: the official model's FP8 KV and FP4 indexer round trips"),
     threads: int = typer.Option(1, "--threads", help="CPU threads for torch, 1..the CPU count (tiny models "
                                                       "run best on 1)"),
-    compare: bool = typer.Option(False, "--compare", help="diff every step's logits against the FP32 oracles"),
+    compare: bool = typer.Option(False, "--compare", help="diff --backend against the FP32 oracle model per layer "
+                                                         "and op, teacher-forced on the oracle's greedy tokens"),
+    bisect: bool = typer.Option(False, "--bisect", help="switch one op at a time to --backend and name the first "
+                                                       "op whose error jumps"),
 ) -> None:
     """Generate from a checkpoint through the FP32 oracles (or registered kernels), streaming tokens."""
     import torch
 
-    from dsv4bench.model.dispatch import DispatchError, OpTable, register_kernel_ops
-    from dsv4bench.model.kernel_ops import KERNEL
-    from dsv4bench.model.engine import Engine, compare_to_oracle
+    from dsv4bench.model.engine import Engine
     from dsv4bench.model.loader import Checkpoint, CheckpointError
     from dsv4bench.model.tokenizer import load_tokenizer
 
@@ -128,68 +177,50 @@ def run_model_cmd(
     check_range("--threads", threads, 1, os.cpu_count() or 1)
     if device not in ("cpu", "cuda"):
         fail(f"unknown --device {device!r}; choose cpu or cuda")
+    if qat not in ("on", "off"):
+        fail(f"unknown --qat {qat!r}; choose on or off")
+    if (compare or bisect) and len(prompt) > 1:
+        fail("--compare and --bisect take one --prompt")
+    if bisect and backend == "oracle":
+        fail("--bisect needs a --backend to bisect (oracle-bf16, cutedsl, ...)")
     if device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no CUDA GPU is visible")
     if device == "cpu":
         torch.set_num_threads(threads)
-    ops = OpTable()
-    if backend != "oracle":
-        register_kernel_ops()
-        show_serving(backend, runs_here=device == "cuda" or backend != KERNEL)
-        try:
-            selected = OpTable().select_all(backend)  # an unknown backend is an error on any device
-        except DispatchError as e:
-            fail(str(e))
-        if device == "cuda" or backend != KERNEL:  # CuTeDSL kernels need a GPU: on the CPU their ops
-            ops = selected                           # stay on the oracle (other backends run anywhere)
+    ops = _selected_ops(backend, device)
+    if bisect and all(be == "oracle" for be in ops.active.values()):
+        fail(f"--bisect: no op runs on {backend!r} here (the cutedsl kernels need --device cuda)")
     path = _resolve_checkpoint(checkpoint, config)
     t0 = time.perf_counter()
     try:
         with console.status(f"opening {path}") as status:
             ckpt = Checkpoint.open(path)
-            engine = Engine(ckpt, device=device, ops=ops, progress=lambda unit: status.update(f"loaded {unit}"))
+            engine = Engine(ckpt, device=device, ops=ops, qat=qat == "on",
+                            progress=lambda unit: status.update(f"loaded {unit}"))
     except CheckpointError as e:
         fail(str(e))
     load_s = time.perf_counter() - t0
     tok = load_tokenizer(ckpt.config, path)
     try:
-        ids = tok.encode(prompt)
+        prompts = [tok.encode(p) for p in prompt]
     except ValueError as e:  # ids beyond the model's vocab
         fail(str(e))
     limit = ckpt.config.max_position_embeddings
-    if len(ids) + max_new_tokens > limit:
-        fail(f"{len(ids)} prompt + {max_new_tokens} new tokens exceed max_position_embeddings={limit}")
-    console.print(f"[dim]{ckpt.config.name} from {path} · {tok.name} tokenizer · {len(ids)} prompt tokens · "
-                  f"{device} · loaded in {load_s:.2f} s[/]", highlight=False, soft_wrap=True)
-    console.print(printable(prompt), end="", markup=False, highlight=False, soft_wrap=True)
-    new: list[int] = []
-    steps = []
-    shown = ""
-    t0 = time.perf_counter()
-    first = None
-    for t, step in engine.generate(ids, max_new_tokens, temperature, seed):
-        first = first or time.perf_counter()
-        new.append(t)
-        if compare:
-            steps.append(step)
-        text = tok.decode(new)
-        if not text.endswith("\ufffd"):
-            console.print(printable(text[len(shown):]), end="", markup=False, highlight=False, soft_wrap=True)
-            shown = text
-    end = time.perf_counter()
-    console.print(printable(tok.decode(new)[len(shown):]), markup=False, highlight=False, soft_wrap=True)
-    decode_n = len(new) - 1
+    longest = max(map(len, prompts))
+    if longest + max_new_tokens > limit:
+        fail(f"{longest} prompt + {max_new_tokens} new tokens exceed max_position_embeddings={limit}")
+    console.print(f"[dim]{ckpt.config.name} from {path} · {tok.name} tokenizer · "
+                  f"{', '.join(str(len(p)) for p in prompts)} prompt tokens · {device} · qat {qat} · "
+                  f"loaded in {load_s:.2f} s[/]", highlight=False, soft_wrap=True)
+    new, t0, first, end = _stream(engine, tok, prompts, prompt, max_new_tokens, temperature, seed)
+    total = sum(map(len, new))
     summary = Table(title="run-model", show_header=False)
-    summary.add_row("prompt tokens", str(len(ids)))
-    summary.add_row("new tokens", str(len(new)))
+    summary.add_row("prompt tokens", ", ".join(str(len(p)) for p in prompts))
+    summary.add_row("new tokens", ", ".join(str(len(n)) for n in new))
     summary.add_row("prefill (time to first token)", f"{first - t0:.3f} s")
-    summary.add_row("decode", f"{decode_n / (end - first):.1f} tokens/s" if decode_n else "-")
-    summary.add_row("overall", f"{len(new) / (end - t0):.1f} tokens/s")
+    summary.add_row("decode", f"{(total - 1) / (end - first):.1f} tokens/s" if total > 1 else "-")
+    summary.add_row("overall", f"{total / (end - t0):.1f} tokens/s")
     summary.add_row("cache", f"{engine.cache_bytes():,} bytes")
-    if compare:
-        errs = compare_to_oracle(ckpt, device, ids + new, steps)
-        worst = max(range(len(errs)), key=errs.__getitem__)
-        summary.add_row("vs FP32 oracle (max rel logits)", f"{errs[worst]:.2e} at new token {worst}")
     console.print(summary)
     ops_table = Table(title="ops")
     for col in ("op", "backend", "calls", "seconds"):
@@ -197,6 +228,36 @@ def run_model_cmd(
     for op, be, calls, secs in ops.report():
         ops_table.add_row(op, be, str(calls), f"{secs:.3f}")
     console.print(ops_table)
+    if compare:
+        _compare(engine, ops, prompts[0], max_new_tokens, backend)
+    if bisect:
+        _bisect(engine, backend, prompts[0], max_new_tokens)
+
+
+def _compare(engine, ops, prompt: list[int], steps: int, backend: str) -> None:
+    from dsv4bench.cli.model_diff import show_compare
+    from dsv4bench.model.diff import DiffError, compare
+    from dsv4bench.model.dispatch import OpTable
+
+    with console.status("--compare: the oracle model and the candidate, teacher-forced"):
+        try:
+            report = compare(engine, OpTable(ops.active), prompt, steps)
+        except DiffError as e:
+            fail(f"--compare: {e}")
+    show_compare(report, backend)
+
+
+def _bisect(engine, backend: str, prompt: list[int], steps: int) -> None:
+    from dsv4bench.cli.model_diff import show_bisect
+    from dsv4bench.model.bisect import JUMP_FACTOR, bisect
+    from dsv4bench.model.diff import DiffError
+
+    with console.status(f"--bisect: one op at a time on {backend}"):
+        try:
+            verdicts, named = bisect(engine, backend, prompt, steps)
+        except DiffError as e:
+            fail(f"--bisect: {e}")
+    show_bisect(verdicts, named, backend, JUMP_FACTOR)
 
 
 def register(app: typer.Typer) -> None:

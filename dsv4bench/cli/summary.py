@@ -44,7 +44,7 @@ def print_speed(sp: Speed | None) -> None:
     best case; then the same per shape class."""
     if sp is None:
         return
-    console.print(f"[bold]speed[/] (speedup = peer ms / ours ms: > 1 ours faster; rows with timing CV > "
+    console.print(f"[bold]speed[/] (speedup = peer ms / ours ms: > 1 ours faster; rows whose timing spread (p10-p90 as a CV) > "
                   f"{NOISY_CV:.0%} are NOISY and left out of the means: {sp.noisy_records} noisy rows left out)",
                   highlight=False)
     for s in sp.per_peer:

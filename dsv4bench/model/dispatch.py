@@ -14,6 +14,11 @@ Calls are counted and timed per op, which `run-model` reports.
 
 Kernel families need no call here: each declares the ops it serves (`Family.serves`) and
 `register_kernel_ops()` registers them as backend "cutedsl" (dsv4bench/model/kernel_ops.py).
+An op no family serves is on `ORACLE_ONLY`, with the reason (tests/model/test_op_table.py keeps
+the two complementary).
+
+Backend "oracle-bf16" is built in: every op's oracle with its floating outputs rounded to bf16,
+the error one bf16 rounding of an op's output costs (`--bisect` measures each op against it).
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import torch
+
 from oracles import model as oracle_model
 
 ORACLE = "oracle"
+BF16 = "oracle-bf16"
 
 
 @dataclass(frozen=True)
@@ -40,8 +48,46 @@ OPS: dict[str, OpInfo] = {
     name: OpInfo(name, fn, doc) for name, (fn, doc) in oracle_model.ORACLE_OPS.items()
 }
 
+# The ops no kernel family serves yet (Family.serves), each with why. An op leaves this list the
+# day a family serves it (tests/model/test_op_table.py fails until it does).
+ORACLE_ONLY: dict[str, str] = {
+    "embed": "a row gather copied into the hc streams: memory-bound glue, no kernel family",
+    "q_projection": "gemm (wq_a, wq_b), rmsnorm and rope kernels exist; no fused adapter (Family.serves) yet",
+    "kv_projection": "gemm (wkv), rmsnorm, rope and quant (FP8 qdq) kernels exist; no fused adapter yet",
+    "compressor_project": "two fp32 GEMMs on bf16 weights (§5.2); the gemm family is FP8-only",
+    "compressor_pool": "the compressor family fuses pooling with the post-processing; no adapter for the "
+                       "split ops yet",
+    "compressor_push": "decode-time state update (§5.7): no kernel family yet",
+    "compressor_post": "fused into the compressor family's prefill kernel; no adapter for the split op yet",
+    "indexer_queries": "gemm (wq_b), rope and quant (Hadamard + MXFP4) kernels exist; no fused adapter yet",
+    "indexer_weights": "a small bf16 GEMM: no kernel family",
+    "indexer_scores": "no indexer (logits) kernel family yet",
+    "indexer_topk": "no indexer (top-k) kernel family yet",
+    "sparse_attention": "the fmha family has no model adapter (Family.serves) yet",
+    "output_projection": "the gemm family (grouped wo_a, wo_b) and rope have no model adapter yet",
+    "moe": "no MoE (grouped MXFP4 expert) kernel family yet",
+    "mtp_input": "norms + two FP8 GEMMs: no fused adapter yet",
+    "lm_head": "hc_head + norm + head GEMM: no fused adapter yet",
+    "sample": "the sampler family has no model adapter (Family.serves) yet",
+}
+
+
+def _bf16_outputs(out):
+    """Floating tensors (in tuples too) rounded to bf16 and back; everything else unchanged."""
+    if isinstance(out, tuple):
+        return tuple(_bf16_outputs(o) for o in out)
+    if isinstance(out, torch.Tensor) and out.is_floating_point():
+        return out.bfloat16().to(out.dtype)
+    return out
+
+
+def _rounded(oracle: Callable) -> Callable:
+    return lambda *args, **kwargs: _bf16_outputs(oracle(*args, **kwargs))
+
+
 # backend name -> implementation, per op; kernels add entries through register_op.
-_REGISTRY: dict[str, dict[str, Callable]] = {name: {ORACLE: info.oracle} for name, info in OPS.items()}
+_REGISTRY: dict[str, dict[str, Callable]] = {name: {ORACLE: info.oracle, BF16: _rounded(info.oracle)}
+                                             for name, info in OPS.items()}
 
 
 class DispatchError(KeyError):
@@ -52,8 +98,8 @@ def register_op(op: str, backend: str, fn: Callable) -> None:
     """Register `fn` as backend `backend` of op `op` (it must match the oracle's signature)."""
     if op not in _REGISTRY:
         raise DispatchError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
-    if backend == ORACLE:
-        raise DispatchError("the 'oracle' backend is reserved for the FP32 oracles")
+    if backend in (ORACLE, BF16):
+        raise DispatchError(f"the {backend!r} backend is built in")
     _REGISTRY[op][backend] = fn
 
 
@@ -67,13 +113,23 @@ def register_kernel_ops() -> dict[str, str]:
     return {op: k.describe() for op, k in served.items()}
 
 
+def has_backend(op: str, backend: str) -> bool:
+    return backend in _REGISTRY[op]
+
+
 def serving_table(backend: str) -> list[tuple[str, str]]:
     """(op, what runs it under `backend`) for every op, in dataflow order: a registered
-    implementation's description, or "oracle (no kernel)"."""
+    implementation's description, or "oracle (...)" with the reason the op has none."""
+    from dsv4bench.model.kernel_ops import KERNEL
+
     rows = []
     for op in OPS:
         fn = _REGISTRY[op].get(backend)
-        rows.append((op, fn.describe() if hasattr(fn, "describe") else ("registered" if fn else "oracle (no kernel)")))
+        if fn is None:
+            why = ORACLE_ONLY[op] if backend == KERNEL and op in ORACLE_ONLY else f"no {backend!r} implementation"
+            rows.append((op, f"oracle ({why})"))
+        else:
+            rows.append((op, fn.describe() if hasattr(fn, "describe") else "registered"))
     return rows
 
 
@@ -84,8 +140,14 @@ class OpTable:
         self.active: dict[str, str] = {op: ORACLE for op in OPS}
         self.calls: dict[str, int] = dict.fromkeys(OPS, 0)
         self.seconds: dict[str, float] = dict.fromkeys(OPS, 0.0)
+        self.scope = ""  # the part of the model running now (enter)
+        self.trace: Callable[[str, str, object], None] | None = None  # (scope, op, output) of every call
         if selection:
             self.select(selection)
+
+    def enter(self, scope: str) -> None:
+        """The model announces the part it runs next: "embed", "layer 3", "mtp.0", "head"."""
+        self.scope = scope
 
     def select(self, selection: Mapping[str, str]) -> "OpTable":
         for op, backend in selection.items():
@@ -112,10 +174,13 @@ class OpTable:
         def call(*args, **kwargs):
             t0 = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
             finally:
                 self.calls[op] += 1
                 self.seconds[op] += time.perf_counter() - t0
+            if self.trace is not None:
+                self.trace(self.scope, op, out)
+            return out
 
         return call
 

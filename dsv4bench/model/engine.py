@@ -5,6 +5,9 @@
 have their next token. It returns the main logits of the last position and the MTP draft logits
 for the same next token: MTP(h_{t-1}, embed(x_t)) predicts x_{t+1}, as the main model's logits
 at t do, which is what speculative decoding would have proposed one step earlier.
+
+A batch is B sequences at the same positions (`reset(batch=B)`, then `feed` ids [B, S]): the
+official generate loop's left-aligned batch, which `generate_batch` drives.
 """
 
 from __future__ import annotations
@@ -23,16 +26,19 @@ from oracles import model as M
 
 @dataclass
 class StepOutput:
-    logits: torch.Tensor  # [V] fp32 (or [S, V] when all_logits)
+    logits: torch.Tensor  # [V] fp32 (or [S, V] when all_logits); a leading [B] for batched ids
     draft_logits: torch.Tensor | None  # MTP's logits for the same next token; None before any
 
 
 class Engine:
-    def __init__(self, ckpt: Checkpoint, device: str = "cpu", ops: OpTable | None = None,
+    """qat: the official model's quantisation-aware round trips (oracles/model.py), on by default."""
+
+    def __init__(self, ckpt: Checkpoint, device: str = "cpu", ops: OpTable | None = None, qat: bool = True,
                  progress: Callable[[str], None] | None = None):
         self.cfg = ckpt.config
         self.device = torch.device(device)
         self.ops = ops or OpTable()
+        self.qat = qat
         self.top = to_params(ckpt.load_group("top", self.device), "")
         self.layers = []
         for i in range(self.cfg.n_layers):  # one load unit at a time
@@ -43,10 +49,11 @@ class Engine:
                     for k in range(self.cfg.n_mtp_layers)]
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, batch: int = 1) -> None:
         cfg = self.cfg
-        self.caches = [LayerCache(cfg, i, self.device) for i in range(cfg.n_layers)]
-        self.mtp_cache = LayerCache(cfg, cfg.n_layers, self.device) if self.mtp else None
+        self.batch = batch
+        self.caches = [LayerCache(cfg, i, self.device, batch) for i in range(cfg.n_layers)]
+        self.mtp_cache = LayerCache(cfg, cfg.n_layers, self.device, batch) if self.mtp else None
         self.pos = 0
         self._pending: torch.Tensor | None = None  # last streams still waiting for their next token
 
@@ -55,28 +62,38 @@ class Engine:
         return sum(c.nbytes() for c in caches)
 
     @torch.no_grad()
-    def feed(self, ids: list[int] | torch.Tensor, all_logits: bool = False) -> StepOutput:
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
-        if self.pos + ids.numel() > self.cfg.max_position_embeddings:
+    def feed(self, ids: list | torch.Tensor, all_logits: bool = False) -> StepOutput:
+        """ids [S] (one sequence) or [B, S] (the batch `reset` made caches for)."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        single = ids.dim() <= 1
+        ids = ids.reshape(1, -1) if single else ids
+        if ids.dim() != 2 or ids.shape[0] != self.batch:
+            raise ValueError(f"ids of shape {tuple(ids.shape)} for caches of a batch of {self.batch} "
+                             f"(reset(batch=B) first, then feed [B, S])")
+        if self.pos + ids.shape[1] > self.cfg.max_position_embeddings:
             raise ValueError(f"sequence would exceed max_position_embeddings={self.cfg.max_position_embeddings}")
-        logits, X = M.forward(self.top, self.layers, ids, self.pos, self.caches, self.ops, self.cfg, all_logits)
+        logits, X = M.forward(self.top, self.layers, ids, self.pos, self.caches, self.ops, self.cfg, self.qat,
+                              all_logits)
         draft = self._mtp(X, ids, all_logits)
-        self.pos += ids.numel()
-        return StepOutput(logits if all_logits else logits[-1], draft)
+        self.pos += ids.shape[1]
+        if not all_logits:
+            logits, draft = logits[:, -1], None if draft is None else draft[:, -1]
+        if single:
+            logits, draft = logits[0], None if draft is None else draft[0]
+        return StepOutput(logits, draft)
 
     def _mtp(self, X: torch.Tensor, ids: torch.Tensor, all_logits: bool) -> torch.Tensor | None:
         if not self.mtp:
             return None
         if self._pending is None:  # first chunk: position 0 has no earlier streams waiting
-            streams, nxt, start = X[:-1], ids[1:], self.pos
+            streams, nxt, start = X[:, :-1], ids[:, 1:], self.pos
         else:  # the previous chunk's last streams (position pos-1) now have their next token
-            streams, nxt, start = torch.cat([self._pending, X[:-1]]), ids, self.pos - 1
-        self._pending = X[-1:]
-        if nxt.numel() == 0:
+            streams, nxt, start = torch.cat([self._pending, X[:, :-1]], dim=1), ids, self.pos - 1
+        self._pending = X[:, -1:]
+        if nxt.shape[1] == 0:
             return None
-        draft = M.mtp_forward(self.top, self.mtp[0], streams, nxt, start, self.mtp_cache, self.ops, self.cfg,
-                              all_logits=all_logits)
-        return draft if all_logits else draft[-1]
+        return M.mtp_forward(self.top, self.mtp[0], streams, nxt, start, self.mtp_cache, self.ops, self.cfg,
+                             self.qat, all_logits=all_logits)
 
     def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
                  seed: int = 0, stop_at_eos: bool = True) -> Iterator[tuple[int, StepOutput]]:
@@ -84,26 +101,42 @@ class Engine:
 
         Yields (token, the step output whose logits it was sampled from).
         """
-        if not prompt:
-            raise ValueError("empty prompt")
-        self.reset()
-        gen = torch.Generator().manual_seed(seed)
-        out = self.feed(prompt)
-        for i in range(max_new_tokens):
-            tok = int(self.ops.sample(out.logits.float().cpu(), temperature, gen))  # CPU noise: same on any device
+        for _, tok, out in self.generate_batch([prompt], max_new_tokens, temperature, seed, stop_at_eos):
             yield tok, out
-            if (stop_at_eos and tok == self.cfg.eos_token_id) or i == max_new_tokens - 1:
+
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
+                       seed: int = 0, stop_at_eos: bool = True) -> Iterator[tuple[int, int, StepOutput]]:
+        """The official generate loop on prompts of any lengths (spec §9.3): one left-aligned batch;
+        prefill the first min(len) tokens of every prompt, then one token per step, where a
+        sequence still inside its prompt is fed its next prompt token instead of a sampled one.
+
+        Each sequence samples with its own generator seeded `seed` and draws noise only for the
+        tokens it keeps, so it gets the tokens it gets alone. A sequence stops at EOS or after
+        max_new_tokens; the batch runs until every sequence has stopped.
+        Yields (sequence, token, its step output), in step order.
+        """
+        if not prompts or not all(prompts):
+            raise ValueError("empty prompt")
+        lens = [len(p) for p in prompts]
+        self.reset(len(prompts))
+        gens = [torch.Generator().manual_seed(seed) for _ in prompts]
+        kept = [0] * len(prompts)
+        done = [max_new_tokens < 1] * len(prompts)
+        cur = min(lens)
+        out = self.feed([p[:cur] for p in prompts])
+        while not all(done):
+            nxt = []
+            for b, p in enumerate(prompts):
+                if cur < lens[b] or done[b]:  # inside its prompt: forced; stopped: anything (ignored)
+                    nxt.append(p[cur] if cur < lens[b] else self.cfg.eos_token_id)
+                    continue
+                row = StepOutput(out.logits[b], None if out.draft_logits is None else out.draft_logits[b])
+                tok = int(self.ops.sample(row.logits.float().cpu(), temperature, gens[b]))  # CPU noise: any device
+                yield b, tok, row
+                kept[b] += 1
+                done[b] = (stop_at_eos and tok == self.cfg.eos_token_id) or kept[b] == max_new_tokens
+                nxt.append(tok)
+            if all(done):
                 return
-            out = self.feed([tok])
-
-
-def compare_to_oracle(ckpt: Checkpoint, device: str, tokens: list[int], outputs: list[StepOutput]) -> list[float]:
-    """Max relative logits error of each step of a run against the all-oracle FP32 model.
-
-    tokens: prompt + generated tokens; outputs[i]: the step that sampled generated token i.
-    The oracle recomputes every step in one prefill (row t = the logits after tokens[:t+1]).
-    """
-    ref = Engine(ckpt, device=device).feed(tokens[: len(tokens) - 1], all_logits=True).logits
-    first = len(tokens) - len(outputs) - 1
-    return [((o.logits - ref[first + i]).abs().max() / ref[first + i].abs().max()).item()
-            for i, o in enumerate(outputs)]
+            out = self.feed([[t] for t in nxt])
+            cur += 1

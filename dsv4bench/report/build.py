@@ -64,7 +64,7 @@ def perf_sections(records: list[ResultRecord], colours: dict[str, str]) -> list[
 def write_csv(run: Run) -> Path:
     """results.csv: every field of every record (core.results.flatten, which read_csv reverses),
     plus on our rows `<peer>_ms` and `speedup_vs_<peer>` (peer ms / ours ms, > 1: ours faster) and on
-    every timed row `noisy` (timing CV above speedup.NOISY_CV). read_csv ignores the added columns."""
+    every timed row `noisy` (timing spread above speedup.NOISY_CV). read_csv ignores the added columns."""
     derived = speedup.csv_columns(run.records)
     rows = [{**flatten(r), **({"noisy": str(speedup.is_noisy(r))} if r.timing else {}),
              **{k: repr(v) for k, v in derived.get(r.task, {}).items()}} for r in run.records]

@@ -29,9 +29,13 @@ Structure (one CTA per SM, persistent):
   * split-K (`split_k` > 1, decode): work unit = (tile, K slice); the slices' fp32 partials meet
     in a workspace and the last slice to finish stores the tile (`_split_k_merge`).
 
-The weight scale is one value per tile and K block because bn divides 128. A TMA box needs 16-byte
-rows, so the scales are loaded as boxes of SCALE_BOX = 4 K blocks (one used per stage) from scale
-tensors whose row length is a multiple of 4 K blocks (the glue pads the rare K that is not).
+The activation scales are MN-major (sa[m, j] at m + j * ld, ld = M rounded up to 4: the layout
+DeepGEMM takes and serving stacks' quant kernels write), so a stage's sa box is one contiguous
+column of bm values: a single TMA request. (Row-major sa made the box bm 16-byte rows, 256 requests
+per stage at bm = 256, and cost the plain mainloop 15%: docs/perf/gemm.md, v4.) The weight scale is
+one value per tile and K block because bn divides 128; a TMA box row needs 16 bytes, so sw comes as
+a box of SCALE_BOX = 4 K blocks (one used per stage) from rows a multiple of 4 K blocks long (the
+glue pads the rare K that is not).
 """
 
 from __future__ import annotations
@@ -111,8 +115,8 @@ class GemmConfig:
     @property
     def stage_bytes(self) -> int:
         """Bytes TMA brings per stage (the full barrier's transaction count): the x and W tiles and
-        the scale boxes, (bm rows x 4 K blocks) of sa and (1 x 4) of sw, fp32."""
-        return (self.bm + self.bn) * KBLOCK + (self.bm + 1) * SCALE_BOX * 4
+        the scale boxes, a column of bm sa values and (1 x 4) of sw, fp32."""
+        return (self.bm + self.bn) * KBLOCK + (self.bm + SCALE_BOX) * 4
 
     @property
     def stage_smem_bytes(self) -> int:
@@ -143,7 +147,7 @@ class Fp8GemmSm90:
     def __call__(
         self,
         mA: cute.Tensor,  # x (M, G*K) fp8 e4m3, K contiguous
-        mSA: cute.Tensor,  # (M, G*Kp/128) fp32, Kp/128 = K/128 rounded up to 4 (16-byte rows for TMA)
+        mSA: cute.Tensor,  # (M, G*K/128) fp32, MN-major: stride (1, ld), ld a multiple of 4
         mB: cute.Tensor,  # W (N, K) fp8 e4m3, K contiguous (N = G*Ng)
         mSB: cute.Tensor,  # (ceil(N/128), Kp/128) fp32
         mC: cute.Tensor,  # y (M, N) bf16, N contiguous
@@ -180,13 +184,12 @@ class Fp8GemmSm90:
         tma_c, gC_t = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile
         )
-        # scales ride in the stage: the (bm x 4) box of sa columns holding K block kb (and the next 3,
-        # unused) and the (1 x 4) box of the tile's sw row; row-major, [stage] outermost
-        sSA_layout = cute.make_layout((c.bm, SCALE_BOX, S), stride=(SCALE_BOX, 1, c.bm * SCALE_BOX))
+        # scales ride in the stage: the tile's bm sa values of K block kb (one column of MN-major sa)
+        # and the (1 x 4) box of the tile's sw row holding kb (and the next 3, unused); [stage] outermost
+        sSA_layout = cute.make_layout((c.bm, 1, S), stride=(1, c.bm, c.bm))
         # (a TMA destination is 128-byte aligned: one 128-byte slot per stage for the 16-byte sw box)
         sSW_layout = cute.make_layout((1, SCALE_BOX, S), stride=(SCALE_BOX, 1, SW_SLOT))
-        tma_sa, gSA_t = cpasync.make_tiled_tma_atom(g2s, mSA, cute.slice_(sSA_layout, (None, None, 0)),
-                                                    (c.bm, SCALE_BOX))
+        tma_sa, gSA_t = cpasync.make_tiled_tma_atom(g2s, mSA, cute.slice_(sSA_layout, (None, None, 0)), (c.bm, 1))
         tma_sw, gSW_t = cpasync.make_tiled_tma_atom(g2s, mSB, cute.slice_(sSW_layout, (None, None, 0)),
                                                     (1, SCALE_BOX))
 
@@ -297,15 +300,13 @@ class Fp8GemmSm90:
                                            cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
                                            cute.group_modes(gB, 0, 2))
-        # (bm, 4, M tiles, scale columns / 4), (1, 4, N/128 blocks, K blocks / 4)
-        gSA = cute.local_tile(gSA_t, (c.bm, SCALE_BOX), (None, None))
+        # (bm, 1, M tiles, G*K blocks), (1, 4, N/128 blocks, K blocks / 4)
+        gSA = cute.local_tile(gSA_t, (c.bm, 1), (None, None))
         gSW = cute.local_tile(gSW_t, (1, SCALE_BOX), (None, None))
         tSAs, tSAg = cpasync.tma_partition(tma_sa, 0, cute.make_layout(1), cute.group_modes(sSA, 0, 2),
                                            cute.group_modes(gSA, 0, 2))
         tSWs, tSWg = cpasync.tma_partition(tma_sw, 0, cute.make_layout(1), cute.group_modes(sSW, 0, 2),
                                            cute.group_modes(gSW, 0, 2))
-        # scale columns of one group in sa (K blocks rounded up to SCALE_BOX): G = N / n_group groups
-        sa_cols = (cute.size(gSA_t, mode=[1]) * n_group) // cute.size(gB_t, mode=[0])
 
         row_tiles = cute.size(gA, mode=[2])  # wave_m-row tiles of M
         tiles_m = (row_tiles + W - 1) // W
@@ -326,8 +327,7 @@ class Fp8GemmSm90:
                     kb0 = ks * kb_per
                     kb1 = cutlass.min(kb0 + kb_per, n_kb)
                     grp = (tn * c.bn) // n_group
-                    a_kb = grp * n_kb  # the group's first K block of x
-                    a_sc = grp * sa_cols  # and its first scale column (a multiple of SCALE_BOX)
+                    a_kb = grp * n_kb  # the group's first K block of x (and column of sa)
                     sb_row = (tn * c.bn) // KBLOCK
                     for kb in cutlass.range(kb0, kb1, unroll=1):
                         ring.producer_acquire(state)
@@ -336,8 +336,7 @@ class Fp8GemmSm90:
                             cute.copy(tma_a, tAgA[(None, tm * W + w, a_kb + kb)], tAsA[(None, state.index * W + w)],
                                       tma_bar_ptr=bar)
                         cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_sa, tSAg[(None, tm, (a_sc + kb) // SCALE_BOX)], tSAs[(None, state.index)],
-                                  tma_bar_ptr=bar)
+                        cute.copy(tma_sa, tSAg[(None, tm, a_kb + kb)], tSAs[(None, state.index)], tma_bar_ptr=bar)
                         cute.copy(tma_sw, tSWg[(None, sb_row, kb // SCALE_BOX)], tSWs[(None, state.index)],
                                   tma_bar_ptr=bar)
                         ring.producer_commit(state)
@@ -431,11 +430,10 @@ class Fp8GemmSm90:
     def _read_scales(self, sc, sSA, sSW, lrows, kb, stage):
         """sc[w, r] = sa[row, kb] * sw[n block, kb] from the stage's scale boxes (shared memory:
         read before the wgmmas are issued, as the wgmma fence waits for loads in flight)."""
-        col = kb % SCALE_BOX
-        sw = sSW[0, col, stage]
+        sw = sSW[0, kb % SCALE_BOX, stage]
         for w in cutlass.range_constexpr(cute.size(sc, mode=[0])):
             for r in cutlass.range_constexpr(cute.size(sc, mode=[1])):
-                sc[w, r] = sSA[lrows[w, r], col, stage] * sw
+                sc[w, r] = sSA[lrows[w, r], 0, stage] * sw
 
     @cute.jit
     def _promote(self, acc, tmp, sc, w):

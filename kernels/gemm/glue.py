@@ -19,14 +19,14 @@ def groups_of(case) -> int:
 
 
 def fake_args(cfg: GemmConfig) -> tuple:
-    """x (M, G*K) fp8, sa (M, G*K/128) fp32, w (N, K) fp8, sw (N/128, K/128) fp32, y (M, N) bf16,
+    """x (M, G*K) fp8, sa (M, G*K/128) fp32 MN-major, w (N, K) fp8, sw (N/128, K/128) fp32, y (M, N) bf16,
     the split-K workspace and counters, n_group, n_ctas; every size a runtime value."""
     m, n, ka, k, kba, kb, nb, ws, nt = (cute.sym_int32() for _ in range(9))
     fp8 = cutlass.Float8E4M3FN
     x = make_fake_tensor(fp8, (m, ka), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
     w = make_fake_tensor(fp8, (n, k), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
-    # scale rows of whole TMA boxes (scales_for_tma)
-    sa = make_fake_tensor(cutlass.Float32, (m, kba), (cute.sym_int64(divisibility=SCALE_BOX), 1), assumed_align=16)
+    # sa MN-major with 16-byte aligned columns, sw rows of whole TMA boxes (scales_for_tma)
+    sa = make_fake_tensor(cutlass.Float32, (m, kba), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
     sw = make_fake_tensor(cutlass.Float32, (nb, kb), (cute.sym_int64(divisibility=SCALE_BOX), 1), assumed_align=16)
     y = make_fake_tensor(cutlass.BFloat16, (m, n), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
     work = make_fake_tensor(cutlass.Float32, (ws,), (1,), assumed_align=16)
@@ -64,7 +64,9 @@ def check_operands(x, sa, w, sw, out=None, groups: int = 1) -> tuple[int, int, i
         need(isinstance(t, torch.Tensor) and t.dtype == torch.float32, name,
              f"must be a float32 tensor, got {getattr(t, 'dtype', type(t))}")
         need(tuple(t.shape) == shape, name, f"must have shape {shape}, got {tuple(t.shape)}")
-        need(t.is_contiguous(), name, f"must be contiguous, got strides {tuple(t.stride())}")
+        need(t.is_contiguous() or (name == "sa" and is_mn_major(t)), name,
+             f"must be contiguous{' or MN-major (stride (1, ld), ld >= M)' if name == 'sa' else ''}, "
+             f"got strides {tuple(t.stride())}")
     if out is not None:
         need(isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16, "out",
              f"must be bfloat16, got {getattr(out, 'dtype', type(out))}")
@@ -97,19 +99,35 @@ def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, to
     return work, count
 
 
+def is_mn_major(sa: torch.Tensor) -> bool:
+    """sa [M, cols] stored column by column (stride (1, ld), ld >= M)."""
+    return sa.dim() == 2 and sa.stride(0) == 1 and (sa.shape[1] == 1 or sa.stride(1) >= sa.shape[0])
+
+
+def mn_major(sa: torch.Tensor) -> torch.Tensor:
+    """sa [M, cols] as the kernel (and DeepGEMM) takes it: MN-major with ld = M rounded up to 4, so
+    every column starts 16-byte aligned (a TMA box of one column). Returned as is when it already is;
+    else one small copy (a model's quant kernel should write this layout directly)."""
+    m, cols = sa.shape
+    ld = -(-m // 4) * 4
+    if is_mn_major(sa) and (cols == 1 or sa.stride(1) % 4 == 0) and sa.data_ptr() % 16 == 0:
+        return sa
+    buf = sa.new_empty(cols, ld)
+    buf[:, :m] = sa.t()
+    return buf.t()[:m]
+
+
 def scales_for_tma(sa, sw, groups: int = 1):
-    """The kernel TMA-loads scales in boxes of SCALE_BOX K blocks (16 bytes): it needs each group's
-    scale row a multiple of SCALE_BOX long and 16-byte aligned. DSV4's K are (K/128 of 8 to 128);
-    any other K gets zero-padded copies (one small copy per call)."""
+    """sa MN-major (`mn_major`); sw in rows of whole TMA boxes of SCALE_BOX K blocks (16 bytes),
+    16-byte aligned: DSV4's K are (K/128 of 8 to 128); any other K gets a zero-padded copy of sw
+    (one small copy per call)."""
+    sa = mn_major(sa)
     kb = sw.shape[1]
-    if kb % SCALE_BOX == 0 and sa.data_ptr() % 16 == 0 and sw.data_ptr() % 16 == 0:
+    if kb % SCALE_BOX == 0 and sw.data_ptr() % 16 == 0:
         return sa, sw
-    kbp = -(-kb // SCALE_BOX) * SCALE_BOX
-    sa_p = sa.new_zeros(sa.shape[0], groups, kbp)
-    sa_p[:, :, :kb] = sa.view(sa.shape[0], groups, kb)
-    sw_p = sw.new_zeros(sw.shape[0], kbp)
+    sw_p = sw.new_zeros(sw.shape[0], -(-kb // SCALE_BOX) * SCALE_BOX)
     sw_p[:, :kb] = sw
-    return sa_p.view(sa.shape[0], groups * kbp), sw_p
+    return sa, sw_p
 
 
 def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ctas: int | None = None):
@@ -122,7 +140,8 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ct
 
 def make_operands(m: int, n: int, k: int, seed: int, device: str = "cpu", groups: int = 1):
     """Random DSV4-style operands: x [m, groups*k] quantised per (row, 128) and W [n, k] (groups
-    blocks of n/groups rows) per 128x128 block, ue8m0 scales as fp32. Rows of x get different
+    blocks of n/groups rows) per 128x128 block, ue8m0 scales as fp32, the activation scales MN-major
+    (`mn_major`, as serving stacks' quant kernels write them for DeepGEMM). Rows of x get different
     magnitudes so that the per-row scales matter."""
     from oracles.quant import fp8_block_quant, quant_fp8_weight, ue8m0_decode
 
@@ -132,7 +151,7 @@ def make_operands(m: int, n: int, k: int, seed: int, device: str = "cpu", groups
     w = torch.randn(n, k, generator=gen) * 0.05 * torch.exp2(torch.randint(-2, 3, (n, 1), generator=gen).float())
     xq, sa = fp8_block_quant(x, KBLOCK)
     wq, sw = quant_fp8_weight(w)
-    return (xq.to(device), sa.float().contiguous().to(device), wq.to(device),
+    return (xq.to(device), mn_major(sa.float().to(device)), wq.to(device),
             ue8m0_decode(sw).float().contiguous().to(device))
 
 

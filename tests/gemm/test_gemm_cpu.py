@@ -56,6 +56,7 @@ def _ops(m=16, n=256, k=256, groups=1):
     (lambda x, sa, w, sw: (x.float(), sa, w, sw), "x must be float8_e4m3fn"),
     (lambda x, sa, w, sw: (x, sa.bfloat16(), w, sw), "sa must be a float32 tensor"),
     (lambda x, sa, w, sw: (x, sa[:, :1], w, sw), "sa must have shape (16, 2)"),
+    (lambda x, sa, w, sw: (x, torch.ones(32, 2)[::2], w, sw), "sa must be contiguous or MN-major"),
     (lambda x, sa, w, sw: (x, sa, w, sw[:1]), "sw must have shape (2, 2)"),
     (lambda x, sa, w, sw: (x, sa, w, sw.t()), "sw must be contiguous"),
     (lambda x, sa, w, sw: (x.t(), sa, w, sw), "x must be"),
@@ -117,19 +118,19 @@ def test_every_rule_config_compiles_without_spills_or_serialised_wgmma(cfg):
 
 
 @pytest.mark.parametrize("k,groups", [(384, 1), (640, 3), (1024, 2)])
-def test_scales_padded_to_whole_tma_boxes_keep_every_value(k, groups):
+def test_scales_for_tma_keep_every_value(k, groups):
+    """sa becomes MN-major with 16-byte aligned columns, sw rows whole TMA boxes (zero-padded)."""
     m, n = 5, 3 * 128
     kb = k // 128
     sa = torch.rand(m, groups * kb) + 0.5
     sw = torch.rand(n // 128, kb) + 0.5
-    sa_p, sw_p = scales_for_tma(sa, sw, groups)
+    sa_t, sw_p = scales_for_tma(sa, sw, groups)
+    assert torch.equal(sa_t, sa) and sa_t.stride() == (1, 8)  # M = 5 -> ld 8
+    assert scales_for_tma(sa_t, sw, groups)[0] is sa_t  # already MN-major: no copy
     kbp = sw_p.shape[1]
-    assert kbp % SCALE_BOX == 0 and sa_p.shape == (m, groups * kbp)
-    assert torch.equal(sa_p.view(m, groups, kbp)[:, :, :kb], sa.view(m, groups, kb))
-    assert torch.equal(sw_p[:, :kb], sw)
-    assert (sa_p.view(m, groups, kbp)[:, :, kb:] == 0).all() and (sw_p[:, kb:] == 0).all()
+    assert kbp % SCALE_BOX == 0 and torch.equal(sw_p[:, :kb], sw) and (sw_p[:, kb:] == 0).all()
     if kb % SCALE_BOX == 0:
-        assert sa_p is sa and sw_p is sw  # DSV4's K: no copy
+        assert sw_p is sw  # DSV4's K: no copy
 
 
 def test_the_compile_refuses_a_configuration_whose_shared_memory_does_not_fit():

@@ -30,8 +30,8 @@ def _record(m: int, layer: str, impl: str, ms: float, cv: float = 0.01) -> Resul
         run_id="hand", task=f"{case_id}|{impl}|sm_90a|run", case_id=case_id, family="gemm", impl=impl,
         backend=impl, arch="sm_90a", mode="run", device="cuda", params={"layer": layer, "m": m, "n": 1024},
         seed=0, origin="grid", status=PASS, reason="ok",
-        timing={"median_ms": ms, "p10_ms": ms * 0.99, "p90_ms": ms * 1.01, "mean_ms": ms, "cv": cv, "n": 50,
-                "l2_flush": True})
+        timing={"median_ms": ms, "p10_ms": ms * (1 - 1.3 * cv), "p90_ms": ms * (1 + 1.3 * cv), "mean_ms": ms,
+                "cv": cv, "n": 50, "l2_flush": True})
 
 
 def hand_records() -> list[ResultRecord]:
@@ -195,3 +195,14 @@ def test_terminal_summary_leads_with_the_same_numbers(tmp_path, monkeypatch, cap
     assert "9.00x NOISY" in out  # the noisy row's speedup, marked, in the per-result table
     assert _cli(monkeypatch, "report", str(run.path)) == 0  # `dsv4bench report` prints the block too
     assert "geomean 1.26x" in " ".join(capsys.readouterr().out.split())
+
+
+def test_one_stray_iteration_does_not_make_a_stable_median_noisy():
+    from dsv4bench.report.speedup import is_noisy
+
+    steady = _record(64, "flash.wq_a", "fa4", 0.0137, cv=0.01)
+    steady.timing.update(p10_ms=0.0132, p90_ms=0.0147, cv=0.67)  # one 0.3 ms iteration among 50
+    assert not is_noisy(steady)
+    wide = _record(64, "flash.wq_a", "fa4", 0.0137, cv=0.01)
+    wide.timing.update(p10_ms=0.008, p90_ms=0.020, cv=0.15)  # the middle 80% itself spread
+    assert is_noisy(wide)

@@ -1,0 +1,57 @@
+"""The tables of `run-model --compare` and `run-model --bisect` (dsv4bench/model/diff.py, bisect.py)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from dsv4bench.cli.common import console
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def show_compare(report, backend: str) -> None:
+    """Per layer and op: the op output's error; per layer: the residual stream's; then the logits."""
+    ops = Table(title=f"--compare: --backend {backend} against the FP32 oracle model, op by op "
+                      "(relative L2 error over every call; index rows compared as sets)")
+    for col in ("scope", "op", "backend", "calls", "rel err", "index rows differing"):
+        ops.add_column(col, justify="right" if col in ("calls", "rel err", "index rows differing") else "left")
+    for r in report.ops:
+        style = "" if r.backend == "oracle" else "bold"
+        ops.add_row(r.scope, r.op, f"[{style}]{r.backend}[/]" if style else r.backend, str(r.calls), _num(r.rel),
+                    "-" if r.mismatch is None else f"{r.mismatch:.1%}")
+    console.print(ops)
+    resid = Table(title="residual stream (relative L2 error vs FP32)")
+    for col in ("layer", "after attention", "after the layer"):
+        resid.add_column(col, justify="left" if col == "layer" else "right")
+    for scope, attn, layer in report.residual:
+        resid.add_row(scope, _num(attn), _num(layer))
+    console.print(resid)
+    summary = Table(title="logits", show_header=False)
+    summary.add_row("teacher-forced positions", str(report.positions))
+    summary.add_row("top-1 agreement", f"{report.top1:.2%}")
+    summary.add_row("relative L2 error", _num(report.logits_rel))
+    d = report.divergence
+    if d is None:
+        summary.add_row("greedy generation", f"the same {report.steps} tokens")
+    else:
+        summary.add_row("greedy generation", f"first differs at step {d.step}: oracle {d.oracle_token}, "
+                        f"{backend} {d.candidate_token}; oracle margin {d.margin:.3g} "
+                        f"(logits std {d.spread:.3g})")
+    console.print(summary)
+
+
+def show_bisect(verdicts, named: str | None, backend: str, factor: float) -> None:
+    table = Table(title=f"--bisect: one op at a time on --backend {backend}, every other op on its oracle "
+                        "(model error: worst of residual streams, logits, sampler picks)")
+    for col in ("op", "model error", "bf16 floor", "ratio", ""):
+        table.add_column(col, justify="left" if col in ("op", "") else "right")
+    for v in verdicts:
+        ratio = "-" if not v.error else ("inf" if not v.floor else f"{v.error / v.floor:.1f}")
+        table.add_row(v.op, _num(v.error), _num(v.floor), ratio, "[bold red]jumps[/]" if v.jumps else "")
+    console.print(table)
+    if named:
+        console.print(f"first op whose error jumps (> {factor:g}x its bf16 floor): [bold]{named}[/]")
+    else:
+        console.print(f"no op's error exceeds {factor:g}x its bf16 floor")
