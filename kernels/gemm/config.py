@@ -15,17 +15,19 @@ the time its busiest CTA needs, and the cheapest wins (ties: the larger tile, th
 
 Prefill (large M) is bound by the tensor core and the L2 in the model: it prefers bm = 256 (two
 waves of 128 rows, 3/4 of the L2 bytes per flop of 128 x 128) whenever the tiles fill the SMs, and
-falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle). Measured, both tile
-heights stop at ~980 TFLOP/s on the big-K layers: the L2 term is not what binds the kernel yet
-(docs/perf/gemm.md, v2). Decode (M <= 64) is bound by
+falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle, or round up badly:
+pro.wq_a at M = 4096 has 192 tiles of 256 x 128, 1.45 waves, but 384 of 128 x 128, 2.9 waves).
+Decode (M <= 64) is bound by
 the weight stream from DRAM: bm = 64 and the (bn, split_k) that streams the weight fastest. One CTA
 pulls at most SM_DRAM_BYTES_PER_CLK, so N alone fills the chip's bandwidth from ~56 CTAs on; fewer
 tiles than that take split-K, whose fix-up (red.global.add of a bm x bn fp32 partial per unit) is
 charged by its bytes, and at least MIN_KB_PER_SLICE K blocks per slice so that each slice's
 pipeline fills.
 
-Constants (H100 SXM, per clock at 1.83 GHz): 8192 dense e4m3 flops per SM (1979 TFLOP/s); ~46 B
-per SM from L2 when every SM pulls (DeepGEMM's model: ~6.1 KB/clock over 132 SMs). The DRAM and
+Constants (H100 SXM, per clock at 1.83 GHz): 8192 dense e4m3 flops per SM (1979 TFLOP/s); 55 B
+per SM from L2 when every SM pulls (fitted: 128 x 128 tiles cost 1.16x the time per flop of 256 x
+128 where both fill the SMs, the bm128 variant against the rule on all 17 layers at M = 4096, run
+gemm/2026-11-25-h100-8023067-prefill-knockouts; DeepGEMM's model says ~46). The DRAM and
 fix-up constants are fitted to the decode weight streams measured on the H100 at v3 (run
 gemm/2026-11-25-h100-833ceaa-decode-variants, M = 64, all 17 layers, docs/perf/gemm.md): ours and
 DeepGEMM alike stream the large weights at ~2.3 TB/s in all (1257 B/clock; the 1 GiB copy reaches
@@ -43,7 +45,7 @@ from kernels.gemm.gemm_sm90 import KBLOCK, GemmConfig
 
 H100_SMS = 132
 FP8_FLOPS_PER_CLK = 8192
-L2_BYTES_PER_CLK = 46.0
+L2_BYTES_PER_CLK = 55.0
 DRAM_BYTES_PER_CLK = 1257.0  # the whole chip's weight stream
 SM_DRAM_BYTES_PER_CLK = 22.4  # one CTA's
 SPLIT_BYTES_PER_CLK = 8.6  # split-K fix-up, fp32 partial bytes per clock per CTA
