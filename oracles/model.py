@@ -2,8 +2,8 @@
 
 Every numerical op goes through `ops`, an object whose attributes are the ops of `ORACLE_OPS`
 (`dsv4bench.model.dispatch.OpTable`), so a kernel can replace any one op and the rest stays FP32;
-`ops.enter(scope)` names the part of the model that runs next ("embed", "layer 3", "mtp.0",
-"head"), which a diff of two backends uses to attribute errors. Weights are the checkpoint's
+`ops.enter(scope)` names the part of the model that runs next ("embed", "layer 3 attn", "layer 3
+ffn", "head", "mtp.0", "mtp.0 attn", ...), which a diff of two backends uses to attribute errors. Weights are the checkpoint's
 quantised ones dequantised exactly (§2.6). `qat` switches the official model's quantisation-aware
 round trips (§2.3/§2.4): FP8 qdq of the window and compressed KV NoPE dims, FP4 qdq of the
 Hadamard-rotated indexer queries and keys; with `qat=False` the model is pure FP32 (§12.2).
@@ -180,13 +180,15 @@ def ffn(p: dict, x: torch.Tensor, ids: torch.Tensor, ops, cfg) -> torch.Tensor:
     return ops.moe(x, weights, idx, experts, _expert(p, "ffn.shared_experts"), cfg.swiglu_limit)
 
 
-def block(p: dict, X: torch.Tensor, pos, ids, cache, ops, cfg, layer: int, qat: bool) -> torch.Tensor:
+def block(p: dict, X: torch.Tensor, pos, ids, cache, ops, cfg, layer: int, qat: bool, scope: str) -> torch.Tensor:
     """§3.4: X [B·S, hc, D] → hc_pre → attn_norm → attention → hc_post → same with the MoE.
-    ids [B·S]; pos [S] the positions every sequence is at."""
+    ids [B·S]; pos [S] the positions every sequence is at; scope: "layer i" or "mtp.k"."""
     it, he, ne = cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps
+    ops.enter(f"{scope} attn")
     y, post, comb = ops.hc_pre(X, p["hc_attn_fn"], p["hc_attn_scale"], p["hc_attn_base"], it, he, ne)
     o = attention(p, ops.rmsnorm(y, p["attn_norm"], ne), pos, cache, ops, cfg, layer, qat)
     X = ops.hc_post(o, X, post, comb)
+    ops.enter(f"{scope} ffn")
     y, post, comb = ops.hc_pre(X, p["hc_ffn_fn"], p["hc_ffn_scale"], p["hc_ffn_base"], it, he, ne)
     return ops.hc_post(ffn(p, ops.rmsnorm(y, p["ffn_norm"], ne), ids, ops, cfg), X, post, comb)
 
@@ -212,8 +214,7 @@ def forward(top: dict, layers: list[dict], ids: torch.Tensor, start: int, caches
     ops.enter("embed")
     X = ops.embed(flat, top["embed"], cfg.hc_mult).float()
     for i, (p, cache) in enumerate(zip(layers, caches)):
-        ops.enter(f"layer {i}")
-        X = block(p, X, pos, flat, cache, ops, cfg, i, qat)
+        X = block(p, X, pos, flat, cache, ops, cfg, i, qat, f"layer {i}")
     ops.enter("head")
     return _head(ops, X, batch, top, top["head"], cfg, all_logits), X.unflatten(0, (batch, seqlen))
 
@@ -228,5 +229,6 @@ def mtp_forward(top: dict, p: dict, X: torch.Tensor, next_ids: torch.Tensor, sta
     ops.enter(f"mtp.{k}")
     X0 = ops.mtp_input(X.flatten(0, 1), flat, top["embed"], p["enorm"], p["hnorm"], p["e_proj"], p["h_proj"],
                        cfg.norm_eps)
-    X1 = block(p, X0, pos, flat, cache, ops, cfg, cfg.n_layers + k, qat)
+    X1 = block(p, X0, pos, flat, cache, ops, cfg, cfg.n_layers + k, qat, f"mtp.{k}")
+    ops.enter(f"mtp.{k} head")
     return _head(ops, X1, batch, p, top["head"], cfg, all_logits)

@@ -96,7 +96,7 @@ def show_serving(backend: str, runs_here: bool) -> None:
         table.add_row(op, by if not by.startswith("oracle") else f"[dim]{by}[/]")
     console.print(table)
     served = sum(not by.startswith("oracle") for _, by in rows)
-    console.print(f"{served} of {len(rows)} ops served by kernels; the rest run their FP32 oracle", highlight=False)
+    console.print(f"{served} of {len(rows)} ops on {backend}; the rest run their FP32 oracle", highlight=False)
 
 
 def _selected_ops(backend: str, device: str):
@@ -236,12 +236,12 @@ def run_model_cmd(
 
 def _compare(engine, ops, prompt: list[int], steps: int, backend: str) -> None:
     from dsv4bench.cli.model_diff import show_compare
-    from dsv4bench.model.diff import DiffError, compare
-    from dsv4bench.model.dispatch import OpTable
+    from dsv4bench.model.diff import compare
+    from dsv4bench.model.error import DiffError
 
     with console.status("--compare: the oracle model and the candidate, teacher-forced"):
         try:
-            report = compare(engine, OpTable(ops.active), prompt, steps)
+            report = compare(engine, dict(ops.active), prompt, steps)
         except DiffError as e:
             fail(f"--compare: {e}")
     show_compare(report, backend)
@@ -250,7 +250,7 @@ def _compare(engine, ops, prompt: list[int], steps: int, backend: str) -> None:
 def _bisect(engine, backend: str, prompt: list[int], steps: int) -> None:
     from dsv4bench.cli.model_diff import show_bisect
     from dsv4bench.model.bisect import JUMP_FACTOR, bisect
-    from dsv4bench.model.diff import DiffError
+    from dsv4bench.model.error import DiffError
 
     with console.status(f"--bisect: one op at a time on {backend}"):
         try:

@@ -11,16 +11,23 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2e}"
 
 
+def _err(e) -> str:
+    """An Error: the relative L2 error of the floating outputs, and/or the share of index rows that differ."""
+    if e is None:
+        return ""
+    parts = ([_num(e.rel)] if e.rel is not None else []) + ([f"{e.mismatch:.1%} rows"] if e.mismatch is not None else [])
+    return " · ".join(parts) or "-"
+
+
 def show_compare(report, backend: str) -> None:
     """Per layer and op: the op output's error; per layer: the residual stream's; then the logits."""
-    ops = Table(title=f"--compare: --backend {backend} against the FP32 oracle model, op by op "
-                      "(relative L2 error over every call; index rows compared as sets)")
-    for col in ("scope", "op", "backend", "calls", "rel err", "index rows differing"):
-        ops.add_column(col, justify="right" if col in ("calls", "rel err", "index rows differing") else "left")
+    ops = Table(title=f"--compare: --backend {backend} against the FP32 oracle model, op by op (relative L2 "
+                      "error over every call; index rows compared as sets)")
+    for col in ("scope", "op", "backend", "calls", "vs the oracle run", "own (same inputs)"):
+        ops.add_column(col, justify="left" if col in ("scope", "op", "backend") else "right")
     for r in report.ops:
-        style = "" if r.backend == "oracle" else "bold"
-        ops.add_row(r.scope, r.op, f"[{style}]{r.backend}[/]" if style else r.backend, str(r.calls), _num(r.rel),
-                    "-" if r.mismatch is None else f"{r.mismatch:.1%}")
+        be = r.backend if r.backend == "oracle" else f"[bold]{r.backend}[/]"
+        ops.add_row(r.scope, r.op, be, str(r.calls), _err(r.error), _err(r.local))
     console.print(ops)
     resid = Table(title="residual stream (relative L2 error vs FP32)")
     for col in ("layer", "after attention", "after the layer"):
@@ -44,12 +51,12 @@ def show_compare(report, backend: str) -> None:
 
 def show_bisect(verdicts, named: str | None, backend: str, factor: float) -> None:
     table = Table(title=f"--bisect: one op at a time on --backend {backend}, every other op on its oracle "
-                        "(model error: worst of residual streams, logits, sampler picks)")
-    for col in ("op", "model error", "bf16 floor", "ratio", ""):
+                        "(op error: against its oracle on the same inputs)")
+    for col in ("op", "op error", "bf16 floor", "ratio", "model error", ""):
         table.add_column(col, justify="left" if col in ("op", "") else "right")
     for v in verdicts:
         ratio = "-" if not v.error else ("inf" if not v.floor else f"{v.error / v.floor:.1f}")
-        table.add_row(v.op, _num(v.error), _num(v.floor), ratio, "[bold red]jumps[/]" if v.jumps else "")
+        table.add_row(v.op, _num(v.error), _num(v.floor), ratio, _num(v.model), "[bold red]jumps[/]" if v.jumps else "")
     console.print(table)
     if named:
         console.print(f"first op whose error jumps (> {factor:g}x its bf16 floor): [bold]{named}[/]")

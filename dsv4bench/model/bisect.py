@@ -1,24 +1,24 @@
 """Which op makes a backend's model wrong (`run-model --bisect`).
 
-Every op the candidate backend implements is switched to it alone, in dataflow order, with every
-other op on its FP32 oracle, teacher-forced on the oracle's own greedy continuation (diff.record).
-Its error is the worst of: the relative L2 error of the residual stream after any layer (MTP
-included), that of the logits, and the fraction of greedy picks that differ although the logits
-they were picked from are the same (the sampler's own error; a pick that flips because the logits
-moved is the logits' error already). The same
-op with its oracle's output rounded to bf16 (backend "oracle-bf16") sets what one bf16 rounding of
-that op costs the model — its floor. An op's error *jumps* when it exceeds `factor` times its floor
-(floors below FLOOR count as FLOOR, so exact-integer ops such as the top-k are held to ~1e-5); the
-first op in dataflow order that jumps is named.
+Every op the candidate backend implements is switched to it alone, in dataflow order, every other
+op on its FP32 oracle, teacher-forced on the oracle's own greedy continuation (diff.record). At
+each of its calls the op's oracle runs beside it on the same inputs (shadow.ShadowTable): the op's
+error is its local error over the run — relative L2 for floating outputs, the fraction of rows that
+differ for indices and tokens — and its floor the error of its oracle's output rounded to bf16.
+An op's error *jumps* when it exceeds `factor` times its floor (floors below FLOOR count as FLOOR,
+so exact-integer ops such as the top-k are held to ~1e-5); the first op in dataflow order that
+jumps is named. Each verdict also carries the model's error with that op switched: the worst
+residual stream after any layer, or the logits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4bench.model.diff import Run, logits_error, record, residual_errors
-from dsv4bench.model.dispatch import BF16, OPS, OpTable, has_backend
+from dsv4bench.model.diff import logits_error, record, residual_errors
+from dsv4bench.model.dispatch import OPS, OpTable, has_backend
 from dsv4bench.model.engine import Engine
+from dsv4bench.model.shadow import ShadowTable
 
 FLOOR = 1e-6
 JUMP_FACTOR = 10.0
@@ -27,18 +27,10 @@ JUMP_FACTOR = 10.0
 @dataclass
 class OpVerdict:
     op: str
-    error: float  # the model's error with only this op on the candidate backend
-    floor: float  # the same with only this op's output rounded to bf16
+    error: float  # the op's local error (against its oracle on the same inputs)
+    floor: float  # the error of its oracle's output rounded to bf16
+    model: float  # the model's error with only this op switched (residual streams, logits)
     jumps: bool
-
-
-def model_error(cand: Run, ref: Run) -> float:
-    """The worst residual-stream, logits and greedy-pick error of a teacher-forced run."""
-    resid = max((after for _, _, after in residual_errors(cand, ref)), default=0.0)
-    steps = len(ref.chosen)  # pick i came from logits row -steps + i
-    same = (cand.logits[-steps:] == ref.logits[-steps:]).all(-1).tolist()
-    picks = sum(c != r and s for c, r, s in zip(cand.chosen, ref.chosen, same)) / steps
-    return max(resid, logits_error(cand, ref), picks)
 
 
 def bisect(engine: Engine, backend: str, prompt: list[int], steps: int,
@@ -50,7 +42,9 @@ def bisect(engine: Engine, backend: str, prompt: list[int], steps: int,
     ref = record(engine, OpTable(), prompt, steps)
     verdicts = []
     for op in ops:
-        error = model_error(record(engine, OpTable({op: backend}), prompt, steps, ref.tokens), ref)
-        floor = model_error(record(engine, OpTable({op: BF16}), prompt, steps, ref.tokens), ref) if error else 0.0
-        verdicts.append(OpVerdict(op, error, floor, error > factor * max(floor, FLOOR)))
+        table = ShadowTable({op: backend})
+        cand = record(engine, table, prompt, steps, ref.tokens)
+        local, floor = (e.worst for e in table.op_errors(op))
+        model = max([logits_error(cand, ref)] + [after for _, _, after in residual_errors(cand, ref)])
+        verdicts.append(OpVerdict(op, local, floor, model, local > factor * max(floor, FLOOR)))
     return verdicts, next((v.op for v in verdicts if v.jumps), None)

@@ -72,17 +72,17 @@ ORACLE_ONLY: dict[str, str] = {
 }
 
 
-def _bf16_outputs(out):
+def bf16_outputs(out):
     """Floating tensors (in tuples too) rounded to bf16 and back; everything else unchanged."""
     if isinstance(out, tuple):
-        return tuple(_bf16_outputs(o) for o in out)
+        return tuple(bf16_outputs(o) for o in out)
     if isinstance(out, torch.Tensor) and out.is_floating_point():
         return out.bfloat16().to(out.dtype)
     return out
 
 
 def _rounded(oracle: Callable) -> Callable:
-    return lambda *args, **kwargs: _bf16_outputs(oracle(*args, **kwargs))
+    return lambda *args, **kwargs: bf16_outputs(oracle(*args, **kwargs))
 
 
 # backend name -> implementation, per op; kernels add entries through register_op.
@@ -146,7 +146,7 @@ class OpTable:
             self.select(selection)
 
     def enter(self, scope: str) -> None:
-        """The model announces the part it runs next: "embed", "layer 3", "mtp.0", "head"."""
+        """The model announces the part it runs next: "embed", "layer 3 attn", "layer 3 ffn", "head"..."""
         self.scope = scope
 
     def select(self, selection: Mapping[str, str]) -> "OpTable":

@@ -84,6 +84,10 @@ def test_tokenizer_json_is_used_when_present(tmp_path):
     (("run-model", "--prompt", "x", "--temperature", "-1"), "--temperature must be >= 0"),
     (("run-model", "--prompt", "x", "--max-new-tokens", "5000"), "exceed max_position_embeddings=4096"),
     (("run-model", "--prompt", "x", "--backend", "nokernel"), "no op has a backend 'nokernel'"),
+    (("run-model", "--prompt", "x", "--qat", "maybe"), "unknown --qat 'maybe'; choose on or off"),
+    (("run-model", "--prompt", "x", "--bisect"), "--bisect needs a --backend to bisect"),
+    (("run-model", "--prompt", "x", "--prompt", "y", "--compare"), "--compare and --bisect take one --prompt"),
+    (("run-model", "--prompt", "x", "--bisect", "--backend", "cutedsl"), "no op runs on 'cutedsl' here"),
     (("make-checkpoint", "--config", "huge", "--out", "/tmp/x"), "unknown config 'huge'"),
 ])
 def test_bad_input_is_one_clear_usage_problem(cache, args, message):
@@ -92,14 +96,52 @@ def test_bad_input_is_one_clear_usage_problem(cache, args, message):
     assert message in str(r.exception) and "\n" not in str(r.exception)
 
 
-def test_compare_reports_the_distance_to_fp32(cache):
+def _cell(output: str, *row: str) -> list[str]:
+    """The cells after the leading cells `row` of the last table row that starts with them."""
+    lead = r"\s*│\s*".join(re.escape(c) for c in row)
+    line = [ln for ln in output.splitlines() if re.match(rf"│\s*{lead}\s*│", ln)][-1]
+    return [c.strip() for c in line.split("│")[1:-1]][len(row):]
+
+
+def test_compare_reports_per_layer_and_op(cache):
     from dsv4bench.model.dispatch import register_op
     from oracles.norm import rmsnorm
 
     register_op("rmsnorm", "cli-noisy", lambda x, w=None, eps=1e-6: rmsnorm(x, w, eps) * 1.02)
     same = run("run-model", "--prompt", "Hi", "--max-new-tokens", "6", "--compare")
     noisy = run("run-model", "--prompt", "Hi", "--max-new-tokens", "6", "--compare", "--backend", "cli-noisy")
-    err = lambda r: float(re.search(r"max rel logits\)\s*│ (\S+) at new token", r.output).group(1))  # noqa: E731
-    assert err(same) < 1e-6
-    assert err(noisy) > 1e-3
-    assert re.search(r"rmsnorm\s*│ cli-noisy", noisy.output)
+    assert same.exit_code == 0 and noisy.exit_code == 0, noisy.output
+    assert _cell(same.output, "layer 2 ffn", "moe") == ["oracle", "6", "0.00e+00", ""]
+    assert _cell(same.output, "top-1 agreement") == ["100.00%"] and "the same 6 tokens" in same.output
+    assert _cell(noisy.output, "layer 0 attn", "rmsnorm")[:4] == ["cli-noisy", "6", "2.00e-02", "2.00e-02"]
+    assert _cell(noisy.output, "layer 0 attn", "hc_pre") == ["oracle", "6", "0.00e+00", ""]
+    assert float(_cell(noisy.output, "layer 3", )[1]) > 1e-3  # the residual stream after layer 3
+    assert re.search(r"rmsnorm\s*│ cli-noisy", noisy.output)  # and the run itself used it
+
+
+def test_bisect_names_the_op_that_jumps(cache):
+    from dsv4bench.model.dispatch import OPS, register_op
+
+    register_op("hc_pre", "cli-bisect", OPS["hc_pre"].oracle)
+    register_op("moe", "cli-bisect", lambda *a, **k: OPS["moe"].oracle(*a, **k) * 1.05)
+    r = run("run-model", "--prompt", "Hi", "--max-new-tokens", "4", "--bisect", "--backend", "cli-bisect")
+    assert r.exit_code == 0, r.output
+    assert _cell(r.output, "hc_pre")[0] == "0.00e+00" and _cell(r.output, "hc_pre")[2:] == ["-", "0.00e+00", ""]
+    assert _cell(r.output, "moe")[0] == "5.00e-02" and _cell(r.output, "moe")[-1] == "jumps"
+    assert "first op whose error jumps (> 10x its bf16 floor): moe" in r.output
+
+
+def test_a_batch_of_prompts_gets_what_each_gets_alone(cache):
+    args = ("--max-new-tokens", "5", "--temperature", "0.8", "--seed", "3")
+    batch = run("run-model", "--prompt", "Hello there", "--prompt", "Hi", *args)
+    assert batch.exit_code == 0, batch.output
+    assert "12, 3 prompt tokens" in batch.output and _cell(batch.output, "new tokens") == ["5, 5"]
+    for i, prompt in enumerate(("Hello there", "Hi")):
+        alone = generated(run("run-model", "--prompt", prompt, *args).output)
+        assert f"[{i}] {alone}" in batch.output.splitlines()
+
+
+def test_qat_is_on_by_default_and_can_be_switched_off(cache):
+    on = run("run-model", "--prompt", "Hi", "--max-new-tokens", "2")
+    off = run("run-model", "--prompt", "Hi", "--max-new-tokens", "2", "--qat", "off")
+    assert "qat on" in on.output.splitlines()[0] and "qat off" in off.output.splitlines()[0]

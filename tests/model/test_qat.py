@@ -220,7 +220,7 @@ def test_the_models_qat_round_trips_are_the_specs_at_rounding_boundaries(ckpt, q
 
     # what the model keeps is exactly what the ops returned
     for i, cache in enumerate(eng.caches + [eng.mtp_cache]):
-        scope = f"layer {i}" if i < TINY.n_layers else "mtp.0"
+        scope = f"layer {i} attn" if i < TINY.n_layers else "mtp.0 attn"
         mine = [c for c in planter.calls if c["scope"] == scope]
         rows = {}
         for c in (c for c in mine if c["op"] == "kv_projection"):
