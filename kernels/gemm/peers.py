@@ -75,8 +75,9 @@ class CublasLt(Impl):
             return "torch._scaled_mm has no grouped (block-diagonal) form: one launch per group"
         if case["n"] % 16 or case["k"] % 128:
             return "cuBLASLt blockwise FP8 needs N % 16 == 0 and K % 128 == 0"
-        if case["m"] == 1:  # measured on the H100 (cuBLAS of torch 2.11): every DSV4 layer at M = 1
-            return "cuBLASLt blockwise FP8 has no algorithm for M = 1 (CUBLAS_STATUS_NOT_SUPPORTED)"
+        if case["m"] % 4:  # measured (cuBLAS of torch 2.11): M = 1 and 2495 refused, 8, 64, 256, 4096 taken
+            return ("cuBLASLt blockwise FP8 needs M % 4 == 0 (16-byte aligned columns of its column-major "
+                    "activation scales; CUBLAS_STATUS_NOT_SUPPORTED otherwise)")
         return None
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
