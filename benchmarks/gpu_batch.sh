@@ -2,7 +2,7 @@
 # The GPU work of a session in a few device calls. Each phase fits one call (< 10 min) and leaves
 # under $OUT its log (to read) and one tarball (to commit) holding its runs in the dataset layout
 # of benchmarks/results (INDEX.md): results/<family>/<date>-<device>-<commit7>[-<tag>]/ with
-# results.jsonl, README.md (command, commit, device, date) and, for sweeps, a compact run.json.
+# results.jsonl.gz, README.md (command, commit, device, date) and, for sweeps, a compact run.json.
 #
 #   device run, carry [".gpu"]:  source .gpu/setup.sh && bash benchmarks/gpu_batch.sh PHASE COMMIT [ARG]
 #   back here:                   tar -xzf PHASE.tar.gz -C benchmarks      # -> benchmarks/results/<family>/<run>/

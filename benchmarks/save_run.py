@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Copy a GPU run into the results dataset: benchmarks/results/<family>/<date>-<device>-<commit7>[-<tag>]/.
 
-Each run directory of the dataset holds `results.jsonl` (one JSON object per line) and a README.md
+Each run directory of the dataset holds `results.jsonl.gz` (JSON Lines, one object per line,
+gzipped: a tenth of the bytes every device call carries; `zcat ... | jq`, and `dsv4bench report` /
+`RunDir.records` read it as they read results.jsonl) and a README.md
 with the command, commit, device and date; a sweep run also keeps a compact `run.json` (what
 `dsv4bench report DIR` reads: command, kernel, seed, examples, archs, gpu, started, environment),
 so `dsv4bench report DIR` re-renders index.html and results.csv from it (both git-ignored there).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gzip
 import json
 import re
 import shutil
@@ -120,6 +123,12 @@ def top_kernels(rec: dict, keep: int = TOP_KERNELS) -> int:
     return len(rest)
 
 
+def write_rows(dest: Path, rows: list[dict]) -> None:
+    """results.jsonl.gz: one JSON object per line, gzipped reproducibly (no timestamp in the header)."""
+    text = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    (dest / "results.jsonl.gz").write_bytes(gzip.compress(text, compresslevel=9, mtime=0))
+
+
 def save_sweep(run: Path, family: str, commit: str, device: str, root: Path = ROOT, date: str = "",
                tag: str = "", backs: str = "", notes: tuple[str, ...] = (), force: bool = False,
                command: str = "", drop_samples: bool = False) -> Path:
@@ -132,8 +141,8 @@ def save_sweep(run: Path, family: str, commit: str, device: str, root: Path = RO
     env = meta.get("environment") or {}
     date = date or str(meta.get("started", ""))[:10] or _today()
     dest = _dest(root, family, run_dir_name(date, device, commit, tag), force)
-    if src.results.exists() and not drop_samples:
-        shutil.copyfile(src.results, dest / "results.jsonl")  # as written by the sweep, byte for byte
+    if src.results.exists() and not drop_samples:  # as written by the sweep, byte for byte (gzipped)
+        (dest / "results.jsonl.gz").write_bytes(gzip.compress(src.results.read_bytes(), compresslevel=9, mtime=0))
         rows = [json.loads(line) for line in src.results.read_text().splitlines() if line.strip()]
     else:
         if src.results.exists():
@@ -150,7 +159,7 @@ def save_sweep(run: Path, family: str, commit: str, device: str, root: Path = RO
                              f"kernels ({folded} shorter ones summed into one entry) to keep the tree small; every "
                              "record keeps its median, p10, p90, mean, cv and n, which is all `dsv4bench report` and "
                              "`--against` read.")
-        (dest / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_rows(dest, rows)
     small = compact_meta(meta)
     if small:
         (dest / "run.json").write_text(json.dumps(small, indent=1) + "\n")
@@ -191,7 +200,7 @@ def save_json(path: Path, family: str, commit: str, device: str, root: Path = RO
     if not rows:
         raise SystemExit(f"save_run: {path} holds no list of measured rows")
     dest = _dest(root, family, run_dir_name(date or _today(), device, commit, tag), force)
-    (dest / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_rows(dest, rows)
     keys = sorted({k for r in rows for k in r})
     fields = [("family", family), ("commit", commit7(commit)), ("device", device), ("date", date or _today()),
               ("rows", f"{len(rows)}; fields: {', '.join(keys)}"), ("backs", backs)]

@@ -30,7 +30,7 @@ WORST = 8
 Found = tuple[Case, Path, str]  # the case, where it was found, the command that made it
 
 
-RESULT_FILES = ("run.json", "results.jsonl", "results.csv")  # what makes a directory a run directory
+RESULT_FILES = ("run.json", "results.jsonl", "results.jsonl.gz", "results.csv")  # what makes a directory a run directory
 
 
 def _case_in_meta(run: RunDir, case_id: str) -> Found | None:
@@ -50,10 +50,10 @@ def _case_in_meta(run: RunDir, case_id: str) -> Found | None:
 
 def _case_in_records(run: RunDir, case_id: str) -> Found | None:
     """The case rebuilt from its result records (every parameter and the seed are in each), for a
-    directory without run.json: results.jsonl, else results.csv."""
-    source = run.results if run.results.exists() else run.csv
+    directory without run.json: results.jsonl(.gz), else results.csv."""
+    source = next((p for p in (run.results, run.archive) if p.exists()), run.csv)
     try:
-        records = run.records() if source == run.results else read_csv(run.csv)
+        records = run.records() if source != run.csv else read_csv(run.csv)
     except (OSError, csv.Error, KeyError, TypeError, ValueError) as e:
         raise NotARunDir(f"{source}: cannot read its records ({type(e).__name__}: {e})") from None
     r = next((r for r in records if r.case_id == case_id), None)

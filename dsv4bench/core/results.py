@@ -2,7 +2,8 @@
 
 A run directory holds `run.json` (what ran, where, with which versions), `results.jsonl`
 (append-only, one ResultRecord per line, flushed and fsynced per record so an interrupted run
-loses nothing), `results.csv` (flat, unit-suffixed columns, full precision, rebuilt from the
+loses nothing; a run committed under benchmarks/results keeps it gzipped as `results.jsonl.gz`,
+read alike), `results.csv` (flat, unit-suffixed columns, full precision, rebuilt from the
 JSONL, read back losslessly by `read_csv`) and `logs/` (worker logs). Re-running with the same directory skips finished tasks.
 
 One writer at a time: `RunDir.create` takes `.lock` (an flock held while the RunDir lives; the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import csv
 import errno
 import fcntl
+import gzip
 import json
 import os
 import socket
@@ -143,6 +145,7 @@ class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.results = self.path / "results.jsonl"
+        self.archive = self.path / "results.jsonl.gz"  # a committed run (benchmarks/save_run.py): read-only
         self.csv = self.path / "results.csv"
         self.meta = self.path / "run.json"
         self.logs = self.path / "logs"
@@ -210,11 +213,21 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
+    @property
+    def has_records(self) -> bool:
+        return self.results.exists() or self.archive.exists()
+
+    def _lines(self) -> list[str]:
+        if self.results.exists():
+            return self.results.read_text().splitlines()
+        if self.archive.exists():
+            return gzip.decompress(self.archive.read_bytes()).decode().splitlines()
+        return []
+
     def records(self) -> list[ResultRecord]:
-        if not self.results.exists():
-            return []
+        """The run's records: results.jsonl, else the gzipped results.jsonl.gz of a committed run."""
         out = []
-        for line in self.results.read_text().splitlines():
+        for line in self._lines():
             if not line.strip():
                 continue
             try:

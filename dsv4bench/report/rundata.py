@@ -33,8 +33,8 @@ def load_run(path: str | Path) -> Run:
         raise NotARunDir(f"run directory {run_dir.path} does not exist")
     if not run_dir.path.is_dir():
         raise NotARunDir(f"{run_dir.path} is not a directory")
-    if not run_dir.results.exists() and not run_dir.meta.exists():
-        raise NotARunDir(f"{run_dir.path} is not a run directory (no results.jsonl or run.json in it)")
+    if not run_dir.has_records and not run_dir.meta.exists():
+        raise NotARunDir(f"{run_dir.path} is not a run directory (no results.jsonl(.gz) or run.json in it)")
     return Run(run_dir, read_meta(run_dir), run_dir.records())
 
 

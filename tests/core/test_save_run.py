@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import shutil
@@ -28,14 +29,18 @@ def _load():
 save_run = _load()
 
 
+def rows_of(dest: Path) -> list[dict]:
+    return [json.loads(line) for line in gzip.decompress((dest / "results.jsonl.gz").read_bytes()).decode().splitlines()]
+
+
 def test_sweep_run_lands_in_the_layout_and_re_renders(tmp_path):
     run, cases = make_run(tmp_path / "sweep-synth", 6)
     root = tmp_path / "results"
     save_run.main([str(run.path), "--family", "fmha", "--commit", "abc1234def5678", "--device", "h100",
                    "--root", str(root), "--backs", "a test figure"])
     dest = root / "fmha" / "2026-11-22-h100-abc1234"  # the date from run.json's start
-    assert sorted(p.name for p in dest.iterdir()) == ["README.md", "results.jsonl", "run.json"]
-    assert (dest / "results.jsonl").read_bytes() == run.results.read_bytes()  # as the sweep wrote it
+    assert sorted(p.name for p in dest.iterdir()) == ["README.md", "results.jsonl.gz", "run.json"]
+    assert gzip.decompress((dest / "results.jsonl.gz").read_bytes()) == run.results.read_bytes()  # as the sweep wrote it
     meta = json.loads((dest / "run.json").read_text())
     assert "cases" not in meta and "invocations" not in meta  # the large parts the report does not read
     assert meta["command"] == "dsv4bench sweep synthattn --bench --seed 0"
@@ -58,13 +63,13 @@ def test_csv_only_run_is_converted_and_samples_can_be_left_out(tmp_path):
     run.write_csv()
     run.results.unlink()  # an old run: results.csv only
     dest = save_run.save_sweep(run.path, "rmsnorm", "1234567", "h100", tmp_path / "results")
-    assert [json.loads(line) for line in (dest / "results.jsonl").read_text().splitlines()] == records
+    assert rows_of(dest) == records
     assert "converted from the run's results.csv" in (dest / "README.md").read_text()
 
     lean = save_run.save_sweep(run.path, "rmsnorm", "1234567", "h100", tmp_path / "results", tag="lean",
                                drop_samples=True)
     assert lean.name == "2026-11-22-h100-1234567-lean"
-    rows = [json.loads(line) for line in (lean / "results.jsonl").read_text().splitlines()]
+    rows = rows_of(lean)
     timed = [r["timing"] for r in rows if r["timing"]]
     assert timed and all("samples_ms" not in t and "median_ms" in t and "p90_ms" in t for t in timed)
     write_report(lean)  # the report needs only the summary statistics
@@ -100,7 +105,7 @@ def test_bench_json_becomes_one_row_per_measured_row(tmp_path):
     save_run.main([str(src), "--json", "--family", "fmha", "--commit", "aba9510", "--date", "2026-11-23",
                    "--root", str(tmp_path / "results"), "--command", "python3 benchmarks/fmha_bench.py --out x.json"])
     dest = tmp_path / "results" / "fmha" / "2026-11-23-h100-aba9510"
-    rows = [json.loads(line) for line in (dest / "results.jsonl").read_text().splitlines()]
+    rows = rows_of(dest)
     assert rows == doc["results"]  # every field of every row
     readme = (dest / "README.md").read_text()
     assert "python3 benchmarks/fmha_bench.py --out x.json" in readme and '"copy_gbps": 3026.2' in readme
@@ -128,7 +133,7 @@ def test_gpu_test_results_go_under_each_family(tmp_path):
     assert [(d.parent.name, d.name) for d in dests] == [
         ("core", "2026-11-25-h100-abc1234-gpu-tests"), ("fmha", "2026-11-25-h100-abc1234-gpu-tests"),
         ("rmsnorm", "2026-11-25-h100-abc1234-gpu-tests")]
-    fmha = [json.loads(line) for line in (dests[1] / "results.jsonl").read_text().splitlines()]
+    fmha = rows_of(dests[1])
     assert [(r["test"], r["outcome"]) for r in fmha] == [
         ("tests.fmha.test_fmha_gpu::test_case[pro]", "passed"), ("tests.fmha.test_fmha_gpu::test_case[flash]", "failed")]
     assert fmha[1]["message"] == "max err 3e-2"
@@ -157,3 +162,20 @@ def test_drop_samples_folds_the_short_kernels_of_a_cupti_split():
     assert sum(kept.values()) == sum(split.values())
     short = {"perf": {"kernels_us": {"a": 1.0}}}
     assert save_run.top_kernels(short) == 0 and short["perf"]["kernels_us"] == {"a": 1.0}
+
+
+def test_a_committed_run_reads_from_its_gzip_alone(tmp_path):
+    """results.jsonl.gz is all a committed run keeps: records, report and repro read it."""
+    from dsv4bench.cli.repro import _case_in_run
+
+    run, _ = make_run(tmp_path / "r", 3)
+    records = [r.to_json() for r in run.records()]
+    dest = save_run.save_sweep(run.path, "fmha", "abcdef0", "h100", tmp_path / "results", drop_samples=True)
+    assert not (dest / "results.jsonl").exists()
+    back = [r.to_json() for r in RunDir(dest).records()]
+    assert len(back) == len(records) and [b["task"] for b in back] == [r["task"] for r in records]
+    report = write_report(shutil.copytree(dest, tmp_path / "render"))
+    assert report.index.exists()
+    (dest / "run.json").unlink()  # a bare results.jsonl.gz still names its cases
+    found = _case_in_run(dest, back[0]["case_id"])
+    assert found is not None and found[0].params == back[0]["params"]
