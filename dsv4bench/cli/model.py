@@ -154,8 +154,8 @@ def run_model_cmd(
     temperature: float = typer.Option(0.6, "--temperature", help="0 = greedy"),
     seed: int = typer.Option(0, "--seed", help="sampler seed (every prompt of a batch samples as if alone)"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
-    backend: str = typer.Option("oracle", "--backend", help="op backend: oracle, oracle-bf16, or cutedsl (every "
-                                                           "op a kernel family serves; the others run their oracle)"),
+    backend: str = typer.Option("oracle", "--backend", help="op backend: oracle, or cutedsl (every op a kernel "
+                                                           "family serves; the others run their oracle)"),
     qat: str = typer.Option("on", "--qat", help="on | off: the official model's FP8 KV and FP4 indexer round trips"),
     threads: int = typer.Option(1, "--threads", help="CPU threads for torch, 1..the CPU count (tiny models "
                                                       "run best on 1)"),
@@ -182,7 +182,7 @@ def run_model_cmd(
     if (compare or bisect) and len(prompt) > 1:
         fail("--compare and --bisect take one --prompt")
     if bisect and backend == "oracle":
-        fail("--bisect needs a --backend to bisect (oracle-bf16, cutedsl, ...)")
+        fail("--bisect needs a --backend to bisect (cutedsl, or one a plugin registered)")
     if device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no CUDA GPU is visible")
     if device == "cpu":

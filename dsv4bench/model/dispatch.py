@@ -10,15 +10,14 @@ alternative with the oracle's signature:
 
 and a run selects it per op (`OpTable.select({"rmsnorm": "cutedsl"})`) or for every op that has it
 (`OpTable.select_all("cutedsl")`), so each layer can be diffed against FP32 one op at a time.
-Calls are counted and timed per op, which `run-model` reports.
+Calls are counted and timed per op, which `run-model` reports; `OpTable.trace`, when set, sees
+every call's output under the scope the model last announced (`OpTable.enter`), which the diffs
+of `run-model --compare` / `--bisect` (dsv4bench/model/diff.py) record.
 
 Kernel families need no call here: each declares the ops it serves (`Family.serves`) and
 `register_kernel_ops()` registers them as backend "cutedsl" (dsv4bench/model/kernel_ops.py).
 An op no family serves is on `ORACLE_ONLY`, with the reason (tests/model/test_op_table.py keeps
 the two complementary).
-
-Backend "oracle-bf16" is built in: every op's oracle with its floating outputs rounded to bf16,
-the error one bf16 rounding of an op's output costs (`--bisect` measures each op against it).
 """
 
 from __future__ import annotations
@@ -27,12 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-import torch
-
 from oracles import model as oracle_model
 
 ORACLE = "oracle"
-BF16 = "oracle-bf16"
 
 
 @dataclass(frozen=True)
@@ -72,22 +68,8 @@ ORACLE_ONLY: dict[str, str] = {
 }
 
 
-def bf16_outputs(out):
-    """Floating tensors (in tuples too) rounded to bf16 and back; everything else unchanged."""
-    if isinstance(out, tuple):
-        return tuple(bf16_outputs(o) for o in out)
-    if isinstance(out, torch.Tensor) and out.is_floating_point():
-        return out.bfloat16().to(out.dtype)
-    return out
-
-
-def _rounded(oracle: Callable) -> Callable:
-    return lambda *args, **kwargs: bf16_outputs(oracle(*args, **kwargs))
-
-
 # backend name -> implementation, per op; kernels add entries through register_op.
-_REGISTRY: dict[str, dict[str, Callable]] = {name: {ORACLE: info.oracle, BF16: _rounded(info.oracle)}
-                                             for name, info in OPS.items()}
+_REGISTRY: dict[str, dict[str, Callable]] = {name: {ORACLE: info.oracle} for name, info in OPS.items()}
 
 
 class DispatchError(KeyError):
@@ -98,8 +80,8 @@ def register_op(op: str, backend: str, fn: Callable) -> None:
     """Register `fn` as backend `backend` of op `op` (it must match the oracle's signature)."""
     if op not in _REGISTRY:
         raise DispatchError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
-    if backend in (ORACLE, BF16):
-        raise DispatchError(f"the {backend!r} backend is built in")
+    if backend == ORACLE:
+        raise DispatchError("the 'oracle' backend is reserved for the FP32 oracles")
     _REGISTRY[op][backend] = fn
 
 

@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import copy
 
-from dsv4bench.model.dispatch import OPS, ORACLE, OpTable, bf16_outputs
+import torch
+
+from dsv4bench.model.dispatch import OPS, ORACLE, OpTable
 from dsv4bench.model.error import Error
 from oracles.compressor import CompressorState
 
 
 def _private(arg):
     return copy.deepcopy(arg) if isinstance(arg, CompressorState) else arg
+
+
+def bf16_outputs(out):
+    """Floating tensors (in tuples too) rounded to bf16 and back; everything else unchanged."""
+    if isinstance(out, tuple):
+        return tuple(bf16_outputs(o) for o in out)
+    if isinstance(out, torch.Tensor) and out.is_floating_point():
+        return out.bfloat16().to(out.dtype)
+    return out
 
 
 class ShadowTable(OpTable):
