@@ -72,6 +72,9 @@ class GemmConfig:
     group_m: int = 8  # rasterisation: M-tiles per group
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M/N give too few tiles)
     epi_stages: int = 2
+    # per-warpgroup epilogue: each consumer warpgroup stores its own 64 rows (own smem buffers, a
+    # 128-thread barrier, its own TMA store) instead of the two meeting at a CTA barrier per slice
+    epi_per_wg: bool = False
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread)
@@ -107,6 +110,15 @@ class GemmConfig:
     @property
     def waves(self) -> int:
         return self.bm // self.wave_m
+
+    @property
+    def epi_groups(self) -> int:
+        """Warpgroups storing independently in the epilogue (1: the whole wave together)."""
+        return self.n_mma_wg if self.epi_per_wg else 1
+
+    @property
+    def epi_rows(self) -> int:
+        return self.wave_m // self.epi_groups
 
     @property
     def threads(self) -> int:
@@ -161,22 +173,24 @@ class Fp8GemmSm90:
         S = c.n_stages
         fp8 = mA.element_type
 
-        def make_mma():
+        def make_mma(wgs=c.n_mma_wg):
             return sm90_utils.make_trivial_tiled_mma(
                 fp8, mB.element_type, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-                cutlass.Float32, (c.n_mma_wg, 1, 1), (64, c.bn),
+                cutlass.Float32, (wgs, 1, 1), (64, c.bn),
             )
 
         # two copies of the MMA: the first k-step of a block overwrites (ACCUMULATE off), the rest
         # accumulate; each is set once at kernel entry (toggling one MMA inside the loops makes a
         # value that does not dominate its later uses)
         tiled_mma, mma_acc = make_mma(), make_mma()
+        epi_mma = make_mma(c.n_mma_wg // c.epi_groups)  # the threads that store one epilogue tile
         tile = (c.wave_m, c.bn, KBLOCK)
         # A: one (wave_m x 128) buffer per wave and stage, index stage * waves + wave
         sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S * c.waves)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, mB.element_type, S)
-        epi_tile = (c.wave_m, EPI_N)
-        sC_layout = sm90_utils.make_smem_layout_epi(mC.element_type, LayoutEnum.ROW_MAJOR, epi_tile, c.epi_stages)
+        epi_tile = (c.epi_rows, EPI_N)  # buffer index: stage * epi_groups + group
+        sC_layout = sm90_utils.make_smem_layout_epi(mC.element_type, LayoutEnum.ROW_MAJOR, epi_tile,
+                                                    c.epi_stages * c.epi_groups)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(sA_layout, (None, None, 0)), (c.wave_m, KBLOCK))
@@ -213,7 +227,7 @@ class Fp8GemmSm90:
         grid = cutlass.min(units, n_ctas)
         self.kernel(
             tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, tma_sa, gSA_t, tma_sw, gSW_t, mWork, mCount, n_group,
-            tiled_mma, mma_acc, sA_layout, sB_layout, sC_layout, sSA_layout, sSW_layout, Storage,
+            tiled_mma, mma_acc, epi_mma, sA_layout, sB_layout, sC_layout, sSA_layout, sSW_layout, Storage,
         ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
@@ -247,6 +261,7 @@ class Fp8GemmSm90:
         n_group: cutlass.Int32,
         tiled_mma: cute.TiledMma,
         mma_acc: cute.TiledMma,
+        epi_mma: cute.TiledMma,
         sA_layout: cute.ComposedLayout,
         sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout,
@@ -295,7 +310,7 @@ class Fp8GemmSm90:
         # (wave_m, 128, row tiles, G*kb), (bn, 128, tiles_n, kb), (wave_m, bn, row tiles, tiles_n)
         gA = cute.local_tile(gA_t, (c.wave_m, KBLOCK), (None, None))
         gB = cute.local_tile(gB_t, (c.bn, KBLOCK), (None, None))
-        gC = cute.local_tile(gC_t, (c.wave_m, c.bn), (None, None))
+        gC = cute.local_tile(gC_t, (c.epi_rows, c.bn), (None, None))
         tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
                                            cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
@@ -355,17 +370,22 @@ class Fp8GemmSm90:
             cC_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.wave_m, c.bn))))
             n_rows = cute.size(cC_mn, mode=[0])
 
-            # epilogue: registers -> smem (stmatrix) -> TMA store, as wave_m x 32 slices
+            # epilogue: registers -> smem (stmatrix) -> TMA store, as epi_rows x 32 slices, by the whole
+            # wave (one group) or by each warpgroup on its own rows (epi_per_wg)
+            egrp = (wg - 1) if cutlass.const_expr(c.epi_groups > 1) else 0
             store_op = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, cutlass.BFloat16, cutlass.Float32)
             stm_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), cutlass.BFloat16)
-            r2s = cute.make_tiled_copy_S(store_op, cute.make_tiled_copy_C_atom(stm_atom, tiled_mma))
-            thr_r2s = r2s.get_slice(mtid)
+            r2s = cute.make_tiled_copy_S(store_op, cute.make_tiled_copy_C_atom(stm_atom, epi_mma))
+            thr_r2s = r2s.get_slice(mtid - egrp * 128)
             tRS_sC = thr_r2s.partition_D(sC)
             rD_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
             tRS_f32 = cute.make_rmem_tensor(rD_shape, cutlass.Float32)
             tRS_bf16 = cute.make_rmem_tensor(rD_shape, cutlass.BFloat16)
             per_slice = cute.size(tRS_f32)
             epi_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
+            store_bar = epi_bar
+            if cutlass.const_expr(c.epi_groups > 1):
+                store_bar = pipeline.NamedBarrier(barrier_id=2 + egrp, num_threads=128)
             store_pipe = pipeline.PipelineTmaStore.create(
                 num_stages=c.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * c.n_mma_wg),
@@ -393,9 +413,9 @@ class Fp8GemmSm90:
                     last = self._split_k_merge(accs[0], mWork, mCount, flag, epi_bar, t, mtid)
                 if last:
                     for w in cutlass.range_constexpr(W):
-                        row_tile = tm * W + w
-                        if row_tile < row_tiles:  # a wave wholly past M stores nothing
-                            gC_tile = cute.zipped_divide(gC[(None, None, row_tile, tn)], (c.wave_m, EPI_N))
+                        row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
+                        if row_tile < cute.size(gC, mode=[2]):  # rows wholly past M store nothing
+                            gC_tile = cute.zipped_divide(gC[(None, None, row_tile, tn)], (c.epi_rows, EPI_N))
                             bSG_sC, bSG_gC = cpasync.tma_partition(
                                 tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_tile)
                             tRS_acc = r2s.retile(accs[w])
@@ -403,15 +423,15 @@ class Fp8GemmSm90:
                                 for v in cutlass.range_constexpr(per_slice):
                                     tRS_f32[v] = tRS_acc[e * per_slice + v]
                                 tRS_bf16.store(tRS_f32.load().to(cutlass.BFloat16))
-                                buf = (slices_done + e) % c.epi_stages
+                                buf = ((slices_done + e) % c.epi_stages) * c.epi_groups + egrp
                                 cute.copy(r2s, tRS_bf16, tRS_sC[(None, None, None, buf)])
                                 cute.arch.fence_proxy("async.shared", space="cta")
-                                epi_bar.arrive_and_wait()
-                                if warp_idx == 4:
+                                store_bar.arrive_and_wait()
+                                if warp_idx == 4 + 4 * egrp:
                                     cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
                                     store_pipe.producer_commit()
                                     store_pipe.producer_acquire()
-                                epi_bar.arrive_and_wait()
+                                store_bar.arrive_and_wait()
                             slices_done = slices_done + n_slices
             store_pipe.producer_tail()
 

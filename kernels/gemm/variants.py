@@ -12,6 +12,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
     no-split        split-K off (decode shapes that the rule splits); bn64-no-split both
     sS              S smem ring stages instead of as many as fit
+    wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
     ko-const-scale  GEMM), promotion without the scale loads; the gap to the shipped kernel is what
                     that part costs. (No "skip the store" knock-out: with nothing stored, the compiler
@@ -36,6 +37,7 @@ KNOBS: dict[str, dict] = {
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
+    "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
 }
 # knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
 KNOCKOUTS = ("no-promote", "const-scale")

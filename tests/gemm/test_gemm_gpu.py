@@ -53,6 +53,8 @@ CONFIGS = [
     GemmConfig(128, 128, split_k=3), GemmConfig(64, 64, split_k=5), GemmConfig(128, 32, stages=2),
     GemmConfig(128, 128, group_m=3), GemmConfig(128, 64, split_k=2), GemmConfig(256, 128), GemmConfig(256, 64),
     GemmConfig(256, 32, group_m=3), GemmConfig(256, 128, stages=2),
+    # per-warpgroup epilogue: M = 1 and 200 leave one warpgroup's rows wholly past M
+    GemmConfig(256, 128, epi_per_wg=True), GemmConfig(128, 64, split_k=2, epi_per_wg=True),
 ]
 
 
@@ -62,7 +64,8 @@ def test_configs(cfg, m, n, k):
     _run(m, n, k, cfg)
 
 
-@pytest.mark.parametrize("cfg", [None, GemmConfig(256, 128), GemmConfig(64, 64, split_k=3), GemmConfig(128, 32)], ids=str)
+@pytest.mark.parametrize("cfg", [None, GemmConfig(256, 128), GemmConfig(64, 64, split_k=3), GemmConfig(128, 32),
+                                 GemmConfig(256, 128, epi_per_wg=True)], ids=str)
 @pytest.mark.parametrize("m,groups", [(1, 8), (300, 3), (4096, 16)])
 def test_grouped(cfg, m, groups):
     """wo_a: output group g reads only x's g-th K range (a wrong group offset fails the oracle)."""
