@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 
 import cutlass
 import cutlass.cute as cute
@@ -117,17 +118,26 @@ def mn_major(sa: torch.Tensor) -> torch.Tensor:
     return buf.t()[:m]
 
 
+_PADDED_SW: dict = {}  # id(sw) -> (weakref to sw, its version, sw padded to whole TMA boxes)
+
+
 def scales_for_tma(sa, sw, groups: int = 1):
     """sa MN-major (`mn_major`); sw in rows of whole TMA boxes of SCALE_BOX K blocks (16 bytes),
-    16-byte aligned: DSV4's K are (K/128 of 8 to 128); any other K gets a zero-padded copy of sw
-    (one small copy per call)."""
+    16-byte aligned: DSV4's K are (K/128 of 8 to 128); any other K gets a zero-padded copy of sw,
+    made once per weight-scale tensor and version (two extra launches per call cost small GEMMs 2x).
+    The cache holds a weak reference: a new tensor at a freed one's address is not mistaken for it."""
     sa = mn_major(sa)
     kb = sw.shape[1]
     if kb % SCALE_BOX == 0 and sw.data_ptr() % 16 == 0:
         return sa, sw
-    sw_p = sw.new_zeros(sw.shape[0], -(-kb // SCALE_BOX) * SCALE_BOX)
-    sw_p[:, :kb] = sw
-    return sa, sw_p
+    hit = _PADDED_SW.get(id(sw))
+    if hit is None or hit[0]() is not sw or hit[1] != sw._version:
+        if len(_PADDED_SW) >= 64:
+            _PADDED_SW.clear()
+        sw_p = sw.new_zeros(sw.shape[0], -(-kb // SCALE_BOX) * SCALE_BOX)
+        sw_p[:, :kb] = sw
+        hit = _PADDED_SW[id(sw)] = (weakref.ref(sw), sw._version, sw_p)
+    return sa, hit[2]
 
 
 def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ctas: int | None = None):

@@ -9,6 +9,8 @@ out of the timed call, like our own workspace.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from dsv4bench.core.case import Case
@@ -17,21 +19,20 @@ from kernels.gemm.glue import dequant_operands, groups_of
 
 
 class _Prepared:
-    """One cached derived tensor per (impl, source buffer)."""
+    """One cached derived tensor per impl: remade when a source tensor is another object (weak
+    references: a new tensor at a freed one's address is not mistaken for it) or was written to."""
 
     def __init__(self):
-        self._key = None
-        self._val = None
+        self._refs, self._versions, self._val = (), (), None
 
-    def get(self, key, make):
-        if key != self._key:
-            self._key, self._val = key, None
+    def get(self, sources: tuple, make):
+        if (len(sources) != len(self._refs) or any(r() is not t for r, t in zip(self._refs, sources))
+                or self._versions != tuple(t._version for t in sources)):
+            self._val = None
             self._val = make()
+            self._refs = tuple(weakref.ref(t) for t in sources)
+            self._versions = tuple(t._version for t in sources)
         return self._val
-
-
-def _key(*ts):
-    return tuple((t.data_ptr(), tuple(t.shape), t._version) for t in ts)
 
 
 class DeepGemm(Impl):
@@ -81,7 +82,7 @@ class CublasLt(Impl):
         return None
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        sa = self._sa.get(_key(inputs["sa"]), lambda: inputs["sa"].t().contiguous().t())
+        sa = self._sa.get((inputs["sa"],), lambda: inputs["sa"].t().contiguous().t())
         y = torch._scaled_mm(inputs["x"], inputs["w"].t(), scale_a=sa, scale_b=inputs["sw"].t(),
                              out_dtype=torch.bfloat16)
         return {"out": y}
@@ -101,7 +102,7 @@ def bf16_product(xb: torch.Tensor, wb: torch.Tensor, groups: int) -> torch.Tenso
 def _bf16_call(fn, case: Case, inputs: dict) -> dict:
     """The dequantised bf16 operands are made once per input buffer (a bf16 model keeps its
     weights in bf16), out of the timed call."""
-    xb, wb = _BF16.get(_key(inputs["x"], inputs["w"], inputs["sa"], inputs["sw"]),
+    xb, wb = _BF16.get((inputs["x"], inputs["w"], inputs["sa"], inputs["sw"]),
                        lambda: tuple(t.bfloat16() for t in dequant_operands(**inputs)))
     return {"out": fn(xb, wb, groups_of(case))}
 

@@ -141,3 +141,12 @@ def test_the_compile_refuses_a_configuration_whose_shared_memory_does_not_fit():
     object.__setattr__(cfg, "stages", cfg.n_stages + 1)  # past the estimate's guard
     with pytest.raises(ValueError, match="shared memory"):
         compile_gemm(cfg)
+
+
+def test_padded_weight_scales_are_made_once_per_weight():
+    sa, sw = torch.rand(5, 3) + 0.5, torch.rand(2, 3) + 0.5  # K/128 = 3: padded to 4
+    first = scales_for_tma(sa, sw)[1]
+    assert scales_for_tma(sa, sw)[1] is first  # the same weight: no new copy
+    sw.mul_(2)  # an in-place update of the weight scales is a new version
+    again = scales_for_tma(sa, sw)[1]
+    assert again is not first and torch.equal(again[:, :3], sw) and (again[:, 3:] == 0).all()
