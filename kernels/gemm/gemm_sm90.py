@@ -52,6 +52,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
 from kernels.regs import fence_operand, mn_view
+from kernels.rings import tma_ring
 
 KBLOCK = 128  # the quantisation block along K: one promotion per 128 columns
 SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
@@ -290,15 +291,7 @@ class Fp8GemmSm90:
 
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
-        ring = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.bars.data_ptr(),
-            num_stages=S,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, c.n_mma_wg * 4),
-            tx_count=c.stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
+        ring = tma_ring(st.bars.data_ptr(), S, c.n_mma_wg * 4, c.stage_bytes)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)

@@ -29,6 +29,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import register_impl
 from kernels.gemm.family import GemmCuteDSL
 from kernels.gemm.gemm_sm90 import GemmConfig
+from kernels.knobs import ConfigKnobs
 
 KNOBS: dict[str, dict] = {
     "no-split": {"split_k": 1},
@@ -43,25 +44,14 @@ KNOBS: dict[str, dict] = {
 KNOCKOUTS = ("no-promote", "const-scale")
 
 
-class GemmKnob(GemmCuteDSL):
+class GemmKnob(ConfigKnobs, GemmCuteDSL):
     """The shipped kernel with the rule's configuration overridden by `knobs`."""
 
-    def __init__(self, name: str, knobs: dict):
-        self.variant, self.name, self.knobs = name, f"cutedsl:{name}", dict(knobs)
-
     def config(self, case: Case) -> GemmConfig:
-        cfg = super().config(case)
         knobs = dict(self.knobs)
         if knobs.get("bm", 0) > 128:  # two waves take no split-K
             knobs.setdefault("split_k", 1)
-        return replace(cfg, **knobs)
-
-    def supports(self, case: Case, arch: str | None = None) -> str | None:
-        try:
-            self.config(case)
-        except ValueError as e:
-            return f"{self.name}: {e}"
-        return super().supports(case, arch)
+        return replace(GemmCuteDSL.config(self, case), **knobs)
 
 
 class GemmKnockOut(GemmKnob):

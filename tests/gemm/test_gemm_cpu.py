@@ -11,6 +11,7 @@ from kernels.gemm.gemm_sm90 import SCALE_BOX, SMEM_BYTES, GemmConfig
 from kernels.gemm.glue import check_operands, compile_gemm, make_operands, oracle_of, scales_for_tma
 from oracles.linear import grouped_linear
 from sweeps.gemm import LAYERS, TOKENS
+from tests.wgmma_checks import assert_compiles_clean
 
 
 def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
@@ -98,23 +99,7 @@ RULE_CONFIGS = sorted({choose_config(m, n, k) for _, _, n, k, _ in LAYERS for m 
 
 @pytest.mark.parametrize("cfg", RULE_CONFIGS, ids=str)
 def test_every_rule_config_compiles_without_spills_or_serialised_wgmma(cfg):
-    from dsv4bench.compile import ptxas
-    from dsv4bench.compile.artifacts import artifact
-    from dsv4bench.compile.cubin import parse_cubin
-    from kernels import common
-    from kernels.gemm.glue import compile_gemm
-
-    keep = common.POLICY.keep_ptx
-    common.POLICY.keep_ptx = ptxas.keep_ptx
-    try:
-        compiled = compile_gemm(cfg)
-    finally:
-        common.POLICY.keep_ptx = keep
-    info = parse_cubin(artifact(compiled))
-    assert info.local_bytes == 0, f"{info.local_bytes} B of local memory (spills)"
-    fact = ptxas.check(compiled, "sm_90a")
-    if fact["status"] == "ok":  # no ptxas here: the lint is skipped, the compile still counts
-        assert fact["serialized"] == [], fact["serialized"]
+    assert_compiles_clean(compile_gemm, cfg)
 
 
 @pytest.mark.parametrize("k,groups", [(384, 1), (640, 3), (1024, 2)])

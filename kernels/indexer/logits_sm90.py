@@ -1,0 +1,480 @@
+"""SM90 lightning-indexer logits (spec §6), DeepGEMM's `fp8_mqa_logits` contract:
+
+    logits[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . kv[s, :]) * sc[s]   for ks[t] <= s < ke[t]
+    logits[t, s] = -inf                                                    elsewhere (s < S_kv)
+
+q FP8 e4m3 [T, 64, 128] (viewed as [T*64, 128]), kv FP8 e4m3 [S_kv, 128] with one fp32 scale per key
+`sc` [S_kv], w fp32 [T, 64], ks / ke int32 [T] (per-query [start, end) key ranges; the DSV4 causal
+mask s < floor((t+1)/4) is ks = 0, ke = floor((t+1)/4)), logits fp32 [T, S_kv] (any row stride).
+ReLU(x * sc) = ReLU(x) * sc needs sc >= 0 (a quantisation scale is); the scale is applied after
+the head sum, as DeepGEMM does.
+
+Operands are swapped with respect to the math (as in DeepGEMM): the wgmma's A (M side) is the key
+tile, B (N side) is the query block, so one warpgroup's accumulator is (64 keys) x (bq tokens x 64
+heads) and the head sum runs along N: within a thread (16 of a token's 64 heads per thread) and
+then over the 4 lanes of a quad (2 butterfly shuffles). No cross-warp reduction, no shared memory
+in the epilogue. The key scale is per accumulator row (2 rows per thread), the head weight per
+column (bq * 16 values per thread, loaded once per query block).
+
+Structure (one CTA per SM, persistent; units dealt round-robin):
+  * unit u = (query block qb, key part p): the block's bq tokens and one of `n_split` contiguous
+    parts of its key-tile range [floor(min ks / bk), ceil(max ke / bk)). Blocks are dealt last
+    first (under the causal mask the late blocks have the most keys: longest first).
+  * warpgroup 0, warp 0: TMA producer. Per unit with tiles: the (bq*64 x 128) query tile and the
+    (bq x 64) weight box into a 2-stage Q ring; per key tile the (bk x 128) key tile and its bk
+    scales into a `stages`-deep KV ring (PipelineTmaAsync). Rows past T*64 / S_kv are zero-filled.
+  * warpgroup 0, warps 1-3: write -inf over the columns of the unit's rows that no key tile covers
+    (left of the first tile, right of the last), for part 0 only. They are otherwise idle, so the
+    masked half of a causal output costs no consumer time.
+  * consumer warpgroups (n_wg, 64 keys each, bk = 64 * n_wg): per key tile wait -> read the key
+    scales from shared memory -> 4 wgmma (m64 n{64*bq} k32, fp8) -> wait -> release the stage ->
+    epilogue: ReLU, x w, head sum (thread, then quad), x key scale, mask, store. Each logit is
+    stored by one lane of its quad with a plain st.global (8 lanes of a warp cover 8 consecutive
+    keys of one row: 32-byte segments).
+  * ping-pong (`pingpong`, a declared variant until measured): 64-key stages, the CTA's g-th tile
+    belongs to consumer warpgroup g % 2, and the two take turns to issue their wgmmas (named
+    barriers BAR_TURN0 + w, FA3's schedule as in kernels/fmha/pingpong.py), so one warpgroup's
+    epilogue runs under the other's wgmmas. Cooperative warpgroups share every stage and, left
+    free, fall into step (docs/lessons/fmha.md 17): the tensor core then idles during epilogues.
+Every element of [T, S_kv] is written exactly once (by the fill warps or by one consumer lane).
+
+K = 128 is one wgmma K block: no promotion; the wgmma accumulates in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.tensor_utils import LayoutEnum
+
+from kernels.regs import fence_operand, mn_view
+from kernels.rings import tma_ring
+
+HEADS = 64  # indexer heads (Flash and Pro)
+HEAD_DIM = 128  # indexer head dim: one wgmma K block
+SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
+MAX_STAGES = 8
+FILL_THREADS = 96  # warps 1-3 of the producer warpgroup
+BAR_TURN0 = 1  # ping-pong: named barrier BAR_TURN0 + w opens consumer warpgroup w's turn (1, 2)
+
+
+@dataclass(frozen=True)
+class LogitsConfig:
+    """Compile-time configuration (kernels/indexer/config.py picks one per problem)."""
+
+    bq: int = 2  # query tokens per block: wgmma N = 64 * bq (1, 2 or 4)
+    n_wg: int = 2  # consumer warpgroups, 64 keys each: key tile bk = 64 * n_wg (1 or 2)
+    stages: int = 0  # KV ring depth; 0 = as many as fit (at most MAX_STAGES)
+    q_stages: int = 2  # Q ring depth (the next block's queries load during this block)
+    # ping-pong: 64-key stages owned alternately by the two consumer warpgroups, which take turns
+    # (named barriers) to issue their wgmmas, so one's epilogue runs under the other's wgmmas
+    pingpong: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bq not in (1, 2, 4):
+            raise ValueError(f"bq must be 1, 2 or 4, got {self.bq}")
+        if self.n_wg not in (1, 2):
+            raise ValueError(f"n_wg must be 1 or 2, got {self.n_wg}")
+        if self.q_stages < 1:
+            raise ValueError("q_stages must be >= 1")
+        if self.pingpong and self.n_wg != 2:
+            raise ValueError("pingpong takes two consumer warpgroups (n_wg = 2)")
+        if self.stages and self.kv_stage_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
+            raise ValueError(f"{self.stages} KV stages of {self.kv_stage_bytes} B do not fit shared memory")
+        if self.n_stages < 2:
+            raise ValueError(f"bq {self.bq} x n_wg {self.n_wg} leaves room for {self.n_stages} KV stage(s)")
+
+    @property
+    def bk(self) -> int:
+        """Keys per tile (per KV stage): 64 per consumer warpgroup, or 64 in ping-pong."""
+        return 64 if self.pingpong else 64 * self.n_wg
+
+    @property
+    def mma_wg(self) -> int:
+        """Warpgroups sharing one tile (the MMA's atom layout along M)."""
+        return 1 if self.pingpong else self.n_wg
+
+    @property
+    def n(self) -> int:
+        """wgmma N: the block's (token, head) rows of q."""
+        return HEADS * self.bq
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.n_wg)
+
+    @property
+    def q_stage_bytes(self) -> int:
+        """TMA bytes per Q stage: the queries and the weights of bq tokens."""
+        return self.n * HEAD_DIM + self.bq * HEADS * 4
+
+    @property
+    def kv_stage_bytes(self) -> int:
+        """TMA bytes per KV stage: bk keys and their fp32 scales."""
+        return self.bk * HEAD_DIM + self.bk * 4
+
+    @property
+    def fixed_bytes(self) -> int:
+        return self.q_stages * self.q_stage_bytes + 2048  # + barriers and alignment
+
+    @property
+    def n_stages(self) -> int:
+        if self.stages:
+            return self.stages
+        cap = 2 * MAX_STAGES if self.pingpong else MAX_STAGES  # half-size stages
+        return min(cap, (SMEM_BYTES - self.fixed_bytes) // self.kv_stage_bytes)
+
+    @property
+    def reg_split(self) -> tuple[int, int]:
+        """setmaxnreg (producer warpgroup, consumers)."""
+        return (40, 232) if self.n_wg == 2 else (40, 256)
+
+
+class IndexerLogitsSm90:
+    def __init__(self, cfg: LogitsConfig):
+        self.cfg = cfg
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (T*64, 128) fp8 e4m3: q[t, h, :] at row t*64 + h
+        mKV: cute.Tensor,  # (S_kv, 128) fp8 e4m3, d contiguous, rows 16-byte aligned
+        mSc: cute.Tensor,  # (S_kv,) fp32 key scales
+        mW: cute.Tensor,  # (T, 64) fp32 head weights
+        mKs: cute.Tensor,  # (T,) int32 first visible key
+        mKe: cute.Tensor,  # (T,) int32 one past the last visible key
+        mL: cute.Tensor,  # (T, S_kv) fp32 logits, row stride >= S_kv
+        n_split: cutlass.Int32,  # key parts per query block (fills the SMs when T is small)
+        n_ctas: cutlass.Int32,  # persistent grid size (the SM count)
+        stream: cuda.CUstream,
+    ):
+        c = self.cfg
+        S = c.n_stages
+        fp8 = mQ.element_type
+
+        def make_mma():
+            return sm90_utils.make_trivial_tiled_mma(
+                fp8, mKV.element_type, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                cutlass.Float32, (c.mma_wg, 1, 1), (64, c.n),
+            )
+
+        # two copies of the MMA: the first k-step overwrites (ACCUMULATE off), the rest accumulate;
+        # each set once at kernel entry (as in kernels/gemm/gemm_sm90.py)
+        tiled_mma, mma_acc = make_mma(), make_mma()
+        tile = (c.bk, c.n, HEAD_DIM)
+        sK_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, mKV.element_type, S)
+        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, c.q_stages)
+        # key scales and head weights ride with their stages (a TMA destination is 128-byte
+        # aligned: bk * 4 and bq * 256 bytes are multiples of 128)
+        sSc_layout = cute.make_layout((c.bk, S), stride=(1, c.bk))
+        sW_layout = cute.make_layout((c.bq, HEADS, c.q_stages), stride=(HEADS, 1, c.bq * HEADS))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_k, gK_t = cpasync.make_tiled_tma_atom(g2s, mKV, cute.slice_(sK_layout, (None, None, 0)), (c.bk, HEAD_DIM))
+        tma_q, gQ_t = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (c.n, HEAD_DIM))
+        tma_sc, gSc_t = cpasync.make_tiled_tma_atom(g2s, mSc, cute.slice_(sSc_layout, (None, 0)), (c.bk,))
+        tma_w, gW_t = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_layout, (None, None, 0)), (c.bq, HEADS))
+
+        @cute.struct
+        class Storage:
+            kv_bars: cute.struct.MemRange[cutlass.Int64, S * 2]
+            q_bars: cute.struct.MemRange[cutlass.Int64, c.q_stages * 2]
+            sSc: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sSc_layout)], 128]
+            sW: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sW_layout)], 128]
+            sK: cute.struct.Align[cute.struct.MemRange[mKV.element_type, cute.cosize(sK_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024]
+
+        # the stage count comes from an estimate (LogitsConfig.n_stages); the compile proves it fits
+        if cutlass.const_expr(Storage.size_in_bytes() > SMEM_BYTES):
+            raise ValueError(f"{c}: {Storage.size_in_bytes()} B of shared memory, more than {SMEM_BYTES}")
+
+        n_tok = cute.size(mW, mode=[0])
+        units = ((n_tok + c.bq - 1) // c.bq) * n_split
+        grid = cutlass.min(units, n_ctas)
+        self.kernel(
+            tma_k, gK_t, tma_q, gQ_t, tma_sc, gSc_t, tma_w, gW_t, mKs, mKe, mL, n_split,
+            tiled_mma, mma_acc, sK_layout, sQ_layout, sSc_layout, sW_layout, Storage,
+        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    @cute.jit
+    def _unit(self, u, n_split, q_blocks, mKs, mKe, n_tok, s_kv, tks=None, tke=None):
+        """Unit u -> (query block, part, first and last+1 key tile of the block, of the part).
+        Every role calls this with the same arguments and gets the same answer. tks / tke (register
+        tensors, consumers): the block's ks / ke, loaded here because the tile range consumes them
+        at once (a global load still in flight at a wgmma fence stalls it: docs/lessons/gemm.md 5)."""
+        c = self.cfg
+        blk = u // n_split
+        part = u - blk * n_split
+        qb = q_blocks - 1 - blk  # last blocks first: under the causal mask they are the longest
+        lo = s_kv
+        hi = cutlass.Int32(0)
+        for j in cutlass.range_constexpr(c.bq):
+            t = cutlass.min(qb * c.bq + j, n_tok - 1)  # tokens past T repeat the last (never stored)
+            a = mKs[t]
+            b = mKe[t]
+            if cutlass.const_expr(tks is not None):
+                tks[j] = a
+                tke[j] = b
+            lo = cutlass.min(lo, cutlass.max(a, 0))
+            hi = cutlass.max(hi, cutlass.min(b, s_kv))
+        tile_lo = lo // c.bk
+        n_t = (hi + c.bk - 1) // c.bk - tile_lo
+        if hi <= lo:
+            n_t = cutlass.Int32(0)
+        t0 = tile_lo + (part * n_t) // n_split
+        t1 = tile_lo + ((part + 1) * n_t) // n_split
+        return qb, part, tile_lo, tile_lo + n_t, t0, t1
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_k: cute.CopyAtom,
+        gK_t: cute.Tensor,
+        tma_q: cute.CopyAtom,
+        gQ_t: cute.Tensor,
+        tma_sc: cute.CopyAtom,
+        gSc_t: cute.Tensor,
+        tma_w: cute.CopyAtom,
+        gW_t: cute.Tensor,
+        mKs: cute.Tensor,
+        mKe: cute.Tensor,
+        mL: cute.Tensor,
+        n_split: cutlass.Int32,
+        tiled_mma: cute.TiledMma,
+        mma_acc: cute.TiledMma,
+        sK_layout: cute.ComposedLayout,
+        sQ_layout: cute.ComposedLayout,
+        sSc_layout: cute.Layout,
+        sW_layout: cute.Layout,
+        Storage: cutlass.Constexpr,
+    ):
+        c = self.cfg
+        S = c.n_stages
+        QS = c.q_stages
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_sc)
+            cpasync.prefetch_descriptor(tma_w)
+
+        smem = cutlass.utils.SmemAllocator()
+        st = smem.allocate(Storage)
+        kv_ring = tma_ring(st.kv_bars.data_ptr(), S, c.mma_wg * 4, c.kv_stage_bytes)
+        q_ring = tma_ring(st.q_bars.data_ptr(), QS, c.n_wg * 4, c.q_stage_bytes)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sSc = st.sSc.get_tensor(sSc_layout)
+        sW = st.sW.get_tensor(sW_layout)
+
+        # (bk, 128, key tiles, 1), (n, 128, query blocks, 1), (bk, key tiles), (bq, 64, query blocks, 1)
+        gK = cute.local_tile(gK_t, (c.bk, HEAD_DIM), (None, None))
+        gQ = cute.local_tile(gQ_t, (c.n, HEAD_DIM), (None, None))
+        gSc = cute.local_tile(gSc_t, (c.bk,), (None,))
+        gW = cute.local_tile(gW_t, (c.bq, HEADS), (None, None))
+        tKs, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                         cute.group_modes(gK, 0, 2))
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                         cute.group_modes(gQ, 0, 2))
+        tScs, tScg = cpasync.tma_partition(tma_sc, 0, cute.make_layout(1), cute.group_modes(sSc, 0, 1),
+                                           cute.group_modes(gSc, 0, 1))
+        tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
+                                         cute.group_modes(gW, 0, 2))
+
+        n_tok = cute.size(mL, mode=[0])
+        s_kv = cute.size(mL, mode=[1])
+        q_blocks = (n_tok + c.bq - 1) // c.bq
+        units = q_blocks * n_split
+
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(c.reg_split[0])
+            if warp_idx == 0:
+                # ---------------- producer: one warp issues the TMA loads ----------------
+                g_q = cutlass.Int32(0)
+                g_kv = cutlass.Int32(0)
+                for u in cutlass.range(bidx, units, gdim, unroll=1):
+                    qb, _p, _lo, _hi, t0, t1 = self._unit(u, n_split, q_blocks, mKs, mKe, n_tok, s_kv)
+                    if t1 > t0:
+                        qst = pipeline.PipelineState(QS, g_q, g_q % QS, ((g_q // QS) % 2) ^ 1)
+                        q_ring.producer_acquire(qst)
+                        bar = q_ring.producer_get_barrier(qst)
+                        cute.copy(tma_q, tQg[(None, qb, 0)], tQs[(None, qst.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_w, tWg[(None, qb, 0)], tWs[(None, qst.index)], tma_bar_ptr=bar)
+                        q_ring.producer_commit(qst)
+                        g_q = g_q + 1
+                        for kt in cutlass.range(t0, t1, unroll=1):
+                            kst = pipeline.PipelineState(S, g_kv, g_kv % S, ((g_kv // S) % 2) ^ 1)
+                            kv_ring.producer_acquire(kst)
+                            bar = kv_ring.producer_get_barrier(kst)
+                            cute.copy(tma_k, tKg[(None, kt, 0)], tKs[(None, kst.index)], tma_bar_ptr=bar)
+                            cute.copy(tma_sc, tScg[(None, kt)], tScs[(None, kst.index)], tma_bar_ptr=bar)
+                            kv_ring.producer_commit(kst)
+                            g_kv = g_kv + 1
+                kv_ring.producer_tail(pipeline.PipelineState(S, g_kv, g_kv % S, ((g_kv // S) % 2) ^ 1))
+                q_ring.producer_tail(pipeline.PipelineState(QS, g_q, g_q % QS, ((g_q // QS) % 2) ^ 1))
+            else:
+                # ---------------- warps 1-3: -inf outside the unit's key tiles ----------------
+                ftid = tidx - 32
+                for u in cutlass.range(bidx, units, gdim, unroll=1):
+                    qb, part, lo_t, hi_t, _t0, _t1 = self._unit(u, n_split, q_blocks, mKs, mKe, n_tok, s_kv)
+                    if part == 0:
+                        a = cutlass.min(lo_t * c.bk, s_kv)
+                        b = cutlass.min(hi_t * c.bk, s_kv)
+                        if hi_t == lo_t:  # no tile: the whole row, once
+                            a = s_kv
+                            b = s_kv
+                        self._fill(mL, qb, a, b, ftid, n_tok, s_kv)
+        else:
+            # ---------------- consumers: wgmma + weighted ReLU head sum + store ----------------
+            cute.arch.setmaxregister_increase(c.reg_split[1])
+            self._consume(kv_ring, q_ring, tiled_mma, mma_acc, sK, sQ, sSc, sW, mKs, mKe, mL, n_split,
+                          q_blocks, units, n_tok, s_kv, tidx, bidx, gdim)
+
+    @cute.jit
+    def _fill(self, mL, qb, a, b, ftid, n_tok, s_kv):
+        """Columns [0, a) and [b, S_kv) of the block's rows <- -inf (coalesced, 96 threads)."""
+        c = self.cfg
+        ninf = -cutlass.Float32.inf
+        for j in cutlass.range_constexpr(c.bq):
+            t = qb * c.bq + j
+            if t < n_tok:
+                for s in cutlass.range(ftid, a, FILL_THREADS, unroll=1):
+                    mL[t, s] = ninf
+                for s in cutlass.range(b + ftid, s_kv, FILL_THREADS, unroll=1):
+                    mL[t, s] = ninf
+
+    @cute.jit
+    def _consume(self, kv_ring, q_ring, tiled_mma, mma_acc, sK, sQ, sSc, sW, mKs, mKe, mL, n_split, q_blocks,
+                 units, n_tok, s_kv, tidx, bidx, gdim):
+        c = self.cfg
+        QS = c.q_stages
+        mtid = tidx - 128
+        cw = cute.arch.make_warp_uniform(mtid // 128)  # consumer warpgroup
+        q4 = tidx % 4  # lane within its quad
+        # cooperative: the warpgroups split each tile's rows; ping-pong: each has whole 64-key tiles
+        thr_mma = tiled_mma.get_slice(mtid % 128 if c.pingpong else mtid)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.bk, c.n)), cutlass.Float32)
+        cC_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.bk, c.n))))
+        n_rows = cute.size(cC_mn, mode=[0])
+        n_cols = cute.size(cC_mn, mode=[1])
+        # the SM90 accumulator: a thread's columns are c = v0 + 2 * v2 at n = v0 + 8 * v2 + 2 * (lane % 4),
+        # so its columns 16 j .. 16 j + 15 are 16 of token j's 64 heads
+        if cutlass.const_expr(n_rows != 2 or n_cols != 16 * c.bq):
+            raise ValueError(f"unexpected accumulator fragment: {n_rows} rows x {n_cols} columns per thread")
+        rows = cute.make_rmem_tensor((n_rows,), cutlass.Int32)  # key row within the tile
+        for r in cutlass.range_constexpr(n_rows):
+            rows[r] = cC_mn[r, 0][0]
+        heads = cute.make_rmem_tensor((n_cols,), cutlass.Int32)  # head of each column
+        for cc in cutlass.range_constexpr(n_cols):
+            heads[cc] = cC_mn[0, cc][1] - HEADS * (cc // 16)
+        wreg = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
+        sc = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+        tok = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
+        tks = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
+        tke = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
+        mmas = (tiled_mma, mma_acc)
+
+        if cutlass.const_expr(c.pingpong):
+            if cw == 1:  # warpgroup 0 takes the first turn
+                cute.arch.barrier_arrive(barrier_id=BAR_TURN0, number_of_threads=256)
+        g_q = cutlass.Int32(0)
+        g_kv = cutlass.Int32(0)  # key tiles of this CTA so far (the producer counts alike)
+        for u in cutlass.range(bidx, units, gdim, unroll=1):
+            qb, _p, _lo, _hi, t0, t1 = self._unit(u, n_split, q_blocks, mKs, mKe, n_tok, s_kv, tks, tke)
+            t0 = cute.arch.make_warp_uniform(t0)
+            t1 = cute.arch.make_warp_uniform(t1)
+            for j in cutlass.range_constexpr(c.bq):
+                tok[j] = qb * c.bq + j
+            if t1 > t0:
+                qst = pipeline.PipelineState(QS, g_q, g_q % QS, (g_q // QS) % 2)
+                q_ring.consumer_wait(qst)
+                for cc in cutlass.range_constexpr(n_cols):
+                    wreg[cc] = sW[cc // 16, heads[cc], qst.index]
+                if cutlass.const_expr(c.pingpong):
+                    # this warpgroup's tiles: the unit's tiles whose CTA ordinal g has parity cw
+                    first = t0 + (cw + g_kv) % 2
+                    for kt in cutlass.range(first, t1, 2, unroll=1):
+                        self._tile(kv_ring, mmas, acc, tCrA, tCrB, qst.index, sSc, rows, sc, g_kv + (kt - t0),
+                                   kt, wreg, tok, tks, tke, mL, q4, n_tok, s_kv, cw)
+                else:
+                    for kt in cutlass.range(t0, t1, unroll=1):
+                        self._tile(kv_ring, mmas, acc, tCrA, tCrB, qst.index, sSc, rows, sc, g_kv + (kt - t0),
+                                   kt, wreg, tok, tks, tke, mL, q4, n_tok, s_kv, cw)
+                g_kv = g_kv + (t1 - t0)
+                q_ring.consumer_release(qst)
+                g_q = g_q + 1
+        if cutlass.const_expr(c.pingpong):
+            if g_kv % 2 == cw:  # pairs the arrive of the CTA's last tile (or the opening one)
+                cute.arch.barrier(barrier_id=BAR_TURN0 + cw, number_of_threads=256)
+
+    @cute.jit
+    def _tile(self, kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, rows, sc, g, kt, wreg, tok, tks, tke, mL, q4,
+              n_tok, s_kv, cw):
+        """Key tile kt (the CTA's g-th): wait -> scales from shared memory -> 4 wgmma (in ping-pong
+        inside this warpgroup's turn) -> wait -> release the stage -> epilogue."""
+        c = self.cfg
+        S = c.n_stages
+        kst = pipeline.PipelineState(S, g, g % S, (g // S) % 2)
+        kv_ring.consumer_wait(kst)
+        for r in cutlass.range_constexpr(cute.size(sc)):  # from shared memory, before the issue
+            sc[r] = sSc[rows[r], kst.index]
+        if cutlass.const_expr(c.pingpong):
+            cute.arch.barrier(barrier_id=BAR_TURN0 + cw, number_of_threads=256)
+        fence_operand(acc)
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(mmas[0] if k == 0 else mmas[1], acc, tCrA[(None, None, k, kst.index)],
+                      tCrB[(None, None, k, q_index)], acc)
+        warpgroup.commit_group()
+        if cutlass.const_expr(c.pingpong):
+            cute.arch.barrier_arrive(barrier_id=BAR_TURN0 + 1 - cw, number_of_threads=256)
+        warpgroup.wait_group(0)
+        fence_operand(acc)
+        kv_ring.consumer_release(kst)
+        self._epilogue(acc, wreg, sc, rows, kt * c.bk, tok, tks, tke, mL, q4, n_tok, s_kv)
+
+    @cute.jit
+    def _epilogue(self, acc, wreg, sc, rows, s0, tok, tks, tke, mL, q4, n_tok, s_kv):
+        """Per (key row r, token j): sum over the thread's 16 heads of ReLU(acc) * w (4 chains),
+        the quad's butterfly sum, x key scale; lane (r * bq + j) % 4 of the quad masks and stores."""
+        c = self.cfg
+        acc_mn = mn_view(acc)
+        ninf = -cutlass.Float32.inf
+        for r in cutlass.range_constexpr(2):
+            s = s0 + rows[r]
+            for j in cutlass.range_constexpr(c.bq):
+                part = [cutlass.Float32(0.0)] * 4
+                for h in cutlass.range_constexpr(16):
+                    cc = 16 * j + h
+                    part[h % 4] = part[h % 4] + cute.arch.fmax(acc_mn[r, cc], cutlass.Float32(0.0)) * wreg[cc]
+                v = (part[0] + part[1]) + (part[2] + part[3])
+                v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
+                v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
+                v = v * sc[r]
+                if q4 == (r * c.bq + j) % 4:
+                    t = tok[j]
+                    if t < n_tok and s < s_kv:
+                        out = ninf
+                        if s >= tks[j] and s < tke[j]:
+                            out = v
+                        mL[t, s] = out

@@ -1,0 +1,45 @@
+"""Declared variants of the indexer logits kernel: the shipped configuration (kernels/indexer/config.py)
+with one knob overridden, each `cutedsl:<name>`, timed through the harness beside the shipped rule
+and the peers on the same inputs:
+
+    dsv4bench sweep indexer --tokens 4096,16384 --examples 0 --bench \\
+        --impl cutedsl,cutedsl:bq1,cutedsl:bq4,cutedsl:wg1,deepgemm,torch
+
+    bqB     B query tokens per block (wgmma N = 64 B; shipped 2)
+    wg1     one consumer warpgroup (64-key tiles) instead of two
+    sS      S KV ring stages instead of as many as fit (at most 8)
+    qs1     one Q stage: the next block's queries load only after this block is done
+    pingpong  64-key stages owned alternately by the two consumer warpgroups, which take turns to
+            issue their wgmmas (named barriers): one's epilogue runs under the other's wgmmas
+            (the shipped cooperative kernel lets them fall into step: docs/lessons/fmha.md 17)
+    pingpong-bq4  both
+
+Every variant computes the real answer (it must pass the oracle).
+Imported at the end of kernels/indexer/family.py; registers its impls itself (register_impl).
+"""
+
+from __future__ import annotations
+
+from dsv4bench.core.registry import register_impl
+from kernels.indexer.family import IndexerCuteDSL
+from kernels.knobs import ConfigKnobs
+
+KNOBS: dict[str, dict] = {
+    "bq1": {"bq": 1},
+    "bq4": {"bq": 4},
+    "wg1": {"n_wg": 1},
+    "s2": {"stages": 2},
+    "s4": {"stages": 4},
+    "qs1": {"q_stages": 1},
+    "pingpong": {"pingpong": True},
+    "pingpong-bq4": {"pingpong": True, "bq": 4},
+}
+
+
+class IndexerKnob(ConfigKnobs, IndexerCuteDSL):
+    """The shipped kernel with the rule's configuration overridden by `knobs`."""
+
+
+VARIANTS = tuple(IndexerKnob(name, knobs) for name, knobs in KNOBS.items())
+for _impl in VARIANTS:
+    register_impl(_impl)
