@@ -106,6 +106,14 @@ def compare_float(
         m.worst_index = _worst(nonfinite.to(torch.uint8))
         m.reasons.append(f"{m.mismatches} NaN/Inf where the oracle is finite (first at {m.worst_index})")
         o64 = torch.where(nonfinite, torch.zeros_like(o64), o64)
+    # where the oracle is -inf / +inf / NaN (a masked logit, an empty row's LSE) the output must be too
+    special = ~finite_ref & ~((o64 == r64) | (torch.isnan(o64) & torch.isnan(r64)))
+    if bool(special.any()):
+        m.passed = False
+        m.mismatches += int(special.sum())
+        at = _worst(special.to(torch.uint8))
+        m.reasons.append(f"{int(special.sum())} elements where the oracle is +-inf/NaN differ from it (first at "
+                         f"{at}: out {float(out[tuple(at)]):.6g}, oracle {float(oracle[tuple(at)]):.6g})")
     diff = torch.where(finite_ref, (o64 - r64).abs(), torch.zeros_like(o64))
     m.max_abs = float(diff.max()) if diff.numel() else 0.0
     m.mean_abs = float(diff.mean()) if diff.numel() else 0.0
@@ -116,7 +124,7 @@ def compare_float(
         m.worst_index, m.worst_out, m.worst_oracle = idx, float(out[tuple(idx)]), float(oracle[tuple(idx)])
 
     floor = rounding_floor(oracle, out.dtype if out.dtype.is_floating_point else torch.float32)
-    if lowprec is not None:
+    if lowprec is not None and r64.numel():
         m.lowprec_max_abs = float(
             torch.where(finite_ref, (lowprec.to(wide) - r64).abs(), torch.zeros_like(r64)).max()
         )

@@ -73,3 +73,25 @@ def test_missing_output_fails():
     oracle, lowprec = make()
     ok, metrics = compare_outputs({}, {"out": oracle}, {"out": lowprec}, lambda n: TOL)
     assert not ok and "missing" in metrics["out"].reasons[0]
+
+
+def test_a_value_where_the_oracle_is_masked_fails():
+    """-inf in the oracle (a masked logit) must be -inf in the output: a finite value there is wrong."""
+    oracle = torch.randn(8, 16)
+    oracle[:, 10:] = float("-inf")
+    tol = Tolerance(ratio=2.0, rel_l2=1e-2)
+    good = oracle + 1e-4 * torch.randn(8, 16)
+    low = oracle + 1e-3 * torch.randn(8, 16)  # the low-precision reference's error sets the bound
+    assert compare_float(good, oracle, low, tol).passed
+    bad = good.clone()
+    bad[3, 12] = 0.5
+    m = compare_float(bad, oracle, low, tol)
+    assert not m.passed and m.mismatches == 1 and "+-inf/NaN differ" in m.reasons[0] and "[3, 12]" in m.reasons[0]
+    flipped = good.clone()
+    flipped[0, 15] = float("inf")
+    assert not compare_float(flipped, oracle, low, tol).passed
+
+
+def test_an_empty_output_compares_without_error():
+    empty = torch.empty(4, 0)
+    assert compare_float(empty, empty.clone(), empty.clone(), Tolerance(ratio=2.0, rel_l2=1e-2)).passed
