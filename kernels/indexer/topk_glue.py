@@ -1,0 +1,86 @@
+"""Glue of the indexer top-k kernel (kernels/indexer/topk_sm90.py): fake tensors for the CPU compile,
+argument checks, the output width, the call, and the model-facing op `topk_indices`."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_tensor
+
+from kernels.common import compile_kernel
+from kernels.indexer.topk_sm90 import IndexerTopkSm90
+
+TOPK = {"flash": 512, "pro": 1024}  # DSV4 index_topk
+MAX_ENTRIES = 1 << 18  # 262,144 entries: 1M tokens of context / 4 (the kernel takes any length < 2^31)
+MAX_K = 1 << 15  # the gather packs a step's counts in 16 bits (a step is THREADS entries): any k is
+# fine for it; this bound only keeps the int32 [T, k] output and the serial gather sane
+
+
+def fake_args() -> tuple:
+    """scores (T, S) fp32 with any row stride and unit column stride, out (T, KK) int32: all sizes
+    runtime values (T shared, so the TVM-FFI call checks that the two agree)."""
+    t, s, kk = cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
+    scores = make_fake_tensor(cutlass.Float32, (t, s), (cute.sym_int64(), 1), assumed_align=4)
+    out = make_fake_tensor(cutlass.Int32, (t, kk), (cute.sym_int64(), 1), assumed_align=4)
+    return scores, out
+
+
+def compile_topk(arch: str = "sm_90a"):
+    """One compile serves every T, S and k (no GPU needed). No wgmma or TMA: sm_100a compiles too."""
+    return compile_kernel(IndexerTopkSm90(), *fake_args(), arch=arch)
+
+
+def out_width(n_entries: int, k: int) -> int:
+    """The oracle's width: min(k, S) (oracles/indexer.py `indexer_topk`)."""
+    return min(k, n_entries)
+
+
+def check_topk_args(logits, k, out=None) -> tuple[int, int, int]:
+    """Validate (logits [T, S] float32, unit column stride; k a positive int; out [T, min(k, S)] int32);
+    raise ValueError naming the offending argument. Returns (T, S, KK)."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            raise ValueError(f"indexer top-k: {name} {what}")
+
+    need(isinstance(logits, torch.Tensor), "logits", f"must be a tensor, got {type(logits).__name__}")
+    need(logits.dim() == 2, "logits", f"must be 2-D [T, S], got shape {tuple(logits.shape)}")
+    need(logits.dtype == torch.float32, "logits", f"must be float32, got {logits.dtype}")
+    n_tok, n = logits.shape
+    need(logits.stride(1) == 1 or n <= 1, "logits", f"rows must be contiguous, got strides {tuple(logits.stride())}")
+    need(n < 2**31 and n_tok < 2**31, "logits", f"has too many entries: shape {tuple(logits.shape)}")
+    need(isinstance(k, int) and not isinstance(k, bool), "k", f"must be an int, got {type(k).__name__}")
+    need(0 < k <= MAX_K, "k", f"must be in 1..{MAX_K}, got {k}")
+    kk = out_width(n, k)
+    if out is not None:
+        need(isinstance(out, torch.Tensor) and out.dtype == torch.int32, "out",
+             f"must be an int32 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+        need(tuple(out.shape) == (n_tok, kk), "out", f"must have shape {(n_tok, kk)}, got {tuple(out.shape)}")
+        need(out.stride(1) == 1 or kk <= 1, "out", f"rows must be contiguous, got strides {tuple(out.stride())}")
+        need(out.device == logits.device, "out", f"must be on {logits.device}, got {out.device}")
+    return n_tok, n, kk
+
+
+def run_topk(compiled, logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[T, KK] <- the indices (every element written)."""
+    if out.numel() == 0:
+        return out
+    compiled(logits, out)
+    return out
+
+
+_COMPILED: dict = {}
+
+
+def topk_indices(logits: torch.Tensor, k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The op for model code: int32 [T, min(k, S)] indices of each row's k largest valid (not -inf)
+    logits, ascending index order, ties to the lower index, -1 in the slots past the valid count
+    (the set of oracles/indexer.py `indexer_topk`). Bad input -> ValueError naming the argument."""
+    n_tok, n, kk = check_topk_args(logits, k, out)
+    if logits.device.type != "cuda":
+        raise ValueError(f"indexer top-k: logits must be on a CUDA device, got {logits.device}")
+    if out is None:
+        out = torch.empty(n_tok, kk, dtype=torch.int32, device=logits.device)
+    if "sm_90a" not in _COMPILED:
+        _COMPILED["sm_90a"] = compile_topk("sm_90a")
+    return run_topk(_COMPILED["sm_90a"], logits, out)
