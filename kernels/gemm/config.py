@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 
-from kernels.gemm.gemm_sm90 import KBLOCK, GemmConfig
+from kernels.gemm.tiling import KBLOCK, GemmConfig
 
 H100_SMS = 132
 FP8_FLOPS_PER_CLK = 8192

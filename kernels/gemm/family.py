@@ -21,7 +21,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.gemm import peers
 from kernels.gemm.config import choose_config
-from kernels.gemm.gemm_sm90 import KBLOCK, GemmConfig
+from kernels.gemm.tiling import KBLOCK, GemmConfig
 from kernels.gemm.glue import check_operands, compile_gemm, groups_of, make_operands, oracle_of, run_gemm
 from sweeps import gemm as space
 

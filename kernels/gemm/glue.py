@@ -11,7 +11,8 @@ import torch
 from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import compile_kernel
-from kernels.gemm.gemm_sm90 import KBLOCK, SCALE_BOX, Fp8GemmSm90, GemmConfig
+from kernels.gemm.gemm_sm90 import Fp8GemmSm90
+from kernels.gemm.tiling import KBLOCK, SCALE_BOX, GemmConfig
 
 
 def groups_of(case) -> int:

@@ -28,7 +28,7 @@ from dataclasses import replace
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import register_impl
 from kernels.gemm.family import GemmCuteDSL
-from kernels.gemm.gemm_sm90 import GemmConfig
+from kernels.gemm.tiling import GemmConfig
 from kernels.knobs import ConfigKnobs
 
 KNOBS: dict[str, dict] = {

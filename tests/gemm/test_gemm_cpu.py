@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels.gemm.config import H100_SMS, choose_config, cost
-from kernels.gemm.gemm_sm90 import SCALE_BOX, SMEM_BYTES, GemmConfig
+from kernels.gemm.tiling import SCALE_BOX, SMEM_BYTES, GemmConfig
 from kernels.gemm.glue import check_operands, compile_gemm, make_operands, oracle_of, scales_for_tma
 from oracles.linear import grouped_linear
 from sweeps.gemm import LAYERS, TOKENS

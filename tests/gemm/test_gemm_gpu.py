@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels.gemm.config import choose_config
-from kernels.gemm.gemm_sm90 import GemmConfig
+from kernels.gemm.tiling import GemmConfig
 from kernels.gemm.glue import compile_gemm, make_operands, oracle_of, run_gemm
 
 pytestmark = pytest.mark.gpu

@@ -1,0 +1,103 @@
+"""The gemm kernel's compile-time tile configuration (GemmConfig) and its shared-memory budget:
+what kernels/gemm/config.py (the tile rule) chooses among and kernels/gemm/gemm_sm90.py builds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KBLOCK = 128  # the quantisation block along K: one promotion per 128 columns
+SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
+EPI_N = 32  # epilogue slice width (columns) per TMA store
+MAX_STAGES = 16
+ABLATIONS = ("", "no-promote", "const-scale")
+SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
+SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Compile-time tile configuration (kernels/gemm/config.py picks one per problem)."""
+
+    bm: int = 128  # CTA rows: 64 (one consumer warpgroup), 128 or 256 (two; 256 in two waves)
+    bn: int = 128  # CTA columns: 32, 64 or 128 (divides the 128-wide weight-scale block)
+    stages: int = 0  # smem ring depth; 0 = as many as fit (at most MAX_STAGES)
+    group_m: int = 8  # rasterisation: M-tiles per group
+    split_k: int = 1  # K slices per tile (decode: fill the SMs when M/N give too few tiles)
+    epi_stages: int = 2
+    # per-warpgroup epilogue: each consumer warpgroup stores its own 64 rows (own smem buffers, a
+    # 128-thread barrier, its own TMA store) instead of the two meeting at a CTA barrier per slice
+    epi_per_wg: bool = False
+    # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
+    # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
+    # "const-scale" promotes with scale 1 (the scale boxes still load, unread)
+    ablate: str = ""
+
+    def __post_init__(self) -> None:
+        if self.ablate not in ABLATIONS:
+            raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
+        if self.bm not in (64, 128, 256):
+            raise ValueError(f"bm must be 64, 128 or 256, got {self.bm}")
+        if self.bn not in (32, 64, 128):
+            raise ValueError(f"bn must be 32, 64 or 128, got {self.bn}")
+        if self.split_k < 1:
+            raise ValueError("split_k must be >= 1")
+        if self.split_k > 1 and self.waves > 1:
+            raise ValueError("split-K takes one wave per tile (bm <= 128)")
+        if self.group_m < 1:
+            raise ValueError("group_m must be >= 1")
+        if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
+            raise ValueError(f"{self.stages} stages of {self.stage_smem_bytes} B do not fit shared memory")
+        if self.n_stages < 2:
+            raise ValueError(f"bm {self.bm} x bn {self.bn} leaves room for {self.n_stages} smem stage(s)")
+
+    @property
+    def n_mma_wg(self) -> int:
+        return 1 if self.bm == 64 else 2
+
+    @property
+    def wave_m(self) -> int:
+        """Rows one round of the consumer warpgroups covers (64 each)."""
+        return 64 * self.n_mma_wg
+
+    @property
+    def waves(self) -> int:
+        return self.bm // self.wave_m
+
+    @property
+    def epi_groups(self) -> int:
+        """Warpgroups storing independently in the epilogue (1: the whole wave together)."""
+        return self.n_mma_wg if self.epi_per_wg else 1
+
+    @property
+    def epi_rows(self) -> int:
+        return self.wave_m // self.epi_groups
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.n_mma_wg)
+
+    @property
+    def stage_bytes(self) -> int:
+        """Bytes TMA brings per stage (the full barrier's transaction count): the x and W tiles and
+        the scale boxes, a column of bm sa values and (1 x 4) of sw, fp32."""
+        return (self.bm + self.bn) * KBLOCK + (self.bm + SCALE_BOX) * 4
+
+    @property
+    def stage_smem_bytes(self) -> int:
+        """Shared memory per stage: the sw box sits in a 128-byte slot."""
+        return self.stage_bytes - SCALE_BOX * 4 + SW_SLOT * 4
+
+    @property
+    def fixed_bytes(self) -> int:
+        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048  # + barriers and alignment
+
+    @property
+    def n_stages(self) -> int:
+        if self.stages:
+            return self.stages
+        return min(MAX_STAGES, (SMEM_BYTES - self.fixed_bytes) // self.stage_smem_bytes)
+
+    @property
+    def reg_split(self) -> tuple[int, int]:
+        """setmaxnreg (producer, consumer)."""
+        return (40, 232) if self.n_mma_wg == 2 else (40, 256)
