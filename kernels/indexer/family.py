@@ -11,9 +11,9 @@ Oracle: oracles/indexer.py `indexer_scores` in fp32 on the dequantised keys kv *
 ranges (kernels/indexer/glue.py). Low-precision reference: the reference's bf16 path,
 `indexer_scores_lowprec`, on the same values (q exact in bf16, keys and weights rounded to bf16).
 
-Masked entries are -inf in the oracle and must be -inf in the output. The harness's float rule
-(core/compare.py) ignores positions where the oracle is not finite, so a kernel writing a finite
-value there passes it: tests/indexer/test_indexer_gpu.py checks the mask exactly.
+Masked entries are -inf in the oracle and must be -inf in the output: the harness's float rule
+(core/compare.py) fails any other value where the oracle is +-inf or NaN, and
+tests/indexer/test_indexer_gpu.py checks the mask exactly as well.
 """
 
 from __future__ import annotations

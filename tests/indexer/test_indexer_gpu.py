@@ -6,7 +6,7 @@ harness's evaluation path.
 
 Every check here asserts, beyond the harness's float rule (core/compare.py): no NaN anywhere (the
 output is NaN-poisoned: an unwritten logit shows), and -inf exactly where the key is outside
-[ks, ke) (the float rule ignores positions where the oracle is -inf)."""
+[ks, ke) (which the float rule now also requires)."""
 
 from __future__ import annotations
 
