@@ -1,10 +1,13 @@
-"""Glue shared by the CuTeDSL families: dtype names, fake tensors and the compile call."""
+"""Glue shared by the CuTeDSL families: dtype names, fake tensors, the compile call, the SM count of
+a persistent launch and the peers' cache of derived operands."""
 
 from __future__ import annotations
 
 import atexit
+import functools
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -55,3 +58,29 @@ def compile_kernel(kernel, *fake_args, arch: str):
         kernel, *fake_args, make_fake_stream(use_tvm_ffi_env_stream=True),
         options=f"--gpu-arch {arch} --enable-tvm-ffi --keep-cubin{ptx} --dump-dir={POLICY.dump()}",
     )
+
+
+@functools.cache
+def sm_count(device) -> int:
+    """CTAs of a persistent launch: one per SM."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class Prepared:
+    """Derived values cached per source tensors (an operand layout or dtype a peer's API needs that a
+    model would make once; a weight's padded scales): remade when a source is another object (weak
+    references, so a new tensor at a freed one's address is not mistaken for it) or was written to.
+    Holds the last `size` sources' values."""
+
+    def __init__(self, size: int = 1):
+        self.size, self._entries = size, {}
+
+    def get(self, sources: tuple, make):
+        key = tuple(id(t) for t in sources)
+        hit = self._entries.get(key)
+        versions = tuple(t._version for t in sources)
+        if hit is None or any(r() is not t for r, t in zip(hit[0], sources)) or hit[1] != versions:
+            if len(self._entries) >= self.size:
+                self._entries.pop(next(iter(self._entries)))
+            hit = self._entries[key] = (tuple(weakref.ref(t) for t in sources), versions, make())
+        return hit[2]

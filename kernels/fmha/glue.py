@@ -7,7 +7,6 @@ key ranges (the kernel masks each row by position); sparse cases pass their per-
 
 from __future__ import annotations
 
-import functools
 
 import cutlass
 import cutlass.cute as cute
@@ -16,7 +15,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl
-from kernels.common import compile_kernel
+from kernels.common import compile_kernel, sm_count
 from kernels.fmha.config import LOG2E, Config
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 
@@ -31,11 +30,6 @@ def config_for(case: Case) -> Config:
 
 NO_WINDOW = 1 << 30
 
-
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    """CTAs of a persistent launch: one per SM."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def has_window(case: Case) -> bool:

@@ -30,7 +30,8 @@ import cutlass.cute as cute
 import torch
 
 from dsv4bench.core.case import Case
-from kernels.fmha.glue import FmhaCuteDSL, config_for, sm_count
+from kernels.common import sm_count
+from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.probes import EmptyGridMixin
 

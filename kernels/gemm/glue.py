@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import functools
-import weakref
 
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from kernels.common import compile_kernel
+from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
 from kernels.gemm.tiling import KBLOCK, SCALE_BOX, GemmConfig
 
@@ -79,10 +77,6 @@ def check_operands(x, sa, w, sw, out=None, groups: int = 1) -> tuple[int, int, i
     return m, n, k
 
 
-@functools.cache
-def sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
 
 _WORK: dict = {}
 
@@ -119,26 +113,24 @@ def mn_major(sa: torch.Tensor) -> torch.Tensor:
     return buf.t()[:m]
 
 
-_PADDED_SW: dict = {}  # id(sw) -> (weakref to sw, its version, sw padded to whole TMA boxes)
+_PADDED_SW = Prepared(size=64)  # weight scales padded to whole TMA boxes, per weight-scale tensor
 
 
 def scales_for_tma(sa, sw, groups: int = 1):
     """sa MN-major (`mn_major`); sw in rows of whole TMA boxes of SCALE_BOX K blocks (16 bytes),
     16-byte aligned: DSV4's K are (K/128 of 8 to 128); any other K gets a zero-padded copy of sw,
-    made once per weight-scale tensor and version (two extra launches per call cost small GEMMs 2x).
-    The cache holds a weak reference: a new tensor at a freed one's address is not mistaken for it."""
+    made once per weight-scale tensor and version (two extra launches per call cost small GEMMs 2x)."""
     sa = mn_major(sa)
     kb = sw.shape[1]
     if kb % SCALE_BOX == 0 and sw.data_ptr() % 16 == 0:
         return sa, sw
-    hit = _PADDED_SW.get(id(sw))
-    if hit is None or hit[0]() is not sw or hit[1] != sw._version:
-        if len(_PADDED_SW) >= 64:
-            _PADDED_SW.clear()
+
+    def padded():
         sw_p = sw.new_zeros(sw.shape[0], -(-kb // SCALE_BOX) * SCALE_BOX)
         sw_p[:, :kb] = sw
-        hit = _PADDED_SW[id(sw)] = (weakref.ref(sw), sw._version, sw_p)
-    return sa, hit[2]
+        return sw_p
+
+    return sa, _PADDED_SW.get((sw,), padded)
 
 
 def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ctas: int | None = None):

@@ -9,30 +9,12 @@ out of the timed call, like our own workspace.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl, import_reason
+from kernels.common import Prepared
 from kernels.gemm.glue import dequant_operands, groups_of
-
-
-class _Prepared:
-    """One cached derived tensor per impl: remade when a source tensor is another object (weak
-    references: a new tensor at a freed one's address is not mistaken for it) or was written to."""
-
-    def __init__(self):
-        self._refs, self._versions, self._val = (), (), None
-
-    def get(self, sources: tuple, make):
-        if (len(sources) != len(self._refs) or any(r() is not t for r, t in zip(self._refs, sources))
-                or self._versions != tuple(t._version for t in sources)):
-            self._val = None
-            self._val = make()
-            self._refs = tuple(weakref.ref(t) for t in sources)
-            self._versions = tuple(t._version for t in sources)
-        return self._val
 
 
 class DeepGemm(Impl):
@@ -66,7 +48,7 @@ class CublasLt(Impl):
     archs = ("any",)
 
     def __init__(self):
-        self._sa = _Prepared()
+        self._sa = Prepared()
 
     def available(self) -> str | None:
         return None if hasattr(torch, "_scaled_mm") else "torch._scaled_mm missing"
@@ -88,7 +70,7 @@ class CublasLt(Impl):
         return {"out": y}
 
 
-_BF16 = _Prepared()
+_BF16 = Prepared()
 
 
 def bf16_product(xb: torch.Tensor, wb: torch.Tensor, groups: int) -> torch.Tensor:

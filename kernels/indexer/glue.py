@@ -3,14 +3,13 @@ inputs of a case, the thin FP8-cache oracle over oracles/indexer.py, and the cal
 
 from __future__ import annotations
 
-import functools
 
 import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from kernels.common import compile_kernel
+from kernels.common import compile_kernel, sm_count
 from kernels.indexer.logits_sm90 import HEAD_DIM, HEADS, IndexerLogitsSm90, LogitsConfig
 
 CSA_RATIO = 4  # one compressed indexer entry per 4 tokens (spec §5, §6)
@@ -168,10 +167,6 @@ def lowprec_of(q, kv, sc, w, ks, ke) -> torch.Tensor:
 
 
 # ---------------- the call ----------------
-
-@functools.cache
-def sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def run_logits(compiled, cfg: LogitsConfig, q, kv, sc, w, ks, ke, out, n_split: int | None = None,

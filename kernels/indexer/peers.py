@@ -13,27 +13,10 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl, import_reason
+from kernels.common import Prepared
 from kernels.indexer.glue import HEADS, range_mask
 
 TORCH_CHUNK_BYTES = 1 << 30  # the bf16 [rows, 64, S_kv] intermediate of one chunk
-
-
-class _Prepared:
-    """One cached derived value per (impl, source buffers)."""
-
-    def __init__(self):
-        self._key = None
-        self._val = None
-
-    def get(self, key, make):
-        if key != self._key:
-            self._key, self._val = key, None
-            self._val = make()
-        return self._val
-
-
-def _key(*ts):
-    return tuple((t.data_ptr(), tuple(t.shape), t._version) for t in ts)
 
 
 class DeepGemm(Impl):
@@ -61,12 +44,12 @@ def bf16_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tens
     return (s * w.unsqueeze(-1)).sum(dim=1).float()
 
 
-_BF16 = _Prepared()
+_BF16 = Prepared()
 
 
 def _torch_call(fn, case: Case, inputs: dict) -> dict:
     q, kv, sc, w, ks, ke = (inputs[k] for k in ("q", "kv", "sc", "w", "ks", "ke"))
-    qb, kb, wb = _BF16.get(_key(q, kv, sc, w),
+    qb, kb, wb = _BF16.get((q, kv, sc, w),
                            lambda: (q.bfloat16(), (kv.float() * sc.unsqueeze(-1)).bfloat16(), w.bfloat16()))
     n_tok, s_kv = q.shape[0], kv.shape[0]
     rows = max(1, TORCH_CHUNK_BYTES // max(1, HEADS * s_kv * 2))
