@@ -6,6 +6,11 @@ and w3 run as one GEMM (their rows concatenated: N = 2 x moe_inter_dim). The gro
 projection wo_a (groups = o_groups) takes each group's 4096 attention features to its 1024 outputs
 in one launch: x [T, G*4096], W [G*1024, 4096]. Shapes shared by two layers appear once, named
 after both.
+
+Every shape, production and drawn, is a case twice: the GEMM on pre-quantised operands (no `op`
+parameter: the ids of results committed before the quant+gemm op existed still name them) and
+`op = "quant+gemm"`, the call a model makes (bf16 activations in, their quantisation timed with
+the GEMM; kernels/gemm/quant_gemm.py).
 """
 
 from __future__ import annotations
@@ -34,14 +39,20 @@ LAYERS = [
     ("pro", "indexer_wq_b", 8192, 1536, 1),
     ("pro", "mtp_proj", 7168, 7168, 1),
 ]
+QUANT_GEMM = "quant+gemm"
 DECODE_M = (1, 8, 64, 256)
 PREFILL_M = (4096, 16384)
 TOKENS = DECODE_M + PREFILL_M
 
 
+def with_quant_gemm(cases: list[dict]) -> list[dict]:
+    """The cases, then each of them as the quant+gemm op."""
+    return cases + [{**c, "op": QUANT_GEMM} for c in cases]
+
+
 def production() -> list[dict]:
-    return [{"m": m, "n": n, "k": k, "groups": g, "layer": f"{model}.{layer}"}
-            for model, layer, n, k, g in LAYERS for m in TOKENS]
+    return with_quant_gemm([{"m": m, "n": n, "k": k, "groups": g, "layer": f"{model}.{layer}"}
+                            for model, layer, n, k, g in LAYERS for m in TOKENS])
 
 
 def _grouped(d: dict) -> dict:
@@ -61,4 +72,4 @@ def extra_strategy() -> st.SearchStrategy[dict]:
 
 
 def extra(n: int, seed: int) -> list[dict]:
-    return draw(extra_strategy(), n, seed)
+    return with_quant_gemm(draw(extra_strategy(), n, seed))

@@ -8,6 +8,12 @@ except for wo_a. Oracle: dequant(x) . blockdiag(dequant(W))^T in fp32 (oracles/l
 precision reference: the same product rounded to bf16 (the reference fp8_gemm accumulates in fp32 per
 K block and writes bf16).
 
+The cases with `op = "quant+gemm"` time the call a model makes instead: x comes in bf16 and is
+quantised inside the call (the quant kernel writing the GEMM's operands, kernels/gemm/quant_gemm.py);
+their oracle is the same product of the reference's act_quant(x) (§2.3, §2.6: x_qdq . W^T). Only ours
+and torch (the act_quant round trip in torch ops, then the bf16 product) take them: the library
+peers take quantised operands, which their plain gemm cases of the same shape time.
+
 wo_a runs in FP8 with the same recipe, not the reference's bf16 einsum: the checkpoint stores it in
 FP8 (convert.py dequantises it to bf16 only because the reference has no grouped FP8 kernel), FP8
 halves the weight bytes that decode streams, and vLLM serves it the same way (DeepGEMM fp8_einsum).
@@ -22,7 +28,11 @@ from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, regis
 from kernels.gemm import peers
 from kernels.gemm.config import choose_config
 from kernels.gemm.tiling import KBLOCK, GemmConfig
-from kernels.gemm.glue import check_operands, compile_gemm, groups_of, make_operands, oracle_of, run_gemm
+from kernels.gemm.glue import (
+    check_operands, compile_gemm, draw_operands, groups_of, make_operands, oracle_of, quantises, run_gemm,
+)
+from kernels.gemm.quant_gemm import compile_quant_gemm, quant_operands, run_quant_gemm
+from oracles.quant import fp8_block_quant
 from sweeps import gemm as space
 
 SM90_ONLY = ("the SM90 kernel is built on warpgroup MMA (wgmma) and Hopper TMA descriptors; sm_100a "
@@ -40,15 +50,22 @@ class GemmFamily(Family):
         "width": Option("n", "output features N (weight rows, all groups)", "features"),
         "depth": Option("k", "reduction length K of one group (a multiple of 128)", "elements"),
         "groups": Option("groups", "weight groups (1: a plain linear; 8 / 16: wo_a of Flash / Pro)", "groups"),
+        "op": Option("op", "the call timed: gemm (pre-quantised operands) or quant+gemm (bf16 activations "
+                     "quantised inside the call)", choices=(space.QUANT_GEMM,), names=True, aliases={"gemm": None}),
     }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
-        x, sa, w, sw = make_operands(case["m"], case["n"], case["k"], seed, device, groups_of(case))
+        shape = (case["m"], case["n"], case["k"], seed)
+        if quantises(case):
+            x, w, sw = draw_operands(*shape, groups_of(case))
+            return {"x": x.bfloat16().to(device), "w": w.to(device), "sw": sw.to(device)}
+        x, sa, w, sw = make_operands(*shape, device, groups_of(case))
         return {"x": x, "sa": sa, "w": w, "sw": sw}
 
     def oracle(self, case: Case, inputs: dict) -> dict:
-        return {"out": oracle_of(**inputs, groups=groups_of(case))}
+        x, sa = (inputs["x"], inputs["sa"]) if "sa" in inputs else fp8_block_quant(inputs["x"], KBLOCK)
+        return {"out": oracle_of(x, sa, inputs["w"], inputs["sw"], groups_of(case))}
 
     def lowprec(self, case: Case, inputs: dict) -> dict:
         return {"out": self.oracle(case, inputs)["out"].bfloat16()}
@@ -57,11 +74,12 @@ class GemmFamily(Family):
         return {"out": torch.empty(case["m"], case["n"], dtype=torch.bfloat16, device=device)}
 
     def cost(self, case: Case) -> Cost:
+        """Bytes: x (e4m3 and its scales, or bf16 for quant+gemm), W and its scales, y."""
         m, n, k, g = case["m"], case["n"], case["k"], groups_of(case)
         kb = k // KBLOCK
         nb = -(-n // KBLOCK)
-        return Cost(flops=2.0 * m * n * k,
-                    bytes=float(m * g * k + n * k + 4 * (m * g * kb + nb * kb) + 2 * m * n))
+        x_bytes = 2 * m * g * k if quantises(case) else m * g * k + 4 * m * g * kb
+        return Cost(flops=2.0 * m * n * k, bytes=float(x_bytes + n * k + 4 * nb * kb + 2 * m * n))
 
 
 class GemmCuteDSL(Impl):
@@ -85,17 +103,25 @@ class GemmCuteDSL(Impl):
         return choose_config(case["m"], case["n"], case["k"])
 
     def compile_key(self, case: Case, arch: str) -> tuple:
-        return (self.family, "cutedsl", arch, self.config(case))
+        key = (self.family, "cutedsl", arch, self.config(case))
+        return key + (space.QUANT_GEMM, groups_of(case) * case["k"]) if quantises(case) else key
 
     def compile(self, case: Case, arch: str):
         if arch != "sm_90a":
             raise ValueError(SM90_ONLY)
+        if quantises(case):
+            return compile_quant_gemm(self.config(case), groups_of(case) * case["k"], arch)
         return compile_gemm(self.config(case), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        g = groups_of(case)
-        check_operands(inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"], g)
-        run_gemm(compiled, self.config(case), inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"], g)
+        g, cfg = groups_of(case), self.config(case)
+        x, w, sw, y = inputs["x"], inputs["w"], inputs["sw"], out["out"]
+        if quantises(case):
+            codes, sa = quant_operands(x, w, sw, y, g)
+            run_quant_gemm(compiled, cfg, x, codes, sa, w, sw, y, g)
+        else:
+            check_operands(x, inputs["sa"], w, sw, y, g)
+            run_gemm(compiled, cfg, x, inputs["sa"], w, sw, y, g)
         return out
 
 

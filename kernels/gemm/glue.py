@@ -11,11 +11,18 @@ from cutlass.cute.runtime import make_fake_tensor
 from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
 from kernels.gemm.tiling import KBLOCK, SCALE_BOX, GemmConfig
+from sweeps.gemm import QUANT_GEMM
 
 
 def groups_of(case) -> int:
     """A case's weight groups (1 but for the grouped wo_a)."""
     return case.params.get("groups", 1)
+
+
+def quantises(case) -> bool:
+    """Whether a case is the quant+gemm op (bf16 x, quantised inside the call), not the GEMM on
+    pre-quantised operands (the cases without an `op`)."""
+    return case.params.get("op") == QUANT_GEMM
 
 
 def fake_args(cfg: GemmConfig) -> tuple:
@@ -100,17 +107,22 @@ def is_mn_major(sa: torch.Tensor) -> bool:
     return sa.dim() == 2 and sa.stride(0) == 1 and (sa.shape[1] == 1 or sa.stride(1) >= sa.shape[0])
 
 
-def mn_major(sa: torch.Tensor) -> torch.Tensor:
-    """sa [M, cols] as the kernel (and DeepGEMM) takes it: MN-major with ld = M rounded up to 4, so
-    every column starts 16-byte aligned (a TMA box of one column). Returned as is when it already is;
-    else one small copy (a model's quant kernel should write this layout directly)."""
-    m, cols = sa.shape
+def mn_major_buffer(m: int, cols: int, device) -> torch.Tensor:
+    """An uninitialised fp32 sa [m, cols] in the kernel's (and DeepGEMM's) layout: MN-major with
+    ld = m rounded up to 4, so every column starts 16-byte aligned (a TMA box of one column). The
+    quant+gemm op has the quant kernel write its scales straight into one (kernels/gemm/quant_gemm.py)."""
     ld = -(-m // 4) * 4
+    return torch.empty(cols, ld, dtype=torch.float32, device=device).t()[:m]
+
+
+def mn_major(sa: torch.Tensor) -> torch.Tensor:
+    """sa [M, cols] in the `mn_major_buffer` layout: as is when it already is; else one small copy."""
+    m, cols = sa.shape
     if is_mn_major(sa) and (cols == 1 or sa.stride(1) % 4 == 0) and sa.data_ptr() % 16 == 0:
         return sa
-    buf = sa.new_empty(cols, ld)
-    buf[:, :m] = sa.t()
-    return buf.t()[:m]
+    buf = mn_major_buffer(m, cols, sa.device)
+    buf.copy_(sa)
+    return buf
 
 
 _PADDED_SW = Prepared(size=64)  # weight scales padded to whole TMA boxes, per weight-scale tensor
@@ -141,21 +153,27 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ct
     return out
 
 
-def make_operands(m: int, n: int, k: int, seed: int, device: str = "cpu", groups: int = 1):
-    """Random DSV4-style operands: x [m, groups*k] quantised per (row, 128) and W [n, k] (groups
-    blocks of n/groups rows) per 128x128 block, ue8m0 scales as fp32, the activation scales MN-major
-    (`mn_major`, as serving stacks' quant kernels write them for DeepGEMM). Rows of x get different
-    magnitudes so that the per-row scales matter."""
-    from oracles.quant import fp8_block_quant, quant_fp8_weight, ue8m0_decode
+def draw_operands(m: int, n: int, k: int, seed: int, groups: int = 1):
+    """Random DSV4-style operands on the CPU: activations x fp32 [m, groups*k] (rows of different
+    magnitudes, so that the per-row scales matter) and W [n, k] (groups blocks of n/groups rows)
+    quantised per 128x128 block: (x, e4m3 codes, fp32 ue8m0 scales)."""
+    from oracles.quant import quant_fp8_weight, ue8m0_decode
 
     gen = torch.Generator().manual_seed(seed)
-    ka = groups * k
-    x = torch.randn(m, ka, generator=gen) * torch.exp2(torch.randint(-3, 4, (m, 1), generator=gen).float())
+    x = torch.randn(m, groups * k, generator=gen) * torch.exp2(torch.randint(-3, 4, (m, 1), generator=gen).float())
     w = torch.randn(n, k, generator=gen) * 0.05 * torch.exp2(torch.randint(-2, 3, (n, 1), generator=gen).float())
-    xq, sa = fp8_block_quant(x, KBLOCK)
     wq, sw = quant_fp8_weight(w)
-    return (xq.to(device), mn_major(sa.float().to(device)), wq.to(device),
-            ue8m0_decode(sw).float().contiguous().to(device))
+    return x, wq, ue8m0_decode(sw).float().contiguous()
+
+
+def make_operands(m: int, n: int, k: int, seed: int, device: str = "cpu", groups: int = 1):
+    """The operands of `draw_operands` as the GEMM takes them: x quantised per (row, 128) with its
+    scales MN-major (as serving stacks' quant kernels write them for DeepGEMM): (x, sa, w, sw)."""
+    from oracles.quant import fp8_block_quant
+
+    x, wq, sw = draw_operands(m, n, k, seed, groups)
+    xq, sa = fp8_block_quant(x, KBLOCK)
+    return xq.to(device), mn_major(sa.float().to(device)), wq.to(device), sw.to(device)
 
 
 def oracle_of(x, sa, w, sw, groups: int = 1) -> torch.Tensor:

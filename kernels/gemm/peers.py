@@ -5,6 +5,10 @@ matmul / einsum on the dequantised operands.
 Operand preparation that the peer's API needs but that the model would do once (cuBLASLt's
 column-major activation scales, the bf16 dequantised weight) is cached per input buffer and kept
 out of the timed call, like our own workspace.
+
+The quant+gemm cases (bf16 activations in) are ours and torch's only (torch: the act_quant round
+trip in torch ops, then the bf16 product): DeepGEMM and cuBLASLt take quantised operands, and
+their plain gemm cases of the same shape time exactly that.
 """
 
 from __future__ import annotations
@@ -14,7 +18,13 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl, import_reason
 from kernels.common import Prepared
-from kernels.gemm.glue import dequant_operands, groups_of
+from kernels.gemm.glue import dequant_operands, groups_of, quantises
+from kernels.gemm.tiling import KBLOCK
+from oracles.quant import dequant_fp8_weight, fp8_qdq_lowprec
+from sweeps.gemm import QUANT_GEMM
+
+QUANTISED_ONLY = ("takes quantised operands: its time on this shape is the plain gemm case's (the "
+                  "quant+gemm op quantises bf16 activations inside the call)")
 
 
 class DeepGemm(Impl):
@@ -26,6 +36,9 @@ class DeepGemm(Impl):
 
     def available(self) -> str | None:
         return import_reason("deep_gemm")
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        return QUANTISED_ONLY if quantises(case) else None
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         import deep_gemm
@@ -54,6 +67,8 @@ class CublasLt(Impl):
         return None if hasattr(torch, "_scaled_mm") else "torch._scaled_mm missing"
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if quantises(case):
+            return QUANTISED_ONLY
         if groups_of(case) > 1:
             return "torch._scaled_mm has no grouped (block-diagonal) form: one launch per group"
         if case["n"] % 16 or case["k"] % 128:
@@ -70,9 +85,6 @@ class CublasLt(Impl):
         return {"out": y}
 
 
-_BF16 = Prepared()
-
-
 def bf16_product(xb: torch.Tensor, wb: torch.Tensor, groups: int) -> torch.Tensor:
     """What a bf16 deployment runs: x @ W^T, or for wo_a the reference's bf16 einsum."""
     if groups == 1:
@@ -81,16 +93,31 @@ def bf16_product(xb: torch.Tensor, wb: torch.Tensor, groups: int) -> torch.Tenso
     return torch.einsum("mgk,gnk->mgn", xb.view(m, groups, -1), wb.view(groups, -1, wb.shape[1])).reshape(m, -1)
 
 
-def _bf16_call(fn, case: Case, inputs: dict) -> dict:
-    """The dequantised bf16 operands are made once per input buffer (a bf16 model keeps its
-    weights in bf16), out of the timed call."""
-    xb, wb = _BF16.get((inputs["x"], inputs["w"], inputs["sa"], inputs["sw"]),
-                       lambda: tuple(t.bfloat16() for t in dequant_operands(**inputs)))
-    return {"out": fn(xb, wb, groups_of(case))}
+def quant_bf16_product(xb: torch.Tensor, wb: torch.Tensor, groups: int) -> torch.Tensor:
+    """quant+gemm in torch: the reference's act_quant round trip of x (§2.3, in bf16), then `bf16_product`."""
+    return bf16_product(fp8_qdq_lowprec(xb, KBLOCK), wb, groups)
+
+
+def bf16_operands(x, w, sw, sa=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and W in bf16: dequantised, or x as it is when it comes in bf16 (quant+gemm)."""
+    if sa is None:
+        return x, dequant_fp8_weight(w, sw).bfloat16()
+    return tuple(t.bfloat16() for t in dequant_operands(x, sa, w, sw))
+
+
+_BF16 = Prepared()
+
+
+def _bf16_call(fns: dict, case: Case, inputs: dict) -> dict:
+    """The bf16 operands are made once per input buffer (a bf16 model keeps its weights in bf16),
+    out of the timed call."""
+    xb, wb = _BF16.get(tuple(inputs.values()), lambda: bf16_operands(**inputs))
+    return {"out": fns[QUANT_GEMM if quantises(case) else "gemm"](xb, wb, groups_of(case))}
 
 
 def register_torch_peers() -> None:
-    """torch (eager bf16 matmul / einsum on the dequantised operands) and torch_compile of it."""
+    """torch (eager bf16 matmul / einsum on the dequantised operands; for quant+gemm, after torch's
+    act_quant round trip) and torch_compile of it."""
     from dsv4bench.core.torch_impls import register_torch_baselines
 
-    register_torch_baselines("gemm", bf16_product, _bf16_call)
+    register_torch_baselines("gemm", {"gemm": bf16_product, QUANT_GEMM: quant_bf16_product}, _bf16_call)
