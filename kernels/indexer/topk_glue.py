@@ -8,27 +8,88 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from kernels.common import compile_kernel
-from kernels.indexer.topk_sm90 import IndexerTopkSm90
+from kernels.common import compile_kernel, sm_count
+from kernels.indexer.topk_select import CAP, PER_THREAD, VEC
+from kernels.indexer.topk_sm90 import IndexerTopkSm90, IndexerTopkSplitSm90
 
 TOPK = {"flash": 512, "pro": 1024}  # DSV4 index_topk
 MAX_ENTRIES = 1 << 18  # 262,144 entries: 1M tokens of context / 4 (the kernel takes any length < 2^31)
+SPLIT_MIN = 16384  # entries a split chunk covers at least
 MAX_K = 1 << 15  # the gather packs a step's counts in 16 bits (a step is THREADS entries): any k is
 # fine for it; this bound only keeps the int32 [T, k] output and the serial gather sane
 
 
-def fake_args() -> tuple:
-    """scores (T, S) fp32 with any row stride and unit column stride, out (T, KK) int32: all sizes
-    runtime values (T shared, so the TVM-FFI call checks that the two agree)."""
+def fake_args(aligned: bool, split: bool = False) -> tuple:
+    """scores (T, S) fp32 with unit column stride, out (T, KK) int32, and for the split form its
+    workspace (keys, indices [T, C, CAP], counts [T, C + 1]): all sizes runtime values (shared ones are
+    shared symbols, so the TVM-FFI call checks that they agree). `aligned`: rows start on 16 bytes (the
+    row stride a multiple of 4 and a 16-byte base), which lets the collect pass load 16-byte vectors."""
     t, s, kk = cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
-    scores = make_fake_tensor(cutlass.Float32, (t, s), (cute.sym_int64(), 1), assumed_align=4)
+    row_stride = cute.sym_int64(divisibility=VEC) if aligned else cute.sym_int64()
+    scores = make_fake_tensor(cutlass.Float32, (t, s), (row_stride, 1), assumed_align=16 if aligned else 4)
     out = make_fake_tensor(cutlass.Int32, (t, kk), (cute.sym_int64(), 1), assumed_align=4)
-    return scores, out
+    if not split:
+        return scores, out
+    c, c1 = cute.sym_int32(), cute.sym_int32()
+    buf = [make_fake_tensor(cutlass.Int32, (t, c, CAP), (cute.sym_int64(), CAP, 1), assumed_align=16) for _ in range(2)]
+    counts = make_fake_tensor(cutlass.Int32, (t, c1), (cute.sym_int64(), 1), assumed_align=4)
+    return scores, out, *buf, counts
 
 
-def compile_topk(arch: str = "sm_90a"):
-    """One compile serves every T, S and k (no GPU needed). No wgmma or TMA: sm_100a compiles too."""
-    return compile_kernel(IndexerTopkSm90(), *fake_args(), arch=arch)
+def split_chunks(n_rows: int, n: int, sms: int) -> int:
+    """CTAs a row for the split form: about one CTA an SM over all rows, each chunk at least
+    SPLIT_MIN entries (two collect steps: the sample and the select cost a chunk as much as a few
+    steps); 1 (one CTA a row) when the rows alone come near filling the chip. Measured on the H100:
+    1 x 262,144 entries best at 16 chunks, 32 x 262,144 at 4, 128 rows at 1."""
+    return max(1, min(sms // max(n_rows, 1), -(-n // SPLIT_MIN)))
+
+
+class CompiledTopk:
+    """The compiles of one arch and the dispatch between them: rows of at most CAP entries take the
+    direct kernel; longer rows the buffered one — split over several CTAs a row when the rows are too
+    few to fill the chip — with 16-byte vector loads when the rows are aligned."""
+
+    def __init__(self, kernels: dict):
+        self.kernels = kernels
+
+    def names(self) -> tuple:
+        return tuple(self.kernels)
+
+    @staticmethod
+    def rows_aligned(scores: torch.Tensor) -> bool:
+        return scores.data_ptr() % 16 == 0 and (scores.stride(0) % VEC == 0 or scores.shape[0] <= 1)
+
+    def pick(self, scores: torch.Tensor) -> tuple[str, int]:
+        """(kernel name, chunks a row) for these scores."""
+        n_rows, n = scores.shape
+        if n <= CAP:
+            return "direct", 1
+        chunks = split_chunks(n_rows, n, sm_count(scores.device))
+        form = "split" if chunks > 1 else "rows"
+        return f"{form}-{'aligned' if self.rows_aligned(scores) else 'unaligned'}", chunks
+
+    def run(self, name: str, scores: torch.Tensor, out: torch.Tensor, chunks: int = 1):
+        kernel = self.kernels[name]
+        if not name.startswith("split"):
+            kernel(scores, out)
+            return
+        n_rows = scores.shape[0]
+        keys, idx = (torch.empty(n_rows, chunks, CAP, dtype=torch.int32, device=scores.device) for _ in range(2))
+        kernel(scores, out, keys, idx, torch.empty(n_rows, chunks + 1, dtype=torch.int32, device=scores.device))
+
+    def __call__(self, scores: torch.Tensor, out: torch.Tensor):
+        name, chunks = self.pick(scores)
+        self.run(name, scores, out, chunks)
+
+
+def compile_topk(arch: str = "sm_90a", per_thread: int = PER_THREAD) -> CompiledTopk:
+    """Five compiles serve every T, S and k (no GPU needed). No wgmma or TMA: sm_100a compiles too."""
+    kernels = {"direct": compile_kernel(IndexerTopkSm90(buffered=False), *fake_args(False), arch=arch)}
+    for aligned in (True, False):
+        tag = "aligned" if aligned else "unaligned"
+        kernels[f"rows-{tag}"] = compile_kernel(IndexerTopkSm90(per_thread=per_thread), *fake_args(aligned), arch=arch)
+        kernels[f"split-{tag}"] = compile_kernel(IndexerTopkSplitSm90(per_thread), *fake_args(aligned, True), arch=arch)
+    return CompiledTopk(kernels)
 
 
 def out_width(n_entries: int, k: int) -> int:

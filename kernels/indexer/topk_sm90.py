@@ -9,23 +9,39 @@ never selected. Order within a row: ascending entry index (not by score), then t
 NaN first); a -NaN (sign bit set) ranks below -inf and is never selected (unlike the oracle, which
 ranks every NaN first; the logits kernel produces none).
 
-Design, one CTA of THREADS threads per row (grid (T, 1, 1)):
-  key      signed int32 with the order of the float: bits, or -(bits & 0x7fffffff) for a set sign bit
-           (so -0.0 == +0.0); u = key ^ 0x80000000 is the same order as an unsigned pattern, whose
-           digits are the radix digits. Valid: key > key(-inf).
-  select   3 radix passes over the row (digits of 11, 11 and 10 bits, high first): each builds the
-           histogram of the digit among the valid entries whose higher digits equal the prefix found
-           so far (shared-memory atomics), then a block suffix-scan of the histogram finds the bucket
-           holding the `remaining`-th largest; after the 3 passes the prefix is the k-th largest key
-           (the threshold) and `remaining` how many entries equal to it are taken. If pass 1 finds
-           at most KK valid entries, every valid entry is taken (threshold -inf, no ties).
-  gather   one pass over the row in index order, THREADS entries per step: ballots of "above the
-           threshold" and "equal to it", a block scan of the two counts (packed in one int32), and each
-           selected entry's slot = (above before it) + min(equal before it, remaining) — so the ties
-           taken are the first `remaining` in index order and the output is in ascending index order.
-           Steps after the last selected entry are skipped.
+Every comparison is on an order key (kernels/indexer/topk_select.py: a signed int32 with the order of
+the float, -0.0 == +0.0); valid means key > key(-inf).
+
+Direct (rows of at most CAP entries; `IndexerTopkSm90(buffered=False)`), one CTA a row:
+  radix select  3 passes over the row (digits of 11, 11 and 10 bits, high first): each builds the
+           histogram of the digit among the valid entries whose higher digits equal the prefix found so
+           far (shared-memory atomics), then a block suffix-scan finds
+           the bucket holding the `remaining`-th largest; after the 3 passes the prefix is the KK-th
+           largest key (the threshold) and `remaining` how many entries equal to it are taken. If pass 1
+           finds at most KK valid entries, every valid entry is taken (threshold -inf, no ties).
+  gather   in index order, THREADS entries per step: ballots of "above the threshold" and "equal to
+           it", a block scan of the two counts, and each selected entry's slot = (above before it) +
+           min(equal before it, remaining) — so the ties taken are the first `remaining` in index
+           order and the output is in ascending index order.
   fill     slots [selected, KK) get -1.
-Reads: the row 4 times (3 histograms + gather; the first rows' later passes mostly hit L2).
+The row is read 4 times; a short row stays in L1/L2.
+
+Buffered (longer rows), one read of the row:
+  bound    a strided sample of SAMPLE entries gives a lower bound key_lo, the sample's r-th largest with
+           r chosen so that about 2 KK entries of the row are at least key_lo (`sample_rank`).
+  collect  the entries >= key_lo go to a buffer of (key, index) pairs in index order (PER_THREAD
+           consecutive entries a thread, 16-byte loads, a block scan places them).
+  select   the radix select and the gather above, on the buffer.
+The buffered path holds when the buffer took every entry >= key_lo (at most CAP) and at least KK of
+them, so the KK-th largest of the row is among them; otherwise (rows built against the sample, long
+runs of one value) the row takes the direct path's 4 reads. Two forms:
+  `IndexerTopkSm90()`      one CTA a row, the buffer in shared memory (many rows: the grid fills the
+                           chip);
+  `IndexerTopkSplitSm90()` C CTAs a row (few long rows: one SM streams only ~20 GB/s): `partial`,
+                           grid (T, C), each CTA bounds (the same sample, so the same key_lo) and
+                           collects one chunk into its own global buffer; `finish`, grid (T), sums the
+                           chunks' counts, concatenates the buffers in chunk order (still index order)
+                           into shared memory and selects — or falls back on the row.
 """
 
 from __future__ import annotations
@@ -33,74 +49,74 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import memory
-from cutlass import Float32, Int32
+from cutlass import Int32
 
-from kernels.bits import f32_bits
-
-THREADS = 512
-WARP = 32
-WARPS = THREADS // WARP
-DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, width) of the radix digits, most significant first
-BINS = 1 << max(w for _, w in DIGITS)
-SIGN = -(1 << 31)  # 0x80000000 as a signed int32
-NEG_INF_KEY = -0x7F800000  # order key of -inf (signed int32)
-PACK = 16  # gather scan: "equal" counts live in bits 16.., "above" counts in bits 0..15 (a step <= THREADS)
-
-
-def _s32(v: int) -> int:
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v & 0x80000000 else v
+from kernels.indexer.topk_select import (
+    BINS,
+    CAP,
+    LOWEST_VALID,
+    PER_THREAD,
+    SAMPLE,
+    THREADS,
+    WARPS,
+    TopkBlocks,
+    fast_path_possible,
+)
 
 
-def order_key(x: Float32) -> Int32:
-    """A signed int32 with the order of the fp32 x: its bits if the sign bit is clear, minus its
-    magnitude bits if set, so -0.0 and +0.0 share the key 0 (equal, as for the oracle's sort), -inf is
-    NEG_INF_KEY and a -NaN sits below it. No overflow: keys lie in [-(2^31 - 1), 2^31 - 1]."""
-    b = f32_bits(x)
-    return cutlass.select_(b < Int32(0), Int32(0) - (b & Int32(0x7FFFFFFF)), b)
+class TopkSmem:
+    """The shared memory of a top-k CTA: the histogram, the scan and state words, and `buffer` (key,
+    index) pairs (none for the direct path)."""
+
+    def __init__(self, buffer: int):
+        smem = memory.SmemAllocator()
+        self.hist = smem.allocate_tensor(Int32, cute.make_layout((BINS,)), byte_alignment=16)
+        self.w = smem.allocate_tensor(Int32, cute.make_layout((WARPS,)), byte_alignment=16)
+        self.state = smem.allocate_tensor(Int32, cute.make_layout((2,)), byte_alignment=8)
+        self.key = self.idx = None
+        if buffer:
+            self.key = smem.allocate_tensor(Int32, cute.make_layout((buffer,)), byte_alignment=16)
+            self.idx = smem.allocate_tensor(Int32, cute.make_layout((buffer,)), byte_alignment=16)
 
 
-def warp_inclusive_scan(v, lane):
-    """Inclusive prefix sum over the warp's lanes (Int32)."""
-    for o in range(5):
-        up = cute.arch.shuffle_sync_up(v, offset=1 << o)
-        v = v + cutlass.select_(lane >= (1 << o), up, Int32(0))
-    return v
+class TopkFinish(TopkBlocks):
+    """The end every form shares: select and gather on the buffer or, when `fast` is 0, on the row;
+    then the -1 fill."""
+
+    @cute.jit
+    def finish_row(self, mX, mOut, row, fast, count, sm: TopkSmem, tidx):
+        n = mX.shape[1]
+        kk = mOut.shape[1]
+        n_sel = Int32(0)
+        if cutlass.const_expr(sm.key is not None):
+            if fast != 0:
+                thr, need, n_sel = self.radix_select(mX, row, sm.key, count, kk, False, sm.hist, sm.w, sm.state, tidx)
+                self.gather(mX, row, sm.key, sm.idx, count, thr, need, n_sel, False, mOut, sm.w, tidx)
+        if fast == 0:
+            thr, need, n_sel = self.radix_select(mX, row, None, n, kk, True, sm.hist, sm.w, sm.state, tidx)
+            self.gather(mX, row, None, None, n, thr, need, n_sel, True, mOut, sm.w, tidx)
+        for j in cutlass.range(n_sel + tidx, kk, THREADS):
+            mOut[row, j] = Int32(-1)
 
 
-class IndexerTopkSm90:
-    """Runtime: rows T, row length S (any row stride), KK = the output's width (min(k, S), host-chosen).
+def buffer_holds(count, kk, key_lo):
+    """The buffered path's condition: no overflow, and KK entries at least key_lo (or every valid one)."""
+    return (count <= CAP) & ((count >= kk) | (key_lo == Int32(LOWEST_VALID)))
 
-    Arguments: scores [T, S] fp32 (unit column stride), out [T, KK] int32 (unit column stride)."""
+
+class IndexerTopkSm90(TopkFinish):
+    """One CTA a row. Runtime: rows T, row length S (any row stride), KK = the output's width (min(k, S),
+    host-chosen). Arguments: scores [T, S] fp32 (unit column stride), out [T, KK] int32 (unit column
+    stride). The compile's assumed alignment of the scores decides the collect pass's load width.
+    `buffered=False`: the direct path alone (8 KB of shared memory instead of 72 KB: 4 CTAs an SM)."""
+
+    def __init__(self, buffered: bool = True, per_thread: int = PER_THREAD):
+        super().__init__(per_thread)
+        self.buffered = buffered
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mOut: cute.Tensor, stream):
         self.kernel(mX, mOut).launch(grid=[mX.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream)
-
-    @cute.jit
-    def warps_scan(self, w, sW: cute.Tensor, tidx):
-        """w: a per-warp value (the same in every lane of a warp). Returns (the sum of w over the warps
-        before this one, the sum over all warps). Two barriers: the first publishes the warp values,
-        the second lets sW be reused after the return."""
-        warp, lane = tidx // WARP, tidx % WARP
-        if lane == 0:
-            sW[warp] = w
-        cute.arch.barrier()
-        v = Int32(0)
-        if lane < WARPS:
-            v = sW[lane]
-        incl = warp_inclusive_scan(v, lane)
-        before = cute.arch.shuffle_sync(incl - v, warp)
-        total = cute.arch.shuffle_sync(incl, WARPS - 1)
-        cute.arch.barrier()
-        return before, total
-
-    @cute.jit
-    def block_scan(self, v, sW: cute.Tensor, tidx):
-        """(exclusive prefix of v over the CTA's threads in tidx order, CTA total)."""
-        incl = warp_inclusive_scan(v, tidx % WARP)
-        before, total = self.warps_scan(cute.arch.shuffle_sync(incl, WARP - 1), sW, tidx)
-        return before + incl - v, total
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mOut: cute.Tensor):
@@ -108,94 +124,79 @@ class IndexerTopkSm90:
         row, _, _ = cute.arch.block_idx()
         n = mX.shape[1]
         kk = mOut.shape[1]
+        sm = TopkSmem(CAP if self.buffered else 0)
+        fast = Int32(0)
+        count = Int32(0)
+        if cutlass.const_expr(self.buffered):
+            if fast_path_possible(kk):
+                key_lo = Int32(LOWEST_VALID)
+                if n > CAP:
+                    key_lo = self.lower_bound(mX, row, n, kk, sm.key, sm.hist, sm.w, sm.state, tidx)
+                count = self.collect(mX, row, 0, n, key_lo, sm.key, sm.idx, sm.w, tidx)
+                if buffer_holds(count, kk, key_lo):
+                    fast = Int32(1)
+        self.finish_row(mX, mOut, row, fast, count, sm, tidx)
 
-        smem = memory.SmemAllocator()
-        sHist = smem.allocate_tensor(Int32, cute.make_layout((BINS,)), byte_alignment=16)
-        sW = smem.allocate_tensor(Int32, cute.make_layout((WARPS,)), byte_alignment=16)
-        sState = smem.allocate_tensor(Int32, cute.make_layout((2,)), byte_alignment=8)
 
-        prefix = Int32(0)  # u-space bits of the threshold found so far
-        remaining = Int32(kk)  # how many of the entries matching the prefix are still to take
-        take_all = Int32(0)
-        n_sel = Int32(kk)
-        for p in cutlass.range_constexpr(len(DIGITS)):
-            shift, width = DIGITS[p]
-            bins = 1 << width
-            per_thread = max(1, bins // THREADS)
-            hi_mask = _s32(~((1 << (shift + width)) - 1))
-            if take_all == 0:  # CTA-uniform
-                for b in cutlass.range_constexpr(per_thread):
-                    if b * THREADS + tidx < bins:
-                        sHist[b * THREADS + tidx] = Int32(0)
-                cute.arch.barrier()
-                for i in cutlass.range(tidx, n, THREADS):
-                    key = order_key(mX[row, i])
-                    u = key ^ Int32(SIGN)
-                    if (key > Int32(NEG_INF_KEY)) & ((u & Int32(hi_mask)) == prefix):
-                        cute.arch.atomic_add(sHist.iterator + ((u >> shift) & Int32(bins - 1)), Int32(1))
-                cute.arch.barrier()
-                # thread t owns bins [t * per_thread, (t + 1) * per_thread): higher threads, higher bins
-                local = Int32(0)
-                for j in cutlass.range_constexpr(per_thread):
-                    if tidx * per_thread + j < bins:
-                        local += sHist[tidx * per_thread + j]
-                before, total = self.block_scan(local, sW, tidx)
-                found_all = False
-                if cutlass.const_expr(p == 0):
-                    found_all = total <= remaining
-                if found_all:
-                    take_all = Int32(1)
-                    n_sel = total
-                else:
-                    run = total - before - local  # entries in the bins above this thread's
-                    for jj in cutlass.range_constexpr(per_thread):
-                        j = per_thread - 1 - jj
-                        b = tidx * per_thread + j
-                        c = Int32(0)
-                        if b < bins:
-                            c = sHist[b]
-                        if (run < remaining) & (run + c >= remaining):
-                            sState[0] = prefix | (b << shift)
-                            sState[1] = remaining - run
-                        run += c
-                    cute.arch.barrier()
-                    prefix = sState[0]
-                    remaining = sState[1]
-                    cute.arch.barrier()
+def chunk_length(n, chunks, step):
+    """Entries a chunk of an n-entry row covers: whole collect steps (so chunks start 16-byte aligned)."""
+    return (n + chunks * step - 1) // (chunks * step) * step
 
-        thr = prefix ^ Int32(SIGN)  # the threshold's signed key
-        need = remaining  # how many entries equal to it are taken
-        if take_all != 0:
-            thr = Int32(NEG_INF_KEY)
-            need = Int32(0)
 
-        # gather, in index order
-        above_seen = Int32(0)
-        equal_seen = Int32(0)
-        lane = tidx % WARP
-        lt = Int32(cute.arch.lanemask_lt())
-        for base in cutlass.range(0, n, THREADS):
-            if (above_seen + cutlass.min(equal_seen, need)) < n_sel:  # CTA-uniform
-                i = base + tidx
-                key = Int32(NEG_INF_KEY)
-                if i < n:
-                    key = order_key(mX[row, i])
-                above = (key > thr) & (i < n)
-                equal = (key == thr) & (i < n)
-                ba = cute.arch.vote_ballot_sync(above)
-                be = cute.arch.vote_ballot_sync(equal)
-                a_pre = cute.arch.popc(ba & lt)
-                e_pre = cute.arch.popc(be & lt)
-                w = Int32(cute.arch.popc(ba)) + (Int32(cute.arch.popc(be)) << PACK)
-                w_before, w_total = self.warps_scan(w, sW, tidx)
-                a_before = above_seen + (w_before & Int32((1 << PACK) - 1)) + Int32(a_pre)
-                e_before = equal_seen + (w_before >> PACK) + Int32(e_pre)
-                if above:
-                    mOut[row, a_before + cutlass.min(e_before, need)] = i
-                if equal & (e_before < need):
-                    mOut[row, a_before + e_before] = i
-                above_seen += w_total & Int32((1 << PACK) - 1)
-                equal_seen += w_total >> PACK
+class IndexerTopkSplitSm90(TopkFinish):
+    """C CTAs a row. Arguments: scores [T, S] fp32, out [T, KK] int32 (as IndexerTopkSm90), and the
+    workspace: keys and indices int32 [T, C, CAP] (each chunk's buffer), counts int32 [T, C + 1] (each
+    chunk's count, then the row's key_lo); nothing in it needs to be initialised."""
 
-        for j in cutlass.range(n_sel + tidx, kk, THREADS):
-            mOut[row, j] = Int32(-1)
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mOut: cute.Tensor, gKey: cute.Tensor, gIdx: cute.Tensor,
+                 gCount: cute.Tensor, stream):
+        self.partial(mX, mOut, gKey, gIdx, gCount).launch(
+            grid=[mX.shape[0], gKey.shape[1], 1], block=[THREADS, 1, 1], stream=stream)
+        self.finish(mX, mOut, gKey, gIdx, gCount).launch(grid=[mX.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def partial(self, mX: cute.Tensor, mOut: cute.Tensor, gKey: cute.Tensor, gIdx: cute.Tensor, gCount: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, chunk, _ = cute.arch.block_idx()
+        n = mX.shape[1]
+        kk = mOut.shape[1]
+        chunks = gKey.shape[1]
+        sm = TopkSmem(SAMPLE)
+        count = Int32(CAP + 1)  # "overflowed": the row falls back
+        key_lo = Int32(LOWEST_VALID)
+        if fast_path_possible(kk):
+            if n > CAP:
+                key_lo = self.lower_bound(mX, row, n, kk, sm.key, sm.hist, sm.w, sm.state, tidx)
+            length = chunk_length(n, chunks, self.step)
+            start = chunk * length
+            count = self.collect(mX, row, start, cutlass.min(start + length, n), key_lo,
+                                 gKey[row, chunk, None], gIdx[row, chunk, None], sm.w, tidx)
+        if tidx == 0:
+            gCount[row, chunk] = count
+            if chunk == 0:
+                gCount[row, chunks] = key_lo
+
+    @cute.kernel
+    def finish(self, mX: cute.Tensor, mOut: cute.Tensor, gKey: cute.Tensor, gIdx: cute.Tensor, gCount: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        kk = mOut.shape[1]
+        chunks = gKey.shape[1]
+        sm = TopkSmem(CAP)
+        sKey, sIdx = sm.key, sm.idx
+        total = Int32(0)
+        for c in cutlass.range(chunks):
+            total += cutlass.min(gCount[row, c], Int32(CAP + 1))  # no int32 overflow over many chunks
+        fast = Int32(0)
+        if buffer_holds(total, kk, gCount[row, chunks]):
+            fast = Int32(1)
+            offset = Int32(0)
+            for c in cutlass.range(chunks):
+                cnt = gCount[row, c]
+                for j in cutlass.range(tidx, cnt, THREADS):
+                    sKey[offset + j] = gKey[row, c, j]
+                    sIdx[offset + j] = gIdx[row, c, j]
+                offset += cnt
+            cute.arch.barrier()
+        self.finish_row(mX, mOut, row, fast, total, sm, tidx)

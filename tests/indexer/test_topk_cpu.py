@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dsv4bench.core.compare import compare_index_sets
-from kernels.indexer import topk_sm90 as K
+from kernels.indexer import topk_select as K
 from kernels.indexer.topk_glue import check_topk_args, compile_topk, out_width, topk_indices
 from oracles.indexer import indexer_topk
 
@@ -23,34 +23,33 @@ def order_key(x: torch.Tensor) -> torch.Tensor:
     return torch.where(b < 0, -(b & 0x7FFFFFFF), b)
 
 
-def model_row(x: torch.Tensor, k: int) -> torch.Tensor:
-    """What the kernel writes for one row (int64 [min(k, S)])."""
-    n = x.shape[0]
-    kk = out_width(n, k)
-    key = order_key(x)
+def radix_select(key: torch.Tensor, kk: int) -> tuple[int, int, int]:
+    """The kernel's radix_select on order keys (int64 [n]): (threshold key, ties taken, selected)."""
     u = (key ^ K.SIGN) & 0xFFFFFFFF  # the unsigned pattern (int64 holds it without a sign)
     valid = key > K.NEG_INF_KEY
-    prefix, remaining, take_all, n_sel = 0, kk, False, kk
+    prefix, remaining = 0, kk
     for p, (shift, width) in enumerate(K.DIGITS):
         hi_mask = K._s32(~((1 << (shift + width)) - 1)) & 0xFFFFFFFF
         match = valid & ((u & hi_mask) == prefix)
         hist = torch.bincount(((u[match] >> shift) & ((1 << width) - 1)), minlength=1 << width)
         total = int(hist.sum())
         if p == 0 and total <= remaining:
-            take_all, n_sel = True, total
-            break
+            return K.NEG_INF_KEY, 0, total
         above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0]) - hist  # entries in higher bins
         hit = (above < remaining) & (above + hist >= remaining)
         assert int(hit.sum()) == 1  # exactly one thread writes the state
         b = int(torch.nonzero(hit)[0])
         prefix |= b << shift
         remaining -= int(above[b])
-    thr, need = (K.NEG_INF_KEY, 0) if take_all else (K._s32(prefix ^ 0x80000000), remaining)
+    return K._s32(prefix ^ 0x80000000), remaining, kk
+
+
+def gather(key: torch.Tensor, idx: torch.Tensor, kk: int, thr: int, need: int, n_sel: int) -> torch.Tensor:
+    """The kernel's gather and -1 fill over a source of (key, index) in index order."""
     gt, eq = key > thr, key == thr
     gt_before = torch.cumsum(gt.long(), 0) - gt.long()
     eq_before = torch.cumsum(eq.long(), 0) - eq.long()
     out = torch.full((kk,), -99, dtype=torch.long)
-    idx = torch.arange(n)
     slot_gt = gt_before + torch.clamp(eq_before, max=need)
     out[slot_gt[gt]] = idx[gt]
     take_eq = eq & (eq_before < need)
@@ -61,12 +60,44 @@ def model_row(x: torch.Tensor, k: int) -> torch.Tensor:
     return out
 
 
-def model(x: torch.Tensor, k: int) -> torch.Tensor:
-    return torch.stack([model_row(r, k) for r in x]) if x.shape[0] else torch.empty(0, out_width(x.shape[1], k))
+def fast_source(key: torch.Tensor, kk: int):
+    """The fast path's buffer (keys, indices) for a row, or None where the kernel falls back."""
+    n = key.shape[0]
+    if not K.fast_path_possible(kk):
+        return None
+    key_lo = K.LOWEST_VALID
+    if n > K.CAP:
+        sample = key[torch.arange(K.SAMPLE) * (n // K.SAMPLE)]
+        thr, _, _ = radix_select(sample, K.sample_rank(kk, n))
+        key_lo = K.LOWEST_VALID if thr == K.NEG_INF_KEY else thr
+    sel = key >= key_lo
+    count = int(sel.sum())
+    if count > K.CAP or (count < kk and key_lo != K.LOWEST_VALID):
+        return None
+    return key[sel], torch.nonzero(sel).flatten()
 
 
-def _check(x: torch.Tensor, k: int):
-    got = model(x, k)
+def model_row(x: torch.Tensor, k: int, paths: list | None = None) -> torch.Tensor:
+    """What the kernel writes for one row (int64 [min(k, S)]); appends the path taken to paths: "direct"
+    (rows of at most CAP entries: the unbuffered compile), "fast" or "fallback" (the buffered one)."""
+    n = x.shape[0]
+    kk = out_width(n, k)
+    key = order_key(x)
+    src = fast_source(key, kk) if n > K.CAP else None
+    if paths is not None:
+        paths.append("direct" if n <= K.CAP else "fallback" if src is None else "fast")
+    keys, idx = (key, torch.arange(n)) if src is None else src
+    return gather(keys, idx, kk, *radix_select(keys, kk))
+
+
+def model(x: torch.Tensor, k: int, paths: list | None = None) -> torch.Tensor:
+    if not x.shape[0]:
+        return torch.empty(0, out_width(x.shape[1], k))
+    return torch.stack([model_row(r, k, paths) for r in x])
+
+
+def _check(x: torch.Tensor, k: int, paths: list | None = None):
+    got = model(x, k, paths)
     m = compare_index_sets(got, indexer_topk(x, k))
     assert m.passed, m.reasons
     valid = got >= 0
@@ -90,7 +121,34 @@ def test_order_key_is_monotone_and_merges_signed_zeros():
 @pytest.mark.parametrize("n", [1, 100, 511, 512, 513, 4096, 65536, 262144])
 def test_model_random_rows(n, k):
     g = torch.Generator().manual_seed(n + k)
-    _check(torch.randn(2, n, generator=g), k)
+    paths = []
+    _check(torch.randn(2, n, generator=g), k, paths)
+    assert paths == ["direct" if n <= K.CAP else "fast"] * 2  # long rows: one read
+
+
+@pytest.mark.parametrize("k", [512, 1024])
+@pytest.mark.parametrize("n", [8193, 16384, 65536, 262144])
+def test_model_score_like_rows_take_the_fast_path(n, k):
+    """Indexer scores are sums of w * ReLU(q . k): positive, clustered, many exact zeros; heavy-tailed
+    and narrow rows too. The sampled bound must still land the buffer between KK and CAP entries."""
+    g = torch.Generator().manual_seed(n * k)
+    relu_sums = torch.relu(torch.randn(n, 64, generator=g)).sum(-1) * 0.01
+    narrow = 1.0 + torch.rand(n, generator=g) * 1e-2  # one exponent, ~80,000 distinct values
+    heavy = torch.exp(4 * torch.randn(n, generator=g))
+    paths = []
+    _check(torch.stack([relu_sums, narrow, heavy]), k, paths)
+    assert paths == ["fast"] * 3
+
+
+def test_model_adversarial_rows_fall_back_and_stay_exact():
+    """Spikes exactly on the sample's stride (the bound lands too high: fewer than KK collected) and a
+    row of one repeated value (the buffer overflows): both take the 4-read fallback, same answer."""
+    n, k = 65536, 1024
+    spikes = torch.rand(n)
+    spikes[:: n // K.SAMPLE] = 10.0 + torch.arange(K.SAMPLE)
+    paths = []
+    _check(torch.stack([spikes, torch.full((n,), 0.25)]), k, paths)
+    assert paths == ["fallback", "fallback"]
 
 
 @pytest.mark.parametrize("k", [512, 1024])
@@ -133,9 +191,11 @@ def test_compiles_for_sm90a_without_local_memory():
     from dsv4bench.compile.artifacts import artifact
     from dsv4bench.compile.cubin import parse_cubin
 
-    info = parse_cubin(artifact(compile_topk("sm_90a")))
-    assert info.local_bytes == 0, f"{info.local_bytes} B of local memory (spills)"
-    assert info.sm == 90
+    compiled = compile_topk("sm_90a")
+    for name in compiled.names():
+        info = parse_cubin(artifact(compiled.kernels[name]))
+        assert info.local_bytes == 0, f"{info.local_bytes} B of local memory (spills)"
+        assert info.sm == 90
 
 
 def test_out_width_is_the_oracles():
@@ -168,3 +228,11 @@ def test_good_arguments_and_cpu_tensors():
     assert check_topk_args(torch.zeros(8, 1)[:, :1].t().t(), 512) == (8, 1, 1)
     with pytest.raises(ValueError, match="logits must be on a CUDA device"):
         topk_indices(torch.zeros(2, 8), 4)
+
+
+def test_split_chunks_follow_the_measured_rule():
+    from kernels.indexer.topk_glue import split_chunks
+
+    assert [split_chunks(t, 262144, 132) for t in (1, 32, 64, 128, 4096)] == [16, 4, 2, 1, 1]
+    assert [split_chunks(1, n, 132) for n in (8193, 16384, 16385, 65536)] == [1, 1, 2, 4]
+    assert split_chunks(0, 262144, 132) == 16

@@ -142,3 +142,54 @@ def test_many_short_rows_prefill_like():
     vis = (torch.arange(t, device="cuda") + 1) // 4
     x.masked_fill_(torch.arange(n, device="cuda") >= vis.unsqueeze(-1), float("-inf"))
     _check(x, 512)
+
+
+@pytest.mark.parametrize("n", [4097, 8191, 8192, 8193, 10001, 65537, 262143])
+def test_rows_not_16_byte_aligned_and_partial_steps(n):
+    """Odd row lengths: contiguous rows start off 16 bytes (the scalar-load compile), the last collect
+    step is partial, and 8192 / 8193 straddle the buffer's capacity (every entry vs a sampled bound)."""
+    x = _rand(3, n, n)
+    _check(x, 1024)
+    _check(x[1:2, 1:], 512)  # one row, base 4 bytes past a 16-byte boundary
+
+
+def test_score_like_and_adversarial_rows():
+    """Rows like the logits kernel's (positive ReLU sums, many exact zeros), and rows built against the
+    sampled bound (spikes on the sample's stride: the bound lands above the k-th largest) or with one
+    repeated value (the buffer overflows): the fast path and both fallbacks give the oracle's set."""
+    n, k = 65536, 1024
+    g = torch.Generator().manual_seed(2)
+    relu_sums = torch.relu(torch.randn(n, 64, generator=g)).sum(-1) * 0.01
+    spikes = torch.rand(n, generator=g)
+    spikes[:: n // 4096] = 10.0 + torch.arange(4096)
+    x = torch.stack([relu_sums, spikes, torch.full((n,), 0.25), torch.randn(n, generator=g).clamp(min=0)])
+    _check(x.cuda(), k)
+
+
+@pytest.mark.parametrize("n", [700, 8192, 8193, 65536])
+def test_every_compiled_kernel(n):
+    """Each compile on rows the dispatch would not send it too: the buffered kernels on short rows
+    (every valid entry buffered, no sample), the direct one on long rows, the scalar-load ones on
+    aligned rows, the split form with 1, 3 and 40 chunks (chunks past the row's end stay empty)."""
+    if "c" not in _COMPILED:
+        _COMPILED["c"] = compile_topk()
+    compiled = _COMPILED["c"]
+    x = _rand(3, n, 5 * n)
+    x[2, n // 3:] = float("-inf")
+    for name in compiled.names():
+        if name.endswith("-aligned") and not compiled.rows_aligned(x):
+            continue  # refused by the call's checks (the stride must be a multiple of 4)
+        for chunks in ((1, 3, 40) if name.startswith("split") else (1,)):
+            out = torch.full((3, min(1024, n)), POISON, dtype=torch.int32, device="cuda")
+            compiled.run(name, x, out, chunks)
+            torch.cuda.synchronize()
+            _check(x, 1024, out)
+
+
+def test_dispatch():
+    compiled = compile_topk() if "c" not in _COMPILED else _COMPILED["c"]
+    x = torch.zeros(2, 262144, device="cuda")
+    assert compiled.pick(x[:, :8192]) == ("direct", 1)
+    assert compiled.pick(x)[0] == "split-aligned" and compiled.pick(x)[1] > 1
+    assert compiled.pick(x[:, 1:])[0] == "split-unaligned"
+    assert compiled.pick(torch.zeros(4096, 8196, device="cuda")) == ("rows-aligned", 1)
