@@ -48,8 +48,6 @@ OPS: dict[str, OpInfo] = {
 # day a family serves it (tests/model/test_op_table.py fails until it does).
 ORACLE_ONLY: dict[str, str] = {
     "embed": "a row gather copied into the hc streams: memory-bound glue, no kernel family",
-    "q_projection": "gemm (wq_a, wq_b), rmsnorm and rope kernels exist; no fused adapter (Family.serves) yet",
-    "kv_projection": "gemm (wkv), rmsnorm, rope and quant (FP8 qdq) kernels exist; no fused adapter yet",
     "compressor_project": "two fp32 GEMMs on bf16 weights (§5.2); the gemm family is FP8-only",
     "compressor_pool": "the compressor family fuses pooling with the post-processing; no adapter for the "
                        "split ops yet",
@@ -60,7 +58,6 @@ ORACLE_ONLY: dict[str, str] = {
     "indexer_scores": "no indexer (logits) kernel family yet",
     "indexer_topk": "no indexer (top-k) kernel family yet",
     "sparse_attention": "the fmha family has no model adapter (Family.serves) yet",
-    "output_projection": "the gemm family (grouped wo_a, wo_b) and rope have no model adapter yet",
     "moe": "no MoE (grouped MXFP4 expert) kernel family yet",
     "mtp_input": "norms + two FP8 GEMMs: no fused adapter yet",
     "lm_head": "hc_head + norm + head GEMM: no fused adapter yet",

@@ -26,6 +26,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.gemm import peers
+from kernels.gemm import serves as served
 from kernels.gemm.config import choose_config
 from kernels.gemm.tiling import KBLOCK, GemmConfig
 from kernels.gemm.glue import (
@@ -45,6 +46,7 @@ class GemmFamily(Family):
                    "grouped for wo_a")
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
+    serves = served.OPS  # the model ops it serves (kernels/gemm/serves.py)
     options = {
         "rows": Option("m", "token rows M of x", "tokens"),
         "width": Option("n", "output features N (weight rows, all groups)", "features"),

@@ -14,8 +14,13 @@ from oracles.rope import ROPE_DIM, freqs_cis
 
 def rope_table(freqs: torch.Tensor, n_positions: int, device) -> torch.Tensor:
     """fp32 [n_positions, 2·len(freqs)]: the reference's polar(1, p·freq) rows, (cos, sin) interleaved."""
-    positions = torch.arange(n_positions, device=device)
-    return torch.view_as_real(freqs_cis(positions, freqs.to(device))).flatten(-2).contiguous()
+    return rope_rows(torch.arange(n_positions, device=device), freqs.to(device))
+
+
+def rope_rows(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """The table rows of the given positions (fp32 [len(positions), 2·len(freqs)]): a model op's
+    table holds only its own tokens' rows (row i for token i), not every position up to the largest."""
+    return torch.view_as_real(freqs_cis(positions, freqs)).flatten(-2).contiguous()
 
 
 def rotate_pairs(vals, cos_sin, n: int, inverse: bool) -> None:

@@ -1,0 +1,137 @@
+"""The model ops the FP8 GEMM serves (Family.serves; dsv4bench/model/kernel_ops.py): the attention
+projections, whose math is FP8 linears plus norms and RoPE. fp32 tensors in and out, as the model
+works; bf16 in between, as the reference runs them (spec §2.6, §4, §7.3-7.4).
+
+Where each part runs:
+
+    op                 CuTeDSL kernels                                        torch
+    q_projection       wq_a, wq_b: quant+gemm; q_norm: rmsnorm; the per-      the RoPE table rows of the
+                       head norm + RoPE: rope (q_norm_rope)                    call's positions; casts
+    kv_projection      wkv: quant+gemm; kv_norm: rmsnorm; RoPE: rope;         the table rows; the QAT
+                       QAT FP8 codes of the 448 NoPE dims: quant (block 64)   codes x scales (exact)
+    output_projection  inverse RoPE: rope (inverse); wo_a: grouped            the table rows; casts
+                       quant+gemm, one launch; wo_b: quant+gemm
+
+Every linear quantises its bf16 input per 128 columns with the ue8m0 rule and accumulates in fp32
+(bf16 out): the reference's act_quant + fp8_gemm. Two departures from the reference's low-precision
+path: wo_a runs in FP8 (the reference dequantises it to bf16 for a bf16 einsum; the family docstring
+says why FP8), so output_projection quantises one activation more than output_projection_lowprec;
+the per-head q norm runs in fp32 inside the rope kernel where the reference computes it in bf16.
+
+Weights: the model passes the checkpoint's `QuantWeight`s (e4m3 codes + E8M0 128 x 128 block scales,
+dsv4bench/model/weights.py); the codes go to the GEMM as they are and the scales are decoded to fp32
+once per weight. A plain tensor (a dequantised weight) is quantised to e4m3 per 128 x 128 block once
+per weight: exact when it came from FP8 with power-of-two scales (every value is code x 2^e, and the
+ue8m0 rule's scale for its block is 2^e or a smaller power of two, which shifts exponents only), an
+FP8 rounding otherwise. What the kernels do not take raises Unsupported: K not a multiple of 128
+(the tiny config's width 64), wo_a groups of o_lora rows not whole 128-row blocks, MXFP4 / NVFP4
+weights, another eps or RoPE width than the kernels are built for.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from dsv4bench.core.registry import Unsupported, get_family
+from kernels.common import Prepared
+from kernels.rmsnorm.serves import rmsnorm
+from kernels.rope.rotate import ROPE_DIM, rope_rows
+from oracles.linear import QuantWeight, Weight
+from oracles.norm import NORM_EPS
+from oracles.projections import KV_QAT_BLOCK
+from oracles.quant import fp8_block_dequant, quant_fp8_weight, ue8m0_decode
+from sweeps.gemm import QUANT_GEMM
+from sweeps.quant import fp8 as quant_case
+
+_WEIGHTS = Prepared(size=4096)  # (codes, fp32 scales) per model weight: every FP8 linear of a model
+
+
+@functools.cache
+def kernel_runner(family: str):
+    """`run(params, inputs)` of another family's CuTeDSL kernel (compiled once per compile key)."""
+    from dsv4bench.model.kernel_ops import KernelOp
+
+    return KernelOp(get_family(family), f"{family} (in a gemm adapter)", None).run
+
+
+def fp8_weight(w: Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 codes [N, K], fp32 scales [ceil(N/128), ceil(K/128)]) of a model weight, made once per weight."""
+    if not isinstance(w, QuantWeight):
+        return _WEIGHTS.get((w,), lambda: _decoded(*quant_fp8_weight(w)))
+    if w.format != "fp8":
+        raise Unsupported(f"the FP8 GEMM takes FP8 weights, not {w.format}")
+    return _WEIGHTS.get((w.weight, w.scale), lambda: _decoded(w.weight, w.scale))
+
+
+def _decoded(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    fp32 = ue8m0_decode(scale) if scale.dtype == torch.float8_e8m0fnu else scale.float()
+    return codes.contiguous(), fp32.contiguous()
+
+
+def fp8_linear(run, x: torch.Tensor, w: Weight, groups: int = 1) -> torch.Tensor:
+    """bf16 [rows, N] = act_quant(x) . W^T (grouped: blockdiag(W)) on quant+gemm; x [..., groups*K]."""
+    codes, scales = fp8_weight(w)
+    rows = x.reshape(-1, x.shape[-1]).bfloat16().contiguous()
+    params = {"m": rows.shape[0], "n": codes.shape[0], "k": codes.shape[1], "groups": groups, "op": QUANT_GEMM}
+    return run(params, {"x": rows, "w": codes, "sw": scales})["out"]
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, op: str) -> torch.Tensor:
+    """The rope kernel (op: q_norm_rope, rope or inverse) on bf16 x [T, H, n]; positions: one per token."""
+    if 2 * freqs.shape[-1] != ROPE_DIM:
+        raise Unsupported(f"the rope kernel rotates {ROPE_DIM} dims, not {2 * freqs.shape[-1]}")
+    t, h, n = x.shape
+    params = {"op": op, "t": t, "h": h, "n": n, "dtype": "bf16"}
+    inputs = {"x": x.contiguous(), "positions": torch.arange(t, dtype=torch.int32, device=x.device),
+              "table": rope_rows(positions.expand(t).to(x.device), freqs.float().to(x.device))}
+    return kernel_runner("rope")(params, inputs)["out"]
+
+
+def _check_eps(eps: float) -> None:
+    if eps != NORM_EPS:
+        raise Unsupported(f"the rmsnorm and rope kernels are built for eps {NORM_EPS}, not {eps}")
+
+
+def q_projection(run, x, wq_a: Weight, q_norm_weight, wq_b: Weight, n_heads: int, positions, freqs,
+                 eps: float = NORM_EPS):
+    """The model's `q_projection` op: (q fp32 [..., H, hd], qr fp32 [..., q_lora])."""
+    _check_eps(eps)
+    lead = x.shape[:-1]
+    qr = rmsnorm(kernel_runner("rmsnorm"), fp8_linear(run, x, wq_a), q_norm_weight, eps)  # fp32 of bf16
+    q = fp8_linear(run, qr, wq_b).unflatten(-1, (n_heads, -1))
+    q = rope(q, positions.reshape(-1), freqs, "q_norm_rope")
+    return q.float().reshape(*lead, n_heads, -1), qr.reshape(*lead, -1)
+
+
+def kv_projection(run, x, wkv: Weight, kv_norm_weight, positions, freqs, eps: float = NORM_EPS, qat: bool = True):
+    """The model's `kv_projection` op: the shared K = V latent, fp32 [..., 512]."""
+    _check_eps(eps)
+    lead = x.shape[:-1]
+    kv = rmsnorm(kernel_runner("rmsnorm"), fp8_linear(run, x, wkv), kv_norm_weight, eps).bfloat16()
+    kv = rope(kv.unsqueeze(1), positions.reshape(-1), freqs, "rope")[:, 0]
+    if qat:
+        kv = torch.cat((nope_fp8_qdq(kv[:, :-ROPE_DIM]), kv[:, -ROPE_DIM:]), dim=-1)
+    return kv.float().reshape(*lead, -1)
+
+
+def nope_fp8_qdq(nope: torch.Tensor) -> torch.Tensor:
+    """The QAT round trip of the NoPE dims (bf16 [T, 448], a column slice of the kv rows): the quant
+    kernel's e4m3 codes and ue8m0 scales per 64, dequantised in torch (exact in bf16)."""
+    t, n = nope.shape
+    out = kernel_runner("quant")(quant_case(t, n, KV_QAT_BLOCK, nope.stride(0)), {"x": nope})
+    return fp8_block_dequant(out["codes"].view(torch.float8_e4m3fn), ue8m0_decode(out["scales"]),
+                             KV_QAT_BLOCK).bfloat16()
+
+
+def output_projection(run, o, positions, freqs, wo_a: Weight, wo_b: Weight, n_groups: int):
+    """The model's `output_projection` op: o [..., H, 512] -> fp32 [..., D]."""
+    lead, (h, d) = o.shape[:-2], o.shape[-2:]
+    rows = o.reshape(-1, h, d).bfloat16()
+    rows = rope(rows, positions.reshape(-1), freqs, "inverse")
+    u = fp8_linear(run, rows.view(-1, h * d), wo_a, n_groups)
+    return fp8_linear(run, u, wo_b).float().reshape(*lead, -1)
+
+
+OPS = {"q_projection": q_projection, "kv_projection": kv_projection, "output_projection": output_projection}
