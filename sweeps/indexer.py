@@ -1,8 +1,11 @@
-"""Indexer (lightning-indexer logits) case space: DSV4 Flash and Pro prefill (spec §6; both models have
-64 indexer heads of 128, so their logits shapes are the same: the model label records which top-k
-follows, 512 / 1024), plus hypothesis draws of ragged problems.
+"""Indexer case space (spec §6), two ops: the lightning-indexer logits and the top-k selection over them.
 
-Params of one case:
+Logits: DSV4 Flash and Pro prefill (both models have 64 indexer heads of 128, so their logits shapes
+are the same: the model label records which top-k follows, 512 / 1024), plus hypothesis draws of
+ragged problems. Their params carry no `op` (they were recorded before top-k existed; an `op` would
+change their case ids): a case without `op` is a logits case.
+
+Params of one logits case:
   t       query tokens T
   s_kv    compressed indexer entries (keys) S_kv
   mask    causal: one sequence, queries at positions p0 .. p0+T-1 see entries
@@ -20,17 +23,34 @@ Draws favour what hides bugs: S_kv < 64 (less than one consumer warpgroup's keys
 tile boundaries +-1 (128 keys, 2 tokens per block), a single query, chunks at an offset whose last
 query sees every entry, extra unfilled entries past the visible ones, ragged packed sequences
 (some shorter than 4 tokens: no entry at all).
+
+Top-k (`op` = "topk"): the k largest of each row of fp32 logits [T, S_kv], -inf outside the row's
+valid entries. Production: Flash k = 512 and Pro k = 1024 over prefill rows (T = S, S_kv = S/4, causal:
+row t sees floor((t+1)/4) entries) for S in PREFILL_S, and decode batches (B rows, all ctx/4 entries
+valid) for B in DECODE_B and ctx in DECODE_CTX. Params:
+  k       entries selected per row (the output is [T, min(k, S_kv)])
+  mask    causal (as above, p0 = 0), full (every entry valid), or ragged (row i sees its first lens[i])
+  values  randn, bf16 (randn rounded to bf16: heavy ties at the threshold) or equal (one value per row)
+Draws favour row lengths k - 1, k, k + 1, fewer valid than k, 512-entry steps +-1, one row, empty rows.
+
+`extra(n, seed)` draws n cases of each op, interleaved: a sweep keeps the first n (`--examples n`:
+half of each), `--op logits` the n logits draws, which are those the logits space alone drew before
+top-k existed (the cases of committed runs).
 """
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from kernels.indexer.topk_glue import TOPK
 from sweeps.common import draw, ragged_lengths, tile_counts
 
 RATIO = 4  # tokens per compressed indexer entry
 PREFILL_S = (4096, 16384)
 MODELS = ("flash", "pro")
+DECODE_B = (1, 32, 128)
+DECODE_CTX = (8192, 65536, 262144, 1048576)  # tokens of context: ctx / 4 entries per row
+TOPK_VALUES = ("randn", "bf16", "equal")
 REPORT_AXES = ("t", "s_kv")
 REPORT_ROWS = "t"
 
@@ -45,8 +65,27 @@ def varlen(lens, ties: bool = False) -> dict:
             "lens": lens, "ties": ties}
 
 
+def topk(t: int, s_kv: int, k: int, mask: str = "full", values: str = "randn", model: str = "drawn") -> dict:
+    """A top-k case whose rows all see the same entries (full) or a causal prefix (causal)."""
+    return {"op": "topk", "model": model, "k": k, "mask": mask, "t": t, "s_kv": s_kv, "values": values}
+
+
+def ragged_topk(lens, s_kv: int, k: int, values: str = "randn") -> dict:
+    """A top-k case of len(lens) rows, row i seeing its first lens[i] entries."""
+    return {**topk(len(lens), s_kv, k, "ragged", values), "lens": [int(n) for n in lens]}
+
+
+def is_topk(p) -> bool:
+    """A top-k case's params (a case without `op` is a logits one)."""
+    return p.get("op") == "topk"
+
+
 def production() -> list[dict]:
-    return [causal(s, s // RATIO, 0, False, model) for model in MODELS for s in PREFILL_S]
+    logits = [causal(s, s // RATIO, 0, False, model) for model in MODELS for s in PREFILL_S]
+    prefill = [topk(s, s // RATIO, TOPK[model], "causal", model=model) for model in MODELS for s in PREFILL_S]
+    decode = [topk(b, ctx // RATIO, TOPK[model], model=model)
+              for model in MODELS for b in DECODE_B for ctx in DECODE_CTX]
+    return logits + prefill + decode
 
 
 def visible_pairs(p: dict) -> int:
@@ -96,5 +135,34 @@ def extra_strategy() -> st.SearchStrategy[dict]:
     return st.one_of(end_aligned, end_aligned, prefill, packed)
 
 
+def _row_length(k: int) -> st.SearchStrategy[int]:
+    """A row's valid entries: around k, below it (none at all too), or past it up to 512-entry steps +-1."""
+    return st.one_of(st.sampled_from([k - 1, k, k + 1]).filter(lambda n: n >= 0), st.integers(0, k),
+                     tile_counts(512, max(1, 8 * k // 512)))
+
+
+def _ragged(k: int, values: str) -> st.SearchStrategy[dict]:
+    return st.builds(lambda lens, pad: ragged_topk(lens, max(lens) + pad, k, values),
+                     st.lists(_row_length(k), min_size=1, max_size=16), st.sampled_from([0, 0, 1, 511]))
+
+
+def _uniform(k: int, values: str) -> st.SearchStrategy[dict]:
+    """Every row the same valid length: a decode batch (full; up to 4 rows of 262,144) or a prefill
+    from position 0 (causal; up to T = 4k + 8, whose last rows see k - 1, k, k + 1 entries)."""
+    full = st.builds(lambda s_kv, t: topk(t, s_kv, k, "full", values),
+                     st.one_of(_row_length(k).filter(lambda n: n > 0), tile_counts(4096, 64)), st.integers(1, 4))
+    prefill = st.builds(lambda t: topk(t, t // RATIO, k, "causal", values),
+                        st.one_of(st.integers(4 * k - 4, 4 * k + 8), st.integers(1, 4 * k + 8)))
+    return st.one_of(full, prefill)
+
+
+def topk_strategy() -> st.SearchStrategy[dict]:
+    """At most ~4.2M logits (16.8 MiB) a case: Pro's prefill rows at T = 4104."""
+    k = st.sampled_from([TOPK["flash"], TOPK["pro"], TOPK["flash"], TOPK["pro"], 1, 100])
+    values = st.sampled_from(("randn",) + TOPK_VALUES)
+    return st.tuples(k, values).flatmap(lambda kv: st.one_of(_ragged(*kv), _uniform(*kv)))
+
+
 def extra(n: int, seed: int) -> list[dict]:
-    return draw(extra_strategy(), n, seed)
+    logits, top = draw(extra_strategy(), n, seed), draw(topk_strategy(), n, seed)
+    return [p for pair in zip(logits, top) for p in pair] + logits[len(top):] + top[len(logits):]

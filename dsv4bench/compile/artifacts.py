@@ -14,6 +14,13 @@ from pathlib import Path
 OBJECT, CUBIN, PTX = "kernel.o", "kernel.cubin", "kernel.ptx"
 
 
+def compiled_functions(compiled) -> list:
+    """The compiled functions a compile holds: itself, or each of a dispatcher's between several
+    compiles (an object whose `kernels` maps names to them: kernels/indexer/topk_glue.py CompiledTopk)."""
+    kernels = getattr(compiled, "kernels", None)
+    return list(kernels.values()) if isinstance(kernels, dict) else [compiled]
+
+
 def artifact(compiled, attr: str = "__cubin__") -> bytes | None:
     """A kept artifact of a compiled function (__cubin__, __ptx__): its bytes, whether the attribute
     holds them, the text, or the path of the file dumped with --dump-dir."""

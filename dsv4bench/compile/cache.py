@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 from dsv4bench.compile import ptxas
-from dsv4bench.compile.artifacts import artifact, export, load
+from dsv4bench.compile.artifacts import artifact, compiled_functions, export, load
 from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.compile.fingerprint import fingerprint, versions
 from dsv4bench.compile.lints import lint
@@ -55,12 +55,20 @@ class CompileInfo:
         return asdict(self)
 
 
+def _most(values):
+    """The largest of the known values (a cubin's registers or local memory may be unknown: None)."""
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
 def describe(compiled, seconds: float, cache: str) -> CompileInfo:
-    cubin = artifact(compiled)
-    if not cubin:
+    """The resources of a compile's cubins; of a dispatcher's several, the total size and the most
+    registers, local and static shared memory of any one."""
+    infos = [parse_cubin(c) for c in map(artifact, compiled_functions(compiled)) if c]
+    if not infos:
         return CompileInfo(seconds, cache, compile_seconds=seconds)
-    info = parse_cubin(cubin)
-    return CompileInfo(seconds, cache, info.cubin_bytes, info.registers, info.local_bytes, info.static_smem_bytes,
+    return CompileInfo(seconds, cache, sum(i.cubin_bytes for i in infos), _most(i.registers for i in infos),
+                       _most(i.local_bytes for i in infos), max(i.static_smem_bytes for i in infos),
                        compile_seconds=seconds)
 
 

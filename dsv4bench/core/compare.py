@@ -74,11 +74,13 @@ def compare_exact(out: torch.Tensor, oracle: torch.Tensor) -> ErrorMetrics:
 
 
 def compare_index_sets(out: torch.Tensor, oracle: torch.Tensor) -> ErrorMetrics:
-    """Rows of indices compared as sets (order free); -1 marks an empty slot in both."""
+    """Rows of indices compared as sets (order free); -1 marks an empty slot in both. Rows may be
+    empty (a top-k over no entries)."""
     if out.shape != oracle.shape:
         return ErrorMetrics(False, [f"shape {tuple(out.shape)} != oracle {tuple(oracle.shape)}"])
-    a = torch.sort(out.reshape(-1, out.shape[-1]), dim=-1).values
-    b = torch.sort(oracle.reshape(-1, oracle.shape[-1]), dim=-1).values
+    rows = (math.prod(out.shape[:-1]), out.shape[-1])
+    a = torch.sort(out.reshape(rows), dim=-1).values
+    b = torch.sort(oracle.reshape(rows), dim=-1).values
     bad_rows = (a != b).any(dim=-1)
     n_bad = int(bad_rows.sum())
     m = ErrorMetrics(n_bad == 0, mismatches=n_bad)

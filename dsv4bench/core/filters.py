@@ -28,12 +28,16 @@ def parse_choice_list(option: str, raw: str, choices: list[str]) -> list[str]:
     return values
 
 
-def apply_filters(cases: list[Case], filters: dict, option_to_param: dict[str, str]) -> list[Case]:
-    """Keep the cases whose params match every filter. Filters select from the family's case space
-    (grid + draws); a value no case has selects nothing, and `sweep` says so."""
+def apply_filters(cases: list[Case], filters: dict, option_to_param: dict[str, str],
+                  defaults: dict | None = None) -> list[Case]:
+    """Keep the cases whose params match every filter; a case without a parameter has its default
+    (`defaults`, by parameter; None). Filters select from the family's case space (grid + draws); a
+    value no case has selects nothing, and `sweep` says so."""
+    defaults = defaults or {}
     out = []
     for c in cases:
-        if all(c.get(option_to_param[k]) in v for k, v in filters.items() if k in option_to_param):
+        if all(c.get(param, defaults.get(param)) in filters[opt] for opt, param in option_to_param.items()
+               if opt in filters):
             out.append(c)
     return out
 

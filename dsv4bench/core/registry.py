@@ -54,6 +54,7 @@ class Option:
     names: bool = False  # values are names (bf16, causal), not integers
     flag: bool = False  # a --x/--no-x switch selecting True or False
     aliases: Mapping[str, str] = field(default_factory=dict)  # CLI name -> case value ("topk": "sparse")
+    default: Any = None  # the value of a case without the parameter (one added after cases were recorded)
 
     def describe(self) -> str:
         unit = f", in {self.unit}" if self.unit else ""
@@ -120,7 +121,8 @@ class Family(ABC):
         params = [(p, "grid") for p in self.space.production()] if opts.grid else []
         params += [(p, "hypothesis") for p in self.space.extra(opts.examples, opts.seed)]
         cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {k: o.param for k, o in self.options.items()})
+        return apply_filters(cases, opts.filters, {k: o.param for k, o in self.options.items()},
+                             {o.param: o.default for o in self.options.values()})
 
     @abstractmethod
     def make_inputs(self, case: Case, gen: "Any", device: str) -> Tensors:

@@ -56,7 +56,6 @@ ORACLE_ONLY: dict[str, str] = {
     "indexer_queries": "gemm (wq_b), rope and quant (Hadamard + MXFP4) kernels exist; no fused adapter yet",
     "indexer_weights": "a small bf16 GEMM: no kernel family",
     "indexer_scores": "no indexer (logits) kernel family yet",
-    "indexer_topk": "no indexer (top-k) kernel family yet",
     "sparse_attention": "the fmha family has no model adapter (Family.serves) yet",
     "moe": "no MoE (grouped MXFP4 expert) kernel family yet",
     "mtp_input": "norms + two FP8 GEMMs: no fused adapter yet",

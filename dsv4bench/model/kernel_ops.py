@@ -4,7 +4,8 @@
 A family declares `serves = {"op": adapter}`; an adapter has the op oracle's signature with one
 leading argument, `run(params, inputs) -> outputs`, which runs the family's CuTeDSL impl on the case
 `params` with `inputs` (tensors in the kernel's dtypes, on the model's device). `run` compiles once
-per compile key (the compile cache) and raises `Unsupported` for a shape the kernel does not take.
+per compile key (the compile cache) and raises `Unsupported` for a shape the kernel does not take,
+or for inputs that are not on a CUDA device (a model run on the CPU).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class KernelOp:
         arch = device_arch()
         if arch is None:
             raise Unsupported(f"{self.op}: the {self.family.name} kernel needs a CUDA GPU")
+        off = sorted({str(t.device) for t in inputs.values() if t.device.type != "cuda"})
+        if off:
+            raise Unsupported(f"{self.op}: the {self.family.name} kernel takes CUDA tensors, got {', '.join(off)}")
         case = Case(self.family.name, params)
         reason = self.impl.supports(case, arch)
         if reason:

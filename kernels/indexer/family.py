@@ -1,11 +1,13 @@
-"""The indexer family: the lightning indexer's logits (spec §6) over the FP8 indexer cache, DeepGEMM's
+"""The indexer family (spec §6), two ops (`op` of a case, sweeps/indexer.py):
+
+logits (a case without `op`): the lightning indexer's logits over the FP8 indexer cache, DeepGEMM's
 `fp8_mqa_logits` contract,
 
     I(t, s) = sum_h w[t, h] * ReLU(q[t, h] . kv[s] * sc[s])   for ks[t] <= s < ke[t], else -inf,
 
 with q e4m3 [T, 64, 128], kv e4m3 [S_kv, 128] with one fp32 scale per key (sc [S_kv]), w fp32
 [T, 64], ks / ke int32 [T] (per-query [start, end) key ranges; DSV4's causal mask
-s < floor((t+1)/4) is ks = 0, ke = floor((t+1)/4)), logits fp32 [T, S_kv]. Top-k comes later.
+s < floor((t+1)/4) is ks = 0, ke = floor((t+1)/4)), logits fp32 [T, S_kv].
 
 Oracle: oracles/indexer.py `indexer_scores` in fp32 on the dequantised keys kv * sc, masked to the
 ranges (kernels/indexer/glue.py). Low-precision reference: the reference's bf16 path,
@@ -14,6 +16,11 @@ ranges (kernels/indexer/glue.py). Low-precision reference: the reference's bf16 
 Masked entries are -inf in the oracle and must be -inf in the output: the harness's float rule
 (core/compare.py) fails any other value where the oracle is +-inf or NaN, and
 tests/indexer/test_indexer_gpu.py checks the mask exactly as well.
+
+topk: the k largest valid entries of each row of fp32 logits [T, S_kv] (-inf outside the row's
+entries), int32 indices [T, min(k, S_kv)] (kernels/indexer/topk_sm90.py: ascending index order, then
+-1 slots). Oracle: oracles/indexer.py `indexer_topk` (ties to the lower index); the kernel is exact, so
+it is the low-precision reference too. Compared as index sets per row; cost: bytes only.
 """
 
 from __future__ import annotations
@@ -23,11 +30,15 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.indexer import peers
+from kernels.indexer import serves as served
 from kernels.indexer.config import choose_config
 from kernels.indexer.glue import (HEAD_DIM, HEADS, causal_ranges, check_operands, compile_logits, lowprec_of,
-                                  make_inputs, oracle_of, run_logits, varlen_ranges)
+                                  make_inputs, oracle_of, run_logits, topk_logits, varlen_ranges)
 from kernels.indexer.logits_sm90 import LogitsConfig
+from kernels.indexer.topk_glue import check_topk_args, compile_topk, out_width, run_topk
+from oracles.indexer import indexer_topk
 from sweeps import indexer as space
+from sweeps.indexer import is_topk
 
 RELATIVE_MIN_LOGITS = 64
 SM90_ONLY = ("the SM90 kernel is built on warpgroup MMA (wgmma) and Hopper TMA descriptors; sm_100a "
@@ -40,20 +51,29 @@ def case_ranges(p: dict, device: str = "cpu") -> tuple[torch.Tensor, torch.Tenso
         ks, ke, s_kv = varlen_ranges(p["lens"], device)
         assert s_kv == p["s_kv"], (s_kv, p)
         return ks, ke
+    if p["mask"] in ("full", "ragged"):
+        ke = torch.full((p["t"],), p["s_kv"]) if p["mask"] == "full" else torch.tensor(p["lens"])
+        return torch.zeros(p["t"], dtype=torch.int32, device=device), ke.to(torch.int32).to(device)
     return causal_ranges(p["t"], p["s_kv"], p.get("p0", 0), device)
 
 
 class IndexerFamily(Family):
     name = "indexer"
     description = ("lightning indexer logits sum_h w*ReLU(q.k*scale) over the FP8 indexer cache (64 heads x 128), "
-                   "causal / per-query key ranges, fp32 out (DeepGEMM fp8_mqa_logits)")
+                   "causal / per-query key ranges, fp32 out (DeepGEMM fp8_mqa_logits); top-k of each row's "
+                   "valid logits, int32 indices")
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
+    serves = served.OPS  # the model ops it serves (kernels/indexer/serves.py)
     options = {
-        "tokens": Option("t", "query tokens T", "tokens"),
-        "entries": Option("s_kv", "compressed indexer entries S_kv (keys)", "entries"),
-        "mask": Option("mask", "key ranges: causal (one sequence, queries at p0..p0+T-1) or varlen "
-                       "(sequences packed along T and S_kv)", choices=("causal", "varlen"), names=True),
+        "op": Option("op", "logits, or the top-k selection over them", choices=("logits", "topk"), names=True,
+                     default="logits"),
+        "tokens": Option("t", "query tokens T (top-k: rows)", "tokens"),
+        "entries": Option("s_kv", "compressed indexer entries S_kv (keys; top-k: row length)", "entries"),
+        "k": Option("k", "top-k: entries selected per row (512 Flash, 1024 Pro)", "entries"),
+        "mask": Option("mask", "which entries each row sees: causal (one sequence, queries at p0..p0+T-1), varlen "
+                       "(sequences packed along T and S_kv), full (all: top-k decode) or ragged (top-k: a length "
+                       "per row)", choices=("causal", "varlen", "full", "ragged"), names=True),
     }
 
     def tolerance_for(self, case: Case, output: str) -> Tolerance:
@@ -61,41 +81,58 @@ class IndexerFamily(Family):
         (w has either sign), and with a handful of them cancellation alone puts the bf16 reference
         itself past 1e-2 (10-20% of seeds at 1-3 logits; at 64 or more its worst over 200 seeds was
         0.0075). Below RELATIVE_MIN_LOGITS only the max-error rule (2x the bf16 reference's error +
-        one fp32 ulp at the output's magnitude) applies."""
+        one fp32 ulp at the output's magnitude) applies. Top-k indices compare as sets per row."""
+        if is_topk(case.params):
+            return Tolerance(index_set=True)
         if space.independent_logits(case.params) < RELATIVE_MIN_LOGITS:
             return Tolerance(ratio=self.tolerance.ratio, rel_l2=float("inf"))
         return self.tolerance
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         ks, ke = case_ranges(case.params)
+        if is_topk(case.params):
+            return {"logits": topk_logits(ks, ke, case["s_kv"], case["values"], gen).to(device)}
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         return make_inputs(case["t"], case["s_kv"], ks, ke, seed, device, bool(case.get("ties", False)))
 
     def oracle(self, case: Case, inputs: dict) -> dict:
+        if is_topk(case.params):
+            return {"indices": indexer_topk(inputs["logits"], case["k"]).to(torch.int32)}
         return {"logits": oracle_of(**inputs)}
 
     def lowprec(self, case: Case, inputs: dict) -> dict:
+        if is_topk(case.params):  # a selection in fp32, the kernel's precision: the oracle itself
+            return self.oracle(case, inputs)
         return {"logits": lowprec_of(**inputs)}
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
-        return {"logits": torch.empty(case["t"], case["s_kv"], dtype=torch.float32, device=device)}
+        t, s_kv = case["t"], case["s_kv"]
+        if is_topk(case.params):
+            return {"indices": torch.empty(t, out_width(s_kv, case["k"]), dtype=torch.int32, device=device)}
+        return {"logits": torch.empty(t, s_kv, dtype=torch.float32, device=device)}
 
     def cost(self, case: Case) -> Cost:
-        """flops: 2 * 64 * 128 per visible (t, s) pair (the causal mask skips about half); bytes: q, the
-        keys and scales, w, ks / ke once, and the whole fp32 output (masked entries are written)."""
+        """Logits: flops 2 * 64 * 128 per visible (t, s) pair (the causal mask skips about half); bytes:
+        q, the keys and scales, w, ks / ke once, and the whole fp32 output (masked entries are written).
+        Top-k: no flops; bytes: the fp32 logits read once, the int32 indices written."""
         t, s_kv = case["t"], case["s_kv"]
+        if is_topk(case.params):
+            return Cost(flops=0.0, bytes=float(4 * t * s_kv + 4 * t * out_width(s_kv, case["k"])))
         pairs = space.visible_pairs(case.params)
         return Cost(flops=2.0 * HEADS * HEAD_DIM * pairs,
                     bytes=float(t * HEADS * HEAD_DIM + s_kv * (HEAD_DIM + 4) + t * (HEADS * 4 + 8) + 4 * t * s_kv))
 
 
 class IndexerCuteDSL(Impl):
+    """The logits kernel, or for a top-k case the top-k kernel (kernels/indexer/topk_glue.py), which
+    has no wgmma: it is taken on sm_100a too."""
+
     family, name, backend = "indexer", "cutedsl", "cutedsl"
     archs = ("sm_90a",)
     compiles = True
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
-        if arch not in (None, "sm_90a"):
+        if arch not in (None, "sm_90a") and not is_topk(case.params):
             return SM90_ONLY
         return None
 
@@ -104,14 +141,22 @@ class IndexerCuteDSL(Impl):
         return choose_config(case["t"], case["s_kv"])
 
     def compile_key(self, case: Case, arch: str) -> tuple:
+        if is_topk(case.params):
+            return (self.family, "topk", arch)
         return (self.family, "cutedsl", arch, self.config(case))
 
     def compile(self, case: Case, arch: str):
+        if is_topk(case.params):
+            return compile_topk(arch)
         if arch != "sm_90a":
             raise ValueError(SM90_ONLY)
         return compile_logits(self.config(case), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if is_topk(case.params):
+            check_topk_args(inputs["logits"], case["k"], out["indices"])
+            run_topk(compiled, inputs["logits"], out["indices"])
+            return out
         check_operands(**inputs, out=out["logits"])
         run_logits(compiled, self.config(case), **inputs, out=out["logits"])
         return out

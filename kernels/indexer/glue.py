@@ -1,5 +1,5 @@
 """Our impl's glue: fake tensors for the CPU compile, argument checks, the per-query key ranges, the
-inputs of a case, the thin FP8-cache oracle over oracles/indexer.py, and the call."""
+inputs of a case (logits and top-k), the thin FP8-cache oracle over oracles/indexer.py, and the call."""
 
 from __future__ import annotations
 
@@ -125,6 +125,20 @@ def make_inputs(n_tok: int, s_kv: int, ks: torch.Tensor, ke: torch.Tensor, seed:
     return {"q": q.to(torch.float8_e4m3fn).to(device), "kv": kq.to(device),
             "sc": sc.reshape(s_kv).float().contiguous().to(device), "w": w.to(device),
             "ks": ks.to(torch.int32).to(device), "ke": ke.to(torch.int32).to(device)}
+
+
+def topk_logits(ks: torch.Tensor, ke: torch.Tensor, s_kv: int, values: str, gen: torch.Generator) -> torch.Tensor:
+    """Top-k inputs: fp32 logits [T, S_kv], -inf outside ks <= s < ke. values: randn, bf16 (randn
+    rounded to bf16: heavy ties at the threshold) or equal (one value per row: every valid entry ties)."""
+    n_tok = ks.numel()
+    if values == "equal":
+        x = torch.randn(n_tok, 1, generator=gen).expand(n_tok, s_kv).contiguous()
+    elif values in ("randn", "bf16"):
+        x = torch.randn(n_tok, s_kv, generator=gen)
+        x = x.bfloat16().float() if values == "bf16" else x
+    else:
+        raise ValueError(f"indexer top-k: values must be randn, bf16 or equal, got {values!r}")
+    return x.masked_fill_(~range_mask(ks, ke, s_kv), float("-inf"))
 
 
 def range_mask(ks: torch.Tensor, ke: torch.Tensor, s_kv: int) -> torch.Tensor:

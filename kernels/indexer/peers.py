@@ -1,7 +1,8 @@
-"""Peers of the indexer logits, each behind its own import: DeepGEMM's fp8_mqa_logits (the contract
-our kernel implements) and torch (eager and compiled): the bf16 einsum + ReLU + weighted head sum
-on the dequantised operands, in row chunks (the [T, 64, S_kv] intermediate of one call would be
-8.6 GB at S = 16384).
+"""Peers of the indexer, each behind its own import: DeepGEMM's fp8_mqa_logits (the logits contract
+our kernel implements; it has no top-k) and torch (eager and compiled): for the logits the bf16
+einsum + ReLU + weighted head sum on the dequantised operands, in row chunks (the [T, 64, S_kv]
+intermediate of one call would be 8.6 GB at S = 16384); for top-k `torch.topk` put in our layout
+(the production baseline: what a serving stack runs after the logits).
 
 The bf16 operands of the torch peer (the dequantised keys, q and w in bf16) are made once per input
 buffer, out of the timed call (a bf16 deployment would keep them so).
@@ -15,6 +16,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl, import_reason
 from kernels.common import Prepared
 from kernels.indexer.glue import HEADS, range_mask
+from sweeps.indexer import is_topk
 
 TORCH_CHUNK_BYTES = 1 << 30  # the bf16 [rows, 64, S_kv] intermediate of one chunk
 
@@ -28,6 +30,12 @@ class DeepGemm(Impl):
 
     def available(self) -> str | None:
         return import_reason("deep_gemm")
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if is_topk(case.params):
+            return ("DeepGEMM computes the indexer logits (fp8_mqa_logits), not their top-k "
+                    "(the top-k peer is torch.topk)")
+        return None
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         import deep_gemm
@@ -44,10 +52,22 @@ def bf16_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tens
     return (s * w.unsqueeze(-1)).sum(dim=1).float()
 
 
+def topk_by_index(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """torch.topk's indices of each row's min(k, S) largest logits in our layout: ascending index
+    order, then -1 for the picks that are -inf (a row with fewer than k valid entries); int32."""
+    n = logits.shape[-1]
+    values, idx = torch.topk(logits, min(k, n), dim=-1, sorted=False)
+    idx = idx.masked_fill_(torch.isneginf(values), n).sort(dim=-1).values
+    return idx.masked_fill_(idx == n, -1).to(torch.int32)
+
+
 _BF16 = Prepared()
 
 
-def _torch_call(fn, case: Case, inputs: dict) -> dict:
+def _torch_call(fns: dict, case: Case, inputs: dict) -> dict:
+    if is_topk(case.params):
+        return {"indices": fns["topk"](inputs["logits"], case["k"])}
+    fn = fns["logits"]
     q, kv, sc, w, ks, ke = (inputs[k] for k in ("q", "kv", "sc", "w", "ks", "ke"))
     qb, kb, wb = _BF16.get((q, kv, sc, w),
                            lambda: (q.bfloat16(), (kv.float() * sc.unsqueeze(-1)).bfloat16(), w.bfloat16()))
@@ -61,7 +81,7 @@ def _torch_call(fn, case: Case, inputs: dict) -> dict:
 
 
 def register_torch_peers() -> None:
-    """torch (eager) and torch_compile of the bf16 chunk function."""
+    """torch (eager) and torch_compile of the bf16 chunk function (logits) and of topk_by_index."""
     from dsv4bench.core.torch_impls import register_torch_baselines
 
-    register_torch_baselines("indexer", bf16_logits, _torch_call)
+    register_torch_baselines("indexer", {"logits": bf16_logits, "topk": topk_by_index}, _torch_call)

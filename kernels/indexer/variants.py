@@ -14,7 +14,8 @@ and the peers on the same inputs:
             (the shipped cooperative kernel lets them fall into step: docs/lessons/fmha.md 17)
     pingpong-bq4  both
 
-Every variant computes the real answer (it must pass the oracle).
+Every variant computes the real answer (it must pass the oracle). They are ablations of the logits
+kernel: a top-k case is UNSUPPORTED for them.
 Imported at the end of kernels/indexer/family.py; registers its impls itself (register_impl).
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dsv4bench.core.registry import register_impl
 from kernels.indexer.family import IndexerCuteDSL
 from kernels.knobs import ConfigKnobs
+from sweeps.indexer import is_topk
 
 KNOBS: dict[str, dict] = {
     "bq1": {"bq": 1},
@@ -38,6 +40,11 @@ KNOBS: dict[str, dict] = {
 
 class IndexerKnob(ConfigKnobs, IndexerCuteDSL):
     """The shipped kernel with the rule's configuration overridden by `knobs`."""
+
+    def supports(self, case, arch: str | None = None) -> str | None:
+        if is_topk(case.params):
+            return f"{self.name} is a configuration of the logits kernel; the top-k kernel has no variants"
+        return super().supports(case, arch)
 
 
 VARIANTS = tuple(IndexerKnob(name, knobs) for name, knobs in KNOBS.items())

@@ -69,6 +69,11 @@ def test_index_sets_compare_order_free():
     assert not m.passed and m.worst_index == [1]
 
 
+def test_index_sets_of_empty_rows_compare():
+    assert compare_index_sets(torch.empty(3, 0, dtype=torch.int32), torch.empty(3, 0, dtype=torch.int32)).passed
+    assert not compare_index_sets(torch.empty(3, 0), torch.empty(2, 0)).passed
+
+
 def test_missing_output_fails():
     oracle, lowprec = make()
     ok, metrics = compare_outputs({}, {"out": oracle}, {"out": lowprec}, lambda n: TOL)

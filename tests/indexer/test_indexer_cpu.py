@@ -116,8 +116,12 @@ def test_ties_make_every_visible_logit_of_a_row_equal():
         assert vis.numel() and torch.equal(vis, vis[:1].expand_as(vis))
 
 
+LOGITS = {"op": ["logits"]}  # the logits cases (the top-k ones: tests/indexer/test_topk_family_cpu.py)
+
+
 def _cpu_cases(examples=6, seed=3, max_bytes=8 << 20):
-    return [c for c in FAMILY.cases(SweepOptions(examples=examples, seed=seed)) if FAMILY.cost(c).bytes <= max_bytes]
+    cases = FAMILY.cases(SweepOptions(examples=examples, seed=seed, filters=LOGITS))
+    return [c for c in cases if FAMILY.cost(c).bytes <= max_bytes]
 
 
 EXTRA = [Case("indexer", p) for p in (space.causal(1, 1, 3), space.causal(2, 1, 0), space.causal(300, 77, 0),
@@ -281,7 +285,7 @@ def test_config_rejects_impossible_tiles():
 
 
 def _compile_configs():
-    cases = FAMILY.cases(SweepOptions(examples=20, seed=0))
+    cases = FAMILY.cases(SweepOptions(examples=20, seed=0, filters=LOGITS))
     cfgs = {}
     for impl in impls("indexer", variants=True):
         if impl.compiles:
@@ -299,7 +303,8 @@ def test_every_config_compiles_without_spills_or_serialised_wgmma(cfg, impl):
 
 
 def test_the_rule_picks_one_configuration_for_every_case():
-    assert {choose_config(c["t"], c["s_kv"]) for c in FAMILY.cases(SweepOptions(examples=20))} == {LogitsConfig()}
+    cases = FAMILY.cases(SweepOptions(examples=20, filters=LOGITS))
+    assert {choose_config(c["t"], c["s_kv"]) for c in cases} == {LogitsConfig()}
 
 
 def test_the_compile_refuses_a_configuration_whose_shared_memory_does_not_fit():

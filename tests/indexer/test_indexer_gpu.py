@@ -181,7 +181,10 @@ def test_matches_deepgemm():
         assert rel < 1e-3, f"T={t} S_kv={s_kv}: ours vs DeepGEMM rel L2 {rel:.3g}"
 
 
-@pytest.mark.parametrize("params", space.production() + [space.causal(1, 1, 3), space.varlen([37, 3, 64, 9, 200])],
+LOGITS_GRID = [p for p in space.production() if not space.is_topk(p)]  # top-k: tests/indexer/test_topk_family_gpu.py
+
+
+@pytest.mark.parametrize("params", LOGITS_GRID + [space.causal(1, 1, 3), space.varlen([37, 3, 64, 9, 200])],
                          ids=lambda p: f"{p['model']}-{p['mask']}-t{p['t']}-s{p['s_kv']}")
 @pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:pingpong"])
 def test_harness_path(params, impl, gpu_check):
