@@ -45,7 +45,7 @@ from oracles.quant import fp8_block_dequant, quant_fp8_weight, ue8m0_decode
 from sweeps.gemm import QUANT_GEMM
 from sweeps.quant import fp8 as quant_case
 
-_WEIGHTS = Prepared(size=4096)  # (codes, fp32 scales) per model weight: every FP8 linear of a model
+_WEIGHTS = Prepared(size=4096)  # fp32 scales (and a plain weight's codes) per weight: a whole model's
 
 
 @functools.cache
@@ -59,15 +59,19 @@ def kernel_runner(family: str):
 def fp8_weight(w: Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 codes [N, K], fp32 scales [ceil(N/128), ceil(K/128)]) of a model weight, made once per weight."""
     if not isinstance(w, QuantWeight):
-        return _WEIGHTS.get((w,), lambda: _decoded(*quant_fp8_weight(w)))
+        return _WEIGHTS.get((w,), lambda: _requantised(w))
     if w.format != "fp8":
         raise Unsupported(f"the FP8 GEMM takes FP8 weights, not {w.format}")
-    return _WEIGHTS.get((w.weight, w.scale), lambda: _decoded(w.weight, w.scale))
+    return w.weight.contiguous(), _WEIGHTS.get((w.scale,), lambda: _fp32(w.scale))
 
 
-def _decoded(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    fp32 = ue8m0_decode(scale) if scale.dtype == torch.float8_e8m0fnu else scale.float()
-    return codes.contiguous(), fp32.contiguous()
+def _requantised(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    codes, scale = quant_fp8_weight(w)
+    return codes, _fp32(scale)
+
+
+def _fp32(scale: torch.Tensor) -> torch.Tensor:
+    return (ue8m0_decode(scale) if scale.dtype == torch.float8_e8m0fnu else scale.float()).contiguous()
 
 
 def fp8_linear(run, x: torch.Tensor, w: Weight, groups: int = 1) -> torch.Tensor:

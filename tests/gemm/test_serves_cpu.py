@@ -81,7 +81,7 @@ def test_leading_dims_come_back_as_the_oracle_shapes(kernels):
 def test_weights_are_prepared_once_and_a_dequantised_weight_is_the_same_fp8_weight():
     qw = sc._weight(256, 384, torch.Generator().manual_seed(0), "cpu")
     codes, scales = serves.fp8_weight(qw)
-    assert serves.fp8_weight(qw)[0] is codes and scales.dtype == torch.float32
+    assert codes is qw.weight and scales.dtype == torch.float32 and serves.fp8_weight(qw)[1] is scales
     plain = dequant(qw)
     again = serves.fp8_weight(plain)
     assert serves.fp8_weight(plain)[1] is again[1]
