@@ -65,6 +65,8 @@ def roofline(rec: ResultRecord) -> Roofline | None:
     intensity = 1e3 * p["tflops"] / p["gbps"]
     mem_limit = p["copy_gbps_measured"] * intensity / 1e3
     attainable = min(p["gemm_tflops_measured"], mem_limit)
-    return Roofline(intensity, p["tflops"], p["gbps"], attainable, 100.0 * p["tflops"] / attainable,
-                    "memory" if mem_limit < p["gemm_tflops_measured"] else "compute",
-                    p["gemm_tflops_measured"], p["copy_gbps_measured"])
+    memory_bound = mem_limit < p["gemm_tflops_measured"]
+    # memory-bound: tflops / attainable = gbps / copy bandwidth, which also holds for an op of no flops
+    pct = p["gbps"] / p["copy_gbps_measured"] if memory_bound else p["tflops"] / attainable
+    return Roofline(intensity, p["tflops"], p["gbps"], attainable, 100.0 * pct,
+                    "memory" if memory_bound else "compute", p["gemm_tflops_measured"], p["copy_gbps_measured"])

@@ -127,11 +127,13 @@ def _scatter(fig, ax, cells, idx, norm, cmap, label, numeric_y: bool) -> None:
 
 
 def roofline_plot(records: list[ResultRecord], title: str, colours: dict[str, str]) -> str | None:
-    """Each timed record as a point (arithmetic intensity, TFLOP/s) under the measured ceilings."""
+    """Each timed record as a point (arithmetic intensity, TFLOP/s) under the measured ceilings. Ops of
+    no flops (a top-k moves bytes only) have no place on log axes: their share of the copy bandwidth is
+    in the limit bars."""
     by_impl: dict[str, list] = defaultdict(list)
     for r in records:
         roof = roofline(r)
-        if roof:
+        if roof and roof.intensity > 0 and roof.tflops > 0:
             by_impl[r.impl].append(roof)
     if not by_impl:
         return None
