@@ -226,6 +226,9 @@ def run_model_cmd(
     for col in ("op", "backend", "calls", "seconds"):
         ops_table.add_column(col, justify="right" if col in ("calls", "seconds") else "left")
     for op, be, calls, secs in ops.report():
+        if op in ops.refused:
+            n, why = ops.refused[op]
+            be = f"{be}, oracle for {n} of {calls} calls ({why})"
         ops_table.add_row(op, be, str(calls), f"{secs:.3f}")
     console.print(ops_table)
     if compare:

@@ -53,7 +53,8 @@ def _to(x, device):
     if isinstance(x, torch.Tensor):
         return x.to(device)
     if isinstance(x, (list, tuple)):
-        return type(x)(_to(v, device) for v in x)
+        moved = [_to(v, device) for v in x]
+        return type(x)(*moved) if hasattr(x, "_fields") else type(x)(moved)  # a namedtuple (QuantWeight)
     return x
 
 

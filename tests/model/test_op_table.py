@@ -39,3 +39,33 @@ def test_the_model_calls_exactly_the_ops_of_the_table(tiny_engine):
         pass
     assert seen == set(OPS), set(OPS) ^ seen
     assert all(n > 0 for _, _, n, _ in ops.report())
+
+
+def test_a_call_the_kernel_refuses_runs_on_the_oracle_and_is_counted(tiny_engine):
+    """A kernel raising Unsupported for a shape (the FP8 GEMM on the tiny model's widths) does not stop
+    the run: that call runs on the oracle, and the table counts it with the first reason."""
+    from dsv4bench.core.registry import Unsupported
+    from dsv4bench.model import dispatch
+
+    oracle = OPS["rmsnorm"].oracle
+    taken = []
+
+    def half_refusing(x, *args, **kwargs):
+        if x.shape[0] % 2:
+            raise Unsupported(f"odd row count {x.shape[0]}")
+        taken.append(x.shape[0])
+        return oracle(x, *args, **kwargs) * 2  # visibly not the oracle
+
+    dispatch.register_op("rmsnorm", "half_refusing", half_refusing)
+    try:
+        ops = OpTable({"rmsnorm": "half_refusing"})
+        x, w = torch.randn(3, 8), torch.randn(8)
+        assert torch.equal(ops.rmsnorm(x, w, 1e-6), oracle(x, w, 1e-6))
+        assert torch.equal(ops.rmsnorm(x[:2], w, 1e-6), 2 * oracle(x[:2], w, 1e-6))
+        assert ops.refused == {"rmsnorm": (1, "odd row count 3")} and taken == [2]
+        assert ops.calls["rmsnorm"] == 2
+        plain = OpTable()
+        plain.rmsnorm(x, w, 1e-6)
+        assert plain.refused == {}
+    finally:
+        del dispatch._REGISTRY["rmsnorm"]["half_refusing"]
