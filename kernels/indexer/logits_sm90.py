@@ -156,6 +156,24 @@ class IndexerLogitsSm90:
         stream: cuda.CUstream,
     ):
         c = self.cfg
+        ops = self._operands(mQ, mKV, mSc, mW)
+        tma_k, gK_t, tma_q, gQ_t, tma_sc, gSc_t, tma_w, gW_t = ops[:8]
+        tiled_mma, mma_acc, sK_layout, sQ_layout, sSc_layout, sW_layout, Storage = ops[8:]
+
+        n_tok = cute.size(mW, mode=[0])
+        units = ((n_tok + c.bq - 1) // c.bq) * n_split
+        grid = cutlass.min(units, n_ctas)
+        self.kernel(
+            tma_k, gK_t, tma_q, gQ_t, tma_sc, gSc_t, tma_w, gW_t, mKs, mKe, mL, n_split,
+            tiled_mma, mma_acc, sK_layout, sQ_layout, sSc_layout, sW_layout, Storage,
+        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    def _operands(self, mQ, mKV, mSc, mW):
+        """Trace-time setup shared with the paged decode kernel (kernels/indexer/decode_sm90.py): the
+        two MMAs, the shared-memory layouts, the TMA atoms of the keys (bk x 128 tiles of mKV), their
+        scales (bk of mSc), the queries (n x 128 of mQ) and the weights (bq x 64 of mW), and the
+        shared storage. Returns the atoms with their TMA tensors, then the MMAs, layouts, Storage."""
+        c = self.cfg
         S = c.n_stages
         fp8 = mQ.element_type
 
@@ -182,26 +200,58 @@ class IndexerLogitsSm90:
         tma_sc, gSc_t = cpasync.make_tiled_tma_atom(g2s, mSc, cute.slice_(sSc_layout, (None, 0)), (c.bk,))
         tma_w, gW_t = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_layout, (None, None, 0)), (c.bq, HEADS))
 
-        @cute.struct
-        class Storage:
-            kv_bars: cute.struct.MemRange[cutlass.Int64, S * 2]
-            q_bars: cute.struct.MemRange[cutlass.Int64, c.q_stages * 2]
-            sSc: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sSc_layout)], 128]
-            sW: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sW_layout)], 128]
-            sK: cute.struct.Align[cute.struct.MemRange[mKV.element_type, cute.cosize(sK_layout)], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024]
+        class Storage:  # fields given as objects (this module's annotations are strings)
+            __annotations__ = {
+                "kv_bars": cute.struct.MemRange[cutlass.Int64, S * 2],
+                "q_bars": cute.struct.MemRange[cutlass.Int64, c.q_stages * 2],
+                "sSc": cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sSc_layout)], 128],
+                "sW": cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sW_layout)], 128],
+                "sK": cute.struct.Align[cute.struct.MemRange[mKV.element_type, cute.cosize(sK_layout)], 1024],
+                "sQ": cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024],
+            }
+
+        Storage = cute.struct(Storage)
 
         # the stage count comes from an estimate (LogitsConfig.n_stages); the compile proves it fits
         if cutlass.const_expr(Storage.size_in_bytes() > SMEM_BYTES):
             raise ValueError(f"{c}: {Storage.size_in_bytes()} B of shared memory, more than {SMEM_BYTES}")
 
-        n_tok = cute.size(mW, mode=[0])
-        units = ((n_tok + c.bq - 1) // c.bq) * n_split
-        grid = cutlass.min(units, n_ctas)
-        self.kernel(
-            tma_k, gK_t, tma_q, gQ_t, tma_sc, gSc_t, tma_w, gW_t, mKs, mKe, mL, n_split,
-            tiled_mma, mma_acc, sK_layout, sQ_layout, sSc_layout, sW_layout, Storage,
-        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        return (tma_k, gK_t, tma_q, gQ_t, tma_sc, gSc_t, tma_w, gW_t,
+                tiled_mma, mma_acc, sK_layout, sQ_layout, sSc_layout, sW_layout, Storage)
+
+    def _smem(self, Storage, sK_layout, sQ_layout, sSc_layout, sW_layout, k, q, sc, w):
+        """Kernel-entry setup shared with the decode kernel: the shared storage, the KV and Q rings
+        (initialisation deferred: the caller waits with pipeline_init_wait), the stage tensors and
+        the TMA partitions of the four operands (k, q, sc, w: (atom, TMA tensor) pairs)."""
+        c = self.cfg
+        S = c.n_stages
+        QS = c.q_stages
+        (tma_k, gK_t), (tma_q, gQ_t), (tma_sc, gSc_t), (tma_w, gW_t) = k, q, sc, w
+        smem = cutlass.utils.SmemAllocator()
+        st = smem.allocate(Storage)
+        kv_ring = tma_ring(st.kv_bars.data_ptr(), S, c.mma_wg * 4, c.kv_stage_bytes)
+        q_ring = tma_ring(st.q_bars.data_ptr(), QS, c.n_wg * 4, c.q_stage_bytes)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sSc = st.sSc.get_tensor(sSc_layout)
+        sW = st.sW.get_tensor(sW_layout)
+
+        # (bk, 128, key tiles, 1), (n, 128, query blocks, 1), (bk, key tiles), (bq, 64, query blocks, 1)
+        gK = cute.local_tile(gK_t, (c.bk, HEAD_DIM), (None, None))
+        gQ = cute.local_tile(gQ_t, (c.n, HEAD_DIM), (None, None))
+        gSc = cute.local_tile(gSc_t, (c.bk,), (None,))
+        gW = cute.local_tile(gW_t, (c.bq, HEADS), (None, None))
+        tKs, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                         cute.group_modes(gK, 0, 2))
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                         cute.group_modes(gQ, 0, 2))
+        tScs, tScg = cpasync.tma_partition(tma_sc, 0, cute.make_layout(1), cute.group_modes(sSc, 0, 1),
+                                           cute.group_modes(gSc, 0, 1))
+        tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
+                                         cute.group_modes(gW, 0, 2))
+        return kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg
 
     @cute.jit
     def _unit(self, u, n_split, q_blocks, mKs, mKe, n_tok, s_kv, tks=None, tke=None):
@@ -272,30 +322,9 @@ class IndexerLogitsSm90:
             cpasync.prefetch_descriptor(tma_sc)
             cpasync.prefetch_descriptor(tma_w)
 
-        smem = cutlass.utils.SmemAllocator()
-        st = smem.allocate(Storage)
-        kv_ring = tma_ring(st.kv_bars.data_ptr(), S, c.mma_wg * 4, c.kv_stage_bytes)
-        q_ring = tma_ring(st.q_bars.data_ptr(), QS, c.n_wg * 4, c.q_stage_bytes)
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-
-        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sSc = st.sSc.get_tensor(sSc_layout)
-        sW = st.sW.get_tensor(sW_layout)
-
-        # (bk, 128, key tiles, 1), (n, 128, query blocks, 1), (bk, key tiles), (bq, 64, query blocks, 1)
-        gK = cute.local_tile(gK_t, (c.bk, HEAD_DIM), (None, None))
-        gQ = cute.local_tile(gQ_t, (c.n, HEAD_DIM), (None, None))
-        gSc = cute.local_tile(gSc_t, (c.bk,), (None,))
-        gW = cute.local_tile(gW_t, (c.bq, HEADS), (None, None))
-        tKs, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                         cute.group_modes(gK, 0, 2))
-        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                         cute.group_modes(gQ, 0, 2))
-        tScs, tScg = cpasync.tma_partition(tma_sc, 0, cute.make_layout(1), cute.group_modes(sSc, 0, 1),
-                                           cute.group_modes(gSc, 0, 1))
-        tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
-                                         cute.group_modes(gW, 0, 2))
+        kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg = self._smem(
+            Storage, sK_layout, sQ_layout, sSc_layout, sW_layout, (tma_k, gK_t), (tma_q, gQ_t), (tma_sc, gSc_t),
+            (tma_w, gW_t))
 
         n_tok = cute.size(mL, mode=[0])
         s_kv = cute.size(mL, mode=[1])
@@ -369,26 +398,10 @@ class IndexerLogitsSm90:
         mtid = tidx - 128
         cw = cute.arch.make_warp_uniform(mtid // 128)  # consumer warpgroup
         q4 = tidx % 4  # lane within its quad
-        # cooperative: the warpgroups split each tile's rows; ping-pong: each has whole 64-key tiles
-        thr_mma = tiled_mma.get_slice(mtid % 128 if c.pingpong else mtid)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
-        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.bk, c.n)), cutlass.Float32)
-        cC_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.bk, c.n))))
-        n_rows = cute.size(cC_mn, mode=[0])
-        n_cols = cute.size(cC_mn, mode=[1])
-        # the SM90 accumulator: a thread's columns are c = v0 + 2 * v2 at n = v0 + 8 * v2 + 2 * (lane % 4),
-        # so its columns 16 j .. 16 j + 15 are 16 of token j's 64 heads
-        if cutlass.const_expr(n_rows != 2 or n_cols != 16 * c.bq):
-            raise ValueError(f"unexpected accumulator fragment: {n_rows} rows x {n_cols} columns per thread")
-        rows = cute.make_rmem_tensor((n_rows,), cutlass.Int32)  # key row within the tile
-        for r in cutlass.range_constexpr(n_rows):
-            rows[r] = cC_mn[r, 0][0]
-        heads = cute.make_rmem_tensor((n_cols,), cutlass.Int32)  # head of each column
-        for cc in cutlass.range_constexpr(n_cols):
-            heads[cc] = cC_mn[0, cc][1] - HEADS * (cc // 16)
+        tCrA, tCrB, acc, rows, heads = self._fragments(tiled_mma, sK, sQ, mtid)
+        n_cols = cute.size(heads)
         wreg = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
-        sc = cute.make_rmem_tensor((n_rows,), cutlass.Float32)
+        sc = cute.make_rmem_tensor((cute.size(rows),), cutlass.Float32)
         tok = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
         tks = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
         tke = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
@@ -426,6 +439,30 @@ class IndexerLogitsSm90:
         if cutlass.const_expr(c.pingpong):
             if g_kv % 2 == cw:  # pairs the arrive of the CTA's last tile (or the opening one)
                 cute.arch.barrier(barrier_id=BAR_TURN0 + cw, number_of_threads=256)
+
+    def _fragments(self, tiled_mma, sK, sQ, mtid):
+        """A consumer thread's wgmma operand fragments, its accumulator, and for each accumulator
+        row / column the key row within the tile / the head (shared with the decode kernel)."""
+        c = self.cfg
+        # cooperative: the warpgroups split each tile's rows; ping-pong: each has whole 64-key tiles
+        thr_mma = tiled_mma.get_slice(mtid % 128 if c.pingpong else mtid)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.bk, c.n)), cutlass.Float32)
+        cC_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.bk, c.n))))
+        n_rows = cute.size(cC_mn, mode=[0])
+        n_cols = cute.size(cC_mn, mode=[1])
+        # the SM90 accumulator: a thread's columns are c = v0 + 2 * v2 at n = v0 + 8 * v2 + 2 * (lane % 4),
+        # so its columns 16 j .. 16 j + 15 are 16 of token j's 64 heads
+        if n_rows != 2 or n_cols != 16 * c.bq:
+            raise ValueError(f"unexpected accumulator fragment: {n_rows} rows x {n_cols} columns per thread")
+        rows = cute.make_rmem_tensor((n_rows,), cutlass.Int32)  # key row within the tile
+        for r in range(n_rows):
+            rows[r] = cC_mn[r, 0][0]
+        heads = cute.make_rmem_tensor((n_cols,), cutlass.Int32)  # head of each column
+        for cc in range(n_cols):
+            heads[cc] = cC_mn[0, cc][1] - HEADS * (cc // 16)
+        return tCrA, tCrB, acc, rows, heads
 
     @cute.jit
     def _tile(self, kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, rows, sc, g, kt, wreg, tok, tks, tke, mL, q4,
