@@ -47,3 +47,15 @@ def choose_split(n_tok: int, s_kv: int, cfg: LogitsConfig, sms: int = H100_SMS) 
     if blocks >= sms or tiles < 2 * MIN_TILES_PER_PART:
         return 1
     return max(1, min(_cdiv(sms, blocks), tiles // MIN_TILES_PER_PART))
+
+
+DECODE_CTAS_PER_SM = 2  # the decode kernel's CTAs resident per SM (shared memory: 8 stages of one page)
+DECODE_WAVES = 2  # CTAs per request chosen for about this many waves of uniform requests
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_parts(n_req: int, max_pages: int, sms: int = H100_SMS) -> int:
+    """Pages per CTA of the paged decode kernel (a runtime argument): B * ceil(max_pages / P) CTAs
+    of about DECODE_WAVES waves, P equalised over a request's parts (at least 1 page)."""
+    parts = max(1, min(max_pages, _cdiv(DECODE_WAVES * DECODE_CTAS_PER_SM * sms, n_req)))
+    return _cdiv(max_pages, parts)
