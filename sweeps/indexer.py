@@ -33,9 +33,23 @@ valid) for B in DECODE_B and ctx in DECODE_CTX. Params:
   values  randn, bf16 (randn rounded to bf16: heavy ties at the threshold) or equal (one value per row)
 Draws favour row lengths k - 1, k, k + 1, fewer valid than k, 512-entry steps +-1, one row, empty rows.
 
+Decode (`op` = "decode"): B requests, one query token each, over a paged FP8 cache (64-key pages at
+the ids of a block table, DeepGEMM's `fp8_paged_mqa_logits` layout: kernels/indexer/decode_glue.py);
+logits [B, s_kv], -inf past each request's length. Production: Flash and Pro (the same 64 x 128
+shape) at B in DECODE_B and ctx in DECODE_CTX, every request ctx / 4 entries (the largest, B = 128 at
+1M tokens, is a 4.4 GB cache). Params:
+  t       requests B
+  s_kv    the output's width W (the largest length)
+  mask    full (every request s_kv entries) or ragged (request i has lens[i] <= s_kv)
+  table   shuffled (distinct pages in random order) or shared (random pages of a smaller pool:
+          ids repeat within and across requests)
+  pad     extra block-table entries a request (never read)
+Draws favour lengths 0, 1, the 64-key page +-1, B off any tile (1..130), widths past the longest
+length, and keep a case's keys under MAX_DRAWN_KEYS.
+
 `extra(n, seed)` draws n cases of each op, interleaved: a sweep keeps the first n (`--examples n`:
 half of each), `--op logits` the n logits draws, which are those the logits space alone drew before
-top-k existed (the cases of committed runs).
+top-k existed (the cases of committed runs), and `--op topk` those drawn before decode existed.
 """
 
 from __future__ import annotations
@@ -51,6 +65,8 @@ MODELS = ("flash", "pro")
 DECODE_B = (1, 32, 128)
 DECODE_CTX = (8192, 65536, 262144, 1048576)  # tokens of context: ctx / 4 entries per row
 TOPK_VALUES = ("randn", "bf16", "equal")
+PAGE = 64  # keys per page of the paged decode cache
+MAX_DRAWN_KEYS = 1 << 20  # keys of a drawn decode case (a 132 MiB cache)
 REPORT_AXES = ("t", "s_kv")
 REPORT_ROWS = "t"
 
@@ -80,17 +96,41 @@ def is_topk(p) -> bool:
     return p.get("op") == "topk"
 
 
+def paged_decode(b: int, s_kv: int, lens=None, table: str = "shuffled", model: str = "drawn", pad: int = 0) -> dict:
+    """A decode step of b requests over the paged cache, logits [b, s_kv]: every request s_kv entries
+    (full) or request i lens[i] (ragged)."""
+    p = {"op": "decode", "model": model, "mask": "full" if lens is None else "ragged", "t": b, "s_kv": s_kv,
+         "table": table}
+    if lens is not None:
+        p["lens"] = [int(n) for n in lens]
+    if pad:
+        p["pad"] = pad
+    return p
+
+
+def is_decode(p) -> bool:
+    return p.get("op") == "decode"
+
+
+def decode_lens(p: dict) -> list[int]:
+    """A decode case's per-request lengths."""
+    return p["lens"] if p["mask"] == "ragged" else [p["s_kv"]] * p["t"]
+
+
 def production() -> list[dict]:
     logits = [causal(s, s // RATIO, 0, False, model) for model in MODELS for s in PREFILL_S]
     prefill = [topk(s, s // RATIO, TOPK[model], "causal", model=model) for model in MODELS for s in PREFILL_S]
     decode = [topk(b, ctx // RATIO, TOPK[model], model=model)
               for model in MODELS for b in DECODE_B for ctx in DECODE_CTX]
-    return logits + prefill + decode
+    paged = [paged_decode(b, ctx // RATIO, model=model) for model in MODELS for b in DECODE_B for ctx in DECODE_CTX]
+    return logits + prefill + decode + paged
 
 
 def visible_pairs(p: dict) -> int:
     """The (t, s) pairs inside the key ranges: the work the causal mask leaves (about T * S_kv / 2
-    for a prefill)."""
+    for a prefill; a decode step's summed lengths)."""
+    if is_decode(p):
+        return sum(min(n, p["s_kv"]) for n in decode_lens(p))
     if p["mask"] == "varlen":
         return sum(_prefix_sum(n) for n in p["lens"])
     t, s_kv, p0 = p["t"], p["s_kv"], p.get("p0", 0)
@@ -100,7 +140,7 @@ def visible_pairs(p: dict) -> int:
 def independent_logits(p: dict) -> int:
     """How many of the visible logits are independent: the visible pairs, or with `ties` (every key
     the same) one per row that sees any key."""
-    if not p.get("ties", False):
+    if not p.get("ties", False):  # (decode draws have no ties)
         return visible_pairs(p)
     if p["mask"] == "varlen":
         return sum(max(0, n - (RATIO - 1)) for n in p["lens"])
@@ -163,6 +203,29 @@ def topk_strategy() -> st.SearchStrategy[dict]:
     return st.tuples(k, values).flatmap(lambda kv: st.one_of(_ragged(*kv), _uniform(*kv)))
 
 
+def _request_length(cap: int) -> st.SearchStrategy[int]:
+    """One request's keys (at most cap): none, one, a page +-1, whole pages, or ragged."""
+    edges = st.sampled_from([0, 1, PAGE - 1, PAGE, PAGE + 1, 2 * PAGE - 1, 2 * PAGE + 1])
+    return st.one_of(edges, tile_counts(PAGE, 64), st.integers(0, 8192)).map(lambda n: min(n, cap))
+
+
+def _decode_batch(b: int) -> st.SearchStrategy[dict]:
+    cap = MAX_DRAWN_KEYS // b
+    table = st.sampled_from(["shuffled", "shuffled", "shared"])
+    pad = st.sampled_from([0, 0, 2])
+    ragged = st.builds(lambda lens, extra, table, pad: paged_decode(b, max(1, max(lens) + extra), lens, table, pad=pad),
+                       st.lists(_request_length(cap), min_size=b, max_size=b),
+                       st.sampled_from([0, 0, 0, 1, PAGE - 1, PAGE]), table, pad)
+    full = st.builds(lambda n, table: paged_decode(b, n, table=table), _request_length(cap).filter(lambda n: n > 0), table)
+    return st.one_of(ragged, ragged, ragged, full)
+
+
+def decode_strategy() -> st.SearchStrategy[dict]:
+    """Decode steps of 1..130 requests (off every tile), at most MAX_DRAWN_KEYS keys a case."""
+    b = st.one_of(st.sampled_from([1, 2, 3, 7, 31, 33, 65, 127, 129, 130]), st.integers(1, 130))
+    return b.flatmap(_decode_batch)
+
+
 def extra(n: int, seed: int) -> list[dict]:
-    logits, top = draw(extra_strategy(), n, seed), draw(topk_strategy(), n, seed)
-    return [p for pair in zip(logits, top) for p in pair] + logits[len(top):] + top[len(logits):]
+    spaces = [draw(extra_strategy(), n, seed), draw(topk_strategy(), n, seed), draw(decode_strategy(), n, seed)]
+    return [space[i] for i in range(max(map(len, spaces))) for space in spaces if i < len(space)]

@@ -97,7 +97,7 @@ def check_decode(q, kv_cache, w, lens, table, out) -> tuple[int, int]:
          f"must be contiguous [B={n_req}, {HEADS}, {HEAD_DIM}], got {tuple(q.shape)} strides {tuple(q.stride())}")
     need(tuple(kv_cache.shape[1:]) == (PAGE, 1, HEAD_DIM + 4), "kv_cache",
          f"must be [pages, {PAGE}, 1, {HEAD_DIM + 4}] (DeepGEMM's fused FP8 pages), got {tuple(kv_cache.shape)}")
-    need(kv_cache.stride()[1:] == (HEAD_DIM + 4, HEAD_DIM + 4, 1) and kv_cache.stride(0) % 16 == 0
+    need(kv_cache.stride(1) == HEAD_DIM + 4 and kv_cache.stride(3) == 1 and kv_cache.stride(0) % 16 == 0
          and kv_cache.stride(0) >= PAGE_BYTES and kv_cache.data_ptr() % 16 == 0, "kv_cache",
          f"pages must be packed 8448-byte blocks at a 16-byte aligned stride (TMA), got strides {tuple(kv_cache.stride())}")
     need(tuple(w.shape) == (n_req, HEADS) and w.is_contiguous(), "w", f"must be contiguous [{n_req}, {HEADS}]")

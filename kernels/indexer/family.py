@@ -17,6 +17,12 @@ Masked entries are -inf in the oracle and must be -inf in the output: the harnes
 (core/compare.py) fails any other value where the oracle is +-inf or NaN, and
 tests/indexer/test_indexer_gpu.py checks the mask exactly as well.
 
+decode: one query token per request over a paged FP8 cache, DeepGEMM's `fp8_paged_mqa_logits`
+contract with next_n = 1 (kernels/indexer/decode_sm90.py, decode_glue.py: the page layout): q e4m3
+[B, 64, 128], the fused cache uint8 [pages, 64, 1, 132], w fp32 [B, 64], lens int32 [B], table int32
+[B, max_blocks], logits fp32 [B, W], -inf at s >= lens[b]. Oracle: `oracle_of` on each request's
+gathered keys (decode_glue.decode_reference); low-precision reference: `lowprec_of` the same way.
+
 topk: the k largest valid entries of each row of fp32 logits [T, S_kv] (-inf outside the row's
 entries), int32 indices [T, min(k, S_kv)] (kernels/indexer/topk_sm90.py: ascending index order, then
 -1 slots). Oracle: oracles/indexer.py `indexer_topk` (ties to the lower index); the kernel is exact, so
@@ -32,13 +38,15 @@ from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, regis
 from kernels.indexer import peers
 from kernels.indexer import serves as served
 from kernels.indexer.config import choose_config
+from kernels.indexer.decode_glue import PAGE, check_decode, compile_decode, decode_reference, make_decode_inputs, run_decode
+from kernels.indexer.decode_sm90 import DecodeConfig
 from kernels.indexer.glue import (HEAD_DIM, HEADS, causal_ranges, check_operands, compile_logits, lowprec_of,
                                   make_inputs, oracle_of, run_logits, topk_logits, varlen_ranges)
 from kernels.indexer.logits_sm90 import LogitsConfig
 from kernels.indexer.topk_glue import check_topk_args, compile_topk, out_width, run_topk
 from oracles.indexer import indexer_topk
 from sweeps import indexer as space
-from sweeps.indexer import is_topk
+from sweeps.indexer import decode_lens, is_decode, is_topk
 
 RELATIVE_MIN_LOGITS = 64
 SM90_ONLY = ("the SM90 kernel is built on warpgroup MMA (wgmma) and Hopper TMA descriptors; sm_100a "
@@ -60,19 +68,20 @@ def case_ranges(p: dict, device: str = "cpu") -> tuple[torch.Tensor, torch.Tenso
 class IndexerFamily(Family):
     name = "indexer"
     description = ("lightning indexer logits sum_h w*ReLU(q.k*scale) over the FP8 indexer cache (64 heads x 128), "
-                   "causal / per-query key ranges, fp32 out (DeepGEMM fp8_mqa_logits); top-k of each row's "
-                   "valid logits, int32 indices")
+                   "causal / per-query key ranges, fp32 out (DeepGEMM fp8_mqa_logits); decode over a paged cache "
+                   "(fp8_paged_mqa_logits); top-k of each row's valid logits, int32 indices")
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
     serves = served.OPS  # the model ops it serves (kernels/indexer/serves.py)
     options = {
-        "op": Option("op", "logits, or the top-k selection over them", choices=("logits", "topk"), names=True,
-                     default="logits"),
-        "tokens": Option("t", "query tokens T (top-k: rows)", "tokens"),
-        "entries": Option("s_kv", "compressed indexer entries S_kv (keys; top-k: row length)", "entries"),
+        "op": Option("op", "logits (prefill), decode (one token a request over a paged cache), or the top-k "
+                     "selection over logits", choices=("logits", "topk", "decode"), names=True, default="logits"),
+        "tokens": Option("t", "query tokens T (top-k: rows; decode: requests B)", "tokens"),
+        "entries": Option("s_kv", "compressed indexer entries S_kv (keys; top-k: row length; decode: the longest "
+                          "request's)", "entries"),
         "k": Option("k", "top-k: entries selected per row (512 Flash, 1024 Pro)", "entries"),
         "mask": Option("mask", "which entries each row sees: causal (one sequence, queries at p0..p0+T-1), varlen "
-                       "(sequences packed along T and S_kv), full (all: top-k decode) or ragged (top-k: a length "
+                       "(sequences packed along T and S_kv), full (all: decode) or ragged (top-k, decode: a length "
                        "per row)", choices=("causal", "varlen", "full", "ragged"), names=True),
     }
 
@@ -89,6 +98,10 @@ class IndexerFamily(Family):
         return self.tolerance
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
+        if is_decode(case.params):  # made on `device` (up to a 4.4 GB cache)
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+            return make_decode_inputs(decode_lens(case.params), case["s_kv"], case["table"], seed, device,
+                                      case.get("pad", 0))
         ks, ke = case_ranges(case.params)
         if is_topk(case.params):
             return {"logits": topk_logits(ks, ke, case["s_kv"], case["values"], gen).to(device)}
@@ -98,11 +111,15 @@ class IndexerFamily(Family):
     def oracle(self, case: Case, inputs: dict) -> dict:
         if is_topk(case.params):
             return {"indices": indexer_topk(inputs["logits"], case["k"]).to(torch.int32)}
+        if is_decode(case.params):
+            return {"logits": decode_reference(**inputs, width=case["s_kv"])}
         return {"logits": oracle_of(**inputs)}
 
     def lowprec(self, case: Case, inputs: dict) -> dict:
         if is_topk(case.params):  # a selection in fp32, the kernel's precision: the oracle itself
             return self.oracle(case, inputs)
+        if is_decode(case.params):
+            return {"logits": decode_reference(**inputs, width=case["s_kv"], lowprec=True)}
         return {"logits": lowprec_of(**inputs)}
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
@@ -114,8 +131,16 @@ class IndexerFamily(Family):
     def cost(self, case: Case) -> Cost:
         """Logits: flops 2 * 64 * 128 per visible (t, s) pair (the causal mask skips about half); bytes:
         q, the keys and scales, w, ks / ke once, and the whole fp32 output (masked entries are written).
+        Decode: flops the same per (request, key); bytes 132 per key a request reads (codes and scale),
+        its page id, q, w and the length, and the whole fp32 output.
         Top-k: no flops; bytes: the fp32 logits read once, the int32 indices written."""
         t, s_kv = case["t"], case["s_kv"]
+        if is_decode(case.params):
+            keys = space.visible_pairs(case.params)
+            pages = sum(-(-min(n, s_kv) // PAGE) for n in decode_lens(case.params))
+            return Cost(flops=2.0 * HEADS * HEAD_DIM * keys,
+                        bytes=float(keys * (HEAD_DIM + 4) + 4 * pages + t * (HEADS * HEAD_DIM + HEADS * 4 + 4)
+                                    + 4 * t * s_kv))
         if is_topk(case.params):
             return Cost(flops=0.0, bytes=float(4 * t * s_kv + 4 * t * out_width(s_kv, case["k"])))
         pairs = space.visible_pairs(case.params)
@@ -124,8 +149,9 @@ class IndexerFamily(Family):
 
 
 class IndexerCuteDSL(Impl):
-    """The logits kernel, or for a top-k case the top-k kernel (kernels/indexer/topk_glue.py), which
-    has no wgmma: it is taken on sm_100a too."""
+    """The logits kernel, for a decode case the paged decode kernel (kernels/indexer/decode_sm90.py),
+    for a top-k case the top-k kernel (kernels/indexer/topk_glue.py), which has no wgmma: it is taken
+    on sm_100a too."""
 
     family, name, backend = "indexer", "cutedsl", "cutedsl"
     archs = ("sm_90a",)
@@ -143,6 +169,8 @@ class IndexerCuteDSL(Impl):
     def compile_key(self, case: Case, arch: str) -> tuple:
         if is_topk(case.params):
             return (self.family, "topk", arch)
+        if is_decode(case.params):
+            return (self.family, "decode", arch, DecodeConfig())
         return (self.family, "cutedsl", arch, self.config(case))
 
     def compile(self, case: Case, arch: str):
@@ -150,12 +178,18 @@ class IndexerCuteDSL(Impl):
             return compile_topk(arch)
         if arch != "sm_90a":
             raise ValueError(SM90_ONLY)
+        if is_decode(case.params):
+            return compile_decode(DecodeConfig(), arch)
         return compile_logits(self.config(case), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         if is_topk(case.params):
             check_topk_args(inputs["logits"], case["k"], out["indices"])
             run_topk(compiled, inputs["logits"], out["indices"])
+            return out
+        if is_decode(case.params):
+            check_decode(**inputs, out=out["logits"])
+            run_decode(compiled, **inputs, out=out["logits"])
             return out
         check_operands(**inputs, out=out["logits"])
         run_logits(compiled, self.config(case), **inputs, out=out["logits"])

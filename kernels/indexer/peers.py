@@ -1,8 +1,10 @@
 """Peers of the indexer, each behind its own import: DeepGEMM's fp8_mqa_logits (the logits contract
-our kernel implements; it has no top-k) and torch (eager and compiled): for the logits the bf16
+our kernel implements; it has no top-k) and fp8_paged_mqa_logits (decode, on the same paged cache),
+and torch (eager and compiled): for the logits the bf16
 einsum + ReLU + weighted head sum on the dequantised operands, in row chunks (the [T, 64, S_kv]
 intermediate of one call would be 8.6 GB at S = 16384); for top-k `torch.topk` put in our layout
-(the production baseline: what a serving stack runs after the logits).
+(the production baseline: what a serving stack runs after the logits); for decode, per request:
+gather its pages, dequantise them to bf16, then the same bf16 chunk function (all in the timed call).
 
 The bf16 operands of the torch peer (the dequantised keys, q and w in bf16) are made once per input
 buffer, out of the timed call (a bf16 deployment would keep them so).
@@ -14,9 +16,10 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl, import_reason
-from kernels.common import Prepared
+from kernels.common import Prepared, sm_count
+from kernels.indexer.decode_glue import PAGE, request_keys
 from kernels.indexer.glue import HEADS, range_mask
-from sweeps.indexer import is_topk
+from sweeps.indexer import is_decode, is_topk
 
 TORCH_CHUNK_BYTES = 1 << 30  # the bf16 [rows, 64, S_kv] intermediate of one chunk
 
@@ -40,9 +43,23 @@ class DeepGemm(Impl):
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         import deep_gemm
 
+        if is_decode(case.params):
+            return {"logits": paged_logits(deep_gemm, **inputs, width=case["s_kv"])}
         logits = deep_gemm.fp8_mqa_logits(inputs["q"], (inputs["kv"], inputs["sc"]), inputs["w"],
                                           inputs["ks"], inputs["ke"])
         return {"logits": logits}
+
+
+_SCHEDULE = Prepared()
+
+
+def paged_logits(deep_gemm, q, kv_cache, w, lens, table, width: int) -> torch.Tensor:
+    """DeepGEMM `fp8_paged_mqa_logits(q [B, 1, 64, 128], kv_cache, w, lens, table, schedule, W,
+    clean_logits=True)` (-inf at s >= lens[b]) on our inputs as they are (the same cache tensor). Its
+    schedule (`get_paged_mqa_logits_metadata(lens, 64, SMs)`, which a serving stack makes once a
+    step for every layer) is made once per lens tensor, out of the timed call."""
+    sched = _SCHEDULE.get((lens,), lambda: deep_gemm.get_paged_mqa_logits_metadata(lens, PAGE, sm_count(q.device)))
+    return deep_gemm.fp8_paged_mqa_logits(q.unsqueeze(1), kv_cache, w, lens, table, sched, width, clean_logits=True)
 
 
 def bf16_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -64,10 +81,23 @@ def topk_by_index(logits: torch.Tensor, k: int) -> torch.Tensor:
 _BF16 = Prepared()
 
 
+def _torch_decode(fn, q, kv_cache, w, lens, table, width: int) -> torch.Tensor:
+    """Per request: its keys gathered from the pages and dequantised to bf16, then `fn` (bf16_logits)."""
+    out = torch.full((q.shape[0], width), float("-inf"), device=q.device)
+    for b, n in enumerate(lens.tolist()):
+        n = max(0, min(n, width, PAGE * table.shape[1]))
+        if n:
+            kv, sc = request_keys(kv_cache, table, b, n)
+            out[b, :n] = fn(q[b:b + 1].bfloat16(), (kv.float() * sc.unsqueeze(-1)).bfloat16(), w[b:b + 1].bfloat16())[0]
+    return out
+
+
 def _torch_call(fns: dict, case: Case, inputs: dict) -> dict:
     if is_topk(case.params):
         return {"indices": fns["topk"](inputs["logits"], case["k"])}
     fn = fns["logits"]
+    if is_decode(case.params):
+        return {"logits": _torch_decode(fn, **inputs, width=case["s_kv"])}
     q, kv, sc, w, ks, ke = (inputs[k] for k in ("q", "kv", "sc", "w", "ks", "ke"))
     qb, kb, wb = _BF16.get((q, kv, sc, w),
                            lambda: (q.bfloat16(), (kv.float() * sc.unsqueeze(-1)).bfloat16(), w.bfloat16()))

@@ -15,7 +15,7 @@ and the peers on the same inputs:
     pingpong-bq4  both
 
 Every variant computes the real answer (it must pass the oracle). They are ablations of the logits
-kernel: a top-k case is UNSUPPORTED for them.
+kernel: a top-k or decode case is UNSUPPORTED for them.
 Imported at the end of kernels/indexer/family.py; registers its impls itself (register_impl).
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dsv4bench.core.registry import register_impl
 from kernels.indexer.family import IndexerCuteDSL
 from kernels.knobs import ConfigKnobs
-from sweeps.indexer import is_topk
+from sweeps.indexer import is_decode, is_topk
 
 KNOBS: dict[str, dict] = {
     "bq1": {"bq": 1},
@@ -42,8 +42,8 @@ class IndexerKnob(ConfigKnobs, IndexerCuteDSL):
     """The shipped kernel with the rule's configuration overridden by `knobs`."""
 
     def supports(self, case, arch: str | None = None) -> str | None:
-        if is_topk(case.params):
-            return f"{self.name} is a configuration of the logits kernel; the top-k kernel has no variants"
+        if is_topk(case.params) or is_decode(case.params):
+            return f"{self.name} is a configuration of the prefill logits kernel; top-k and decode have no variants"
         return super().supports(case, arch)
 
 
