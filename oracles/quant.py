@@ -69,7 +69,7 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
 def e2m1_decode(code: torch.Tensor) -> torch.Tensor:
     """e2m1 codes 0..15 → fp32 values (§11.2 table [0,.5,1,1.5,2,3,4,6, −0,…,−6])."""
     code = code.to(torch.int64)
-    mag = torch.tensor(E2M1_GRID)[code & 7]
+    mag = torch.tensor(E2M1_GRID, device=code.device)[code & 7]
     return torch.where(code >= 8, -mag, mag)
 
 

@@ -1,0 +1,62 @@
+"""MoE combine in CuTeDSL: the routed experts' outputs, rows of a dispatch layout (bf16 [rows, D]), back
+to token order, plus the shared expert's output (spec §8.3):
+
+    y[t] = bf16( Σ_{j<k, pos[t,j] >= 0} rows[pos[t, j]] + shared[t] )     accumulated in fp32
+
+pos [T, k] is the dispatch's (kernels/moe/dispatch.py). There are no weights here: the route weight
+multiplies the SwiGLU output before w2 (§8.2; it matters for w2's FP8 activation quantisation), so
+the rows come weighted. Memory-bound: `threads_per_row` threads a token, each 16-byte vectors of 8
+bf16; the k row loads of a vector are issued before they are summed (the rows are scattered).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from kernels.moe.dispatch import GATHER_CTA, VEC, threads_per_row
+
+
+class CombineKernel:
+    """Compile-time: D, top-k. Runtime: tokens, layout rows."""
+
+    def __init__(self, d: int, topk: int):
+        if topk < 1:
+            raise ValueError(f"topk={topk} must be positive")
+        self.d, self.topk = d, topk
+        self.tpr = threads_per_row(d)
+        self.vecs = d // VEC // self.tpr
+        self.rows_per_cta = GATHER_CTA // self.tpr
+
+    @cute.jit
+    def __call__(self, mRows, mPos, mShared, mY, stream):
+        self.kernel(mRows, mPos, mShared, mY).launch(
+            grid=[cute.ceil_div(mY.shape[0], self.rows_per_cta), 1, 1], block=[GATHER_CTA, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mRows, mPos, mShared, mY):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % self.tpr
+        t = bidx * self.rows_per_cta + tidx // self.tpr
+        if t < mY.shape[0]:
+            pos = [mPos[t, j] for j in range(self.topk)]
+            r_tiles = cute.zipped_divide(mRows, (1, VEC))
+            s_tiles = cute.zipped_divide(mShared, (1, VEC))
+            y_tiles = cute.zipped_divide(mY, (1, VEC))
+            parts = cute.make_rmem_tensor((self.topk + 1, VEC), mRows.element_type)
+            out = cute.make_rmem_tensor((VEC,), mY.element_type)
+            for v in cutlass.range_constexpr(self.vecs):
+                vec = v * self.tpr + lane
+                parts.fill(0)
+                cute.autovec_copy(s_tiles[(0, None), (t, vec)], parts[self.topk, None])
+                for j in cutlass.range_constexpr(self.topk):
+                    if pos[j] >= 0:
+                        cute.autovec_copy(r_tiles[(0, None), (pos[j], vec)], parts[j, None])
+                acc = parts[0, None].load().to(Float32)
+                for j in cutlass.range_constexpr(1, self.topk + 1):
+                    acc = acc + parts[j, None].load().to(Float32)
+                out.store(acc.to(mY.element_type))
+                cute.autovec_copy(out, y_tiles[(0, None), (t, vec)])
+

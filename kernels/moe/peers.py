@@ -1,0 +1,184 @@
+"""Peers of the moe family, in the same process.
+
+layer:
+- `deepgemm`: DeepGEMM `m_grouped_fp8_gemm_nt_contiguous` (contiguous cases) / `_masked` (masked cases)
+  for w1|w3 (one GEMM, N = 2I: gate rows then up rows) and for w2, on the MXFP4 weights converted to
+  FP8 e4m3 with one ue8m0 scale per 128 x 128 block (`to_fp8_blocks`); torch does the dispatch
+  (oracles.moe.dispatch_layout + gather_quant), the clamped SwiGLU x route weight, the FP8
+  quantisation of h and the combine. The conversion: dequantise, block amax -> scale 2^ceil(log2(amax /
+  448)), RNE to e4m3. It is exact when, inside a 128 x 128 block, the MXFP4 scale exponents span <= 14
+  binades (a code c·2^s lands on c·2^(s - smax + 6) ≥ 2^-9 times the block scale: an e4m3
+  subnormal step or coarser); wider blocks lose their smallest values (`conversion_error` counts them;
+  the synthetic weights span 3 binades: exact, tests/moe/test_moe_cpu.py).
+- `torch_grouped_mm`: torch._grouped_mm (bf16, SM90+; in torch since 2.8, present in 2.11 and 2.13)
+  on the dequantised bf16 weights, the entries sorted by expert without padding (offs = cumsum counts).
+- `torch`: the eager per-expert loop, bf16 matmuls on the dequantised weights.
+  The converted / dequantised weights are made once per weight buffer (`Prepared`), outside the timed
+  call, as a deployment that keeps them would; activations are bf16 (no FP8 act quant).
+dispatch / combine: `torch`, the oracle's own torch composition on the device.
+No torch.compile peer: the layout's sort / bincount / data-dependent gathers break the graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import Impl, import_reason, register_impl
+from kernels.common import Prepared
+from kernels.moe.inputs import StackedExperts
+from oracles.linear import dequant
+from oracles.moe import combine, contiguous_rows, dispatch_layout, gather_quant, swiglu
+from oracles.quant import fp8_block_quant, ue8m0_scale
+
+BLOCK = 128
+LAYER_ONLY = "a peer of the whole layer (dispatch and combine alone: ours and torch)"
+
+
+def _experts(inputs: dict) -> StackedExperts:
+    from kernels.moe.family import experts_of  # the family imports this module
+
+    return experts_of(inputs)
+
+
+def dequant_stack(experts: StackedExperts, which: str) -> torch.Tensor:
+    """fp32 [E, N, K] of one weight (w1, w3 or w2) of every expert."""
+    return torch.stack([dequant(getattr(experts[e], which)) for e in range(len(experts))])
+
+
+def to_fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 [E, N, K] (N, K multiples of 128) -> (e4m3 [E, N, K], fp32 ue8m0 scales [E, N/128, K/128])."""
+    e, n, k = w.shape
+    blocks = w.view(e, n // BLOCK, BLOCK, k // BLOCK, BLOCK)
+    scale = ue8m0_scale(blocks.abs().amax((2, 4)).clamp(min=1e-4), 448.0)
+    codes = (blocks / scale[:, :, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return codes.view(e, n, k), scale
+
+
+def conversion_error(w: torch.Tensor) -> tuple[int, float]:
+    """(elements the 128 x 128 FP8 conversion changes, their max |change|) for fp32 weights [E, N, K]."""
+    codes, scale = to_fp8_blocks(w)
+    e, n, k = w.shape
+    back = (codes.float().view(e, n // BLOCK, BLOCK, k // BLOCK, BLOCK) * scale[:, :, None, :, None]).view(e, n, k)
+    diff = (back - w).abs()
+    return int((diff > 0).sum()), float(diff.max())
+
+
+_FP8, _BF16 = Prepared(), Prepared()
+
+
+def fp8_weights(inputs: dict):
+    """((w13 e4m3 [E, 2I, D], scales), (w2 e4m3 [E, D, I], scales)), made once per weight buffers."""
+    def make():
+        ex = _experts(inputs)
+        return (to_fp8_blocks(torch.cat([dequant_stack(ex, "w1"), dequant_stack(ex, "w3")], 1)),
+                to_fp8_blocks(dequant_stack(ex, "w2")))
+    return _FP8.get(tuple(inputs[n] for n in ("w1", "w3", "w2")), make)
+
+
+def bf16_weights(inputs: dict):
+    """(w13 bf16 [E, 2I, D], w2 bf16 [E, D, I]), made once per weight buffers."""
+    def make():
+        ex = _experts(inputs)
+        return (torch.cat([dequant_stack(ex, "w1"), dequant_stack(ex, "w3")], 1).bfloat16(),
+                dequant_stack(ex, "w2").bfloat16())
+    return _BF16.get(tuple(inputs[n] for n in ("w1", "w3", "w2")), make)
+
+
+def weighted_swiglu(gate_up: torch.Tensor, row_weight: torch.Tensor) -> torch.Tensor:
+    """fp32 route_weight · silu(min(g, 10)) · clamp(u, ±10) of [rows, 2I] (gate columns, then up)."""
+    g, u = gate_up.float().chunk(2, dim=-1)
+    return swiglu(g, u) * row_weight.unsqueeze(-1)
+
+
+class LayerPeer(Impl):
+    family, backend = "moe", "torch"
+    archs = ("any",)
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        return None if case["op"] == "layer" else LAYER_ONLY
+
+
+class DeepGemm(LayerPeer):
+    name = backend = "deepgemm"
+
+    def available(self) -> str | None:
+        return import_reason("deep_gemm")
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if case["d"] % BLOCK or case["i"] % BLOCK:
+            return f"D and I must be multiples of {BLOCK} (whole FP8 weight blocks)"
+        return super().supports(case, arch)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        import deep_gemm
+
+        from kernels.moe.family import case_max_m
+
+        x, e, i = inputs["x"], case["e"], case["i"]
+        (w13, s13), (w2, s2) = fp8_weights(inputs)
+        m = case_max_m(case)
+        tile = deep_gemm.get_mk_alignment_for_contiguous_layout()
+        rows = e * m if m is not None else contiguous_rows(x.shape[0], case["k"], e, tile)
+        lay = dispatch_layout(inputs["idx"], inputs["weights"], e, rows, m, tile)
+        codes, sa = gather_quant(x, lay["src"], 1 if m is None else e)
+        d1 = torch.empty(rows, 2 * i, dtype=torch.bfloat16, device=x.device)
+        d2 = torch.empty(rows, x.shape[1], dtype=torch.bfloat16, device=x.device)
+        if m is None:
+            deep_gemm.m_grouped_fp8_gemm_nt_contiguous((codes.view(torch.float8_e4m3fn), sa.t()), (w13, s13), d1,
+                                                       lay["expert"])
+            h8, sh = fp8_block_quant(weighted_swiglu(d1, lay["row_weight"]), BLOCK)
+            deep_gemm.m_grouped_fp8_gemm_nt_contiguous((h8, sh), (w2, s2), d2, lay["expert"])
+        else:
+            expected = max(1, x.shape[0] * case["k"] // e)
+            a = (codes.view(torch.float8_e4m3fn).view(e, m, -1), sa.transpose(1, 2))
+            deep_gemm.m_grouped_fp8_gemm_nt_masked(a, (w13, s13), d1.view(e, m, -1), lay["counts"], expected)
+            h8, sh = fp8_block_quant(weighted_swiglu(d1, lay["row_weight"]), BLOCK)
+            deep_gemm.m_grouped_fp8_gemm_nt_masked((h8.view(e, m, -1), sh.view(e, m, -1)), (w2, s2),
+                                                   d2.view(e, m, -1), lay["counts"], expected)
+        return {"out": combine(d2, lay["pos"], inputs["shared"]).bfloat16()}
+
+
+class TorchGroupedMM(LayerPeer):
+    name = "torch_grouped_mm"
+
+    def available(self) -> str | None:
+        return None if hasattr(torch, "_grouped_mm") else f"torch {torch.__version__} has no torch._grouped_mm"
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        x, e = inputs["x"], case["e"]
+        w13, w2 = bf16_weights(inputs)
+        n = inputs["idx"].numel()
+        lay = dispatch_layout(inputs["idx"], inputs["weights"], e, n, None, 1)  # sorted, no padding
+        offs = torch.cumsum(lay["counts"], 0, dtype=torch.int32)
+        gate_up = torch._grouped_mm(x[lay["src"].long()], w13.transpose(1, 2), offs=offs)
+        h = weighted_swiglu(gate_up, lay["row_weight"]).bfloat16()
+        rows = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
+        return {"out": combine(rows, lay["pos"], inputs["shared"]).bfloat16()}
+
+
+class TorchEager(Impl):
+    """Every op: the layer as an eager per-expert loop (bf16 matmuls); dispatch / combine as the oracle's
+    torch composition."""
+
+    family, name, backend = "moe", "torch", "torch"
+    archs = ("any",)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        from kernels.moe.family import FAMILY
+
+        if case["op"] != "layer":
+            return FAMILY.lowprec(case, inputs)
+        x, idx = inputs["x"], inputs["idx"]
+        w13, w2 = bf16_weights(inputs)
+        y = inputs["shared"].float()
+        for e in idx.unique().tolist():
+            tok, slot = torch.where(idx == e)
+            h = weighted_swiglu(x[tok] @ w13[e].t(), inputs["weights"][tok, slot]).bfloat16()
+            y.index_add_(0, tok, (h @ w2[e].t()).float())
+        return {"out": y.bfloat16()}
+
+
+def register() -> None:
+    for impl in (DeepGemm(), TorchGroupedMM(), TorchEager()):
+        register_impl(impl)
