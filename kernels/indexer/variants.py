@@ -43,7 +43,7 @@ class IndexerKnob(ConfigKnobs, IndexerCuteDSL):
 
     def supports(self, case, arch: str | None = None) -> str | None:
         if is_topk(case.params) or is_decode(case.params):
-            return f"{self.name} is a configuration of the prefill logits kernel; top-k and decode have no variants"
+            return f"{self.name} is a configuration of the logits kernel (prefill); top-k and decode have no variants"
         return super().supports(case, arch)
 
 

@@ -42,12 +42,14 @@ def topk_case(*args, **kwargs) -> Case:
 # ---------------- cases ----------------
 
 def test_the_logits_cases_keep_their_ids():
-    grid = [c.id for c in FAMILY.cases(SweepOptions(examples=0)) if not space.is_topk(c.params)]
+    grid = [c.id for c in FAMILY.cases(SweepOptions(examples=0))
+            if not space.is_topk(c.params) and not space.is_decode(c.params)]
     assert grid == COMMITTED_GRID
     cases, _ = cases_under_filters(FAMILY, SweepOptions(examples=6, seed=0, filters={"op": ["logits"]}))
     drawn = [c.id for c in cases if c.origin == "hypothesis"]
     assert drawn == COMMITTED_DRAWS
-    assert [p for p in space.extra(6, 0) if not space.is_topk(p)] == draw(space.extra_strategy(), 6, 0)
+    assert [p for p in space.extra(6, 0) if "op" not in p] == draw(space.extra_strategy(), 6, 0)
+    assert [p for p in space.extra(6, 0) if space.is_topk(p)] == draw(space.topk_strategy(), 6, 0)
 
 
 def test_production_topk_grid():
@@ -62,11 +64,11 @@ def test_production_topk_grid():
     assert max(FAMILY.cost(c).bytes for c in grid) <= 16384 * 4096 * 4 + 16384 * 1024 * 4  # 320 MiB
 
 
-def test_extra_draws_both_ops_interleaved_and_the_sweep_keeps_n():
+def test_extra_draws_every_op_interleaved_and_the_sweep_keeps_n():
     drawn = space.extra(8, 0)
-    assert [space.is_topk(p) for p in drawn] == [False, True] * 8
-    cases, _ = cases_under_filters(FAMILY, SweepOptions(examples=8, seed=0, grid=False))
-    assert len(cases) == 8 and sum(space.is_topk(c.params) for c in cases) == 4
+    assert [p.get("op", "logits") for p in drawn] == ["logits", "topk", "decode"] * 8
+    cases, _ = cases_under_filters(FAMILY, SweepOptions(examples=9, seed=0, grid=False))
+    assert len(cases) == 9 and sum(space.is_topk(c.params) for c in cases) == 3
     topk, _ = cases_under_filters(FAMILY, SweepOptions(examples=8, seed=0, grid=False, filters=TOPK))
     assert len(topk) == 8 and all(space.is_topk(c.params) for c in topk)
 
