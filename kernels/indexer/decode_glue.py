@@ -95,6 +95,7 @@ def check_decode(q, kv_cache, w, lens, table, out) -> tuple[int, int]:
     need(n_req < 65536, "out", f"has {n_req} rows; the grid takes at most 65535 requests")
     need(tuple(q.shape) == (n_req, HEADS, HEAD_DIM) and q.is_contiguous(), "q",
          f"must be contiguous [B={n_req}, {HEADS}, {HEAD_DIM}], got {tuple(q.shape)} strides {tuple(q.stride())}")
+    need(q.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0, "q", "and w must be 16-byte aligned (TMA)")
     need(tuple(kv_cache.shape[1:]) == (PAGE, 1, HEAD_DIM + 4), "kv_cache",
          f"must be [pages, {PAGE}, 1, {HEAD_DIM + 4}] (DeepGEMM's fused FP8 pages), got {tuple(kv_cache.shape)}")
     need(kv_cache.stride(1) == HEAD_DIM + 4 and kv_cache.stride(3) == 1 and kv_cache.stride(0) % 16 == 0

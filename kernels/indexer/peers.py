@@ -16,7 +16,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl, import_reason
-from kernels.common import Prepared, sm_count
+from kernels.common import Prepared
 from kernels.indexer.decode_glue import PAGE, request_keys
 from kernels.indexer.glue import HEADS, range_mask
 from sweeps.indexer import is_decode, is_topk
@@ -54,12 +54,18 @@ _SCHEDULE = Prepared()
 
 
 def paged_logits(deep_gemm, q, kv_cache, w, lens, table, width: int) -> torch.Tensor:
-    """DeepGEMM `fp8_paged_mqa_logits(q [B, 1, 64, 128], kv_cache, w, lens, table, schedule, W,
-    clean_logits=True)` (-inf at s >= lens[b]) on our inputs as they are (the same cache tensor). Its
-    schedule (`get_paged_mqa_logits_metadata(lens, 64, SMs)`, which a serving stack makes once a
-    step for every layer) is made once per lens tensor, out of the timed call."""
-    sched = _SCHEDULE.get((lens,), lambda: deep_gemm.get_paged_mqa_logits_metadata(lens, PAGE, sm_count(q.device)))
-    return deep_gemm.fp8_paged_mqa_logits(q.unsqueeze(1), kv_cache, w, lens, table, sched, width, clean_logits=True)
+    """DeepGEMM `fp8_paged_mqa_logits(q [B, 1, 64, 128], kv_cache, w, lens [B, 1], table, schedule, W)`
+    on our inputs as they are (the same cache tensor). Its paged kernel takes only 2-D context lengths
+    and no cleaning (`clean_logits` must be False: entries past a length are left unwritten), so the
+    -inf past each length is one masked_fill in the call. Its schedule
+    (`get_paged_mqa_logits_metadata(lens, 64, SMs)`, which a serving stack makes once a step for
+    every layer) is made once per lens tensor, out of the timed call."""
+    lens2 = lens.view(-1, 1)
+    sched = _SCHEDULE.get((lens,), lambda: deep_gemm.get_paged_mqa_logits_metadata(lens2, PAGE,
+                                                                                    deep_gemm.get_num_sms()))
+    logits = deep_gemm.fp8_paged_mqa_logits(q.unsqueeze(1), kv_cache, w, lens2, table, sched, width, False)
+    past = torch.arange(width, device=q.device) >= lens2
+    return logits.masked_fill_(past, float("-inf"))
 
 
 def bf16_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

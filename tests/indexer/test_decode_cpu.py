@@ -182,6 +182,7 @@ def _ok():
     (lambda a: a.update(kv_cache=a["kv_cache"].view(torch.int8)), "kv_cache must be torch.uint8"),
     (lambda a: a.update(kv_cache=a["kv_cache"].view(-1, PAGE, 132)), "kv_cache must be 4-D"),
     (lambda a: a.update(w=a["w"].double()), "w must be torch.float32"),
+    (lambda a: a.update(w=torch.empty(2 * 64 + 1)[1:].view(2, 64)), "q and w must be 16-byte aligned"),
     (lambda a: a.update(lens=a["lens"].long()), "lens must be torch.int32"),
     (lambda a: a.update(lens=a["lens"][:1]), "lens must be contiguous \\[2\\]"),
     (lambda a: a.update(table=a["table"].t()), "table must be \\[2, max_blocks\\]"),
