@@ -60,11 +60,12 @@ def decode_key_indices(t: int, ratio: int, selected: torch.Tensor | None = None,
     Window ring slots of positions max(0, t−window+1)..t, then window + s for the compressed entries
     (HCA: s < ⌊(t+1)/m⌋; CSA: `selected` [k] local entry ids, −1 = none; SWA: none).
     """
-    positions = torch.arange(t - window + 1, t + 1)
+    device = None if selected is None else selected.device
+    positions = torch.arange(t - window + 1, t + 1, device=device)
     win = torch.where(positions >= 0, positions % window, torch.full_like(positions, -1))
     if ratio == 0:
         return win
-    entries = torch.arange(visible_entries(t, ratio)) if selected is None else selected.long()
+    entries = torch.arange(visible_entries(t, ratio), device=device) if selected is None else selected.long()
     return torch.cat((win, torch.where(entries >= 0, entries + window, torch.full_like(entries, -1))))
 
 

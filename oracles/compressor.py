@@ -77,7 +77,7 @@ def block_candidates(kv: torch.Tensor, score: torch.Tensor, m: int):
 
 def compress_prefill(x: torch.Tensor, wkv: torch.Tensor, wgate: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
     """Raw (pre-norm) compressed entries of a prefill from position 0: x [B, S, D] → fp32 [B, ⌊S/m⌋, d]."""
-    positions = torch.arange(x.shape[1])
+    positions = torch.arange(x.shape[1], device=x.device)
     kv, score = compressor_project(x, wkv, wgate, ape, positions)
     return pool(*block_candidates(kv, score, ape.shape[0]))
 
@@ -114,12 +114,12 @@ class CompressorState:
     slots [0, m) and the current one in [m, 2m); HCA uses slots [0, m).
     """
 
-    def __init__(self, batch: int, m: int, width: int):
+    def __init__(self, batch: int, m: int, width: int, device=None):
         """width = coff·d, the projection width (wkv.shape[0])."""
         self.m = m
         coff = 2 if overlaps(m) else 1
-        self.kv = torch.zeros(batch, coff * m, width)
-        self.score = torch.full((batch, coff * m, width), float("-inf"))
+        self.kv = torch.zeros(batch, coff * m, width, device=device)
+        self.score = torch.full((batch, coff * m, width), float("-inf"), device=device)
 
     @classmethod
     def after_prefill(cls, kv: torch.Tensor, score: torch.Tensor, m: int) -> "CompressorState":
@@ -127,7 +127,7 @@ class CompressorState:
 
         kv, score: the prefill's projections [B, S, coff·d] (score including ape).
         """
-        state = cls(kv.shape[0], m, kv.shape[-1])
+        state = cls(kv.shape[0], m, kv.shape[-1], kv.device)
         seqlen = kv.shape[1]
         cutoff = seqlen - seqlen % m
         offset = m if overlaps(m) else 0

@@ -9,14 +9,14 @@ from __future__ import annotations
 import torch
 
 
-def hadamard_matrix(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def hadamard_matrix(n: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
     """Unnormalised Sylvester Hadamard matrix [n, n] (entries ±1), n a power of two.
 
     H[i, j] = (−1)^popcount(i & j), i.e. H_{2n} = [[H_n, H_n], [H_n, −H_n]].
     """
     if n < 1 or n & (n - 1):
         raise ValueError(f"Hadamard size {n} is not a power of two")
-    h = torch.ones(1, 1, dtype=dtype)
+    h = torch.ones(1, 1, dtype=dtype, device=device)
     while h.shape[0] < n:
         h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
     return h
@@ -25,7 +25,7 @@ def hadamard_matrix(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 def hadamard_rotate(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Oracle of `rotate_activation` (§2.5): x [..., n] → x @ H_n · n^-0.5 in `dtype` (fp32 or fp64)."""
     n = x.shape[-1]
-    return (x.to(dtype) @ hadamard_matrix(n, dtype)) * n**-0.5
+    return (x.to(dtype) @ hadamard_matrix(n, dtype, x.device)) * n**-0.5
 
 
 def hadamard_rotate_lowprec(x: torch.Tensor) -> torch.Tensor:

@@ -57,9 +57,9 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     Ties go to the even code: the code index rises at a midpoint only when the code below it is odd.
     """
     mag = x.float().abs().clamp(max=FP4_E2M1_MAX)
-    grid = torch.tensor(E2M1_GRID)
+    grid = torch.tensor(E2M1_GRID, device=x.device)
     midpoints = (grid[:-1] + grid[1:]) / 2
-    lower_is_odd = torch.arange(len(midpoints)) % 2 == 1
+    lower_is_odd = torch.arange(len(midpoints), device=x.device) % 2 == 1
     above = torch.where(lower_is_odd, mag.unsqueeze(-1) >= midpoints, mag.unsqueeze(-1) > midpoints)
     index = above.sum(-1).to(torch.uint8)
     sign = (x.float() < 0) & (index > 0)  # −0 is encoded as +0
