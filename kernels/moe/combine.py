@@ -15,19 +15,17 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from kernels.moe.dispatch import GATHER_CTA, VEC, threads_per_row
+from kernels.moe.dispatch import GATHER_CTA, VEC, RowKernel
 
 
-class CombineKernel:
+class CombineKernel(RowKernel):
     """Compile-time: D, top-k. Runtime: tokens, layout rows."""
 
     def __init__(self, d: int, topk: int):
         if topk < 1:
             raise ValueError(f"topk={topk} must be positive")
-        self.d, self.topk = d, topk
-        self.tpr = threads_per_row(d)
-        self.vecs = d // VEC // self.tpr
-        self.rows_per_cta = GATHER_CTA // self.tpr
+        super().__init__(d)
+        self.topk = topk
 
     @cute.jit
     def __call__(self, mRows, mPos, mShared, mY, stream):
@@ -36,10 +34,7 @@ class CombineKernel:
 
     @cute.kernel
     def kernel(self, mRows, mPos, mShared, mY):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        lane = tidx % self.tpr
-        t = bidx * self.rows_per_cta + tidx // self.tpr
+        t, lane = self.row_and_lane()
         if t < mY.shape[0]:
             pos = [mPos[t, j] for j in range(self.topk)]
             r_tiles = cute.zipped_divide(mRows, (1, VEC))

@@ -28,7 +28,7 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8
-from cutlass.utils import SmemAllocator
+from cutlass import memory
 
 from kernels.bits import bits_f32
 from kernels.indexer.topk_select import THREADS, WARPS, TopkBlocks
@@ -71,7 +71,7 @@ class LayoutKernel(TopkBlocks):
         tidx, _, _ = cute.arch.thread_idx()
         e, _, _ = cute.arch.block_idx()
         n_e = self.n_experts
-        smem = SmemAllocator()
+        smem = memory.SmemAllocator()
         hist = smem.allocate_tensor(Int32, cute.make_layout((n_e,)), byte_alignment=16)
         s_w = smem.allocate_tensor(Int32, cute.make_layout((WARPS,)), byte_alignment=16)
         n, rows = mIdx.shape[0], mSrc.shape[0]
@@ -143,21 +143,26 @@ class LayoutKernel(TopkBlocks):
         mRowW[row] = Float32(0.0)
 
 
-class GatherQuantKernel:
-    """Compile-time: D. Runtime: tokens, layout rows, scale groups."""
+class RowKernel:
+    """A row of D bf16 per `threads_per_row` threads, each `vecs` 16-byte vectors; GATHER_CTA threads a CTA."""
 
     def __init__(self, d: int):
-        self.d = d
-        self.tpr = threads_per_row(d)
+        self.d, self.tpr = d, threads_per_row(d)
         self.vecs = d // VEC // self.tpr
         self.rows_per_cta = GATHER_CTA // self.tpr
 
-    @cute.kernel
-    def kernel(self, mX, mSrc, mCodes, mScales):
+    def row_and_lane(self):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        lane = tidx % self.tpr
-        row = bidx * self.rows_per_cta + tidx // self.tpr
+        return bidx * self.rows_per_cta + tidx // self.tpr, tidx % self.tpr
+
+
+class GatherQuantKernel(RowKernel):
+    """Compile-time: D. Runtime: tokens, layout rows, scale groups."""
+
+    @cute.kernel
+    def kernel(self, mX, mSrc, mCodes, mScales):
+        row, lane = self.row_and_lane()
         rows = mSrc.shape[0]
         per_group = rows // mScales.shape[0]
         t = Int32(-1)

@@ -83,7 +83,7 @@ class MoeFamily(Family):
             experts = make_experts(case["e"], d, case["i"], dev_gen, device)
             return {"x": (torch.randn(t, d, generator=gen) * 2).bfloat16().to(device), "idx": idx.to(device),
                     "weights": w.to(device), "shared": torch.randn(t, d, generator=gen).bfloat16().to(device),
-                    **dict(zip(WEIGHT_NAMES, experts))}
+                    **{n: getattr(experts, n) for n in WEIGHT_NAMES}}
         if case["op"] == "dispatch":  # rows of magnitudes 2^-8 .. 2^8, one below the FP8 amax floor
             x = torch.randn(t, d, generator=gen) * torch.exp2(torch.empty(t, 1).uniform_(-8, 8, generator=gen))
             x[0] *= 1e-7

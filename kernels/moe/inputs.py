@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
@@ -18,7 +18,7 @@ from oracles.linear import QuantWeight
 from oracles.moe import ExpertWeights, TILE_M, contiguous_rows
 
 ZIPF_EXPONENT = 1.2
-SPARSE_FRACTION = 8  # the sparse load uses the first E/8 experts (at least one)
+SPARSE_FRACTION = 8  # the sparse load uses the first E/8 experts (at least k: distinct per token)
 MASKED_ALIGN = 16  # max_m of a masked case: the largest count rounded up to this
 FP4_BLOCK = 32
 WEIGHT_EXP = -8  # MXFP4 scale exponents around 2^-8 (dequantised weights of rms ~0.01-0.02, like
@@ -56,7 +56,7 @@ def _routing_of(case_id: str, params: tuple) -> tuple[torch.Tensor, torch.Tensor
         rest = _distinct(torch.arange(e) > 0, t, k - 1, gen) if e > 1 else torch.zeros(t, k - 1, dtype=torch.long)
         idx = torch.cat([torch.zeros(t, 1, dtype=torch.long), rest], 1)
     elif load == "sparse":
-        idx = _distinct(torch.arange(e) < max(1, e // SPARSE_FRACTION), t, k, gen)
+        idx = _distinct(torch.arange(e) < max(k, e // SPARSE_FRACTION), t, k, gen)
     elif load == "hash":
         idx = torch.randint(0, e, (t, k), generator=gen)
     else:
@@ -89,9 +89,11 @@ def layout_rows(case: Case) -> int:
     return contiguous_rows(case["t"], case["k"], case["e"], TILE_M)
 
 
-class StackedExperts(NamedTuple):
+@dataclass(frozen=True)
+class StackedExperts:
     """The routed experts of a layer, each weight stacked over experts as the checkpoint stores one
-    expert's: w1 / w3 int8 [E, I, D/2] (+ e8m0 scales [E, I, D/32]), w2 int8 [E, D, I/2] (+ [E, D, I/32])."""
+    expert's: w1 / w3 int8 [E, I, D/2] (+ e8m0 scales [E, I, D/32]), w2 int8 [E, D, I/2] (+ [E, D, I/32]).
+    `experts[e]` is expert e as the oracle takes it (oracles.moe.ExpertWeights of QuantWeights)."""
 
     w1: torch.Tensor
     s1: torch.Tensor
@@ -100,13 +102,11 @@ class StackedExperts(NamedTuple):
     w2: torch.Tensor
     s2: torch.Tensor
 
-    def __getitem__(self, e):
-        if isinstance(e, int):  # the oracle's view: expert e as oracles.moe.ExpertWeights
-            return ExpertWeights(QuantWeight(self.w1[e], self.s1[e]), QuantWeight(self.w2[e], self.s2[e]),
-                                 QuantWeight(self.w3[e], self.s3[e]))
-        return tuple.__getitem__(self, e)
+    def __getitem__(self, e: int) -> ExpertWeights:
+        return ExpertWeights(QuantWeight(self.w1[e], self.s1[e]), QuantWeight(self.w2[e], self.s2[e]),
+                             QuantWeight(self.w3[e], self.s3[e]))
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.w1.shape[0]
 
 

@@ -1,0 +1,80 @@
+"""The moe family on a GPU (marked `gpu`: skipped without CUDA). Every case goes through the one
+evaluation path (`gpu_check`): poisoned outputs, canaries, inputs unchanged, the tolerance rule.
+
+- dispatch and combine (ours) on every production case and hypothesis draws (every load, both layouts);
+- dispatch's edge cases: an expert with no tokens, a token routed twice to one expert, ids outside
+  [0, E), a masked count past max_m (ValueError from the op), and its output feeding combine;
+- the layer's peers (DeepGEMM grouped FP8, torch._grouped_mm, the eager loop) on decode and prefill.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import SweepOptions, get_family, get_impl
+from kernels.moe.glue import combine, dispatch
+from oracles.moe import contiguous_rows, dispatch_layout, gather_quant
+from oracles.quant import fp8_qdq
+from sweeps import moe as space
+
+pytestmark = pytest.mark.gpu
+
+FAMILY = get_family("moe")
+OURS = [c for c in FAMILY.cases(SweepOptions(examples=30, seed=11)) if c["op"] != "layer"]
+LAYER = [Case("moe", space.case("layer", model, t, load)) for model in space.MODELS
+         for t, load in ((1, "uniform"), (64, "hot"), (256, "uniform"), (4096, "zipf"))]
+LAYER += [c for c in FAMILY.cases(SweepOptions(examples=30, seed=11, grid=False)) if c["op"] == "layer"][:6]
+
+
+@pytest.mark.parametrize("case", OURS, ids=[c.id for c in OURS])
+def test_ours_matches_the_reference(case, gpu_check):
+    gpu_check(case)
+
+
+@pytest.mark.parametrize("impl", ["torch", "torch_grouped_mm", "deepgemm"])
+@pytest.mark.parametrize("case", LAYER, ids=[c.id for c in LAYER])
+def test_layer_peers_pass_the_rule(case, impl, gpu_check):
+    peer = get_impl("moe", impl)
+    if peer.available() or peer.supports(case, None):
+        pytest.skip(peer.available() or peer.supports(case, None))
+    gpu_check(case, peer)
+
+
+@pytest.mark.parametrize("max_m", [None, 8])
+def test_dispatch_edge_routings(max_m):
+    """Expert 3 gets nothing, token 0 hits expert 1 twice, id 9 and -1 are not routed (E = 8)."""
+    idx = torch.tensor([[1, 1, 0, 2, 4, 5], [0, 2, 9, 4, 5, 6], [7, 6, 5, -1, 2, 0]], dtype=torch.int32, device="cuda")
+    w = torch.rand(3, 6, device="cuda")
+    x = torch.randn(3, 256, device="cuda").bfloat16()
+    out = dispatch(x, idx, w, 8, max_m)
+    rows = 8 * max_m if max_m else contiguous_rows(3, 6, 8)
+    want = dispatch_layout(idx, w, 8, rows, max_m)
+    codes, scales = gather_quant(x, want["src"], 8 if max_m else 1)
+    for name, ref in {**want, "codes": codes, "scales": scales}.items():
+        assert torch.equal(out[name], ref), name
+    assert out["counts"][3] == 0 and (out["pos"][0, :2] >= 0).all() and out["pos"][1, 2] == -1
+
+
+def test_masked_dispatch_refuses_counts_past_max_m():
+    idx = torch.zeros(20, 6, dtype=torch.int32, device="cuda")
+    idx[:, 1:] = torch.arange(1, 6, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="max_m=16 is too small"):
+        dispatch(torch.randn(20, 128, device="cuda").bfloat16(), idx, torch.rand(20, 6, device="cuda"), 8, 16)
+
+
+@pytest.mark.parametrize("t, e, max_m", [(1, 64, None), (300, 16, None), (64, 64, 16), (7, 3, 48)])
+def test_dispatch_then_combine_round_trip(t, e, max_m):
+    """combine(dequantised dispatch rows) = Σ_k qdq(x)[t] + shared: the two ops agree on the layout."""
+    gen = torch.Generator().manual_seed(t)
+    x = (torch.randn(t, 512, generator=gen) * 3).bfloat16().cuda()
+    idx = torch.stack([torch.randperm(e, generator=gen)[:6] if e >= 6 else torch.randint(0, e, (6,), generator=gen)
+                       for _ in range(t)]).int().cuda()
+    out = dispatch(x, idx, torch.rand(t, 6, device="cuda"), e, max_m)
+    scales = out["scales"] if max_m is None else out["scales"].transpose(1, 2).reshape(-1, 4).t()
+    rows = (out["codes"].view(torch.float8_e4m3fn).float().view(-1, 4, 128) * scales.t().unsqueeze(-1)).view(-1, 512)
+    shared = torch.randn(t, 512, device="cuda").bfloat16()
+    y = combine(rows.bfloat16(), out["pos"], shared)
+    want = (6 * fp8_qdq(x, 128) + shared.float()).bfloat16()
+    assert (y.float() - want.float()).abs().max() <= 6 * 2.0**-7 * want.float().abs().max()
