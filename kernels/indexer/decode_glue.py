@@ -18,7 +18,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from kernels.common import compile_kernel, sm_count
 from kernels.indexer.config import choose_parts
 from kernels.indexer.decode_sm90 import PAGE, PAGE_BYTES, DecodeConfig, IndexerDecodeSm90
-from kernels.indexer.logits_sm90 import HEAD_DIM, HEADS
+from kernels.indexer.logits_config import HEAD_DIM, HEADS
 
 CODE_BYTES = PAGE * HEAD_DIM  # the codes of a page; its scales follow
 KEY_CHUNK = 1 << 19  # keys quantised at a time when making a cache (256 MB of fp32)

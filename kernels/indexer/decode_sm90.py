@@ -39,10 +39,10 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_wait
 
-from kernels.indexer.logits_sm90 import HEAD_DIM, IndexerLogitsSm90, LogitsConfig
+from kernels.indexer.logits_config import HEAD_DIM, LogitsConfig
+from kernels.indexer.logits_sm90 import IndexerLogitsSm90
 
 PAGE = 64  # keys per page (DeepGEMM's SM90 block_kv)
 PAGE_BYTES = PAGE * (HEAD_DIM + 4)  # 64 keys x (128 codes + one fp32 scale)
@@ -113,13 +113,7 @@ class IndexerDecodeSm90(IndexerLogitsSm90):
         tidx, _, _ = cute.arch.thread_idx()
         part, b, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-        mma_acc.set(warpgroup.Field.ACCUMULATE, True)
-        if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_k)
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_sc)
-            cpasync.prefetch_descriptor(tma_w)
+        self._prologue(warp_idx, tiled_mma, mma_acc, (tma_k, tma_q, tma_sc, tma_w))
         kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg = self._smem(
             Storage, sK_layout, sQ_layout, sSc_layout, sW_layout, (tma_k, gK_t), (tma_q, gQ_t), (tma_sc, gSc_t),
             (tma_w, gW_t))

@@ -43,8 +43,6 @@ K = 128 is one wgmma K block: no promotion; the wgmma accumulates in fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -54,87 +52,12 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
+from kernels.indexer.logits_config import HEAD_DIM, HEADS, SMEM_BYTES, LogitsConfig
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import tma_ring
 
-HEADS = 64  # indexer heads (Flash and Pro)
-HEAD_DIM = 128  # indexer head dim: one wgmma K block
-SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
-MAX_STAGES = 8
 FILL_THREADS = 96  # warps 1-3 of the producer warpgroup
 BAR_TURN0 = 1  # ping-pong: named barrier BAR_TURN0 + w opens consumer warpgroup w's turn (1, 2)
-
-
-@dataclass(frozen=True)
-class LogitsConfig:
-    """Compile-time configuration (kernels/indexer/config.py picks one per problem)."""
-
-    bq: int = 2  # query tokens per block: wgmma N = 64 * bq (1, 2 or 4)
-    n_wg: int = 2  # consumer warpgroups, 64 keys each: key tile bk = 64 * n_wg (1 or 2)
-    stages: int = 0  # KV ring depth; 0 = as many as fit (at most MAX_STAGES)
-    q_stages: int = 2  # Q ring depth (the next block's queries load during this block)
-    # ping-pong: 64-key stages owned alternately by the two consumer warpgroups, which take turns
-    # (named barriers) to issue their wgmmas, so one's epilogue runs under the other's wgmmas
-    pingpong: bool = False
-
-    def __post_init__(self) -> None:
-        if self.bq not in (1, 2, 4):
-            raise ValueError(f"bq must be 1, 2 or 4, got {self.bq}")
-        if self.n_wg not in (1, 2):
-            raise ValueError(f"n_wg must be 1 or 2, got {self.n_wg}")
-        if self.q_stages < 1:
-            raise ValueError("q_stages must be >= 1")
-        if self.pingpong and self.n_wg != 2:
-            raise ValueError("pingpong takes two consumer warpgroups (n_wg = 2)")
-        if self.stages and self.kv_stage_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
-            raise ValueError(f"{self.stages} KV stages of {self.kv_stage_bytes} B do not fit shared memory")
-        if self.n_stages < 2:
-            raise ValueError(f"bq {self.bq} x n_wg {self.n_wg} leaves room for {self.n_stages} KV stage(s)")
-
-    @property
-    def bk(self) -> int:
-        """Keys per tile (per KV stage): 64 per consumer warpgroup, or 64 in ping-pong."""
-        return 64 if self.pingpong else 64 * self.n_wg
-
-    @property
-    def mma_wg(self) -> int:
-        """Warpgroups sharing one tile (the MMA's atom layout along M)."""
-        return 1 if self.pingpong else self.n_wg
-
-    @property
-    def n(self) -> int:
-        """wgmma N: the block's (token, head) rows of q."""
-        return HEADS * self.bq
-
-    @property
-    def threads(self) -> int:
-        return 128 * (1 + self.n_wg)
-
-    @property
-    def q_stage_bytes(self) -> int:
-        """TMA bytes per Q stage: the queries and the weights of bq tokens."""
-        return self.n * HEAD_DIM + self.bq * HEADS * 4
-
-    @property
-    def kv_stage_bytes(self) -> int:
-        """TMA bytes per KV stage: bk keys and their fp32 scales."""
-        return self.bk * HEAD_DIM + self.bk * 4
-
-    @property
-    def fixed_bytes(self) -> int:
-        return self.q_stages * self.q_stage_bytes + 2048  # + barriers and alignment
-
-    @property
-    def n_stages(self) -> int:
-        if self.stages:
-            return self.stages
-        cap = 2 * MAX_STAGES if self.pingpong else MAX_STAGES  # half-size stages
-        return min(cap, (SMEM_BYTES - self.fixed_bytes) // self.kv_stage_bytes)
-
-    @property
-    def reg_split(self) -> tuple[int, int]:
-        """setmaxnreg (producer warpgroup, consumers)."""
-        return (40, 232) if self.n_wg == 2 else (40, 256)
 
 
 class IndexerLogitsSm90:
@@ -218,6 +141,16 @@ class IndexerLogitsSm90:
 
         return (tma_k, gK_t, tma_q, gQ_t, tma_sc, gSc_t, tma_w, gW_t,
                 tiled_mma, mma_acc, sK_layout, sQ_layout, sSc_layout, sW_layout, Storage)
+
+    @cute.jit
+    def _prologue(self, warp_idx, tiled_mma, mma_acc, atoms):
+        """Kernel entry (shared with the decode kernel): the two MMAs' accumulate flags, and warp 0
+        prefetches the TMA descriptors."""
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+        if warp_idx == 0:
+            for i in cutlass.range_constexpr(len(atoms)):
+                cpasync.prefetch_descriptor(atoms[i])
 
     def _smem(self, Storage, sK_layout, sQ_layout, sSc_layout, sW_layout, k, q, sc, w):
         """Kernel-entry setup shared with the decode kernel: the shared storage, the KV and Q rings
@@ -313,14 +246,7 @@ class IndexerLogitsSm90:
         gdim, _, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-        mma_acc.set(warpgroup.Field.ACCUMULATE, True)
-
-        if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_k)
-            cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_sc)
-            cpasync.prefetch_descriptor(tma_w)
+        self._prologue(warp_idx, tiled_mma, mma_acc, (tma_k, tma_q, tma_sc, tma_w))
 
         kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg = self._smem(
             Storage, sK_layout, sQ_layout, sSc_layout, sW_layout, (tma_k, gK_t), (tma_q, gQ_t), (tma_sc, gSc_t),

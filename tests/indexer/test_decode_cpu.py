@@ -10,15 +10,14 @@ import pytest
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.compare import compare_outputs
-from dsv4bench.core.evaluate import CaseData
-from dsv4bench.core.registry import SweepOptions, get_family, get_impl
+from dsv4bench.core.registry import SweepOptions, get_family
 from kernels.indexer.config import choose_parts
 from kernels.indexer.decode_glue import (PAGE, cache_views, check_decode, compile_decode, decode_reference,
                                          make_decode_inputs, make_table, pack_pages, request_keys)
 from kernels.indexer.decode_sm90 import PAGE_BYTES, DecodeConfig
 from oracles.indexer import indexer_scores
 from sweeps import indexer as space
+from tests.indexer.rule_checks import check_lowprec_torch_and_a_wrong_answer
 from tests.wgmma_checks import assert_compiles_clean
 
 FAMILY = get_family("indexer")
@@ -121,21 +120,9 @@ CPU_CASES = _cpu_cases()
 
 @pytest.mark.parametrize("case", CPU_CASES, ids=[c.id for c in CPU_CASES])
 def test_lowprec_and_torch_pass_the_rule_and_a_wrong_answer_fails(case):
-    data = CaseData(FAMILY, case, "cpu")
-    tol = lambda n: FAMILY.tolerance_for(case, n)  # noqa: E731
-    ok, metrics = compare_outputs(data.lowprec, data.oracle, data.lowprec, tol)
-    assert ok, metrics["logits"].summary()
-    out = get_impl("indexer", "torch").run(case, data.inputs, {}, None)
-    ok, metrics = compare_outputs(out, data.oracle, data.lowprec, tol)
-    assert ok, metrics["logits"].summary()
-    ref = data.oracle["logits"]
-    lens = space.decode_lens(case.params)
-    assert [int(n) for n in torch.isfinite(ref).sum(-1)] == [min(n, case["s_kv"]) for n in lens]
-    visible = torch.nonzero(torch.isfinite(ref.view(-1))).view(-1)
-    if visible.numel():
-        wrong = data.lowprec["logits"].clone()
-        wrong.view(-1)[visible[visible.numel() // 2]] += 1.0 + 4 * float(ref[torch.isfinite(ref)].abs().max())
-        assert not compare_outputs({"logits": wrong}, data.oracle, data.lowprec, tol)[0]
+    data, _ = check_lowprec_torch_and_a_wrong_answer(case)
+    finite = [int(n) for n in torch.isfinite(data.oracle["logits"]).sum(-1)]
+    assert finite == [min(n, case["s_kv"]) for n in space.decode_lens(case.params)]
 
 
 # ---------------- the case space ----------------

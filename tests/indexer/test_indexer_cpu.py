@@ -10,15 +10,14 @@ import pytest
 import torch
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.compare import compare_outputs
-from dsv4bench.core.evaluate import CaseData
-from dsv4bench.core.registry import SweepOptions, get_family, get_impl, impls
+from dsv4bench.core.registry import SweepOptions, get_family, impls
 from kernels.indexer.config import choose_config, choose_split
 from kernels.indexer.family import case_ranges
 from kernels.indexer.glue import causal_ranges, check_operands, make_inputs, oracle_of, range_mask, varlen_ranges
 from kernels.indexer.logits_sm90 import SMEM_BYTES, LogitsConfig
 from oracles.indexer import causal_entry_mask, indexer_scores
 from sweeps import indexer as space
+from tests.indexer.rule_checks import check_lowprec_torch_and_a_wrong_answer
 from tests.wgmma_checks import assert_compiles_clean
 
 FAMILY = get_family("indexer")
@@ -135,21 +134,9 @@ def test_lowprec_and_torch_pass_the_rule_and_a_wrong_answer_fails(case):
     """What tests/conformance checks for every family, on more cases; and the torch peer passes the
     same rule. The wrong answer is put on a visible logit (a wrong value at a masked one fails as well:
     tests/core/test_compare.py)."""
-    data = CaseData(FAMILY, case, "cpu")
-    tol = lambda n: FAMILY.tolerance_for(case, n)  # noqa: E731
-    ok, metrics = compare_outputs(data.lowprec, data.oracle, data.lowprec, tol)
-    assert ok, metrics["logits"].summary()
-    out = get_impl("indexer", "torch").run(case, data.inputs, {}, None)
-    ok, metrics = compare_outputs(out, data.oracle, data.lowprec, tol)
-    assert ok, metrics["logits"].summary()
-    ref = data.oracle["logits"]
-    visible = torch.nonzero(torch.isfinite(ref.view(-1))).view(-1)
-    if not visible.numel():  # every logit masked (T = 2 from position 0): nothing to perturb
+    data, out = check_lowprec_torch_and_a_wrong_answer(case)
+    if not torch.isfinite(data.oracle["logits"]).any():  # every logit masked (T = 2 from position 0)
         assert torch.isneginf(data.lowprec["logits"]).all() and torch.isneginf(out["logits"]).all()
-        return
-    wrong = data.lowprec["logits"].clone()
-    wrong.view(-1)[visible[visible.numel() // 2]] += 1.0 + 4 * float(ref[torch.isfinite(ref)].abs().max())
-    assert not compare_outputs({"logits": wrong}, data.oracle, data.lowprec, tol)[0]
 
 
 def test_relative_rule_is_off_only_for_a_handful_of_logits():
