@@ -40,18 +40,18 @@ class CombineKernel(RowKernel):
             r_tiles = cute.zipped_divide(mRows, (1, VEC))
             s_tiles = cute.zipped_divide(mShared, (1, VEC))
             y_tiles = cute.zipped_divide(mY, (1, VEC))
-            parts = cute.make_rmem_tensor((self.topk + 1, VEC), mRows.element_type)
+            parts = [cute.make_rmem_tensor((VEC,), mRows.element_type) for _ in range(self.topk + 1)]
             out = cute.make_rmem_tensor((VEC,), mY.element_type)
             for v in cutlass.range_constexpr(self.vecs):
                 vec = v * self.tpr + lane
-                parts.fill(0)
-                cute.autovec_copy(s_tiles[(0, None), (t, vec)], parts[self.topk, None])
+                cute.autovec_copy(s_tiles[(0, None), (t, vec)], parts[self.topk])
                 for j in cutlass.range_constexpr(self.topk):
+                    parts[j].fill(0)
                     if pos[j] >= 0:
-                        cute.autovec_copy(r_tiles[(0, None), (pos[j], vec)], parts[j, None])
-                acc = parts[0, None].load().to(Float32)
+                        cute.autovec_copy(r_tiles[(0, None), (pos[j], vec)], parts[j])
+                acc = parts[0].load().to(Float32)
                 for j in cutlass.range_constexpr(1, self.topk + 1):
-                    acc = acc + parts[j, None].load().to(Float32)
+                    acc = acc + parts[j].load().to(Float32)
                 out.store(acc.to(mY.element_type))
                 cute.autovec_copy(out, y_tiles[(0, None), (t, vec)])
 
