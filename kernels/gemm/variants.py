@@ -11,6 +11,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     bmB / bnB       CTA tile rows B (64, 128, 256) / columns B (32, 64, 128) instead of the rule's
     gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
     no-split        split-K off (decode shapes that the rule splits); bn64-no-split both
+    kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns
     sS              S smem ring stages instead of as many as fit
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
@@ -38,6 +39,8 @@ KNOBS: dict[str, dict] = {
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
+    **{f"k{s}": {"split_k": s} for s in (2, 4)},
+    **{f"bn{b}-k{s}": {"bn": b, "split_k": s} for b in (64, 128) for s in (2, 4)},
     "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
 }
 # knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
