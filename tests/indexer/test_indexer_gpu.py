@@ -181,7 +181,8 @@ def test_matches_deepgemm():
         assert rel < 1e-3, f"T={t} S_kv={s_kv}: ours vs DeepGEMM rel L2 {rel:.3g}"
 
 
-LOGITS_GRID = [p for p in space.production() if not space.is_topk(p)]  # top-k: tests/indexer/test_topk_family_gpu.py
+LOGITS_GRID = [p for p in space.production() if not (space.is_topk(p) or space.is_decode(p))]  # the other ops:
+# tests/indexer/test_topk_family_gpu.py, tests/indexer/test_decode_gpu.py
 
 
 @pytest.mark.parametrize("params", LOGITS_GRID + [space.causal(1, 1, 3), space.varlen([37, 3, 64, 9, 200])],
