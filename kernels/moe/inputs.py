@@ -111,8 +111,9 @@ class StackedExperts:
 
 
 def _mxfp4(e: int, rows: int, cols: int, gen: torch.Generator, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    codes = torch.randint(-128, 128, (e, rows, cols // 2), generator=gen, dtype=torch.int8)
-    exps = WEIGHT_EXP + 127 + torch.randint(0, EXP_SPREAD, (e, rows, cols // FP4_BLOCK), generator=gen)
+    codes = torch.randint(-128, 128, (e, rows, cols // 2), generator=gen, dtype=torch.int8, device=gen.device)
+    exps = WEIGHT_EXP + 127 + torch.randint(0, EXP_SPREAD, (e, rows, cols // FP4_BLOCK), generator=gen,
+                                            device=gen.device)
     return codes.to(device), exps.to(torch.uint8).to(device).view(torch.float8_e8m0fnu)
 
 
