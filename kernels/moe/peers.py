@@ -5,11 +5,15 @@ layer:
   for w1|w3 (one GEMM, N = 2I: gate rows then up rows) and for w2, on the MXFP4 weights converted to
   FP8 e4m3 with one ue8m0 scale per 128 x 128 block (`to_fp8_blocks`); torch does the dispatch
   (oracles.moe.dispatch_layout + gather_quant), the clamped SwiGLU x route weight, the FP8
-  quantisation of h and the combine. The conversion: dequantise, block amax -> scale 2^ceil(log2(amax /
-  448)), RNE to e4m3. It is exact when, inside a 128 x 128 block, the MXFP4 scale exponents span <= 14
-  binades (a code c·2^s lands on c·2^(s - smax + 6) ≥ 2^-9 times the block scale: an e4m3
-  subnormal step or coarser); wider blocks lose their smallest values (`conversion_error` counts them;
-  the synthetic weights span 3 binades: exact, tests/moe/test_moe_cpu.py).
+  quantisation of h and the combine. Masked: DeepGEMM's SM90 kernel reads A and stores D in whole
+  BLOCK_M (64 or 128) row blocks at group·max_m + block·BLOCK_M of the [E·max_m, ·] matrix, so each
+  expert's rows are padded to DG_MASKED_ALIGN = 128 (the case's max_m is a multiple of 16 only), else a
+  block of expert g overwrites expert g+1's output rows.
+  The conversion: dequantise, block amax -> scale 2^ceil(log2(amax / 448)), RNE to e4m3. It is exact
+  when, inside a 128 x 128 block, the MXFP4 scale exponents span <= 14 binades (a code c·2^s lands on
+  c·2^(s - smax + 6) ≥ 2^-9 times the block scale: an e4m3 subnormal step or coarser); wider blocks
+  lose their smallest values (`conversion_error` counts them; the synthetic weights span 3 binades:
+  exact, tests/moe/test_moe_cpu.py).
 - `torch_grouped_mm`: torch._grouped_mm (bf16, SM90+; in torch since 2.8, present in 2.11 and 2.13)
   on the dequantised bf16 weights, the entries sorted by expert without padding (offs = cumsum counts).
 - `torch`: the eager per-expert loop, bf16 matmuls on the dequantised weights.
@@ -32,6 +36,11 @@ from oracles.moe import combine, contiguous_rows, dispatch_layout, gather_quant,
 from oracles.quant import fp8_block_quant, ue8m0_scale
 
 BLOCK = 128
+# Rows per expert of DeepGEMM's masked layout: a multiple of its SM90 masked BLOCK_M candidates {64, 128}
+# (csrc/jit_kernels/heuristics/sm90.hpp). The kernel TMA-stores D in full BLOCK_M-row boxes at
+# current_group_idx * shape_m + m_block_idx * BLOCK_M of D viewed as [G * max_m, N] (scheduler/gemm.cuh
+# get_global_idx, impls/sm90_fp8_gemm_1d2d.cuh), clipped only at the end of the whole tensor.
+DG_MASKED_ALIGN = 128
 LAYER_ONLY = "a peer of the whole layer (dispatch and combine alone: ours and torch)"
 
 
@@ -118,6 +127,8 @@ class DeepGemm(LayerPeer):
         x, e, i = inputs["x"], case["e"], case["i"]
         (w13, s13), (w2, s2) = fp8_weights(inputs)
         m = case_max_m(case)
+        if m is not None:  # DeepGEMM's masked groups: whole BLOCK_M row blocks (DG_MASKED_ALIGN)
+            m = -(-m // DG_MASKED_ALIGN) * DG_MASKED_ALIGN
         tile = deep_gemm.get_mk_alignment_for_contiguous_layout()
         rows = e * m if m is not None else contiguous_rows(x.shape[0], case["k"], e, tile)
         lay = dispatch_layout(inputs["idx"], inputs["weights"], e, rows, m, tile)
@@ -130,12 +141,19 @@ class DeepGemm(LayerPeer):
             h8, sh = fp8_block_quant(weighted_swiglu(d1, lay["row_weight"]), BLOCK)
             deep_gemm.m_grouped_fp8_gemm_nt_contiguous((h8, sh), (w2, s2), d2, lay["expert"])
         else:
+            # DeepGEMM's tests: A e4m3 [E, max_m, K] K-major, its scales fp32 [E, max_m, K/128] (any MN-major
+            # or row-major strides: DeepGEMM makes them TMA-aligned MN-major), masked_m int32 [E] <= max_m,
+            # expected_m > 0 (a tuning hint), D bf16 [E, max_m, N]; max_m a multiple of BLOCK_M (above).
             expected = max(1, x.shape[0] * case["k"] // e)
-            a = (codes.view(torch.float8_e4m3fn).view(e, m, -1), sa.transpose(1, 2))
-            deep_gemm.m_grouped_fp8_gemm_nt_masked(a, (w13, s13), d1.view(e, m, -1), lay["counts"], expected)
-            h8, sh = fp8_block_quant(weighted_swiglu(d1, lay["row_weight"]), BLOCK)
+            masked = lay["counts"].clamp(max=m)
+            a = (codes.view(torch.float8_e4m3fn).view(e, m, -1), sa.reshape(e, -1, m).transpose(1, 2))
+            deep_gemm.m_grouped_fp8_gemm_nt_masked(a, (w13, s13), d1.view(e, m, -1), masked, expected)
+            # rows past a group's count are never written (d1 is uninitialised): zero them, as DeepGEMM's
+            # tests zero A's padding rows, so no inf / NaN reaches h's codes or scales
+            h = weighted_swiglu(d1, lay["row_weight"]).masked_fill_((lay["src"] < 0).unsqueeze(-1), 0.0)
+            h8, sh = fp8_block_quant(h, BLOCK)
             deep_gemm.m_grouped_fp8_gemm_nt_masked((h8.view(e, m, -1), sh.view(e, m, -1)), (w2, s2),
-                                                   d2.view(e, m, -1), lay["counts"], expected)
+                                                   d2.view(e, m, -1), masked, expected)
         return {"out": combine(d2, lay["pos"], inputs["shared"]).bfloat16()}
 
 
