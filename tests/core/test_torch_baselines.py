@@ -10,6 +10,9 @@ from dsv4bench.core.registry import SweepOptions, families, get_impl
 from dsv4bench.core.evaluate import CaseData
 
 SMALL_BYTES = 64 << 20
+# families without a torch.compile baseline, and why
+NO_TORCH_COMPILE = {"moe": "the layout's sort, bincount and data-dependent gathers break the graph "
+                           "(kernels/moe/peers.py); its peers are DeepGEMM, torch._grouped_mm and the eager loop"}
 
 
 def small_case(family):
@@ -26,7 +29,8 @@ def test_eager_baseline_matches_the_oracle_on_cpu(name):
     result = impl.run(case, data.inputs, family.alloc_outputs(case, "cpu"), None)
     ok, metrics = compare_outputs(result, data.oracle, data.lowprec, lambda n: family.tolerance_for(case, n))
     assert ok, f"{case}: " + "; ".join(m.summary() for m in metrics.values())
-    assert get_impl(name, "torch_compile").backend == "torch_compile"
+    if name not in NO_TORCH_COMPILE:
+        assert get_impl(name, "torch_compile").backend == "torch_compile"
 
 
 def test_torch_compile_keeps_compiling_past_dynamos_default_recompile_limit():
