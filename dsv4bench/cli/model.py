@@ -64,7 +64,8 @@ def printable(text: str) -> str:
                    else repr(c)[1:-1] for c in text)
 
 
-def _resolve_checkpoint(checkpoint: Optional[Path], config: Optional[str]) -> Path:
+def _resolve_checkpoint(checkpoint: Optional[Path], config: Optional[str]) -> Path | None:
+    """The checkpoint directory to open, or None for a synthetic (flash / pro) checkpoint."""
     from dsv4bench.model.config import CONFIGS
 
     if checkpoint is not None:
@@ -75,12 +76,33 @@ def _resolve_checkpoint(checkpoint: Optional[Path], config: Optional[str]) -> Pa
     if name not in CONFIGS:
         fail(f"unknown config {name!r}; choose one of {', '.join(CONFIGS)}")
     if name != "tiny":
-        fail(f"there is no embedded {name} checkpoint; write one with `dsv4bench make-checkpoint "
-             f"--config {name} --out DIR` and pass --checkpoint DIR")
+        return None
     from dsv4bench.model.default import cache_dir, default_checkpoint
 
     with console.status(f"embedded tiny checkpoint ({cache_dir()})"):
         return default_checkpoint()
+
+
+def _synthetic(config: str, layers: Optional[int], weights_seed: int, device: str):
+    """The production-width checkpoint drawn on `device`, after a check that it fits there."""
+    import torch
+
+    from dsv4bench.model.config import ConfigError, get_config
+    from dsv4bench.model.synthetic import SyntheticCheckpoint
+
+    cfg = get_config(config)
+    try:
+        cfg = cfg.truncated(layers) if layers is not None else cfg
+    except ConfigError as e:
+        fail(str(e))
+    ckpt = SyntheticCheckpoint(cfg, weights_seed)
+    need = ckpt.nbytes()
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        if need > 0.8 * free:  # the rest: activations, caches and the oracles' dequantised weights
+            fail(f"--config {config} --layers {cfg.n_layers}: {need / 2**30:.1f} GiB of weights do not fit in "
+                 f"80% of the GPU's {free / 2**30:.1f} GiB free; pass fewer --layers")
+    return ckpt
 
 
 def show_serving(backend: str, runs_here: bool) -> None:
@@ -149,7 +171,12 @@ def run_model_cmd(
     prompt: list[str] = typer.Option(..., "--prompt", help="text to continue; repeat it for a batch of prompts "
                                                            "(the official generate loop's left-aligned batch)"),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="HF safetensors checkpoint directory"),
-    config: Optional[str] = typer.Option(None, "--config", help="embedded checkpoint to use (tiny)"),
+    config: Optional[str] = typer.Option(None, "--config", help="tiny (the embedded checkpoint), or flash / pro: "
+                                                              "random weights in the official formats drawn on "
+                                                              "--device at the production widths, nothing on disk"),
+    layers: Optional[int] = typer.Option(None, "--layers", help="with --config flash|pro: the first N layers "
+                                                               "(4 of Flash hold every layer kind) + the MTP block"),
+    weights_seed: int = typer.Option(0, "--weights-seed", help="with --config flash|pro: the weights' seed"),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="tokens to generate (per prompt)"),
     temperature: float = typer.Option(0.6, "--temperature", help="0 = greedy"),
     seed: int = typer.Option(0, "--seed", help="sampler seed (every prompt of a batch samples as if alone)"),
@@ -174,6 +201,7 @@ def run_model_cmd(
     check_range("--max-new-tokens", max_new_tokens, 1)
     check_range("--temperature", temperature, 0)
     check_range("--seed", seed, 0, SEED_MAX)
+    check_range("--weights-seed", weights_seed, 0, SEED_MAX)
     check_range("--threads", threads, 1, os.cpu_count() or 1)
     if device not in ("cpu", "cuda"):
         fail(f"unknown --device {device!r}; choose cpu or cuda")
@@ -191,10 +219,12 @@ def run_model_cmd(
     if bisect and all(be == "oracle" for be in ops.active.values()):
         fail(f"--bisect: no op runs on {backend!r} here (the cutedsl kernels need --device cuda)")
     path = _resolve_checkpoint(checkpoint, config)
+    if layers is not None and path is not None:
+        fail("--layers takes --config flash or pro (a synthetic checkpoint)")
     t0 = time.perf_counter()
     try:
-        with console.status(f"opening {path}") as status:
-            ckpt = Checkpoint.open(path)
+        with console.status(f"opening {path or config}") as status:
+            ckpt = Checkpoint.open(path) if path is not None else _synthetic(config, layers, weights_seed, device)
             engine = Engine(ckpt, device=device, ops=ops, qat=qat == "on",
                             progress=lambda unit: status.update(f"loaded {unit}"))
     except CheckpointError as e:
@@ -209,7 +239,8 @@ def run_model_cmd(
     longest = max(map(len, prompts))
     if longest + max_new_tokens > limit:
         fail(f"{longest} prompt + {max_new_tokens} new tokens exceed max_position_embeddings={limit}")
-    console.print(f"[dim]{ckpt.config.name} from {path} · {tok.name} tokenizer · "
+    source = path if path is not None else f"synthetic weights (seed {weights_seed}, {ckpt.config.n_layers} layers)"
+    console.print(f"[dim]{ckpt.config.name} from {source} · {tok.name} tokenizer · "
                   f"{', '.join(str(len(p)) for p in prompts)} prompt tokens · {device} · qat {qat} · "
                   f"loaded in {load_s:.2f} s[/]", highlight=False, soft_wrap=True)
     new, t0, first, end = _stream(engine, tok, prompts, prompt, max_new_tokens, temperature, seed)

@@ -266,6 +266,15 @@ class ModelConfig:
     def with_(self, **changes: Any) -> "ModelConfig":
         return replace(self, **changes)
 
+    def truncated(self, n_layers: int) -> "ModelConfig":
+        """The first `n_layers` main layers (their compression ratios and hash routing as in the full
+        model) and every MTP block: Flash at 4 layers holds SWA-only, CSA and HCA attention, hash- and
+        score-routed MoE and the MTP head at the production widths."""
+        if not 1 <= n_layers <= self.n_layers:
+            raise ConfigError(f"--layers {n_layers}: {self.name} has 1..{self.n_layers} layers")
+        ratios = self.compress_ratios[:n_layers] + self.compress_ratios[self.n_layers:]
+        return self.with_(n_layers=n_layers, compress_ratios=ratios, n_hash_layers=min(self.n_hash_layers, n_layers))
+
 
 FLASH = ModelConfig(
     name="flash",

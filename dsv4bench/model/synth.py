@@ -34,8 +34,8 @@ class SynthError(RuntimeError):
     pass
 
 
-def _gen(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**64)  # any CLI seed
+def _gen(seed: int, name: str, device: str | torch.device = "cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**64)
 
 
 def _e8m0(exponents: torch.Tensor) -> torch.Tensor:
@@ -46,42 +46,47 @@ def _pow2_exponent(x: float) -> int:
     return 127 + round(math.log2(x))
 
 
-def make_tensor(name: str, spec: TensorSpec, specs: dict[str, TensorSpec], seed: int) -> torch.Tensor:
-    g = _gen(seed, name)
+def make_tensor(name: str, spec: TensorSpec, specs: dict[str, TensorSpec], seed: int,
+                device: str | torch.device = "cpu") -> torch.Tensor:
+    """One tensor, drawn on `device` from its own generator there: the same seed gives the same
+    tensor on the same device kind (a CPU and a CUDA generator draw different streams). `specs`: the
+    tensors of its load unit (a scale's rule reads its weight's shape)."""
+    g = _gen(seed, name, device)
     shape, dt = spec.shape, spec.dtype
+    on = {"generator": g, "device": device}
 
     def randn(std: float = 1.0, mean: float = 0.0) -> torch.Tensor:
-        return torch.randn(shape, generator=g) * std + mean
+        return torch.randn(shape, **on) * std + mean
 
     if dt == "F8_E4M3" and name.endswith(".weight"):
         return randn().to(torch.float8_e4m3fn)
     if dt == "F8_E4M3":  # NVFP4 per-16 scale, a positive e4m3 value around 1
-        return (torch.rand(shape, generator=g) * 1.5 + 0.5).to(torch.float8_e4m3fn)
+        return (torch.rand(shape, **on) * 1.5 + 0.5).to(torch.float8_e4m3fn)
     if dt in ("I8", "U8"):  # packed e2m1 pairs: any byte is a valid pair of codes
-        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).view(ST_DTYPES[dt])
+        return torch.randint(0, 256, shape, dtype=torch.uint8, **on).view(ST_DTYPES[dt])
     if dt == "F8_E8M0":
         w = specs[name.rsplit(".", 1)[0] + ".weight"]  # the weight this scale belongs to
         packed = w.dtype == "I8"
         k = w.shape[1] * (2 if packed else 1)
         target = k ** -0.5 / (E2M1_RMS if packed else 1.0)
         base = _pow2_exponent(target)
-        return _e8m0(base - torch.randint(0, 2, shape, generator=g))
+        return _e8m0(base - torch.randint(0, 2, shape, **on))
     if dt == "I64":  # tid2eid: n_activated distinct experts per token id
         n_experts = specs[name.replace("tid2eid", "weight")].shape[0]
-        return torch.rand(shape[0], n_experts, generator=g).argsort(-1)[:, : shape[1]].contiguous()
+        return torch.rand(shape[0], n_experts, **on).argsort(-1)[:, : shape[1]].contiguous()
     if dt == "F32":
         leaf = name.rsplit(".", 1)[-1]
         if name.endswith("weight_scale_2"):  # NVFP4 global scale: e2m1 · e4m3(~1.25) · s ~ 1/sqrt(K)
             k = specs[name.replace("weight_scale_2", "weight")].shape[1] * 2
-            return torch.tensor(k ** -0.5 / (E2M1_RMS * 1.25))
+            return torch.tensor(k ** -0.5 / (E2M1_RMS * 1.25), device=device)
         if name.endswith("input_scale"):
-            return torch.tensor(1.0 / 448.0)
+            return torch.tensor(1.0 / 448.0, device=device)
         if leaf.endswith("_fn"):
             return randn(shape[1] ** -0.5)
         if leaf.endswith("_base"):
             return randn(0.5)
         if leaf.endswith("_scale"):
-            return torch.rand(shape, generator=g) * 0.5 + 0.75
+            return torch.rand(shape, **on) * 0.5 + 0.75
         if leaf == "attn_sink":
             return randn()
         if leaf == "ape":
