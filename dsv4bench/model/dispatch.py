@@ -58,7 +58,6 @@ ORACLE_ONLY: dict[str, str] = {
     "indexer_weights": "a small bf16 GEMM: no kernel family",
     "indexer_scores": "the indexer logits kernel takes FP8 e4m3 queries and keys of 64 heads x 128; "
                       "this op's fp32 inputs (any head count) would be rounded: no exact adapter",
-    "sparse_attention": "the fmha family has no model adapter (Family.serves) yet",
     "moe": "no MoE (grouped MXFP4 expert) kernel family yet",
     "mtp_input": "norms + two FP8 GEMMs: no fused adapter yet",
     "lm_head": "hc_head + norm + head GEMM: no fused adapter yet",

@@ -8,6 +8,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.fmha import peers, variants
+from kernels.fmha import serves as served
 from kernels.fmha.glue import FmhaCuteDSL
 from oracles.fmha import dense_attention, hca_compressed, sparse_attention
 from sweeps import fmha as space
@@ -75,6 +76,7 @@ class FmhaFamily(Family):
     description = "attention with sink over gathered (DSV4 top-k/window/HCA) or dense masked keys, hd 64-512"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
+    serves = served.OPS  # the model ops it serves (kernels/fmha/serves.py)
     options = {
         "hd": Option("hd", "head dim (d_qk = d_v)", "elements", tuple(space.HEAD_DIMS)),
         "heads": Option("h_q", "query heads", "heads"),

@@ -15,7 +15,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl
-from kernels.common import compile_kernel, sm_count
+from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.fmha.config import LOG2E, Config
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 
@@ -92,7 +92,8 @@ class FmhaCuteDSL(Impl):
     def __init__(self, persistent_ctas: int | None = None):
         """persistent_ctas: CTAs of a persistent launch (d <= 256), default one per SM; the tests
         pass a few so that every CTA walks many work items."""
-        self._idx: tuple | None = None  # (key, kernel-format indices) of the last case
+        self._sparse_idx = Prepared()  # kernel-format gathered indices of the last index tensor
+        self._dense_idx: tuple | None = None  # (case key, kernel-format block lists) of the last dense case
         self._no_sink: dict = {}
         self.persistent_ctas = persistent_ctas
 
@@ -114,19 +115,26 @@ class FmhaCuteDSL(Impl):
         return compile_config(config_for(case), arch, self.kernel_class)
 
     def _indices(self, case: Case, inputs: dict, cfg: Config) -> tuple:
-        """Kernel-format (indices (rows, n, b), lengths (rows, b)), cached for the current case."""
-        key = (case.id, inputs["q"].device, inputs.get("idx", inputs["q"]).data_ptr())
-        if self._idx is None or self._idx[0] != key:
-            b, dev = case["b"], inputs["q"].device
-            if case["mask"] == "sparse":
-                idx = inputs["idx"]
+        """Kernel-format (indices (rows, n, b), lengths (rows, b)). Gathered indices are a caller's tensor:
+        cached by that tensor (`Prepared`: a new tensor at a freed one's address, or one written in
+        place, is remade — the model passes fresh index lists at every step). Block lists of a dense
+        mask follow from the case alone."""
+        b, dev = case["b"], inputs["q"].device
+        if case["mask"] == "sparse":
+            idx = inputs["idx"]
+
+            def make():
                 lens = torch.full((b, idx.shape[1]), idx.shape[2], dtype=torch.int32, device=dev)
-            else:
-                window = case["window"] if has_window(case) else None
-                blk, n = block_indices(case["s_q"], case["s_kv"], cfg.tq, cfg.causal, window, dev)
-                idx, lens = blk[None].expand(b, -1, -1).contiguous(), n[None].expand(b, -1).contiguous()
-            self._idx = (key, (idx.permute(1, 2, 0), lens.permute(1, 0)))
-        return self._idx[1]
+                return idx.permute(1, 2, 0), lens.permute(1, 0)
+
+            return self._sparse_idx.get((idx,), make)
+        key = (case.id, dev)
+        if self._dense_idx is None or self._dense_idx[0] != key:
+            window = case["window"] if has_window(case) else None
+            blk, n = block_indices(case["s_q"], case["s_kv"], cfg.tq, cfg.causal, window, dev)
+            idx, lens = blk[None].expand(b, -1, -1).contiguous(), n[None].expand(b, -1).contiguous()
+            self._dense_idx = (key, (idx.permute(1, 2, 0), lens.permute(1, 0)))
+        return self._dense_idx[1]
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         cfg = config_for(case)
