@@ -22,7 +22,8 @@ def _call(s_q=37, h=8, d=64, s_kv=300, n=140, sink=True, gen=None, device="cpu")
     q = torch.randn(s_q, h, d, generator=g)
     kv = torch.randn(s_kv, d, generator=g)
     idx = torch.randint(-1, s_kv + 3, (s_q, n), generator=g)  # -1 and out-of-range entries: no key
-    idx[0] = -1  # a row with no key at all
+    if s_q > 1:
+        idx[0] = -1  # a row with no key at all (its output is 0)
     return [t.to(device) for t in (q, kv, idx)] + [torch.randn(h, generator=g).to(device) if sink else None, d ** -0.5]
 
 
