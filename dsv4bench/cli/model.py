@@ -98,10 +98,12 @@ def _synthetic(config: str, layers: Optional[int], weights_seed: int, device: st
     ckpt = SyntheticCheckpoint(cfg, weights_seed)
     need = ckpt.nbytes()
     if device == "cuda":
-        free, _ = torch.cuda.mem_get_info()
-        if need > 0.8 * free:  # the rest: activations, caches and the oracles' dequantised weights
-            fail(f"--config {config} --layers {cfg.n_layers}: {need / 2**30:.1f} GiB of weights do not fit in "
-                 f"80% of the GPU's {free / 2**30:.1f} GiB free; pass fewer --layers")
+        free, where = torch.cuda.mem_get_info()[0], "the GPU's"
+    else:
+        free, where = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's"
+    if need > 0.8 * free:  # the rest: activations, caches and the oracles' dequantised weights
+        fail(f"--config {config} --layers {cfg.n_layers}: {need / 2**30:.1f} GiB of weights do not fit in "
+             f"80% of {where} {free / 2**30:.1f} GiB free; pass fewer --layers")
     return ckpt
 
 

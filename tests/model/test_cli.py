@@ -78,7 +78,7 @@ def test_tokenizer_json_is_used_when_present(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (("run-model", "--prompt", "x", "--config", "huge"), "unknown config 'huge'"),
-    (("run-model", "--prompt", "x", "--config", "flash"), "no embedded flash checkpoint"),
+    (("run-model", "--prompt", "x", "--config", "flash"), "GiB of weights do not fit in 80% of this machine's"),
     (("run-model", "--prompt", "x", "--checkpoint", "/nonexistent/ck"), "checkpoint directory /nonexistent/ck does not exist"),
     (("run-model", "--prompt", "x", "--device", "tpu"), "unknown --device 'tpu'"),
     (("run-model", "--prompt", "x", "--temperature", "-1"), "--temperature must be >= 0"),
