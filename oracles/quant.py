@@ -97,9 +97,14 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- FP8 e4m3 block quant (§2.3)
 
+class BlockSizeError(ValueError):
+    """A quantisation block that does not divide the quantised dimension (the tiny model's 64-wide
+    activations under the 128-wide FP8 activation blocks)."""
+
+
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
     if x.shape[-1] % block:
-        raise ValueError(f"last dim {x.shape[-1]} is not a multiple of block {block}")
+        raise BlockSizeError(f"last dim {x.shape[-1]} is not a multiple of block {block}")
     return x.float().unflatten(-1, (-1, block))
 
 

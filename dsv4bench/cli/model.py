@@ -127,10 +127,12 @@ def _selected_ops(backend: str, device: str):
     """The op table of the run; prints what serves each op under a backend other than the oracle."""
     from dsv4bench.model.dispatch import DispatchError, OpTable, register_kernel_ops
     from dsv4bench.model.kernel_ops import KERNEL
+    from dsv4bench.model.lowprec_ops import register_lowprec_ops
 
     if backend == "oracle":
         return OpTable()
     register_kernel_ops()
+    register_lowprec_ops()
     runs_here = device == "cuda" or backend != KERNEL  # CuTeDSL kernels need a GPU: on the CPU their ops
     show_serving(backend, runs_here)                     # stay on the oracle (other backends run anywhere)
     try:
@@ -183,8 +185,9 @@ def run_model_cmd(
     temperature: float = typer.Option(0.6, "--temperature", help="0 = greedy"),
     seed: int = typer.Option(0, "--seed", help="sampler seed (every prompt of a batch samples as if alone)"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
-    backend: str = typer.Option("oracle", "--backend", help="op backend: oracle, or cutedsl (every op a kernel "
-                                                           "family serves; the others run their oracle)"),
+    backend: str = typer.Option("oracle", "--backend", help="op backend: oracle, cutedsl (every op a kernel "
+                                                           "family serves; the others run their oracle), or "
+                                                           "lowprec (the ops' low-precision torch references)"),
     qat: str = typer.Option("on", "--qat", help="on | off: the official model's FP8 KV and FP4 indexer round trips"),
     threads: int = typer.Option(1, "--threads", help="CPU threads for torch, 1..the CPU count (tiny models "
                                                       "run best on 1)"),

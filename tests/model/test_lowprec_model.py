@@ -1,0 +1,42 @@
+"""The low-precision torch model (`--backend lowprec`, dsv4bench/model/lowprec_ops.py): at widths its
+128-wide FP8 activation blocks divide, every low-precision reference runs (none refused) and, teacher
+forced on the same tokens, moves the logits by the quantisation's few percent with the same top-1;
+at the tiny model's 64-wide projections those calls are refused and counted, and the run completes on
+their oracles. (Comparing two greedy continuations instead would compare logits of different inputs
+after the first differing token.)"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4bench.model.config import TINY
+from dsv4bench.model.dispatch import OpTable
+from dsv4bench.model.engine import Engine
+from dsv4bench.model.lowprec_ops import LOWPREC, OPS, register_lowprec_ops
+from dsv4bench.model.synthetic import SyntheticCheckpoint
+
+WIDE = TINY.with_(dim=128, q_lora_rank=128, o_lora_rank=128, moe_inter_dim=128)  # every GEMM input 128-wide
+
+
+def _prefill_logits(cfg, ops: OpTable, prompt: list[int]) -> torch.Tensor:
+    return Engine(SyntheticCheckpoint(cfg, seed=3), ops=ops).feed(prompt, all_logits=True).logits.float()
+
+
+def test_every_reference_runs_at_block_aligned_widths_and_stays_close():
+    assert set(register_lowprec_ops()) == set(OPS)
+    prompt = torch.randint(2, 500, (int(torch.randint(12, 40, ())),)).tolist()
+    ops = OpTable().select_all(LOWPREC)
+    low, ref = _prefill_logits(WIDE, ops, prompt), _prefill_logits(WIDE, OpTable(), prompt)
+    assert ops.refused == {}, ops.refused
+    assert all(ops.calls[op] > 0 for op in OPS if op != "mtp_input"), [op for op in OPS if not ops.calls[op]]
+    rel = float((low - ref).norm() / ref.norm())
+    assert 1e-3 < rel < 0.1, rel  # the GEMMs' FP8 activations: a few percent (4.3% on one draw), never zero
+    assert float((low.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+
+
+def test_the_tiny_widths_are_refused_and_counted():
+    register_lowprec_ops()
+    ops = OpTable().select_all(LOWPREC)
+    _prefill_logits(TINY, ops, [5, 17, 42, 99])
+    assert {"q_projection", "kv_projection", "output_projection", "moe"} <= set(ops.refused)
+    assert all("quantisation blocks" in why for _, why in ops.refused.values())
