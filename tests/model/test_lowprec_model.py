@@ -1,6 +1,7 @@
 """The low-precision torch model (`--backend lowprec`, dsv4bench/model/lowprec_ops.py): at widths its
 128-wide FP8 activation blocks divide, every low-precision reference runs (none refused) and, teacher
-forced on the same tokens, moves the logits by the quantisation's few percent with the same top-1;
+forced on the same tokens, moves the logits by the quantisation's error (4-15% on this random model)
+and keeps most top-1 picks;
 at the tiny model's 64-wide projections those calls are refused and counted, and the run completes on
 their oracles. (Comparing two greedy continuations instead would compare logits of different inputs
 after the first differing token.)"""
@@ -30,8 +31,10 @@ def test_every_reference_runs_at_block_aligned_widths_and_stays_close():
     assert ops.refused == {}, ops.refused
     assert all(ops.calls[op] > 0 for op in OPS if op != "mtp_input"), [op for op in OPS if not ops.calls[op]]
     rel = float((low - ref).norm() / ref.norm())
-    assert 1e-3 < rel < 0.1, rel  # the GEMMs' FP8 activations: a few percent (4.3% on one draw), never zero
-    assert float((low.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+    # the GEMMs' FP8 activations through 4 random layers: 4-15% over 12 prompt draws (top-1 81-100%);
+    # a wrong scale or a transposed weight is ~100%, a reference that quantises nothing 0
+    assert 1e-3 < rel < 0.3, rel
+    assert float((low.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.7
 
 
 def test_the_tiny_widths_are_refused_and_counted():
