@@ -19,7 +19,7 @@ import functools
 
 from dsv4bench.core.registry import Unsupported
 from oracles.attention import output_projection_lowprec
-from oracles.compressor import postprocess_lowprec
+from oracles.compressor import CSA_RATIO, postprocess_lowprec
 from oracles.fmha import sparse_attention_lowprec
 from oracles.head import lm_logits_lowprec, mtp_input_lowprec
 from oracles.indexer import indexer_queries_lowprec, indexer_scores_lowprec, indexer_weights_lowprec
@@ -32,7 +32,7 @@ from oracles.quant import BlockSizeError
 LOWPREC = "lowprec"
 
 
-def indexer_scores_bf16(q, k, weights, positions, m: int = 4):
+def indexer_scores_bf16(q, k, weights, positions, m: int = CSA_RATIO):
     """`indexer_scores_lowprec` on the model's operands, whatever their dtype: the reference takes its
     einsum operands in bf16 (the model's indexer key cache is fp32)."""
     return indexer_scores_lowprec(q.bfloat16(), k.bfloat16(), weights.bfloat16(), positions, m)
