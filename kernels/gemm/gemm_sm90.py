@@ -242,10 +242,11 @@ class Fp8GemmSm90:
                     for kb in cutlass.range(kb0, kb1, unroll=1):
                         ring.producer_acquire(state)
                         bar = ring.producer_get_barrier(state)
-                        for w in cutlass.range_constexpr(W):
+                        for w in cutlass.range_constexpr(W - 1 if c.ablate == "half-a" else W):
                             cute.copy(tma_a, tAgA[(None, tm * W + w, a_kb + kb)], tAsA[(None, state.index * W + w)],
                                       tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                        if cutlass.const_expr(c.ablate != "no-b"):
+                            cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                         cute.copy(tma_sa, tSAg[(None, tm, a_kb + kb)], tSAs[(None, state.index)], tma_bar_ptr=bar)
                         cute.copy(tma_sw, tSWg[(None, sb_row, kb // SCALE_BOX)], tSWs[(None, state.index)],
                                   tma_bar_ptr=bar)
@@ -371,12 +372,13 @@ class Fp8GemmSm90:
         W = c.waves
         plain = c.ablate == "no-promote"  # knock-out: a plain FP8 GEMM, wgmmas straight into acc
         sc = cute.make_rmem_tensor(lrows.shape, cutlass.Float32)
-        if cutlass.const_expr(c.ablate != ""):
+        unscaled = c.ablate in ("no-promote", "const-scale")
+        if cutlass.const_expr(unscaled):
             sc.fill(1.0)
         for kb in cutlass.range(kb0, kb1, unroll=1):
             st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
             ring.consumer_wait(st)
-            if cutlass.const_expr(c.ablate == ""):
+            if cutlass.const_expr(not unscaled):
                 self._read_scales(sc, sSA, sSW, lrows, kb, st.index)
             for w in cutlass.range_constexpr(W):
                 self._issue((mmas[1], mmas[1]) if plain else mmas, accs[w] if plain else tmp, tCrA, tCrB,

@@ -9,7 +9,7 @@ KBLOCK = 128  # the quantisation block along K: one promotion per 128 columns
 SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
 EPI_N = 32  # epilogue slice width (columns) per TMA store
 MAX_STAGES = 16
-ABLATIONS = ("", "no-promote", "const-scale")
+ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b")
 SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
 SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
 
@@ -29,7 +29,9 @@ class GemmConfig:
     epi_per_wg: bool = False
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
-    # "const-scale" promotes with scale 1 (the scale boxes still load, unread)
+    # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
+    # last wave's x tile load (bm 256: the L2 -> SM bytes a 2-CTA multicast of x would save), "no-b"
+    # skips the W tile load (what a multicast of W would save, and more)
     ablate: str = ""
 
     def __post_init__(self) -> None:
@@ -43,6 +45,8 @@ class GemmConfig:
             raise ValueError("split_k must be >= 1")
         if self.split_k > 1 and self.waves > 1:
             raise ValueError("split-K takes one wave per tile (bm <= 128)")
+        if self.ablate == "half-a" and self.waves < 2:
+            raise ValueError("the half-a knock-out drops the second wave's x tile: bm 256 only")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
@@ -80,12 +84,17 @@ class GemmConfig:
     def stage_bytes(self) -> int:
         """Bytes TMA brings per stage (the full barrier's transaction count): the x and W tiles and
         the scale boxes, a column of bm sa values and (1 x 4) of sw, fp32."""
+        skipped = {"half-a": self.wave_m, "no-b": self.bn}.get(self.ablate, 0) * KBLOCK
+        return self._stage_tma_bytes - skipped
+
+    @property
+    def _stage_tma_bytes(self) -> int:
         return (self.bm + self.bn) * KBLOCK + (self.bm + SCALE_BOX) * 4
 
     @property
     def stage_smem_bytes(self) -> int:
-        """Shared memory per stage: the sw box sits in a 128-byte slot."""
-        return self.stage_bytes - SCALE_BOX * 4 + SW_SLOT * 4
+        """Shared memory per stage (the knock-outs keep every buffer): the sw box sits in a 128-byte slot."""
+        return self._stage_tma_bytes - SCALE_BOX * 4 + SW_SLOT * 4
 
     @property
     def fixed_bytes(self) -> int:

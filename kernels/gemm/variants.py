@@ -16,7 +16,8 @@ override makes an impossible configuration is UNSUPPORTED there.
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
     ko-const-scale  GEMM), promotion without the scale loads; the gap to the shipped kernel is what
-                    that part costs. (No "skip the store" knock-out: with nothing stored, the compiler
+    ko-half-a       that part costs. half-a: the second wave's x tile is not loaded (bm 256), no-b:
+    ko-no-b         the W tile is not loaded: the L2 -> SM bytes a 2-CTA multicast would save. (No "skip the store" knock-out: with nothing stored, the compiler
                     drops the promotion and scale loads too, so it times a plain GEMM again.)
 
 Imported at the end of kernels/gemm/family.py; registers its impls itself (register_impl).
@@ -44,7 +45,7 @@ KNOBS: dict[str, dict] = {
     "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
 }
 # knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
-KNOCKOUTS = ("no-promote", "const-scale")
+KNOCKOUTS = ("no-promote", "const-scale", "half-a", "no-b")
 
 
 class GemmKnob(ConfigKnobs, GemmCuteDSL):
