@@ -44,14 +44,30 @@ from oracles.head import lm_logits, mtp_input, sample
 from oracles.indexer import indexer_queries, indexer_scores, indexer_topk, indexer_weights
 from oracles.mhc import embed_streams, hc_post, hc_pre
 from oracles.moe import ExpertWeights, moe, route
-from oracles.norm import rmsnorm
+from oracles.norm import NORM_EPS, rmsnorm
 from oracles.projections import kv_projection, q_projection
+
+
+def compressor_prefill(kv: torch.Tensor, score: torch.Tensor, norm_weight: torch.Tensor, m: int, freqs: torch.Tensor,
+                       indexer: bool = False, qat: bool = True, eps: float = NORM_EPS) -> torch.Tensor:
+    """§5.3-§5.5 of a prefill from position 0, pooling and post-processing in one op (the compressor
+    kernel fuses them): projections kv, score [B, S, coff·d] → the ⌊S/m⌋ entries [B, n, d]."""
+    raw = pool(*block_candidates(kv, score, m))
+    ids = torch.arange(raw.shape[1], device=raw.device).repeat(raw.shape[0])
+    out = postprocess(raw.flatten(0, 1), norm_weight, ids, m, freqs, indexer=indexer, qat=qat, eps=eps)
+    return out.unflatten(0, raw.shape[:2])
 
 
 def compressor_push(state: CompressorState, kv: torch.Tensor, score: torch.Tensor, t: int):
     """§5.7 decode step of a compressor: `state.push` (the reference's kv_state/score_state update);
     returns the raw entry [1, d] when token t completes a block, else None."""
     return state.push(kv, score, t)
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None):
+    """§9.3 on logits of any device: the noise comes from a CPU generator (a seed gives the same
+    tokens on any device), so the oracle samples on the CPU."""
+    return sample(logits.float().cpu(), temperature, generator)
 
 
 # The op table: name -> (FP32 oracle, contract), in dataflow order. dsv4bench.model.dispatch
@@ -63,9 +79,10 @@ ORACLE_OPS = {
     "q_projection": (q_projection, "wq_a → q_norm → wq_b → per-head norm → RoPE; also returns qr (§4)"),
     "kv_projection": (kv_projection, "wkv → kv_norm → RoPE, the shared K=V latent (§4)"),
     "compressor_project": (compressor_project, "compressor kv / score (+ape) projections (§5.2)"),
-    "compressor_pool": (pool, "per-channel softmax pooling of block candidates, prefill (§5.3-5.4)"),
+    "compressor_prefill": (compressor_prefill, "prefill: softmax pooling of every complete block, then the "
+                                               "entry post-processing (§5.3-5.5)"),
     "compressor_push": (compressor_push, "decode-time compressor state update and emission (§5.7)"),
-    "compressor_post": (postprocess, "entry RMSNorm → RoPE at s·m → (indexer) Hadamard (§5.5)"),
+    "compressor_post": (postprocess, "decode entry RMSNorm → RoPE at s·m → (indexer) Hadamard (§5.5)"),
     "indexer_queries": (indexer_queries, "indexer q: wq_b(qr) → RoPE → Hadamard (§6)"),
     "indexer_weights": (indexer_weights, "indexer per-head weights weights_proj(x)·d^-0.5·H^-0.5 (§6)"),
     "indexer_scores": (indexer_scores, "indexer scores sum_h w·ReLU(q·k), causally masked (§6)"),
@@ -77,7 +94,7 @@ ORACLE_OPS = {
     "moe": (moe, "routed clamped-SwiGLU experts + shared expert, combined (§8.2-8.3)"),
     "mtp_input": (mtp_input, "MTP input: e_proj(enorm(embed(next))) + h_proj(hnorm(X)) (§9.2)"),
     "lm_head": (lm_logits, "hc_head → norm → head logits (§9.1)"),
-    "sample": (sample, "temperature / Gumbel-max sampler (§9.3)"),
+    "sample": (sample_tokens, "temperature / Gumbel-max sampler, CPU-drawn noise (§9.3)"),
 }
 
 
@@ -98,23 +115,22 @@ def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, cache,
     kv, score = ops.compressor_project(x, p[f"{prefix}.wkv"], p[f"{prefix}.wgate"], p[f"{prefix}.ape"],
                                        pos.repeat(batch))
     kv, score = kv.unflatten(0, (batch, -1)), score.unflatten(0, (batch, -1))
+    norm = p[f"{prefix}.norm"]
     if int(pos[0]) == 0:
-        raw = ops.compressor_pool(*block_candidates(kv, score, ratio))
         state = CompressorState.after_prefill(kv, score, ratio)
         state.kv, state.score = state.kv.to(x.device), state.score.to(x.device)  # it builds on the CPU
         setattr(cache, attr, state)
-        ids = torch.arange(raw.shape[1], device=x.device)
-    else:
-        state, rows, ids = getattr(cache, attr), [], []
-        for i, t in enumerate(pos.tolist()):
-            entry = ops.compressor_push(state, kv[:, i], score[:, i], t)
-            if entry is not None:
-                rows.append(entry)
-                ids.append(t // ratio)
-        if not rows:
-            return kv.new_zeros(batch, 0, kv.shape[-1] // (2 if overlaps(ratio) else 1))
-        raw, ids = torch.stack(rows, dim=1), torch.tensor(ids, device=x.device)
-    out = ops.compressor_post(raw.flatten(0, 1), p[f"{prefix}.norm"], ids.repeat(batch), ratio, cache.freqs,
+        return ops.compressor_prefill(kv, score, norm, ratio, cache.freqs, indexer=indexer, qat=qat, eps=eps)
+    state, rows, ids = getattr(cache, attr), [], []
+    for i, t in enumerate(pos.tolist()):
+        entry = ops.compressor_push(state, kv[:, i], score[:, i], t)
+        if entry is not None:
+            rows.append(entry)
+            ids.append(t // ratio)
+    if not rows:
+        return kv.new_zeros(batch, 0, kv.shape[-1] // (2 if overlaps(ratio) else 1))
+    raw, ids = torch.stack(rows, dim=1), torch.tensor(ids, device=x.device)
+    out = ops.compressor_post(raw.flatten(0, 1), norm, ids.repeat(batch), ratio, cache.freqs,
                               indexer=indexer, qat=qat, eps=eps)
     return out.unflatten(0, (batch, -1))
 
@@ -212,7 +228,7 @@ def forward(top: dict, layers: list[dict], ids: torch.Tensor, start: int, caches
     pos = torch.arange(start, start + seqlen, device=ids.device)
     flat = ids.reshape(-1)
     ops.enter("embed")
-    X = ops.embed(flat, top["embed"], cfg.hc_mult).float()
+    X = ops.embed(flat, top["embed"], cfg.hc_mult).to(ops.stream_dtype)  # fp32; bf16 in the lowprec model
     for i, (p, cache) in enumerate(zip(layers, caches)):
         X = block(p, X, pos, flat, cache, ops, cfg, i, qat, f"layer {i}")
     ops.enter("head")

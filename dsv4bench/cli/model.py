@@ -280,7 +280,7 @@ def _compare(engine, ops, prompt: list[int], steps: int, backend: str) -> None:
 
     with console.status("--compare: the oracle model and the candidate, teacher-forced"):
         try:
-            report = compare(engine, dict(ops.active), prompt, steps)
+            report = compare(engine, dict(ops.active), prompt, steps, ops.stream_dtype)
         except DiffError as e:
             fail(f"--compare: {e}")
     show_compare(report, backend)
@@ -302,3 +302,6 @@ def _bisect(engine, backend: str, prompt: list[int], steps: int) -> None:
 def register(app: typer.Typer) -> None:
     app.command("make-checkpoint")(make_checkpoint_cmd)
     app.command("run-model")(run_model_cmd)
+    from dsv4bench.cli.model_speed import bench_model_cmd
+
+    app.command("bench-model")(bench_model_cmd)

@@ -81,7 +81,7 @@ def record(engine: Engine, table: OpTable, prompt: list[int], steps: int, forced
         tokens, chosen = [], []
         for i in range(steps):
             table.enter("sample")
-            chosen.append(int(table.sample(rows[-1][-1].float().cpu(), 0.0)))
+            chosen.append(int(table.sample(rows[-1][-1], 0.0)))
             tokens.append(chosen[-1] if forced is None else forced[i])
             if i < steps - 1:
                 rows.append(engine.feed([tokens[-1]]).logits[None])
@@ -134,11 +134,13 @@ def divergence(cand: Run, ref: Run, prompt_len: int) -> Divergence | None:
     return Divergence(step, tok, other, (row[tok] - row[other]).item(), row.std().item())
 
 
-def compare(engine: Engine, selection: dict[str, str], prompt: list[int], steps: int) -> Report:
-    """The ops `selection` puts on other backends against the all-oracle model (the engine's QAT
-    setting on both sides)."""
+def compare(engine: Engine, selection: dict[str, str], prompt: list[int], steps: int,
+            stream_dtype: torch.dtype = torch.float32) -> Report:
+    """The ops `selection` puts on other backends, with the candidate's residual streams in
+    `stream_dtype`, against the all-oracle model (the engine's QAT setting on both sides)."""
     ref = record(engine, OpTable(), prompt, steps)
     table = ShadowTable(selection)
+    table.stream_dtype = stream_dtype
     cand = record(engine, table, prompt, steps, forced=ref.tokens)
     agree = (cand.logits.argmax(-1) == ref.logits.argmax(-1)).double().mean().item()
     return Report(diff_ops(cand, ref, table), residual_errors(cand, ref), ref.logits.shape[0], agree,

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import torch
+
 from dsv4bench.core.registry import Unsupported
 from oracles import model as oracle_model
 
@@ -49,21 +51,24 @@ OPS: dict[str, OpInfo] = {
 # day a family serves it (tests/model/test_op_table.py fails until it does).
 ORACLE_ONLY: dict[str, str] = {
     "embed": "a row gather copied into the hc streams: memory-bound glue, no kernel family",
-    "compressor_project": "two fp32 GEMMs on bf16 weights (§5.2); the gemm family is FP8-only",
-    "compressor_pool": "the compressor family fuses pooling with the post-processing; no adapter for the "
-                       "split ops yet",
-    "compressor_push": "decode-time state update (§5.7): no kernel family yet",
-    "compressor_post": "fused into the compressor family's prefill kernel; no adapter for the split op yet",
-    "indexer_queries": "gemm (wq_b), rope and quant (Hadamard + MXFP4) kernels exist; no fused adapter yet",
-    "indexer_weights": "a small bf16 GEMM: no kernel family",
+    "compressor_project": "two fp32 GEMMs on bf16 weights (§5.2); the gemm family is FP8-only (an FP8 weight "
+                          "would add an error the reference does not have)",
+    "compressor_push": "decode-time state update (§5.7) returning the raw pooled entry; the compressor kernel "
+                       "pools whole blocks of a sequence from position 0 and fuses the post-processing",
+    "compressor_post": "decode entries only (prefill's is fused in compressor_prefill); no kernel post-processes "
+                       "a given raw entry: the compressor kernel's post-processing is fused after its pooling",
+    "indexer_weights": "a small GEMM on the bf16 weights_proj: the gemm family is FP8-only",
     "indexer_scores": "the indexer logits kernel takes FP8 e4m3 queries and keys of 64 heads x 128; "
                       "this op's fp32 inputs (any head count) would be rounded: no exact adapter",
     "moe": "no MoE (grouped MXFP4 expert) kernel family yet",
-    "mtp_input": "norms + two FP8 GEMMs: no fused adapter yet",
-    "lm_head": "hc_head + norm + head GEMM: no fused adapter yet",
-    "sample": "the sampler family has no model adapter (Family.serves) yet",
+    "lm_head": "head.weight is BF16 (spec §9.1, §11: fp32 logits = norm(y).float() @ head.float().T); the gemm "
+               "family is FP8-only, and an FP8 head would add an error the reference does not have",
 }
 
+
+# The residual streams' dtype of a backend's model, where not fp32 (`select_all` applies it): the
+# low-precision model keeps them in bf16 as the official inference does (lowprec_ops.py).
+STREAM_DTYPES: dict[str, torch.dtype] = {}
 
 # backend name -> implementation, per op; kernels add entries through register_op.
 _REGISTRY: dict[str, dict[str, Callable]] = {name: {ORACLE: info.oracle} for name, info in OPS.items()}
@@ -122,6 +127,7 @@ class OpTable:
         self.scope = ""  # the part of the model running now (enter)
         self.refused: dict[str, tuple[int, str]] = {}  # op -> (calls its kernel refused, the first reason)
         self.trace: Callable[[str, str, object], None] | None = None  # (scope, op, output) of every call
+        self.stream_dtype = torch.float32  # the model's residual streams (oracles/model.py forward)
         if selection:
             self.select(selection)
 
@@ -144,6 +150,7 @@ class OpTable:
         if not chosen:
             known = sorted({b for impls in _REGISTRY.values() for b in impls})
             raise DispatchError(f"no op has a backend {backend!r} (registered: {', '.join(known)})")
+        self.stream_dtype = STREAM_DTYPES.get(backend, torch.float32)
         return self.select(chosen)
 
     def __getattr__(self, op: str) -> Callable:

@@ -131,7 +131,7 @@ class Engine:
                     nxt.append(p[cur] if cur < lens[b] else self.cfg.eos_token_id)
                     continue
                 row = StepOutput(out.logits[b], None if out.draft_logits is None else out.draft_logits[b])
-                tok = int(self.ops.sample(row.logits.float().cpu(), temperature, gens[b]))  # CPU noise: any device
+                tok = int(self.ops.sample(row.logits, temperature, gens[b]))  # CPU noise: any device
                 yield b, tok, row
                 kept[b] += 1
                 done[b] = (stop_at_eos and tok == self.cfg.eos_token_id) or kept[b] == max_new_tokens

@@ -24,6 +24,7 @@ from dsv4bench.core.registry import (
 )
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel, fake_rowmajor
+from kernels.compressor import serves as served
 from kernels.compressor.compressor import CsaKernel
 from kernels.compressor.hca import SPLITS as HCA_SPLITS
 from kernels.compressor.hca import STATE, HcaKernel, counters
@@ -68,6 +69,7 @@ class CompressorFamily(Family):
     description = "CSA (m=4, overlap) / HCA (m=128) pooling + RMSNorm + RoPE(s·m) + FP8 NoPE qdq (§5)"
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
+    serves = served.OPS  # the model op it serves (kernels/compressor/serves.py)
     options = {
         "ratio": Option("m", "compression ratio: 4 = CSA (overlapping windows), 128 = HCA", "tokens per entry", (4, 128)),
         "rows": Option("s", "tokens compressed per sequence", "tokens"),

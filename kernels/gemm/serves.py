@@ -11,6 +11,9 @@ Where each part runs:
                        QAT FP8 codes of the 448 NoPE dims: quant (block 64)   codes x scales (exact)
     output_projection  inverse RoPE: rope (inverse); wo_a: grouped            the table rows; casts
                        quant+gemm, one launch; wo_b: quant+gemm
+    indexer_queries    wq_b: quant+gemm; RoPE: rope; Hadamard + MXFP4: quant  codes x scales (exact)
+    mtp_input          enorm, hnorm: rmsnorm; e_proj, h_proj: quant+gemm      the embedding rows; the
+                                                                              broadcast sum (fp32)
 
 Every linear quantises its bf16 input per 128 columns with the ue8m0 rule and accumulates in fp32
 (bf16 out): the reference's act_quant + fp8_gemm. Two departures from the reference's low-precision
@@ -38,12 +41,14 @@ from dsv4bench.core.registry import Unsupported, get_family
 from kernels.common import Prepared
 from kernels.rmsnorm.serves import rmsnorm
 from kernels.rope.rotate import ROPE_DIM, rope_rows
+from oracles.compressor import INDEXER_FP4_BLOCK
 from oracles.linear import QuantWeight, Weight
 from oracles.norm import NORM_EPS
 from oracles.projections import KV_QAT_BLOCK
-from oracles.quant import fp8_block_dequant, quant_fp8_weight, ue8m0_decode
+from oracles.quant import fp8_block_dequant, mxfp4_dequant, quant_fp8_weight, ue8m0_decode, unpack_fp4
 from sweeps.gemm import QUANT_GEMM
 from sweeps.quant import fp8 as quant_case
+from sweeps.quant import mxfp4 as mxfp4_case
 
 _WEIGHTS = Prepared(size=4096)  # fp32 scales (and a plain weight's codes) per weight: a whole model's
 
@@ -138,4 +143,31 @@ def output_projection(run, o, positions, freqs, wo_a: Weight, wo_b: Weight, n_gr
     return fp8_linear(run, u, wo_b).float().reshape(*lead, -1)
 
 
-OPS = {"q_projection": q_projection, "kv_projection": kv_projection, "output_projection": output_projection}
+def indexer_queries(run, qr, wq_b: Weight, n_heads: int, positions, freqs, qat: bool = True):
+    """The model's `indexer_queries` op: fp32 [..., H_I, 128], the FP4 round trip of the Hadamard-rotated
+    queries. Without QAT the op is the rotation alone, which no kernel returns (the quant kernel writes
+    MXFP4 codes): Unsupported."""
+    if not qat:
+        raise Unsupported("indexer_queries: the quant kernel rotates only into MXFP4 codes; qat off needs the "
+                          "bf16 rotation")
+    lead = qr.shape[:-1]
+    q = fp8_linear(run, qr, wq_b).unflatten(-1, (n_heads, -1))
+    q = rope(q, positions.reshape(-1), freqs, "rope").reshape(-1, q.shape[-1])
+    out = kernel_runner("quant")(mxfp4_case(q.shape[0], q.shape[1]), {"x": q})
+    deq = mxfp4_dequant(unpack_fp4(out["codes"]), out["scales"], INDEXER_FP4_BLOCK)  # e2m1 x 2^e: exact
+    return deq.reshape(*lead, n_heads, -1)
+
+
+def mtp_input(run, x, next_ids, embed_weight, enorm_weight, hnorm_weight, e_proj: Weight, h_proj: Weight,
+              eps: float = NORM_EPS):
+    """The model's `mtp_input` op: fp32 [..., hc, D] = e_proj(enorm(embed)) + h_proj(hnorm(x)), each GEMM
+    bf16 out as the reference's; the broadcast sum in fp32 (the reference's is in bf16)."""
+    _check_eps(eps)
+    norm = kernel_runner("rmsnorm")
+    e = fp8_linear(run, rmsnorm(norm, embed_weight[next_ids], enorm_weight, eps), e_proj)
+    h = fp8_linear(run, rmsnorm(norm, x, hnorm_weight, eps), h_proj)
+    return e.float().reshape(*next_ids.shape, 1, -1) + h.float().reshape(x.shape[:-1] + (-1,))
+
+
+OPS = {"q_projection": q_projection, "kv_projection": kv_projection, "output_projection": output_projection,
+       "indexer_queries": indexer_queries, "mtp_input": mtp_input}

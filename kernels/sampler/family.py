@@ -16,6 +16,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from dsv4bench.core.torch_impls import register_torch_baselines
 from kernels.common import compile_kernel
+from kernels.sampler import serves as served
 from kernels.sampler.eager import sample_with_noise
 from kernels.sampler.sampler import SamplerKernel, counters
 from oracles.head import sample
@@ -37,6 +38,7 @@ class SamplerFamily(Family):
     description = "temperature + Gumbel-max sampling over the vocabulary (seeded noise input), argmax at T = 0 (§9.3)"
     tolerance = Tolerance(exact=True)
     space = space
+    serves = served.OPS  # the model op it serves (kernels/sampler/serves.py)
     options = {
         "vocab": Option("v", "vocabulary size", "tokens"),
         "rows": Option("b", "sequences sampled at once (batch)", "rows"),

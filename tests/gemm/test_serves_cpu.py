@@ -17,7 +17,7 @@ from oracles.linear import QuantWeight, dequant
 from oracles.quant import dequant_fp8_weight, quant_fp4_weight
 from tests.gemm import served_checks as sc
 
-OPS = sorted(serves.OPS)
+OPS = sorted(sc.LOWPREC)  # the projections; indexer_queries and mtp_input: tests/model/test_served_ops_*.py
 
 
 def emulated(family: str):

@@ -12,13 +12,12 @@ import torch
 
 from dsv4bench.core.registry import Unsupported
 from dsv4bench.model.kernel_ops import served_ops
-from kernels.gemm import serves
 from oracles.linear import QuantWeight, dequant
 from tests.gemm import served_checks as sc
 
 pytestmark = pytest.mark.gpu
 
-OPS = sorted(serves.OPS)
+OPS = sorted(sc.LOWPREC)  # the projections; indexer_queries and mtp_input: tests/model/test_served_ops_*.py
 
 
 @functools.cache

@@ -32,7 +32,8 @@ E4M3 = np.array([m / 8 * 2.0**-6 for m in range(8)] +  # subnormals, then normal
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
 FP8 = dict(block=64, grid=E4M3, floor=1e-4)
 FP4 = dict(block=32, grid=E2M1, floor=6 * 2.0**-126)
-QAT_OPS = ("kv_projection", "compressor_post", "indexer_queries")
+COMPRESSOR_OPS = ("compressor_prefill", "compressor_post")  # prefill entries, decode entries
+QAT_OPS = ("kv_projection", *COMPRESSOR_OPS, "indexer_queries")
 
 
 # ---------------------------------------------------------------- the spec, read independently
@@ -146,12 +147,24 @@ class Planter:
         out = OPS["kv_projection"].oracle(*args, qat=qat)
         return self._record("kv_projection", targets, args, dict(qat=False), out, positions=positions)
 
+    def _entry_targets(self, indexer: bool) -> torch.Tensor:
+        return self._fp4() if indexer else torch.cat([fp8_targets(self.rng), torch.randn(TINY.rope_head_dim)])
+
+    def compressor_prefill(self, kv, score, norm_weight, m, freqs, indexer, qat, eps):
+        """Equal scores pool the constant 8 exactly (1/4, 1/8 or 1/128 per candidate); its norm is 1."""
+        targets = self._entry_targets(indexer)
+        args = (torch.full_like(kv, 8.0), torch.zeros_like(score), targets, m, freqs)
+        kwargs = dict(indexer=indexer, eps=eps)
+        out = OPS["compressor_prefill"].oracle(*args, qat=qat, **kwargs)
+        return self._record("compressor_prefill", targets, args, dict(kwargs, qat=False), out, indexer=indexer,
+                            rows=out[0])
+
     def compressor_post(self, c, norm_weight, entry_ids, m, freqs, indexer, qat, eps):
-        targets = self._fp4() if indexer else torch.cat([fp8_targets(self.rng), torch.randn(TINY.rope_head_dim)])
+        targets = self._entry_targets(indexer)
         args = (torch.full_like(c, 8.0), targets, entry_ids, m, freqs)
         kwargs = dict(indexer=indexer, eps=eps)
         out = OPS["compressor_post"].oracle(*args, qat=qat, **kwargs)
-        return self._record("compressor_post", targets, args, dict(kwargs, qat=False), out, indexer=indexer)
+        return self._record("compressor_post", targets, args, dict(kwargs, qat=False), out, indexer=indexer, rows=out)
 
     def indexer_queries(self, qr, wq_b, n_heads, positions, freqs, qat):
         targets = torch.cat([self._fp4() for _ in range(n_heads)])
@@ -204,7 +217,7 @@ def test_the_models_qat_round_trips_are_the_specs_at_rounding_boundaries(ckpt, q
             assert torch.equal(pre.flatten(1), hadamard_images(targets).expand_as(pre.flatten(1))), "planting failed"
             want = spec_qdq(pre, **FP4) if qat else pre
             fp4 += pre.numel()
-        elif op == "compressor_post" and c["indexer"]:
+        elif op in COMPRESSOR_OPS and c["indexer"]:
             assert torch.equal(pre, hadamard_images(targets).expand_as(pre)), "planting failed"
             want = spec_qdq(pre, **FP4) if qat else pre
             fp4 += pre.numel()
@@ -228,8 +241,8 @@ def test_the_models_qat_round_trips_are_the_specs_at_rounding_boundaries(ckpt, q
         assert cache.seen >= 9
         for p in range(max(0, cache.seen - cache.window), cache.seen):
             assert torch.equal(cache.ring[0, p % cache.window], rows[p]), (scope, p)
-        main = [c["out"] for c in mine if c["op"] == "compressor_post" and not c["indexer"]]
-        index = [c["out"] for c in mine if c["op"] == "compressor_post" and c["indexer"]]
+        main = [c["rows"] for c in mine if c["op"] in COMPRESSOR_OPS and not c["indexer"]]
+        index = [c["rows"] for c in mine if c["op"] in COMPRESSOR_OPS and c["indexer"]]
         if main:
             assert torch.equal(cache.comp_kv[0], torch.cat(main)), scope
         if index:

@@ -1,0 +1,97 @@
+"""The ops served beyond the projections (kernels/gemm/serves.py indexer_queries and mtp_input,
+kernels/compressor/serves.py, kernels/sampler/serves.py) on the CPU, each kernel emulated by its
+family's torch reference (tests/gemm/test_serves_cpu.py `emulated`): the adapters' structure against
+the FP32 oracle by the FP8 rule (sample: the same tokens), a wrong adapter failing it, and what they
+refuse. The kernels themselves: test_served_ops_gpu.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dsv4bench.core.registry import Unsupported, get_family
+from dsv4bench.model.dispatch import OPS, ORACLE_ONLY
+from kernels.compressor import serves as compressor
+from kernels.gemm import serves as gemm
+from kernels.sampler import serves as sampler
+from tests.gemm.test_serves_cpu import emulated
+from tests.model import served_args as sa
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    monkeypatch.setattr(gemm, "kernel_runner", emulated)
+    return emulated
+
+
+def test_the_families_serve_these_ops_and_they_are_off_the_oracle_only_list():
+    for family, ops in (("gemm", {"indexer_queries", "mtp_input"}), ("compressor", {"compressor_prefill"}),
+                        ("sampler", {"sample"})):
+        assert ops <= set(get_family(family).serves) and not ops & set(ORACLE_ONLY), family
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 130])
+def test_indexer_queries(tokens, kernels, monkeypatch):
+    args, kwargs = sa.op_args("indexer_queries", sa.SMALL, tokens, seed=random.randrange(1 << 30), device="cpu")
+    out = gemm.indexer_queries(kernels("gemm"), *args, **kwargs)
+    assert out.shape == (tokens, sa.SMALL.index_heads, sa.INDEX_HEAD_DIM) and out.dtype == torch.float32
+    sa.assert_passes("indexer_queries", out, args, kwargs, monkeypatch)
+
+
+def test_indexer_queries_at_the_wrong_positions_fail_the_rule(kernels, monkeypatch):
+    args, kwargs = sa.op_args("indexer_queries", sa.SMALL, 64, seed=random.randrange(1 << 30), device="cpu")
+    shifted = (*args[:3], args[3] + 1, args[4])
+    with pytest.raises(AssertionError):
+        sa.assert_passes("indexer_queries", gemm.indexer_queries(kernels("gemm"), *shifted, **kwargs), args, kwargs,
+                         monkeypatch)
+
+
+def test_indexer_queries_without_qat_is_unsupported(kernels):
+    args, _ = sa.op_args("indexer_queries", sa.SMALL, 3, seed=1, device="cpu")
+    with pytest.raises(Unsupported, match="MXFP4"):
+        gemm.indexer_queries(kernels("gemm"), *args, qat=False)
+
+
+@pytest.mark.parametrize("tokens", [1, 33])
+def test_mtp_input(tokens, kernels, monkeypatch):
+    args, kwargs = sa.op_args("mtp_input", sa.SMALL, tokens, seed=random.randrange(1 << 30), device="cpu")
+    out = gemm.mtp_input(kernels("gemm"), *args, **kwargs)
+    assert out.shape == args[0].shape and out.dtype == torch.float32
+    sa.assert_passes("mtp_input", out, args, kwargs, monkeypatch)
+    swapped = (*args[:5], args[6], args[5])  # e_proj and h_proj exchanged
+    with pytest.raises(AssertionError):
+        sa.assert_passes("mtp_input", gemm.mtp_input(kernels("gemm"), *swapped, **kwargs), args, kwargs, monkeypatch)
+
+
+@pytest.mark.parametrize("ratio,tokens,batch", [(4, 4 * 37 + 3, 2), (4, 4, 1), (128, 128 * 3 + 77, 2)])
+def test_compressor_prefill(ratio, tokens, batch, monkeypatch):
+    args, kwargs = sa.op_args("compressor_prefill", sa.SMALL, tokens, seed=random.randrange(1 << 30), device="cpu",
+                              batch=batch, ratio=ratio)
+    out = compressor.compressor_prefill(emulated("compressor"), *args, **kwargs)
+    assert out.shape == (batch, tokens // ratio, sa.ENTRY) and out.dtype == torch.float32
+    sa.assert_passes("compressor_prefill", out, args, kwargs, monkeypatch)
+    assert OPS["compressor_prefill"].oracle(*args, **kwargs).shape == out.shape
+
+
+def test_what_the_compressor_kernel_does_not_take_is_unsupported():
+    args, kwargs = sa.op_args("compressor_prefill", sa.SMALL, 8, seed=1, device="cpu")
+    run = emulated("compressor")
+    for change, why in (({"indexer": True}, "Hadamard"), ({"qat": False}, "QAT on"), ({"eps": 1e-5}, "eps")):
+        with pytest.raises(Unsupported, match=why):
+            compressor.compressor_prefill(run, *args, **dict(kwargs, **change))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_sample_gives_the_oracles_tokens(temperature, rows):
+    logits = sa.sample_args(rows, 1000, seed=random.randrange(1 << 30), device="cpu")
+    seed = random.randrange(1 << 30)
+    got = sampler.sample(emulated("sampler"), logits, temperature, torch.Generator().manual_seed(seed))
+    want = OPS["sample"].oracle(logits, temperature, torch.Generator().manual_seed(seed))
+    assert got.shape == want.shape and torch.equal(got, want)
+    if temperature and rows == 3:  # the noise decides: another seed draws other tokens somewhere
+        others = [sampler.sample(emulated("sampler"), logits, temperature, torch.Generator().manual_seed(seed + k))
+                  for k in range(1, 4)]
+        assert any(not torch.equal(o, got) for o in others)
