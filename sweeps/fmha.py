@@ -10,6 +10,9 @@ Params of one case:
   invalid   sparse: fraction of selected slots replaced by -1
   kv_layout sparse: shared (one kv pool for all queries) or per_token (decode: disjoint rows)
   sink, kv_shared (V is K: the DSV4 latent), lse (LSE is an output)
+  op        absent (= attention) or decode_fp8: one query token per request over FlashMLA's two
+            paged FP8 caches (kernels/fmha/decode_family.py); then s_kv is the context per request,
+            topk = window + compressed top-k, block the page size, ragged / dup as described there
 """
 
 from __future__ import annotations
@@ -32,6 +35,32 @@ def _sparse(hd=512, h_q=128, s_q=256, s_kv=None, topk=WINDOW + 64, window=WINDOW
     return {"mask": "sparse", "hd": hd, "b": 1, "h_q": h_q, "h_kv": 1, "s_q": s_q, "s_kv": s_kv,
             "topk": topk, "window": window, "select": select, "invalid": invalid, "kv_layout": kv_layout,
             "sink": sink, "kv_shared": kv_shared, "lse": lse}
+
+
+def _decode(h_q=64, b=1, ctx=8192, k=512, window=WINDOW, block=64, invalid=0.0, ragged=False, dup=False,
+            sink=True) -> dict:
+    return {"op": "decode_fp8", "mask": "sparse", "hd": 512, "b": b, "h_q": h_q, "h_kv": 1, "s_q": 1,
+            "s_kv": ctx, "topk": window + k, "window": window, "select": "random", "invalid": invalid,
+            "kv_layout": "paged_fp8", "sink": sink, "kv_shared": True, "lse": True, "block": block,
+            "ragged": ragged, "dup": dup}
+
+
+def decode_production() -> list[dict]:
+    """FP8-cache decode (issue #25): Flash and Pro at 1, 32, 64, 128 requests, contexts 8K and 128K."""
+    return [_decode(h_q=h_q, b=b, ctx=ctx, k=k) for _name, h_q, k in MODELS for ctx in (8192, 131072)
+            for b in (1, 32, 64, 128)]
+
+
+def decode_strategy() -> st.SearchStrategy[dict]:
+    """Ragged lengths, -1 indices, fewer valid keys than top-k (short contexts), duplicates, pages
+    of 64 and of an odd size, top-k around tile boundaries."""
+    return st.builds(
+        lambda h_q, b, ctx, k, block, invalid, ragged, dup, sink: _decode(
+            h_q=h_q, b=b, ctx=ctx, k=k, block=block, invalid=invalid, ragged=ragged, dup=dup, sink=sink),
+        st.sampled_from([64, 128]), st.sampled_from([1, 2, 3, 7, 33]),
+        st.sampled_from([1, 100, 511, 2049, 8192]), st.sampled_from([1, 63, 64, 65, 512, 1024]),
+        st.sampled_from([64, 61]), st.sampled_from([0.0, 0.1, 0.9]), st.booleans(), st.booleans(), st.booleans(),
+    )
 
 
 def _dense(hd, mask, b=2, h_q=4, h_kv=2, s_q=300, s_kv=517, window=0, sink=False, kv_shared=False,
@@ -78,7 +107,7 @@ def dense_bench() -> list[dict]:
 
 
 def production() -> list[dict]:
-    return dsv4_production() + dense_production()
+    return dsv4_production() + dense_production() + decode_production()
 
 
 def extra_strategy() -> st.SearchStrategy[dict]:
@@ -102,4 +131,6 @@ def extra_strategy() -> st.SearchStrategy[dict]:
 
 
 def extra(n: int, seed: int) -> list[dict]:
-    return draw(extra_strategy(), n, seed)
+    """n draws: a quarter of them FP8-cache decode cases, the rest attention cases."""
+    n_dec = n // 4
+    return draw(extra_strategy(), n - n_dec, seed) + draw(decode_strategy(), n_dec, seed)

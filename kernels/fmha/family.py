@@ -1,5 +1,6 @@
 """The fmha family: gathered-key / dense attention with sink (spec §7), its inputs, oracle pairing,
-cost model, CLI filters, and the implementations (ours, torch, FlashMLA, FA4, cuDNN)."""
+cost model, CLI filters, and the implementations (ours, torch, FlashMLA, FA4, cuDNN). Cases with
+`op: decode_fp8` are sparse decode over FlashMLA's paged FP8 caches (decode_family.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
+from kernels.fmha import decode_family as decode
 from kernels.fmha import peers, variants
 from kernels.fmha import serves as served
 from kernels.fmha.glue import FmhaCuteDSL
@@ -84,9 +86,14 @@ class FmhaFamily(Family):
         "sink": Option("sink", "with or without the per-head attention sink", flag=True),
         # "topk" is the CLI's name for the gathered (sparse) key lists
         "mask": Option("mask", "key selection", choices=tuple(space.MASKS), names=True, aliases={"topk": "sparse"}),
+        "op": Option("op", "attention (bf16 keys), or decode_fp8 (one token a request over FlashMLA's paged FP8 "
+                     "caches)", choices=("attention", "decode_fp8"), names=True, default="attention"),
+        "requests": Option("b", "batch (decode: requests)", "requests"),
     }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
+        if decode.is_decode(case):
+            return decode.make_inputs(case, gen, device)
         b, s_q, s_kv, h_q, h_kv, d = (case[k] for k in ("b", "s_q", "s_kv", "h_q", "h_kv", "hd"))
         x = {
             "q": torch.randn(b, s_q, h_q, d, generator=gen),
@@ -102,6 +109,8 @@ class FmhaFamily(Family):
         return {k: v.to(device) for k, v in x.items()}
 
     def _attention(self, case: Case, x: dict, lowprec: bool) -> dict:
+        if decode.is_decode(case):
+            return decode.attention(case, x, lowprec)
         b, s_q, h_q, h_kv = case["b"], case["s_q"], case["h_q"], case["h_kv"]
         hpg = h_q // h_kv
         dt = torch.bfloat16 if lowprec else torch.float32
@@ -129,6 +138,8 @@ class FmhaFamily(Family):
         return self._attention(case, inputs, lowprec=True)
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
+        if decode.is_decode(case):
+            return decode.alloc_outputs(case, device)
         b, s_q, h_q, d = case["b"], case["s_q"], case["h_q"], case["hd"]
         return {
             "out": torch.empty(b, s_q, h_q, d, dtype=torch.bfloat16, device=device),
@@ -136,6 +147,8 @@ class FmhaFamily(Family):
         }
 
     def cost(self, case: Case) -> Cost:
+        if decode.is_decode(case):
+            return decode.cost(case)
         b, s_q, s_kv, h_q, h_kv, d = (case[k] for k in ("b", "s_q", "s_kv", "h_q", "h_kv", "hd"))
         flops = 4.0 * b * s_q * h_q * n_keys(case) * d
         qo = 2.0 * b * s_q * h_q * d * 2 + 4.0 * b * s_q * h_q

@@ -1,5 +1,8 @@
 """Our impl: the fmha family's torch tensors mapped onto the SM90 CuTeDSL gathered-key kernel.
 
+`op: decode_fp8` cases (FP8-cache decode) run the three launches of decode_glue.py instead; that module
+imports this one, hence its lazy imports here.
+
 Tensors go in as permuted views (no copies): q/k/v/o [b, s, h, d] -> (s, h, d, b), lse
 [b, s, h] -> (s, h, b), indices [b, rows, n] -> (rows, n, b). Dense masks become per-query-block
 key ranges (the kernel masks each row by position); sparse cases pass their per-token lists.
@@ -95,11 +98,15 @@ class FmhaCuteDSL(Impl):
         self._sparse_idx = Prepared()  # kernel-format gathered indices of the last index tensor
         self._dense_idx: tuple | None = None  # (case key, kernel-format block lists) of the last dense case
         self._no_sink: dict = {}
+        self._decode_ws = None  # decode_glue.Workspace of the last decode shape
         self.persistent_ctas = persistent_ctas
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if arch not in (None, "sm_90a"):
             return f"the SM90 kernel does not target {arch}"
+        if case.get("op", "attention") == "decode_fp8":
+            from kernels.fmha.decode_family import supports
+            return supports(case)
         if case["h_q"] % case["h_kv"]:
             return "h_q must be a multiple of h_kv"
         try:
@@ -109,9 +116,14 @@ class FmhaCuteDSL(Impl):
         return None
 
     def compile_key(self, case: Case, arch: str) -> tuple:
+        if case.get("op", "attention") == "decode_fp8":
+            return (self.family, self.name, arch, "decode_fp8", case["h_q"])
         return (self.family, self.name, arch, config_for(case))
 
     def compile(self, case: Case, arch: str):
+        if case.get("op", "attention") == "decode_fp8":
+            from kernels.fmha.decode_glue import compile_decode
+            return compile_decode(case["h_q"], arch)
         return compile_config(config_for(case), arch, self.kernel_class)
 
     def _indices(self, case: Case, inputs: dict, cfg: Config) -> tuple:
@@ -137,6 +149,8 @@ class FmhaCuteDSL(Impl):
         return self._dense_idx[1]
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if case.get("op", "attention") == "decode_fp8":
+            return self._run_decode(case, inputs, out, compiled)
         cfg = config_for(case)
         sink = inputs.get("sink")
         if sink is None:  # a sink of -inf adds nothing to the denominator
@@ -149,4 +163,18 @@ class FmhaCuteDSL(Impl):
             case["hd"] ** -0.5 * LOG2E, case["s_kv"] - case["s_q"], case["window"] if has_window(case) else NO_WINDOW,
             self.persistent_ctas or sm_count(inputs["q"].device),
         )
+        return out
+
+    def _run_decode(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        from kernels.fmha.decode_glue import Workspace, run_decode
+
+        if self._decode_ws is None:
+            self._decode_ws = Workspace()
+        sink = inputs.get("sink")
+        if sink is None:
+            key = (case["h_q"], inputs["q"].device)
+            sink = self._no_sink.setdefault(key, torch.full((case["h_q"],), float("-inf"), device=inputs["q"].device))
+        run_decode(compiled, self._decode_ws, inputs["q"], (inputs["cache0"], inputs["cache1"]),
+                   (inputs["idx0"], inputs["idx1"]), (inputs["len0"], inputs["len1"]), sink, out["out"], out["lse"],
+                   sm_count(inputs["q"].device))
         return out

@@ -6,18 +6,27 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl, Unsupported, import_reason
+from kernels.common import Prepared
 
 
 class FlashMLA(Impl):
-    """deepseek-ai/FlashMLA flash_mla_sparse_fwd: the DSV4 sparse prefill kernel (CUDA C++)."""
+    """deepseek-ai/FlashMLA flash_mla_sparse_fwd: the DSV4 sparse prefill kernel (CUDA C++); for
+    `op: decode_fp8` cases its FP8 sparse decode, `flash_mla_with_kvcache(is_fp8_kvcache=True)`."""
 
     family, name, backend = "fmha", "flashmla", "flashmla"
     archs = ("any",)
+
+    def __init__(self):
+        self._decode_meta = Prepared()  # (scheduler metadata, whether some request has no key) per inputs
 
     def available(self) -> str | None:
         return import_reason("flash_mla")
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if case.get("op", "attention") == "decode_fp8":
+            if case["hd"] != 512 or case["h_q"] not in (64, 128):
+                return "flash_mla_with_kvcache FP8 sparse: d 512, h_q 64/128"
+            return None
         ok = (case["mask"] == "sparse" and case["hd"] == 512 and case["h_q"] in (64, 128)
               and case["kv_shared"] and case["b"] == 1 and case["h_kv"] == 1)
         if not ok:
@@ -29,11 +38,38 @@ class FlashMLA(Impl):
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         import flash_mla
 
+        if case.get("op", "attention") == "decode_fp8":
+            return self._decode(case, inputs)
         o, _max_logits, lse = flash_mla.flash_mla_sparse_fwd(
             inputs["q"][0], inputs["k"][0], inputs["idx"][0][:, None, :], case["hd"] ** -0.5, 512,
             inputs.get("sink"),
         )
         return {"out": o[None], "lse": lse[None]}  # natural log, sink-free: the oracle's convention
+
+    def _decode(self, case: Case, x: dict) -> dict:
+        """As FlashMLA's tests/test_flash_mla_sparse_decoding.py calls it: the window cache as k_cache,
+        the compressed cache as extra_k_cache, their lengths as topk_length / extra_topk_length. Its
+        scheduler metadata (get_mla_metadata, filled by the first call) is made once per inputs, as its
+        benchmark does, so the timed call is the split-KV kernel and its combine. A request with no
+        valid key gets lse +inf there, -inf in the oracle: rewritten only when the inputs have one."""
+        import flash_mla
+
+        def make():
+            from oracles.fmha_cache import valid_slots
+
+            empty = ~(valid_slots(x["idx0"], x["len0"], x["cache0"].shape[0] * x["cache0"].shape[1]).any(1)
+                      | valid_slots(x["idx1"], x["len1"], x["cache1"].shape[0] * x["cache1"].shape[1]).any(1))
+            return flash_mla.get_mla_metadata()[0], bool(empty.any())
+
+        meta, has_empty = self._decode_meta.get((x["idx0"], x["idx1"], x["len0"], x["len1"]), make)
+        o, lse = flash_mla.flash_mla_with_kvcache(
+            x["q"][:, None], x["cache0"], None, None, 512, meta, None, case["hd"] ** -0.5, False, True,
+            x["idx0"][:, None, :], x.get("sink"), x["cache1"], x["idx1"][:, None, :], x["len0"], x["len1"],
+        )
+        lse = lse.reshape(o.shape[0], o.shape[2])  # (b, h) of s_q = 1
+        if has_empty:
+            lse = torch.where(lse == float("inf"), torch.full_like(lse, float("-inf")), lse)
+        return {"out": o[:, 0], "lse": lse}
 
 
 def _dense_ok(case: Case) -> str | None:

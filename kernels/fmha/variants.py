@@ -122,6 +122,11 @@ class FmhaVariant(FmhaCuteDSL):
 
     checked = False
 
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if case.get("op", "attention") != "attention":
+            return "knock-outs of the attention kernel only"
+        return super().supports(case, arch)
+
 
 class FmhaNoGather(FmhaVariant):
     name, variant, kernel_class = "cutedsl:no-gather", "no-gather", NoGather

@@ -13,7 +13,7 @@ from sweeps import fmha as space
 def test_production_grid_covers_the_issue():
     grid = space.production()
     dense = [p for p in grid if p["mask"] != "sparse"]
-    sparse = [p for p in grid if p["mask"] == "sparse"]
+    sparse = [p for p in grid if p["mask"] == "sparse" and p.get("op") is None]  # FP8 decode: test_decode_fp8.py
     for hd in (64, 128, 256, 512):
         for mask in ("none", "causal", "window", "causal_window"):
             assert {p["sink"] for p in dense if p["hd"] == hd and p["mask"] == mask} == {False, True}

@@ -1,0 +1,203 @@
+"""FP8-cache sparse decode on a CPU: FlashMLA's MODEL1 cache layout and quantisation formula (byte
+positions, ue8m0 scales at their boundaries, the round trip), the decode oracle (two caches' union,
+lengths, -1, duplicates, the sink once), the split-KV plan and the combine's formula (a torch
+emulation of the three launches), the case space and the impls' dispatch, and the sm_90a compile."""
+
+import math
+
+import pytest
+import torch
+
+from dsv4bench.compile.cubin import parse_cubin
+from dsv4bench.core.case import Case
+from dsv4bench.core.evaluate import case_generator
+from dsv4bench.core.registry import SweepOptions
+from kernels.fmha.decode_family import is_decode
+from kernels.fmha.decode_glue import PAIR, compile_decode, plan
+from kernels.fmha.family import FAMILY
+from kernels.fmha.glue import FmhaCuteDSL
+from kernels.fmha.peers import FA4, CudnnSDPA, FlashMLA
+from kernels.fmha.variants import FmhaNoGather
+from oracles.fmha import sparse_attention
+from oracles.fmha_cache import (block_bytes, dequant_fp8_kvcache, gather_decode_keys, quantize_fp8_kvcache,
+                                sparse_decode_fp8)
+from sweeps import fmha as space
+
+
+def flashmla_quantise_tile(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashMLA tests/quant.py, one 64-value tile, written out: s = 2^ceil(log2(max(amax/448, 1e-4)))."""
+    s = 2.0 ** torch.ceil(torch.log2(torch.clamp_min(x.abs().amax(-1).float() / 448.0, 1e-4)))
+    return (x.float() / s[..., None]).to(torch.float8_e4m3fn), s
+
+
+def _rows(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, 512, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def test_block_layout_byte_positions():
+    bs = 64
+    assert block_bytes(bs) == 37440  # 64 * 584 = 37376, padded to a multiple of 576
+    k = _rows(2 * bs).view(2, bs, 512)
+    cache = quantize_fp8_kvcache(k)
+    assert cache.shape == (2, bs, 1, 584) and cache.stride()[:2] == (37440, 584)
+    raw = cache.view(2, -1)  # the block's bytes in storage order
+    for blk, t in ((0, 0), (1, 37), (1, 63)):
+        codes, s = flashmla_quantise_tile(k[blk, t, :448].view(7, 64))
+        row = raw[blk, t * 576:(t + 1) * 576]
+        assert torch.equal(row[:448], codes.view(torch.uint8).flatten())
+        assert torch.equal(row[448:].view(torch.bfloat16), k[blk, t, 448:])
+        sc = raw[blk, bs * 576 + 8 * t: bs * 576 + 8 * t + 8]
+        assert torch.equal(sc[:7].long(), torch.log2(s).long() + 127) and sc[7] == 0
+
+
+@pytest.mark.parametrize("amax,exp", [(448.0, 0), (448.0 * 1.01, 1), (448.0 * 2 ** -5, -5),
+                                      (448.0 * 2 ** -5 * 1.01, -4), (1e-9, -13), (0.0, -13)])
+def test_scale_boundaries(amax, exp):
+    """amax/448 a power of two keeps it (the tile's largest code is 448); just above it takes the next;
+    tiny or zero tiles take the 1e-4 floor (2^-13)."""
+    x = torch.zeros(1, 1, 512, dtype=torch.bfloat16)
+    x[0, 0, 64:128] = torch.linspace(-1, 1, 64) * 0.5 * amax
+    x[0, 0, 64] = -amax
+    amax_bf = float(x[0, 0, 64:128].float().abs().max())
+    cache = quantize_fp8_kvcache(x)
+    e = int(cache.view(1, -1)[0, 576 + 1]) - 127  # tile 1's exponent of token 0 (a block of one token)
+    want = math.ceil(math.log2(max(amax_bf / 448.0, 1e-4)))
+    assert e == want and (amax_bf != amax or e == exp)
+    deq = dequant_fp8_kvcache(cache).view(512).float()
+    code = torch.tensor(-amax_bf / 2.0 ** e).to(torch.float8_e4m3fn).float()  # never saturates: |x / s| <= 448
+    assert deq[64] == code * 2.0 ** e and abs(float(code)) <= 448.0
+
+
+def test_round_trip_error_and_idempotence():
+    k = (_rows(3 * 61, 1).float() * torch.logspace(-6, 3, 3 * 61)[:, None]).to(torch.bfloat16).view(3, 61, 512)
+    cache = quantize_fp8_kvcache(k)
+    deq = dequant_fp8_kvcache(cache).view(3, 61, 512)
+    assert torch.equal(deq[..., 448:], k[..., 448:])  # RoPE stays bf16
+    tile_amax = k[..., :448].float().abs().view(3, 61, 7, 64).amax(-1, keepdim=True)
+    err = (deq[..., :448].float() - k[..., :448].float()).view(3, 61, 7, 64).abs()
+    # e4m3: half an ulp is at most |x|/16, and at most 2^-10 of the scale in the subnormal range
+    scale = 2.0 ** torch.ceil(torch.log2(torch.clamp_min(tile_amax / 448, 1e-4)))
+    bound = k[..., :448].float().abs().view(3, 61, 7, 64) / 16 + scale * 2 ** -10
+    assert (err <= bound * 1.0001).all()
+    # dequantised values are codes times powers of two: quantising them again loses nothing (the bytes
+    # may differ: a tile whose amax rounded down takes a smaller scale)
+    assert torch.equal(dequant_fp8_kvcache(quantize_fp8_kvcache(deq)).view(3, 61, 512), deq)
+
+
+def test_dequant_is_flashmla_bf16_product():
+    """FlashMLA dequantises as bf16(code) * bf16(scale): exact, so it equals the fp32 product."""
+    k = _rows(64, 2).view(1, 64, 512)
+    cache = quantize_fp8_kvcache(k)
+    deq = dequant_fp8_kvcache(cache).view(64, 512).float()
+    codes, s = flashmla_quantise_tile(k[0, :, :448].view(64, 7, 64))
+    assert torch.equal(deq[:, :448], (codes.float() * s[..., None]).view(64, 448))
+
+
+def _decode_case(**kw) -> tuple:
+    case = Case("fmha", space._decode(**kw))
+    return case, FAMILY.make_inputs(case, case_generator(case), "cpu")
+
+
+def test_oracle_is_the_union_of_both_caches_with_the_sink_once():
+    case, x = _decode_case(h_q=64, b=3, ctx=700, k=40, block=61, invalid=0.2, ragged=True, dup=True)
+    out, lse = sparse_decode_fp8(x["q"], (x["cache0"], x["cache1"]), (x["idx0"], x["idx1"]),
+                                 (x["len0"], x["len1"]), x["sink"], 512 ** -0.5)
+    for r in range(3):  # by hand: each cache's read slots, dequantised, one softmax with the sink
+        keys = []
+        for i in (0, 1):
+            c, idx, ln = x[f"cache{i}"], x[f"idx{i}"][r], int(x[f"len{i}"][r])
+            deq = dequant_fp8_kvcache(c).view(-1, 512)
+            keys += [deq[int(v)] for v in idx[:ln] if v >= 0]
+        kk = torch.stack(keys).float()
+        logits = x["q"][r].float() @ kk.T * 512 ** -0.5
+        lse_r = torch.logsumexp(logits, -1)
+        den = torch.exp(lse_r) + torch.exp(x["sink"])
+        o = torch.exp(logits) @ kk / den[:, None]
+        assert torch.allclose(lse[r], lse_r, atol=1e-4) and torch.allclose(out[r], o, atol=1e-4, rtol=1e-4)
+
+
+def test_no_valid_key_gives_zero_and_minus_inf():
+    case, x = _decode_case(h_q=64, b=2, ctx=300, k=8)
+    x["len0"][1], x["len1"][1] = 0, 0
+    x["idx1"][0] = -1
+    out, lse = sparse_decode_fp8(x["q"], (x["cache0"], x["cache1"]), (x["idx0"], x["idx1"]),
+                                 (x["len0"], x["len1"]), x["sink"], 512 ** -0.5)
+    assert torch.isneginf(lse[1]).all() and (out[1] == 0).all()
+    assert torch.isfinite(lse[0]).all()
+
+
+def test_inputs_mean_what_the_params_say():
+    case, x = _decode_case(h_q=128, b=2, ctx=8192, k=1024, dup=True)
+    assert x["idx0"].shape == (2, 128) and x["idx1"].shape == (2, 1024)
+    assert (x["len0"] == 128).all() and (x["len1"] == 1024).all()
+    for r in range(2):  # window slots: distinct tokens; dup: some compressed slots repeat
+        assert x["idx0"][r].unique().numel() == 128
+        assert x["idx1"][r].unique().numel() < 1024
+    _, short = _decode_case(h_q=64, b=1, ctx=100, k=512)  # fewer valid keys than top-k
+    assert int(short["len0"][0]) == 100 and int((short["idx1"][0] >= 0).sum()) == 25
+
+
+def _emulate(x, sms: int) -> tuple:
+    """The three launches in torch: W = the gathered keys (unread slot 0 zero), splits per `plan` as
+    the attention kernel's rows without the sink, the combine's formula."""
+    keys, ok = gather_decode_keys((x["cache0"], x["cache1"]), (x["idx0"], x["idx1"]), (x["len0"], x["len1"]))
+    b, n = ok.shape
+    h = x["q"].shape[1]
+    n_split, chunk = plan(b, h, n, sms)
+    assert chunk % PAIR == 0 and n_split * chunk >= n and (n_split - 1) * chunk < n
+    widx = torch.full((b, n_split * chunk), -1)
+    widx[:, :n] = torch.where(ok, torch.arange(n), -1)
+    o_part = torch.empty(b, n_split, h, 512)
+    l_part = torch.empty(b, n_split, h)
+    for r in range(b):
+        rows = widx[r].view(n_split, chunk)
+        o_part[r], l_part[r] = sparse_attention(x["q"][r][None].expand(n_split, h, 512), keys[r], rows, None,
+                                                512 ** -0.5)
+    m = l_part.amax(1, keepdim=True)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = torch.exp(l_part - m_safe)
+    tot = w.sum(1)
+    den = tot + torch.exp(x["sink"][None] - m_safe[:, 0])
+    out = torch.where(tot[..., None] > 0, (w[..., None] * o_part).sum(1) / den[..., None], torch.zeros(()))
+    return out, torch.log(tot) + m_safe[:, 0], n_split
+
+
+@pytest.mark.parametrize("sms", [1, 132, 10000])
+def test_split_kv_and_combine_reproduce_the_oracle(sms):
+    case, x = _decode_case(h_q=64, b=3, ctx=2049, k=512, invalid=0.1, ragged=True)
+    out, lse, n_split = _emulate(x, sms)
+    ref, ref_lse = FAMILY.oracle(case, x).values()
+    assert (n_split == 1) == (sms == 1)
+    assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
+
+
+def test_plan_fills_the_sms_in_whole_pairs():
+    assert plan(1, 64, 640, 132) == (5, 128) and plan(128, 128, 1152, 132) == (1, 1152)
+    for b in (1, 32, 64, 128):
+        for h, n in ((64, 640), (128, 1152)):
+            n_split, chunk = plan(b, h, n, 132)
+            assert n_split * chunk >= n and chunk % PAIR == 0
+            assert n_split == 1 or n_split * b * h // 64 >= 132 or chunk == PAIR
+
+
+def test_space_covers_the_issue_and_impls_dispatch():
+    grid = [p for p in space.production() if p.get("op") == "decode_fp8"]
+    got = {(p["h_q"], p["topk"], p["b"], p["s_kv"]) for p in grid}
+    assert got == {(h, t, b, c) for h, t in ((64, 640), (128, 1152)) for b in (1, 32, 64, 128) for c in (8192, 131072)}
+    cases = FAMILY.cases(SweepOptions(examples=40, seed=3, filters=FAMILY.parse_filters({"op": "decode_fp8"})))
+    drawn = [c for c in cases if c.origin == "hypothesis"]
+    assert drawn and all(is_decode(c) for c in cases)
+    assert any(c["ragged"] for c in drawn) and any(c["dup"] for c in drawn) and any(c["invalid"] > 0 for c in drawn)
+    assert not any(is_decode(c) for c in FAMILY.cases(SweepOptions(examples=4, seed=3, filters=FAMILY.parse_filters(
+        {"op": "attention"}))))
+    case = Case("fmha", space._decode(h_q=128, b=64))
+    assert FmhaCuteDSL().supports(case) is None and FlashMLA().supports(case) is None
+    assert FA4().supports(case) and CudnnSDPA().supports(case) and FmhaNoGather().supports(case)
+    assert FmhaCuteDSL().compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(Case("fmha", space._sparse()), "sm_90a")
+
+
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_decode_compiles_for_sm90a_without_gpu(h_q):
+    for compiled in compile_decode(h_q, "sm_90a"):
+        info = parse_cubin(compiled.__cubin__)
+        assert info.cubin_bytes > 0 and not info.local_bytes, info
