@@ -44,6 +44,7 @@ class Error:
             raise DiffError(f"output shapes {[tuple(t.shape) for t in got]} differ from the oracle's "
                             f"{[tuple(t.shape) for t in want]}")
         for g, w in zip(got, want):
+            g = g.to(w.device)  # the sampler's oracle answers on the CPU (its noise is drawn there)
             if w.is_floating_point():  # masked entries (-inf scores) must match exactly
                 self.floats = True
                 finite = torch.isfinite(w)
