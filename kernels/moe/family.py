@@ -8,7 +8,9 @@ layer: y = bf16( Σ_k expert_{idx_k}(x; w_k) + shared ), the routed experts in t
     the reference's path: FP8 e4m3 activations per 128 (ue8m0), fp32 accumulation over the
     dequantised MXFP4 weights, bf16 w1 / w3 outputs, SwiGLU and the route weight in fp32, bf16 h
     quantised again for w2, each expert's bf16 output summed in fp32 with the shared output.
-    Ours: not yet (the grouped GEMM is separate work); the peers time it (kernels/moe/peers.py).
+    Ours (sm_90a): dispatch -> the grouped MXFP4 x FP8 GEMMs (kernels/moe/grouped_sm90.py: L1 with the
+    SwiGLU x route weight and h's FP8 quantisation fused, L2) -> combine (kernels/moe/layer.py); the
+    weights' side data is made once per weight buffers. Peers: kernels/moe/peers.py.
 dispatch: the router's output -> the layout (contiguous or masked) with x gathered and FP8-quantised
     (kernels/moe/dispatch.py). Oracle = reference = oracles.moe `dispatch_layout` + `gather_quant`;
     every output compares exactly.
@@ -26,10 +28,10 @@ from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, regis
 from kernels.moe import peers
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
+from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
 from sweeps import moe as space
 
-LAYER_ONLY_PEERS = "the grouped GEMM (L1 + SwiGLU, L2) is not built yet (#22): the peers time the layer"
 # The layer quantises two activations to FP8 e4m3 (x, then h), ~2.5% rms relative error each, and the
 # SwiGLU carries x's error into h: the reference itself is 3-5% (relative L2) from the FP32 math
 # (4.6-4.9% at the Flash decode shapes, on the CPU). The bound is twice that; the max-error rule
@@ -143,9 +145,15 @@ class MoeCuteDSL(Impl):
     compiles = True
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
-        return LAYER_ONLY_PEERS if case["op"] == "layer" else None
+        if case["op"] != "layer":
+            return None
+        if arch not in (None, "sm_90a"):
+            return SM90_ONLY
+        return None if case["i"] % 128 == 0 else f"I={case['i']} must be a multiple of 128 (L1's 256-row tile)"
 
     def compile_key(self, case: Case, arch: str) -> tuple:
+        if case["op"] == "layer":
+            return (self.family, self.name, arch, "layer", case["e"], case["k"], case["d"], case["i"], case["layout"])
         if case["op"] == "dispatch":
             return (self.family, self.name, arch, "dispatch", case["e"], case["k"], case["d"], case["layout"])
         return (self.family, self.name, arch, "combine", case["d"], case["k"])
@@ -155,9 +163,14 @@ class MoeCuteDSL(Impl):
             return compile_dispatch(case["e"], case["k"], case["d"], case["layout"], arch)
         if case["op"] == "combine":
             return compile_combine(case["d"], case["k"], arch)
-        raise ValueError(LAYER_ONLY_PEERS)
+        return compile_layer(case["e"], case["k"], case["d"], case["i"], case["layout"], arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if case["op"] == "layer":
+            experts = tuple(inputs[n] for n in WEIGHT_NAMES)
+            run_layer(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
+                      case_max_m(case), out["out"])
+            return out
         if case["op"] == "dispatch":
             return run_dispatch(compiled, inputs["x"], inputs["idx"], inputs["weights"], out, case["e"],
                                 case_max_m(case))

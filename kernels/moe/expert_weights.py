@@ -1,0 +1,133 @@
+"""Load-time side data of the grouped expert GEMM (kernels/moe/grouped_sm90.py): made once per weight,
+never per call. Pure torch (runs on the CPU in tests, on the device at load).
+
+The kernel reads the checkpoint's MXFP4 codes (e2m1, two per byte) from HBM and widens them to FP8 e4m3
+in shared memory. A weight element is c · 2^(e_j − 127) (c in {0, .5, 1, 1.5, 2, 3, 4, 6}, e_j the ue8m0
+byte of its 32-wide sub-block j). Per (weight row n, 128-wide K block) with m = max of the 4 sub-block
+exponents, take the reference exponent r = m − 6 and write
+
+    w = [c · 2^(e_j − r)] · 2^(r − 127)
+
+The bracket is what the kernel widens to e4m3 (`shift` s_j = e_j − r <= 6: at most 6 · 2^6 = 384 <=
+448); 2^(r − 127) is a per-(n, K block) fp32 factor applied in the per-128-K promotion with the
+activation's per-row scale (`col_scale`). The bracket is exact in e4m3 while s_j >= −8, i.e. while the
+block's exponents span <= 14 binades: the smallest nonzero value 0.5 · 2^(s_j) must be a multiple of
+the e4m3 subnormal step 2^-9 (1.5 · 2^s needs the same). A sub-block below that (s_j < −8) is widened
+by round-to-nearest-even onto the e4m3 grid: values under 2^-10 · 2^(r − 127) flush to zero, others
+round to the subnormal step 2^-9: the error per element is at most half a step, 2^-10 · 2^(r − 127),
+i.e. 2^-19 of the block's largest weight (384 · 2^(r − 127) or more): bounded, tested, never silent
+(`flush_stats` counts such sub-blocks; the synthetic weights span 3 binades). Shifts are stored as an index into `widen_table`
+(s + SHIFT_BIAS, clamped to [0, SHIFTS): s <= −13 flushes every code to zero anyway).
+
+Layouts (E experts, N weight rows, K reduction, KB = K / 128):
+    codes      uint8 [E, N, K/2]        the checkpoint's bytes (element 2k in the low nibble)
+    shift      uint8 [E, KB, N, 4]      table index of each 32-wide sub-block (the kernel reads int32 words)
+    col_scale  fp32  [E, KB, N]         2^(r − 127) (MN-major: a tile's bn values are one TMA box)
+Layer 1's w1 (gate) and w3 (up) become one weight of 2I rows interleaved in groups of 8 (`interleave`):
+row 16q + x is gate row 8q + x, row 16q + 8 + x up row 8q + x (x < 8): in the SM90 accumulator a thread
+holds columns c and c + 8, so gate and up of one intermediate meet in one thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from oracles.quant import E2M1_GRID, UE8M0_BIAS, unpack_fp4
+
+SUB = 32  # MXFP4 block along K
+KBLOCK = 128  # the promotion block along K
+MAX_SHIFT = 6  # 6 · 2^6 = 384 <= 448 (e4m3 max)
+SHIFT_BIAS = 13  # table index = shift + 13: shift −13 and below flush every code to 0
+SHIFTS = SHIFT_BIAS + MAX_SHIFT + 1  # 20 tables of 8 e4m3 bytes
+EXACT_SPAN = 14  # binades of exponent span within a (row, 128-K block) that widen exactly
+INTERLEAVE = 8
+
+
+@dataclass(frozen=True)
+class GroupedWeight:
+    """One grouped-GEMM weight of E experts, as the kernel reads it."""
+
+    codes: torch.Tensor  # uint8 [E, N, K/2]
+    shift: torch.Tensor  # uint8 [E, KB, N, 4]
+    col_scale: torch.Tensor  # fp32 [E, KB, N]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        e, n, half = self.codes.shape
+        return e, n, 2 * half
+
+
+def widen_table(device="cpu") -> torch.Tensor:
+    """int32 [SHIFTS, 2]: for table index s + SHIFT_BIAS, the e4m3 bytes of E2M1_GRID[i] · 2^s, i = 0..7,
+    byte i of the 8-byte little-endian pair (the kernel's `prmt` table). RNE onto the e4m3 grid."""
+    grid = torch.tensor(E2M1_GRID, dtype=torch.float32)
+    shifts = torch.arange(SHIFTS, dtype=torch.float32) - SHIFT_BIAS
+    vals = grid[None, :] * torch.exp2(shifts)[:, None]
+    table = vals.to(torch.float8_e4m3fn).view(torch.uint8).contiguous()
+    return table.view(torch.int32).view(SHIFTS, 2).to(device)
+
+
+def _exponents(scales: torch.Tensor) -> torch.Tensor:
+    exps = scales.contiguous().view(torch.uint8).to(torch.int32)
+    if bool((exps == 255).any()):
+        raise ValueError("an MXFP4 scale is NaN (e8m0 byte 255): refusing the weight")
+    return exps
+
+
+def prepare(codes: torch.Tensor, scales: torch.Tensor) -> GroupedWeight:
+    """codes int8/uint8 [E, N, K/2], ue8m0 scales (float8_e8m0fnu or uint8) [E, N, K/32] -> GroupedWeight."""
+    e, n, half = codes.shape
+    k = 2 * half
+    if k % KBLOCK or scales.shape != (e, n, k // SUB):
+        raise ValueError(f"K={k} must be a multiple of {KBLOCK} and scales [E, N, K/32], got {tuple(scales.shape)}")
+    exps = _exponents(scales).view(e, n, k // KBLOCK, KBLOCK // SUB)
+    ref = exps.amax(-1) - MAX_SHIFT  # r = m − 6, [E, N, KB]
+    shift = (exps - ref[..., None] + SHIFT_BIAS).clamp(min=0)
+    col_scale = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - UE8M0_BIAS).float())
+    return GroupedWeight(codes.contiguous().view(torch.uint8), shift.to(torch.uint8).transpose(1, 2).contiguous(),
+                         col_scale.transpose(1, 2).contiguous())
+
+
+def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Rows of a (gate) and b (up), [E, I, ...] each -> [E, 2I, ...] in groups of INTERLEAVE rows."""
+    e, i = a.shape[:2]
+    if i % INTERLEAVE:
+        raise ValueError(f"I={i} must be a multiple of {INTERLEAVE}")
+    pair = torch.stack([a.reshape(e, i // INTERLEAVE, INTERLEAVE, *a.shape[2:]),
+                        b.reshape(e, i // INTERLEAVE, INTERLEAVE, *b.shape[2:])], 2)
+    return pair.reshape(e, 2 * i, *a.shape[2:])
+
+
+def prepare_layer(w1, s1, w3, s3, w2, s2) -> tuple[GroupedWeight, GroupedWeight]:
+    """The checkpoint's w1/w3/w2 (and scales) of E experts -> (L1 weight with gate/up interleaved, L2 weight)."""
+    return prepare(interleave(w1, w3), interleave(s1, s3)), prepare(w2, s2)
+
+
+# ---------------------------------------------------------------- the kernel's widening, in torch
+
+def widened_codes(w: GroupedWeight) -> torch.Tensor:
+    """The e4m3 tile the kernel builds in shared memory: float8_e4m3fn [E, N, K], byte-for-byte (table
+    lookup on the 3-bit magnitude, the sign bit copied)."""
+    e, n, k = w.shape
+    nib = unpack_fp4(w.codes).to(torch.int64)  # [E, N, K]
+    idx = w.shift.transpose(1, 2).reshape(e, n, k // SUB).to(torch.int64)  # [E, N, K/32]
+    table = widen_table().view(torch.uint8).view(SHIFTS, 8).to(torch.int64)
+    mag = table[idx.repeat_interleave(SUB, -1), nib & 7]
+    return (mag | ((nib & 8) << 4)).to(torch.uint8).view(torch.float8_e4m3fn)
+
+
+def widened_dequant(w: GroupedWeight) -> torch.Tensor:
+    """fp32 [E, N, K]: the widened codes times the per-(n, 128-K block) factor: what the kernel multiplies."""
+    e, n, k = w.shape
+    col = w.col_scale.transpose(1, 2).repeat_interleave(KBLOCK, -1)  # [E, N, K]
+    return widened_codes(w).float() * col
+
+
+def flush_stats(scales: torch.Tensor) -> tuple[int, int]:
+    """(sub-blocks widened inexactly: more than EXACT_SPAN binades below their block's max, all sub-blocks)."""
+    exps = _exponents(scales)
+    blocks = exps.view(*exps.shape[:-1], -1, KBLOCK // SUB)
+    inexact = (blocks.amax(-1, keepdim=True) - blocks) > EXACT_SPAN
+    return int(inexact.sum()), blocks.numel()

@@ -1,0 +1,69 @@
+"""Compile-time configuration of the grouped expert GEMM (kernels/moe/grouped_sm90.py) and its
+shared-memory budget; `choose` is the tile rule.
+
+CTA tile bm x bn (bn = BN = 256 weight rows): two consumer warpgroups split N (128 columns each, a
+64 x 128 fp32 accumulator per 64-row wave), bm = 64 (decode: one wave) or 128 (prefill: two waves).
+Layer 1's 256 interleaved rows are 128 intermediates: exactly one FP8 quantisation block of h, so the
+epilogue's block amax is a quad shuffle plus one exchange between the two warpgroups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels.gemm.tiling import KBLOCK, SMEM_BYTES
+
+BN = 256
+LAYOUTS = ("masked", "contiguous")
+EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
+MAX_STAGES = 8
+WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    layout: str = "masked"
+    epilogue: str = "swiglu"
+    bm: int = 64
+    stages: int = 0  # 0: as many as fit
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
+        if self.bm not in (64, 128):
+            raise ValueError(f"bm must be 64 or 128, got {self.bm}")
+        if self.n_stages < 2:
+            raise ValueError(f"bm={self.bm} leaves room for {self.n_stages} stage(s)")
+
+    bn = BN
+    n_mma_wg = 2
+    threads = 384
+
+    @property
+    def waves(self) -> int:
+        return self.bm // 64
+
+    @property
+    def stage_bytes(self) -> int:
+        """TMA bytes per stage: x tile (e4m3), packed FP4 weight tile, its shift bytes, its column
+        scales, the x tile's row scales."""
+        return self.bm * KBLOCK + self.bn * KBLOCK // 2 + 4 * self.bn + 4 * self.bn + 4 * self.bm
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Two widened e4m3 B tiles, the epilogue's amax exchange, the widening table, barriers."""
+        return 2 * self.bn * KBLOCK + self.waves * 2 * 64 * 4 + WIDEN_TABLE_WORDS * 4 + 2048
+
+    @property
+    def n_stages(self) -> int:
+        if self.stages:
+            return self.stages
+        return min(MAX_STAGES, (SMEM_BYTES - self.fixed_bytes) // self.stage_bytes)
+
+
+def choose(layout: str, epilogue: str) -> GroupedConfig:
+    """Decode (masked: a few rows per expert) takes one 64-row wave, prefill (contiguous, 128-row
+    segments) two."""
+    return GroupedConfig(layout=layout, epilogue=epilogue, bm=64 if layout == "masked" else 128)

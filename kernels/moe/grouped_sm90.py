@@ -1,0 +1,376 @@
+"""SM90 grouped expert GEMM (DSV4 routed experts, issue #22): per expert e, y = x_e · W_e^T with x FP8
+e4m3 (one fp32 scale per row and 128 of K, MN-major, as kernels/moe/dispatch.py writes it) and W in the
+checkpoint's MXFP4 (kernels/moe/expert_weights.py: codes + load-time side data).
+
+SM90 has no FP4 MMA. The FP4 bytes come from HBM by TMA (half of FP8's bytes: the decode floor) and
+the consumer warpgroups widen them to e4m3 in shared memory (a `prmt` table lookup per 4 codes on the
+3-bit magnitude, the sign bit copied; the table is chosen per 32-wide sub-block by its load-time shift),
+then run SS wgmma on the widened tile. Widening in shared memory rather than in registers (RS wgmma)
+keeps the x tile on the A side with the gemm family's mainloop, its 64-row waves and its promotion;
+an RS kernel would put the weight on A (swap-AB) and the SwiGLU pairs and the h quantisation block
+across warps. Decode is bound by the weight stream, not by the 64-row wgmma (docs/perf/moe.md).
+
+Per 128-K block: acc += tmp · sa[row] · col_scale[n] (col_scale = 2^(r − 127), the weight's
+per-(row n, K block) reference exponent). Tile bm x 256: warpgroup 0 loads (one TMA warp), warpgroups
+1-2 each own 128 columns (`kernels/moe/grouped_config.py`).
+
+Layouts ((Mg, G) = rows per group and groups):
+  masked (decode): G = E groups of Mg = max_m rows; `group` = counts [E]; units (e, m tile) past the
+      count are skipped, rows past it neither computed-then-stored nor read.
+  contiguous (prefill): G = 1, Mg = layout rows; `group` = the expert of each row (-1: padding); an m
+      tile whose first row is padding is skipped (segments are 128-aligned and fill from the front).
+Epilogues: `swiglu` (layer 1: 256 interleaved gate/up columns = 128 intermediates -> bf16 gate / up
+(the reference's w1 / w3 outputs), silu(min(g, 10)) · clamp(u, ±10) · route weight -> bf16 h -> e4m3
+codes [rows, I] + one ue8m0 scale per row and 128 (MN-major [G, I/128, Mg], dispatch's rule)), `bf16`
+(layer 2: bf16 rows [rows, D], the layout combine reads).
+Persistent: unit u = (group, m tile, n tile), n fastest, dealt round-robin to the CTAs.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, Uint8
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.utils import LayoutEnum
+
+from kernels.bits import bits_f32
+from kernels.fmha.softmax import quad_allreduce
+from kernels.gemm.tiling import KBLOCK, SMEM_BYTES
+from kernels.moe.grouped_config import WIDEN_TABLE_WORDS, GroupedConfig
+from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
+from kernels.regs import fence_operand, mn_view
+from kernels.rings import tma_ring
+
+LIMIT = 10.0  # spec §8.2
+LOG2E = 1.4426950408889634
+FP8_MAX, FP8_FLOOR = 448.0, 1e-4
+SUBS = KBLOCK // 32  # MXFP4 sub-blocks per K block
+
+
+@dsl_user_op
+def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
+    """`prmt.b32`: byte k of the result is byte (nibble k of sel) of the 8-byte pair {b:a}."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(v).ir_value(loc=loc, ip=ip) for v in (a, b, sel)], "prmt.b32 $0, $1, $2, $3;",
+        "=r,r,r,r", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@cute.jit
+def widen4(nibbles: Int32, t0: Int32, t1: Int32) -> Int32:
+    """4 e2m1 codes (bits 0-15) -> 4 e4m3 bytes: the magnitude from the shift's table, the sign copied."""
+    mag = prmt(t0, t1, nibbles & 0x7777)
+    y = (nibbles | (nibbles << 8)) & 0x00FF00FF
+    y = (y | (y << 4)) & 0x0F0F0F0F  # one code per byte
+    return mag | ((y << 4) & Int32(-0x7F7F7F80))  # 0x80808080: each code's sign bit to its byte's bit 7
+
+
+class GroupedSm90:
+    def __init__(self, cfg: GroupedConfig):
+        self.cfg = cfg
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,  # x codes e4m3 (Mg, K, G), K contiguous
+        mSA: cute.Tensor,  # x scales fp32 (Mg, K/128, G), Mg contiguous
+        mB: cute.Tensor,  # weight codes uint8 (N, K/2, E), two e2m1 per byte
+        mSh: cute.Tensor,  # widening table indices int32 (N, K/128, E), byte j: sub-block j
+        mSW: cute.Tensor,  # weight column scales fp32 (N, K/128, E)
+        mTab: cute.Tensor,  # widening tables int32 (40,)
+        mGroup: cute.Tensor,  # masked: counts int32 (E,); contiguous: expert of each row int32 (rows,)
+        mRowW: cute.Tensor,  # route weight of each row fp32 (G*Mg,) (swiglu only)
+        mOut: cute.Tensor,  # swiglu: h codes uint8 (G*Mg, N/2); bf16: rows as int32 pairs (G*Mg, N/2)
+        mOutS: cute.Tensor,  # swiglu: h scales fp32 (Mg, N/256, G), Mg contiguous; bf16: unused
+        n_ctas: Int32,
+        stream,
+    ):
+        c = self.cfg
+        S, W = c.n_stages, c.waves
+        fp8 = mA.element_type
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(fp8, fp8, warpgroup.OperandMajorMode.K,
+                                                      warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
+        mma_acc = sm90_utils.make_trivial_tiled_mma(fp8, fp8, warpgroup.OperandMajorMode.K,
+                                                    warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
+        tile = (64, c.bn, KBLOCK)
+        sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S * W)
+        sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, 2)  # two widened tiles
+        sQ_layout = cute.make_layout((c.bn, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2))
+        sSh_layout = cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn))
+        sSW_layout = cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn))
+        sSA_layout = cute.make_layout((c.bm, 1, S), stride=(1, c.bm, c.bm))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(sA_layout, (None, None, 0)), (64, KBLOCK))
+        tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(sQ_layout, (None, None, 0)),
+                                                  (c.bn, KBLOCK // 2))
+        tma_sh, gSh_t = cpasync.make_tiled_tma_atom(g2s, mSh, cute.slice_(sSh_layout, (None, None, 0)), (c.bn, 1))
+        tma_sw, gSW_t = cpasync.make_tiled_tma_atom(g2s, mSW, cute.slice_(sSW_layout, (None, None, 0)), (c.bn, 1))
+        tma_sa, gSA_t = cpasync.make_tiled_tma_atom(g2s, mSA, cute.slice_(sSA_layout, (None, None, 0)), (c.bm, 1))
+
+        @cute.struct
+        class Storage:
+            bars: cute.struct.MemRange[cutlass.Int64, S * 2]
+            tab: cute.struct.Align[cute.struct.MemRange[Int32, WIDEN_TABLE_WORDS], 16]
+            red: cute.struct.Align[cute.struct.MemRange[Float32, W * 2 * 64], 16]
+            sSA: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sSA_layout)], 128]
+            sSW: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sSW_layout)], 128]
+            sSh: cute.struct.Align[cute.struct.MemRange[Int32, cute.cosize(sSh_layout)], 128]
+            sQ: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(sQ_layout)], 1024]
+            sA: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sB_layout)], 1024]
+
+        if cutlass.const_expr(Storage.size_in_bytes() > SMEM_BYTES):
+            raise ValueError(f"{c}: {Storage.size_in_bytes()} B of shared memory, more than {SMEM_BYTES}")
+
+        units = cute.size(mA, mode=[2]) * ((cute.size(mA, mode=[0]) + c.bm - 1) // c.bm) * (
+            (cute.size(mB, mode=[0]) + c.bn - 1) // c.bn)
+        self.kernel(tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
+                    mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout,
+                    sSA_layout, Storage).launch(grid=(cutlass.min(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
+                                                min_blocks_per_mp=1, stream=stream)
+
+    @cute.jit
+    def _unit(self, u, tiles_m, tiles_n, mg, mGroup):
+        """Unit u -> (group, m tile, n tile, expert, rows of the group that are real, active)."""
+        nt = u % tiles_n
+        rest = u // tiles_n
+        mt = rest % tiles_m
+        g = rest // tiles_m
+        e = g
+        limit = mg
+        if cutlass.const_expr(self.cfg.layout == "masked"):
+            limit = cutlass.min(mGroup[g], mg)
+        else:
+            e = mGroup[mt * self.cfg.bm]
+        return g, mt, nt, e, limit, (mt * self.cfg.bm < limit) & (e >= 0)
+
+    @cute.kernel
+    def kernel(self, tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
+               mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout, sSA_layout,
+               Storage: cutlass.Constexpr):
+        c = self.cfg
+        S, W = c.n_stages, c.waves
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+        mma_acc.set(warpgroup.Field.ACCUMULATE, True)
+        if warp_idx == 0:
+            for atom in (tma_a, tma_b, tma_sh, tma_sw, tma_sa):
+                cpasync.prefetch_descriptor(atom)
+
+        st = cutlass.utils.SmemAllocator().allocate(Storage)
+        ring = tma_ring(st.bars.data_ptr(), S, c.n_mma_wg * 4, c.stage_bytes)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        sQ = st.sQ.get_tensor(sQ_layout)
+        sSh = st.sSh.get_tensor(sSh_layout)
+        sSW = st.sSW.get_tensor(sSW_layout)
+        sSA = st.sSA.get_tensor(sSA_layout)
+
+        # (64, 128, Mg/64, KB, G), (bn, 64, N/bn, KB, E), (bn, 1, N/bn, KB, E) twice, (bm, 1, Mg/bm, KB, G)
+        gA = cute.local_tile(gA_t, (64, KBLOCK), (None, None, None))
+        gB = cute.local_tile(gB_t, (c.bn, KBLOCK // 2), (None, None, None))
+        gSh = cute.local_tile(gSh_t, (c.bn, 1), (None, None, None))
+        gSW = cute.local_tile(gSW_t, (c.bn, 1), (None, None, None))
+        gSA = cute.local_tile(gSA_t, (c.bm, 1), (None, None, None))
+        one = cute.make_layout(1)
+        tAs, tAg = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        tBs, tBg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gB, 0, 2))
+        tHs, tHg = cpasync.tma_partition(tma_sh, 0, one, cute.group_modes(sSh, 0, 2), cute.group_modes(gSh, 0, 2))
+        tWs, tWg = cpasync.tma_partition(tma_sw, 0, one, cute.group_modes(sSW, 0, 2), cute.group_modes(gSW, 0, 2))
+        tSs, tSg = cpasync.tma_partition(tma_sa, 0, one, cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2))
+
+        mg = cute.size(gA_t, mode=[0])
+        tiles_m = (mg + c.bm - 1) // c.bm
+        tiles_n = cute.size(gB, mode=[2])
+        n_kb = cute.size(gB, mode=[3])
+        units = cute.size(gA_t, mode=[2]) * tiles_m * tiles_n
+
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(40)
+            if warp_idx == 0:
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
+                for u in cutlass.range(bidx, units, gdim, unroll=1):
+                    g, mt, nt, e, _limit, active = self._unit(u, tiles_m, tiles_n, mg, mGroup)
+                    if active:
+                        for kb in cutlass.range(0, n_kb, unroll=1):
+                            ring.producer_acquire(state)
+                            bar = ring.producer_get_barrier(state)
+                            for w in cutlass.range_constexpr(W):
+                                cute.copy(tma_a, tAg[(None, mt * W + w, kb, g)], tAs[(None, state.index * W + w)],
+                                          tma_bar_ptr=bar)
+                            cute.copy(tma_b, tBg[(None, nt, kb, e)], tBs[(None, state.index)], tma_bar_ptr=bar)
+                            cute.copy(tma_sh, tHg[(None, nt, kb, e)], tHs[(None, state.index)], tma_bar_ptr=bar)
+                            cute.copy(tma_sw, tWg[(None, nt, kb, e)], tWs[(None, state.index)], tma_bar_ptr=bar)
+                            cute.copy(tma_sa, tSg[(None, mt, kb, g)], tSs[(None, state.index)], tma_bar_ptr=bar)
+                            ring.producer_commit(state)
+                            state.advance()
+                ring.producer_tail(state)
+        else:
+            cute.arch.setmaxregister_increase(232)
+            self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
+                          tiles_m, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
+
+    @cute.jit
+    def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
+                 tiles_m, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
+        c = self.cfg
+        W = c.waves
+        tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
+        if ctid < WIDEN_TABLE_WORDS:
+            tab[ctid] = mTab[ctid]
+        thr_mma = tiled_mma.get_slice(ctid)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc_shape = thr_mma.partition_shape_C((64, c.bn))
+        accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(W)]
+        tmp = cute.make_rmem_tensor(acc_shape, Float32)
+        cC = mn_view(thr_mma.partition_C(cute.make_identity_tensor((64, c.bn))))
+        bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
+        bar.arrive_and_wait()  # the table is in
+        g_rd = Int32(0)
+        for u in cutlass.range(bidx, units, gdim, unroll=1):
+            g, mt, nt, e, limit, active = self._unit(u, tiles_m, tiles_n, mg, mGroup)
+            if active:
+                for w in cutlass.range_constexpr(W):
+                    accs[w].fill(0.0)
+                for kb in cutlass.range(0, n_kb, unroll=1):
+                    self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar,
+                                 g_rd, ctid)
+                    g_rd = g_rd + 1
+                for w in cutlass.range_constexpr(W):
+                    m0 = mt * c.bm + w * 64
+                    if cutlass.const_expr(c.epilogue == "swiglu"):
+                        self._store_h(accs[w], cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid)
+                    else:
+                        self._store_rows(accs[w], cC, mOut, g, m0, nt, limit, mg)
+
+    @cute.jit
+    def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, ctid):
+        """Wait for the stage, widen its FP4 tile into B buffer g_rd % 2, read the promotion scales, then
+        per wave: 4 wgmma into tmp, wait, (last wave: free the stage), promote."""
+        c = self.cfg
+        S, W = c.n_stages, c.waves
+        state = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
+        ring.consumer_wait(state)
+        buf = g_rd % 2
+        self._widen(st, sSh, tab, state.index, buf, ctid)
+        n_r, n_c = cute.size(cC, mode=[0]), cute.size(cC, mode=[1])
+        col_s = cute.make_rmem_tensor((n_c,), Float32)
+        for cc in cutlass.range_constexpr(n_c):
+            col_s[cc] = sSW[cC[0, cc][1], 0, state.index]
+        row_s = cute.make_rmem_tensor((W, n_r), Float32)
+        for w in cutlass.range_constexpr(W):
+            for r in cutlass.range_constexpr(n_r):
+                row_s[w, r] = sSA[w * 64 + cC[r, 0][0], 0, state.index]
+        cute.arch.fence_proxy("async.shared", space="cta")  # the widened tile (st.shared) -> wgmma
+        bar.arrive_and_wait()
+        for w in cutlass.range_constexpr(W):
+            fence_operand(tmp)
+            warpgroup.fence()
+            for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, state.index * W + w)],
+                          tCrB[(None, None, k, buf)], tmp)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            if w == W - 1:
+                ring.consumer_release(state)
+            fence_operand(tmp)
+            acc_mn, tmp_mn = mn_view(accs[w]), mn_view(tmp)
+            for r in cutlass.range_constexpr(n_r):
+                for cc in cutlass.range_constexpr(n_c):
+                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * (row_s[w, r] * col_s[cc])
+
+    @cute.jit
+    def _widen(self, st, sSh, tab, stage, buf, ctid):
+        """FP4 tile of the stage (bn rows x 64 bytes) -> e4m3 into the 128B-swizzled B buffer `buf`: one
+        (row, 32-wide sub-block) per thread and step, 16 bytes in, two 16-byte chunks out. The swizzle
+        (Swizzle<3,4,3> on byte offsets, rows of 128 bytes): chunk ch of row n lands at chunk ch ^ (n % 8)."""
+        c = self.cfg
+        # plain word views of the raw buffers (the swizzle is applied by hand below)
+        q32 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32), cute.make_layout((c.n_stages * c.bn * 16,)))
+        b32 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((2 * c.bn * 32,)))
+        for step in cutlass.range_constexpr(c.bn * SUBS // (128 * c.n_mma_wg)):
+            item = step * 128 * c.n_mma_wg + ctid
+            n = item // SUBS
+            j = item % SUBS
+            ti = (sSh[n, 0, stage] >> (8 * j)) & 0xFF
+            t0, t1 = tab[2 * ti], tab[2 * ti + 1]
+            src = stage * (c.bn * 16) + n * 16 + j * 4
+            dst = buf * (c.bn * 32) + n * 32
+            for wi in cutlass.range_constexpr(4):
+                word = q32[src + wi]
+                chunk = (2 * j + wi // 2) ^ (n % 8)
+                b32[dst + chunk * 4 + (wi % 2) * 2] = widen4(word & 0xFFFF, t0, t1)
+                b32[dst + chunk * 4 + (wi % 2) * 2 + 1] = widen4((word >> 16) & 0xFFFF, t0, t1)
+
+    @cute.jit
+    def _store_h(self, acc, cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid):
+        """Layer 1's epilogue for one 64-row wave (see the module docstring)."""
+        acc_mn = mn_view(acc)
+        n_r, n_c = cute.size(cC, mode=[0]), cute.size(cC, mode=[1])
+        red = st.red.get_tensor(cute.make_layout((64, 2, self.cfg.waves)))
+        half = ctid // 128  # the warpgroup's 128 columns: 64 intermediates
+        h = cute.make_rmem_tensor((n_r, n_c // 2), Float32)
+        for r in cutlass.range_constexpr(n_r):
+            m = m0 + cC[r, 0][0]
+            rw = Float32(0.0)
+            if m < limit:
+                rw = mRowW[g * mg + m]
+            amax = Float32(0.0)
+            for q in cutlass.range_constexpr(n_c // 4):
+                gate = bf16x2_bits(acc_mn[r, 4 * q], acc_mn[r, 4 * q + 1])
+                up = bf16x2_bits(acc_mn[r, 4 * q + 2], acc_mn[r, 4 * q + 3])
+                for p in cutlass.range_constexpr(2):
+                    gv = bits_f32((gate << 16) if p == 0 else (gate & Int32(-65536)))
+                    uv = bits_f32((up << 16) if p == 0 else (up & Int32(-65536)))
+                    gv = cute.arch.fmin(gv, Float32(LIMIT))
+                    uv = cute.arch.fmax(cute.arch.fmin(uv, Float32(LIMIT)), Float32(-LIMIT))
+                    silu = gv / (Float32(1.0) + cute.arch.exp2(gv * Float32(-LOG2E)))
+                    h[r, 2 * q + p] = silu * uv * rw
+                hb = bf16x2_bits(h[r, 2 * q], h[r, 2 * q + 1])  # the reference's bf16 h
+                h[r, 2 * q] = bits_f32(hb << 16)
+                h[r, 2 * q + 1] = bits_f32(hb & Int32(-65536))
+                amax = cute.arch.fmax(amax, cute.arch.fmax(cute_abs(h[r, 2 * q]), cute_abs(h[r, 2 * q + 1])))
+            amax = quad_allreduce(amax, cute.arch.fmax)
+            if ctid % 4 == 0:
+                red[cC[r, 0][0], half, w] = amax
+        bar.arrive_and_wait()
+        for r in cutlass.range_constexpr(n_r):
+            row = cC[r, 0][0]
+            m = m0 + row
+            if m < limit:
+                amax = cute.arch.fmax(red[row, 0, w], red[row, 1, w])
+                exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)
+                inv = inv_pow2(exp)
+                for q in cutlass.range_constexpr(n_c // 4):
+                    col = cC[r, 4 * q][1]  # gate column of the pair: intermediate 8 (col // 16) + col % 8
+                    i = nt * (self.cfg.bn // 2) + (col // 16) * 8 + col % 8
+                    pair = e4m3x2(h[r, 2 * q] * inv, h[r, 2 * q + 1] * inv)
+                    mOut[g * mg + m, i] = Uint8(pair & 0xFF)
+                    mOut[g * mg + m, i + 1] = Uint8((pair >> 8) & 0xFF)
+                if (half == 0) & (ctid % 4 == 0):
+                    mOutS[m, nt, g] = bits_f32(exp << 23)
+
+    @cute.jit
+    def _store_rows(self, acc, cC, mOut, g, m0, nt, limit, mg):
+        """Layer 2's epilogue: bf16 pairs of adjacent columns as one int32 store each."""
+        acc_mn = mn_view(acc)
+        for r in cutlass.range_constexpr(cute.size(cC, mode=[0])):
+            m = m0 + cC[r, 0][0]
+            if m < limit:
+                for q in cutlass.range_constexpr(cute.size(cC, mode=[1]) // 2):
+                    col = nt * self.cfg.bn + cC[r, 2 * q][1]
+                    if col // 2 < mOut.shape[1]:  # N a multiple of 128 only: the last tile's half past N
+                        mOut[g * mg + m, col // 2] = bf16x2_bits(acc_mn[r, 2 * q], acc_mn[r, 2 * q + 1])

@@ -1,0 +1,152 @@
+"""Glue of the grouped expert GEMM and the whole routed layer (ours): fake tensors and compiles, the
+views the kernel takes of the dispatch buffers and the load-time weights, and the layer op
+
+    dispatch (kernels/moe/dispatch.py) -> L1 (w1|w3 + SwiGLU x route weight -> FP8 h) -> L2 (w2 -> bf16
+    rows) -> combine (kernels/moe/combine.py, + the shared expert's output)
+
+The weights are prepared once per weight buffers (`layer_weights`: the interleaved L1 weight and the
+side data of kernels/moe/expert_weights.py), outside the timed call, as a model loading them would.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_tensor
+
+from kernels.common import Prepared, compile_kernel, sm_count
+from kernels.gemm.tiling import KBLOCK
+from kernels.moe.expert_weights import GroupedWeight, prepare_layer, widen_table
+from kernels.moe.glue import alloc_dispatch, check_fits, compile_combine, compile_dispatch, run_combine, run_dispatch
+from kernels.moe.grouped_config import BN, WIDEN_TABLE_WORDS, choose
+from kernels.moe.grouped_sm90 import GroupedSm90
+
+SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
+
+
+def _sym64(div: int = 1):
+    return cute.sym_int64(divisibility=div)
+
+
+def fake_grouped(layout: str, epilogue: str, n: int, k: int) -> tuple:
+    """Fake operands of one grouped GEMM: N weight rows, K reduction (compile-time); rows, groups and
+    experts at run time (masked: G = E groups of Mg = max_m rows; contiguous: G = 1)."""
+    kb = k // KBLOCK
+    mg = cute.sym_int32(divisibility=4)
+    g = cute.sym_int32() if layout == "masked" else 1
+    e = cute.sym_int32()
+    rows, ng = cute.sym_int32(), cute.sym_int32()
+    f32, u8, i32 = cutlass.Float32, cutlass.Uint8, cutlass.Int32
+    a = make_fake_tensor(cutlass.Float8E4M3FN, (mg, k, g), (k, 1, _sym64(k)), assumed_align=16)
+    sa = make_fake_tensor(f32, (mg, kb, g), (1, _sym64(4), _sym64(4)), assumed_align=16)
+    b = make_fake_tensor(u8, (n, k // 2, e), (k // 2, 1, n * k // 2), assumed_align=16)
+    sh = make_fake_tensor(i32, (n, kb, e), (1, n, n * kb), assumed_align=16)
+    sw = make_fake_tensor(f32, (n, kb, e), (1, n, n * kb), assumed_align=16)
+    tab = make_fake_tensor(i32, (WIDEN_TABLE_WORDS,), (1,), assumed_align=16)
+    group = make_fake_tensor(i32, (ng,), (1,), assumed_align=4)
+    row_w = make_fake_tensor(f32, (rows,), (1,), assumed_align=4)
+    if epilogue == "swiglu":
+        out = make_fake_tensor(u8, (rows, n // 2), (n // 2, 1), assumed_align=16)
+        mgs = cute.sym_int32()
+        out_s = make_fake_tensor(f32, (mgs, n // BN, g), (1, _sym64(), _sym64()), assumed_align=4)
+    else:
+        out = make_fake_tensor(i32, (rows, n // 2), (n // 2, 1), assumed_align=16)
+        out_s = make_fake_tensor(f32, (1, 1, 1), (1, 1, 1), assumed_align=4)
+    return a, sa, b, sh, sw, tab, group, row_w, out, out_s, cutlass.Int32(132)
+
+
+def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_90a"):
+    if arch != "sm_90a":
+        raise ValueError(SM90_ONLY)
+    if n % (BN if epilogue == "swiglu" else KBLOCK) or k % KBLOCK:
+        raise ValueError(f"N={n} must be a multiple of {BN} (L1) or {KBLOCK} (L2) and K={k} of {KBLOCK}")
+    return compile_kernel(GroupedSm90(choose(layout, epilogue)), *fake_grouped(layout, epilogue, n, k), arch=arch)
+
+
+class CompiledLayer:
+    """The four compiles of the layer (dispatch, l1, l2, combine): `kernels` is how the harness's
+    compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions)."""
+
+    def __init__(self, kernels: dict):
+        self.kernels = kernels
+
+
+def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a") -> CompiledLayer:
+    """The layer's kernels for one (E, k, D, I, layout)."""
+    if arch != "sm_90a":
+        raise ValueError(SM90_ONLY)
+    return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch),
+                          "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch),
+                          "l2": compile_grouped(layout, "bf16", d, i, arch),
+                          "combine": compile_combine(d, topk, arch)})
+
+
+# ---------------------------------------------------------------- views and calls
+
+_WEIGHTS = Prepared()
+_TABLES: dict = {}
+
+
+def layer_weights(w1, s1, w3, s3, w2, s2) -> tuple[GroupedWeight, GroupedWeight]:
+    """(L1, L2) grouped weights, made once per weight buffers (the interleave and the side data)."""
+    return _WEIGHTS.get((w1, s1, w3, s3, w2, s2), lambda: prepare_layer(w1, s1, w3, s3, w2, s2))
+
+
+def _table(device) -> torch.Tensor:
+    key = str(device)
+    if key not in _TABLES:
+        _TABLES[key] = widen_table(device).reshape(-1).contiguous()
+    return _TABLES[key]
+
+
+def weight_views(w: GroupedWeight) -> tuple:
+    """(codes (N, K/2, E), shift words int32 (N, KB, E), col_scale (N, KB, E)) as the kernel's TMA reads them."""
+    e, n, k = w.shape
+    return (w.codes.permute(1, 2, 0), w.shift.view(torch.int32).view(e, k // KBLOCK, n).permute(2, 1, 0),
+            w.col_scale.permute(2, 1, 0))
+
+
+def act_views(codes: torch.Tensor, scales: torch.Tensor, max_m: int | None) -> tuple:
+    """Dispatch-layout activations -> (codes e4m3 (Mg, K, G), scales (Mg, K/128, G))."""
+    fp8 = codes.view(torch.float8_e4m3fn)
+    if max_m is None:  # scales [K/128, rows]; one group whose stride is a whole tensor (TMA wants 16-byte strides)
+        rows, k = fp8.shape
+        kb = scales.shape[0]
+        return fp8.as_strided((rows, k, 1), (k, 1, rows * k)), scales.as_strided((rows, kb, 1), (1, rows, rows * kb))
+    e = scales.shape[0]  # scales [E, K/128, max_m]
+    return fp8.view(e, max_m, -1).permute(1, 2, 0), scales.permute(2, 1, 0)
+
+
+def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, out_s, max_m, swiglu: bool):
+    a, sa = act_views(codes, scales, max_m)
+    b, sh, sw = weight_views(w)
+    if swiglu:
+        o, os_ = out, act_views(out, out_s, max_m)[1]
+    else:
+        o, os_ = out.view(torch.int32), torch.zeros(1, 1, 1, dtype=torch.float32, device=out.device)
+    compiled(a, sa, b, sh, sw, _table(codes.device), group, row_w, o, os_, sm_count(codes.device))
+
+
+def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, n_experts: int, max_m: int | None,
+              y: torch.Tensor | None = None) -> torch.Tensor:
+    """y = bf16(Σ_k expert_k(x) · w_k + shared) through our four kernels; experts = (w1, s1, w3, s3, w2, s2).
+    A masked count past max_m raises a ValueError (after the call: it reads the counts back)."""
+    k = compiled.kernels
+    l1w, l2w = layer_weights(*experts)
+    t, d = x.shape
+    i = l1w.shape[1] // 2
+    lay = alloc_dispatch(t, idx.shape[1], n_experts, d, max_m, x.device)
+    run_dispatch(k["dispatch"], x, idx, weights, lay, n_experts, max_m)
+    rows = lay["src"].numel()
+    group = lay["counts"] if max_m is not None else lay["expert"]
+    h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
+    h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
+                      dtype=torch.float32, device=x.device)
+    run_grouped(k["l1"], lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True)
+    y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
+    run_grouped(k["l2"], h, h_s, l2w, group, lay["row_weight"], y_rows, None, max_m, False)
+    out = run_combine(k["combine"], y_rows, lay["pos"], shared, torch.empty_like(shared) if y is None else y)
+    if max_m is not None:
+        check_fits(lay["counts"], max_m)
+    return out

@@ -1,0 +1,155 @@
+"""The grouped expert GEMM on the CPU: the MXFP4 -> e4m3 widening (exact within 14 binades, bounded
+beyond, refused on NaN scales), the kernel's bit-level widening (`prmt`) on every 4-code input, the
+load-time layouts (interleave, shift words, column scales), the kernel's math (tests/moe/grouped_model)
+against the low-precision reference, and sm_90a compiles (no local memory at decode, no serialised
+wgmma) with sm_100a refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4bench.compile import ptxas
+from dsv4bench.compile.artifacts import artifact
+from dsv4bench.compile.cubin import parse_cubin
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import get_impl
+from kernels.common import POLICY
+from kernels.moe.expert_weights import (EXACT_SPAN, SHIFT_BIAS, SHIFTS, flush_stats, interleave, prepare,
+                                        prepare_layer, widen_table, widened_codes, widened_dequant)
+from kernels.moe.inputs import make_experts
+from kernels.moe.layer import SM90_ONLY, compile_grouped
+from oracles.moe import dispatch_layout, gather_quant, routed_lowprec
+from oracles.quant import E2M1_GRID, mxfp4_dequant, unpack_fp4
+from sweeps import moe as space
+from tests.moe import grouped_model as model
+
+
+def _weight(e, n, k, exps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+    return codes, exps.to(torch.uint8)
+
+
+def _exact(codes, exps):
+    return mxfp4_dequant(unpack_fp4(codes), exps)
+
+
+@pytest.mark.parametrize("span", [1, 3, 8, EXACT_SPAN + 1])
+def test_widening_is_exact_within_14_binades(span):
+    g = torch.Generator().manual_seed(span)
+    exps = 120 + torch.randint(0, span, (3, 32, 512 // 32), generator=g)
+    codes, exps = _weight(3, 32, 512, exps)
+    assert flush_stats(exps)[0] == 0
+    assert torch.equal(widened_dequant(prepare(codes, exps)), _exact(codes, exps))
+
+
+def test_adversarial_spans_and_extreme_exponents():
+    """Per (row, 128-K block): spans of exactly 14 (exact) and 15 / 40 (bounded), exponents 1 and 250 (the
+    block factor 2^(m - 6 - 127) is then an fp32 subnormal / 2^117). Byte 0 is left out: the oracle decodes
+    it as 0 (the bit trick), the kernel as 2^-127, a difference below 1e-37."""
+    rows = [[100, 86, 86, 100], [250, 236, 250, 250], [1, 1, 1, 1], [15, 1, 8, 3],  # exact
+            [100, 85, 100, 100], [200, 160, 199, 200]]  # one sub-block 15 / 40 binades down
+    exps = torch.tensor(rows).view(1, len(rows), 4)
+    codes, exps = _weight(1, len(rows), 128, exps, seed=3)
+    w = prepare(codes, exps)
+    diff = (widened_dequant(w) - _exact(codes, exps)).abs()
+    assert diff[:, :4].max() == 0
+    assert flush_stats(exps) == (2, len(rows) * 4)
+    # beyond the bound: within half an e4m3 subnormal step of the block factor, and some values do move
+    bound = (w.col_scale.transpose(1, 2).repeat_interleave(128, -1) * 2.0**-10)[:, 4:]
+    assert (diff[:, 4:] <= bound).all() and diff[:, 4:].max() > 0
+
+
+def test_nan_scales_are_refused():
+    exps = torch.full((1, 2, 4), 127)
+    exps[0, 1, 2] = 255
+    with pytest.raises(ValueError, match="NaN"):
+        prepare(*_weight(1, 2, 128, exps))
+
+
+def test_kernel_bit_widening_matches_the_table_on_every_input():
+    """grouped_sm90.widen4 (prmt on the 3-bit magnitude, sign copied) for all 2^16 four-code inputs, a
+    few shift tables, against the e4m3 encoding of grid · 2^shift with the sign."""
+    table = widen_table().view(torch.uint8).view(SHIFTS, 8)
+    words = widen_table()
+    grid = torch.tensor(E2M1_GRID)
+    for s in (0, 6, SHIFT_BIAS - 8, SHIFT_BIAS, SHIFT_BIAS + 6, SHIFTS - 1):
+        t0, t1 = (int(v) & 0xFFFFFFFF for v in words[s])
+        for x in range(0, 1 << 16, 97):  # a stride prime to 16: every nibble value in every position
+            out = model.widen4(x, t0, t1)
+            for k in range(4):
+                nib = (x >> (4 * k)) & 0xF
+                want = int(table[s, nib & 7]) | (0x80 if nib & 8 else 0)
+                assert (out >> (8 * k)) & 0xFF == want, (s, x, k)
+        vals = torch.tensor(list(table[s].numpy())).view(torch.float8_e4m3fn).float()
+        assert torch.equal(vals, (grid * 2.0 ** (s - SHIFT_BIAS)).to(torch.float8_e4m3fn).float())
+
+
+def test_load_time_layouts():
+    e, i, d = 2, 128, 256
+    ex = make_experts(e, d, i, torch.Generator().manual_seed(1), "cpu")
+    l1, l2 = prepare_layer(ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
+    assert l1.codes.shape == (e, 2 * i, d // 2) and l1.shift.shape == (e, d // 128, 2 * i, 4)
+    assert l1.col_scale.shape == (e, d // 128, 2 * i) and l2.codes.shape == (e, d, i // 2)
+    w13 = interleave(ex.w1, ex.w3)
+    for row in range(2 * i):  # row 16q + x: gate 8q + x; row 16q + 8 + x: up 8q + x
+        q, x = divmod(row, 16)
+        src = ex.w1 if x < 8 else ex.w3
+        assert torch.equal(w13[:, row], src[:, 8 * q + x % 8])
+    # the kernel's epilogue: gate column col of a 256-wide tile nt is intermediate nt*128 + (col//16)*8 + col%8
+    for col in [c for c in range(256) if c % 16 < 8]:
+        assert (col // 16) * 8 + col % 8 == 8 * (col // 16) + col % 16
+    # shift bytes: table index of each sub-block, the max sub-block at shift 6
+    assert int(l1.shift.max()) == SHIFT_BIAS + 6
+    assert torch.equal(widened_dequant(l2), _exact(ex.w2.view(torch.uint8), ex.s2))
+
+
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+def test_kernel_math_matches_the_reference(layout):
+    """L1 (bf16 gate/up, SwiGLU x route weight, FP8 h per 128) and L2 as the kernel computes them,
+    summed per token, against oracles.moe.routed_lowprec: the same quantisation, so only accumulation
+    order separates them."""
+    e, d, i, t, k = 4, 256, 256, 19, 6
+    g = torch.Generator().manual_seed(5)
+    ex = make_experts(e, d, i, g, "cpu")
+    x = (torch.randn(t, d, generator=g) * 2).bfloat16()
+    idx = torch.stack([torch.randperm(e, generator=g)[:4] for _ in range(t)]).int()
+    idx = torch.cat([idx, idx[:, :2]], 1)  # a token twice on one expert (hash layers)
+    w = torch.rand(t, k, generator=g)
+    max_m = 48 if layout == "masked" else None
+    rows = e * max_m if max_m else 19 * 6 + 127 * e
+    lay = dispatch_layout(idx, w, e, rows, max_m)
+    codes, scales = gather_quant(x, lay["src"], e if max_m else 1)
+    l1, l2 = prepare_layer(ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
+    h, hs = model.layer1(lay, codes, scales, l1, max_m)
+    y_rows = model.layer2(lay, h, hs, l2)
+    pos = lay["pos"].long()
+    got = y_rows.float()[pos].sum(1)
+    ref = routed_lowprec(x, w, idx.long(), ex)
+    rel = ((got - ref).norm() / ref.norm()).item()
+    assert rel < 2e-3, rel
+
+
+@pytest.mark.parametrize("layout,epilogue", [("masked", "swiglu"), ("masked", "bf16"), ("contiguous", "swiglu"),
+                                             ("contiguous", "bf16")])
+def test_grouped_compiles_for_sm90a(layout, epilogue, monkeypatch):
+    monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
+    compiled = compile_grouped(layout, epilogue, 512, 256)
+    info = parse_cubin(artifact(compiled))
+    assert info.sm == 90
+    if layout == "masked":  # decode: one 64-row wave, nothing spilled
+        assert info.local_bytes == 0
+    exe = ptxas.find_ptxas()
+    if exe is not None:
+        rc, log = ptxas.run_ptxas(exe, artifact(compiled, "__ptx__"), "sm_90a")
+        serialized, _ = ptxas.parse(log)
+        assert rc == 0 and serialized == []
+
+
+def test_sm100a_is_unsupported_with_the_reason():
+    case = Case("moe", space.case("layer", "flash", 8))
+    assert get_impl("moe", "cutedsl").supports(case, "sm_100a") == SM90_ONLY
+    assert get_impl("moe", "cutedsl").supports(case, "sm_90a") is None
+    with pytest.raises(ValueError, match="SM90"):
+        compile_grouped("masked", "swiglu", 512, 256, arch="sm_100a")
