@@ -18,7 +18,7 @@ from kernels.common import POLICY
 from kernels.moe.expert_weights import (EXACT_SPAN, SHIFT_BIAS, SHIFTS, flush_stats, interleave, prepare,
                                         prepare_layer, widen_table, widened_codes, widened_dequant)
 from kernels.moe.inputs import make_experts
-from kernels.moe.layer import SM90_ONLY, compile_grouped
+from kernels.moe.layer import SM90_ONLY, act_views, compile_grouped, weight_views
 from oracles.moe import dispatch_layout, gather_quant, routed_lowprec
 from oracles.quant import E2M1_GRID, mxfp4_dequant, unpack_fp4
 from sweeps import moe as space
@@ -153,3 +153,22 @@ def test_sm100a_is_unsupported_with_the_reason():
     assert get_impl("moe", "cutedsl").supports(case, "sm_90a") is None
     with pytest.raises(ValueError, match="SM90"):
         compile_grouped("masked", "swiglu", 512, 256, arch="sm_100a")
+
+
+@pytest.mark.parametrize("max_m", [None, 32])
+def test_kernel_views_have_the_compiled_strides(max_m):
+    """The torch views run_grouped hands the kernel: the strides its fake tensors declare (kernels/moe/layer.py
+    fake_grouped), every non-unit stride 16-byte aligned (TMA)."""
+    e, d, i, rows = 3, 256, 128, (96 if max_m else 384)
+    codes = torch.zeros(rows, d, dtype=torch.uint8)
+    scales = torch.zeros((d // 128, rows) if max_m is None else (e, d // 128, max_m))
+    a, sa = act_views(codes, scales, max_m)
+    mg, g = (rows, 1) if max_m is None else (max_m, e)
+    assert a.shape == (mg, d, g) and a.stride() == (d, 1, mg * d)
+    assert sa.shape == (mg, d // 128, g) and sa.stride() == (1, mg, mg * d // 128)
+    ex = make_experts(e, d, i, torch.Generator().manual_seed(0), "cpu")
+    b, sh, sw = weight_views(prepare_layer(ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)[0])
+    n, kb = 2 * i, d // 128
+    assert b.shape == (n, d // 2, e) and b.stride() == (d // 2, 1, n * d // 2)
+    assert sh.dtype == torch.int32 and sh.shape == (n, kb, e) and sh.stride() == (1, n, n * kb)
+    assert sw.shape == (n, kb, e) and sw.stride() == (1, n, n * kb)

@@ -1,0 +1,114 @@
+"""The grouped expert GEMM on a GPU (marked `gpu`: skipped without CUDA).
+
+- each grouped GEMM against the torch model of its math (tests/moe/grouped_model.py) on our dispatch's
+  layout: L1's h (codes dequantised with their scales) and L2's bf16 rows, on the real rows, small
+  ragged shapes in both layouts, empty experts, one hot expert, a token on one expert twice;
+- the whole layer (ours: dispatch -> L1 -> L2 -> combine) through the family's evaluation path
+  (`gpu_check`: the tolerance rule against the low-precision reference), small drawn layers and the
+  Flash shape at T = 1, 8, 64 (masked) and 4096 (contiguous);
+- a masked count past max_m: ValueError from the layer op.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4bench.core.case import Case
+from kernels.moe.expert_weights import KBLOCK
+from kernels.moe.glue import dispatch
+from kernels.moe.inputs import make_experts
+from kernels.moe.layer import compile_grouped, compile_layer, layer_weights, run_grouped, run_layer
+from sweeps import moe as space
+from tests.moe import grouped_model as model
+
+pytestmark = pytest.mark.gpu
+
+SMALL = [  # (E, D, I, T, load)
+    (4, 256, 256, 19, "uniform"), (6, 384, 128, 70, "hash"), (12, 256, 384, 131, "sparse"),
+    (8, 512, 256, 200, "hot"), (1, 256, 128, 7, "uniform"),
+]
+
+
+def _routing(e, t, load, gen):
+    if load == "hot":  # every token on expert 0 first
+        rest = torch.stack([torch.randperm(e - 1, generator=gen)[:5] + 1 for _ in range(t)])
+        return torch.cat([torch.zeros(t, 1, dtype=torch.long), rest], 1)
+    if load == "sparse":  # only the first 6 experts get tokens
+        return torch.stack([torch.randperm(6, generator=gen) for _ in range(t)])
+    if load == "hash":  # with replacement: a token may hit one expert twice
+        return torch.randint(0, e, (t, 6), generator=gen)
+    if e < 6:
+        return torch.randint(0, e, (t, 6), generator=gen)
+    return torch.stack([torch.randperm(e, generator=gen)[:6] for _ in range(t)])
+
+
+def _problem(e, d, i, t, load, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ex = make_experts(e, d, i, torch.Generator("cuda").manual_seed(seed), "cuda")
+    x = (torch.randn(t, d, generator=gen) * 2).bfloat16().cuda()
+    idx = _routing(e, t, load, gen).int().cuda()
+    w = (torch.rand(t, 6, generator=gen) + 0.1).cuda()
+    return ex, x, idx, w
+
+
+def _masked_max_m(idx, e):
+    return -(-int(torch.bincount(idx.view(-1).long(), minlength=e).max()) // 16) * 16
+
+
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+@pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
+def test_grouped_gemms_match_the_model(shape, layout):
+    e, d, i, t, load = shape
+    ex, x, idx, w = _problem(*shape)
+    max_m = _masked_max_m(idx, e) if layout == "masked" else None
+    lay = dispatch(x, idx, w, e, max_m)
+    l1w, l2w = layer_weights(ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
+    rows = lay["src"].numel()
+    group = lay["counts"] if max_m else lay["expert"]
+    h = torch.zeros(rows, i, dtype=torch.uint8, device="cuda")
+    hs = torch.zeros((i // KBLOCK, rows) if max_m is None else (e, i // KBLOCK, max_m), device="cuda")
+    run_grouped(compile_grouped(layout, "swiglu", 2 * i, d), lay["codes"], lay["scales"], l1w, group,
+                lay["row_weight"], h, hs, max_m, True)
+    y = torch.zeros(rows, d, dtype=torch.bfloat16, device="cuda")
+    run_grouped(compile_grouped(layout, "bf16", d, i), h, hs, l2w, group, lay["row_weight"], y, None, max_m, False)
+    torch.cuda.synchronize()
+
+    cpu = {k: v.cpu() for k, v in lay.items()}
+    cpu_w = [type(l1w)(*(f.cpu() for f in (l.codes, l.shift, l.col_scale))) for l in (l1w, l2w)]
+    real = cpu["src"] >= 0
+    want_h, want_hs = model.layer1(cpu, cpu["codes"], cpu["scales"], cpu_w[0], max_m)
+    got_hs = model.act_scales(hs.cpu(), max_m)
+    deq = lambda c, s: c.view(torch.float8_e4m3fn).float().view(rows, -1, KBLOCK) * s[:, :, None]  # noqa: E731
+    got, want = deq(h.cpu(), got_hs)[real], deq(want_h, want_hs)[real]
+    assert torch.isfinite(got).all()
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 1e-2, f"L1 h: relative L2 {rel}"
+    assert (got_hs[real] == want_hs[real]).float().mean() > 0.95  # scales: the same power of two, bar ties
+    # L2 on the kernel's own h: its rows against the model's
+    want_y = model.layer2(cpu, h.cpu(), got_hs, cpu_w[1])[real].float()
+    got_y = y.cpu()[real].float()
+    rel = ((got_y - want_y).norm() / want_y.norm()).item()
+    assert rel < 5e-3, f"L2 rows: relative L2 {rel}"
+    if max_m is not None:  # rows past each expert's count are never written
+        assert (y.cpu()[~real] == 0).all() and (h.cpu()[~real] == 0).all()
+
+
+LAYER = [Case("moe", space.case("layer", "flash", t, load)) for t, load in
+         ((1, "uniform"), (8, "uniform"), (64, "uniform"), (64, "hot"), (64, "sparse"), (64, "hash"),
+          (4096, "uniform"), (4096, "hot"))]
+LAYER += [Case("moe", {**space.case("layer", "drawn", t, load, e, d, i), "layout": layout})
+          for (e, d, i, t, load) in SMALL for layout in ("masked", "contiguous")]
+
+
+@pytest.mark.parametrize("case", LAYER, ids=[c.id for c in LAYER])
+def test_layer_passes_the_rule(case, gpu_check):
+    gpu_check(case)
+
+
+def test_masked_count_past_max_m_raises():
+    ex, x, idx, w = _problem(4, 256, 128, 40, "hot")
+    compiled = compile_layer(4, 6, 256, 128, "masked")
+    shared = torch.zeros_like(x)
+    with pytest.raises(ValueError, match="max_m"):
+        run_layer(compiled, x, idx, w, shared, (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2), 4, 16)
