@@ -10,8 +10,8 @@ three launches:
 3. decode_combine.DecodeCombine (n_split > 1 only): the log-sum-exp merge and the sink. With one
    split the attention kernel applies the sink and writes the outputs directly.
 
-The split count fills the SMs: CTAs = n_split x (h_q / 64) x b, chunks of whole 128-key pairs (the
-key-split consumers take tiles in pairs).
+The split count (`plan`): CTAs = n_split x (h_q / 64) x b, chunks of whole 128-key pairs (the
+key-split consumers take tiles in pairs), the count that minimises a wave model of the kernel.
 """
 
 from __future__ import annotations
@@ -35,19 +35,38 @@ def attention_config(h_q: int) -> Config:
     return Config(d=D, dv=D, hpg=h_q, kv_shared=True, per_token_idx=True)
 
 
+# Time model of the plan (H100, issue #25's fit of the attention kernel per CTA): fixed + per 64-key
+# tile, one CTA per SM (~200 KB of smem), waves of CTAs; a combine launch when split.
+CTA_FIXED_US, TILE_US, COMBINE_US = 8.1, 1.74, 3.0
+
+
 def plan(b: int, h_q: int, n_slots: int, sms: int) -> tuple[int, int]:
-    """(n_split, chunk): the fewest whole-pair chunks that give about one CTA per SM."""
+    """(n_split, chunk): chunks of whole 128-key pairs minimising waves x (fixed + tiles x per-tile)
+    (+ the combine when split): filling the SMs pays only until it costs a second wave."""
     pairs = max(1, -(-n_slots // PAIR))
-    want = max(1, -(-sms // (b * max(1, h_q // 64))))
-    per = -(-pairs // min(pairs, want))
+    units = b * max(1, h_q // 64)
+
+    def cost(per: int) -> float:
+        n_split = -(-pairs // per)
+        waves = -(-n_split * units // sms)
+        return waves * (CTA_FIXED_US + TILE_US * per * PAIR / 64) + (COMBINE_US if n_split > 1 else 0.0)
+
+    per = min(range(1, pairs + 1), key=lambda p: (cost(p), p))
     return -(-pairs // per), per * PAIR
 
 
-def compile_decode(h_q: int, arch: str) -> tuple:
-    """(gather, attention, combine), compiled with fake tensors (no GPU needed)."""
-    return (compile_kernel(DequantGather(), *gather_fake_args(), arch=arch),
-            compile_config(attention_config(h_q), arch),
-            compile_kernel(DecodeCombine(), *combine_fake_args(), arch=arch))
+class CompiledDecode:
+    """The three compiles; `kernels` by name (the harness reads each one's cubin: registers, spills)."""
+
+    def __init__(self, kernels: dict):
+        self.kernels = kernels
+
+
+def compile_decode(h_q: int, arch: str) -> CompiledDecode:
+    """gather, attention and combine, compiled with fake tensors (no GPU needed)."""
+    return CompiledDecode({"gather": compile_kernel(DequantGather(), *gather_fake_args(), arch=arch),
+                           "attention": compile_config(attention_config(h_q), arch),
+                           "combine": compile_kernel(DecodeCombine(), *combine_fake_args(), arch=arch)})
 
 
 class Workspace:
@@ -77,11 +96,11 @@ def full_lengths(idx: torch.Tensor) -> torch.Tensor:
     return torch.full((idx.shape[0],), idx.shape[1], dtype=torch.int32, device=idx.device)
 
 
-def run_decode(compiled: tuple, ws: Workspace, q, caches, indices, lens, sink, out, lse, sms: int) -> None:
+def run_decode(compiled: CompiledDecode, ws: Workspace, q, caches, indices, lens, sink, out, lse, sms: int) -> None:
     """q bf16 [b, h, 512]; caches: the two FP8 caches [blocks, bs, 1, 584]; indices int32 [b, k_i];
     lens int32 [b] or None per cache; sink fp32 [h] (-inf: none); out bf16 [b, h, 512], lse fp32 [b, h]
     (natural log, sink-free)."""
-    gather, attention, combine = compiled
+    gather, attention, combine = (compiled.kernels[k] for k in ("gather", "attention", "combine"))
     b, h_q, _ = q.shape
     n_split, chunk = plan(b, h_q, sum(i.shape[1] for i in indices), sms)
     w, widx, o_part, l_part, row_lens, no_sink = ws.get(b, h_q, n_split, chunk, q.device)
