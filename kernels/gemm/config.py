@@ -91,8 +91,11 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS):
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's host path: a dict lookup, not a 40 us search
-def choose_config(m: int, n: int, k: int, sms: int = H100_SMS) -> GemmConfig:
+def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1) -> GemmConfig:
     best = min(candidates(m, n, k, sms),
                key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
     bm, bn, split = best
-    return GemmConfig(bm=bm, bn=bn, split_k=split)
+    # bm 256 runs as CTA pairs multicasting x (measured 5% faster over the prefill layers, run
+    # gemm/2026-11-26-h100-9196322-x2); the cost model above does not price the pair
+    pair = bm == 256 and (groups == 1 or (n // groups) % (2 * bn) == 0)
+    return GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1)

@@ -102,7 +102,7 @@ class GemmCuteDSL(Impl):
 
     def config(self, case: Case) -> GemmConfig:
         """The tile configuration of the case (the seam of the declared variants)."""
-        return choose_config(case["m"], case["n"], case["k"])
+        return choose_config(case["m"], case["n"], case["k"], groups=groups_of(case))
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         key = (self.family, "cutedsl", arch, self.config(case))
@@ -138,7 +138,7 @@ def gemm(x: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, sw: torch.Tensor,
     """The op for model code: y = x . W^T (grouped: blockdiag(W)) with DSV4 FP8 operands (bad input ->
     ValueError naming the tensor). Compiled kernels are cached per tile configuration."""
     m, n, k = check_operands(x, sa, w, sw, out, groups)
-    cfg = choose_config(m, n, k)
+    cfg = choose_config(m, n, k, groups=groups)
     if cfg not in _COMPILED:
         _COMPILED[cfg] = compile_gemm(cfg)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=x.device) if out is None else out

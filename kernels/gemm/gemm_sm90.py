@@ -96,7 +96,9 @@ class Fp8GemmSm90:
                                                     c.epi_stages * c.epi_groups)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(sA_layout, (None, None, 0)), (c.wave_m, KBLOCK))
+        # a CTA pair (cluster_n 2) multicasts its x waves: rank r loads wave r into both CTAs
+        g2s_a = cpasync.CopyBulkTensorTileG2SMulticastOp() if c.cluster_n > 1 else g2s
+        tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s_a, mA, cute.slice_(sA_layout, (None, None, 0)), (c.wave_m, KBLOCK))
         tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(sB_layout, (None, None, 0)), (c.bn, KBLOCK))
         tma_c, gC_t = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile
@@ -126,12 +128,14 @@ class Fp8GemmSm90:
 
         m = cute.size(mA, mode=[0])
         n = cute.size(mB, mode=[0])
-        units = ((m + c.bm - 1) // c.bm) * ((n + c.bn - 1) // c.bn) * c.split_k
-        grid = cutlass.min(units, n_ctas)
+        pairs_n = ((n + c.bn - 1) // c.bn + c.cluster_n - 1) // c.cluster_n  # N tiles per cluster step
+        units = ((m + c.bm - 1) // c.bm) * pairs_n * c.split_k
+        grid = cutlass.min(units, n_ctas // c.cluster_n) * c.cluster_n
         self.kernel(
             tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, tma_sa, gSA_t, tma_sw, gSW_t, mWork, mCount, n_group,
             tiled_mma, mma_acc, epi_mma, sA_layout, sB_layout, sC_layout, sSA_layout, sSW_layout, Storage,
-        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], cluster=[c.cluster_n, 1, 1],
+                 min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
     def _tile_of(self, u, tiles_m, tiles_n):
@@ -175,9 +179,14 @@ class Fp8GemmSm90:
         c = self.cfg
         S = c.n_stages
         W = c.waves
+        CN = c.cluster_n
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
+        rank = cutlass.Int32(0)  # the CTA's place in its pair: its N tile within the step, its x wave
+        if cutlass.const_expr(CN > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        step0, steps = bidx // CN, gdim // CN  # the cluster's first work unit, clusters in the grid
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
@@ -193,8 +202,8 @@ class Fp8GemmSm90:
 
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
-        ring = tma_ring(st.bars.data_ptr(), S, c.n_mma_wg * 4, c.stage_bytes)
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        ring = tma_ring(st.bars.data_ptr(), S, c.n_mma_wg * 4, c.stage_bytes, cluster_n=CN)
+        pipeline_init_arrive(cluster_shape_mn=(1, CN), is_relaxed=True)
 
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
@@ -221,30 +230,39 @@ class Fp8GemmSm90:
         row_tiles = cute.size(gA, mode=[2])  # wave_m-row tiles of M
         tiles_m = (row_tiles + W - 1) // W
         tiles_n = cute.size(gB, mode=[2])
+        steps_n = (tiles_n + CN - 1) // CN
         n_kb = cute.size(gB, mode=[3])  # K blocks of one group
-        units = tiles_m * tiles_n * c.split_k
+        units = tiles_m * steps_n * c.split_k
         kb_per = (n_kb + c.split_k - 1) // c.split_k
 
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline_init_wait(cluster_shape_mn=(1, CN))
 
         if wg == 0:
             # ---------------- producer: one warp issues the TMA loads ----------------
             cute.arch.setmaxregister_decrease(c.reg_split[0])
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
-                for u in cutlass.range(bidx, units, gdim, unroll=1):
-                    tm, tn, ks, _t = self._tile_of(u, tiles_m, tiles_n)
+                for u in cutlass.range(step0, units, steps, unroll=1):
+                    tm, step, ks, _t = self._tile_of(u, tiles_m, steps_n)
+                    tn = step * CN + rank
                     kb0 = ks * kb_per
                     kb1 = cutlass.min(kb0 + kb_per, n_kb)
-                    grp = (tn * c.bn) // n_group
+                    # the group of the step's first tile: a pair's second tile may lie past N (and
+                    # past the last group), but it shares the x tile its partner multicasts
+                    grp = (step * CN * c.bn) // n_group
                     a_kb = grp * n_kb  # the group's first K block of x (and column of sa)
                     sb_row = (tn * c.bn) // KBLOCK
                     for kb in cutlass.range(kb0, kb1, unroll=1):
                         ring.producer_acquire(state)
                         bar = ring.producer_get_barrier(state)
-                        for w in cutlass.range_constexpr(W - 1 if c.ablate == "half-a" else W):
-                            cute.copy(tma_a, tAgA[(None, tm * W + w, a_kb + kb)], tAsA[(None, state.index * W + w)],
-                                      tma_bar_ptr=bar)
+                        if cutlass.const_expr(CN > 1):
+                            cute.copy(tma_a, tAgA[(None, tm * W + rank, a_kb + kb)],
+                                      tAsA[(None, state.index * W + rank)], tma_bar_ptr=bar,
+                                      mcast_mask=cutlass.Int16((1 << CN) - 1))
+                        else:
+                            for w in cutlass.range_constexpr(W - 1 if c.ablate == "half-a" else W):
+                                cute.copy(tma_a, tAgA[(None, tm * W + w, a_kb + kb)],
+                                          tAsA[(None, state.index * W + w)], tma_bar_ptr=bar)
                         if cutlass.const_expr(c.ablate != "no-b"):
                             cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                         cute.copy(tma_sa, tSAg[(None, tm, a_kb + kb)], tSAs[(None, state.index)], tma_bar_ptr=bar)
@@ -297,8 +315,9 @@ class Fp8GemmSm90:
             g_rd = cutlass.Int32(0)  # K blocks this CTA has consumed (its ring position)
             flag = st.flag.get_tensor(cute.make_layout((4,)))
             slices_done = cutlass.Int32(0)
-            for u in cutlass.range(bidx, units, gdim, unroll=1):
-                tm, tn, ks, t = self._tile_of(u, tiles_m, tiles_n)
+            for u in cutlass.range(step0, units, steps, unroll=1):
+                tm, tn, ks, t = self._tile_of(u, tiles_m, steps_n)
+                tn = tn * CN + rank
                 kb0 = ks * kb_per
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
                 for w in cutlass.range_constexpr(W):
@@ -310,7 +329,8 @@ class Fp8GemmSm90:
                 if last:
                     for w in cutlass.range_constexpr(W):
                         row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
-                        if row_tile < cute.size(gC, mode=[2]):  # rows wholly past M store nothing
+                        # rows wholly past M, or a pair's second tile past N, store nothing
+                        if row_tile < cute.size(gC, mode=[2]) and tn < tiles_n:
                             gC_tile = cute.zipped_divide(gC[(None, None, row_tile, tn)], (c.epi_rows, EPI_N))
                             bSG_sC, bSG_gC = cpasync.tma_partition(
                                 tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_tile)
@@ -330,6 +350,10 @@ class Fp8GemmSm90:
                                 store_bar.arrive_and_wait()
                             slices_done = slices_done + n_slices
             store_pipe.producer_tail()
+        if cutlass.const_expr(CN > 1):
+            # no CTA leaves while its pair may still signal its barriers or write its stages
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     # ---------------- the mainloop (consumer warpgroups) ----------------
     @cute.jit

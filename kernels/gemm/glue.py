@@ -147,10 +147,22 @@ def scales_for_tma(sa, sw, groups: int = 1):
 
 def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ctas: int | None = None):
     m, n = x.shape[0], w.shape[0]
+    check_pairs(cfg, n, groups)
     sa, sw = scales_for_tma(sa, sw, groups)
     work, count = workspace(cfg, m, n, x.device)
     compiled(x, sa, w, sw, out, work, count, n // groups, n_ctas or sm_count(x.device))
     return out
+
+
+def pairs_share_x(cfg: GemmConfig, n: int, groups: int = 1) -> bool:
+    """A CTA pair (cluster_n 2) shares one x tile, so its two N tiles must lie in one weight group
+    (grouped wo_a: the group width a multiple of the pair's 2 * bn columns)."""
+    return cfg.cluster_n == 1 or groups == 1 or (n // groups) % (cfg.cluster_n * cfg.bn) == 0
+
+
+def check_pairs(cfg: GemmConfig, n: int, groups: int) -> None:
+    if not pairs_share_x(cfg, n, groups):
+        raise ValueError(f"gemm: {cfg} pairs N tiles across a group boundary (group width {n // groups})")
 
 
 def draw_operands(m: int, n: int, k: int, seed: int, groups: int = 1):

@@ -18,7 +18,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 
 from kernels.common import compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
-from kernels.gemm.glue import check_operands, fake_args, mn_major_buffer, scales_for_tma, workspace
+from kernels.gemm.glue import check_operands, check_pairs, fake_args, mn_major_buffer, scales_for_tma, workspace
 from kernels.gemm.tiling import KBLOCK, GemmConfig
 from kernels.quant.quant import QuantKernel
 
@@ -68,6 +68,7 @@ def run_quant_gemm(compiled, cfg: GemmConfig, x, codes, sa, w, sw, out, groups: 
                    n_ctas: int | None = None) -> torch.Tensor:
     """One call of a `compile_quant_gemm` kernel on `quant_operands`' buffers."""
     m, n = x.shape[0], w.shape[0]
+    check_pairs(cfg, n, groups)
     sa, sw = scales_for_tma(sa, sw, groups)
     work, count = workspace(cfg, m, n, x.device)
     compiled(x, codes, codes.view(torch.float8_e4m3fn), sa, w, sw, out, work, count, n // groups,

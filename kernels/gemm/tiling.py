@@ -27,6 +27,9 @@ class GemmConfig:
     # per-warpgroup epilogue: each consumer warpgroup stores its own 64 rows (own smem buffers, a
     # 128-thread barrier, its own TMA store) instead of the two meeting at a CTA barrier per slice
     epi_per_wg: bool = False
+    # 2: CTA pairs on adjacent N tiles of one M tile (a 1 x 2 cluster); rank r loads wave r of the
+    # shared x tile and multicasts it to both, halving the x bytes each SM pulls from L2 (bm 256)
+    cluster_n: int = 1
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
@@ -47,6 +50,10 @@ class GemmConfig:
             raise ValueError("split-K takes one wave per tile (bm <= 128)")
         if self.ablate == "half-a" and self.waves < 2:
             raise ValueError("the half-a knock-out drops the second wave's x tile: bm 256 only")
+        if self.cluster_n not in (1, 2):
+            raise ValueError(f"cluster_n must be 1 or 2, got {self.cluster_n}")
+        if self.cluster_n == 2 and (self.waves != 2 or self.split_k > 1 or self.ablate == "half-a"):
+            raise ValueError("a CTA pair multicasts one x wave each: bm 256, no split-K")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:

@@ -14,6 +14,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns
     sS              S smem ring stages instead of as many as fit
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
+    x1              no CTA pairs (GemmConfig.cluster_n 1) where the rule pairs bm 256 tiles
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
     ko-const-scale  GEMM), promotion without the scale loads; the gap to the shipped kernel is what
     ko-half-a       that part costs. half-a: the second wave's x tile is not loaded (bm 256), no-b:
@@ -30,6 +31,7 @@ from dataclasses import replace
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import register_impl
 from kernels.gemm.family import GemmCuteDSL
+from kernels.gemm.glue import groups_of, pairs_share_x
 from kernels.gemm.tiling import GemmConfig
 from kernels.knobs import ConfigKnobs
 
@@ -43,6 +45,7 @@ KNOBS: dict[str, dict] = {
     **{f"k{s}": {"split_k": s} for s in (2, 4)},
     **{f"bn{b}-k{s}": {"bn": b, "split_k": s} for b in (64, 128) for s in (2, 4)},
     "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
+    "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
 }
 # knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
 KNOCKOUTS = ("no-promote", "const-scale", "half-a", "no-b")
@@ -55,7 +58,12 @@ class GemmKnob(ConfigKnobs, GemmCuteDSL):
         knobs = dict(self.knobs)
         if knobs.get("bm", 0) > 128:  # two waves take no split-K
             knobs.setdefault("split_k", 1)
-        return replace(GemmCuteDSL.config(self, case), **knobs)
+        if knobs.get("bm", 256) < 256 or knobs.get("split_k", 1) > 1 or knobs.get("ablate") == "half-a":
+            knobs.setdefault("cluster_n", 1)  # pairs need bm 256 without split-K
+        cfg = replace(GemmCuteDSL.config(self, case), **knobs)
+        if not pairs_share_x(cfg, case["n"], groups_of(case)):
+            raise ValueError(f"a CTA pair's two N tiles would straddle a weight group of {case['n'] // groups_of(case)}")
+        return cfg
 
 
 class GemmKnockOut(GemmKnob):

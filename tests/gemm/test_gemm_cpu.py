@@ -135,3 +135,13 @@ def test_padded_weight_scales_are_made_once_per_weight():
     sw.mul_(2)  # an in-place update of the weight scales is a new version
     again = scales_for_tma(sa, sw)[1]
     assert again is not first and torch.equal(again[:, :3], sw) and (again[:, 3:] == 0).all()
+
+
+def test_cta_pairs_stay_inside_a_weight_group():
+    """A CTA pair shares its x tile: grouped N tiles may pair only within one group."""
+    from kernels.gemm.glue import pairs_share_x
+    pair = GemmConfig(256, 128, cluster_n=2)
+    assert pairs_share_x(pair, 8 * 1024, groups=8) and not pairs_share_x(pair, 3 * 384, groups=3)
+    assert pairs_share_x(pair, 1000) and pairs_share_x(GemmConfig(256, 128), 3 * 384, groups=3)
+    with pytest.raises(ValueError, match="bm 256"):
+        GemmConfig(128, 128, cluster_n=2)

@@ -17,7 +17,7 @@ _COMPILED: dict = {}
 
 def _run(m, n, k, cfg=None, seed=0, groups=1):
     x, sa, w, sw = make_operands(m, n, k, seed, "cuda", groups)
-    cfg = cfg or choose_config(m, n, k)
+    cfg = cfg or choose_config(m, n, k, groups=groups)
     if cfg not in _COMPILED:
         _COMPILED[cfg] = compile_gemm(cfg)
     y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -55,6 +55,9 @@ CONFIGS = [
     GemmConfig(256, 32, group_m=3), GemmConfig(256, 128, stages=2),
     # per-warpgroup epilogue: M = 1 and 200 leave one warpgroup's rows wholly past M
     GemmConfig(256, 128, epi_per_wg=True), GemmConfig(128, 64, split_k=2, epi_per_wg=True),
+    # CTA pairs multicasting x: N = 2056 leaves the last pair's second tile wholly past N
+    GemmConfig(256, 128, cluster_n=2), GemmConfig(256, 64, cluster_n=2, group_m=3),
+    GemmConfig(256, 128, cluster_n=2, epi_per_wg=True),
 ]
 
 
@@ -65,7 +68,7 @@ def test_configs(cfg, m, n, k):
 
 
 @pytest.mark.parametrize("cfg", [None, GemmConfig(256, 128), GemmConfig(64, 64, split_k=3), GemmConfig(128, 32),
-                                 GemmConfig(256, 128, epi_per_wg=True)], ids=str)
+                                 GemmConfig(256, 128, epi_per_wg=True), GemmConfig(256, 128, cluster_n=2)], ids=str)
 @pytest.mark.parametrize("m,groups", [(1, 8), (300, 3), (4096, 16)])
 def test_grouped(cfg, m, groups):
     """wo_a: output group g reads only x's g-th K range (a wrong group offset fails the oracle)."""
@@ -79,10 +82,10 @@ def test_split_k_counters_reset():
     _run(64, 512, 4096, cfg, seed=2)
 
 
-def test_persistent_few_ctas():
+@pytest.mark.parametrize("cfg", [GemmConfig(128, 128), GemmConfig(256, 128, cluster_n=2)], ids=str)
+def test_persistent_few_ctas(cfg):
     """Many tiles per CTA (8 CTAs walk every tile): the ring phases and epilogue buffers carry over."""
     x, sa, w, sw = make_operands(1000, 1024, 1024, 3, "cuda")
-    cfg = GemmConfig(128, 128)
     y = torch.empty(1000, 1024, dtype=torch.bfloat16, device="cuda")
     run_gemm(compile_gemm(cfg), cfg, x, sa, w, sw, y, n_ctas=8)
     ref = oracle_of(x, sa, w, sw)

@@ -31,7 +31,7 @@ def test_quant_gemm_passes_the_oracle_rule(m, n, k, groups, gpu_check):
 def test_quant_gemm_is_the_gemm_of_the_reference_act_quant(m, n, k, groups):
     x, w, sw = (t.cuda() for t in draw_operands(m, n, k, 11, groups))
     xb = x.bfloat16()
-    cfg = choose_config(m, n, k)
+    cfg = choose_config(m, n, k, groups=groups)
     y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     codes, sa = quant_operands(xb, w, sw, y, groups)
     run_quant_gemm(compile_quant_gemm(cfg, groups * k), cfg, xb, codes, sa, w, sw, y, groups)
