@@ -1,8 +1,17 @@
-"""The model op this family's kernels serve (Family.serves; dsv4bench/model/kernel_ops.py): the top-k
-selection. The logits kernel does not serve `indexer_scores`: that op takes fp32 queries and keys
-(any values: with QAT off they are not FP4-simulated) of any head count (the tiny model has 16); the
-kernel takes FP8 e4m3 queries and keys (one fp32 scale per key) of 64 heads, so an adapter would
-round the op's inputs, which is not the oracle's contract."""
+"""The model ops this family's kernels serve (Family.serves; dsv4bench/model/kernel_ops.py): the top-k
+selection, and the scores on the logits kernel where that is exact.
+
+`indexer_scores` takes fp32 queries and keys; the logits kernel takes e4m3 queries [T, 64, 128], e4m3
+keys with one fp32 scale per key and fp32 per-head weights. With QAT on, the model's queries and keys
+are FP4 values (e2m1 codes x power-of-two block scales, 2 significant bits), which e4m3 holds exactly
+after a power-of-two scale per (token, head) row and per key: the key's goes into the key scale, the
+query's into the head weight (w·ReLU(c·x) = (w·c)·ReLU(x) for c > 0, exact for c = 2^k). The adapter
+checks the conversion is exact and refuses (Unsupported) otherwise — QAT off, another head count or
+width, a row whose values span more than e4m3's exponent range — so the kernel sees the oracle's
+operands exactly and differs only by its accumulation (the family's rule: within 2x the bf16
+reference's error). The B sequences' keys are one key array and each query row
+gets its own sequence's causal range [b·N, b·N + ⌊(t+1)/m⌋), one launch; the diagonal blocks of the
+[B·S, B·N] output are the op's [B, S, N]."""
 
 from __future__ import annotations
 
@@ -11,9 +20,46 @@ import math
 import torch
 
 from dsv4bench.core.registry import Unsupported
+from kernels.indexer.logits_sm90 import HEAD_DIM, HEADS
 from kernels.indexer.topk_glue import check_topk_args
+from oracles.compressor import CSA_RATIO, visible_entries
+from oracles.quant import ue8m0_scale
 
 EXACT_IN_FP32 = (torch.float32, torch.bfloat16, torch.float16)  # scores the kernel ranks as given
+E4M3_MAX = 448.0
+AMAX_FLOOR = 2.0**-100  # an all-zero row: any scale is exact
+
+
+def exact_e4m3(x: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 codes, fp32 power-of-two scale per row [..., 1]) with codes · scale == x exactly, or Unsupported."""
+    scale = ue8m0_scale(x.abs().amax(-1, keepdim=True).float().clamp(min=AMAX_FLOOR), E4M3_MAX)
+    scaled = x.float() / scale
+    codes = scaled.to(torch.float8_e4m3fn)
+    if not torch.equal(codes.float(), scaled):
+        raise Unsupported(f"indexer_scores: the {what} are not e4m3 values times a power of two per row (QAT off, "
+                          "or a row wider than e4m3's range): the logits kernel would round them")
+    return codes, scale
+
+
+def indexer_scores(run, q, k, weights, positions, m: int = CSA_RATIO):
+    """The model's `indexer_scores` op on the logits kernel: q [B, S, 64, 128], k [B, N, 128], weights
+    [B, S, 64], positions [S] or [B, S] -> fp32 [B, S, N], -inf where s >= ⌊(t+1)/m⌋."""
+    b, s, h, d = q.shape
+    n = k.shape[1]
+    if (h, d) != (HEADS, HEAD_DIM):
+        raise Unsupported(f"indexer_scores: the logits kernel takes {HEADS} heads of {HEAD_DIM}, got {h} x {d}")
+    if n == 0:
+        return torch.empty(b, s, 0, device=q.device)
+    q8, qs = exact_e4m3(q.reshape(b * s, h, d), "queries")
+    k8, ks = exact_e4m3(k.reshape(b * n, d), "keys")
+    w = (weights.reshape(b * s, h).float() * qs[..., 0]).contiguous()  # exact: times 2^k
+    first = (torch.arange(b, device=q.device) * n).repeat_interleave(s)
+    visible = visible_entries(positions.to(q.device).expand(b, s).reshape(-1), m).clamp(max=n)
+    inputs = {"q": q8.contiguous(), "kv": k8.contiguous(), "sc": ks.reshape(-1).contiguous(), "w": w,
+              "ks": first.to(torch.int32), "ke": (first + visible).to(torch.int32)}
+    out = run({"mask": "varlen", "t": b * s, "s_kv": b * n}, inputs)["logits"].view(b, s, b, n)
+    diag = torch.arange(b, device=q.device)
+    return out[diag, :, diag, :]
 
 
 def indexer_topk(run, scores: torch.Tensor, topk: int) -> torch.Tensor:
@@ -28,4 +74,4 @@ def indexer_topk(run, scores: torch.Tensor, topk: int) -> torch.Tensor:
     return out["indices"].long().reshape(*scores.shape[:-1], width)
 
 
-OPS = {"indexer_topk": indexer_topk}
+OPS = {"indexer_scores": indexer_scores, "indexer_topk": indexer_topk}

@@ -266,4 +266,4 @@ def test_adapter_refuses_what_the_kernel_does_not_take():
 
 
 def test_the_family_serves_indexer_topk():
-    assert FAMILY.serves == {"indexer_topk": serves.indexer_topk}
+    assert FAMILY.serves == {"indexer_topk": serves.indexer_topk, "indexer_scores": serves.indexer_scores}

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv4bench.model.lowprec_ops import compressor_prefill_lowprec
+from dsv4bench.model.lowprec_ops import compressor_prefill_lowprec, indexer_scores_bf16
 from oracles.head import mtp_input_lowprec
 from oracles.indexer import indexer_queries_lowprec
 from oracles.rope import rope_config_for_ratio, rope_freqs
 from tests.gemm import served_checks as sc
 
 LOWPREC = {"indexer_queries": indexer_queries_lowprec, "mtp_input": mtp_input_lowprec,
-           "compressor_prefill": compressor_prefill_lowprec}
+           "compressor_prefill": compressor_prefill_lowprec, "indexer_scores": indexer_scores_bf16}
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,20 @@ def op_args(op: str, w: Widths, tokens: int, seed: int, device: str, batch: int 
         freqs = rope_freqs(rope_config_for_ratio(ratio)).to(device)
         return (kv, score, sc._norm_weight(ENTRY, gen, device), ratio, freqs), {"indexer": False, "qat": True}
     raise ValueError(op)
+
+
+def indexer_operands(batch: int, seqlen: int, n: int, seed: int, device: str, heads: int = 64):
+    """FP4-simulated, Hadamard-rotated queries [B, S, H, 128] and keys [B, N, 128] (the model's, QAT
+    on; keys of varied norms) and per-head weights [B, S, H]."""
+    from oracles.hadamard import hadamard_rotate
+    from oracles.quant import fp4_qdq
+
+    gen = torch.Generator().manual_seed(seed)
+    q = fp4_qdq(hadamard_rotate(torch.randn(batch, seqlen, heads, INDEX_HEAD_DIM, generator=gen) * 3), 32)
+    mag = torch.exp2(torch.randint(-3, 3, (batch, n, 1), generator=gen).float())
+    k = fp4_qdq(hadamard_rotate(torch.randn(batch, n, INDEX_HEAD_DIM, generator=gen) * mag), 32)
+    w = torch.randn(batch, seqlen, heads, generator=gen) * 0.011
+    return q.to(device), k.to(device), w.to(device)
 
 
 def sample_args(rows: int, vocab: int, seed: int, device: str):

@@ -95,3 +95,36 @@ def test_sample_gives_the_oracles_tokens(temperature, rows):
         others = [sampler.sample(emulated("sampler"), logits, temperature, torch.Generator().manual_seed(seed + k))
                   for k in range(1, 4)]
         assert any(not torch.equal(o, got) for o in others)
+
+
+def _logits_kernel(params, inputs):
+    """The logits kernel's contract on the CPU: the fp32 truth of its FP8-cache operands."""
+    from kernels.indexer.glue import oracle_of
+
+    return {"logits": oracle_of(**inputs)}
+
+
+@pytest.mark.parametrize("batch,seqlen,n,start", [(1, 37, 9, 0), (2, 1, 40, 157), (3, 5, 12, 43)])
+def test_indexer_scores_on_fp4_operands_are_the_oracles(batch, seqlen, n, start):
+    from kernels.indexer import serves as indexer
+
+    q, k, w = sa.indexer_operands(batch, seqlen, n, random.randrange(1 << 30), "cpu")
+    positions = torch.arange(start, start + seqlen)
+    got = indexer.indexer_scores(_logits_kernel, q, k, w, positions)
+    want = OPS["indexer_scores"].oracle(q, k, w, positions)
+    assert got.shape == want.shape and torch.equal(torch.isinf(got), torch.isinf(want))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    if batch > 1:  # each sequence scored against its own keys
+        swapped = indexer.indexer_scores(_logits_kernel, q, k.flip(0), w, positions)
+        assert not torch.allclose(swapped.nan_to_num(neginf=0), want.nan_to_num(neginf=0))
+
+
+def test_indexer_scores_refuse_what_e4m3_would_round():
+    from kernels.indexer import serves as indexer
+
+    q, k, w = sa.indexer_operands(1, 4, 8, random.randrange(1 << 30), "cpu")
+    positions = torch.arange(40, 44)
+    for args, why in (((torch.randn_like(q), k), "queries"), ((q, torch.randn_like(k)), "keys"),
+                      ((q[:, :, :16], k), "64 heads")):
+        with pytest.raises(Unsupported, match=why):
+            indexer.indexer_scores(_logits_kernel, *args, w[..., :args[0].shape[2]], positions)

@@ -7,6 +7,7 @@ the oracle's tokens exactly, from the same seeded CPU noise."""
 from __future__ import annotations
 
 import functools
+import math
 import random
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from dsv4bench.core.registry import Unsupported
 from dsv4bench.model.dispatch import OPS
 from dsv4bench.model.kernel_ops import served_ops
+from tests.gemm import served_checks as sc
 from tests.model import served_args as sa
 
 pytestmark = pytest.mark.gpu
@@ -55,6 +57,29 @@ def test_a_prefill_shorter_than_a_block_is_refused_not_wrong():
     args, kwargs = sa.op_args("compressor_prefill", sa.FLASH, 3, seed=1, device="cuda")
     with pytest.raises(Unsupported, match="no complete block"):
         _served("compressor_prefill")(*args, **kwargs)
+
+
+@pytest.mark.parametrize("batch,seqlen,n,start", [(1, 4096, 1024, 0), (1, 1, 2048, 8300), (4, 1, 700, 3000),
+                                                  (2, 301, 75, 0)])
+def test_indexer_scores(batch, seqlen, n, start):
+    q, k, w = sa.indexer_operands(batch, seqlen, n, _seed(), "cuda")
+    positions = torch.arange(start, start + seqlen, device="cuda")
+    out = _served("indexer_scores")(q, k, w, positions)
+    want = OPS["indexer_scores"].oracle(q, k, w, positions)
+    seen = torch.isfinite(want)
+    assert torch.equal(seen, torch.isfinite(out)) and torch.equal(out[~seen], want[~seen])  # the causal mask
+    low = sa.LOWPREC["indexer_scores"](q, k, w, positions)
+    o, r, lp = (t[seen].double().cpu() for t in (out, want, low))
+    row = {"finite": True, "max": float((o - r).abs().max()), "low_max": float((lp - r).abs().max()),
+           "rel": float((o - r).norm() / r.norm()), "low_rel": float((lp - r).norm() / r.norm()),
+           "ulp": 2.0 ** (math.floor(math.log2(float(r.abs().max()))) - 7)}
+    assert sc.passes(row), row  # the FP8 rule on the visible entries
+
+
+def test_indexer_scores_refuse_fp32_queries():
+    q, k, w = sa.indexer_operands(1, 3, 16, 1, "cuda")
+    with pytest.raises(Unsupported, match="queries"):
+        _served("indexer_scores")(torch.randn_like(q), k, w, torch.arange(60, 63, device="cuda"))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
