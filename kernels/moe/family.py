@@ -151,9 +151,12 @@ class MoeCuteDSL(Impl):
             return SM90_ONLY
         return None if case["i"] % 128 == 0 else f"I={case['i']} must be a multiple of 128 (L1's 256-row tile)"
 
+    overlap = True
+
     def compile_key(self, case: Case, arch: str) -> tuple:
         if case["op"] == "layer":
-            return (self.family, self.name, arch, "layer", case["e"], case["k"], case["d"], case["i"], case["layout"])
+            return (self.family, self.name, arch, "layer", case["e"], case["k"], case["d"], case["i"], case["layout"],
+                    self.overlap)
         if case["op"] == "dispatch":
             return (self.family, self.name, arch, "dispatch", case["e"], case["k"], case["d"], case["layout"])
         return (self.family, self.name, arch, "combine", case["d"], case["k"])
@@ -163,7 +166,7 @@ class MoeCuteDSL(Impl):
             return compile_dispatch(case["e"], case["k"], case["d"], case["layout"], arch)
         if case["op"] == "combine":
             return compile_combine(case["d"], case["k"], arch)
-        return compile_layer(case["e"], case["k"], case["d"], case["i"], case["layout"], arch)
+        return compile_layer(case["e"], case["k"], case["d"], case["i"], case["layout"], arch, self.overlap)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         if case["op"] == "layer":
@@ -178,6 +181,17 @@ class MoeCuteDSL(Impl):
         return out
 
 
+class MoeCuteDSLSerial(MoeCuteDSL):
+    """Declared variant: the layer with each K block widened before its wgmmas are issued, not while the
+    previous block's run (GroupedConfig.overlap off): the A/B of the overlap, and a fallback."""
+
+    name, variant, overlap = "cutedsl:serial", "serial", False
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        return super().supports(case, arch) if case["op"] == "layer" else "a variant of the layer's GEMMs only"
+
+
 FAMILY = register_family(MoeFamily())
 register_impl(MoeCuteDSL())
+register_impl(MoeCuteDSLSerial())
 peers.register()

@@ -26,6 +26,9 @@ class GroupedConfig:
     epilogue: str = "swiglu"
     bm: int = 64
     stages: int = 0  # 0: as many as fit
+    # widen the next K block's FP4 tile while this block's wgmmas run (False: widen, then issue; the
+    # A/B of the overlap, variant `cutedsl:serial`)
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:

@@ -10,7 +10,8 @@ keeps the x tile on the A side with the gemm family's mainloop, its 64-row waves
 an RS kernel would put the weight on A (swap-AB) and the SwiGLU pairs and the h quantisation block
 across warps. Decode is bound by the weight stream, not by the 64-row wgmma (docs/perf/moe.md).
 
-Per 128-K block: acc += tmp · sa[row] · col_scale[n] (col_scale = 2^(r − 127), the weight's
+The widening of K block kb + 1 runs while kb's wgmmas do (two widened B buffers; GroupedConfig.overlap,
+off in the variant `cutedsl:serial`). Per 128-K block: acc += tmp · sa[row] · col_scale[n] (col_scale = 2^(r − 127), the weight's
 per-(row n, K block) reference exponent). Tile bm x 256: warpgroup 0 loads (one TMA warp), warpgroups
 1-2 each own 128 columns (`kernels/moe/grouped_config.py`).
 
@@ -245,9 +246,15 @@ class GroupedSm90:
             if active:
                 for w in cutlass.range_constexpr(W):
                     accs[w].fill(0.0)
+                if cutlass.const_expr(c.overlap):
+                    self._prepare(ring, st, sSh, tab, g_rd, ctid)
+                    bar.arrive_and_wait()
                 for kb in cutlass.range(0, n_kb, unroll=1):
+                    if cutlass.const_expr(not c.overlap):
+                        self._prepare(ring, st, sSh, tab, g_rd, ctid)
+                        bar.arrive_and_wait()
                     self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar,
-                                 g_rd, ctid)
+                                 g_rd, kb + 1 < n_kb, ctid)
                     g_rd = g_rd + 1
                 for w in cutlass.range_constexpr(W):
                     m0 = mt * c.bm + w * 64
@@ -257,33 +264,48 @@ class GroupedSm90:
                         self._store_rows(accs[w], cC, mOut, g, m0, nt, limit, mg)
 
     @cute.jit
-    def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, ctid):
-        """Wait for the stage, widen its FP4 tile into B buffer g_rd % 2, read the promotion scales, then
-        per wave: 4 wgmma into tmp, wait, (last wave: free the stage), promote."""
-        c = self.cfg
-        S, W = c.n_stages, c.waves
-        state = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
+    def _stage(self, g_rd):
+        S = self.cfg.n_stages
+        return pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
+
+    @cute.jit
+    def _prepare(self, ring, st, sSh, tab, g_rd, ctid):
+        """Wait for K block g_rd's stage and widen its FP4 tile into B buffer g_rd % 2, fenced for the
+        wgmma (async proxy); the caller's barrier publishes it to the other warpgroup."""
+        state = self._stage(g_rd)
         ring.consumer_wait(state)
-        buf = g_rd % 2
-        self._widen(st, sSh, tab, state.index, buf, ctid)
+        self._widen(st, sSh, tab, state.index, g_rd % 2, ctid)
+        cute.arch.fence_proxy("async.shared", space="cta")
+
+    @cute.jit
+    def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, has_next, ctid):
+        """K block g_rd, its tile widened and published: per wave 4 wgmma into tmp, wait, (last wave: free
+        the stage), promote with the stage's scales. `overlap`: the next block's stage is waited for and
+        widened into the other B buffer while wave 0's wgmmas run. The closing barrier: every thread is
+        done with this block's B buffer and the next one is complete."""
+        c = self.cfg
+        W = c.waves
+        state = self._stage(g_rd)
         n_r, n_c = cute.size(cC, mode=[0]), cute.size(cC, mode=[1])
         col_s = cute.make_rmem_tensor((n_c,), Float32)
-        for cc in cutlass.range_constexpr(n_c):
-            col_s[cc] = sSW[cC[0, cc][1], 0, state.index]
         row_s = cute.make_rmem_tensor((W, n_r), Float32)
-        for w in cutlass.range_constexpr(W):
-            for r in cutlass.range_constexpr(n_r):
-                row_s[w, r] = sSA[w * 64 + cC[r, 0][0], 0, state.index]
-        cute.arch.fence_proxy("async.shared", space="cta")  # the widened tile (st.shared) -> wgmma
-        bar.arrive_and_wait()
         for w in cutlass.range_constexpr(W):
             fence_operand(tmp)
             warpgroup.fence()
             for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
                 cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, state.index * W + w)],
-                          tCrB[(None, None, k, buf)], tmp)
+                          tCrB[(None, None, k, g_rd % 2)], tmp)
             warpgroup.commit_group()
+            if cutlass.const_expr(c.overlap and w == 0):
+                if has_next:
+                    self._prepare(ring, st, sSh, tab, g_rd + 1, ctid)
             warpgroup.wait_group(0)
+            if w == 0:  # the promotion scales of every wave, from the stage (still held)
+                for cc in cutlass.range_constexpr(n_c):
+                    col_s[cc] = sSW[cC[0, cc][1], 0, state.index]
+                for ww in cutlass.range_constexpr(W):
+                    for r in cutlass.range_constexpr(n_r):
+                        row_s[ww, r] = sSA[ww * 64 + cC[r, 0][0], 0, state.index]
             if w == W - 1:
                 ring.consumer_release(state)
             fence_operand(tmp)
@@ -291,6 +313,7 @@ class GroupedSm90:
             for r in cutlass.range_constexpr(n_r):
                 for cc in cutlass.range_constexpr(n_c):
                     acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * (row_s[w, r] * col_s[cc])
+        bar.arrive_and_wait()
 
     @cute.jit
     def _widen(self, st, sSh, tab, stage, buf, ctid):

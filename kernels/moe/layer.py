@@ -10,6 +10,8 @@ side data of kernels/moe/expert_weights.py), outside the timed call, as a model 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import cutlass
 import cutlass.cute as cute
 import torch
@@ -56,12 +58,13 @@ def fake_grouped(layout: str, epilogue: str, n: int, k: int) -> tuple:
     return a, sa, b, sh, sw, tab, group, row_w, out, out_s, cutlass.Int32(132)
 
 
-def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_90a"):
+def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_90a", overlap: bool = True):
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     if n % (BN if epilogue == "swiglu" else KBLOCK) or k % KBLOCK:
         raise ValueError(f"N={n} must be a multiple of {BN} (L1) or {KBLOCK} (L2) and K={k} of {KBLOCK}")
-    return compile_kernel(GroupedSm90(choose(layout, epilogue)), *fake_grouped(layout, epilogue, n, k), arch=arch)
+    cfg = replace(choose(layout, epilogue), overlap=overlap)
+    return compile_kernel(GroupedSm90(cfg), *fake_grouped(layout, epilogue, n, k), arch=arch)
 
 
 class CompiledLayer:
@@ -72,13 +75,14 @@ class CompiledLayer:
         self.kernels = kernels
 
 
-def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a") -> CompiledLayer:
-    """The layer's kernels for one (E, k, D, I, layout)."""
+def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a",
+                  overlap: bool = True) -> CompiledLayer:
+    """The layer's kernels for one (E, k, D, I, layout); `overlap` as GroupedConfig's."""
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch),
-                          "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch),
-                          "l2": compile_grouped(layout, "bf16", d, i, arch),
+                          "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, overlap),
+                          "l2": compile_grouped(layout, "bf16", d, i, arch, overlap),
                           "combine": compile_combine(d, topk, arch)})
 
 

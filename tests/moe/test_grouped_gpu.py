@@ -56,9 +56,10 @@ def _masked_max_m(idx, e):
     return -(-int(torch.bincount(idx.view(-1).long(), minlength=e).max()) // 16) * 16
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
-def test_grouped_gemms_match_the_model(shape, layout):
+def test_grouped_gemms_match_the_model(shape, layout, overlap):
     e, d, i, t, load = shape
     ex, x, idx, w = _problem(*shape)
     max_m = _masked_max_m(idx, e) if layout == "masked" else None
@@ -68,10 +69,10 @@ def test_grouped_gemms_match_the_model(shape, layout):
     group = lay["counts"] if max_m else lay["expert"]
     h = torch.zeros(rows, i, dtype=torch.uint8, device="cuda")
     hs = torch.zeros((i // KBLOCK, rows) if max_m is None else (e, i // KBLOCK, max_m), device="cuda")
-    run_grouped(compile_grouped(layout, "swiglu", 2 * i, d), lay["codes"], lay["scales"], l1w, group,
+    run_grouped(compile_grouped(layout, "swiglu", 2 * i, d, overlap=overlap), lay["codes"], lay["scales"], l1w, group,
                 lay["row_weight"], h, hs, max_m, True)
     y = torch.zeros(rows, d, dtype=torch.bfloat16, device="cuda")
-    run_grouped(compile_grouped(layout, "bf16", d, i), h, hs, l2w, group, lay["row_weight"], y, None, max_m, False)
+    run_grouped(compile_grouped(layout, "bf16", d, i, overlap=overlap), h, hs, l2w, group, lay["row_weight"], y, None, max_m, False)
     torch.cuda.synchronize()
 
     cpu = {k: v.cpu() for k, v in lay.items()}
