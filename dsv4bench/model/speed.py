@@ -6,8 +6,9 @@ Per op, CUDA events are recorded around each call on the stream (no synchronisat
 host reads — positions, compressor emissions — are the only syncs); the events are read once per phase,
 after one synchronisation. A phase's time is the events around the whole phase, so the per-op times
 and the glue between ops (caches, gathers, the engine) add up to it. On the CPU the same tables time
-with perf_counter. Every backend first runs a warm-up of the same prefill and a few decode steps, so
-kernel compilation and first-call allocations are not timed.
+with perf_counter. Every backend first runs the whole prefill and decode once untimed, so kernel
+compilation (some configurations depend on the growing key count) and first-call allocations are
+not timed.
 
 Records (`run`): per backend and phase, tokens, seconds, tokens/s and per op (calls, ms, share of the
 phase); per baseline and phase, the speedup of the first backend (baseline seconds / its seconds).
@@ -24,7 +25,6 @@ import torch
 from dsv4bench.model.dispatch import OpTable
 from dsv4bench.model.engine import Engine
 
-WARMUP_DECODE = 8
 PHASES = ("prefill", "decode")
 
 
@@ -113,7 +113,7 @@ def measure(engine: Engine, table: TimedTable, backend: str, ids: torch.Tensor, 
     own = engine.ops
     engine.ops = table
     try:
-        _drive(engine, table, ids, min(decode, WARMUP_DECODE), timed=False)
+        _drive(engine, table, ids, decode, timed=False)
         ms = _drive(engine, table, ids, decode, timed=True)
     finally:
         engine.ops = own
