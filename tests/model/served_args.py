@@ -32,6 +32,7 @@ FLASH = Widths(dim=4096, q_lora=1024, index_heads=64, vocab=129280)
 HC = 4
 INDEX_HEAD_DIM = 128
 ENTRY = 512  # the main compressor's entry width (head_dim)
+ROPE_PAIRS = 32  # the 64 RoPE dims, as complex pairs
 
 
 def op_args(op: str, w: Widths, tokens: int, seed: int, device: str, batch: int = 1, ratio: int = 4):

@@ -75,6 +75,35 @@ def test_compressor_prefill(ratio, tokens, batch, monkeypatch):
     assert OPS["compressor_prefill"].oracle(*args, **kwargs).shape == out.shape
 
 
+def _compressor_kernel(params, inputs):
+    """The compressor kernel's math on the CPU (kernels/compressor/compressor.py): fp32 pooling and norm,
+    RoPE by the table row of position s·m, FP8 qdq of the NoPE dims, one cast to bf16."""
+    from kernels.compressor.family import split
+    from oracles.compressor import block_candidates, pool
+    from oracles.norm import rmsnorm
+    from oracles.projections import nope_fp8_qdq
+
+    m = params["m"]
+    c = rmsnorm(pool(*block_candidates(inputs["kv"], inputs["score"], m)), inputs["norm_w"].float())
+    rows = inputs["table"][torch.arange(c.shape[1]) * m].view(-1, sa.ROPE_PAIRS, 2)  # (cos, sin) pairs
+    pairs = torch.view_as_complex(c[..., -2 * sa.ROPE_PAIRS:].reshape(*c.shape[:-1], sa.ROPE_PAIRS, 2).contiguous())
+    rotated = torch.view_as_real(pairs * torch.view_as_complex(rows.contiguous())).flatten(-2)
+    return split(nope_fp8_qdq(torch.cat((c[..., :-2 * sa.ROPE_PAIRS], rotated), -1)).bfloat16())
+
+
+@pytest.mark.parametrize("ratio,tokens,batch", [(4, 4 * 37 + 3, 2), (128, 128 * 3 + 77, 2)])
+def test_compressor_prefill_reads_the_table_rows_of_its_entries(ratio, tokens, batch):
+    """With the kernel's own math emulated (table rows included), the adapter gives the oracle's NoPE
+    codes exactly and its RoPE dims to one bf16 rounding: the table covers every entry's s·m."""
+    args, kwargs = sa.op_args("compressor_prefill", sa.SMALL, tokens, seed=random.randrange(1 << 30), device="cpu",
+                              batch=batch, ratio=ratio)
+    out = compressor.compressor_prefill(_compressor_kernel, *args, **kwargs)
+    want = OPS["compressor_prefill"].oracle(*args, **kwargs)
+    nope = -2 * sa.ROPE_PAIRS
+    assert torch.equal(out[..., :nope], want[..., :nope])
+    torch.testing.assert_close(out[..., nope:], want[..., nope:], rtol=2**-8, atol=0)
+
+
 def test_what_the_compressor_kernel_does_not_take_is_unsupported():
     args, kwargs = sa.op_args("compressor_prefill", sa.SMALL, 8, seed=1, device="cpu")
     run = emulated("compressor")
