@@ -12,12 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels.gemm.tiling import KBLOCK, SMEM_BYTES
+from oracles.moe import TILE_M  # the contiguous layout's segment alignment
 
 BN = 256
 LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
+MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class GroupedConfig:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
         if self.bm not in (64, 128):
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
+        if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile
+            raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
         if self.n_stages < 2:
             raise ValueError(f"bm={self.bm} leaves room for {self.n_stages} stage(s)")
 
@@ -56,8 +60,8 @@ class GroupedConfig:
 
     @property
     def fixed_bytes(self) -> int:
-        """Two widened e4m3 B tiles, the epilogue's amax exchange, the widening table, barriers."""
-        return 2 * self.bn * KBLOCK + self.waves * 2 * 64 * 4 + WIDEN_TABLE_WORDS * 4 + 2048
+        """Two widened e4m3 B tiles, the epilogue's amax exchange, the widening table, the work list, barriers."""
+        return 2 * self.bn * KBLOCK + self.waves * 2 * 64 * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4 + 2048
 
     @property
     def n_stages(self) -> int:

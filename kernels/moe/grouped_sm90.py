@@ -16,15 +16,19 @@ per-(row n, K block) reference exponent). Tile bm x 256: warpgroup 0 loads (one 
 1-2 each own 128 columns (`kernels/moe/grouped_config.py`).
 
 Layouts ((Mg, G) = rows per group and groups):
-  masked (decode): G = E groups of Mg = max_m rows; `group` = counts [E]; units (e, m tile) past the
-      count are skipped, rows past it neither computed-then-stored nor read.
-  contiguous (prefill): G = 1, Mg = layout rows; `group` = the expert of each row (-1: padding); an m
-      tile whose first row is padding is skipped (segments are 128-aligned and fill from the front).
+  masked (decode): G = E groups of Mg = max_m rows; `group` = counts [E]; only the m tiles holding a
+      group's rows are work (rows past the count are neither stored nor read).
+  contiguous (prefill): G = 1, Mg = layout rows; `group` = the expert of each row (-1: padding). With
+      bm = 128 = the segment alignment the tiles whose first row is real are a prefix of the layout
+      (segments fill from the front, the tail is padding): a binary search finds where it ends.
 Epilogues: `swiglu` (layer 1: 256 interleaved gate/up columns = 128 intermediates -> bf16 gate / up
 (the reference's w1 / w3 outputs), silu(min(g, 10)) · clamp(u, ±10) · route weight -> bf16 h -> e4m3
 codes [rows, I] + one ue8m0 scale per row and 128 (MN-major [G, I/128, Mg], dispatch's rule)), `bf16`
 (layer 2: bf16 rows [rows, D], the layout combine reads).
-Persistent: unit u = (group, m tile, n tile), n fastest, dealt round-robin to the CTAs.
+Persistent, with a compact work list: every CTA finds the tiles that hold rows (masked: a prefix sum of
+the groups' tile counts in shared memory; contiguous: the prefix's end), and unit u = (tile, n tile),
+n fastest, is dealt round-robin, so empty experts and padding cost nothing and the few units of a
+decode step spread over the SMs evenly.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from cutlass.utils import LayoutEnum
 from kernels.bits import bits_f32
 from kernels.fmha.softmax import quad_allreduce
 from kernels.gemm.tiling import KBLOCK, SMEM_BYTES
-from kernels.moe.grouped_config import WIDEN_TABLE_WORDS, GroupedConfig
+from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import tma_ring
@@ -119,6 +123,8 @@ class GroupedSm90:
             bars: cute.struct.MemRange[cutlass.Int64, S * 2]
             tab: cute.struct.Align[cute.struct.MemRange[Int32, WIDEN_TABLE_WORDS], 16]
             red: cute.struct.Align[cute.struct.MemRange[Float32, W * 2 * 64], 16]
+            gtiles: cute.struct.Align[cute.struct.MemRange[Int32, MAX_GROUPS], 16]  # masked: tiles per group
+            gfirst: cute.struct.Align[cute.struct.MemRange[Int32, MAX_GROUPS], 16]  # and the first tile of each
             sSA: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sSA_layout)], 128]
             sSW: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sSW_layout)], 128]
             sSh: cute.struct.Align[cute.struct.MemRange[Int32, cute.cosize(sSh_layout)], 128]
@@ -137,19 +143,61 @@ class GroupedSm90:
                                                 min_blocks_per_mp=1, stream=stream)
 
     @cute.jit
-    def _unit(self, u, tiles_m, tiles_n, mg, mGroup):
-        """Unit u -> (group, m tile, n tile, expert, rows of the group that are real, active)."""
+    def _work(self, st, mGroup, n_groups, tiles_m, mg, tidx):
+        """Tiles holding rows, computed by every thread of the CTA (two CTA barriers). Masked: gtiles[g] =
+        ceil(min(count_g, Mg) / bm), gfirst[g] their exclusive prefix (each thread sums its groups'
+        predecessors: E <= MAX_GROUPS reads of shared memory, once a launch). Contiguous: the first tile
+        whose first row is padding (binary search of the expert ids)."""
+        c = self.cfg
+        if cutlass.const_expr(c.layout == "masked"):
+            gt = st.gtiles.get_tensor(cute.make_layout((MAX_GROUPS,)))
+            gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
+            for g in cutlass.range(tidx, n_groups, c.threads, unroll=1):
+                gt[g] = (cutlass.min(mGroup[g], mg) + c.bm - 1) // c.bm
+            cute.arch.barrier()
+            for g in cutlass.range(tidx, n_groups, c.threads, unroll=1):
+                before = Int32(0)
+                for h in cutlass.range(0, g, unroll=4):
+                    before = before + gt[h]
+                gf[g] = before
+            cute.arch.barrier()
+            return gf[n_groups - 1] + gt[n_groups - 1]
+        lo, hi = Int32(0), tiles_m
+        for _ in cutlass.range(32, unroll=1):
+            if lo < hi:
+                mid = (lo + hi) // 2
+                if mGroup[mid * c.bm] >= 0:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        return lo
+
+    @cute.jit
+    def _unit(self, u, tiles_n, n_groups, mg, mGroup, st):
+        """Unit u of the compact list -> (group, m tile, n tile, expert, rows of the group that are real)."""
         nt = u % tiles_n
-        rest = u // tiles_n
-        mt = rest % tiles_m
-        g = rest // tiles_m
-        e = g
+        t = u // tiles_n
+        g = Int32(0)
+        mt = t
+        e = Int32(0)
         limit = mg
         if cutlass.const_expr(self.cfg.layout == "masked"):
-            limit = cutlass.min(mGroup[g], mg)
+            gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
+            lo, hi = Int32(0), n_groups - 1  # the last group whose first tile is <= t: the one holding t
+            for _ in cutlass.range_constexpr(MAX_GROUPS.bit_length()):
+                if lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if gf[mid] <= t:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+            g = lo
+            e = lo
+            mt = t - gf[lo]
+            limit = cutlass.min(mGroup[lo], mg)
         else:
-            e = mGroup[mt * self.cfg.bm]
-        return g, mt, nt, e, limit, (mt * self.cfg.bm < limit) & (e >= 0)
+            e = mGroup[t * self.cfg.bm]
+        return g, mt, nt, e, limit
 
     @cute.kernel
     def kernel(self, tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
@@ -195,37 +243,37 @@ class GroupedSm90:
         tiles_m = (mg + c.bm - 1) // c.bm
         tiles_n = cute.size(gB, mode=[2])
         n_kb = cute.size(gB, mode=[3])
-        units = cute.size(gA_t, mode=[2]) * tiles_m * tiles_n
+        n_groups = cute.size(gA_t, mode=[2])
 
         pipeline_init_wait(cluster_shape_mn=(1, 1))
+        units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
                 for u in cutlass.range(bidx, units, gdim, unroll=1):
-                    g, mt, nt, e, _limit, active = self._unit(u, tiles_m, tiles_n, mg, mGroup)
-                    if active:
-                        for kb in cutlass.range(0, n_kb, unroll=1):
-                            ring.producer_acquire(state)
-                            bar = ring.producer_get_barrier(state)
-                            for w in cutlass.range_constexpr(W):
-                                cute.copy(tma_a, tAg[(None, mt * W + w, kb, g)], tAs[(None, state.index * W + w)],
-                                          tma_bar_ptr=bar)
-                            cute.copy(tma_b, tBg[(None, nt, kb, e)], tBs[(None, state.index)], tma_bar_ptr=bar)
-                            cute.copy(tma_sh, tHg[(None, nt, kb, e)], tHs[(None, state.index)], tma_bar_ptr=bar)
-                            cute.copy(tma_sw, tWg[(None, nt, kb, e)], tWs[(None, state.index)], tma_bar_ptr=bar)
-                            cute.copy(tma_sa, tSg[(None, mt, kb, g)], tSs[(None, state.index)], tma_bar_ptr=bar)
-                            ring.producer_commit(state)
-                            state.advance()
+                    g, mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
+                    for kb in cutlass.range(0, n_kb, unroll=1):
+                        ring.producer_acquire(state)
+                        bar = ring.producer_get_barrier(state)
+                        for w in cutlass.range_constexpr(W):
+                            cute.copy(tma_a, tAg[(None, mt * W + w, kb, g)], tAs[(None, state.index * W + w)],
+                                      tma_bar_ptr=bar)
+                        cute.copy(tma_b, tBg[(None, nt, kb, e)], tBs[(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_sh, tHg[(None, nt, kb, e)], tHs[(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_sw, tWg[(None, nt, kb, e)], tWs[(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_sa, tSg[(None, mt, kb, g)], tSs[(None, state.index)], tma_bar_ptr=bar)
+                        ring.producer_commit(state)
+                        state.advance()
                 ring.producer_tail(state)
         else:
             cute.arch.setmaxregister_increase(232)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                          tiles_m, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
+                          n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                 tiles_m, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
+                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
         c = self.cfg
         W = c.waves
         tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
@@ -242,26 +290,25 @@ class GroupedSm90:
         bar.arrive_and_wait()  # the table is in
         g_rd = Int32(0)
         for u in cutlass.range(bidx, units, gdim, unroll=1):
-            g, mt, nt, e, limit, active = self._unit(u, tiles_m, tiles_n, mg, mGroup)
-            if active:
-                for w in cutlass.range_constexpr(W):
-                    accs[w].fill(0.0)
-                if cutlass.const_expr(c.overlap):
+            g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
+            for w in cutlass.range_constexpr(W):
+                accs[w].fill(0.0)
+            if cutlass.const_expr(c.overlap):
+                self._prepare(ring, st, sSh, tab, g_rd, ctid)
+                bar.arrive_and_wait()
+            for kb in cutlass.range(0, n_kb, unroll=1):
+                if cutlass.const_expr(not c.overlap):
                     self._prepare(ring, st, sSh, tab, g_rd, ctid)
                     bar.arrive_and_wait()
-                for kb in cutlass.range(0, n_kb, unroll=1):
-                    if cutlass.const_expr(not c.overlap):
-                        self._prepare(ring, st, sSh, tab, g_rd, ctid)
-                        bar.arrive_and_wait()
-                    self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar,
-                                 g_rd, kb + 1 < n_kb, ctid)
-                    g_rd = g_rd + 1
-                for w in cutlass.range_constexpr(W):
-                    m0 = mt * c.bm + w * 64
-                    if cutlass.const_expr(c.epilogue == "swiglu"):
-                        self._store_h(accs[w], cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid)
-                    else:
-                        self._store_rows(accs[w], cC, mOut, g, m0, nt, limit, mg)
+                self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar,
+                             g_rd, kb + 1 < n_kb, ctid)
+                g_rd = g_rd + 1
+            for w in cutlass.range_constexpr(W):
+                m0 = mt * c.bm + w * 64
+                if cutlass.const_expr(c.epilogue == "swiglu"):
+                    self._store_h(accs[w], cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid)
+                else:
+                    self._store_rows(accs[w], cC, mOut, g, m0, nt, limit, mg)
 
     @cute.jit
     def _stage(self, g_rd):

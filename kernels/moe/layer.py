@@ -21,7 +21,7 @@ from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.expert_weights import GroupedWeight, prepare_layer, widen_table
 from kernels.moe.glue import alloc_dispatch, check_fits, compile_combine, compile_dispatch, run_combine, run_dispatch
-from kernels.moe.grouped_config import BN, WIDEN_TABLE_WORDS, choose
+from kernels.moe.grouped_config import BN, MAX_GROUPS, WIDEN_TABLE_WORDS, choose
 from kernels.moe.grouped_sm90 import GroupedSm90
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
@@ -123,6 +123,10 @@ def act_views(codes: torch.Tensor, scales: torch.Tensor, max_m: int | None) -> t
 
 
 def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, out_s, max_m, swiglu: bool):
+    """One grouped GEMM on dispatch-layout activations (codes, MN-major scales): swiglu (L1) writes h codes
+    and scales into out / out_s (dispatch's layout), else bf16 rows into out."""
+    if max_m is not None and group.numel() > MAX_GROUPS:
+        raise ValueError(f"{group.numel()} experts: the masked kernel's work list holds at most {MAX_GROUPS}")
     a, sa = act_views(codes, scales, max_m)
     b, sh, sw = weight_views(w)
     if swiglu:
