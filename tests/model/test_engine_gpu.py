@@ -41,3 +41,43 @@ def test_oracle_and_kernel_models_on_cuda(tmp_path):
     print("kernel model: relative error of the logits", rel, "refused:", ops.refused)
     assert rel < 2e-2
     assert sum(ops.calls.values()) > 0 and all(n > 0 for n, _ in ops.refused.values())
+
+
+def test_the_kernel_model_at_kernel_widths_serves_the_new_ops():
+    """A random model at widths every served op takes (128-multiples, 64 indexer heads): the ops served
+    beyond the projections run on their kernels (only the indexer compressor's prefill is refused: its
+    post-processing is Hadamard + FP4), and teacher-forced logits stay as close to FP32 as the bf16
+    low-precision model's, with most top-1 picks."""
+    from dsv4bench.model.config import TINY
+    from dsv4bench.model.lowprec_ops import LOWPREC, register_lowprec_ops
+    from dsv4bench.model.synthetic import SyntheticCheckpoint
+
+    cfg = TINY.with_(dim=256, q_lora_rank=256, o_lora_rank=256, moe_inter_dim=256, index_n_heads=64)
+    seed = int(torch.randint(1 << 30, ()))
+    print("weights seed", seed)
+    ckpt = SyntheticCheckpoint(cfg, seed)
+    prompt = torch.randint(2, cfg.vocab_size, (int(torch.randint(20, 60, ())),)).tolist()
+
+    def logits(ops):
+        engine = Engine(ckpt, device="cuda", ops=ops)
+        out = engine.feed(prompt, all_logits=True).logits.float()
+        last = out[-1]
+        for _ in range(6):  # decode steps: the sampler, compressor pushes, decode-time indexer scores
+            last = engine.feed([int(engine.ops.sample(last, 0.0))]).logits
+        return out.cpu()
+
+    register_kernel_ops()
+    register_lowprec_ops()
+    ref = logits(OpTable())
+    kernel_ops = OpTable().select_all(KERNEL)
+    kernel, low = logits(kernel_ops), logits(OpTable().select_all(LOWPREC))
+    for op in ("indexer_queries", "indexer_scores", "mtp_input", "sample", "compressor_prefill"):
+        assert kernel_ops.active[op] == KERNEL and kernel_ops.calls[op] > 0, op
+    for op in ("indexer_queries", "indexer_scores", "mtp_input", "sample"):
+        assert op not in kernel_ops.refused, kernel_ops.refused[op]
+    n, why = kernel_ops.refused["compressor_prefill"]
+    assert "Hadamard" in why and n < kernel_ops.calls["compressor_prefill"]  # the indexer's only
+    rel, low_rel = (float((x - ref).norm() / ref.norm()) for x in (kernel, low))
+    print(f"logits vs FP32: kernel {rel:.3g}, lowprec {low_rel:.3g}; refused {kernel_ops.refused}")
+    assert rel < 2 * low_rel + 0.02
+    assert float((kernel.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.7
