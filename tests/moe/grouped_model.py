@@ -79,3 +79,31 @@ def layer2(layout: dict, h_codes, h_scales, w: GroupedWeight) -> torch.Tensor:
     for e, r in rows_of(layout):
         out[r] = _gemm(h_codes[r], h_scales[r], w, e).bfloat16()
     return out
+
+
+def work_units(group: list[int], mg: int, bm: int, tiles_n: int, masked: bool, max_groups: int = 512):
+    """GroupedSm90._work / _unit in Python, step for step: the (group, m tile, n tile, expert) of every unit."""
+    if masked:
+        gt = [(min(c, mg) + bm - 1) // bm for c in group]
+        gf = [sum(gt[:g]) for g in range(len(group))]
+        n_tiles = gf[-1] + gt[-1]
+    else:
+        lo, hi = 0, (mg + bm - 1) // bm
+        for _ in range(32):
+            if lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (mid + 1, hi) if group[mid * bm] >= 0 else (lo, mid)
+        n_tiles = lo
+    units = []
+    for u in range(n_tiles * tiles_n):
+        nt, t = u % tiles_n, u // tiles_n
+        if masked:
+            lo, hi = 0, len(group) - 1
+            for _ in range(max_groups.bit_length()):
+                if lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if gf[mid] <= t else (lo, mid - 1)
+            units.append((lo, t - gf[lo], nt, lo))
+        else:
+            units.append((0, t, nt, group[t * bm]))
+    return units

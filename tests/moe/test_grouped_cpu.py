@@ -173,3 +173,24 @@ def test_kernel_views_have_the_compiled_strides(max_m):
     assert b.shape == (n, d // 2, e) and b.stride() == (d // 2, 1, n * d // 2)
     assert sh.dtype == torch.int32 and sh.shape == (n, kb, e) and sh.stride() == (1, n, n * kb)
     assert sw.shape == (n, kb, e) and sw.stride() == (1, n, n * kb)
+
+
+@pytest.mark.parametrize("counts", [[0, 5, 0, 0, 70, 1], [3], [0, 0, 129], [200, 0, 64, 65, 0], [0] * 511 + [2]])
+def test_masked_work_list_covers_every_real_tile_once(counts):
+    """The kernel's compact work list (prefix sum + binary search, modelled step for step): every m tile
+    holding rows of an expert exactly once per n tile, no tile of an empty expert, counts past Mg cut."""
+    mg, bm, tiles_n = 128, 64, 3
+    units = model.work_units(counts, mg, bm, tiles_n, masked=True)
+    want = [(g, mt, nt, g) for g, c in enumerate(counts) for mt in range(-(-min(c, mg) // bm)) for nt in range(tiles_n)]
+    assert sorted(units) == sorted(want) and len(units) == len(set(units))
+
+
+def test_contiguous_work_list_is_the_real_tile_prefix():
+    idx = torch.tensor([[0, 2, 2, 5, 5, 1]] * 40 + [[2, 5, 5, 5, 5, 5]] * 30, dtype=torch.int32)
+    lay = dispatch_layout(idx, torch.ones(idx.shape), 6, 1024)
+    expert = lay["expert"].tolist()
+    units = model.work_units(expert, 1024, 128, 2, masked=False)
+    tiles = sorted({(mt, e) for _, mt, _, e in units})
+    want = [(t, expert[t * 128]) for t in range(8) if expert[t * 128] >= 0]
+    assert tiles == want and all(e >= 0 for e in expert[: len(want) * 128 : 128])
+    assert all(x < 0 for x in expert[len(want) * 128:])  # the rest is padding: nothing left out
