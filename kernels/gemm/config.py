@@ -53,6 +53,7 @@ UNIT_CLK = 600
 MIN_KB_PER_SLICE = 4
 MAX_SPLIT = 16
 BN = (128, 64, 32)
+PAIR_MIN_M_TILES = 4
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -95,7 +96,9 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1) 
     best = min(candidates(m, n, k, sms),
                key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
     bm, bn, split = best
-    # bm 256 runs as CTA pairs multicasting x (measured 5% faster over the prefill layers, run
-    # gemm/2026-11-26-h100-9196322-x2); the cost model above does not price the pair
-    pair = bm == 256 and (groups == 1 or (n // groups) % (2 * bn) == 0)
+    # bm 256 runs as CTA pairs multicasting x where x is re-read by several M tiles, the L2-bound
+    # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2),
+    # but 0.83x at M = 256 (one M tile: each CTA streams its weight from DRAM and the pair waits for
+    # the slower of two; run gemm/2026-11-26-h100-bf91fba-product). The cost model does not price it.
+    pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
     return GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1)

@@ -145,3 +145,10 @@ def test_cta_pairs_stay_inside_a_weight_group():
     assert pairs_share_x(pair, 1000) and pairs_share_x(GemmConfig(256, 128), 3 * 384, groups=3)
     with pytest.raises(ValueError, match="bm 256"):
         GemmConfig(128, 128, cluster_n=2)
+
+
+def test_rule_pairs_ctas_only_where_x_is_reread():
+    assert choose_config(4096, 7168, 16384).cluster_n == 2
+    assert choose_config(256, 7168, 16384).cluster_n == 1  # one M tile: DRAM-bound, pairs measured slower
+    assert choose_config(4096, 8 * 1024, 4096, groups=8).cluster_n == 2
+    assert choose_config(4096, 3 * 384, 4096, groups=3).cluster_n == 1  # a pair would straddle a group
