@@ -151,12 +151,12 @@ class MoeCuteDSL(Impl):
             return SM90_ONLY
         return None if case["i"] % 128 == 0 else f"I={case['i']} must be a multiple of 128 (L1's 256-row tile)"
 
-    overlap = True
+    knobs: dict = {}  # GroupedConfig overrides (declared variants)
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         if case["op"] == "layer":
             return (self.family, self.name, arch, "layer", case["e"], case["k"], case["d"], case["i"], case["layout"],
-                    self.overlap)
+                    tuple(sorted(self.knobs.items())))
         if case["op"] == "dispatch":
             return (self.family, self.name, arch, "dispatch", case["e"], case["k"], case["d"], case["layout"])
         return (self.family, self.name, arch, "combine", case["d"], case["k"])
@@ -166,7 +166,7 @@ class MoeCuteDSL(Impl):
             return compile_dispatch(case["e"], case["k"], case["d"], case["layout"], arch)
         if case["op"] == "combine":
             return compile_combine(case["d"], case["k"], arch)
-        return compile_layer(case["e"], case["k"], case["d"], case["i"], case["layout"], arch, self.overlap)
+        return compile_layer(case["e"], case["k"], case["d"], case["i"], case["layout"], arch, **self.knobs)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         if case["op"] == "layer":
@@ -181,11 +181,14 @@ class MoeCuteDSL(Impl):
         return out
 
 
-class MoeCuteDSLSerial(MoeCuteDSL):
-    """Declared variant: the layer with each K block widened before its wgmmas are issued, not while the
-    previous block's run (GroupedConfig.overlap off): the A/B of the overlap, and a fallback."""
+class MoeLayerVariant(MoeCuteDSL):
+    """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named:
+    `cutedsl:serial` widens each K block before its wgmmas are issued instead of during the previous
+    block's (the A/B of the overlap, and a fallback); `cutedsl:ko-no-widen` skips the widening (a
+    knock-out: timed, never compared), so its gap to `cutedsl` is what the widening costs."""
 
-    name, variant, overlap = "cutedsl:serial", "serial", False
+    def __init__(self, variant: str, knobs: dict, checked: bool = True):
+        self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         return super().supports(case, arch) if case["op"] == "layer" else "a variant of the layer's GEMMs only"
@@ -193,5 +196,6 @@ class MoeCuteDSLSerial(MoeCuteDSL):
 
 FAMILY = register_family(MoeFamily())
 register_impl(MoeCuteDSL())
-register_impl(MoeCuteDSLSerial())
+register_impl(MoeLayerVariant("serial", {"overlap": False}))
+register_impl(MoeLayerVariant("ko-no-widen", {"ablate": "no-widen"}, checked=False))
 peers.register()

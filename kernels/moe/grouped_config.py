@@ -18,6 +18,7 @@ BN = 256
 LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
+ABLATIONS = ("", "no-widen")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 
@@ -31,12 +32,17 @@ class GroupedConfig:
     # widen the next K block's FP4 tile while this block's wgmmas run (False: widen, then issue; the
     # A/B of the overlap, variant `cutedsl:serial`)
     overlap: bool = True
+    # knock-out (wrong answers, timed only: variant `cutedsl:ko-no-widen`): the FP4 tiles still stream in
+    # but are not widened; its gap to the shipped kernel is what the widening costs
+    ablate: str = ""
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
+        if self.ablate not in ABLATIONS:
+            raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.bm not in (64, 128):
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
         if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile

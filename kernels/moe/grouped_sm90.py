@@ -321,7 +321,8 @@ class GroupedSm90:
         wgmma (async proxy); the caller's barrier publishes it to the other warpgroup."""
         state = self._stage(g_rd)
         ring.consumer_wait(state)
-        self._widen(st, sSh, tab, state.index, g_rd % 2, ctid)
+        if cutlass.const_expr(self.cfg.ablate != "no-widen"):
+            self._widen(st, sSh, tab, state.index, g_rd % 2, ctid)
         cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit

@@ -58,12 +58,13 @@ def fake_grouped(layout: str, epilogue: str, n: int, k: int) -> tuple:
     return a, sa, b, sh, sw, tab, group, row_w, out, out_s, cutlass.Int32(132)
 
 
-def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_90a", overlap: bool = True):
+def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_90a", **knobs):
+    """One grouped GEMM; `knobs` override GroupedConfig fields of the tile rule's pick (overlap, ablate)."""
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     if n % (BN if epilogue == "swiglu" else KBLOCK) or k % KBLOCK:
         raise ValueError(f"N={n} must be a multiple of {BN} (L1) or {KBLOCK} (L2) and K={k} of {KBLOCK}")
-    cfg = replace(choose(layout, epilogue), overlap=overlap)
+    cfg = replace(choose(layout, epilogue), **knobs)
     return compile_kernel(GroupedSm90(cfg), *fake_grouped(layout, epilogue, n, k), arch=arch)
 
 
@@ -76,13 +77,13 @@ class CompiledLayer:
 
 
 def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a",
-                  overlap: bool = True) -> CompiledLayer:
-    """The layer's kernels for one (E, k, D, I, layout); `overlap` as GroupedConfig's."""
+                  **knobs) -> CompiledLayer:
+    """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's."""
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch),
-                          "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, overlap),
-                          "l2": compile_grouped(layout, "bf16", d, i, arch, overlap),
+                          "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs),
+                          "l2": compile_grouped(layout, "bf16", d, i, arch, **knobs),
                           "combine": compile_combine(d, topk, arch)})
 
 

@@ -131,12 +131,13 @@ def test_kernel_math_matches_the_reference(layout):
     assert rel < 2e-3, rel
 
 
-@pytest.mark.parametrize("layout,epilogue,overlap", [("masked", "swiglu", True), ("masked", "bf16", True),
-                                                     ("contiguous", "swiglu", True), ("contiguous", "bf16", True),
-                                                     ("masked", "swiglu", False)])
-def test_grouped_compiles_for_sm90a(layout, epilogue, overlap, monkeypatch):
+@pytest.mark.parametrize("layout,epilogue,knobs", [("masked", "swiglu", {}), ("masked", "bf16", {}),
+                                                   ("contiguous", "swiglu", {}), ("contiguous", "bf16", {}),
+                                                   ("masked", "swiglu", {"overlap": False}),
+                                                   ("masked", "bf16", {"ablate": "no-widen"})])
+def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
     monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
-    compiled = compile_grouped(layout, epilogue, 512, 256, overlap=overlap)
+    compiled = compile_grouped(layout, epilogue, 512, 256, **knobs)
     info = parse_cubin(artifact(compiled))
     assert info.sm == 90
     if layout == "masked":  # decode: one 64-row wave, nothing spilled
@@ -146,6 +147,14 @@ def test_grouped_compiles_for_sm90a(layout, epilogue, overlap, monkeypatch):
         rc, log = ptxas.run_ptxas(exe, artifact(compiled, "__ptx__"), "sm_90a")
         serialized, _ = ptxas.parse(log)
         assert rc == 0 and serialized == []
+
+
+def test_layer_variants_are_declared():
+    assert get_impl("moe", "cutedsl:serial").checked and not get_impl("moe", "cutedsl:ko-no-widen").checked
+    case = Case("moe", space.case("dispatch", "flash", 8))
+    assert get_impl("moe", "cutedsl:serial").supports(case, "sm_90a") is not None
+    with pytest.raises(ValueError, match="ablate"):
+        compile_grouped("masked", "swiglu", 512, 256, ablate="no-such")
 
 
 def test_sm100a_is_unsupported_with_the_reason():
