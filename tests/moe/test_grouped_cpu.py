@@ -16,7 +16,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
 from kernels.common import POLICY
 from kernels.moe.expert_weights import (EXACT_SPAN, SHIFT_BIAS, SHIFTS, flush_stats, interleave, prepare,
-                                        prepare_layer, widen_table, widened_codes, widened_dequant)
+                                        prepare_layer, widen_table, widened_dequant)
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import SM90_ONLY, act_views, compile_grouped, weight_views
 from oracles.moe import dispatch_layout, gather_quant, routed_lowprec
