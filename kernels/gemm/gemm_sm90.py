@@ -134,8 +134,10 @@ class Fp8GemmSm90:
         self.kernel(
             tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, tma_sa, gSA_t, tma_sw, gSW_t, mWork, mCount, n_group,
             tiled_mma, mma_acc, epi_mma, sA_layout, sB_layout, sC_layout, sSA_layout, sSW_layout, Storage,
-        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], cluster=[c.cluster_n, 1, 1],
-                 min_blocks_per_mp=1, stream=stream)
+        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream,
+                 # only pairs launch as clusters: single CTAs launched with a 1 x 1 x 1 cluster ran
+                 # 128 x 128 tiles 27% slower (same SASS; docs/lessons/gemm.md)
+                 **({"cluster": [c.cluster_n, 1, 1]} if c.cluster_n > 1 else {}))
 
     @cute.jit
     def _tile_of(self, u, tiles_m, tiles_n):
