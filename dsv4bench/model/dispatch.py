@@ -58,7 +58,6 @@ ORACLE_ONLY: dict[str, str] = {
     "compressor_post": "decode entries only (prefill's is fused in compressor_prefill); no kernel post-processes "
                        "a given raw entry: the compressor kernel's post-processing is fused after its pooling",
     "indexer_weights": "a small GEMM on the bf16 weights_proj: the gemm family is FP8-only",
-    "moe": "no MoE (grouped MXFP4 expert) kernel family yet",
     "lm_head": "head.weight is BF16 (spec §9.1, §11: fp32 logits = norm(y).float() @ head.float().T); the gemm "
                "family is FP8-only, and an FP8 head would add an error the reference does not have",
 }

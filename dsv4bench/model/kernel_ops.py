@@ -5,7 +5,9 @@ A family declares `serves = {"op": adapter}`; an adapter has the op oracle's sig
 leading argument, `run(params, inputs) -> outputs`, which runs the family's CuTeDSL impl on the case
 `params` with `inputs` (tensors in the kernel's dtypes, on the model's device). `run` compiles once
 per compile key (the compile cache) and raises `Unsupported` for a shape the kernel does not take,
-or for inputs that are not on a CUDA device (a model run on the CPU).
+or for inputs that are not on a CUDA device (a model run on the CPU). An adapter that drives the impl's
+compiled pieces itself (kernels/moe/serves.py: the routed layer with its load-time weights, made once
+per weight) asks `run.compiled(params, inputs)` for the compiled object, after the same checks.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ class KernelOp:
         self.family, self.op, self.adapter = family, op, adapter
         self.impl = get_impl(family.name, KERNEL)
         self._cache = None
+        self.runner = Runner(self)
 
-    def run(self, params: dict, inputs: dict) -> dict:
+    def compile(self, params: dict, inputs: dict) -> tuple[Case, object]:
+        """(case, compiled) of `params`, after the checks: a CUDA GPU, CUDA inputs, a shape the impl takes."""
         arch = device_arch()
         if arch is None:
             raise Unsupported(f"{self.op}: the {self.family.name} kernel needs a CUDA GPU")
@@ -50,15 +54,32 @@ class KernelOp:
             from dsv4bench.compile.cache import CompileCache
 
             self._cache = CompileCache()
-        compiled = self._cache.get(self.impl, case, arch)[0]
+        return case, self._cache.get(self.impl, case, arch)[0]
+
+    def run(self, params: dict, inputs: dict) -> dict:
+        case, compiled = self.compile(params, inputs)
         out = self.family.alloc_outputs(case, "cuda")
         return self.impl.run(case, inputs, out, compiled)
 
     def __call__(self, *args, **kwargs):
-        return self.adapter(self.run, *args, **kwargs)
+        return self.adapter(self.runner, *args, **kwargs)
 
     def describe(self) -> str:
         return f"{self.family.name}/{self.impl.name} ({', '.join(self.impl.archs)})"
+
+
+class Runner:
+    """What an adapter gets as `run`: `run(params, inputs) -> outputs` (the impl run on the case), and
+    `run.compiled(params, inputs)`, the compiled object alone (compiled once per compile key)."""
+
+    def __init__(self, op: KernelOp):
+        self.op = op
+
+    def __call__(self, params: dict, inputs: dict) -> dict:
+        return self.op.run(params, inputs)
+
+    def compiled(self, params: dict, inputs: dict):
+        return self.op.compile(params, inputs)[1]
 
 
 def served_ops() -> dict[str, KernelOp]:

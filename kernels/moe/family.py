@@ -26,6 +26,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.moe import peers
+from kernels.moe import serves as served
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
@@ -61,6 +62,7 @@ class MoeFamily(Family):
                    "layer, and its dispatch (permutation + FP8 quant into the grouped-GEMM layout) and combine")
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
+    serves = served.OPS  # the model op it serves (kernels/moe/serves.py)
     options = {
         "op": Option("op", "layer (whole routed layer), dispatch or combine", choices=space.OPS, names=True),
         "model": Option("model", "DSV4 model of the shape (drawn: hypothesis)", choices=("flash", "pro", "drawn"),

@@ -1,0 +1,250 @@
+"""The model op this family's kernels serve (Family.serves; dsv4bench/model/kernel_ops.py): `moe`, the
+routed experts plus the shared expert (spec §8.2-8.3). fp32 x in (the model's stream), fp32 out.
+
+Where each part runs:
+
+    part                 CuTeDSL kernels                                   torch
+    routed experts       dispatch (permutation + FP8 quant of x) -> L1     the router's idx / weights as
+                         (w1|w3 MXFP4 x FP8, clamped SwiGLU x route weight, int32 / fp32; the masked
+                         FP8 h) -> L2 (w2) -> combine (+ the shared output) layout's max_m (one bincount)
+    shared expert        w1|w3: one FP8 quant+gemm (the gemm family, the   the clamped SwiGLU (fp32),
+                         two weights concatenated once per weight); w2:    h cast to bf16
+                         quant+gemm
+
+The routed part is the family's `layer` op (kernels/moe/layer.py): its compiled pieces come from the
+family's impl (`run.compiled`: one compile per (E, k, D, I, layout)), and this adapter calls them
+with the load-time weights it prepared ONCE per weight set: the checkpoint's per-expert MXFP4 tensors
+stacked over experts, w1/w3 interleaved into the L1 weight, and the widening side data
+(kernels/moe/expert_weights.py), cached on the source tensors (kernels.common.Prepared: weak
+references, remade if a source is replaced or written to). That is ~1.06x the experts' bytes held
+beside the checkpoint's (the per-expert tensors the oracle reads stay as they are); a layer whose
+prepared copy would not fit the device's free memory is refused (Unsupported), not OOM-killed.
+(layer.run_layer prepares through a one-entry cache keyed on stacked tensors, which would re-prepare
+every layer at every call: hence this adapter's own sequence of the same calls.)
+
+Layout per call, the family's rule (sweeps/moe.case): masked [E, max_m, D] for decode-size T (T <=
+256, max_m = the call's largest expert count rounded up to 16, the family's `inputs.max_m` rule),
+contiguous for prefill; contiguous also for E > 512 experts (the masked work list's limit).
+
+The shared expert follows the reference's `expert_lowprec` (bf16 GEMM outputs, SwiGLU in fp32, h cast
+to bf16 and FP8-quantised again for w2); its bf16 output is added in the combine kernel, so
+y = bf16(Σ_k expert_k(x) · w_k + shared) as the family's layer op, returned as fp32.
+
+Refused (Unsupported; the runner runs the oracle and counts it): routed experts not MXFP4 (NVFP4,
+dequantised tensors), widths D or I not whole 128-blocks (the tiny config: D 64, I 32), experts of
+unequal shapes, an MXFP4 scale that is NaN, a SwiGLU limit other than the kernel's 10, a shared
+expert the FP8 GEMM does not take, inputs off the GPU, a prepared layer that does not fit in memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4bench.core.registry import Unsupported
+from kernels.common import Prepared
+from kernels.gemm import serves as gemm
+from kernels.gemm.tiling import KBLOCK
+from kernels.moe.expert_weights import GroupedWeight, prepare_layer
+from kernels.moe.grouped_config import MAX_GROUPS
+from kernels.moe.grouped_epilogue import LIMIT
+from kernels.moe.inputs import MASKED_ALIGN
+from oracles.linear import QuantWeight, Weight
+from oracles.moe import ExpertWeights, swiglu
+from sweeps.moe import DECODE_T
+
+MASKED_MAX_T = max(DECODE_T)  # the family's rule: decode batches (masked) up to 256 tokens, prefill above
+WIDTH = KBLOCK  # D and I: whole 128-blocks (FP8 act blocks, L1's 256-row tile = 128 intermediates)
+CHUNK = 16  # experts prepared at a time (bounds the temporaries of the stacking and the side data)
+MEMORY_MARGIN = 2 << 30  # bytes left free beyond a prepared layer (the call's activations, the allocator)
+DEVICE_TYPE = "cuda"  # where the kernels run (a CPU test of the argument mapping sets "cpu")
+
+_EXPERTS = Prepared(size=128)  # (L1, L2) per routed expert set: one entry per MoE layer of a model
+_SHARED = Prepared(size=128)  # the shared expert's w1|w3 weight
+
+
+def choose_layout(tokens: int, n_experts: int) -> str:
+    """masked for decode-size T (the family's rule), contiguous for prefill or past the masked work list's
+    MAX_GROUPS experts."""
+    return "masked" if tokens <= MASKED_MAX_T and n_experts <= MAX_GROUPS else "contiguous"
+
+
+def masked_rows(idx: torch.Tensor, n_experts: int) -> int:
+    """max_m of a masked call: the largest expert count of idx rounded up to MASKED_ALIGN (one host read)."""
+    flat = idx.reshape(-1)
+    flat = flat[(flat >= 0) & (flat < n_experts)]
+    worst = int(torch.bincount(flat, minlength=n_experts).max()) if flat.numel() else 0
+    return -(-max(1, worst) // MASKED_ALIGN) * MASKED_ALIGN
+
+
+def _sources(w: Weight) -> tuple:
+    if isinstance(w, QuantWeight):
+        return (w.weight, w.scale) + (() if w.global_scale is None else (w.global_scale,))
+    return (w,)
+
+
+def _format(w: Weight) -> str:
+    return w.format if isinstance(w, QuantWeight) else f"a plain {w.dtype} tensor (dequantised)"
+
+
+def check_experts(experts, d: int) -> int:
+    """The routed experts' intermediate width I, or Unsupported with the reason the kernel cannot take them."""
+    if len(experts) == 0:
+        raise Unsupported("moe: no routed experts")
+    first = experts[0]
+    for name in ("w1", "w2", "w3"):
+        fmt = _format(getattr(first, name))
+        if fmt != "mxfp4":
+            raise Unsupported(f"moe: the grouped GEMM widens MXFP4 expert weights; {name} is {fmt}")
+    i = first.w1.weight.shape[0]
+    if d % WIDTH or i % WIDTH:
+        raise Unsupported(f"moe: the grouped GEMM takes D and I in whole {WIDTH}-blocks (FP8 activation blocks, "
+                          f"L1's 256-row tiles of 128 intermediates); got D={d}, I={i}")
+    want = {"w1": ((i, d // 2), (i, d // 32)), "w3": ((i, d // 2), (i, d // 32)), "w2": ((d, i // 2), (d, i // 32))}
+    device = first.w1.weight.device
+    for e, ex in enumerate(experts):
+        for name, (codes, scales) in want.items():
+            w = getattr(ex, name)
+            if _format(w) != "mxfp4" or tuple(w.weight.shape) != codes or tuple(w.scale.shape) != scales:
+                got = (f"{_format(w)} {tuple(w.weight.shape)} / {tuple(w.scale.shape)}" if isinstance(w, QuantWeight)
+                       else _format(w))
+                raise Unsupported(f"moe: expert {e} {name} is {got}; the grouped GEMM takes every expert's {name} "
+                                  f"as MXFP4 codes {codes} + scales {scales}")
+            if w.weight.device != device or w.scale.device != device:
+                raise Unsupported(f"moe: expert {e} {name} is on {w.weight.device}, expert 0 on {device}")
+    return i
+
+
+def _empty(e: int, n: int, k: int, device) -> GroupedWeight:
+    kb = k // KBLOCK
+    return GroupedWeight(torch.empty(e, n, k // 2, dtype=torch.uint8, device=device),
+                         torch.empty(e, kb, n, 4, dtype=torch.uint8, device=device),
+                         torch.empty(e, kb, n, dtype=torch.float32, device=device))
+
+
+def prepared_bytes(e: int, d: int, i: int) -> int:
+    """Device bytes of a prepared layer: codes (K/2 per row) + shift words and column scales (8 per 128 K)."""
+    per_row_k = lambda n, k: n * (k // 2 + 8 * (k // KBLOCK))  # noqa: E731
+    return e * (per_row_k(2 * i, d) + per_row_k(d, i))
+
+
+def _check_memory(device, need: int) -> None:
+    if device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if need + MEMORY_MARGIN > free + cached:
+        raise Unsupported(f"moe: the layer's prepared expert weights need {need / 2**30:.1f} GiB (+ "
+                          f"{MEMORY_MARGIN / 2**30:.0f} GiB margin); the device has {(free + cached) / 2**30:.1f} "
+                          f"GiB free")
+
+
+def prepare_experts(experts, d: int, i: int) -> tuple[GroupedWeight, GroupedWeight]:
+    """The (L1, L2) grouped weights of E per-expert MXFP4 weights: stacked, w1/w3 interleaved, side data;
+    CHUNK experts at a time into the final buffers."""
+    e = len(experts)
+    device = experts[0].w1.weight.device
+    _check_memory(device, prepared_bytes(e, d, i))
+    l1, l2 = _empty(e, 2 * i, d, device), _empty(e, d, i, device)
+
+    def stacked(part, name, attr):
+        return torch.stack([getattr(getattr(ex, name), attr).view(torch.uint8) for ex in part])
+
+    for lo in range(0, e, CHUNK):
+        part = [experts[j] for j in range(lo, min(e, lo + CHUNK))]
+        try:
+            a, b = prepare_layer(*(stacked(part, n, attr) for n in ("w1", "w3", "w2") for attr in ("weight", "scale")))
+        except ValueError as err:  # a NaN scale
+            raise Unsupported(f"moe: experts {lo}..{lo + len(part) - 1}: {err}") from None
+        for dst, src in ((l1, a), (l2, b)):
+            for field in ("codes", "shift", "col_scale"):
+                getattr(dst, field)[lo:lo + len(part)].copy_(getattr(src, field))
+    return l1, l2
+
+
+def _drop_dead(cache: Prepared) -> None:
+    """Forget prepared layers whose source tensors are gone (a freed model): their GiBs go back."""
+    for key in [k for k, (refs, _, _) in cache._entries.items() if any(r() is None for r in refs)]:
+        del cache._entries[key]
+
+
+def layer_weights(experts, d: int) -> tuple[GroupedWeight, GroupedWeight]:
+    """The prepared (L1, L2) of a routed expert set, made once per weight set (Unsupported if the kernel
+    does not take it)."""
+    sources = tuple(t for ex in experts for name in ("w1", "w3", "w2") for t in _sources(getattr(ex, name)))
+    _drop_dead(_EXPERTS)
+    return _EXPERTS.get(sources, lambda: prepare_experts(experts, d, check_experts(experts, d)))
+
+
+def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch.Tensor:
+    """bf16 [T, D]: the shared expert on the gemm family's FP8 GEMM (w1|w3 as one weight, made once)."""
+    run = gemm.kernel_runner("gemm")
+    w1, w3 = shared.w1, shared.w3
+    gate_up = None
+    if isinstance(w1, QuantWeight) and isinstance(w3, QuantWeight) and w1.format == w3.format == "fp8" \
+            and w1.weight.shape == w3.weight.shape and w1.weight.shape[0] % KBLOCK == 0:
+        gate_up = _SHARED.get(_sources(w1) + _sources(w3), lambda: QuantWeight(
+            torch.cat((w1.weight, w3.weight)).contiguous(), torch.cat((w1.scale, w3.scale)).contiguous()))
+    if gate_up is not None:
+        g, u = gemm.fp8_linear(run, x, gate_up).chunk(2, dim=-1)
+    else:
+        g, u = gemm.fp8_linear(run, x, w1), gemm.fp8_linear(run, x, w3)
+    h = swiglu(g, u, limit).bfloat16()
+    return gemm.fp8_linear(run, h, shared.w2)
+
+
+def routed_layer(run, params: dict, x, idx, weights, shared, l1: GroupedWeight, l2: GroupedWeight) -> torch.Tensor:
+    """bf16 [T, D] = bf16(Σ_k expert_k(x) · w_k + shared) on the family's four kernels (layer.run_layer's
+    sequence, with the weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]."""
+    from kernels.moe.glue import alloc_dispatch, run_combine, run_dispatch
+    from kernels.moe.layer import run_grouped
+
+    k = run.compiled(params, {"x": x, "idx": idx, "weights": weights, "shared": shared}).kernels
+    n_experts, max_m, i = params["e"], params.get("max_m"), params["i"]
+    t, d = x.shape
+    lay = alloc_dispatch(t, idx.shape[1], n_experts, d, max_m, x.device)
+    run_dispatch(k["dispatch"], x, idx, weights, lay, n_experts, max_m)
+    rows = lay["src"].numel()
+    group = lay["counts"] if max_m is not None else lay["expert"]
+    h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
+    h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
+                      dtype=torch.float32, device=x.device)
+    run_grouped(k["l1"], lay["codes"], lay["scales"], l1, group, lay["row_weight"], h, h_s, max_m, True)
+    y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
+    run_grouped(k["l2"], h, h_s, l2, group, lay["row_weight"], y_rows, None, max_m, False)
+    # max_m is this call's largest count (masked_rows): no entry is dropped, so no check_fits read-back
+    return run_combine(k["combine"], y_rows, lay["pos"], shared, torch.empty_like(shared))
+
+
+def layer_params(tokens: int, topk: int, n_experts: int, d: int, i: int, idx: torch.Tensor) -> dict:
+    """The family's `layer` case of one call: the layout by the family's rule, max_m from the call's routing."""
+    layout = choose_layout(tokens, n_experts)
+    params = {"op": "layer", "e": n_experts, "k": topk, "d": d, "i": i, "t": tokens, "layout": layout}
+    if layout == "masked":
+        params["max_m"] = masked_rows(idx, n_experts)
+    return params
+
+
+def moe(run, x, weights, idx, experts, shared: ExpertWeights, limit: float = LIMIT):
+    """The model's `moe` op: x [T, D] (fp32), the router's weights fp32 / idx [T, k], the routed experts
+    (ExpertWeights of MXFP4 QuantWeights) and the shared expert (FP8) -> fp32 [T, D]."""
+    if limit != LIMIT:
+        raise Unsupported(f"moe: the kernel's SwiGLU clamps at {LIMIT}, not {limit}")
+    lead, d = x.shape[:-1], x.shape[-1]
+    if x.device.type != DEVICE_TYPE:
+        raise Unsupported(f"moe: the moe kernels take CUDA tensors, got {x.device}")
+    l1, l2 = layer_weights(experts, d)
+    if l1.codes.device != x.device:
+        raise Unsupported(f"moe: the experts are on {l1.codes.device}, x on {x.device}")
+    rows = x.reshape(-1, d).bfloat16().contiguous()
+    tokens = rows.shape[0]
+    if tokens == 0:
+        return x.new_zeros(x.shape, dtype=torch.float32)
+    idx2 = idx.reshape(tokens, -1).to(torch.int32).contiguous()
+    w2 = weights.reshape(tokens, -1).float().contiguous()
+    params = layer_params(tokens, idx2.shape[1], len(experts), d, l1.shape[1] // 2, idx2)
+    s = shared_expert(rows, shared, limit).contiguous()
+    out = routed_layer(run, params, rows, idx2, w2, s, l1, l2)
+    return out.float().reshape(*lead, d)
+
+
+OPS = {"moe": moe}
