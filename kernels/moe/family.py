@@ -154,6 +154,7 @@ class MoeCuteDSL(Impl):
         return None if case["i"] % 128 == 0 else f"I={case['i']} must be a multiple of 128 (L1's 256-row tile)"
 
     knobs: dict = {}  # GroupedConfig overrides (declared variants)
+    check_fits = False  # the layer's count read-back (a host sync; variant `cutedsl:sync` keeps v1's)
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         if case["op"] == "layer":
@@ -173,8 +174,9 @@ class MoeCuteDSL(Impl):
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         if case["op"] == "layer":
             experts = tuple(inputs[n] for n in WEIGHT_NAMES)
+            # max_m is the case's largest count (inputs.max_m): it fits by construction, so no read-back
             run_layer(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
-                      case_max_m(case), out["out"])
+                      case_max_m(case), out["out"], check=self.check_fits)
             return out
         if case["op"] == "dispatch":
             return run_dispatch(compiled, inputs["x"], inputs["idx"], inputs["weights"], out, case["e"],
@@ -187,10 +189,14 @@ class MoeLayerVariant(MoeCuteDSL):
     """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named:
     `cutedsl:serial` widens each K block before its wgmmas are issued instead of during the previous
     block's (the A/B of the overlap, and a fallback); `cutedsl:ko-no-widen` skips the widening (a
-    knock-out: timed, never compared), so its gap to `cutedsl` is what the widening costs."""
+    knock-out: timed, never compared), so its gap to `cutedsl` is what the widening costs;
+    `cutedsl:widen-v1` the v1 widening (a 4-code lookup per 16 bits, scalar shared-memory words) and
+    `cutedsl:v1` the whole v1 path (that widening and the count read-back, a host sync, in every call):
+    the A/Bs of the v2 changes (docs/perf/moe.md)."""
 
-    def __init__(self, variant: str, knobs: dict, checked: bool = True):
+    def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
+        self.check_fits = sync
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         return super().supports(case, arch) if case["op"] == "layer" else "a variant of the layer's GEMMs only"
@@ -200,4 +206,6 @@ FAMILY = register_family(MoeFamily())
 register_impl(MoeCuteDSL())
 register_impl(MoeLayerVariant("serial", {"overlap": False}))
 register_impl(MoeLayerVariant("ko-no-widen", {"ablate": "no-widen"}, checked=False))
+register_impl(MoeLayerVariant("widen-v1", {"widen": "v1"}))
+register_impl(MoeLayerVariant("v1", {"widen": "v1"}, sync=True))
 peers.register()

@@ -67,8 +67,9 @@ def alloc_dispatch(tokens: int, topk: int, n_experts: int, d: int, max_m: int | 
             "scales": torch.empty(scales, dtype=torch.float32, device=device)}
 
 
-def check_dispatch(x, idx, weights, out: dict, n_experts: int, max_m: int | None) -> None:
-    """ValueError naming the first argument that does not fit the compiled dispatch."""
+def check_dispatch(x, idx, weights, out: dict, n_experts: int, max_m: int | None, outputs: bool = True) -> None:
+    """ValueError naming the first argument that does not fit the compiled dispatch (`outputs` False: the
+    inputs only, for callers that allocated `out` with alloc_dispatch themselves)."""
     if x.dim() != 2 or x.dtype != torch.bfloat16 or x.shape[1] % QBLOCK or not x.is_contiguous():
         raise ValueError(f"x must be contiguous bf16 [T, D] with D % {QBLOCK} == 0, got {x.dtype} {tuple(x.shape)}")
     if idx.dtype != torch.int32 or idx.dim() != 2 or idx.shape[0] != x.shape[0] or not idx.is_contiguous():
@@ -83,8 +84,9 @@ def check_dispatch(x, idx, weights, out: dict, n_experts: int, max_m: int | None
                              f"got {got.dtype} {tuple(got.shape)}")
 
 
-def run_dispatch(compiled, x, idx, weights, out: dict, n_experts: int, max_m: int | None) -> dict:
-    check_dispatch(x, idx, weights, out, n_experts, max_m)
+def run_dispatch(compiled, x, idx, weights, out: dict, n_experts: int, max_m: int | None,
+                 check_outputs: bool = True) -> dict:
+    check_dispatch(x, idx, weights, out, n_experts, max_m, check_outputs)
     scales = out["scales"] if max_m is not None else out["scales"].unsqueeze(0)
     compiled(x, idx.view(-1), weights.view(-1), out["counts"], out["pos"].view(-1), out["src"], out["expert"],
              out["row_weight"], out["codes"], scales)

@@ -19,6 +19,7 @@ LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
 ABLATIONS = ("", "no-widen")
+WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 
@@ -35,12 +36,19 @@ class GroupedConfig:
     # knock-out (wrong answers, timed only: variant `cutedsl:ko-no-widen`): the FP4 tiles still stream in
     # but are not widened; its gap to the shipped kernel is what the widening costs
     ablate: str = ""
+    # v2: per thread and step the 4 (row, sub-block) items' loads first (one 16-byte word of codes each,
+    # the shift word, the 8-byte table), then 8 codes per 32-bit word in 9 integer ops (two `prmt` on the
+    # magnitude, two on the sign bits), two 16-byte stores an item. v1 (variant `cutedsl:widen-v1`): 4 codes
+    # per 16 bits in ~10 ops, a scalar load / 8-byte store per word, each load after the previous store.
+    widen: str = "v2"
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
+        if self.widen not in WIDENINGS:
+            raise ValueError(f"widen must be one of {WIDENINGS}, got {self.widen!r}")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.bm not in (64, 128):

@@ -1,5 +1,5 @@
 """A torch model of what the grouped expert GEMM (kernels/moe/grouped_sm90.py) computes, step by step:
-the `prmt` widening of 4 e2m1 codes, and L1 / L2 on a dispatch layout with the widened weights, the
+the `prmt` widening of 4 e2m1 codes (v1) and of 8 (v2), and L1 / L2 on a dispatch layout with the widened weights, the
 per-128-K promotion (sa[row] · col_scale[n]) and the fused epilogues. The CPU tests check it against
 the oracles; the GPU tests check the kernel against it."""
 
@@ -33,6 +33,16 @@ def widen4(nibbles: int, t0: int, t1: int) -> int:
     y = (nibbles | (nibbles << 8)) & 0x00FF00FF
     y = (y | (y << 4)) & 0x0F0F0F0F
     return mag | ((y << 4) & 0x80808080)
+
+
+def widen8(word: int, t0: int, t1: int) -> tuple[int, int]:
+    """kernels/moe/grouped_sm90.widen8 in Python: 8 codes (a 32-bit word) -> two words of 4 e4m3 bytes."""
+    word &= 0xFFFFFFFF
+    mag = word & 0x77777777
+    sgn = (word << 4) & 0xFFFFFFFF
+    lo = prmt(t0, t1, mag) | (prmt(word, sgn, 0x1504) & 0x80808080)
+    hi = prmt(t0, t1, mag >> 16) | (prmt(word, sgn, 0x3726) & 0x80808080)
+    return lo, hi
 
 
 def _gemm(codes: torch.Tensor, sa: torch.Tensor, w: GroupedWeight, e: int) -> torch.Tensor:

@@ -86,6 +86,23 @@ def test_kernel_bit_widening_matches_the_table_on_every_input():
         assert torch.equal(vals, (grid * 2.0 ** (s - SHIFT_BIAS)).to(torch.float8_e4m3fn).float())
 
 
+def test_v2_widening_of_8_codes_matches_v1_on_every_word_pattern():
+    """grouped_sm90.widen8 (v2: magnitudes by prmt on the low / high 16 selector bits, signs by prmt on
+    (word, word << 4)) equals two v1 widen4 calls (codes 0-3, 4-7) on every table and on words covering
+    every nibble value in every position, the all-sign / no-sign words and random words."""
+    import random
+    words = widen_table()
+    rnd = random.Random(0)
+    patterns = [0, 0xFFFFFFFF, 0x88888888, 0x77777777, 0x80000000, 0x00000008]
+    patterns += [v * 0x11111111 for v in range(16)]
+    patterns += [(v << (4 * p)) for v in range(16) for p in range(8)]
+    patterns += [rnd.getrandbits(32) for _ in range(2000)]
+    for s in range(SHIFTS):
+        t0, t1 = (int(v) & 0xFFFFFFFF for v in words[s])
+        for w in patterns:
+            assert model.widen8(w, t0, t1) == (model.widen4(w & 0xFFFF, t0, t1), model.widen4(w >> 16, t0, t1)), (s, w)
+
+
 def test_load_time_layouts():
     e, i, d = 2, 128, 256
     ex = make_experts(e, d, i, torch.Generator().manual_seed(1), "cpu")
@@ -134,7 +151,8 @@ def test_kernel_math_matches_the_reference(layout):
 @pytest.mark.parametrize("layout,epilogue,knobs", [("masked", "swiglu", {}), ("masked", "bf16", {}),
                                                    ("contiguous", "swiglu", {}), ("contiguous", "bf16", {}),
                                                    ("masked", "swiglu", {"overlap": False}),
-                                                   ("masked", "bf16", {"ablate": "no-widen"})])
+                                                   ("masked", "bf16", {"ablate": "no-widen"}),
+                                                   ("masked", "swiglu", {"widen": "v1"})])
 def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
     monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
     compiled = compile_grouped(layout, epilogue, 512, 256, **knobs)
@@ -149,12 +167,32 @@ def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
         assert rc == 0 and serialized == []
 
 
+def test_v2_widening_uses_16_byte_shared_memory_vectors():
+    """The SASS of the decode L1 kernel: v2 widens with 16-byte loads and stores (LDS.128 / STS.128), v1 with
+    scalar loads and 8-byte stores (no STS.128 at all: the wgmma path stores nothing to shared memory)."""
+    import re
+
+    from dsv4bench.compile.sass import sass_of
+    sass = {w: sass_of(compile_grouped("masked", "swiglu", 512, 256, widen=w)) for w in ("v2", "v1")}
+    if sass["v2"] is None:
+        pytest.skip("no nvdisasm")
+    count = lambda s, op: len(re.findall(rf"\b{op}\b", s))  # noqa: E731
+    assert count(sass["v2"], r"STS\.128") >= 16 and count(sass["v2"], r"STS\.64") == 0
+    assert count(sass["v1"], r"STS\.128") == 0 and count(sass["v1"], r"STS\.64") >= 16
+
+
 def test_layer_variants_are_declared():
     assert get_impl("moe", "cutedsl:serial").checked and not get_impl("moe", "cutedsl:ko-no-widen").checked
     case = Case("moe", space.case("dispatch", "flash", 8))
     assert get_impl("moe", "cutedsl:serial").supports(case, "sm_90a") is not None
     with pytest.raises(ValueError, match="ablate"):
         compile_grouped("masked", "swiglu", 512, 256, ablate="no-such")
+    with pytest.raises(ValueError, match="widen"):
+        compile_grouped("masked", "swiglu", 512, 256, widen="v3")
+    # the A/Bs of v2 (docs/perf/moe.md): the v1 widening alone, and the whole v1 path (widening + read-back)
+    v1, widen_v1, ours = (get_impl("moe", n) for n in ("cutedsl:v1", "cutedsl:widen-v1", "cutedsl"))
+    assert v1.knobs == widen_v1.knobs == {"widen": "v1"} and v1.checked and widen_v1.checked
+    assert v1.check_fits and not widen_v1.check_fits and not ours.check_fits
 
 
 def test_sm100a_is_unsupported_with_the_reason():

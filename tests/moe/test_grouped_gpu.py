@@ -108,8 +108,38 @@ def test_layer_passes_the_rule(case, gpu_check):
 
 
 def test_masked_count_past_max_m_raises():
-    ex, x, idx, w = _problem(4, 256, 128, 40, "hot")
-    compiled = compile_layer(4, 6, 256, 128, "masked")
+    """The message a caller sees names max_m and the count it needs. (v1 used 4 experts, for which the hot
+    routing draws only 4 ids a token: check_dispatch's shape error fired first.)"""
+    e = 8
+    ex, x, idx, w = _problem(e, 256, 128, 40, "hot")  # expert 0: 40 entries > max_m = 16
+    assert idx.shape == (40, 6)
+    compiled = compile_layer(e, 6, 256, 128, "masked")
     shared = torch.zeros_like(x)
-    with pytest.raises(ValueError, match="max_m"):
-        run_layer(compiled, x, idx, w, shared, (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2), 4, 16)
+    experts = (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
+    with pytest.raises(ValueError, match=r"max_m=16 is too small: an expert received 40 entries"):
+        run_layer(compiled, x, idx, w, shared, experts, e, 16)
+    out = run_layer(compiled, x, idx, w, shared, experts, e, 16, check=False)  # no read-back: no error
+    torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all()
+
+
+def test_masked_layer_without_the_check_never_syncs():
+    """check=False (the family's timed path) makes no host sync inside the call (torch's sync debug mode
+    turns one into an error); check=True does (the count read-back) and gives the same output."""
+    e, t = 4, 19
+    ex, x, idx, w = _problem(e, 256, 256, t, "uniform")
+    max_m = _masked_max_m(idx, e)
+    compiled = compile_layer(e, 6, 256, 256, "masked")
+    experts = (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
+    shared = torch.zeros_like(x)
+    want = run_layer(compiled, x, idx, w, shared, experts, e, max_m)  # warm: weights prepared, buffers cached
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = run_layer(compiled, x, idx, w, shared, experts, e, max_m, check=False)
+        with pytest.raises(RuntimeError):
+            run_layer(compiled, x, idx, w, shared, experts, e, max_m)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
