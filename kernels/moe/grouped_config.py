@@ -41,6 +41,9 @@ class GroupedConfig:
     # magnitude, two on the sign bits), two 16-byte stores an item. v1 (variant `cutedsl:widen-v1`): 4 codes
     # per 16 bits in ~10 ops, a scalar load / 8-byte store per word, each load after the previous store.
     widen: str = "v2"
+    # decode (one wave): the promotion's scales loaded and their row x column products formed while the
+    # wgmmas run, so after the wait only the 64 FMAs remain (v1: 16 LDS.64 + 64 FMUL + 64 FFMA after it)
+    early_scales: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:

@@ -22,7 +22,7 @@ from kernels.gemm.tiling import KBLOCK
 from kernels.moe.expert_weights import GroupedWeight, prepare_layer, widen_table
 from kernels.moe.glue import alloc_dispatch, check_fits, compile_combine, compile_dispatch, run_combine, run_dispatch
 from kernels.moe.grouped_config import BN, MAX_GROUPS, WIDEN_TABLE_WORDS, choose
-from kernels.moe.grouped_sm90 import GroupedSm90
+from kernels.moe.grouped_sm90 import grouped_kernel
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
 
@@ -65,7 +65,7 @@ def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_
     if n % (BN if epilogue == "swiglu" else KBLOCK) or k % KBLOCK:
         raise ValueError(f"N={n} must be a multiple of {BN} (L1) or {KBLOCK} (L2) and K={k} of {KBLOCK}")
     cfg = replace(choose(layout, epilogue), **knobs)
-    return compile_kernel(GroupedSm90(cfg), *fake_grouped(layout, epilogue, n, k), arch=arch)
+    return compile_kernel(grouped_kernel(cfg), *fake_grouped(layout, epilogue, n, k), arch=arch)
 
 
 class CompiledLayer:
