@@ -23,8 +23,9 @@ prepared copy would not fit the device's free memory is refused (Unsupported), n
 every layer at every call: hence this adapter's own sequence of the same calls.)
 
 Layout per call, the family's rule (sweeps/moe.case): masked [E, max_m, D] for decode-size T (T <=
-256, max_m = the call's largest expert count rounded up to 16, the family's `inputs.max_m` rule),
-contiguous for prefill; contiguous also for E > 512 experts (the masked work list's limit).
+256, max_m = the call's largest expert count rounded up to 16, the family's `inputs.max_m` rule: one
+host read of the counts, none when T·k <= 16 as at decode batch 1), contiguous for prefill; contiguous
+also for E > 512 experts (the masked work list's limit).
 
 The shared expert follows the reference's `expert_lowprec` (bf16 GEMM outputs, SwiGLU in fp32, h cast
 to bf16 and FP8-quantised again for w2); its bf16 output is added in the combine kernel, so
@@ -162,17 +163,24 @@ def prepare_experts(experts, d: int, i: int) -> tuple[GroupedWeight, GroupedWeig
 
 
 def _drop_dead(cache: Prepared) -> None:
-    """Forget prepared layers whose source tensors are gone (a freed model): their GiBs go back."""
-    for key in [k for k, (refs, _, _) in cache._entries.items() if any(r() is None for r in refs)]:
+    """Forget prepared layers whose first source tensor is gone (a freed model): their GiBs go back."""
+    for key in [k for k, (refs, _, _) in cache._entries.items() if refs[0]() is None]:
         del cache._entries[key]
+
+
+def _prepare(experts, d: int) -> tuple[GroupedWeight, GroupedWeight]:
+    i = check_experts(experts, d)
+    _drop_dead(_EXPERTS)
+    return prepare_experts(experts, d, i)
 
 
 def layer_weights(experts, d: int) -> tuple[GroupedWeight, GroupedWeight]:
     """The prepared (L1, L2) of a routed expert set, made once per weight set (Unsupported if the kernel
     does not take it)."""
+    # host cost per call: ~0.45 ms for 256 experts on a slow CPU (the 1536 sources built, then Prepared's
+    # identity + version check of each), the price of an exact cache keyed on the tensors
     sources = tuple(t for ex in experts for name in ("w1", "w3", "w2") for t in _sources(getattr(ex, name)))
-    _drop_dead(_EXPERTS)
-    return _EXPERTS.get(sources, lambda: prepare_experts(experts, d, check_experts(experts, d)))
+    return _EXPERTS.get(sources, lambda: _prepare(experts, d))
 
 
 def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch.Tensor:
@@ -219,8 +227,8 @@ def layer_params(tokens: int, topk: int, n_experts: int, d: int, i: int, idx: to
     """The family's `layer` case of one call: the layout by the family's rule, max_m from the call's routing."""
     layout = choose_layout(tokens, n_experts)
     params = {"op": "layer", "e": n_experts, "k": topk, "d": d, "i": i, "t": tokens, "layout": layout}
-    if layout == "masked":
-        params["max_m"] = masked_rows(idx, n_experts)
+    if layout == "masked":  # T·k entries fit the smallest max_m without a look at the counts (decode at batch 1)
+        params["max_m"] = MASKED_ALIGN if tokens * topk <= MASKED_ALIGN else masked_rows(idx, n_experts)
     return params
 
 

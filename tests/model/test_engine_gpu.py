@@ -45,8 +45,8 @@ def test_oracle_and_kernel_models_on_cuda(tmp_path):
 
 def test_the_kernel_model_at_kernel_widths_serves_the_new_ops():
     """A random model at widths every served op takes (128-multiples, 64 indexer heads): the ops served
-    beyond the projections run on their kernels (only the indexer compressor's prefill is refused: its
-    post-processing is Hadamard + FP4), and teacher-forced logits stay as close to FP32 as the bf16
+    beyond the projections run on their kernels, moe (8 experts of 256 x 256, top-2) included (only the
+    indexer compressor's prefill is refused: its post-processing is Hadamard + FP4), and teacher-forced logits stay as close to FP32 as the bf16
     low-precision model's, with most top-1 picks."""
     from dsv4bench.model.config import TINY
     from dsv4bench.model.lowprec_ops import LOWPREC, register_lowprec_ops
@@ -71,9 +71,9 @@ def test_the_kernel_model_at_kernel_widths_serves_the_new_ops():
     ref = logits(OpTable())
     kernel_ops = OpTable().select_all(KERNEL)
     kernel, low = logits(kernel_ops), logits(OpTable().select_all(LOWPREC))
-    for op in ("indexer_queries", "indexer_scores", "mtp_input", "sample", "compressor_prefill"):
+    for op in ("indexer_queries", "indexer_scores", "mtp_input", "sample", "compressor_prefill", "moe"):
         assert kernel_ops.active[op] == KERNEL and kernel_ops.calls[op] > 0, op
-    for op in ("indexer_queries", "indexer_scores", "mtp_input", "sample"):
+    for op in ("indexer_queries", "indexer_scores", "mtp_input", "sample", "moe"):
         assert op not in kernel_ops.refused, kernel_ops.refused[op]
     n, why = kernel_ops.refused["compressor_prefill"]
     assert "Hadamard" in why and n < kernel_ops.calls["compressor_prefill"]  # the indexer's only
