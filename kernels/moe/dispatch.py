@@ -158,7 +158,13 @@ class RowKernel:
 
 
 class GatherQuantKernel(RowKernel):
-    """Compile-time: D. Runtime: tokens, layout rows, scale groups."""
+    """Compile-time: D, skip_padding. Runtime: tokens, layout rows, scale groups. `skip_padding`: padding rows
+    (src -1) are left unwritten (the layer's masked layout: the grouped GEMM never stores a row past its
+    expert's count, and a row's products depend on that row alone, so what its codes hold is never seen)."""
+
+    def __init__(self, d: int, skip_padding: bool = False):
+        super().__init__(d)
+        self.skip_padding = skip_padding
 
     @cute.kernel
     def kernel(self, mX, mSrc, mCodes, mScales):
@@ -188,7 +194,10 @@ class GatherQuantKernel(RowKernel):
                 pair = e4m3x2(x[2 * i] * inv_s, x[2 * i + 1] * inv_s)
                 codes[2 * i] = Uint8(pair & 0xFF)
                 codes[2 * i + 1] = Uint8(pair >> 8)
-            if row < rows:
+            store = row < rows
+            if cutlass.const_expr(self.skip_padding):
+                store = store & (t >= 0)
+            if store:
                 cute.autovec_copy(codes, q_tiles[(0, None), (row, vec)])
                 if lane % (QBLOCK // VEC) == 0:
                     scale = cutlass.select_(t >= 0, bits_f32(exp << 23), Float32(0.0))
@@ -198,9 +207,9 @@ class GatherQuantKernel(RowKernel):
 class Dispatch:
     """The jitted call: layout, then gather + quant."""
 
-    def __init__(self, n_experts: int, topk: int, d: int, layout: str, tile: int = 128):
+    def __init__(self, n_experts: int, topk: int, d: int, layout: str, tile: int = 128, skip_padding: bool = False):
         self.layout = LayoutKernel(n_experts, topk, layout, tile)
-        self.gather = GatherQuantKernel(d)
+        self.gather = GatherQuantKernel(d, skip_padding)
 
     @cute.jit
     def __call__(self, mX, mIdx, mW, mCounts, mPos, mSrc, mExpert, mRowW, mCodes, mScales, stream):

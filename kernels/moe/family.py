@@ -191,8 +191,8 @@ class MoeLayerVariant(MoeCuteDSL):
     block's (the A/B of the overlap, and a fallback); `cutedsl:ko-no-widen` skips the widening (a
     knock-out: timed, never compared), so its gap to `cutedsl` is what the widening costs;
     `cutedsl:widen-v1` the v1 widening (a 4-code lookup per 16 bits, scalar shared-memory words) and
-    `cutedsl:v1` the whole v1 path (that widening, the promotion's scales read after the wgmma wait, and the
-    count read-back, a host sync, in every call):
+    `cutedsl:v1` the whole v1 path (that widening, the promotion's scales read after the wgmma wait, the
+    masked layout's padding rows gathered as zeros, and the count read-back, a host sync, in every call):
     the A/Bs of the v2 changes (docs/perf/moe.md)."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False):
@@ -208,5 +208,5 @@ register_impl(MoeCuteDSL())
 register_impl(MoeLayerVariant("serial", {"overlap": False}))
 register_impl(MoeLayerVariant("ko-no-widen", {"ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("widen-v1", {"widen": "v1"}))
-register_impl(MoeLayerVariant("v1", {"widen": "v1", "early_scales": False}, sync=True))
+register_impl(MoeLayerVariant("v1", {"widen": "v1", "early_scales": False, "skip_padding": False}, sync=True))
 peers.register()

@@ -32,8 +32,9 @@ def _rowmajor(dtype, shape, align=16):
                                     assumed_align=align)
 
 
-def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str = "sm_90a"):
-    """One compile per (E, k, D, layout); tokens and layout rows are runtime sizes."""
+def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str = "sm_90a", skip_padding: bool = False):
+    """One compile per (E, k, D, layout); tokens and layout rows are runtime sizes. skip_padding: the padding
+    rows' codes and scales are left unwritten (the layer's masked layout; the dispatch op writes them)."""
     t, n, rows = cute.sym_int(), cute.sym_int(), cute.sym_int()
     groups = 1 if layout == "contiguous" else n_experts
     x = make_fake_tensor(cutlass.BFloat16, (t, d), (d, 1), assumed_align=16)
@@ -41,7 +42,7 @@ def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str =
     args = (x, _flat(cutlass.Int32, n), _flat(cutlass.Float32, n), _flat(cutlass.Int32, n_experts),
             _flat(cutlass.Int32, n), _flat(cutlass.Int32, rows), _flat(cutlass.Int32, rows),
             _flat(cutlass.Float32, rows), make_fake_tensor(cutlass.Uint8, (rows, d), (d, 1), assumed_align=16), scales)
-    return compile_kernel(Dispatch(n_experts, topk, d, layout, TILE_M), *args, arch=arch)
+    return compile_kernel(Dispatch(n_experts, topk, d, layout, TILE_M, skip_padding), *args, arch=arch)
 
 
 def compile_combine(d: int, topk: int, arch: str = "sm_90a"):

@@ -78,10 +78,14 @@ class CompiledLayer:
 
 def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a",
                   **knobs) -> CompiledLayer:
-    """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's."""
+    """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus skip_padding
+    (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
+    gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows)."""
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
-    return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch),
+    knobs = dict(knobs)
+    skip = layout == "masked" and knobs.pop("skip_padding", True)
+    return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip),
                           "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs),
                           "l2": compile_grouped(layout, "bf16", d, i, arch, **knobs),
                           "combine": compile_combine(d, topk, arch)})

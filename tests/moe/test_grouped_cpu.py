@@ -192,7 +192,8 @@ def test_layer_variants_are_declared():
         compile_grouped("masked", "swiglu", 512, 256, widen="v3")
     # the A/Bs of v2 (docs/perf/moe.md): the v1 widening alone, and the whole v1 path (widening + read-back)
     v1, widen_v1, ours = (get_impl("moe", n) for n in ("cutedsl:v1", "cutedsl:widen-v1", "cutedsl"))
-    assert v1.knobs == {"widen": "v1", "early_scales": False} and widen_v1.knobs == {"widen": "v1"}
+    assert v1.knobs == {"widen": "v1", "early_scales": False, "skip_padding": False}
+    assert widen_v1.knobs == {"widen": "v1"}
     assert v1.checked and widen_v1.checked
     assert v1.check_fits and not widen_v1.check_fits and not ours.check_fits
 

@@ -6,7 +6,8 @@
 - the whole layer (ours: dispatch -> L1 -> L2 -> combine) through the family's evaluation path
   (`gpu_check`: the tolerance rule against the low-precision reference), small drawn layers and the
   Flash shape at T = 1, 8, 64 (masked) and 4096 (contiguous);
-- a masked count past max_m: ValueError from the layer op.
+- a masked count past max_m: ValueError from the layer op (with its check; none without it), and no host
+  sync inside the layer op without the check.
 """
 
 from __future__ import annotations
@@ -56,10 +57,14 @@ def _masked_max_m(idx, e):
     return -(-int(torch.bincount(idx.view(-1).long(), minlength=e).max()) // 16) * 16
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
+KNOBS = {"overlap": {}, "serial": {"overlap": False}, "v1": {"widen": "v1", "early_scales": False}}
+
+
+@pytest.mark.parametrize("knobs", list(KNOBS.values()), ids=list(KNOBS))
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
-def test_grouped_gemms_match_the_model(shape, layout, overlap):
+def test_grouped_gemms_match_the_model(shape, layout, knobs):
+    """v2 (overlap: the shipped kernel; serial) and the v1 widening / promotion order against the model."""
     e, d, i, t, load = shape
     ex, x, idx, w = _problem(*shape)
     max_m = _masked_max_m(idx, e) if layout == "masked" else None
@@ -69,10 +74,10 @@ def test_grouped_gemms_match_the_model(shape, layout, overlap):
     group = lay["counts"] if max_m else lay["expert"]
     h = torch.zeros(rows, i, dtype=torch.uint8, device="cuda")
     hs = torch.zeros((i // KBLOCK, rows) if max_m is None else (e, i // KBLOCK, max_m), device="cuda")
-    run_grouped(compile_grouped(layout, "swiglu", 2 * i, d, overlap=overlap), lay["codes"], lay["scales"], l1w, group,
+    run_grouped(compile_grouped(layout, "swiglu", 2 * i, d, **knobs), lay["codes"], lay["scales"], l1w, group,
                 lay["row_weight"], h, hs, max_m, True)
     y = torch.zeros(rows, d, dtype=torch.bfloat16, device="cuda")
-    run_grouped(compile_grouped(layout, "bf16", d, i, overlap=overlap), h, hs, l2w, group, lay["row_weight"], y, None, max_m, False)
+    run_grouped(compile_grouped(layout, "bf16", d, i, **knobs), h, hs, l2w, group, lay["row_weight"], y, None, max_m, False)
     torch.cuda.synchronize()
 
     cpu = {k: v.cpu() for k, v in lay.items()}
@@ -143,3 +148,25 @@ def test_masked_layer_without_the_check_never_syncs():
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert torch.equal(got, want)
+
+
+def test_layer_dispatch_leaves_masked_padding_rows_unwritten():
+    """The layer's dispatch (skip_padding, v2): real rows and their scales equal the dispatch op's, padding
+    rows keep what the buffer held (the GEMMs never store a padding row; a row's products are its own)."""
+    from kernels.moe.glue import alloc_dispatch, compile_dispatch, run_dispatch
+    e, d, t = 6, 384, 70
+    _, x, idx, w = _problem(e, d, 128, t, "hash")
+    max_m = _masked_max_m(idx, e)
+    want = dispatch(x, idx, w, e, max_m)
+    lay = alloc_dispatch(t, 6, e, d, max_m, "cuda")
+    lay["codes"].fill_(0xAB)
+    lay["scales"].fill_(-7.0)
+    run_dispatch(compile_dispatch(e, 6, d, "masked", skip_padding=True), x, idx, w, lay, e, max_m)
+    torch.cuda.synchronize()
+    real = want["src"] >= 0
+    assert (~real).any()
+    for name in ("counts", "pos", "src", "expert", "row_weight"):
+        assert torch.equal(lay[name], want[name]), name
+    assert torch.equal(lay["codes"][real], want["codes"][real]) and (lay["codes"][~real] == 0xAB).all()
+    got_s, want_s = (model.act_scales(v["scales"], max_m) for v in (lay, want))
+    assert torch.equal(got_s[real], want_s[real]) and (got_s[~real] == -7.0).all()
