@@ -185,10 +185,12 @@ class Fp8GemmSm90:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
-        rank = cutlass.Int32(0)  # the CTA's place in its pair: its N tile within the step, its x wave
+        # single CTAs keep the exact code of the unpaired kernel (a 128 x 128 tile ran 20-25% slower
+        # when its loops carried the pair's index arithmetic with CN = 1; docs/lessons/gemm.md)
+        step0, steps = bidx, gdim  # the CTA's (or cluster's) first work unit, CTAs (clusters) in the grid
         if cutlass.const_expr(CN > 1):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        step0, steps = bidx // CN, gdim // CN  # the cluster's first work unit, clusters in the grid
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())  # N tile in the step, x wave
+            step0, steps = bidx // CN, gdim // CN
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
@@ -232,7 +234,7 @@ class Fp8GemmSm90:
         row_tiles = cute.size(gA, mode=[2])  # wave_m-row tiles of M
         tiles_m = (row_tiles + W - 1) // W
         tiles_n = cute.size(gB, mode=[2])
-        steps_n = (tiles_n + CN - 1) // CN
+        steps_n = (tiles_n + CN - 1) // CN if cutlass.const_expr(CN > 1) else tiles_n
         n_kb = cute.size(gB, mode=[3])  # K blocks of one group
         units = tiles_m * steps_n * c.split_k
         kb_per = (n_kb + c.split_k - 1) // c.split_k
@@ -245,13 +247,15 @@ class Fp8GemmSm90:
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
                 for u in cutlass.range(step0, units, steps, unroll=1):
-                    tm, step, ks, _t = self._tile_of(u, tiles_m, steps_n)
-                    tn = step * CN + rank
+                    tm, tn, ks, _t = self._tile_of(u, tiles_m, steps_n)
                     kb0 = ks * kb_per
                     kb1 = cutlass.min(kb0 + kb_per, n_kb)
-                    # the group of the step's first tile: a pair's second tile may lie past N (and
-                    # past the last group), but it shares the x tile its partner multicasts
-                    grp = (step * CN * c.bn) // n_group
+                    grp = (tn * c.bn) // n_group
+                    if cutlass.const_expr(CN > 1):
+                        # the group of the step's first tile: a pair's second tile may lie past N (and
+                        # past the last group), but it shares the x tile its partner multicasts
+                        grp = (tn * CN * c.bn) // n_group
+                        tn = tn * CN + rank
                     a_kb = grp * n_kb  # the group's first K block of x (and column of sa)
                     sb_row = (tn * c.bn) // KBLOCK
                     for kb in cutlass.range(kb0, kb1, unroll=1):
@@ -319,7 +323,10 @@ class Fp8GemmSm90:
             slices_done = cutlass.Int32(0)
             for u in cutlass.range(step0, units, steps, unroll=1):
                 tm, tn, ks, t = self._tile_of(u, tiles_m, steps_n)
-                tn = tn * CN + rank
+                stores = True
+                if cutlass.const_expr(CN > 1):
+                    tn = tn * CN + rank
+                    stores = tn < tiles_n  # a pair's second tile past N stores nothing
                 kb0 = ks * kb_per
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
                 for w in cutlass.range_constexpr(W):
@@ -331,8 +338,7 @@ class Fp8GemmSm90:
                 if last:
                     for w in cutlass.range_constexpr(W):
                         row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
-                        # rows wholly past M, or a pair's second tile past N, store nothing
-                        if row_tile < cute.size(gC, mode=[2]) and tn < tiles_n:
+                        if row_tile < cute.size(gC, mode=[2]) and stores:  # rows wholly past M store nothing
                             gC_tile = cute.zipped_divide(gC[(None, None, row_tile, tn)], (c.epi_rows, EPI_N))
                             bSG_sC, bSG_gC = cpasync.tma_partition(
                                 tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_tile)
