@@ -44,6 +44,10 @@ class GroupedConfig:
     # decode (one wave): the promotion's scales loaded and their row x column products formed while the
     # wgmmas run, so after the wait only the 64 FMAs remain (v1: 16 LDS.64 + 64 FMUL + 64 FFMA after it)
     early_scales: bool = True
+    # the weight codes in load-time tiles (expert, n tile, K block, bn rows, 64 bytes): a stage's FP4 tile is
+    # one contiguous 16 KB read instead of bn 64-byte pieces 2 KB (L1) / 1 KB (L2) apart (variant
+    # `cutedsl:tiled-b`: the DRAM-locality A/B; kernels/moe/layer.tiled_codes)
+    tiled_b: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:

@@ -97,7 +97,7 @@ class GroupedSm90(GroupedEpilogues):
         self,
         mA: cute.Tensor,  # x codes e4m3 (Mg, K, G), K contiguous
         mSA: cute.Tensor,  # x scales fp32 (Mg, K/128, G), Mg contiguous
-        mB: cute.Tensor,  # weight codes uint8 (N, K/2, E), two e2m1 per byte
+        mB: cute.Tensor,  # weight codes uint8 (N, K/2, E), two e2m1 per byte; tiled_b: (bn, 64, E·NT·KB)
         mSh: cute.Tensor,  # widening table indices int32 (N, K/128, E), byte j: sub-block j
         mSW: cute.Tensor,  # weight column scales fp32 (N, K/128, E)
         mTab: cute.Tensor,  # widening tables int32 (40,)
@@ -148,7 +148,7 @@ class GroupedSm90(GroupedEpilogues):
             raise ValueError(f"{c}: {Storage.size_in_bytes()} B of shared memory, more than {SMEM_BYTES}")
 
         units = cute.size(mA, mode=[2]) * ((cute.size(mA, mode=[0]) + c.bm - 1) // c.bm) * (
-            (cute.size(mB, mode=[0]) + c.bn - 1) // c.bn)
+            (cute.size(mSh, mode=[0]) + c.bn - 1) // c.bn)
         self.kernel(tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
                     mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout,
                     sSA_layout, Storage).launch(grid=(cutlass.min(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
@@ -253,8 +253,8 @@ class GroupedSm90(GroupedEpilogues):
 
         mg = cute.size(gA_t, mode=[0])
         tiles_m = (mg + c.bm - 1) // c.bm
-        tiles_n = cute.size(gB, mode=[2])
-        n_kb = cute.size(gB, mode=[3])
+        tiles_n = cute.size(gSh, mode=[2])  # (bn, 1, N/bn, KB, E): the side data has the weight's tiling
+        n_kb = cute.size(gSh, mode=[3])
         n_groups = cute.size(gA_t, mode=[2])
 
         pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -271,7 +271,11 @@ class GroupedSm90(GroupedEpilogues):
                         for w in cutlass.range_constexpr(W):
                             cute.copy(tma_a, tAg[(None, mt * W + w, kb, g)], tAs[(None, state.index * W + w)],
                                       tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBg[(None, nt, kb, e)], tBs[(None, state.index)], tma_bar_ptr=bar)
+                        if cutlass.const_expr(c.tiled_b):  # one contiguous 16 KB tile
+                            cute.copy(tma_b, tBg[(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)], tBs[(None, state.index)],
+                                      tma_bar_ptr=bar)
+                        else:
+                            cute.copy(tma_b, tBg[(None, nt, kb, e)], tBs[(None, state.index)], tma_bar_ptr=bar)
                         cute.copy(tma_sh, tHg[(None, nt, kb, e)], tHs[(None, state.index)], tma_bar_ptr=bar)
                         cute.copy(tma_sw, tWg[(None, nt, kb, e)], tWs[(None, state.index)], tma_bar_ptr=bar)
                         cute.copy(tma_sa, tSg[(None, mt, kb, g)], tSs[(None, state.index)], tma_bar_ptr=bar)

@@ -31,9 +31,10 @@ def _sym64(div: int = 1):
     return cute.sym_int64(divisibility=div)
 
 
-def fake_grouped(layout: str, epilogue: str, n: int, k: int) -> tuple:
+def fake_grouped(layout: str, epilogue: str, n: int, k: int, tiled_b: bool = False) -> tuple:
     """Fake operands of one grouped GEMM: N weight rows, K reduction (compile-time); rows, groups and
-    experts at run time (masked: G = E groups of Mg = max_m rows; contiguous: G = 1)."""
+    experts at run time (masked: G = E groups of Mg = max_m rows; contiguous: G = 1). tiled_b: the codes
+    as (bn, 64, tiles) (`tiled_codes`)."""
     kb = k // KBLOCK
     mg = cute.sym_int32(divisibility=4)
     g = cute.sym_int32() if layout == "masked" else 1
@@ -42,7 +43,11 @@ def fake_grouped(layout: str, epilogue: str, n: int, k: int) -> tuple:
     f32, u8, i32 = cutlass.Float32, cutlass.Uint8, cutlass.Int32
     a = make_fake_tensor(cutlass.Float8E4M3FN, (mg, k, g), (k, 1, _sym64(k)), assumed_align=16)
     sa = make_fake_tensor(f32, (mg, kb, g), (1, _sym64(4), _sym64(4)), assumed_align=16)
-    b = make_fake_tensor(u8, (n, k // 2, e), (k // 2, 1, n * k // 2), assumed_align=16)
+    if tiled_b:
+        b = make_fake_tensor(u8, (BN, KBLOCK // 2, cute.sym_int32()), (KBLOCK // 2, 1, BN * KBLOCK // 2),
+                             assumed_align=16)
+    else:
+        b = make_fake_tensor(u8, (n, k // 2, e), (k // 2, 1, n * k // 2), assumed_align=16)
     sh = make_fake_tensor(i32, (n, kb, e), (1, n, n * kb), assumed_align=16)
     sw = make_fake_tensor(f32, (n, kb, e), (1, n, n * kb), assumed_align=16)
     tab = make_fake_tensor(i32, (WIDEN_TABLE_WORDS,), (1,), assumed_align=16)
@@ -65,15 +70,16 @@ def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_
     if n % (BN if epilogue == "swiglu" else KBLOCK) or k % KBLOCK:
         raise ValueError(f"N={n} must be a multiple of {BN} (L1) or {KBLOCK} (L2) and K={k} of {KBLOCK}")
     cfg = replace(choose(layout, epilogue), **knobs)
-    return compile_kernel(grouped_kernel(cfg), *fake_grouped(layout, epilogue, n, k), arch=arch)
+    return compile_kernel(grouped_kernel(cfg), *fake_grouped(layout, epilogue, n, k, cfg.tiled_b), arch=arch)
 
 
 class CompiledLayer:
     """The four compiles of the layer (dispatch, l1, l2, combine): `kernels` is how the harness's
-    compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions)."""
+    compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions);
+    `tiled_b`: the GEMMs read the load-time tiled codes (`tiled_codes`)."""
 
-    def __init__(self, kernels: dict):
-        self.kernels = kernels
+    def __init__(self, kernels: dict, tiled_b: bool = False):
+        self.kernels, self.tiled_b = kernels, tiled_b
 
 
 def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a",
@@ -88,7 +94,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip),
                           "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs),
                           "l2": compile_grouped(layout, "bf16", d, i, arch, **knobs),
-                          "combine": compile_combine(d, topk, arch)})
+                          "combine": compile_combine(d, topk, arch)}, knobs.get("tiled_b", False))
 
 
 # ---------------------------------------------------------------- views and calls
@@ -117,11 +123,27 @@ def _unused_scales(device) -> torch.Tensor:
     return _TABLES[key]
 
 
-def weight_views(w: GroupedWeight) -> tuple:
-    """(codes (N, K/2, E), shift words int32 (N, KB, E), col_scale (N, KB, E)) as the kernel's TMA reads them."""
+_TILED = Prepared(size=2)
+
+
+def tiled_codes(w: GroupedWeight) -> torch.Tensor:
+    """The codes in load-time tiles, uint8 [E, NT, KB, BN, 64] (N padded with zero rows to NT · BN): the FP4
+    tile of one (expert, n tile, K block) is 16 KB contiguous (GroupedConfig.tiled_b). Made once per codes
+    buffer (the last two: L1 and L2)."""
+    def make():
+        e, n, k = w.shape
+        nt = -(-n // BN)
+        codes = torch.nn.functional.pad(w.codes, (0, 0, 0, nt * BN - n)) if nt * BN != n else w.codes
+        return codes.view(e, nt, BN, k // KBLOCK, KBLOCK // 2).permute(0, 1, 3, 2, 4).contiguous()
+    return _TILED.get((w.codes,), make)
+
+
+def weight_views(w: GroupedWeight, tiled: bool = False) -> tuple:
+    """(codes (N, K/2, E) or, tiled, (BN, 64, E·NT·KB), shift words int32 (N, KB, E), col_scale (N, KB, E)) as
+    the kernel's TMA reads them."""
     e, n, k = w.shape
-    return (w.codes.permute(1, 2, 0), w.shift.view(torch.int32).view(e, k // KBLOCK, n).permute(2, 1, 0),
-            w.col_scale.permute(2, 1, 0))
+    codes = tiled_codes(w).view(-1, BN, KBLOCK // 2).permute(1, 2, 0) if tiled else w.codes.permute(1, 2, 0)
+    return (codes, w.shift.view(torch.int32).view(e, k // KBLOCK, n).permute(2, 1, 0), w.col_scale.permute(2, 1, 0))
 
 
 def act_views(codes: torch.Tensor, scales: torch.Tensor, max_m: int | None) -> tuple:
@@ -135,13 +157,15 @@ def act_views(codes: torch.Tensor, scales: torch.Tensor, max_m: int | None) -> t
     return fp8.view(e, max_m, -1).permute(1, 2, 0), scales.permute(2, 1, 0)
 
 
-def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, out_s, max_m, swiglu: bool):
+def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, out_s, max_m, swiglu: bool,
+                tiled: bool = False):
     """One grouped GEMM on dispatch-layout activations (codes, MN-major scales): swiglu (L1) writes h codes
-    and scales into out / out_s (dispatch's layout), else bf16 rows into out."""
+    and scales into out / out_s (dispatch's layout), else bf16 rows into out. `tiled`: compiled with
+    tiled_b (reads `tiled_codes`)."""
     if max_m is not None and group.numel() > MAX_GROUPS:
         raise ValueError(f"{group.numel()} experts: the masked kernel's work list holds at most {MAX_GROUPS}")
     a, sa = act_views(codes, scales, max_m)
-    b, sh, sw = weight_views(w)
+    b, sh, sw = weight_views(w, tiled)
     if swiglu:
         o, os_ = out, act_views(out, out_s, max_m)[1]
     else:
@@ -171,9 +195,10 @@ def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, 
     h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
     h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
                       dtype=torch.float32, device=x.device)
-    run_grouped(k["l1"], lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True)
+    run_grouped(k["l1"], lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True,
+                compiled.tiled_b)
     y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
-    run_grouped(k["l2"], h, h_s, l2w, group, lay["row_weight"], y_rows, None, max_m, False)
+    run_grouped(k["l2"], h, h_s, l2w, group, lay["row_weight"], y_rows, None, max_m, False, compiled.tiled_b)
     out = run_combine(k["combine"], y_rows, lay["pos"], shared, torch.empty_like(shared) if y is None else y)
     if check and max_m is not None:
         check_fits(lay["counts"], max_m)

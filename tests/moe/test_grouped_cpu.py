@@ -153,7 +153,9 @@ def test_kernel_math_matches_the_reference(layout):
                                                    ("masked", "swiglu", {"overlap": False}),
                                                    ("masked", "bf16", {"ablate": "no-widen"}),
                                                    ("masked", "swiglu", {"widen": "v1"}),
-                                                   ("masked", "bf16", {"widen": "v1", "early_scales": False})])
+                                                   ("masked", "bf16", {"widen": "v1", "early_scales": False}),
+                                                   ("masked", "swiglu", {"tiled_b": True}),
+                                                   ("contiguous", "bf16", {"tiled_b": True})])
 def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
     monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
     compiled = compile_grouped(layout, epilogue, 512, 256, **knobs)
@@ -196,6 +198,7 @@ def test_layer_variants_are_declared():
     assert widen_v1.knobs == {"widen": "v1"}
     assert v1.checked and widen_v1.checked
     assert v1.check_fits and not widen_v1.check_fits and not ours.check_fits
+    assert get_impl("moe", "cutedsl:tiled-b").knobs == {"tiled_b": True}
 
 
 def test_sm100a_is_unsupported_with_the_reason():
@@ -223,6 +226,30 @@ def test_kernel_views_have_the_compiled_strides(max_m):
     assert b.shape == (n, d // 2, e) and b.stride() == (d // 2, 1, n * d // 2)
     assert sh.dtype == torch.int32 and sh.shape == (n, kb, e) and sh.stride() == (1, n, n * kb)
     assert sw.shape == (n, kb, e) and sw.stride() == (1, n, n * kb)
+
+
+@pytest.mark.parametrize("n", [512, 384])  # 384: the last 256-row tile half real (L2 with D % 256 == 128)
+def test_tiled_codes_hold_each_fp4_tile_contiguously(n):
+    """tiled_b's load-time layout: tile (e, n tile, K block) of the (BN, 64, tiles) view is the codes' rows
+    [256 nt, 256 nt + 256) x bytes [64 kb, 64 kb + 64), zero rows past N; strides as fake_grouped declares."""
+    from kernels.moe.grouped_config import BN
+    from kernels.moe.layer import tiled_codes
+    e, k = 3, 384
+    g = torch.Generator().manual_seed(1)
+    w = prepare(torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8),
+                torch.full((e, n, k // 32), 127, dtype=torch.uint8))
+    b, sh, _ = weight_views(w, tiled=True)
+    nt, kb = -(-n // BN), k // 128
+    assert b.shape == (BN, 64, e * nt * kb) and b.stride() == (64, 1, BN * 64)
+    assert sh.shape == (n, kb, e)
+    for ee in range(e):
+        for t in range(nt):
+            for kk in range(kb):
+                tile = b[:, :, (ee * nt + t) * kb + kk]
+                real = min(BN, n - t * BN)
+                assert torch.equal(tile[:real], w.codes[ee, t * BN:t * BN + real, 64 * kk:64 * kk + 64])
+                assert (tile[real:] == 0).all()
+    assert tiled_codes(w) is tiled_codes(w)  # made once per codes buffer
 
 
 @pytest.mark.parametrize("counts", [[0, 5, 0, 0, 70, 1], [3], [0, 0, 129], [200, 0, 64, 65, 0], [0] * 511 + [2]])

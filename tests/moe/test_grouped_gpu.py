@@ -57,14 +57,16 @@ def _masked_max_m(idx, e):
     return -(-int(torch.bincount(idx.view(-1).long(), minlength=e).max()) // 16) * 16
 
 
-KNOBS = {"overlap": {}, "serial": {"overlap": False}, "v1": {"widen": "v1", "early_scales": False}}
+KNOBS = {"overlap": {}, "serial": {"overlap": False}, "v1": {"widen": "v1", "early_scales": False},
+         "tiled-b": {"tiled_b": True}}
 
 
 @pytest.mark.parametrize("knobs", list(KNOBS.values()), ids=list(KNOBS))
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
 def test_grouped_gemms_match_the_model(shape, layout, knobs):
-    """v2 (overlap: the shipped kernel; serial) and the v1 widening / promotion order against the model."""
+    """v2 (overlap: the shipped kernel; serial), the v1 widening / promotion order and the tiled weight codes
+    (tiled-b) against the model."""
     e, d, i, t, load = shape
     ex, x, idx, w = _problem(*shape)
     max_m = _masked_max_m(idx, e) if layout == "masked" else None
@@ -74,10 +76,12 @@ def test_grouped_gemms_match_the_model(shape, layout, knobs):
     group = lay["counts"] if max_m else lay["expert"]
     h = torch.zeros(rows, i, dtype=torch.uint8, device="cuda")
     hs = torch.zeros((i // KBLOCK, rows) if max_m is None else (e, i // KBLOCK, max_m), device="cuda")
+    tiled = knobs.get("tiled_b", False)
     run_grouped(compile_grouped(layout, "swiglu", 2 * i, d, **knobs), lay["codes"], lay["scales"], l1w, group,
-                lay["row_weight"], h, hs, max_m, True)
+                lay["row_weight"], h, hs, max_m, True, tiled)
     y = torch.zeros(rows, d, dtype=torch.bfloat16, device="cuda")
-    run_grouped(compile_grouped(layout, "bf16", d, i, **knobs), h, hs, l2w, group, lay["row_weight"], y, None, max_m, False)
+    run_grouped(compile_grouped(layout, "bf16", d, i, **knobs), h, hs, l2w, group, lay["row_weight"], y, None, max_m, False,
+                tiled)
     torch.cuda.synchronize()
 
     cpu = {k: v.cpu() for k, v in lay.items()}
@@ -110,6 +114,17 @@ LAYER += [Case("moe", {**space.case("layer", "drawn", t, load, e, d, i), "layout
 @pytest.mark.parametrize("case", LAYER, ids=[c.id for c in LAYER])
 def test_layer_passes_the_rule(case, gpu_check):
     gpu_check(case)
+
+
+VARIANT_CASES = [LAYER[0], LAYER[2], LAYER[6], LAYER[-1]]  # Flash T = 1, 64 (masked), 4096; a drawn contiguous one
+
+
+@pytest.mark.parametrize("variant", ["cutedsl:v1", "cutedsl:widen-v1", "cutedsl:tiled-b"])
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=[c.id for c in VARIANT_CASES])
+def test_layer_variants_pass_the_rule(case, variant, gpu_check):
+    """The A/B variants the sweep times next to `cutedsl` (docs/perf/moe.md v2) are correct layers too."""
+    from dsv4bench.core.registry import get_impl
+    gpu_check(case, get_impl("moe", variant))
 
 
 def test_masked_count_past_max_m_raises():
