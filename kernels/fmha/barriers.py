@@ -26,3 +26,4 @@ class NamedBarrier(IntEnum):
     P1 = 8  # key split: WG1's bf16 P is in smem
     SUMS = 9  # key split: both row-sum halves are in smem
     TURN0 = 10  # ping-pong (d <= 256): TURN0 + w opens warpgroup w's turn to issue its GEMMs (10, 11)
+    ROWS0 = 12  # fused FP8 decode: ROWS0 + s, the 64 producer threads of stage s copied the pair's tokens (12, 13)

@@ -1,6 +1,7 @@
 """FP8 sparse decode over FlashMLA's two paged FP8 caches (oracles/fmha_cache.py: the layout), as
 three launches:
 
+v1 (`run_decode`, the impl `cutedsl`):
 1. decode_fp8.DequantGather: each request's selected tokens of both caches -> bf16 W [b, n_pad, 512]
    and its index list Widx (j, or -1 where the slot is not read).
 2. the gathered-key attention kernel (kernel_sm90.py, unchanged) over W. Split-KV: the request's
@@ -9,6 +10,9 @@ three launches:
    the kv batch entry r is W[r]. Grid = n_split x head blocks x requests.
 3. decode_combine.DecodeCombine (n_split > 1 only): the log-sum-exp merge and the sink. With one
    split the attention kernel applies the sink and writes the outputs directly.
+
+v2 (`run_fused`, the impl `cutedsl:fused`): decode_fused.FusedDecodeSm90, the attention kernel whose
+producer gathers and dequantises the FP8 rows itself (no W), + the same combine.
 
 The split count (`plan`): CTAs = n_split x (h_q / 64) x b, chunks of whole 128-key pairs (the
 key-split consumers take tiles in pairs), the count that minimises a wave model of the kernel.
@@ -120,4 +124,77 @@ def run_decode(compiled: CompiledDecode, ws: Workspace, q, caches, indices, lens
         D ** -0.5 * LOG2E, 0, NO_WINDOW, sms,
     )
     if split:
+        combine(o_part, l_part, sink, out, lse)
+
+
+# ---------------------------------------------------------------- v2: the fused kernel (decode_fused.py)
+def compile_fused(h_q: int, arch: str, rows_per_batch: int | None = None) -> CompiledDecode:
+    """The fused attention kernel (FP8 gather + dequantisation in its producer) and the combine."""
+    from kernels.fmha.decode_fused import ROWS_PER_BATCH, FusedDecodeSm90
+    from kernels.fmha.decode_fused import fake_args as fused_fake_args
+
+    kernel = FusedDecodeSm90(attention_config(h_q), rows_per_batch or ROWS_PER_BATCH)
+    return CompiledDecode({"fused": compile_kernel(kernel, *fused_fake_args(), arch=arch),
+                           "combine": compile_kernel(DecodeCombine(), *combine_fake_args(), arch=arch)})
+
+
+class FusedWorkspace:
+    """The partial outputs, the per-row lengths and a no-sink vector of the last shape (no W)."""
+
+    def __init__(self):
+        self.key, self.bufs = None, None
+
+    def get(self, b: int, h_q: int, n_split: int, chunk: int, device) -> tuple:
+        key = (b, h_q, n_split, chunk, device)
+        if self.key != key:
+            self.bufs = (
+                torch.empty(b, n_split, h_q, D, dtype=torch.bfloat16, device=device),
+                torch.empty(b, n_split, h_q, dtype=torch.float32, device=device),
+                torch.full((b, n_split), chunk, dtype=torch.int32, device=device).t(),  # (rows, b), rows stride 1
+                torch.full((h_q,), float("-inf"), device=device),
+            )
+            self.key = key
+        return self.bufs
+
+
+def fused_slots(k0: int, k1: int) -> int:
+    """Slots of a request's list in the fused kernel: cache 0's list padded to whole 64-key tiles
+    (each tile reads one cache), then cache 1's (decode_fused.FusedDecodeSm90._k0_padded)."""
+    return -(-k0 // 64) * 64 + k1
+
+
+def fused_tokens(idx: tuple, lens: tuple, tokens: tuple, n_pad: int) -> torch.Tensor:
+    """The token (or -1) the fused kernel reads at each of n_pad slots per request, with the
+    kernel's rules (`_copy_slot`, `_valid_token`): a torch model for CPU tests. idx [b, k_i] and
+    lens [b] (None: full) per cache, tokens = blocks x block size per cache."""
+    k0p = -(-idx[0].shape[1] // 64) * 64
+    b = idx[0].shape[0]
+    out = torch.full((b, n_pad), -1, dtype=torch.long)
+    for c, start in ((0, 0), (1, k0p)):
+        k = idx[c].shape[1]
+        ln = torch.full((b,), k) if lens[c] is None else lens[c].long().cpu()
+        v = idx[c].long().cpu()
+        j = torch.arange(k)[None, :]
+        ok = (j < ln[:, None]) & (v >= 0) & (v < tokens[c])
+        width = max(0, min(k, n_pad - start))
+        out[:, start:start + width] = torch.where(ok, v, -1)[:, :width]
+    return out
+
+
+def run_fused(compiled: CompiledDecode, ws: FusedWorkspace, q, caches, indices, lens, sink, out, lse, sms: int,
+              split: tuple | None = None) -> None:
+    """As run_decode, in one attention launch (+ the combine when split); `split` forces (n_split, chunk)."""
+    fused, combine = compiled.kernels["fused"], compiled.kernels["combine"]
+    b, h_q, _ = q.shape
+    n_split, chunk = split or plan(b, h_q, fused_slots(indices[0].shape[1], indices[1].shape[1]), sms)
+    o_part, l_part, row_lens, no_sink = ws.get(b, h_q, n_split, chunk, q.device)
+    args = []
+    for cache, idx, ln in zip(caches, indices, lens):
+        args += [*cache_views(cache), idx, full_lengths(idx) if ln is None else ln]
+    is_split = n_split > 1
+    o_dst = o_part if is_split else out[:, None]
+    l_dst = l_part if is_split else lse[:, None]
+    fused(q[:, None].expand(b, n_split, h_q, D).permute(1, 2, 3, 0), *args, row_lens,
+          no_sink if is_split else sink, o_dst.permute(1, 2, 3, 0), l_dst.permute(1, 2, 0), D ** -0.5 * LOG2E)
+    if is_split:
         combine(o_part, l_part, sink, out, lse)

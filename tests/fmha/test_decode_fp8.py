@@ -13,14 +13,14 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.evaluate import case_generator
 from dsv4bench.core.registry import SweepOptions
 from kernels.fmha.decode_family import is_decode
-from kernels.fmha.decode_glue import PAIR, compile_decode, plan
+from kernels.fmha.decode_glue import PAIR, compile_decode, compile_fused, fused_slots, fused_tokens, plan
 from kernels.fmha.family import FAMILY
 from kernels.fmha.glue import FmhaCuteDSL
 from kernels.fmha.peers import FA4, CudnnSDPA, FlashMLA
 from kernels.fmha.variants import FmhaNoGather
 from oracles.fmha import sparse_attention
-from oracles.fmha_cache import (block_bytes, dequant_fp8_kvcache, gather_decode_keys, quantize_fp8_kvcache,
-                                sparse_decode_fp8)
+from oracles.fmha_cache import (block_bytes, dequant_fp8_kvcache, dequant_rows, gather_decode_keys,
+                                quantize_fp8_kvcache, sparse_decode_fp8)
 from sweeps import fmha as space
 
 
@@ -205,3 +205,69 @@ def test_decode_compiles_for_sm90a_without_gpu(h_q):
     for compiled in compile_decode(h_q, "sm_90a").kernels.values():
         info = parse_cubin(compiled.__cubin__)
         assert info.cubin_bytes > 0 and not info.local_bytes, info
+
+
+# ---------------------------------------------------------------- v2: the fused kernel (decode_fused.py)
+def _emulate_fused(x, sms: int) -> tuple:
+    """The fused launch in torch, slot for slot: the kernel's slot -> token rule (`fused_tokens`, cache 0's
+    list padded to whole tiles), its row = split chunks per `plan(fused_slots)`, unread slots zero keys with
+    a masked score, then the combine's formula."""
+    idx, lens = (x["idx0"], x["idx1"]), (x["len0"], x["len1"])
+    caches = (x["cache0"], x["cache1"])
+    b, h = x["q"].shape[:2]
+    n_slots = fused_slots(idx[0].shape[1], idx[1].shape[1])
+    n_split, chunk = plan(b, h, n_slots, sms)
+    assert chunk % PAIR == 0 and n_split * chunk >= n_slots
+    tok = fused_tokens(idx, lens, tuple(c.shape[0] * c.shape[1] for c in caches), n_split * chunk)
+    k0p = -(-idx[0].shape[1] // 64) * 64
+    keys = torch.zeros(b, n_split * chunk, 512, dtype=torch.bfloat16)
+    for r in range(b):
+        for c, sl in ((0, slice(0, k0p)), (1, slice(k0p, None))):
+            t = tok[r, sl]
+            keys[r, sl] = torch.where((t >= 0)[:, None], dequant_rows(caches[c], t), torch.zeros(()))
+    o_part = torch.empty(b, n_split, h, 512)
+    l_part = torch.empty(b, n_split, h)
+    for r in range(b):
+        rows = torch.where(tok[r] >= 0, torch.arange(n_split * chunk), -1).view(n_split, chunk)
+        o_part[r], l_part[r] = sparse_attention(x["q"][r][None].expand(n_split, h, 512), keys[r], rows, None,
+                                                512 ** -0.5)
+    m = l_part.amax(1, keepdim=True)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = torch.exp(l_part - m_safe)
+    tot = w.sum(1)
+    den = tot + torch.exp(x["sink"][None] - m_safe[:, 0])
+    out = torch.where(tot[..., None] > 0, (w[..., None] * o_part).sum(1) / den[..., None], torch.zeros(()))
+    return out, torch.log(tot) + m_safe[:, 0]
+
+
+@pytest.mark.parametrize("kw", [dict(h_q=64, b=3, ctx=2049, k=512, invalid=0.1, ragged=True),
+                                dict(h_q=64, b=2, ctx=700, k=40, block=61, invalid=0.2, ragged=True, dup=True),
+                                dict(h_q=128, b=2, ctx=9000, k=1152)])
+@pytest.mark.parametrize("sms", [1, 132])
+def test_fused_slot_rule_reproduces_the_oracle(kw, sms):
+    """The fused kernel's slot -> token rule and split (cache 0 padded to whole tiles, both lists' lengths
+    and ranges checked per slot, the slots past both lists unread) read each valid slot exactly once."""
+    case, x = _decode_case(**kw)
+    out, lse = _emulate_fused(x, sms)
+    ref, ref_lse = FAMILY.oracle(case, x).values()
+    assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
+
+
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_fused_decode_compiles_for_sm90a_without_gpu(h_q):
+    """v2 compiles; its producer (setmaxnreg 88) spills a few per-pair scalars (reported, bounded: the
+    rows' codes must stay in registers), the consumers none."""
+    for name, compiled in compile_fused(h_q, "sm_90a").kernels.items():
+        info = parse_cubin(compiled.__cubin__)
+        print(name, info)
+        assert info.cubin_bytes > 0 and info.local_bytes <= (256 if name == "fused" else 0), info
+
+
+def test_fused_impl_is_a_checked_decode_variant():
+    from dsv4bench.core.registry import get_impl
+
+    impl = get_impl("fmha", "cutedsl:fused")
+    case = Case("fmha", space._decode(h_q=128, b=64))
+    assert impl.checked and impl.variant == "fused" and impl.supports(case) is None
+    assert impl.supports(Case("fmha", space._sparse())) is not None
+    assert impl.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")

@@ -12,7 +12,8 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.evaluate import case_generator, poison
 from dsv4bench.core.registry import SweepOptions, import_reason
-from kernels.fmha.decode_glue import Workspace, plan, run_decode
+from dsv4bench.core.registry import get_impl
+from kernels.fmha.decode_glue import FusedWorkspace, Workspace, fused_slots, plan, run_decode, run_fused
 from kernels.fmha.family import FAMILY
 from kernels.fmha.glue import FmhaCuteDSL
 from kernels.fmha.peers import FlashMLA
@@ -25,13 +26,16 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
+IMPLS = {"cutedsl": IMPL, "cutedsl:fused": get_impl("fmha", "cutedsl:fused"),
+         "cutedsl:fused-b2": get_impl("fmha", "cutedsl:fused-b2")}  # v1; v2 (decode_fused.py) and its b2 form
 _compiled: dict = {}
 
 
-def _compiled_for(case):
-    if case["h_q"] not in _compiled:
-        _compiled[case["h_q"]] = IMPL.compile(case, "sm_90a")
-    return _compiled[case["h_q"]]
+def _compiled_for(case, impl="cutedsl"):
+    key = (impl, case["h_q"])
+    if key not in _compiled:
+        _compiled[key] = IMPLS[impl].compile(case, "sm_90a")
+    return _compiled[key]
 
 
 def _inputs(case):
@@ -47,13 +51,45 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_decode_matches_dequantised_oracle(case):
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:fused"])
+def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
     poison(out)
-    res = IMPL.run(case, x, out, _compiled_for(case))
+    res = IMPLS[impl].run(case, x, out, _compiled_for(case, impl))
     torch.cuda.synchronize()
-    _check(case, x, res)
+    _check(case, x, res, impl)
+
+
+@pytest.mark.parametrize("case", GRID[:4], ids=[c.id for c in GRID[:4]])
+def test_fused_b2_matches_dequantised_oracle(case):
+    x = _inputs(case)
+    out = FAMILY.alloc_outputs(case, "cuda")
+    poison(out)
+    res = IMPLS["cutedsl:fused-b2"].run(case, x, out, _compiled_for(case, "cutedsl:fused-b2"))
+    torch.cuda.synchronize()
+    _check(case, x, res, "cutedsl:fused-b2")
+
+
+@pytest.mark.parametrize("split", [(1, None), (2, None), (None, 128)])
+@pytest.mark.parametrize("k0", [128, 100])
+def test_fused_splits_and_unaligned_window(split, k0):
+    """The fused kernel: one split (sink in the kernel), two, one 128-key pair per split; a window list
+    that is not a whole number of tiles (cache 0 padded: a tile never mixes the caches)."""
+    case = Case("fmha", space._decode(h_q=128, b=3, ctx=4096, k=1024, window=k0, invalid=0.1, ragged=True))
+    x = _inputs(case)
+    out = FAMILY.alloc_outputs(case, "cuda")
+    poison(out)
+    n = fused_slots(x["idx0"].shape[1], x["idx1"].shape[1])
+    n_split, chunk = split
+    if chunk is None:
+        chunk = -(-n // n_split // 128) * 128
+    n_split = -(-n // chunk)
+    run_fused(_compiled_for(case, "cutedsl:fused"), FusedWorkspace(), x["q"], (x["cache0"], x["cache1"]),
+              (x["idx0"], x["idx1"]), (x["len0"], x["len1"]), x["sink"], out["out"], out["lse"], 132,
+              split=(n_split, chunk))
+    torch.cuda.synchronize()
+    _check(case, x, out, f"fused split={n_split}x{chunk}")
 
 
 @pytest.mark.parametrize("sms", [1, 16, 132, 100000])

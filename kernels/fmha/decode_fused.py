@@ -1,0 +1,339 @@
+"""FP8 sparse decode v2 (issue #25): one attention launch whose producer reads FlashMLA's FP8 rows
+straight from the two paged caches (oracles/fmha_cache.py: the MODEL1 layout) and dequantises them
+into the bf16 K tile in shared memory that the key-split consumers read: no bf16 W round trip.
+
+The consumers, softmax, MMAs and epilogue are the key split's (consumer.py, key_split.py,
+softmax.py, mma.py, epilogue.py), unchanged: this class is `GatherAttentionSm90` with its own
+`__call__` / `kernel` (the key-split branch of kernel_sm90.py, with other arguments) and its own
+producer. kernel_sm90.py is not touched, so the prefill kernel is the same code.
+
+Work: rows = splits of a request (q's row stride 0, as v1: docs/lessons/fmha.md 29); row s of request
+r walks the concatenated slot list of the request, slots [s * chunk, (s + 1) * chunk): slot j < k0 is
+cache 0's slot j, else cache 1's slot j - k0; a slot is read when it is below its list's length and
+its index is in [0, tokens). mLen[s, r] = chunk (a multiple of 128: whole pairs of 64-key tiles).
+
+Producer (128 threads, the key split's two halves: threads 0-63 tile 2p in stage 0, 64-127 tile
+2p + 1 in stage 1). Thread lt of a half owns rows lt // 8 + 8 q (q < 8) of its tile and 16-byte
+chunk lt % 8 of each 64-value segment of d (a segment is one ue8m0 scale tile; segment 7 the RoPE).
+Per half of d (4 segments): the rows' codes are loaded into registers in batches (8 e4m3 bytes per
+row and segment, the 4 scale bytes of the half in one 32-bit load, RoPE 16 bytes), the first batch
+before the wait for the half's empty barrier (its latency under the consumers' use of that half),
+then converted (code * 2^(e - 127), exact in bf16) and stored as 16 bytes into the swizzled tile;
+a slot not read stores zeros (its P is 0 and V must be finite). The full barrier of a half counts
+the 64 threads once each (st.shared + fence.proxy.async + arrive), not the cp.async arrivals of the
+bf16 producer.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.runtime import make_fake_tensor
+from cutlass.utils import LayoutEnum
+
+from kernels.bits import bits_f32
+from kernels.fmha.barriers import NamedBarrier
+from kernels.fmha.config import Config
+from kernels.fmha.kernel_sm90 import GatherAttentionSm90
+from kernels.regs import pin
+from kernels.trace import record
+
+ROWS_PER_BATCH = 4  # rows of a thread whose loads are in flight together (registers: ~9 per row)
+REG_SPLIT = (104, 200)  # setmaxnreg (producer, consumer): the producer holds a batch of raw rows
+
+
+class FusedDecodeSm90(GatherAttentionSm90):
+    """The key-split attention kernel (d = dv = 512, V = K) with the FP8-gathering producer."""
+
+    def __init__(self, cfg: Config, rows_per_batch: int = ROWS_PER_BATCH, reg_split: tuple = REG_SPLIT):
+        assert cfg.key_split and cfg.d == 512, cfg
+        super().__init__(cfg)
+        self.rows_per_batch = rows_per_batch
+        self.fused_regs = reg_split
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (rows, h_q, d, B) bf16, rows of one request = its splits (stride 0)
+        codes0: cute.Tensor, rope0: cute.Tensor, sc0: cute.Tensor, idx0: cute.Tensor, len0: cute.Tensor,
+        codes1: cute.Tensor, rope1: cute.Tensor, sc1: cute.Tensor, idx1: cute.Tensor, len1: cute.Tensor,
+        mLen: cute.Tensor,  # (rows, B) int32: the chunk (slots per row)
+        mSink: cute.Tensor,  # (h_q,) fp32
+        mO: cute.Tensor,  # (rows, h_q, dv, B) bf16
+        mLse: cute.Tensor,  # (rows, h_q, B) fp32
+        scale_log2: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        c = self.cfg
+        dt = mQ.element_type
+        n = c.n_block
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            cutlass.Float32, (1, 1, 1), (64, n),
+        )
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            cutlass.Float32, (1, 1, 1), (64, c.dv_wg), warpgroup.OperandSource.RMEM,
+        )
+        pv_ss_mma = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            cutlass.Float32, (1, 1, 1), (64, c.dv_wg),
+        )
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (c.m_cta, n, c.d), dt, 1)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, n, c.d), dt, c.stages)
+        sP_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, c.dv_wg, n), dt, c.stages)
+        record("config", f"fused FP8 decode {c} n_block={n} threads={c.threads} rows/batch={self.rows_per_batch} "
+               f"setmaxnreg={self.fused_regs}")
+        record("smem K stages (keys, d, stage) K-major", sK_layout)
+        n_bars = 4 * c.stages + 2
+
+        @cute.struct
+        class Storage:
+            bars: cute.struct.MemRange[cutlass.Int64, n_bars]
+            sIdx: cute.struct.MemRange[cutlass.Int32, c.stages * n]
+            sMaskFlag: cute.struct.MemRange[cutlass.Int32, c.stages * 4]
+            sRows: cute.struct.MemRange[cutlass.Int32, n * 2 * c.stages]  # raw tokens (slot, buffer, stage)
+            sX: cute.struct.MemRange[cutlass.Float32, c.xchg_floats(n)]
+            sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sP_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+
+        grid = (cute.size(mLen, mode=[0]), c.n_hblk, cute.size(mQ, mode=[3]))
+        self.kernel(
+            mQ, codes0, rope0, sc0, idx0, len0, codes1, rope1, sc1, idx1, len1, mLen, mSink, mO, mLse, scale_log2,
+            qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sP_layout, Storage,
+        ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        codes0: cute.Tensor, rope0: cute.Tensor, sc0: cute.Tensor, idx0: cute.Tensor, len0: cute.Tensor,
+        codes1: cute.Tensor, rope1: cute.Tensor, sc1: cute.Tensor, idx1: cute.Tensor, len1: cute.Tensor,
+        mLen: cute.Tensor,
+        mSink: cute.Tensor,
+        mO: cute.Tensor,
+        mLse: cute.Tensor,
+        scale_log2: cutlass.Float32,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        pv_ss_mma: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        Storage: cutlass.Constexpr,
+    ):
+        c = self.cfg
+        S = c.stages
+        tidx, _, _ = cute.arch.thread_idx()
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        s_q = cute.size(mQ, mode=[0])
+
+        smem = cutlass.utils.SmemAllocator()
+        st = smem.allocate(Storage)
+        bars = st.bars.data_ptr()  # full[stage, half] = bars + 2 stage + half, empty = + 4; q full, q empty
+        q_full, q_empty = bars + 4 * S, bars + 4 * S + 1
+        sIdx = st.sIdx.get_tensor(cute.make_layout((c.n_block, S)))
+        sMaskFlag = st.sMaskFlag.get_tensor(cute.make_layout((4, S)))
+        sRows = st.sRows.get_tensor(cute.make_layout((c.n_block, 2, S)))
+        sX = st.sX.get_tensor(cute.make_layout((c.xchg_floats(c.n_block),)))
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sVt = cute.make_tensor(sK.iterator, cute.select(sK.layout, mode=[1, 0, 2]))
+        record("mbarrier full (per stage and half of d): arrive count",
+               "64 = the producer threads of that stage (st.shared + fence.proxy.async + arrive)")
+        if tidx == 0:
+            for i in cutlass.range_constexpr(2 * S):
+                cute.arch.mbarrier_init(bars + i, 64)
+            for i in cutlass.range_constexpr(2 * S):
+                cute.arch.mbarrier_init(bars + 2 * S + i, 128)
+            cute.arch.mbarrier_init(q_full, 128)
+            cute.arch.mbarrier_init(q_empty, 128 * c.n_consumer_wg)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        if wg == c.n_consumer_wg:
+            cute.arch.setmaxregister_decrease(self.fused_regs[0])
+            ptid = tidx - 128 * c.n_consumer_wg
+            atom = cute.make_copy_atom(
+                cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), mQ.element_type, num_bits_per_copy=128
+            )
+            blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(Int32(0), mLen, mLen, mQ, mLen)
+            self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
+            cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
+            caches = (codes0, rope0, sc0, idx0, len0, codes1, rope1, sc1, idx1, len1)
+            if ptid < c.n_block:
+                self._produce_fp8_tiles(caches, sK, sRows[None, None, 0], sIdx, sMaskFlag, bars, ptid, blk, bidx,
+                                        n_idx, n_tiles, 0)
+            else:
+                self._produce_fp8_tiles(caches, sK, sRows[None, None, 1], sIdx, sMaskFlag, bars, ptid - c.n_block,
+                                        blk, bidx, n_idx, n_tiles, 1)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+        else:
+            cute.arch.setmaxregister_increase(self.fused_regs[1])
+            self._consume(
+                mQ, mLen, mLen, mLen, mO, mLse, mSink, scale_log2, Int32(0), Int32(1 << 30), qk_mma, pv_mma,
+                pv_ss_mma, sQ, sK, sVt, sIdx, sMaskFlag, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
+                bars, wg, tidx % 128,
+            )
+
+    # ------------------------------------------------------------------ producer
+    @cute.jit
+    def _k0_padded(self, idx0):
+        """Slots of cache 0 in the request's list: its list width rounded up to whole tiles, so that
+        every tile reads one cache (a warp-uniform branch per tile, not per row)."""
+        n = self.cfg.n_block
+        return (cute.size(idx0, mode=[1]) + n - 1) // n * n
+
+    @cute.jit
+    def _copy_slot(self, caches, sRows, bidx, j, t):
+        """cp.async (4 bytes) of slot j's raw token from its list into sRows[t]; nothing where the
+        slot is in neither list (it is invalid whatever sRows holds)."""
+        _, _, _, idx0, _, _, _, _, idx1, _ = caches
+        k0p = self._k0_padded(idx0)
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.ALWAYS), Int32, num_bits_per_copy=32)
+        dst = cute.local_tile(sRows, (1,), (t,))
+        if j < cute.size(idx0, mode=[1]):
+            cute.copy(atom, cute.local_tile(idx0[bidx, None], (1,), (j,)), dst)
+        elif (j >= k0p) & (j - k0p < cute.size(idx1, mode=[1])):
+            cute.copy(atom, cute.local_tile(idx1[bidx, None], (1,), (j - k0p,)), dst)
+
+    @cute.jit
+    def _valid_token(self, caches, bidx, j, v):
+        """Slot j's token v if the slot is read (in its list, below the list's length, v in
+        [0, tokens)), else -1."""
+        codes0, _, _, idx0, len0, codes1, _, _, idx1, len1 = caches
+        k0p = self._k0_padded(idx0)
+        ok = (j < cute.size(idx0, mode=[1])) & (j < len0[bidx])
+        ok = ok & (v < cute.size(codes0, mode=[0]) * cute.size(codes0, mode=[1]))
+        j1 = j - k0p
+        ok1 = (j1 >= 0) & (j1 < cute.size(idx1, mode=[1])) & (j1 < len1[bidx])
+        ok1 = ok1 & (v < cute.size(codes1, mode=[0]) * cute.size(codes1, mode=[1]))
+        return cutlass.select_((ok | ok1) & (v >= 0), v, Int32(-1))
+
+    @cute.jit
+    def _produce_fp8_tiles(self, caches, sK, sRows, sIdx, sMaskFlag, bars, lt, blk, bidx, n_idx, n_tiles,
+                           stage: cutlass.Constexpr):
+        """Tile 2p + stage of every pair p into `stage` by 64 threads (see the module docstring).
+        The tiles' raw tokens go through smem: thread lt copies slot lt's (cp.async, a pair ahead,
+        into the other of two buffers) and, after a barrier of the 64, reads its 8 rows' from there:
+        no register holds a token between pairs."""
+        n = self.cfg.n_block
+        base = blk * n_idx  # the row's first slot in the request's list
+        self._copy_slot(caches, sRows[None, 0], bidx, base + stage * n + lt, lt)
+        cute.arch.cp_async_commit_group()
+        for pair in cutlass.range((n_tiles + 1) // 2, unroll=1):
+            buf = pair & 1
+            j0 = base + (2 * pair + stage) * n
+            cute.arch.cp_async_wait_group(0)
+            # every thread's copy of this pair landed; every read of the other buffer (last pair) is done
+            cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
+            self._copy_slot(caches, sRows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
+            cute.arch.cp_async_commit_group()
+            t = pin(lt)
+            mine = self._valid_token(caches, bidx, j0 + t, sRows[t, buf])
+            phase = (pair & 1) ^ 1
+            codes0, rope0, sc0, idx0, _, codes1, rope1, sc1, _, _ = caches
+            if j0 < self._k0_padded(idx0):  # the whole tile is cache 0's
+                self._dequant_tile((codes0, rope0, sc0), caches, sK[None, None, stage], sRows[None, buf], sIdx,
+                                   sMaskFlag, mine, bidx, j0, t, bars, phase, stage)
+            else:
+                self._dequant_tile((codes1, rope1, sc1), caches, sK[None, None, stage], sRows[None, buf], sIdx,
+                                   sMaskFlag, mine, bidx, j0, t, bars, phase, stage)
+
+    @cute.jit
+    def _dequant_tile(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, bars, phase,
+                      stage: cutlass.Constexpr):
+        for k in cutlass.range_constexpr(2):
+            h = (stage + k) % 2  # stage 0 fills left first, stage 1 right first (the order they are read)
+            hb = stage * 2 + h
+            self._dequant_half(cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h, bars + hb,
+                               bars + 4 + hb, phase, stage, k == 0)
+
+    @cute.jit
+    def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr, full,
+                      empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
+        """Half h of d of this thread's rows t // 8 + 8 q into dst (keys, d): batches of loads, the
+        first issued before the wait for the half to be free; publishes the tile's slot validity
+        with the first half (the owner's mask read the previous indices before it freed that half)."""
+        codes, rope, sc = cache
+        br = self.rows_per_batch
+        n_rows = self.cfg.n_block // 8
+        n_code = 4 if h == 0 else 3  # code segments of this half (segment 7 is the RoPE)
+        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        for b in cutlass.range_constexpr(n_rows // br):
+            raw = cute.make_rmem_tensor((8, 4, br), cutlass.Float8E4M3FN)
+            scl = cute.make_rmem_tensor((4, br), cutlass.Uint8)
+            rp = cute.make_rmem_tensor((8, br), BFloat16)
+            vs = cute.make_rmem_tensor((br,), Int32)
+            for i in cutlass.range_constexpr(br):
+                r = t // 8 + 8 * (b * br + i)
+                v = self._valid_token(caches, bidx, j0 + r, rows[r])
+                vs[i] = v
+                # a slot not read loads its cache's token 0 (its values are replaced by zeros)
+                self._load_row(codes, rope, sc, cutlass.max(v, 0), raw, scl, rp, i, h, n_code, t % 8)
+            if cutlass.const_expr(b == 0):
+                cute.arch.mbarrier_wait(empty, phase)
+                if cutlass.const_expr(publish):
+                    sIdx[t, stage] = mine
+                    warp_plain = Int32(cute.arch.vote_all_sync(mine >= 0))
+                    if t % 32 == 0:
+                        sMaskFlag[t // 32, stage] = warp_plain
+            for i in cutlass.range_constexpr(br):
+                r = t // 8 + 8 * (b * br + i)
+                for sg in cutlass.range_constexpr(4):
+                    vals = cute.make_rmem_tensor((8,), BFloat16)
+                    if cutlass.const_expr(sg < n_code):
+                        s = bits_f32(Int32(scl[sg, i]) << 23)  # ue8m0: 2^(e - 127)
+                        vals.store((raw[None, sg, i].load().to(Float32) * s).to(BFloat16))
+                    else:
+                        vals.store(rp[None, i].load())
+                    if vs[i] < 0:
+                        vals.fill(0.0)
+                    chunk = (h * 4 + sg) * 8 + t % 8
+                    cute.copy(st_atom, vals, cute.local_tile(dst[r, None], (8,), (chunk,)))
+        cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
+        cute.arch.mbarrier_arrive(full)
+
+    @cute.jit
+    def _load_row(self, codes, rope, sc, v, raw, scl, rp, i: cutlass.Constexpr, h: cutlass.Constexpr,
+                  n_code: cutlass.Constexpr, c8):
+        """Token v's code chunks of half h (8 bytes per segment), the half's 4 scale bytes and, in
+        the right half, its RoPE chunk (16 bytes), into batch slot i."""
+        bs = cute.size(codes, mode=[1])
+        blk = v // bs
+        tok = v - blk * bs
+        src = codes[blk, tok, None]
+        for sg in cutlass.range_constexpr(n_code):
+            cute.autovec_copy(cute.local_tile(src, (8,), ((h * 4 + sg) * 8 + c8,)), raw[None, sg, i])
+        cute.autovec_copy(cute.local_tile(sc[blk, tok, None], (4,), (h,)), scl[None, i])
+        if cutlass.const_expr(h == 1):
+            cute.autovec_copy(cute.local_tile(rope[blk, tok, None], (8,), (c8,)), rp[None, i])
+
+
+def fake_args() -> tuple:
+    """Fake tensors: q (rows, h, 512, b) with a row stride, both caches' views (their token strides
+    fixed by the layout), lists, lengths, the chunk lengths, sink, O, LSE."""
+    from kernels.fmha.decode_fp8 import fake_args as gather_fake_args
+
+    g = gather_fake_args()
+    caches = g[:10]
+    rows, h, b = (cute.sym_int32() for _ in range(3))
+
+    def s8():
+        return cute.sym_int64(divisibility=8)
+
+    bf = BFloat16
+    q = make_fake_tensor(bf, (rows, h, 512, b), (s8(), s8(), 1, s8()), assumed_align=16)
+    lens = make_fake_tensor(Int32, (rows, b), (1, cute.sym_int64()), assumed_align=4)
+    sink = make_fake_tensor(Float32, (h,), (1,), assumed_align=4)
+    o = make_fake_tensor(bf, (rows, h, 512, b), (s8(), s8(), 1, s8()), assumed_align=16)
+    lse = make_fake_tensor(Float32, (rows, h, b), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()),
+                           assumed_align=4)
+    return (q, *caches, lens, sink, o, lse, Float32(1.0))
