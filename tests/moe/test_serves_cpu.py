@@ -268,3 +268,38 @@ def test_routed_layer_launches_what_run_layer_launches(tokens, monkeypatch):
     ((asked, dtypes),) = run.asked
     assert asked == params and dtypes == {"x": torch.bfloat16, "idx": torch.int32, "weights": torch.float32,
                                           "shared": torch.bfloat16}
+
+
+def test_the_model_calls_the_adapter_with_its_own_arguments(kernels, monkeypatch):
+    """The engine on a random checkpoint whose MoE the kernels take (D = I = 256; 8 experts, top-2, hash
+    and biased layers, the MTP block), moe alone on the adapter (launches emulated): no call refused, the
+    weights prepared once per MoE layer across prefill and decode, the layout by T, logits as near FP32 as
+    with moe on its low-precision reference."""
+    from dsv4bench.model.config import TINY
+    from dsv4bench.model.engine import Engine
+    from dsv4bench.model.lowprec_ops import LOWPREC, register_lowprec_ops
+    from dsv4bench.model.synthetic import SyntheticCheckpoint
+
+    made = []
+    real = serves.prepare_experts
+    monkeypatch.setattr(serves, "prepare_experts", lambda *a: made.append(len(a[0])) or real(*a))
+    cfg = TINY.with_(dim=256, moe_inter_dim=256)
+    ckpt = SyntheticCheckpoint(cfg, seed=random.randrange(1 << 30))
+    register_kernel_ops()
+    prompt, then = torch.randint(2, cfg.vocab_size, (20,)).tolist(), torch.randint(2, cfg.vocab_size, (2,))
+
+    def logits(ops):  # teacher-forced: the same two decode tokens for every model
+        engine = Engine(ckpt, ops=ops)
+        return torch.stack([engine.feed(prompt).logits] + [engine.feed([int(t)]).logits for t in then])
+
+    register_lowprec_ops()
+    ops = OpTable({"moe": "cutedsl"})
+    got, ref, low = logits(ops), logits(OpTable()), logits(OpTable({"moe": LOWPREC}))
+    assert ops.refused == {} and ops.calls["moe"] == 3 * (cfg.n_layers + cfg.n_mtp_layers)
+    assert made == [8] * (cfg.n_layers + cfg.n_mtp_layers)
+    assert {p["layout"] for p in kernels} == {"masked"} and {p["t"] for p in kernels} == {20, 19, 1}  # MTP: 19
+    # a random model amplifies the op's ~5% (the FP8 activations) into its logits: held to the model with moe on
+    # its low-precision reference (moe_lowprec), as the GPU engine test holds the whole kernel model
+    rel, low_rel = (float((v - ref).norm() / ref.norm()) for v in (got, low))
+    print(f"logits vs FP32: moe on the adapter {rel:.3g}, on moe_lowprec {low_rel:.3g}")
+    assert rel <= 2 * low_rel + 0.02
