@@ -183,6 +183,11 @@ def layer_weights(experts, d: int) -> tuple[GroupedWeight, GroupedWeight]:
     return _EXPERTS.get(sources, lambda: _prepare(experts, d))
 
 
+def _cat_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a over b along dim 0, concatenated as bytes (FP8 / E8M0 tensors need no cat kernel of their dtype)."""
+    return torch.cat((a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))).view(a.dtype)
+
+
 def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch.Tensor:
     """bf16 [T, D]: the shared expert on the gemm family's FP8 GEMM (w1|w3 as one weight, made once)."""
     run = gemm.kernel_runner("gemm")
@@ -191,7 +196,7 @@ def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch
     if isinstance(w1, QuantWeight) and isinstance(w3, QuantWeight) and w1.format == w3.format == "fp8" \
             and w1.weight.shape == w3.weight.shape and w1.weight.shape[0] % KBLOCK == 0:
         gate_up = _SHARED.get(_sources(w1) + _sources(w3), lambda: QuantWeight(
-            torch.cat((w1.weight, w3.weight)).contiguous(), torch.cat((w1.scale, w3.scale)).contiguous()))
+            _cat_rows(w1.weight, w3.weight), _cat_rows(w1.scale, w3.scale)))
     if gate_up is not None:
         g, u = gemm.fp8_linear(run, x, gate_up).chunk(2, dim=-1)
     else:
