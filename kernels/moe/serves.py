@@ -34,7 +34,8 @@ y = bf16(Σ_k expert_k(x) · w_k + shared) as the family's layer op, returned as
 Refused (Unsupported; the runner runs the oracle and counts it): routed experts not MXFP4 (NVFP4,
 dequantised tensors), widths D or I not whole 128-blocks (the tiny config: D 64, I 32), experts of
 unequal shapes, an MXFP4 scale that is NaN, a SwiGLU limit other than the kernel's 10, a shared
-expert the FP8 GEMM does not take, inputs off the GPU, a prepared layer that does not fit in memory.
+expert the FP8 GEMM does not take, inputs off the GPU or on a GPU other than SM90 (sm_90a), a prepared
+layer that does not fit in memory.
 """
 
 from __future__ import annotations
@@ -42,13 +43,16 @@ from __future__ import annotations
 import torch
 
 from dsv4bench.core.registry import Unsupported
+from dsv4bench.model.kernel_ops import device_arch
 from kernels.common import Prepared
 from kernels.gemm import serves as gemm
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.expert_weights import GroupedWeight, prepare_layer
+from kernels.moe.glue import alloc_dispatch, run_combine, run_dispatch
 from kernels.moe.grouped_config import MAX_GROUPS
 from kernels.moe.grouped_epilogue import LIMIT
 from kernels.moe.inputs import MASKED_ALIGN
+from kernels.moe.layer import SM90_ONLY, run_grouped
 from oracles.linear import QuantWeight, Weight
 from oracles.moe import ExpertWeights, swiglu
 from sweeps.moe import DECODE_T
@@ -208,9 +212,6 @@ def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch
 def routed_layer(run, params: dict, x, idx, weights, shared, l1: GroupedWeight, l2: GroupedWeight) -> torch.Tensor:
     """bf16 [T, D] = bf16(Σ_k expert_k(x) · w_k + shared) on the family's four kernels (layer.run_layer's
     sequence, with the weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]."""
-    from kernels.moe.glue import alloc_dispatch, run_combine, run_dispatch
-    from kernels.moe.layer import run_grouped
-
     k = run.compiled(params, {"x": x, "idx": idx, "weights": weights, "shared": shared}).kernels
     n_experts, max_m, i = params["e"], params.get("max_m"), params["i"]
     t, d = x.shape
@@ -245,6 +246,8 @@ def moe(run, x, weights, idx, experts, shared: ExpertWeights, limit: float = LIM
     lead, d = x.shape[:-1], x.shape[-1]
     if x.device.type != DEVICE_TYPE:
         raise Unsupported(f"moe: the moe kernels take CUDA tensors, got {x.device}")
+    if DEVICE_TYPE == "cuda" and device_arch() != "sm_90a":  # before any weight is prepared
+        raise Unsupported(f"moe: {SM90_ONLY}")
     l1, l2 = layer_weights(experts, d)
     if l1.codes.device != x.device:
         raise Unsupported(f"moe: the experts are on {l1.codes.device}, x on {x.device}")
