@@ -212,7 +212,8 @@ def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch
 def routed_layer(run, params: dict, x, idx, weights, shared, l1: GroupedWeight, l2: GroupedWeight) -> torch.Tensor:
     """bf16 [T, D] = bf16(Σ_k expert_k(x) · w_k + shared) on the family's four kernels (layer.run_layer's
     sequence, with the weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]."""
-    k = run.compiled(params, {"x": x, "idx": idx, "weights": weights, "shared": shared}).kernels
+    compiled = run.compiled(params, {"x": x, "idx": idx, "weights": weights, "shared": shared})
+    k, tiled = compiled.kernels, compiled.tiled_b
     n_experts, max_m, i = params["e"], params.get("max_m"), params["i"]
     t, d = x.shape
     lay = alloc_dispatch(t, idx.shape[1], n_experts, d, max_m, x.device)
@@ -222,9 +223,9 @@ def routed_layer(run, params: dict, x, idx, weights, shared, l1: GroupedWeight, 
     h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
     h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
                       dtype=torch.float32, device=x.device)
-    run_grouped(k["l1"], lay["codes"], lay["scales"], l1, group, lay["row_weight"], h, h_s, max_m, True)
+    run_grouped(k["l1"], lay["codes"], lay["scales"], l1, group, lay["row_weight"], h, h_s, max_m, True, tiled)
     y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
-    run_grouped(k["l2"], h, h_s, l2, group, lay["row_weight"], y_rows, None, max_m, False)
+    run_grouped(k["l2"], h, h_s, l2, group, lay["row_weight"], y_rows, None, max_m, False, tiled)
     # max_m is this call's largest count (layer_params): no entry is dropped, so no check_fits read-back
     return run_combine(k["combine"], y_rows, lay["pos"], shared, torch.empty_like(shared))
 
