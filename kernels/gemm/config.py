@@ -8,8 +8,9 @@ the time its busiest CTA needs, and the cheapest wins (ties: the larger tile, th
     active      = min(units, sms)                               (CTAs pulling at one time)
     per K block = max(tensor core: 2 * bm * bn * 128 / FP8_FLOPS_PER_CLK,
                       L2 -> SM:    (bm + bn) * 128 / L2_BYTES_PER_CLK,
-                      DRAM:        bn * 128 / min(SM_DRAM_BYTES_PER_CLK, DRAM_BYTES_PER_CLK / active)
+                      DRAM:        bn * 128 / min(pull(bm, bn), DRAM_BYTES_PER_CLK / active)
                                    (only when W is read once: one M tile))
+    pull(bm, bn) = stages(bm, bn) * bn * 128 / DRAM_LATENCY_CLK   (one CTA's weight bytes in flight)
     cost        = rounds * (K blocks per slice * per K block + UNIT_CLK
                             (+ bm * bn * 4 / SPLIT_BYTES_PER_CLK when split: the fp32 partial's fix-up))
 
@@ -19,10 +20,13 @@ falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle, or ro
 pro.wq_a at M = 4096 has 192 tiles of 256 x 128, 1.45 waves, but 384 of 128 x 128, 2.9 waves).
 Decode (M <= 64) is bound by
 the weight stream from DRAM: bm = 64 and the (bn, split_k) that streams the weight fastest. One CTA
-pulls at most SM_DRAM_BYTES_PER_CLK, so N alone fills the chip's bandwidth from ~56 CTAs on; fewer
-tiles than that take split-K, whose fix-up (red.global.add of a bm x bn fp32 partial per unit) is
-charged by its bytes, and at least MIN_KB_PER_SLICE K blocks per slice so that each slice's
-pipeline fills.
+pulls what its ring keeps in flight per DRAM round trip (Little's law: its stages' weight bytes over
+DRAM_LATENCY_CLK), so a wide tile pulls more per CTA and N fills the chip's bandwidth from fewer
+CTAs; fewer tiles than that take split-K, whose fix-up (red.global.add of a bm x bn fp32 partial per
+unit) is charged by its bytes, and at least MIN_KB_PER_SLICE K blocks per slice so that each
+slice's pipeline fills. bn = 32 is a candidate only where bn = 64 leaves fewer than
+BN32_MAX_TILES64 tiles (narrow layers: wkv, wq_a): in the decode study it never won where bn = 64
+fills the SMs.
 
 Constants (H100 SXM, per clock at 1.83 GHz): 8192 dense e4m3 flops per SM (1979 TFLOP/s); 55 B
 per SM from L2 when every SM pulls (fitted: 128 x 128 tiles cost 1.16x the time per flop of 256 x
@@ -31,9 +35,11 @@ gemm/2026-11-25-h100-8023067-prefill-knockouts; DeepGEMM's model says ~46). The 
 fix-up constants are fitted to the decode weight streams measured on the H100 at v3 (run
 gemm/2026-11-25-h100-833ceaa-decode-variants, M = 64, all 17 layers, docs/perf/gemm.md): ours and
 DeepGEMM alike stream the large weights at ~2.3 TB/s in all (1257 B/clock; the 1 GiB copy reaches
-3.0), one CTA at up to ~41 GB/s (22.4 B/clock: pro.wo_b without split, 56 CTAs, 51 us), and a
-split-K unit's fix-up costs ~3.8k clocks per 32 KB partial (pro.shared_w13: split 8 at 32.0 us
-against 25.7 without). UNIT_CLK is a unit's fixed cost (pipeline fill, epilogue).
+3.0). The per-CTA pull (DRAM_LATENCY_CLK; the fix-up rate kept) is refitted (v5) to the
+decode study of all 17 layers x M 1 / 8 / 64 x 8 configurations (run
+gemm/2026-11-26-h100-6fef4c4-decode-split-variants): ranking the measured configurations of each
+shape by this model picks one within 0.6% of the fastest (geomean; the v4 constants: 2.3%).
+UNIT_CLK is a unit's fixed cost (pipeline fill, epilogue).
 """
 
 from __future__ import annotations
@@ -47,12 +53,13 @@ H100_SMS = 132
 FP8_FLOPS_PER_CLK = 8192
 L2_BYTES_PER_CLK = 55.0
 DRAM_BYTES_PER_CLK = 1257.0  # the whole chip's weight stream
-SM_DRAM_BYTES_PER_CLK = 22.4  # one CTA's
+DRAM_LATENCY_CLK = 6000  # one CTA's pull = its ring's weight bytes in flight / this (loaded latency)
 SPLIT_BYTES_PER_CLK = 8.6  # split-K fix-up, fp32 partial bytes per clock per CTA
 UNIT_CLK = 600
 MIN_KB_PER_SLICE = 4
 MAX_SPLIT = 16
 BN = (128, 64, 32)
+BN32_MAX_TILES64 = 32
 PAIR_MIN_M_TILES = 4
 
 
@@ -72,17 +79,25 @@ def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_S
     kb = k // KBLOCK
     tiles_m = _cdiv(m, bm)
     units = tiles_m * _cdiv(n, bn) * split
-    dram = min(SM_DRAM_BYTES_PER_CLK, DRAM_BYTES_PER_CLK / min(units, sms))
+    dram = min(cta_pull(bm, bn), DRAM_BYTES_PER_CLK / min(units, sms))
     per_kb = max(2 * bm * bn * KBLOCK / FP8_FLOPS_PER_CLK, (bm + bn) * KBLOCK / L2_BYTES_PER_CLK,
                  bn * KBLOCK / dram if tiles_m == 1 else 0.0)
     fixup = bm * bn * 4 / SPLIT_BYTES_PER_CLK if split > 1 else 0.0
     return _cdiv(units, sms) * (_cdiv(kb, split) * per_kb + UNIT_CLK + fixup)
 
 
+@functools.lru_cache(maxsize=None)
+def cta_pull(bm: int, bn: int) -> float:
+    """Bytes per clock one CTA streams from DRAM: its ring's weight bytes in flight per round trip."""
+    return GemmConfig(bm=bm, bn=bn).n_stages * bn * KBLOCK / DRAM_LATENCY_CLK
+
+
 def candidates(m: int, n: int, k: int, sms: int = H100_SMS):
     kb = k // KBLOCK
     for bm in row_tiles(m):
         for bn in BN:
+            if bn == 32 and _cdiv(n, 64) >= BN32_MAX_TILES64:
+                continue
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]
             if bm <= 128 and tiles < sms:  # split-K only to fill idle SMs, and one wave per tile
