@@ -21,19 +21,22 @@ from kernels.moe.dispatch import GATHER_CTA, VEC, RowKernel
 class CombineKernel(RowKernel):
     """Compile-time: D, top-k. Runtime: tokens, layout rows."""
 
-    def __init__(self, d: int, topk: int):
+    def __init__(self, d: int, topk: int, pdl: bool = False):
         if topk < 1:
             raise ValueError(f"topk={topk} must be positive")
         super().__init__(d)
-        self.topk = topk
+        self.topk, self.pdl = topk, pdl  # pdl: launched with programmatic dependent launch (after L2)
 
     @cute.jit
     def __call__(self, mRows, mPos, mShared, mY, stream):
         self.kernel(mRows, mPos, mShared, mY).launch(
-            grid=[cute.ceil_div(mY.shape[0], self.rows_per_cta), 1, 1], block=[GATHER_CTA, 1, 1], stream=stream)
+            grid=[cute.ceil_div(mY.shape[0], self.rows_per_cta), 1, 1], block=[GATHER_CTA, 1, 1], stream=stream,
+            use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mRows, mPos, mShared, mY):
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
         t, lane = self.row_and_lane()
         if t < mY.shape[0]:
             pos = [mPos[t, j] for j in range(self.topk)]

@@ -60,6 +60,7 @@ class LayoutKernel(TopkBlocks):
             raise ValueError(f"n_experts={n_experts} and topk={topk} must be positive")
         super().__init__(per_thread=PER)
         self.n_experts, self.topk, self.layout, self.tile = n_experts, topk, layout, tile
+        self.pdl = False
 
     def segment(self, count, max_m):
         if cutlass.const_expr(self.layout == "masked"):
@@ -69,6 +70,8 @@ class LayoutKernel(TopkBlocks):
     @cute.kernel
     def kernel(self, mIdx, mW, mCounts, mPos, mSrc, mExpert, mRowW):
         tidx, _, _ = cute.arch.thread_idx()
+        if cutlass.const_expr(self.pdl):  # the gather may launch now (it waits for this grid's end)
+            cute.arch.griddepcontrol_launch_dependents()
         e, _, _ = cute.arch.block_idx()
         n_e = self.n_experts
         smem = memory.SmemAllocator()
@@ -162,12 +165,16 @@ class GatherQuantKernel(RowKernel):
     (src -1) are left unwritten (the layer's masked layout: the grouped GEMM never stores a row past its
     expert's count, and a row's products depend on that row alone, so what its codes hold is never seen)."""
 
-    def __init__(self, d: int, skip_padding: bool = False):
+    def __init__(self, d: int, skip_padding: bool = False, pdl: bool = False, trigger: bool = False):
         super().__init__(d)
-        self.skip_padding = skip_padding
+        self.skip_padding, self.pdl, self.trigger = skip_padding, pdl, trigger
 
     @cute.kernel
     def kernel(self, mX, mSrc, mCodes, mScales):
+        if cutlass.const_expr(self.pdl):  # launched with PDL: the layout kernel's rows first
+            cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(self.trigger):  # decode (under one wave): L1 may take SMs as these CTAs exit
+            cute.arch.griddepcontrol_launch_dependents()
         row, lane = self.row_and_lane()
         rows = mSrc.shape[0]
         per_group = rows // mScales.shape[0]
@@ -207,9 +214,15 @@ class GatherQuantKernel(RowKernel):
 class Dispatch:
     """The jitted call: layout, then gather + quant."""
 
-    def __init__(self, n_experts: int, topk: int, d: int, layout: str, tile: int = 128, skip_padding: bool = False):
+    def __init__(self, n_experts: int, topk: int, d: int, layout: str, tile: int = 128, skip_padding: bool = False,
+                 pdl: bool = False):
+        """pdl: the gather launched with programmatic dependent launch, triggered by the layout kernel's
+        start (the layer's variant `cutedsl:pdl`; the gather then waits in griddepcontrol.wait); masked, the
+        gather triggers L1 in turn (a prefill gather of many waves does not: L1's CTAs would take SMs from
+        its later waves)."""
         self.layout = LayoutKernel(n_experts, topk, layout, tile)
-        self.gather = GatherQuantKernel(d, skip_padding)
+        self.layout.pdl = pdl
+        self.gather = GatherQuantKernel(d, skip_padding, pdl, trigger=pdl and layout == "masked")
 
     @cute.jit
     def __call__(self, mX, mIdx, mW, mCounts, mPos, mSrc, mExpert, mRowW, mCodes, mScales, stream):
@@ -218,4 +231,4 @@ class Dispatch:
         g = self.gather
         self.gather.kernel(mX, mSrc, mCodes, mScales).launch(
             grid=[cute.ceil_div(mSrc.shape[0], g.rows_per_cta), 1, 1], block=[g.rows_per_cta * g.tpr, 1, 1],
-            stream=stream)
+            stream=stream, use_pdl=g.pdl)

@@ -194,7 +194,8 @@ class MoeLayerVariant(MoeCuteDSL):
     `cutedsl:v1` the whole v1 path (that widening, the promotion's scales read after the wgmma wait, the
     masked layout's padding rows gathered as zeros, and the count read-back, a host sync, in every call):
     the A/Bs of the v2 changes; `cutedsl:tiled-b` reads the weight codes in load-time 16 KB tiles (one
-    contiguous read a stage instead of 256 64-byte pieces): the DRAM-locality A/B (docs/perf/moe.md)."""
+    contiguous read a stage instead of 256 64-byte pieces): the DRAM-locality A/B; `cutedsl:pdl` launches the
+    gather, both GEMMs and combine with programmatic dependent launch (docs/perf/moe.md)."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
@@ -210,5 +211,6 @@ register_impl(MoeLayerVariant("serial", {"overlap": False}))
 register_impl(MoeLayerVariant("ko-no-widen", {"ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("widen-v1", {"widen": "v1"}))
 register_impl(MoeLayerVariant("tiled-b", {"tiled_b": True}))
+register_impl(MoeLayerVariant("pdl", {"pdl": True}))
 register_impl(MoeLayerVariant("v1", {"widen": "v1", "early_scales": False, "skip_padding": False}, sync=True))
 peers.register()

@@ -32,7 +32,8 @@ def _rowmajor(dtype, shape, align=16):
                                     assumed_align=align)
 
 
-def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str = "sm_90a", skip_padding: bool = False):
+def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str = "sm_90a", skip_padding: bool = False,
+                     pdl: bool = False):
     """One compile per (E, k, D, layout); tokens and layout rows are runtime sizes. skip_padding: the padding
     rows' codes and scales are left unwritten (the layer's masked layout; the dispatch op writes them)."""
     t, n, rows = cute.sym_int(), cute.sym_int(), cute.sym_int()
@@ -42,12 +43,12 @@ def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str =
     args = (x, _flat(cutlass.Int32, n), _flat(cutlass.Float32, n), _flat(cutlass.Int32, n_experts),
             _flat(cutlass.Int32, n), _flat(cutlass.Int32, rows), _flat(cutlass.Int32, rows),
             _flat(cutlass.Float32, rows), make_fake_tensor(cutlass.Uint8, (rows, d), (d, 1), assumed_align=16), scales)
-    return compile_kernel(Dispatch(n_experts, topk, d, layout, TILE_M, skip_padding), *args, arch=arch)
+    return compile_kernel(Dispatch(n_experts, topk, d, layout, TILE_M, skip_padding, pdl), *args, arch=arch)
 
 
-def compile_combine(d: int, topk: int, arch: str = "sm_90a"):
+def compile_combine(d: int, topk: int, arch: str = "sm_90a", pdl: bool = False):
     t, rows = cute.sym_int(), cute.sym_int()
-    return compile_kernel(CombineKernel(d, topk), _rowmajor(cutlass.BFloat16, (rows, d)),
+    return compile_kernel(CombineKernel(d, topk, pdl), _rowmajor(cutlass.BFloat16, (rows, d)),
                           _rowmajor(cutlass.Int32, (t, topk), align=4), _rowmajor(cutlass.BFloat16, (t, d)),
                           _rowmajor(cutlass.BFloat16, (t, d)), arch=arch)
 

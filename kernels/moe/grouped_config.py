@@ -48,6 +48,10 @@ class GroupedConfig:
     # one contiguous 16 KB read instead of bn 64-byte pieces 2 KB (L1) / 1 KB (L2) apart (variant
     # `cutedsl:tiled-b`: the DRAM-locality A/B; kernels/moe/layer.tiled_codes)
     tiled_b: bool = False
+    # programmatic dependent launch (variant `cutedsl:pdl`): launched with PDL, barrier init and descriptor
+    # prefetch before griddepcontrol.wait, dependents triggered right after it (kernels/moe/layer.py
+    # passes the flag to dispatch's gather and to combine too)
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:

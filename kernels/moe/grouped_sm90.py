@@ -152,7 +152,7 @@ class GroupedSm90(GroupedEpilogues):
         self.kernel(tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
                     mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout,
                     sSA_layout, Storage).launch(grid=(cutlass.min(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
-                                                min_blocks_per_mp=1, stream=stream)
+                                                min_blocks_per_mp=1, stream=stream, use_pdl=c.pdl)
 
     @cute.jit
     def _work(self, st, mGroup, n_groups, tiles_m, mg, tidx):
@@ -258,6 +258,9 @@ class GroupedSm90(GroupedEpilogues):
         n_groups = cute.size(gA_t, mode=[2])
 
         pipeline_init_wait(cluster_shape_mn=(1, 1))
+        if cutlass.const_expr(c.pdl):  # the set-up above overlapped the previous kernel's tail
+            cute.arch.griddepcontrol_wait()  # before the first global access (counts, x, h, outputs)
+            cute.arch.griddepcontrol_launch_dependents()  # the next kernel's CTAs take SMs as ours exit
         units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)

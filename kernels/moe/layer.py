@@ -91,10 +91,11 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         raise ValueError(SM90_ONLY)
     knobs = dict(knobs)
     skip = layout == "masked" and knobs.pop("skip_padding", True)
-    return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip),
+    pdl = knobs.get("pdl", False)
+    return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl),
                           "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs),
                           "l2": compile_grouped(layout, "bf16", d, i, arch, **knobs),
-                          "combine": compile_combine(d, topk, arch)}, knobs.get("tiled_b", False))
+                          "combine": compile_combine(d, topk, arch, pdl)}, knobs.get("tiled_b", False))
 
 
 # ---------------------------------------------------------------- views and calls

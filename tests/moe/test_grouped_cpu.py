@@ -155,7 +155,8 @@ def test_kernel_math_matches_the_reference(layout):
                                                    ("masked", "swiglu", {"widen": "v1"}),
                                                    ("masked", "bf16", {"widen": "v1", "early_scales": False}),
                                                    ("masked", "swiglu", {"tiled_b": True}),
-                                                   ("contiguous", "bf16", {"tiled_b": True})])
+                                                   ("contiguous", "bf16", {"tiled_b": True}),
+                                                   ("masked", "swiglu", {"pdl": True})])
 def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
     monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
     compiled = compile_grouped(layout, epilogue, 512, 256, **knobs)
@@ -168,6 +169,31 @@ def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
         rc, log = ptxas.run_ptxas(exe, artifact(compiled, "__ptx__"), "sm_90a")
         serialized, _ = ptxas.parse(log)
         assert rc == 0 and serialized == []
+
+
+def test_pdl_variant_waits_before_any_global_access():
+    """cutedsl:pdl: every kernel launched after the first waits (griddepcontrol.wait) before touching global
+    memory; the SASS of each dependent has its wait (ACQBULK) ahead of its first global load / TMA."""
+    import re
+
+    from dsv4bench.compile.sass import sass_of
+    from kernels.moe.glue import compile_combine, compile_dispatch
+    kernels = {"l1": compile_grouped("masked", "swiglu", 512, 256, pdl=True),
+               "l2": compile_grouped("masked", "bf16", 256, 256, pdl=True),
+               "dispatch": compile_dispatch(4, 6, 256, "masked", skip_padding=True, pdl=True),
+               "combine": compile_combine(256, 6, pdl=True)}
+    sass = {k: sass_of(v) for k, v in kernels.items()}
+    if sass["l1"] is None:
+        pytest.skip("no nvdisasm")
+    for name, text in sass.items():
+        bodies = re.split(r"\n\.text\.", text)[1:] or [text]
+        if name == "dispatch":  # layout (not PDL-launched, triggers) and gather (waits)
+            bodies = [b for b in bodies if "Gather" in b[:200]]
+        for body in bodies:
+            lines = body.splitlines()
+            first_wait = next(i for i, l in enumerate(lines) if "ACQBULK" in l)
+            first_global = next(i for i, l in enumerate(lines) if re.search(r"\b(LDG|STG|UTMALDG|LDGSTS)\b", l))
+            assert first_wait < first_global, name
 
 
 def test_v2_widening_uses_16_byte_shared_memory_vectors():
@@ -199,6 +225,7 @@ def test_layer_variants_are_declared():
     assert v1.checked and widen_v1.checked
     assert v1.check_fits and not widen_v1.check_fits and not ours.check_fits
     assert get_impl("moe", "cutedsl:tiled-b").knobs == {"tiled_b": True}
+    assert get_impl("moe", "cutedsl:pdl").knobs == {"pdl": True}
 
 
 def test_sm100a_is_unsupported_with_the_reason():
