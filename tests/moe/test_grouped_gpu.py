@@ -119,7 +119,7 @@ def test_layer_passes_the_rule(case, gpu_check):
 VARIANT_CASES = [LAYER[0], LAYER[2], LAYER[6], LAYER[-1]]  # Flash T = 1, 64 (masked), 4096; a drawn contiguous one
 
 
-@pytest.mark.parametrize("variant", ["cutedsl:v1", "cutedsl:widen-v1", "cutedsl:tiled-b"])
+@pytest.mark.parametrize("variant", ["cutedsl:v1", "cutedsl:widen-v1", "cutedsl:tiled-b", "cutedsl:pdl"])
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=[c.id for c in VARIANT_CASES])
 def test_layer_variants_pass_the_rule(case, variant, gpu_check):
     """The A/B variants the sweep times next to `cutedsl` (docs/perf/moe.md v2) are correct layers too."""
