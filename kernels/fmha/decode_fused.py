@@ -33,7 +33,9 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_fake_tensor
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.utils import LayoutEnum
 
 from kernels.bits import bits_f32
@@ -43,18 +45,40 @@ from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.regs import pin
 from kernels.trace import record
 
+@dsl_user_op
+def e4m3x2_to_bf16x2(w, sel: int, scale2, *, loc=None, ip=None) -> Int32:
+    """Two e4m3 codes (bytes of w picked by the prmt selector `sel`: 0x9180 bytes 0-1, 0xB3A2 bytes
+    2-3) -> bf16x2 of code * 2^(e - 127), scale2 = bf16x2 of 2^(e - 7): prmt puts each byte under a
+    copy of its sign (0xSSbb), << 4 and the mask 0x87f0 leave sign | exponent-and-mantissa << 4, which
+    read as a bf16 is the code * 2^-120 for every e4m3 value (subnormals and zero included), then one
+    mul.rn.bf16x2. Exact while e <= 134 (2^(e - 7) a finite bf16; a scale above 2^7 is an amax above
+    57344); the bf16 product of a code subnormal at 2^-120 relies on bf16 mul keeping subnormals."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(w).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .b32 t;\n"
+        f"prmt.b32 t, $1, 0, {sel:#x};\n"
+        "shl.b32 t, t, 4;\nand.b32 t, t, 0x87f087f0;\nmul.rn.bf16x2 $0, t, $2;\n}",
+        "=r,r,r", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
 ROWS_PER_BATCH = 4  # rows of a thread whose loads are in flight together (registers: ~9 per row)
-REG_SPLIT = (104, 200)  # setmaxnreg (producer, consumer): the producer holds a batch of raw rows
+REG_SPLIT = (88, 208)  # setmaxnreg (producer, consumer): the consumers spill at 200; 3 x 128 x (88 + 2 x 208) <= 64K
 
 
 class FusedDecodeSm90(GatherAttentionSm90):
     """The key-split attention kernel (d = dv = 512, V = K) with the FP8-gathering producer."""
 
-    def __init__(self, cfg: Config, rows_per_batch: int = ROWS_PER_BATCH, reg_split: tuple = REG_SPLIT):
+    def __init__(self, cfg: Config, rows_per_batch: int = ROWS_PER_BATCH, reg_split: tuple = REG_SPLIT,
+                 fast_cvt: bool = False):
+        """fast_cvt: the codes' conversion by `e4m3x2_to_bf16x2` (2 instructions a value, zero-fill on
+        the codes' 2 registers) instead of e4m3 -> f16 -> f32, x 2^(e - 127), -> bf16 (3, zero-fill on
+        the 4 outputs)."""
         assert cfg.key_split and cfg.d == 512, cfg
         super().__init__(cfg)
         self.rows_per_batch = rows_per_batch
         self.fused_regs = reg_split
+        self.fast_cvt = fast_cvt
 
     @cute.jit
     def __call__(
@@ -289,13 +313,24 @@ class FusedDecodeSm90(GatherAttentionSm90):
                 r = t // 8 + 8 * (b * br + i)
                 for sg in cutlass.range_constexpr(4):
                     vals = cute.make_rmem_tensor((8,), BFloat16)
-                    if cutlass.const_expr(sg < n_code):
-                        s = bits_f32(Int32(scl[sg, i]) << 23)  # ue8m0: 2^(e - 127)
-                        vals.store((raw[None, sg, i].load().to(Float32) * s).to(BFloat16))
+                    if cutlass.const_expr(sg < n_code and self.fast_cvt):
+                        e = Int32(scl[sg, i])
+                        half = (e + 120) << 7  # bf16 bits of 2^(e - 7)
+                        scale2 = half | (half << 16)
+                        words = cute.recast_tensor(raw, Int32)  # (2, 4, br): 4 codes a word
+                        out = cute.recast_tensor(vals, Int32)  # (4,): 2 bf16 a word
+                        for wd in cutlass.range_constexpr(2):
+                            w = cutlass.select_(vs[i] >= 0, words[wd, sg, i], Int32(0))
+                            out[2 * wd] = e4m3x2_to_bf16x2(w, 0x9180, scale2)
+                            out[2 * wd + 1] = e4m3x2_to_bf16x2(w, 0xB3A2, scale2)
                     else:
-                        vals.store(rp[None, i].load())
-                    if vs[i] < 0:
-                        vals.fill(0.0)
+                        if cutlass.const_expr(sg < n_code):
+                            s = bits_f32(Int32(scl[sg, i]) << 23)  # ue8m0: 2^(e - 127)
+                            vals.store((raw[None, sg, i].load().to(Float32) * s).to(BFloat16))
+                        else:
+                            vals.store(rp[None, i].load())
+                        if vs[i] < 0:
+                            vals.fill(0.0)
                     chunk = (h * 4 + sg) * 8 + t % 8
                     cute.copy(st_atom, vals, cute.local_tile(dst[r, None], (8,), (chunk,)))
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma

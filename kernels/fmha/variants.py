@@ -159,11 +159,13 @@ class FmhaEmptyGrid(EmptyGridMixin, FmhaVariant):
 class FmhaFusedDecode(FmhaCuteDSL):
     """`op: decode_fp8` by the fused kernel (v2: decode_fused.py, one attention launch whose producer
     dequantises the FP8 rows, + the combine) instead of v1's three launches: a real answer, checked.
-    `cutedsl:fused-b2`: the same with 2 rows per load batch instead of 4 (fewer registers, less in flight).
+    `cutedsl:fused-b2`: the same with 2 rows per load batch instead of 4 (fewer registers, less in flight);
+    `cutedsl:fused-cvt`: the codes converted by prmt + mul.bf16x2 (decode_fused.e4m3x2_to_bf16x2).
     To make v2 the default: `FmhaCuteDSL.compile` / `_run_decode` call compile_fused / run_fused."""
 
     name, variant = "cutedsl:fused", "fused"
     rows_per_batch: int | None = None
+    fast_cvt = False
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case.get("op", "attention") != "decode_fp8":
@@ -175,7 +177,7 @@ class FmhaFusedDecode(FmhaCuteDSL):
 
     def compile(self, case: Case, arch: str):
         from kernels.fmha.decode_glue import compile_fused
-        return compile_fused(case["h_q"], arch, self.rows_per_batch)
+        return compile_fused(case["h_q"], arch, self.rows_per_batch, self.fast_cvt)
 
     def _run_decode(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         from kernels.fmha.decode_glue import FusedWorkspace, run_fused
@@ -197,4 +199,8 @@ class FmhaFusedDecodeB2(FmhaFusedDecode):
 
 
 VARIANTS = (FmhaNoGather, FmhaNoSoftmax, FmhaNoMath, FmhaNoMufu, FmhaEmptyGrid)
-DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2)  # checked variants: real answers, decode_fp8 only
+class FmhaFusedDecodeCvt(FmhaFusedDecode):
+    name, variant, fast_cvt = "cutedsl:fused-cvt", "fused-cvt", True
+
+
+DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt)  # checked variants: real answers, decode_fp8 only

@@ -253,14 +253,18 @@ def test_fused_slot_rule_reproduces_the_oracle(kw, sms):
     assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
 
 
+@pytest.mark.parametrize("form", [(4, False, 128), (2, False, 32), (4, True, 16)], ids=["fused", "b2", "cvt"])
 @pytest.mark.parametrize("h_q", [64, 128])
-def test_fused_decode_compiles_for_sm90a_without_gpu(h_q):
-    """v2 compiles; its producer (setmaxnreg 88) spills a few per-pair scalars (reported, bounded: the
-    rows' codes must stay in registers), the consumers none."""
-    for name, compiled in compile_fused(h_q, "sm_90a").kernels.items():
-        info = parse_cubin(compiled.__cubin__)
-        print(name, info)
-        assert info.cubin_bytes > 0 and info.local_bytes <= (256 if name == "fused" else 0), info
+def test_fused_decode_compiles_for_sm90a_without_gpu(h_q, form):
+    """v2 and its variants compile (setmaxnreg 88 / 208). Local memory is bounded per form: the default
+    conversion spills ~100 B of per-pair producer scalars at 4 rows a batch, the 2-row form ~16 B, the
+    prmt conversion none in the producer; the consumers' 16 B are epilogue values (once per CTA)."""
+    rows, fast, bound = form
+    compiled = compile_fused(h_q, "sm_90a", rows, fast).kernels
+    for name, k in compiled.items():
+        info = parse_cubin(k.__cubin__)
+        print(name, form, info)
+        assert info.cubin_bytes > 0 and info.local_bytes <= (bound if name == "fused" else 0), info
 
 
 def test_fused_impl_is_a_checked_decode_variant():
@@ -269,5 +273,38 @@ def test_fused_impl_is_a_checked_decode_variant():
     impl = get_impl("fmha", "cutedsl:fused")
     case = Case("fmha", space._decode(h_q=128, b=64))
     assert impl.checked and impl.variant == "fused" and impl.supports(case) is None
+    assert get_impl("fmha", "cutedsl:fused-cvt").fast_cvt and get_impl("fmha", "cutedsl:fused-b2").rows_per_batch == 2
     assert impl.supports(Case("fmha", space._sparse())) is not None
     assert impl.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
+
+
+def _prmt_sign_rep(w: torch.Tensor, sel: int) -> torch.Tensor:
+    """PTX prmt.b32 d, w, 0, sel (default mode) on int64-held words: nibble i of sel picks byte i of
+    d from {w, 0}; its bit 3 replicates the sign bit of the picked byte instead."""
+    src = [(w >> (8 * k)) & 0xFF for k in range(4)] + [torch.zeros_like(w)] * 4
+    d = torch.zeros_like(w)
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = src[nib & 7]
+        if nib & 8:
+            byte = torch.where(byte & 0x80 != 0, 0xFF, 0)
+        d |= byte << (8 * i)
+    return d
+
+
+@pytest.mark.parametrize("e", [1, 60, 110, 120, 127, 134])
+def test_fast_e4m3_conversion_is_exact(e):
+    """decode_fused.e4m3x2_to_bf16x2's bit recipe, emulated: every finite e4m3 code (subnormals and zero
+    included) times 2^(e - 127) exactly, for ue8m0 exponents up to 134."""
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.int64)
+    pairs = codes.view(-1, 2)  # two codes a bf16x2 (bytes 0 and 1 of the word)
+    w = pairs[:, 0] | (pairs[:, 1] << 8) | (0xAB << 16) | (0xCD << 24)  # bytes 2-3: the other selector's
+    t = ((_prmt_sign_rep(w, 0x9180) << 4) & 0x87F087F0) & 0xFFFFFFFF
+    lanes = torch.stack([t & 0xFFFF, t >> 16], 1).reshape(-1).to(torch.int32).to(torch.int16)
+    raw = lanes.view(torch.bfloat16).float()
+    scale2 = torch.tensor([(e + 120) << 7], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    got = (raw * scale2).to(torch.bfloat16)  # mul.rn.bf16x2: the product rounded to bf16
+    want = (codes.to(torch.uint8).view(torch.float8_e4m3fn).float() * 2.0 ** (e - 127)).to(torch.bfloat16)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    hi = ((_prmt_sign_rep(w, 0xB3A2) << 4) & 0x87F087F0) & 0xFFFFFFFF  # bytes 2-3 go to the other word
+    assert int(hi[0]) == ((0xCD & 0x7F) << 20 | (0xCD >> 7) << 31 | (0xAB & 0x7F) << 4 | (0xAB >> 7) << 15)

@@ -1,4 +1,5 @@
-"""FP8-cache sparse decode on a GPU: our three launches (kernels/fmha/decode_glue.py) against the
+"""FP8-cache sparse decode on a GPU: our three launches (v1, kernels/fmha/decode_glue.py) and the fused
+kernel (v2, decode_fused.py: `cutedsl:fused`, `-cvt`, `-b2`) against the
 dequantised FP32 oracle by the harness rule (docs/benchmarking.md), on the issue's grid (Flash and
 Pro, 1-128 requests; the 128K contexts at 1 and 128 requests) and hypothesis draws (ragged
 lengths, -1 indices, fewer valid keys than top-k, duplicates, pages of 61); the split-KV path and
@@ -26,8 +27,8 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
-IMPLS = {"cutedsl": IMPL, "cutedsl:fused": get_impl("fmha", "cutedsl:fused"),
-         "cutedsl:fused-b2": get_impl("fmha", "cutedsl:fused-b2")}  # v1; v2 (decode_fused.py) and its b2 form
+IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name)  # v1; v2 (decode_fused.py) and its forms
+         for name in ("cutedsl", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt")}
 _compiled: dict = {}
 
 
@@ -51,7 +52,7 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:fused"])
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:fused", "cutedsl:fused-cvt"])
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
@@ -71,9 +72,10 @@ def test_fused_b2_matches_dequantised_oracle(case):
     _check(case, x, res, "cutedsl:fused-b2")
 
 
+@pytest.mark.parametrize("impl", ["cutedsl:fused", "cutedsl:fused-cvt"])
 @pytest.mark.parametrize("split", [(1, None), (2, None), (None, 128)])
 @pytest.mark.parametrize("k0", [128, 100])
-def test_fused_splits_and_unaligned_window(split, k0):
+def test_fused_splits_and_unaligned_window(split, k0, impl):
     """The fused kernel: one split (sink in the kernel), two, one 128-key pair per split; a window list
     that is not a whole number of tiles (cache 0 padded: a tile never mixes the caches)."""
     case = Case("fmha", space._decode(h_q=128, b=3, ctx=4096, k=1024, window=k0, invalid=0.1, ragged=True))
@@ -85,11 +87,11 @@ def test_fused_splits_and_unaligned_window(split, k0):
     if chunk is None:
         chunk = -(-n // n_split // 128) * 128
     n_split = -(-n // chunk)
-    run_fused(_compiled_for(case, "cutedsl:fused"), FusedWorkspace(), x["q"], (x["cache0"], x["cache1"]),
+    run_fused(_compiled_for(case, impl), FusedWorkspace(), x["q"], (x["cache0"], x["cache1"]),
               (x["idx0"], x["idx1"]), (x["len0"], x["len1"]), x["sink"], out["out"], out["lse"], 132,
               split=(n_split, chunk))
     torch.cuda.synchronize()
-    _check(case, x, out, f"fused split={n_split}x{chunk}")
+    _check(case, x, out, f"{impl} split={n_split}x{chunk}")
 
 
 @pytest.mark.parametrize("sms", [1, 16, 132, 100000])
