@@ -78,6 +78,8 @@ def check_dispatch(x, idx, weights, out: dict, n_experts: int, max_m: int | None
         raise ValueError(f"idx must be contiguous int32 [T, k] with T = {x.shape[0]}, got {idx.dtype} {tuple(idx.shape)}")
     if weights.dtype != torch.float32 or weights.shape != idx.shape or not weights.is_contiguous():
         raise ValueError(f"weights must be contiguous fp32 {tuple(idx.shape)}, got {weights.dtype} {tuple(weights.shape)}")
+    if not outputs:
+        return
     want = alloc_dispatch(x.shape[0], idx.shape[1], n_experts, x.shape[1], max_m, "meta")
     for name in OUTPUTS:
         got = out[name]

@@ -275,8 +275,8 @@ class GroupedSm90(GroupedEpilogues):
                             cute.copy(tma_a, tAg[(None, mt * W + w, kb, g)], tAs[(None, state.index * W + w)],
                                       tma_bar_ptr=bar)
                         if cutlass.const_expr(c.tiled_b):  # one contiguous 16 KB tile
-                            cute.copy(tma_b, tBg[(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)], tBs[(None, state.index)],
-                                      tma_bar_ptr=bar)
+                            b_tile = (e * tiles_n + nt) * n_kb + kb
+                            cute.copy(tma_b, tBg[(None, 0, 0, b_tile)], tBs[(None, state.index)], tma_bar_ptr=bar)
                         else:
                             cute.copy(tma_b, tBg[(None, nt, kb, e)], tBs[(None, state.index)], tma_bar_ptr=bar)
                         cute.copy(tma_sh, tHg[(None, nt, kb, e)], tHs[(None, state.index)], tma_bar_ptr=bar)

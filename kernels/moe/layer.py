@@ -20,7 +20,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.expert_weights import GroupedWeight, prepare_layer, widen_table
-from kernels.moe.glue import alloc_dispatch, check_fits, compile_combine, compile_dispatch, run_combine, run_dispatch
+from kernels.moe.glue import alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch
 from kernels.moe.grouped_config import BN, MAX_GROUPS, WIDEN_TABLE_WORDS, choose
 from kernels.moe.grouped_sm90 import grouped_kernel
 
@@ -174,6 +174,41 @@ def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, ou
     compiled(a, sa, b, sh, sw, _table(codes.device), group, row_w, o, os_, sm_count(codes.device))
 
 
+_VIEWS = {False: Prepared(size=2), True: Prepared(size=2)}  # weight views per (weight, tiled): L1 and L2
+_PLAN: dict = {}  # the last call's workspace and views (one key: a new shape or stream replaces it)
+
+
+def _weight_args(w: GroupedWeight, tiled: bool) -> tuple:
+    return _VIEWS[tiled].get((w.codes, w.shift, w.col_scale), lambda: weight_views(w, tiled))
+
+
+def _plan(t: int, topk: int, n_experts: int, d: int, i: int, max_m: int | None, device) -> dict:
+    """The layer's intermediate buffers (dispatch layout, h and its scales, L2's rows) and the kernels'
+    views of them, made once per (shape, device, stream) and reused while the calls keep that key (stream
+    order makes the reuse safe; v1 allocated them and rebuilt every view in each call: host time that the
+    GPU waits for at decode). Only the last key is kept, so a sweep over shapes does not pile them up."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (t, topk, n_experts, d, i, max_m, str(device), stream)
+    plan = _PLAN.get(key)
+    if plan is None:
+        _PLAN.clear()
+        lay = alloc_dispatch(t, topk, n_experts, d, max_m, device)
+        rows = lay["src"].numel()
+        h = torch.empty(rows, i, dtype=torch.uint8, device=device)
+        h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
+                          dtype=torch.float32, device=device)
+        y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=device)
+        plan = {"lay": lay, "y_rows": y_rows,
+                "dispatch": (lay["counts"], lay["pos"].view(-1), lay["src"], lay["expert"], lay["row_weight"],
+                             lay["codes"], lay["scales"] if max_m is not None else lay["scales"].unsqueeze(0)),
+                "group": lay["counts"] if max_m is not None else lay["expert"],
+                "l1_act": act_views(lay["codes"], lay["scales"], max_m), "l1_out": (h, act_views(h, h_s, max_m)[1]),
+                "l2_act": act_views(h, h_s, max_m), "l2_out": (y_rows.view(torch.int32), _unused_scales(device)),
+                "ctx": (_table(device), sm_count(device))}
+        _PLAN[key] = plan
+    return plan
+
+
 def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, n_experts: int, max_m: int | None,
               y: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
     """y = bf16(Σ_k expert_k(x) · w_k + shared) through our four kernels; experts = (w1, s1, w3, s3, w2, s2).
@@ -184,23 +219,29 @@ def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, 
     token's k experts are distinct (the router's top-k), >= T * k otherwise, or the largest count, as the
     family's cases size it (kernels/moe/inputs.max_m). v1 always checked: the sync put the host's launch
     overhead and the read-back in the timed region (decode: 44-426 us between the kernels' 65-650 us and
-    the measured time, docs/perf/moe.md v2)."""
+    the measured time, docs/perf/moe.md v2).
+
+    The intermediate buffers and every view the kernels take are made once per shape (`_plan`), the
+    weights' views once per weight: a call checks its arguments and makes four launches."""
     k = compiled.kernels
     l1w, l2w = layer_weights(*experts)
     t, d = x.shape
     i = l1w.shape[1] // 2
-    lay = alloc_dispatch(t, idx.shape[1], n_experts, d, max_m, x.device)
-    run_dispatch(k["dispatch"], x, idx, weights, lay, n_experts, max_m, check_outputs=False)
-    rows = lay["src"].numel()
-    group = lay["counts"] if max_m is not None else lay["expert"]
-    h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
-    h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
-                      dtype=torch.float32, device=x.device)
-    run_grouped(k["l1"], lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True,
-                compiled.tiled_b)
-    y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
-    run_grouped(k["l2"], h, h_s, l2w, group, lay["row_weight"], y_rows, None, max_m, False, compiled.tiled_b)
-    out = run_combine(k["combine"], y_rows, lay["pos"], shared, torch.empty_like(shared) if y is None else y)
+    if max_m is not None and n_experts > MAX_GROUPS:
+        raise ValueError(f"{n_experts} experts: the masked kernel's work list holds at most {MAX_GROUPS}")
+    check_dispatch(x, idx, weights, {}, n_experts, max_m, outputs=False)
+    out = torch.empty_like(shared) if y is None else y
+    for name, v in (("shared", shared), ("y", out)):
+        if v.dtype != torch.bfloat16 or v.shape != x.shape or not v.is_contiguous():
+            raise ValueError(f"{name} must be contiguous bf16 {tuple(x.shape)}, got {v.dtype} {tuple(v.shape)}")
+    p = _plan(t, idx.shape[1], n_experts, d, i, max_m, x.device)
+    table, n_sms = p["ctx"]
+    k["dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
+    k["l1"](*p["l1_act"], *_weight_args(l1w, compiled.tiled_b), table, p["group"], p["lay"]["row_weight"],
+            *p["l1_out"], n_sms)
+    k["l2"](*p["l2_act"], *_weight_args(l2w, compiled.tiled_b), table, p["group"], p["lay"]["row_weight"],
+            *p["l2_out"], n_sms)
+    k["combine"](p["y_rows"], p["lay"]["pos"], shared, out)
     if check and max_m is not None:
-        check_fits(lay["counts"], max_m)
+        check_fits(p["lay"]["counts"], max_m)
     return out

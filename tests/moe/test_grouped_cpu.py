@@ -255,6 +255,58 @@ def test_kernel_views_have_the_compiled_strides(max_m):
     assert sw.shape == (n, kb, e) and sw.stride() == (1, n, n * kb)
 
 
+@pytest.mark.parametrize("max_m", [None, 32])
+def test_layer_call_hands_the_kernels_what_the_v1_path_did(max_m, monkeypatch):
+    """run_layer's planned call (buffers and views made once per shape, v2) passes each kernel arguments of
+    the shapes, strides and dtypes the v1 path (run_dispatch / run_grouped / run_combine, fresh buffers)
+    did, on the same buffers across calls; recorded with fake kernels on the CPU."""
+    from kernels.moe import layer as L
+    from kernels.moe.glue import alloc_dispatch, run_combine, run_dispatch
+    monkeypatch.setattr(L, "sm_count", lambda device: 132)
+    e, d, i, t = 4, 256, 256, 19
+    g = torch.Generator().manual_seed(2)
+    ex = make_experts(e, d, i, g, "cpu")
+    experts = (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
+    x = torch.randn(t, d, generator=g).bfloat16()
+    idx = torch.stack([torch.randperm(e, generator=g) for _ in range(t)]).int()
+    idx = torch.cat([idx, idx[:, :2]], 1)
+    w = torch.rand(t, 6, generator=g)
+    shared = torch.zeros(t, d, dtype=torch.bfloat16)
+    calls = []
+
+    def fake(name):
+        return lambda *args: calls.append((name, args))
+    compiled = L.CompiledLayer({n: fake(n) for n in ("dispatch", "l1", "l2", "combine")})
+    for _ in range(2):
+        L.run_layer(compiled, x, idx, w, shared, experts, e, max_m, check=False)
+    new, again = calls[:4], calls[4:]
+    calls.clear()
+    l1w, l2w = L.layer_weights(*experts)
+    lay = alloc_dispatch(t, 6, e, d, max_m, "cpu")
+    run_dispatch(fake("dispatch"), x, idx, w, lay, e, max_m)
+    rows = lay["src"].numel()
+    group = lay["counts"] if max_m else lay["expert"]
+    h = torch.empty(rows, i, dtype=torch.uint8)
+    hs = torch.empty((i // 128, rows) if max_m is None else (e, i // 128, max_m))
+    y_rows = torch.empty(rows, d, dtype=torch.bfloat16)
+    L.run_grouped(fake("l1"), lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, hs, max_m, True)
+    L.run_grouped(fake("l2"), h, hs, l2w, group, lay["row_weight"], y_rows, None, max_m, False)
+    run_combine(fake("combine"), y_rows, lay["pos"], shared, torch.empty_like(shared))
+    old = calls
+
+    def desc(a):
+        return (tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+    for (n_new, a_new), (n_old, a_old), (_, a_again) in zip(new, old, again):
+        assert n_new == n_old and len(a_new) == len(a_old), n_new
+        for j, (p, q, r) in enumerate(zip(a_new, a_old, a_again)):
+            if j == 0 and n_new == "dispatch" or isinstance(p, torch.Tensor) and p.data_ptr() == x.data_ptr():
+                continue
+            assert desc(p) == desc(q), (n_new, j)
+            if isinstance(p, torch.Tensor) and (n_new, j) != ("combine", 3):  # y: a new output a call (y=None)
+                # the same buffers (or the same weight / table) on the next call
+                assert p.data_ptr() == r.data_ptr(), (n_new, j)
+
+
 @pytest.mark.parametrize("n", [512, 384])  # 384: the last 256-row tile half real (L2 with D % 256 == 128)
 def test_tiled_codes_hold_each_fp4_tile_contiguously(n):
     """tiled_b's load-time layout: tile (e, n tile, K block) of the (BN, 64, tiles) view is the codes' rows

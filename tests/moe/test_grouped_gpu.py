@@ -80,8 +80,8 @@ def test_grouped_gemms_match_the_model(shape, layout, knobs):
     run_grouped(compile_grouped(layout, "swiglu", 2 * i, d, **knobs), lay["codes"], lay["scales"], l1w, group,
                 lay["row_weight"], h, hs, max_m, True, tiled)
     y = torch.zeros(rows, d, dtype=torch.bfloat16, device="cuda")
-    run_grouped(compile_grouped(layout, "bf16", d, i, **knobs), h, hs, l2w, group, lay["row_weight"], y, None, max_m, False,
-                tiled)
+    run_grouped(compile_grouped(layout, "bf16", d, i, **knobs), h, hs, l2w, group, lay["row_weight"], y, None, max_m,
+                False, tiled)
     torch.cuda.synchronize()
 
     cpu = {k: v.cpu() for k, v in lay.items()}
