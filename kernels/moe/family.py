@@ -29,7 +29,7 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
-from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
+from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
 from sweeps import moe as space
 
@@ -154,7 +154,8 @@ class MoeCuteDSL(Impl):
         return None if case["i"] % 128 == 0 else f"I={case['i']} must be a multiple of 128 (L1's 256-row tile)"
 
     knobs: dict = {}  # GroupedConfig overrides (declared variants)
-    check_fits = False  # the layer's count read-back (a host sync; variant `cutedsl:sync` keeps v1's)
+    check_fits = False  # the layer's count read-back (a host sync; variant `cutedsl:v1` keeps v1's)
+    planned = True  # buffers and views made once per shape (variant `cutedsl:v1`: v1's per-call host path)
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         if case["op"] == "layer":
@@ -175,8 +176,9 @@ class MoeCuteDSL(Impl):
         if case["op"] == "layer":
             experts = tuple(inputs[n] for n in WEIGHT_NAMES)
             # max_m is the case's largest count (inputs.max_m): it fits by construction, so no read-back
-            run_layer(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
-                      case_max_m(case), out["out"], check=self.check_fits)
+            run = run_layer if self.planned else run_layer_unplanned
+            run(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
+                case_max_m(case), out["out"], check=self.check_fits)
             return out
         if case["op"] == "dispatch":
             return run_dispatch(compiled, inputs["x"], inputs["idx"], inputs["weights"], out, case["e"],
@@ -192,14 +194,15 @@ class MoeLayerVariant(MoeCuteDSL):
     knock-out: timed, never compared), so its gap to `cutedsl` is what the widening costs;
     `cutedsl:widen-v1` the v1 widening (a 4-code lookup per 16 bits, scalar shared-memory words) and
     `cutedsl:v1` the whole v1 path (that widening, the promotion's scales read after the wgmma wait, the
-    masked layout's padding rows gathered as zeros, and the count read-back, a host sync, in every call):
+    masked layout's padding rows gathered as zeros, buffers and views made in every call, and the count
+    read-back, a host sync, in every call):
     the A/Bs of the v2 changes; `cutedsl:tiled-b` reads the weight codes in load-time 16 KB tiles (one
     contiguous read a stage instead of 256 64-byte pieces): the DRAM-locality A/B; `cutedsl:pdl` launches the
     gather, both GEMMs and combine with programmatic dependent launch (docs/perf/moe.md)."""
 
-    def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False):
+    def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False, planned: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
-        self.check_fits = sync
+        self.check_fits, self.planned = sync, planned
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         return super().supports(case, arch) if case["op"] == "layer" else "a variant of the layer's GEMMs only"
@@ -212,5 +215,6 @@ register_impl(MoeLayerVariant("ko-no-widen", {"ablate": "no-widen"}, checked=Fal
 register_impl(MoeLayerVariant("widen-v1", {"widen": "v1"}))
 register_impl(MoeLayerVariant("tiled-b", {"tiled_b": True}))
 register_impl(MoeLayerVariant("pdl", {"pdl": True}))
-register_impl(MoeLayerVariant("v1", {"widen": "v1", "early_scales": False, "skip_padding": False}, sync=True))
+register_impl(MoeLayerVariant("v1", {"widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
+                               planned=False))
 peers.register()

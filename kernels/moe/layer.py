@@ -209,6 +209,32 @@ def _plan(t: int, topk: int, n_experts: int, d: int, i: int, max_m: int | None, 
     return plan
 
 
+def run_layer_unplanned(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, n_experts: int,
+                        max_m: int | None, y: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
+    """run_layer as v1 made each call: fresh buffers and views, every output checked (variant `cutedsl:v1`,
+    the host-path A/B)."""
+    from kernels.moe.glue import run_combine, run_dispatch
+    k = compiled.kernels
+    l1w, l2w = layer_weights(*experts)
+    t, d = x.shape
+    i = l1w.shape[1] // 2
+    lay = alloc_dispatch(t, idx.shape[1], n_experts, d, max_m, x.device)
+    run_dispatch(k["dispatch"], x, idx, weights, lay, n_experts, max_m)
+    rows = lay["src"].numel()
+    group = lay["counts"] if max_m is not None else lay["expert"]
+    h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
+    h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
+                      dtype=torch.float32, device=x.device)
+    run_grouped(k["l1"], lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True,
+                compiled.tiled_b)
+    y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
+    run_grouped(k["l2"], h, h_s, l2w, group, lay["row_weight"], y_rows, None, max_m, False, compiled.tiled_b)
+    out = run_combine(k["combine"], y_rows, lay["pos"], shared, torch.empty_like(shared) if y is None else y)
+    if check and max_m is not None:
+        check_fits(lay["counts"], max_m)
+    return out
+
+
 def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, n_experts: int, max_m: int | None,
               y: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
     """y = bf16(Σ_k expert_k(x) · w_k + shared) through our four kernels; experts = (w1, s1, w3, s3, w2, s2).

@@ -224,6 +224,7 @@ def test_layer_variants_are_declared():
     assert widen_v1.knobs == {"widen": "v1"}
     assert v1.checked and widen_v1.checked
     assert v1.check_fits and not widen_v1.check_fits and not ours.check_fits
+    assert not v1.planned and widen_v1.planned and ours.planned
     assert get_impl("moe", "cutedsl:tiled-b").knobs == {"tiled_b": True}
     assert get_impl("moe", "cutedsl:pdl").knobs == {"pdl": True}
 
