@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.common import compile_kernel
+from kernels.common import Prepared, compile_kernel
 from kernels.fmha.config import LOG2E, Config
 from kernels.fmha.decode_combine import DecodeCombine
 from kernels.fmha.decode_combine import fake_args as combine_fake_args
@@ -143,6 +143,7 @@ class FusedWorkspace:
 
     def __init__(self):
         self.key, self.bufs = None, None
+        self.views = Prepared(size=2)  # each cache's (codes, rope, scales) views: ~10 us of Python a call
 
     def get(self, b: int, h_q: int, n_split: int, chunk: int, device) -> tuple:
         key = (b, h_q, n_split, chunk, device)
@@ -190,7 +191,7 @@ def run_fused(compiled: CompiledDecode, ws: FusedWorkspace, q, caches, indices, 
     o_part, l_part, row_lens, no_sink = ws.get(b, h_q, n_split, chunk, q.device)
     args = []
     for cache, idx, ln in zip(caches, indices, lens):
-        args += [*cache_views(cache), idx, full_lengths(idx) if ln is None else ln]
+        args += [*ws.views.get((cache,), lambda c=cache: cache_views(c)), idx, full_lengths(idx) if ln is None else ln]
     is_split = n_split > 1
     o_dst = o_part if is_split else out[:, None]
     l_dst = l_part if is_split else lse[:, None]
