@@ -91,6 +91,10 @@ class FmhaCuteDSL(Impl):
     archs = ("sm_90a",)
     compiles = True
     kernel_class: type = GatherAttentionSm90  # a declared variant compiles its subclass (variants.py)
+    # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode); (rows per batch,
+    # prmt conversion) = v2, the fused kernel (decode_fused.py, decode_glue.run_fused). The variants
+    # cutedsl:fused / -b2 / -cvt set it; making v2 the default is this line.
+    decode_form: tuple | None = None
 
     def __init__(self, persistent_ctas: int | None = None):
         """persistent_ctas: CTAs of a persistent launch (d <= 256), default one per SM; the tests
@@ -117,12 +121,14 @@ class FmhaCuteDSL(Impl):
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         if case.get("op", "attention") == "decode_fp8":
-            return (self.family, self.name, arch, "decode_fp8", case["h_q"])
+            return (self.family, self.name, arch, "decode_fp8", case["h_q"], self.decode_form)
         return (self.family, self.name, arch, config_for(case))
 
     def compile(self, case: Case, arch: str):
         if case.get("op", "attention") == "decode_fp8":
-            from kernels.fmha.decode_glue import compile_decode
+            from kernels.fmha.decode_glue import compile_decode, compile_fused
+            if self.decode_form is not None:
+                return compile_fused(case["h_q"], arch, *self.decode_form)
             return compile_decode(case["h_q"], arch)
         return compile_config(config_for(case), arch, self.kernel_class)
 
@@ -166,15 +172,17 @@ class FmhaCuteDSL(Impl):
         return out
 
     def _run_decode(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        from kernels.fmha.decode_glue import Workspace, run_decode
+        from kernels.fmha.decode_glue import FusedWorkspace, Workspace, run_decode, run_fused
 
+        fused = self.decode_form is not None
         if self._decode_ws is None:
-            self._decode_ws = Workspace()
+            self._decode_ws = FusedWorkspace() if fused else Workspace()
         sink = inputs.get("sink")
         if sink is None:
             key = (case["h_q"], inputs["q"].device)
             sink = self._no_sink.setdefault(key, torch.full((case["h_q"],), float("-inf"), device=inputs["q"].device))
-        run_decode(compiled, self._decode_ws, inputs["q"], (inputs["cache0"], inputs["cache1"]),
-                   (inputs["idx0"], inputs["idx1"]), (inputs["len0"], inputs["len1"]), sink, out["out"], out["lse"],
-                   sm_count(inputs["q"].device))
+        (run_fused if fused else run_decode)(
+            compiled, self._decode_ws, inputs["q"], (inputs["cache0"], inputs["cache1"]),
+            (inputs["idx0"], inputs["idx1"]), (inputs["len0"], inputs["len1"]), sink, out["out"], out["lse"],
+            sm_count(inputs["q"].device))
         return out

@@ -161,46 +161,24 @@ class FmhaFusedDecode(FmhaCuteDSL):
     dequantises the FP8 rows, + the combine) instead of v1's three launches: a real answer, checked.
     `cutedsl:fused-b2`: the same with 2 rows per load batch instead of 4 (fewer registers, less in flight);
     `cutedsl:fused-cvt`: the codes converted by prmt + mul.bf16x2 (decode_fused.e4m3x2_to_bf16x2).
-    To make v2 the default: `FmhaCuteDSL.compile` / `_run_decode` call compile_fused / run_fused."""
+    To make v2 the default: `FmhaCuteDSL.decode_form` (glue.py) = one of these forms."""
 
     name, variant = "cutedsl:fused", "fused"
-    rows_per_batch: int | None = None
-    fast_cvt = False
+    decode_form = (4, False)  # (rows per load batch, prmt conversion)
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case.get("op", "attention") != "decode_fp8":
             return "the fused FP8 decode kernel: op decode_fp8 only"
         return super().supports(case, arch)
 
-    def compile_key(self, case: Case, arch: str) -> tuple:
-        return (self.family, self.name, arch, "decode_fp8", case["h_q"])
-
-    def compile(self, case: Case, arch: str):
-        from kernels.fmha.decode_glue import compile_fused
-        return compile_fused(case["h_q"], arch, self.rows_per_batch, self.fast_cvt)
-
-    def _run_decode(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        from kernels.fmha.decode_glue import FusedWorkspace, run_fused
-
-        if self._decode_ws is None:
-            self._decode_ws = FusedWorkspace()
-        sink = inputs.get("sink")
-        if sink is None:
-            key = (case["h_q"], inputs["q"].device)
-            sink = self._no_sink.setdefault(key, torch.full((case["h_q"],), float("-inf"), device=inputs["q"].device))
-        run_fused(compiled, self._decode_ws, inputs["q"], (inputs["cache0"], inputs["cache1"]),
-                  (inputs["idx0"], inputs["idx1"]), (inputs["len0"], inputs["len1"]), sink, out["out"], out["lse"],
-                  sm_count(inputs["q"].device))
-        return out
-
 
 class FmhaFusedDecodeB2(FmhaFusedDecode):
-    name, variant, rows_per_batch = "cutedsl:fused-b2", "fused-b2", 2
+    name, variant, decode_form = "cutedsl:fused-b2", "fused-b2", (2, False)
 
 
 VARIANTS = (FmhaNoGather, FmhaNoSoftmax, FmhaNoMath, FmhaNoMufu, FmhaEmptyGrid)
 class FmhaFusedDecodeCvt(FmhaFusedDecode):
-    name, variant, fast_cvt = "cutedsl:fused-cvt", "fused-cvt", True
+    name, variant, decode_form = "cutedsl:fused-cvt", "fused-cvt", (4, True)
 
 
 DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt)  # checked variants: real answers, decode_fp8 only

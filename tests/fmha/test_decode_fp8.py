@@ -273,7 +273,8 @@ def test_fused_impl_is_a_checked_decode_variant():
     impl = get_impl("fmha", "cutedsl:fused")
     case = Case("fmha", space._decode(h_q=128, b=64))
     assert impl.checked and impl.variant == "fused" and impl.supports(case) is None
-    assert get_impl("fmha", "cutedsl:fused-cvt").fast_cvt and get_impl("fmha", "cutedsl:fused-b2").rows_per_batch == 2
+    assert get_impl("fmha", "cutedsl:fused-cvt").decode_form == (4, True)
+    assert get_impl("fmha", "cutedsl:fused-b2").decode_form == (2, False) and FmhaCuteDSL().decode_form is None
     assert impl.supports(Case("fmha", space._sparse())) is not None
     assert impl.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
 
