@@ -181,4 +181,5 @@ class FmhaFusedDecodeCvt(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-cvt", "fused-cvt", (4, True)
 
 
-DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt)  # checked variants: real answers, decode_fp8 only
+# checked variants: real answers, decode_fp8 only
+DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt)
