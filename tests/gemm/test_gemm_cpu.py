@@ -149,6 +149,6 @@ def test_cta_pairs_stay_inside_a_weight_group():
 
 def test_rule_pairs_ctas_only_where_x_is_reread():
     assert choose_config(4096, 7168, 16384).cluster_n == 2
-    assert choose_config(2048, 7168, 16384).cluster_n == 1  # 2 M tiles of 256: the weight stream binds
+    assert choose_config(512, 7168, 16384).cluster_n == 1  # 2 M tiles of 256: the weight stream binds
     assert choose_config(4096, 8 * 1024, 4096, groups=8).cluster_n == 2
     assert choose_config(4096, 3 * 384, 4096, groups=3).cluster_n == 1  # a pair would straddle a group
