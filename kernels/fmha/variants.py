@@ -31,6 +31,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
+from kernels.fmha.decode_fused import FusedDecodeSm90
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.probes import EmptyGridMixin
@@ -181,5 +182,29 @@ class FmhaFusedDecodeCvt(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-cvt", "fused-cvt", (4, True)
 
 
-# checked variants: real answers, decode_fp8 only
-DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt)
+class FusedNoDequant(FusedDecodeSm90):
+    """The fused FP8 decode kernel whose producer only hands the stages over (waits, publishes the
+    indices, arrives): no code loads, no conversion, no stores; the K tiles hold whatever smem held."""
+
+    @cute.jit
+    def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr,
+                      full, empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
+        cute.arch.mbarrier_wait(empty, phase)
+        if cutlass.const_expr(publish):
+            sIdx[t, stage] = mine
+            warp_plain = cutlass.Int32(cute.arch.vote_all_sync(mine >= 0))
+            if t % 32 == 0:
+                sMaskFlag[t // 32, stage] = warp_plain
+        cute.arch.mbarrier_arrive(full)
+
+
+class FmhaFusedNoDequant(FmhaFusedDecode):
+    """Knock-out of v2 (unchecked): the kernel minus its FP8 loads and conversion. fused ~ this: the
+    consumers are the bound; fused >> this: the producer is."""
+
+    name, variant, decode_form = "cutedsl:fused-no-dequant", "fused-no-dequant", (4, False, FusedNoDequant)
+    checked = False
+
+
+# checked variants (real answers) and knock-outs of the FP8 decode, decode_fp8 only
+DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedNoDequant)

@@ -267,6 +267,16 @@ def test_fused_decode_compiles_for_sm90a_without_gpu(h_q, form):
         assert info.cubin_bytes > 0 and info.local_bytes <= (bound if name == "fused" else 0), info
 
 
+def test_fused_knock_out_compiles_and_loads_no_codes():
+    from dsv4bench.compile.sass import find_nvdisasm, sass_of
+    from kernels.fmha.variants import FusedNoDequant
+
+    k = compile_fused(64, "sm_90a", 4, False, FusedNoDequant).kernels["fused"]
+    assert parse_cubin(k.__cubin__).cubin_bytes > 0
+    if find_nvdisasm() is not None:
+        assert "LDG.E.64" not in sass_of(k) and "LDG.E.64" in sass_of(compile_fused(64, "sm_90a").kernels["fused"])
+
+
 def test_fused_impl_is_a_checked_decode_variant():
     from dsv4bench.core.registry import get_impl
 

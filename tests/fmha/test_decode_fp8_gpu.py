@@ -28,7 +28,7 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name)  # v1; v2 (decode_fused.py) and its forms
-         for name in ("cutedsl", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt")}
+         for name in ("cutedsl", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt", "cutedsl:fused-no-dequant")}
 _compiled: dict = {}
 
 
@@ -60,6 +60,15 @@ def test_decode_matches_dequantised_oracle(case, impl):
     res = IMPLS[impl].run(case, x, out, _compiled_for(case, impl))
     torch.cuda.synchronize()
     _check(case, x, res, impl)
+
+
+@pytest.mark.parametrize("case", GRID[:4], ids=[c.id for c in GRID[:4]])
+def test_fused_knock_out_returns(case):
+    """The unchecked knock-out still balances its barriers (it returns)."""
+    x = _inputs(case)
+    out = FAMILY.alloc_outputs(case, "cuda")
+    IMPLS["cutedsl:fused-no-dequant"].run(case, x, out, _compiled_for(case, "cutedsl:fused-no-dequant"))
+    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("case", GRID[:4], ids=[c.id for c in GRID[:4]])
