@@ -70,15 +70,19 @@ class FusedDecodeSm90(GatherAttentionSm90):
     """The key-split attention kernel (d = dv = 512, V = K) with the FP8-gathering producer."""
 
     def __init__(self, cfg: Config, rows_per_batch: int = ROWS_PER_BATCH, reg_split: tuple = REG_SPLIT,
-                 fast_cvt: bool = False):
+                 fast_cvt: bool = False, one_path: bool = False):
         """fast_cvt: the codes' conversion by `e4m3x2_to_bf16x2` (2 instructions a value, zero-fill on
         the codes' 2 registers) instead of e4m3 -> f16 -> f32, x 2^(e - 127), -> bf16 (3, zero-fill on
-        the 4 outputs)."""
+        the 4 outputs). one_path: a tile's cache as tensors over selected base addresses and sizes
+        (`_select_cache`) instead of a branch with a copy of the producer code per cache: ~6.5k instead
+        of ~12k producer instructions (cubin ~190 KB instead of ~280 KB) for a few spilled 64-bit values
+        (with fast_cvt; the f32 conversion spills 216 B with it)."""
         assert cfg.key_split and cfg.d == 512, cfg
         super().__init__(cfg)
         self.rows_per_batch = rows_per_batch
         self.fused_regs = reg_split
         self.fast_cvt = fast_cvt
+        self.one_path = one_path
 
     @cute.jit
     def __call__(
@@ -263,13 +267,35 @@ class FusedDecodeSm90(GatherAttentionSm90):
             t = pin(lt)
             mine = self._valid_token(caches, bidx, j0 + t, sRows[t, buf])
             phase = (pair & 1) ^ 1
-            codes0, rope0, sc0, idx0, _, codes1, rope1, sc1, _, _ = caches
-            if j0 < self._k0_padded(idx0):  # the whole tile is cache 0's
-                self._dequant_tile((codes0, rope0, sc0), caches, sK[None, None, stage], sRows[None, buf], sIdx,
-                                   sMaskFlag, mine, bidx, j0, t, bars, phase, stage)
+            if cutlass.const_expr(self.one_path):  # the tile's cache as run-time tensors: one copy of the code
+                cache = self._select_cache(caches, j0 >= self._k0_padded(caches[3]))
+                self._dequant_tile(cache, caches, sK[None, None, stage], sRows[None, buf], sIdx, sMaskFlag, mine,
+                                   bidx, j0, t, bars, phase, stage)
             else:
-                self._dequant_tile((codes1, rope1, sc1), caches, sK[None, None, stage], sRows[None, buf], sIdx,
-                                   sMaskFlag, mine, bidx, j0, t, bars, phase, stage)
+                codes0, rope0, sc0, idx0, _, codes1, rope1, sc1, _, _ = caches
+                if j0 < self._k0_padded(idx0):  # the whole tile is cache 0's
+                    self._dequant_tile((codes0, rope0, sc0), caches, sK[None, None, stage], sRows[None, buf], sIdx,
+                                       sMaskFlag, mine, bidx, j0, t, bars, phase, stage)
+                else:
+                    self._dequant_tile((codes1, rope1, sc1), caches, sK[None, None, stage], sRows[None, buf], sIdx,
+                                       sMaskFlag, mine, bidx, j0, t, bars, phase, stage)
+
+    @cute.jit
+    def _select_cache(self, caches, second):
+        """(codes, rope, scales) of cache 1 if `second` else cache 0, as tensors over a selected base
+        address, block count, block size and block stride (the token strides are the layout's: 576 B,
+        288 bf16, 8 B), with the alignments the fake tensors promise."""
+        codes0, rope0, sc0, _, _, codes1, rope1, sc1, _, _ = caches
+        nb = cutlass.select_(second, cute.size(codes1, mode=[0]), cute.size(codes0, mode=[0]))
+        bs = cutlass.select_(second, cute.size(codes1, mode=[1]), cute.size(codes0, mode=[1]))
+        out = []
+        for t0, t1, n_last, row, align, div in ((codes0, codes1, 448, 576, 16, 16), (rope0, rope1, 64, 288, 16, 8),
+                                                 (sc0, sc1, 8, 8, 8, 8)):
+            addr = cutlass.select_(second, t1.iterator.toint(), t0.iterator.toint())
+            ptr = cute.make_ptr(t0.element_type, addr, cute.AddressSpace.gmem, assumed_align=align)
+            blk = cutlass.select_(second, t1.layout.stride[0] // div, t0.layout.stride[0] // div) * div
+            out.append(cute.make_tensor(ptr, cute.make_layout((nb, bs, n_last), stride=(blk, row, 1))))
+        return tuple(out)
 
     @cute.jit
     def _dequant_tile(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, bars, phase,

@@ -129,14 +129,14 @@ def run_decode(compiled: CompiledDecode, ws: Workspace, q, caches, indices, lens
 
 # ---------------------------------------------------------------- v2: the fused kernel (decode_fused.py)
 def compile_fused(h_q: int, arch: str, rows_per_batch: int | None = None, fast_cvt: bool = False,
-                  kernel_class: type | None = None) -> CompiledDecode:
+                  kernel_class: type | None = None, one_path: bool = False) -> CompiledDecode:
     """The fused attention kernel (FP8 gather + dequantisation in its producer; a knock-out's subclass
-    of it) and the combine."""
+    of it) and the combine. The form's knobs: decode_fused.FusedDecodeSm90."""
     from kernels.fmha.decode_fused import REG_SPLIT, ROWS_PER_BATCH, FusedDecodeSm90
     from kernels.fmha.decode_fused import fake_args as fused_fake_args
 
     kernel = (kernel_class or FusedDecodeSm90)(attention_config(h_q), rows_per_batch or ROWS_PER_BATCH, REG_SPLIT,
-                                               fast_cvt)
+                                               fast_cvt, one_path)
     return CompiledDecode({"fused": compile_kernel(kernel, *fused_fake_args(), arch=arch),
                            "combine": compile_kernel(DecodeCombine(), *combine_fake_args(), arch=arch)})
 

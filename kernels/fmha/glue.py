@@ -92,8 +92,9 @@ class FmhaCuteDSL(Impl):
     compiles = True
     kernel_class: type = GatherAttentionSm90  # a declared variant compiles its subclass (variants.py)
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode); (rows per batch,
-    # prmt conversion) = v2, the fused kernel (decode_fused.py, decode_glue.run_fused). The variants
-    # cutedsl:fused / -b2 / -cvt set it; making v2 the default is this line.
+    # prmt conversion[, kernel class, one producer path]) = v2, the fused kernel (decode_fused.py,
+    # decode_glue.compile_fused / run_fused). The cutedsl:fused* variants set it; making v2 the default
+    # is this line.
     decode_form: tuple | None = None
 
     def __init__(self, persistent_ctas: int | None = None):

@@ -161,7 +161,8 @@ class FmhaFusedDecode(FmhaCuteDSL):
     """`op: decode_fp8` by the fused kernel (v2: decode_fused.py, one attention launch whose producer
     dequantises the FP8 rows, + the combine) instead of v1's three launches: a real answer, checked.
     `cutedsl:fused-b2`: the same with 2 rows per load batch instead of 4 (fewer registers, less in flight);
-    `cutedsl:fused-cvt`: the codes converted by prmt + mul.bf16x2 (decode_fused.e4m3x2_to_bf16x2).
+    `cutedsl:fused-cvt`: the codes converted by prmt + mul.bf16x2 (decode_fused.e4m3x2_to_bf16x2);
+    `cutedsl:fused-small`: fused-cvt with one copy of the producer code for both caches.
     To make v2 the default: `FmhaCuteDSL.decode_form` (glue.py) = one of these forms."""
 
     name, variant = "cutedsl:fused", "fused"
@@ -180,6 +181,12 @@ class FmhaFusedDecodeB2(FmhaFusedDecode):
 VARIANTS = (FmhaNoGather, FmhaNoSoftmax, FmhaNoMath, FmhaNoMufu, FmhaEmptyGrid)
 class FmhaFusedDecodeCvt(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-cvt", "fused-cvt", (4, True)
+
+
+class FmhaFusedDecodeSmall(FmhaFusedDecode):
+    """fused-cvt with one copy of the producer code for both caches (decode_fused `one_path`)."""
+
+    name, variant, decode_form = "cutedsl:fused-small", "fused-small", (4, True, None, True)
 
 
 class FusedNoDequant(FusedDecodeSm90):
@@ -207,4 +214,4 @@ class FmhaFusedNoDequant(FmhaFusedDecode):
 
 
 # checked variants (real answers) and knock-outs of the FP8 decode, decode_fp8 only
-DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedNoDequant)
+DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall, FmhaFusedNoDequant)

@@ -253,14 +253,16 @@ def test_fused_slot_rule_reproduces_the_oracle(kw, sms):
     assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
 
 
-@pytest.mark.parametrize("form", [(4, False, 128), (2, False, 32), (4, True, 16)], ids=["fused", "b2", "cvt"])
+@pytest.mark.parametrize("form", [(4, False, False, 128), (2, False, False, 32), (4, True, False, 16),
+                                  (4, True, True, 48)], ids=["fused", "b2", "cvt", "small"])
 @pytest.mark.parametrize("h_q", [64, 128])
 def test_fused_decode_compiles_for_sm90a_without_gpu(h_q, form):
     """v2 and its variants compile (setmaxnreg 88 / 208). Local memory is bounded per form: the default
     conversion spills ~100 B of per-pair producer scalars at 4 rows a batch, the 2-row form ~16 B, the
-    prmt conversion none in the producer; the consumers' 16 B are epilogue values (once per CTA)."""
-    rows, fast, bound = form
-    compiled = compile_fused(h_q, "sm_90a", rows, fast).kernels
+    prmt conversion none in the producer, one producer path a few 64-bit values; the consumers' 16 B
+    are epilogue values (once per CTA)."""
+    rows, fast, one, bound = form
+    compiled = compile_fused(h_q, "sm_90a", rows, fast, None, one).kernels
     for name, k in compiled.items():
         info = parse_cubin(k.__cubin__)
         print(name, form, info)

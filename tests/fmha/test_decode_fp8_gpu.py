@@ -28,7 +28,8 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name)  # v1; v2 (decode_fused.py) and its forms
-         for name in ("cutedsl", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt", "cutedsl:fused-no-dequant")}
+         for name in ("cutedsl", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt", "cutedsl:fused-small",
+                      "cutedsl:fused-no-dequant")}
 _compiled: dict = {}
 
 
@@ -52,7 +53,7 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:fused", "cutedsl:fused-cvt"])
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small"])
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
@@ -81,7 +82,7 @@ def test_fused_b2_matches_dequantised_oracle(case):
     _check(case, x, res, "cutedsl:fused-b2")
 
 
-@pytest.mark.parametrize("impl", ["cutedsl:fused", "cutedsl:fused-cvt"])
+@pytest.mark.parametrize("impl", ["cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small"])
 @pytest.mark.parametrize("split", [(1, None), (2, None), (None, 128)])
 @pytest.mark.parametrize("k0", [128, 100])
 def test_fused_splits_and_unaligned_window(split, k0, impl):
