@@ -90,7 +90,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     knobs = dict(knobs)
-    skip = layout == "masked" and knobs.pop("skip_padding", True)
+    skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     pdl = knobs.get("pdl", False)
     return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl),
                           "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs),

@@ -351,3 +351,16 @@ def test_contiguous_work_list_is_the_real_tile_prefix():
     want = [(t, expert[t * 128]) for t in range(8) if expert[t * 128] >= 0]
     assert tiles == want and all(e >= 0 for e in expert[: len(want) * 128 : 128])
     assert all(x < 0 for x in expert[len(want) * 128:])  # the rest is padding: nothing left out
+
+
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+def test_compile_layer_consumes_skip_padding_for_either_layout(layout, monkeypatch):
+    """`skip_padding` is the dispatch's knob: it must not reach the GEMM's config (the v1 variant's
+    contiguous cases failed to compile with it on the H100)."""
+    from kernels.moe import layer
+    seen = {}
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: seen.setdefault("skip", skip_padding))
+    monkeypatch.setattr(layer, "compile_grouped", lambda *a, **knobs: seen.setdefault("knobs", knobs))
+    monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
+    layer.compile_layer(8, 2, 256, 256, layout, skip_padding=False)
+    assert "skip_padding" not in seen["knobs"] and seen["skip"] is False
