@@ -32,7 +32,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_fake_tensor
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -100,18 +100,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         c = self.cfg
         dt = mQ.element_type
         n = c.n_block
-        qk_mma = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            cutlass.Float32, (1, 1, 1), (64, n),
-        )
-        pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
-            cutlass.Float32, (1, 1, 1), (64, c.dv_wg), warpgroup.OperandSource.RMEM,
-        )
-        pv_ss_mma = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
-            cutlass.Float32, (1, 1, 1), (64, c.dv_wg),
-        )
+        qk_mma, pv_mma, pv_ss_mma = self.tiled_mmas(dt)
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (c.m_cta, n, c.d), dt, 1)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, n, c.d), dt, c.stages)
         sP_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, c.dv_wg, n), dt, c.stages)

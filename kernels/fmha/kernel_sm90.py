@@ -51,6 +51,19 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
     def __init__(self, cfg: Config):
         self.cfg = cfg
 
+    def tiled_mmas(self, dt):
+        """Per warpgroup: S = Q K^T; O += P V with P from registers; and O += P V with the key split
+        partner's P (64 x n, one per tile of the pair) as the shared-memory A operand."""
+        c = self.cfg
+
+        def mma(b_major, n, *source):
+            return sm90_utils.make_trivial_tiled_mma(dt, dt, warpgroup.OperandMajorMode.K, b_major,
+                                                     cutlass.Float32, (1, 1, 1), (64, n), *source)
+
+        return (mma(warpgroup.OperandMajorMode.K, c.n_block),
+                mma(warpgroup.OperandMajorMode.MN, c.dv_wg, warpgroup.OperandSource.RMEM),
+                mma(warpgroup.OperandMajorMode.MN, c.dv_wg))
+
     @cute.jit
     def __call__(
         self,
@@ -71,22 +84,10 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
         c = self.cfg
         dt = mQ.element_type
         n = c.n_block
-        qk_mma = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            cutlass.Float32, (1, 1, 1), (64, n),
-        )
-        pv_mma = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
-            cutlass.Float32, (1, 1, 1), (64, c.dv_wg), warpgroup.OperandSource.RMEM,
-        )
+        qk_mma, pv_mma, pv_ss_mma = self.tiled_mmas(dt)
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (c.m_cta, n, c.d), dt, 1)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, n, c.d), dt, c.stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (64, c.dv, n), dt, c.stages)
-        # key split: the partner's P (64 x n, one per tile of the pair) as the smem A operand of PV
-        pv_ss_mma = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
-            cutlass.Float32, (1, 1, 1), (64, c.dv_wg),
-        )
         sP_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, c.dv_wg, n), dt, c.stages)
         record("config", f"{c} n_block={n} threads={c.threads} hb={c.hb} tq={c.tq}")
         record("tiled MMA S = Q K^T (per warpgroup)", qk_mma)
