@@ -137,6 +137,18 @@ def test_inputs_mean_what_the_params_say():
     assert int(short["len0"][0]) == 100 and int((short["idx1"][0] >= 0).sum()) == 25
 
 
+
+def _merge_splits(o_part, l_part, sink):
+    """The combine's math: log-sum-exp merge of the splits [B, S, H, ...] with the sink counted once;
+    a row with no valid key anywhere is zero (lse -inf)."""
+    m = l_part.amax(1, keepdim=True)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = torch.exp(l_part - m_safe)
+    tot = w.sum(1)
+    den = tot + torch.exp(sink[None] - m_safe[:, 0])
+    out = torch.where(tot[..., None] > 0, (w[..., None] * o_part).sum(1) / den[..., None], torch.zeros(()))
+    return out, torch.log(tot) + m_safe[:, 0]
+
 def _emulate(x, sms: int) -> tuple:
     """The three launches in torch: W = the gathered keys (unread slot 0 zero), splits per `plan` as
     the attention kernel's rows without the sink, the combine's formula."""
@@ -153,13 +165,7 @@ def _emulate(x, sms: int) -> tuple:
         rows = widx[r].view(n_split, chunk)
         o_part[r], l_part[r] = sparse_attention(x["q"][r][None].expand(n_split, h, 512), keys[r], rows, None,
                                                 512 ** -0.5)
-    m = l_part.amax(1, keepdim=True)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    w = torch.exp(l_part - m_safe)
-    tot = w.sum(1)
-    den = tot + torch.exp(x["sink"][None] - m_safe[:, 0])
-    out = torch.where(tot[..., None] > 0, (w[..., None] * o_part).sum(1) / den[..., None], torch.zeros(()))
-    return out, torch.log(tot) + m_safe[:, 0], n_split
+    return (*_merge_splits(o_part, l_part, x["sink"]), n_split)
 
 
 @pytest.mark.parametrize("sms", [1, 132, 10000])
@@ -231,13 +237,7 @@ def _emulate_fused(x, sms: int) -> tuple:
         rows = torch.where(tok[r] >= 0, torch.arange(n_split * chunk), -1).view(n_split, chunk)
         o_part[r], l_part[r] = sparse_attention(x["q"][r][None].expand(n_split, h, 512), keys[r], rows, None,
                                                 512 ** -0.5)
-    m = l_part.amax(1, keepdim=True)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    w = torch.exp(l_part - m_safe)
-    tot = w.sum(1)
-    den = tot + torch.exp(x["sink"][None] - m_safe[:, 0])
-    out = torch.where(tot[..., None] > 0, (w[..., None] * o_part).sum(1) / den[..., None], torch.zeros(()))
-    return out, torch.log(tot) + m_safe[:, 0]
+    return _merge_splits(o_part, l_part, x["sink"])
 
 
 @pytest.mark.parametrize("kw", [dict(h_q=64, b=3, ctx=2049, k=512, invalid=0.1, ragged=True),
