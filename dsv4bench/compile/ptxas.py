@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dsv4bench.compile.artifacts import artifact
+from dsv4bench.compile.artifacts import artifact, compiled_functions
 
 RULE = "wgmma-serialized"
 ARCHS = ("sm_90a", "sm_100a")  # the warpgroup-MMA targets ptxas is asked about
@@ -128,29 +128,41 @@ def check(compiled, arch: str) -> dict | None:
             print(f"dsv4bench: lint {RULE} {SKIPPED_NO_PTXAS} (looked at ${ENV}, PATH, $CUDA_HOME/bin, "
                   f"/usr/local/cuda*/bin)", file=sys.stderr, flush=True)
         return fact
-    ptx = artifact(compiled, "__ptx__")
-    if not ptx:
+    # a compile of several kernels (a `kernels` dict: moe's layer, fmha's decode) is checked kernel by kernel
+    ptxs = [artifact(f, "__ptx__") for f in compiled_functions(compiled)]
+    if not all(ptxs):
         fact["status"] = "skipped: PTX not kept (compile with kernels.common.compile_kernel)"
         return fact
     t0 = time.perf_counter()
+    for ptx in ptxs:
+        _check_ptx(exe, ptx, arch, fact)
+        if fact["status"] != "ok":
+            break
+    fact["seconds"] = round(time.perf_counter() - t0, 3)
+    return fact
+
+
+def _check_ptx(exe: str, ptx: bytes, arch: str, fact: dict) -> None:
+    """ptxas on one kernel's PTX; its notes join `fact`, a failure sets its status."""
+    global _warned
     try:
         rc, log = run_ptxas(exe, ptx, arch)
     except (OSError, subprocess.SubprocessError) as e:
         fact["status"] = f"error: {type(e).__name__}: {str(e)[:200]}"
+        return
+    too_old = _TOO_OLD.search(log)
+    if rc != 0 and too_old:  # e.g. the GPU host's CUDA 13.0 ptxas reads PTX ISA <= 9.0 only
+        fact["status"] = f"{SKIPPED_TOO_OLD} ({too_old.group(0)}; {exe})"
+        if not _warned:
+            _warned = True
+            print(f"dsv4bench: lint {RULE} {fact['status']}: the lint needs a ptxas as new as "
+                  f"CuTeDSL's PTX (CI has one; ${ENV} picks another)", file=sys.stderr, flush=True)
+    elif rc != 0:  # report, never fail the case on it
+        fact["status"] = f"error: ptxas exit {rc}: {' '.join(log.split())[-300:]}"
     else:
-        too_old = _TOO_OLD.search(log)
-        if rc != 0 and too_old:  # e.g. the GPU host's CUDA 13.0 ptxas reads PTX ISA <= 9.0 only
-            fact["status"] = f"{SKIPPED_TOO_OLD} ({too_old.group(0)}; {exe})"
-            if not _warned:
-                _warned = True
-                print(f"dsv4bench: lint {RULE} {fact['status']}: the lint needs a ptxas as new as "
-                      f"CuTeDSL's PTX (CI has one; ${ENV} picks another)", file=sys.stderr, flush=True)
-        elif rc != 0:  # report, never fail the case on it
-            fact["status"] = f"error: ptxas exit {rc}: {' '.join(log.split())[-300:]}"
-        else:
-            fact["serialized"], fact["injected"] = parse(log)
-    fact["seconds"] = round(time.perf_counter() - t0, 3)
-    return fact
+        serialized, injected = parse(log)
+        fact["serialized"] += serialized
+        fact["injected"] += injected
 
 
 def summary(fact: dict | None) -> str:

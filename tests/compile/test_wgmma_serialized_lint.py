@@ -176,3 +176,19 @@ def test_a_ptxas_older_than_the_ptx_skips_once_and_never_fails(tmp_path, monkeyp
         assert findings == [] and status.startswith("skipped: ptxas older than the PTX"), status
         assert "Unsupported .version 9.4; current version is '9.0'" in status
     assert capsys.readouterr().err.count("skipped: ptxas older than the PTX") == 1
+
+
+class _Several:
+    """A compile of several kernels, as moe's layer and fmha's decode hand the harness."""
+
+    def __init__(self, **kernels):
+        self.kernels = kernels
+
+
+@needs_ptxas
+def test_a_compile_of_several_kernels_is_checked_kernel_by_kernel():
+    clean, divergent = compile_wgmma(None, arch="sm_90a"), compile_wgmma("divergent", arch="sm_90a")
+    assert ptxas.check(_Several(a=clean, b=clean), "sm_90a")["serialized"] == []
+    fact = ptxas.check(_Several(a=clean, b=divergent), "sm_90a")
+    assert fact["status"] == "ok" and [m["code"] for m in fact["serialized"]] == ["C7520"]
+    assert ptxas.check(_Several(a=clean, b=object()), "sm_90a")["status"].startswith("skipped: PTX not kept")
