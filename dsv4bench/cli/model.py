@@ -12,7 +12,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dsv4bench.cli.checkpoints import resolve_checkpoint, synthetic_checkpoint
 from dsv4bench.cli.common import SEED_MAX, check_output, check_range, console, fail, writing
+from dsv4bench.cli.model_speed import bench_model_cmd
 
 
 def make_checkpoint_cmd(
@@ -62,49 +64,6 @@ def printable(text: str) -> str:
     (\\x1b, \\u202e); newline and tab kept."""
     return "".join(c if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co")
                    else repr(c)[1:-1] for c in text)
-
-
-def _resolve_checkpoint(checkpoint: Optional[Path], config: Optional[str]) -> Path | None:
-    """The checkpoint directory to open, or None for a synthetic (flash / pro) checkpoint."""
-    from dsv4bench.model.config import CONFIGS
-
-    if checkpoint is not None:
-        if config is not None:
-            fail("pass either --checkpoint or --config, not both")
-        return checkpoint
-    name = config or "tiny"
-    if name not in CONFIGS:
-        fail(f"unknown config {name!r}; choose one of {', '.join(CONFIGS)}")
-    if name != "tiny":
-        return None
-    from dsv4bench.model.default import cache_dir, default_checkpoint
-
-    with console.status(f"embedded tiny checkpoint ({cache_dir()})"):
-        return default_checkpoint()
-
-
-def _synthetic(config: str, layers: Optional[int], weights_seed: int, device: str):
-    """The production-width checkpoint drawn on `device`, after a check that it fits there."""
-    import torch
-
-    from dsv4bench.model.config import ConfigError, get_config
-    from dsv4bench.model.synthetic import SyntheticCheckpoint
-
-    cfg = get_config(config)
-    try:
-        cfg = cfg.truncated(layers) if layers is not None else cfg
-    except ConfigError as e:
-        fail(str(e))
-    ckpt = SyntheticCheckpoint(cfg, weights_seed)
-    need = ckpt.nbytes()
-    if device == "cuda":
-        free, where = torch.cuda.mem_get_info()[0], "the GPU's"
-    else:
-        free, where = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's"
-    if need > 0.8 * free:  # the rest: activations, caches and the oracles' dequantised weights
-        fail(f"--config {config} --layers {cfg.n_layers}: {need / 2**30:.1f} GiB of weights do not fit in "
-             f"80% of {where} {free / 2**30:.1f} GiB free; pass fewer --layers")
-    return ckpt
 
 
 def show_serving(backend: str, runs_here: bool) -> None:
@@ -223,13 +182,13 @@ def run_model_cmd(
     ops = _selected_ops(backend, device)
     if bisect and all(be == "oracle" for be in ops.active.values()):
         fail(f"--bisect: no op runs on {backend!r} here (the cutedsl kernels need --device cuda)")
-    path = _resolve_checkpoint(checkpoint, config)
+    path = resolve_checkpoint(checkpoint, config)
     if layers is not None and path is not None:
         fail("--layers takes --config flash or pro (a synthetic checkpoint)")
     t0 = time.perf_counter()
     try:
         with console.status(f"opening {path or config}") as status:
-            ckpt = Checkpoint.open(path) if path is not None else _synthetic(config, layers, weights_seed, device)
+            ckpt = Checkpoint.open(path) if path is not None else synthetic_checkpoint(config, layers, weights_seed, device)
             engine = Engine(ckpt, device=device, ops=ops, qat=qat == "on",
                             progress=lambda unit: status.update(f"loaded {unit}"))
     except CheckpointError as e:
@@ -302,6 +261,4 @@ def _bisect(engine, backend: str, prompt: list[int], steps: int) -> None:
 def register(app: typer.Typer) -> None:
     app.command("make-checkpoint")(make_checkpoint_cmd)
     app.command("run-model")(run_model_cmd)
-    from dsv4bench.cli.model_speed import bench_model_cmd
-
     app.command("bench-model")(bench_model_cmd)

@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from dsv4bench.cli.checkpoints import resolve_checkpoint, synthetic_checkpoint
 from dsv4bench.cli.common import SEED_MAX, check_output, check_range, console, fail, writing
 
 RESULTS = "results.jsonl"
@@ -35,7 +36,6 @@ def bench_model_cmd(
     """Prefill N tokens and decode D steps at batch B on each backend; per-op time table and speedups."""
     import torch
 
-    from dsv4bench.cli.model import _resolve_checkpoint, _synthetic
     from dsv4bench.model.dispatch import DispatchError, register_kernel_ops
     from dsv4bench.model.engine import Engine
     from dsv4bench.model.loader import Checkpoint, CheckpointError
@@ -60,9 +60,9 @@ def bench_model_cmd(
         tables = {b: TimedTable(clock).select_all(b) if b != "oracle" else TimedTable(clock) for b in names}
     except DispatchError as e:
         fail(str(e))
-    path = _resolve_checkpoint(checkpoint, config)
+    path = resolve_checkpoint(checkpoint, config)
     try:
-        ckpt = Checkpoint.open(path) if path is not None else _synthetic(config, layers, weights_seed, device)
+        ckpt = Checkpoint.open(path) if path is not None else synthetic_checkpoint(config, layers, weights_seed, device)
     except CheckpointError as e:
         fail(str(e))
     cfg = ckpt.config
