@@ -23,12 +23,12 @@ from __future__ import annotations
 import torch
 
 from kernels.common import Prepared, compile_kernel
+from kernels.fmha.compiling import NO_WINDOW, compile_config
 from kernels.fmha.config import LOG2E, Config
 from kernels.fmha.decode_combine import DecodeCombine
 from kernels.fmha.decode_combine import fake_args as combine_fake_args
 from kernels.fmha.decode_fp8 import DequantGather
 from kernels.fmha.decode_fp8 import fake_args as gather_fake_args
-from kernels.fmha.glue import NO_WINDOW, compile_config
 from oracles.fmha_cache import cache_views
 
 D = 512

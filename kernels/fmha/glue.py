@@ -1,7 +1,6 @@
 """Our impl: the fmha family's torch tensors mapped onto the SM90 CuTeDSL gathered-key kernel.
 
-`op: decode_fp8` cases (FP8-cache decode) run the three launches of decode_glue.py instead; that module
-imports this one, hence its lazy imports here.
+`op: decode_fp8` cases (FP8-cache decode) run decode_glue.py's launches instead.
 
 Tensors go in as permuted views (no copies): q/k/v/o [b, s, h, d] -> (s, h, d, b), lse
 [b, s, h] -> (s, h, b), indices [b, rows, n] -> (rows, n, b). Dense masks become per-query-block
@@ -10,16 +9,14 @@ key ranges (the kernel masks each row by position); sparse cases pass their per-
 
 from __future__ import annotations
 
-
-import cutlass
-import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_fake_tensor
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl
-from kernels.common import Prepared, compile_kernel, sm_count
+from kernels.common import Prepared, sm_count
+from kernels.fmha.compiling import NO_WINDOW, compile_config
 from kernels.fmha.config import LOG2E, Config
+from kernels.fmha.decode_glue import FusedWorkspace, Workspace, compile_decode, compile_fused, run_decode, run_fused
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 
 
@@ -31,38 +28,8 @@ def config_for(case: Case) -> Config:
     )
 
 
-NO_WINDOW = 1 << 30
-
-
-
 def has_window(case: Case) -> bool:
     return case["mask"] in ("window", "causal_window")
-
-
-def fake_args(cfg: Config) -> tuple:
-    """Fake (s, h, d, b) tensors with runtime sizes; d is contiguous and strides are 16-byte multiples."""
-    s_q, h_q, s_kv, h_kv, b, rows, n = (cute.sym_int32() for _ in range(7))
-
-    def s8():
-        return cute.sym_int64(divisibility=8)
-
-    bf = cutlass.BFloat16
-    q = make_fake_tensor(bf, (s_q, h_q, cfg.d, b), (s8(), s8(), 1, s8()), assumed_align=16)
-    k = make_fake_tensor(bf, (s_kv, h_kv, cfg.d, b), (s8(), s8(), 1, s8()), assumed_align=16)
-    v = make_fake_tensor(bf, (s_kv, h_kv, cfg.dv, b), (s8(), s8(), 1, s8()), assumed_align=16)
-    idx = make_fake_tensor(cutlass.Int32, (rows, n, b), (cute.sym_int64(), 1, cute.sym_int64()), assumed_align=4)
-    lens = make_fake_tensor(cutlass.Int32, (rows, b), (1, cute.sym_int64()), assumed_align=4)
-    sink = make_fake_tensor(cutlass.Float32, (h_q,), (1,), assumed_align=4)
-    o = make_fake_tensor(bf, (s_q, h_q, cfg.dv, b), (s8(), s8(), 1, s8()), assumed_align=16)
-    lse = make_fake_tensor(cutlass.Float32, (s_q, h_q, b), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()),
-                           assumed_align=4)
-    return q, k, v, idx, lens, sink, o, lse, cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(1)
-
-
-def compile_config(cfg: Config, arch: str, kernel_class: type = GatherAttentionSm90):
-    """Compile the kernel (or a variant's subclass of it) for one Config (no GPU needed); layouts
-    go to an active recorder."""
-    return compile_kernel(kernel_class(cfg), *fake_args(cfg), arch=arch)
 
 
 def block_indices(s_q: int, s_kv: int, tq: int, causal: bool, window: int | None, device):
@@ -127,7 +94,6 @@ class FmhaCuteDSL(Impl):
 
     def compile(self, case: Case, arch: str):
         if case.get("op", "attention") == "decode_fp8":
-            from kernels.fmha.decode_glue import compile_decode, compile_fused
             if self.decode_form is not None:
                 return compile_fused(case["h_q"], arch, *self.decode_form)
             return compile_decode(case["h_q"], arch)
@@ -173,8 +139,6 @@ class FmhaCuteDSL(Impl):
         return out
 
     def _run_decode(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        from kernels.fmha.decode_glue import FusedWorkspace, Workspace, run_decode, run_fused
-
         fused = self.decode_form is not None
         if self._decode_ws is None:
             self._decode_ws = FusedWorkspace() if fused else Workspace()

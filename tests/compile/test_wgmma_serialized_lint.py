@@ -153,7 +153,7 @@ def test_find_ptxas_falls_back_to_cuda_home(tmp_path, monkeypatch):
 @needs_ptxas
 def test_fmha_dsv4_pro_config_is_not_serialized():
     from kernels.fmha.config import Config
-    from kernels.fmha.glue import compile_config
+    from kernels.fmha.compiling import compile_config
 
     fact = ptxas.check(compile_config(Config(d=512, dv=512, hpg=128, kv_shared=True, per_token_idx=True), "sm_90a"),
                        "sm_90a")

@@ -8,7 +8,8 @@ import pytest
 from dsv4bench.compile.cubin import parse_cubin
 from kernels.trace import recording
 from kernels.fmha.config import Config
-from kernels.fmha.glue import block_indices, compile_config
+from kernels.fmha.compiling import compile_config
+from kernels.fmha.glue import block_indices
 
 CONFIGS = [
     Config(d=512, dv=512, hpg=128, kv_shared=True, per_token_idx=True),  # DSV4 Pro prefill / decode

@@ -15,7 +15,7 @@ from kernels.common import compile_kernel
 from kernels.fmha.config import Config
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.softmax import any_moved, scale_rows
-from kernels.fmha.glue import fake_args
+from kernels.fmha.compiling import fake_args
 
 pytestmark = pytest.mark.skipif(find_nvdisasm() is None,
                                 reason="no nvdisasm ($DSV4BENCH_NVDISASM, PATH, pip nvidia-cuda-nvdisasm)")
