@@ -14,6 +14,10 @@ layer:
   c·2^(s - smax + 6) ≥ 2^-9 times the block scale: an e4m3 subnormal step or coarser); wider blocks
   lose their smallest values (`conversion_error` counts them; the synthetic weights span 3 binades:
   exact, tests/moe/test_moe_cpu.py).
+- `deepgemm-kernels` (kernels/moe/peer_kernels.py): what a serving stack would run, the peer of issue #22's
+  done-whens 2 and 3: OUR dispatch kernel (it writes DeepGEMM's layout: masked at DG_MASKED_ALIGN rows an
+  expert), the same DeepGEMM calls and FP8 weights (`dg_grouped`, `dg_operand`, `fp8_weights`), the
+  activation (`swiglu_quant` / `swiglu_quant_rows`) torch.compile'd, and OUR combine kernel.
 - `torch_grouped_mm`: torch._grouped_mm (bf16, SM90+; in torch since 2.8, present in 2.11 and 2.13)
   on the dequantised bf16 weights, the entries sorted by expert without padding (offs = cumsum counts).
 - `torch`: the eager per-expert loop, bf16 matmuls on the dequantised weights.
@@ -108,6 +112,72 @@ class LayerPeer(Impl):
         return None if case["op"] == "layer" else LAYER_ONLY
 
 
+def dg_rows_per_expert(case: Case) -> int | None:
+    """Rows per expert of DeepGEMM's masked layout for the case (its max_m rounded up to DG_MASKED_ALIGN);
+    None for a contiguous case."""
+    from kernels.moe.family import case_max_m  # the family imports this module
+
+    m = case_max_m(case)
+    return None if m is None else -(-m // DG_MASKED_ALIGN) * DG_MASKED_ALIGN
+
+
+def dg_expected_m(case: Case) -> int:
+    """DeepGEMM's masked `expected_m` (a tuning hint > 0): the mean entries per expert."""
+    return max(1, case["t"] * case["k"] // case["e"])
+
+
+def dg_operand(codes: torch.Tensor, scales: torch.Tensor, e: int, m: int | None) -> tuple:
+    """Dispatch-layout FP8 activations -> DeepGEMM's A, as views (no copy): codes (uint8 or e4m3) [rows, K]
+    and MN-major fp32 scales [K/128, rows] (contiguous, m None) or [E, K/128, m] (masked) -> (e4m3 [rows, K],
+    scales [rows, K/128] (stride 1 along rows)) or (e4m3 [E, m, K], scales [E, m, K/128]): the
+    TMA-aligned MN-major scale layout DeepGEMM's SM90 FP8 kernels read, so it makes no transposed copy
+    (m a multiple of 4)."""
+    fp8 = codes.view(torch.float8_e4m3fn)
+    if m is None:
+        return fp8, scales.t()
+    return fp8.view(e, m, -1), scales.reshape(e, -1, m).transpose(1, 2)
+
+
+def dg_grouped(a: tuple, b: tuple, d: torch.Tensor, group: torch.Tensor, m: int | None, expected: int) -> None:
+    """One DeepGEMM grouped FP8 GEMM into bf16 d [rows, N]: contiguous (m None; group = the layout's
+    `expert` row ids, -1 on padding) or masked (group = int32 counts [E] <= m; d viewed [E, m, N]).
+    DeepGEMM's tests: A e4m3 K-major, its scales fp32 (any MN-major or row-major strides: DeepGEMM makes
+    them TMA-aligned MN-major), expected_m > 0, m a multiple of BLOCK_M (DG_MASKED_ALIGN)."""
+    import deep_gemm
+
+    if m is None:
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a, b, d, group)
+    else:
+        deep_gemm.m_grouped_fp8_gemm_nt_masked(a, b, d.view(group.numel(), m, -1), group, expected)
+
+
+def swiglu_quant(gate_up: torch.Tensor, row_weight: torch.Tensor, src: torch.Tensor, e: int, m: int | None):
+    """L1's bf16 output [rows, 2I] -> h = route weight · SwiGLU (fp32; 0 on padding rows, src < 0: DeepGEMM
+    leaves them unwritten, so whatever they hold never reaches h's codes or scales) -> FP8 per 128
+    (oracles.quant.fp8_block_quant): (e4m3 [rows, I], MN-major fp32 scales [I/128, rows] (m None) or
+    [E, I/128, m]), the layout `dg_operand` takes. Eager in `deepgemm`, torch.compile'd in
+    `deepgemm-kernels`."""
+    h = torch.where((src >= 0).unsqueeze(-1), weighted_swiglu(gate_up, row_weight), 0.0)
+    codes, scales = fp8_block_quant(h, BLOCK)
+    if m is None:
+        return codes, scales.t().contiguous()
+    return codes, scales.view(e, m, -1).transpose(1, 2).contiguous()
+
+
+def swiglu_quant_rows(gate_up: torch.Tensor, row_weight: torch.Tensor, src: torch.Tensor, e: int, m: int, used: int,
+                      h: torch.Tensor, h_s: torch.Tensor) -> None:
+    """`swiglu_quant` of a masked layout's first `used` rows of each expert's m (used: the case's max_m, which
+    no count passes), written into h (uint8 e4m3 bits [E·m, I]: inductor has no float8 slice store) and h_s
+    [E, I/128, m]; the rows past `used` are left as they are (zeros from the buffers' allocation). At decode
+    DeepGEMM's m is 128 rows an expert against the case's 16-64: the activation reads 2-8x fewer rows."""
+    n2 = gate_up.shape[1]
+    codes, scales = swiglu_quant(gate_up.view(e, m, n2)[:, :used].reshape(e * used, n2),
+                                 row_weight.view(e, m)[:, :used].reshape(-1), src.view(e, m)[:, :used].reshape(-1),
+                                 e, used)
+    h.view(e, m, -1)[:, :used].copy_(codes.view(torch.uint8).view(e, used, -1))
+    h_s[:, :, :used].copy_(scales)
+
+
 class DeepGemm(LayerPeer):
     name = backend = "deepgemm"
 
@@ -122,38 +192,19 @@ class DeepGemm(LayerPeer):
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         import deep_gemm
 
-        from kernels.moe.family import case_max_m
-
         x, e, i = inputs["x"], case["e"], case["i"]
         (w13, s13), (w2, s2) = fp8_weights(inputs)
-        m = case_max_m(case)
-        if m is not None:  # DeepGEMM's masked groups: whole BLOCK_M row blocks (DG_MASKED_ALIGN)
-            m = -(-m // DG_MASKED_ALIGN) * DG_MASKED_ALIGN
+        m = dg_rows_per_expert(case)  # DeepGEMM's masked groups: whole BLOCK_M row blocks (DG_MASKED_ALIGN)
         tile = deep_gemm.get_mk_alignment_for_contiguous_layout()
         rows = e * m if m is not None else contiguous_rows(x.shape[0], case["k"], e, tile)
         lay = dispatch_layout(inputs["idx"], inputs["weights"], e, rows, m, tile)
         codes, sa = gather_quant(x, lay["src"], 1 if m is None else e)
+        group, expected = (lay["expert"], 0) if m is None else (lay["counts"].clamp(max=m), dg_expected_m(case))
         d1 = torch.empty(rows, 2 * i, dtype=torch.bfloat16, device=x.device)
         d2 = torch.empty(rows, x.shape[1], dtype=torch.bfloat16, device=x.device)
-        if m is None:
-            deep_gemm.m_grouped_fp8_gemm_nt_contiguous((codes.view(torch.float8_e4m3fn), sa.t()), (w13, s13), d1,
-                                                       lay["expert"])
-            h8, sh = fp8_block_quant(weighted_swiglu(d1, lay["row_weight"]), BLOCK)
-            deep_gemm.m_grouped_fp8_gemm_nt_contiguous((h8, sh), (w2, s2), d2, lay["expert"])
-        else:
-            # DeepGEMM's tests: A e4m3 [E, max_m, K] K-major, its scales fp32 [E, max_m, K/128] (any MN-major
-            # or row-major strides: DeepGEMM makes them TMA-aligned MN-major), masked_m int32 [E] <= max_m,
-            # expected_m > 0 (a tuning hint), D bf16 [E, max_m, N]; max_m a multiple of BLOCK_M (above).
-            expected = max(1, x.shape[0] * case["k"] // e)
-            masked = lay["counts"].clamp(max=m)
-            a = (codes.view(torch.float8_e4m3fn).view(e, m, -1), sa.reshape(e, -1, m).transpose(1, 2))
-            deep_gemm.m_grouped_fp8_gemm_nt_masked(a, (w13, s13), d1.view(e, m, -1), masked, expected)
-            # rows past a group's count are never written (d1 is uninitialised): zero them, as DeepGEMM's
-            # tests zero A's padding rows, so no inf / NaN reaches h's codes or scales
-            h = weighted_swiglu(d1, lay["row_weight"]).masked_fill_((lay["src"] < 0).unsqueeze(-1), 0.0)
-            h8, sh = fp8_block_quant(h, BLOCK)
-            deep_gemm.m_grouped_fp8_gemm_nt_masked((h8.view(e, m, -1), sh.view(e, m, -1)), (w2, s2),
-                                                   d2.view(e, m, -1), masked, expected)
+        dg_grouped(dg_operand(codes, sa, e, m), (w13, s13), d1, group, m, expected)
+        h8, sh = swiglu_quant(d1, lay["row_weight"], lay["src"], e, m)
+        dg_grouped(dg_operand(h8, sh, e, m), (w2, s2), d2, group, m, expected)
         return {"out": combine(d2, lay["pos"], inputs["shared"]).bfloat16()}
 
 
@@ -198,5 +249,7 @@ class TorchEager(Impl):
 
 
 def register() -> None:
-    for impl in (DeepGemm(), TorchGroupedMM(), TorchEager()):
+    from kernels.moe.peer_kernels import DeepGemmKernels  # it imports this module's helpers
+
+    for impl in (DeepGemm(), DeepGemmKernels(), TorchGroupedMM(), TorchEager()):
         register_impl(impl)
