@@ -249,8 +249,15 @@ def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, 
 
     The intermediate buffers and every view the kernels take are made once per shape (`_plan`), the
     weights' views once per weight: a call checks its arguments and makes four launches."""
-    k = compiled.kernels
     l1w, l2w = layer_weights(*experts)
+    return run_prepared(compiled, x, idx, weights, shared, l1w, l2w, n_experts, max_m, y, check)
+
+
+def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedWeight, l2w: GroupedWeight,
+                 n_experts: int, max_m: int | None, y: torch.Tensor | None = None,
+                 check: bool = True) -> torch.Tensor:
+    """run_layer on weights already prepared (`layer_weights`; the model's adapter keeps one pair per layer)."""
+    k = compiled.kernels
     t, d = x.shape
     i = l1w.shape[1] // 2
     if max_m is not None and n_experts > MAX_GROUPS:

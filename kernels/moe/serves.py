@@ -20,7 +20,7 @@ references, remade if a source is replaced or written to). That is ~1.06x the ex
 beside the checkpoint's (the per-expert tensors the oracle reads stay as they are); a layer whose
 prepared copy would not fit the device's free memory is refused (Unsupported), not OOM-killed.
 (layer.run_layer prepares through a one-entry cache keyed on stacked tensors, which would re-prepare
-every layer at every call: hence this adapter's own sequence of the same calls.)
+every layer at every call: hence this adapter's own prepared weights, handed to layer.run_prepared.)
 
 Layout per call, the family's rule (sweeps/moe.case): masked [E, max_m, D] for decode-size T (T <=
 256, max_m = the call's largest expert count rounded up to 16, the family's `inputs.max_m` rule: one
@@ -48,11 +48,10 @@ from kernels.common import Prepared
 from kernels.gemm import serves as gemm
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.expert_weights import GroupedWeight, prepare_layer
-from kernels.moe.glue import alloc_dispatch, run_combine, run_dispatch
 from kernels.moe.grouped_config import MAX_GROUPS
 from kernels.moe.grouped_epilogue import LIMIT
 from kernels.moe.inputs import MASKED_ALIGN
-from kernels.moe.layer import SM90_ONLY, run_grouped
+from kernels.moe.layer import SM90_ONLY, run_prepared
 from oracles.linear import QuantWeight, Weight
 from oracles.moe import ExpertWeights, swiglu
 from sweeps.moe import DECODE_T
@@ -210,24 +209,11 @@ def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch
 
 
 def routed_layer(run, params: dict, x, idx, weights, shared, l1: GroupedWeight, l2: GroupedWeight) -> torch.Tensor:
-    """bf16 [T, D] = bf16(Σ_k expert_k(x) · w_k + shared) on the family's four kernels (layer.run_layer's
-    sequence, with the weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]."""
+    """bf16 [T, D] = bf16(Σ_k expert_k(x) · w_k + shared) on the family's four kernels (layer.run_prepared,
+    with the weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]. max_m is this call's
+    largest count (layer_params): no entry is dropped, so no read-back of the counts (check=False)."""
     compiled = run.compiled(params, {"x": x, "idx": idx, "weights": weights, "shared": shared})
-    k, tiled = compiled.kernels, compiled.tiled_b
-    n_experts, max_m, i = params["e"], params.get("max_m"), params["i"]
-    t, d = x.shape
-    lay = alloc_dispatch(t, idx.shape[1], n_experts, d, max_m, x.device)
-    run_dispatch(k["dispatch"], x, idx, weights, lay, n_experts, max_m, check_outputs=False)
-    rows = lay["src"].numel()
-    group = lay["counts"] if max_m is not None else lay["expert"]
-    h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
-    h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
-                      dtype=torch.float32, device=x.device)
-    run_grouped(k["l1"], lay["codes"], lay["scales"], l1, group, lay["row_weight"], h, h_s, max_m, True, tiled)
-    y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
-    run_grouped(k["l2"], h, h_s, l2, group, lay["row_weight"], y_rows, None, max_m, False, tiled)
-    # max_m is this call's largest count (layer_params): no entry is dropped, so no check_fits read-back
-    return run_combine(k["combine"], y_rows, lay["pos"], shared, torch.empty_like(shared))
+    return run_prepared(compiled, x, idx, weights, shared, l1, l2, params["e"], params.get("max_m"), check=False)
 
 
 def layer_params(tokens: int, topk: int, n_experts: int, d: int, i: int, idx: torch.Tensor) -> dict:
