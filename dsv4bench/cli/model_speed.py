@@ -40,7 +40,7 @@ def bench_model_cmd(
     from dsv4bench.model.engine import Engine
     from dsv4bench.model.loader import Checkpoint, CheckpointError
     from dsv4bench.model.lowprec_ops import register_lowprec_ops
-    from dsv4bench.model.speed import TimedTable, _Clock, measure, speedups
+    from dsv4bench.model.speed import TimedTable, Clock, measure, speedups
 
     for name, value, low in (("--prefill", prefill, 1), ("--decode", decode, 1), ("--batch", batch, 1)):
         check_range(name, value, low)
@@ -55,7 +55,7 @@ def bench_model_cmd(
     check_output("--out", out, directory=True)
     register_kernel_ops()
     register_lowprec_ops()
-    clock = _Clock(device == "cuda")
+    clock = Clock(device == "cuda")
     try:
         tables = {b: TimedTable(clock).select_all(b) if b != "oracle" else TimedTable(clock) for b in names}
     except DispatchError as e:

@@ -28,7 +28,7 @@ from dsv4bench.model.engine import Engine
 PHASES = ("prefill", "decode")
 
 
-class _Clock:
+class Clock:
     """A pair of marks: CUDA events on a GPU, perf_counter on the CPU."""
 
     def __init__(self, cuda: bool):
@@ -52,7 +52,7 @@ class _Clock:
 class TimedTable(OpTable):
     """An op table that marks the start and end of every op call under the current `phase`."""
 
-    def __init__(self, clock: _Clock):
+    def __init__(self, clock: Clock):
         super().__init__()
         self.clock, self.phase = clock, "warmup"
         self.marks: dict[tuple[str, str], list] = defaultdict(list)
