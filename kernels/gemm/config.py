@@ -31,9 +31,9 @@ fills the SMs.
 Constants (H100 SXM, per clock at 1.83 GHz): 8192 dense e4m3 flops per SM (1979 TFLOP/s); 55 B
 per SM from L2 when every SM pulls (fitted: 128 x 128 tiles cost 1.16x the time per flop of 256 x
 128 where both fill the SMs, the bm128 variant against the rule on all 17 layers at M = 4096, run
-gemm/2026-11-25-h100-8023067-prefill-knockouts; DeepGEMM's model says ~46). The DRAM and
+gemm/2026-11-25-h100-8023067-prefill-knockouts, in git history at 2bdde1c; DeepGEMM's model says ~46). The DRAM and
 fix-up constants are fitted to the decode weight streams measured on the H100 at v3 (run
-gemm/2026-11-25-h100-833ceaa-decode-variants, M = 64, all 17 layers, docs/perf/gemm.md): ours and
+gemm/2026-11-25-h100-833ceaa-decode-variants, in git history at 2bdde1c; M = 64, all 17 layers, docs/perf/gemm.md): ours and
 DeepGEMM alike stream the large weights at ~2.3 TB/s in all (1257 B/clock; the 1 GiB copy reaches
 3.0). The per-CTA pull (DRAM_LATENCY_CLK; the fix-up rate kept) is refitted (v5) to the
 decode study of all 17 layers x M 1 / 8 / 64 x 8 configurations (run
