@@ -50,7 +50,6 @@ OPS: dict[str, OpInfo] = {
 # The ops no kernel family serves yet (Family.serves), each with why. An op leaves this list the
 # day a family serves it (tests/model/test_op_table.py fails until it does).
 ORACLE_ONLY: dict[str, str] = {
-    "embed": "a row gather copied into the hc streams: memory-bound glue, no kernel family",
     "compressor_project": "two fp32 GEMMs on bf16 weights (§5.2); the gemm family is FP8-only (an FP8 weight "
                           "would add an error the reference does not have)",
     "compressor_push": "decode-time state update (§5.7) returning the raw pooled entry; the compressor kernel "

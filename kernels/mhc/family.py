@@ -1,5 +1,10 @@
 """The mHC family (spec §3): hc_pre (mixes + RMS scaling, sigmoid pre/post, 20-iteration Sinkhorn,
-weighted collapse), hc_post (expand + residual mix) and hc_head; oracle pairing, cost, impls.
+weighted collapse), hc_post (expand + residual mix) and hc_head; and the embedding lookup that fills the
+hc streams (op "embed", §3.1: a row gather copied into the 4 streams, kernels/mhc/embed.py); oracle
+pairing, cost, impls.
+
+embed inputs: ids int64 [T] and a [V, D] bf16 table that holds NaN in every row no id names (a read
+of a wrong row shows); the oracle is `embed_streams` (exact: the kernel copies bits), in fp32.
 
 Tolerance of the fp32 outputs (post, comb, and y through pre): the low-precision reference is the
 oracle with fn rounded to TF32, the precision of the production mix GEMM (DeepGEMM
@@ -27,13 +32,15 @@ from dsv4bench.core.registry import (
     register_impl,
 )
 from dsv4bench.core.torch_impls import register_torch_baselines
-from kernels.common import compile_kernel, fake_rowmajor
+from kernels.common import TORCH_DTYPES, compile_kernel, fake_rowmajor
 from kernels.mhc import serves as served
 from kernels.mhc.apply import HcApplyKernel
+from kernels.mhc.embed import EmbedKernel
 from kernels.mhc.mix import HcMixKernel, pick_tiling
 from kernels.mhc.post import HcPostKernel
 from oracles.mhc import (
     HC_MULT,
+    embed_streams,
     hc_head,
     hc_head_lowprec,
     hc_post,
@@ -63,13 +70,16 @@ class MhcFamily(Family):
     space = space
     serves = served.OPS  # the model ops it serves (kernels/mhc/serves.py)
     options: ClassVar[dict[str, Option]] = {
-        "op": Option("op", "which mHC step", choices=("pre", "post", "head"), names=True),
+        "op": Option("op", "which mHC step (embed: the lookup that fills the streams)",
+                     choices=("pre", "post", "head", "embed"), names=True),
         "rows": Option("t", "tokens", "tokens"),
         "width": Option("d", "hidden size D of one stream", "elements"),
     }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         t, d = case["t"], case["d"]
+        if case["op"] == "embed":
+            return embed_inputs(case, gen, device)
         x = (torch.randn(t, HC_MULT, d, generator=gen) + 0.25).bfloat16()
         if case["op"] == "post":
             logits = 2.0 * torch.randn(t, HC_MULT, HC_MULT, generator=gen)
@@ -92,6 +102,8 @@ class MhcFamily(Family):
         return {k: v.to(device) for k, v in inputs.items()}
 
     def oracle(self, case: Case, inputs: dict) -> dict:
+        if case["op"] == "embed":
+            return {"out": embed_streams(inputs["ids"], inputs["weight"], HC_MULT).float()}
         if case["op"] == "post":
             return {
                 "out": hc_post(
@@ -108,6 +120,8 @@ class MhcFamily(Family):
         return {"y": y, "post": post, "comb": comb}
 
     def lowprec(self, case: Case, inputs: dict) -> dict:
+        if case["op"] == "embed":  # the reference's gather: exact
+            return {"out": embed_streams(inputs["ids"], inputs["weight"], HC_MULT)}
         if case["op"] == "post":
             return {
                 "out": hc_post_lowprec(
@@ -124,10 +138,9 @@ class MhcFamily(Family):
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
         t, d = case["t"], case["d"]
-        if case["op"] == "post":
-            return {
-                "out": torch.empty(t, HC_MULT, d, dtype=torch.bfloat16, device=device)
-            }
+        if case["op"] in ("post", "embed"):
+            dtype = TORCH_DTYPES[case["dtype"]]
+            return {"out": torch.empty(t, HC_MULT, d, dtype=dtype, device=device)}
         out = {"y": torch.empty(t, d, dtype=torch.bfloat16, device=device)}
         if case["op"] == "pre":
             out["post"] = torch.empty(t, HC_MULT, device=device)
@@ -137,6 +150,9 @@ class MhcFamily(Family):
     def cost(self, case: Case) -> Cost:
         t, d, op = case["t"], case["d"], case["op"]
         k = HC_MULT * d
+        if op == "embed":  # read a row and the id, write it to the 4 streams (the table is read sparsely)
+            size = torch.finfo(TORCH_DTYPES[case["dtype"]]).bits // 8
+            return Cost(flops=0.0, bytes=float(t * ((1 + HC_MULT) * d * size + 8)))
         if op == "post":  # read o + 4 streams + 20 weights, write 4 streams
             return Cost(
                 flops=float(t * k * 10), bytes=float(t * (2 * (d + 2 * k) + 4 * 20))
@@ -156,6 +172,11 @@ class MhcCuteDSL(Impl):
     pdl = True  # pass 2 as a programmatic dependent launch (off: the declared variant cutedsl:no-pdl)
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if case["op"] == "embed":
+            if case["dtype"] not in ("bf16", "fp32"):
+                return f"the embed kernel copies bf16 or fp32 rows, not {case['dtype']}"
+            if not case["t"]:
+                return "no token"
         return None if case["d"] % 8 == 0 else "mHC kernels need D % 8 == 0"
 
     def _tiling(self, case: Case) -> tuple[int, int]:
@@ -163,11 +184,18 @@ class MhcCuteDSL(Impl):
         return pick_tiling(HC_MULT * case["d"], case["t"])
 
     def compile_key(self, case: Case, arch: str) -> tuple:
+        if case["op"] == "embed":
+            return (self.family, self.name, arch, "embed", case["d"], case["dtype"])
         tiling = None if case["op"] == "post" else self._tiling(case)
         return (self.family, self.name, arch, case["op"], case["d"], tiling)
 
     def compile(self, case: Case, arch: str):
         d, t = case["d"], cute.sym_int()
+        if case["op"] == "embed":
+            dt = case["dtype"]
+            fake = (make_fake_compact_tensor(cutlass.Int64, (t,), assumed_align=8),
+                    fake_rowmajor(dt, (cute.sym_int(), d)), fake_rowmajor(dt, (t, HC_MULT, d)))
+            return compile_kernel(EmbedKernel(d, torch.finfo(TORCH_DTYPES[dt]).bits // 8), *fake, arch=arch)
         if case["op"] == "post":
             fake = (
                 fake_rowmajor("bf16", (t, d)),
@@ -205,6 +233,9 @@ class MhcCuteDSL(Impl):
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         t = case["t"]
+        if case["op"] == "embed":
+            compiled(inputs["ids"], inputs["weight"], out["out"])
+            return out
         if case["op"] == "post":
             compiled(
                 inputs["o"],
@@ -241,7 +272,25 @@ class HcTwoPass:
         self.apply(mPart, mX, mScale, mBase, mY, mPost, mComb, stream)
 
 
+def embed_inputs(case: Case, gen: torch.Generator, device: str) -> dict:
+    """ids [T] (random over the table, or `edges`: 0, V − 1, −1, −V first, then random, negative ones
+    among them) and the [V, D] table: random rows where an id points, NaN elsewhere."""
+    t, d, v = case["t"], case["d"], case["v"]
+    ids = torch.randint(0, v, (t,), generator=gen)
+    if case["ids"] == "edges":
+        edges = torch.tensor([0, v - 1, -1, -v])[:t]
+        ids[:len(edges)] = edges
+        flip = torch.rand(t, generator=gen) < 0.25
+        ids = torch.where(flip & (ids >= 0), ids - v, ids)  # the same rows, named from the end
+    rows = torch.unique(torch.where(ids < 0, ids + v, ids))
+    weight = torch.full((v, d), float("nan"), dtype=TORCH_DTYPES[case["dtype"]])
+    weight[rows] = torch.randn(len(rows), d, generator=gen).to(weight.dtype)
+    return {"ids": ids.to(device), "weight": weight.to(device)}
+
+
 def _eager(fns: dict, case: Case, inputs: dict) -> dict:
+    if case["op"] == "embed":
+        return {"out": fns["embed"](inputs["ids"], inputs["weight"], HC_MULT)}
     if case["op"] == "post":
         return {
             "out": fns["post"](
@@ -258,7 +307,7 @@ def _eager(fns: dict, case: Case, inputs: dict) -> dict:
     return {"y": y, "post": post, "comb": comb}
 
 
-EAGER = {"pre": hc_pre_lowprec, "post": hc_post_lowprec, "head": hc_head_lowprec}
+EAGER = {"pre": hc_pre_lowprec, "post": hc_post_lowprec, "head": hc_head_lowprec, "embed": embed_streams}
 
 
 register_family(MhcFamily())

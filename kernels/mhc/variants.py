@@ -25,8 +25,8 @@ class MhcNoPdl(MhcCuteDSL):
     pdl = False
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
-        if case["op"] == "post":
-            return "cutedsl:no-pdl changes hc_pre / hc_head's second launch (hc_post is one kernel)"
+        if case["op"] in ("post", "embed"):
+            return "cutedsl:no-pdl changes hc_pre / hc_head's second launch (hc_post and embed are one kernel)"
         return super().supports(case, arch)
 
 
