@@ -11,6 +11,11 @@ Every shape, production and drawn, is a case twice: the GEMM on pre-quantised op
 parameter: the ids of results committed before the quant+gemm op existed still name them) and
 `op = "quant+gemm"`, the call a model makes (bf16 activations in, their quantisation timed with
 the GEMM; kernels/gemm/quant_gemm.py).
+
+`op = "bf16"` is the bf16 GEMM (kernels/gemm/bf16_sm90.py): y fp32 [M, N] = x bf16 [M, K] . W bf16
+[N, K]^T, the model's GEMMs on BF16 checkpoint weights (BF16_LAYERS) at M in BF16_M, plus draws of
+ragged M / N / K (K a multiple of 8: TMA rows; not of the 64-wide K block). The compressors' wkv and
+wgate run as one GEMM on their rows stacked (N = 2 x coff*d), as kernels/gemm/bf16_serves.py calls it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,15 @@ LAYERS = [
     ("pro", "mtp_proj", 7168, 7168, 1),
 ]
 QUANT_GEMM = "quant+gemm"
+BF16 = "bf16"
+# (model, layer, N, K): the bf16 GEMMs (spec §5.2, §6, §9.1); D = 4096 (Flash) / 7168 (Pro)
+BF16_LAYERS = [
+    (model, layer, n, d)
+    for model, d in (("flash", 4096), ("pro", 7168))
+    for layer, n in (("head", 129280), ("csa_compressor.wkv+wgate", 2048), ("hca_compressor.wkv+wgate", 1024),
+                     ("indexer_compressor.wkv+wgate", 512), ("indexer.weights_proj", 64))
+]
+BF16_M = (1, 8, 64, 256, 4096)
 DECODE_M = (1, 8, 64, 256)
 PREFILL_M = (4096, 16384)
 TOKENS = DECODE_M + PREFILL_M
@@ -52,7 +66,12 @@ def with_quant_gemm(cases: list[dict]) -> list[dict]:
 
 def production() -> list[dict]:
     return with_quant_gemm([{"m": m, "n": n, "k": k, "groups": g, "layer": f"{model}.{layer}"}
-                            for model, layer, n, k, g in LAYERS for m in TOKENS])
+                            for model, layer, n, k, g in LAYERS for m in TOKENS]) + bf16_production()
+
+
+def bf16_production() -> list[dict]:
+    return [{"m": m, "n": n, "k": k, "layer": f"{model}.{layer}", "op": BF16}
+            for model, layer, n, k in BF16_LAYERS for m in BF16_M]
 
 
 def _grouped(d: dict) -> dict:
@@ -71,5 +90,16 @@ def extra_strategy() -> st.SearchStrategy[dict]:
     }).map(_grouped)
 
 
+def bf16_strategy() -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({
+        "m": tile_counts(64, 40),
+        "n": tile_counts(64, 64),  # any N: the epilogue stores element by element
+        "k": tile_counts(64, 40).map(lambda v: max(8, v - v % 8)),  # TMA: 16-byte rows
+        "layer": st.just("drawn"),
+        "op": st.just(BF16),
+    })
+
+
 def extra(n: int, seed: int) -> list[dict]:
-    return with_quant_gemm(draw(extra_strategy(), n, seed))
+    # the bf16 draws come from their own seed stream, so the FP8 draws of a seed stay what they were
+    return with_quant_gemm(draw(extra_strategy(), n, seed)) + draw(bf16_strategy(), n, seed + 1_000_003)

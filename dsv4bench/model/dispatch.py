@@ -50,15 +50,10 @@ OPS: dict[str, OpInfo] = {
 # The ops no kernel family serves yet (Family.serves), each with why. An op leaves this list the
 # day a family serves it (tests/model/test_op_table.py fails until it does).
 ORACLE_ONLY: dict[str, str] = {
-    "compressor_project": "two fp32 GEMMs on bf16 weights (§5.2); the gemm family is FP8-only (an FP8 weight "
-                          "would add an error the reference does not have)",
     "compressor_push": "decode-time state update (§5.7) returning the raw pooled entry; the compressor kernel "
                        "pools whole blocks of a sequence from position 0 and fuses the post-processing",
     "compressor_post": "decode entries only (prefill's is fused in compressor_prefill); no kernel post-processes "
                        "a given raw entry: the compressor kernel's post-processing is fused after its pooling",
-    "indexer_weights": "a small GEMM on the bf16 weights_proj: the gemm family is FP8-only",
-    "lm_head": "head.weight is BF16 (spec §9.1, §11: fp32 logits = norm(y).float() @ head.float().T); the gemm "
-               "family is FP8-only, and an FP8 head would add an error the reference does not have",
 }
 
 

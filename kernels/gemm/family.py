@@ -14,6 +14,14 @@ their oracle is the same product of the reference's act_quant(x) (§2.3, §2.6: 
 and torch (the act_quant round trip in torch ops, then the bf16 product) take them: the library
 peers take quantised operands, which their plain gemm cases of the same shape time.
 
+The cases with `op = "bf16"` are the bf16 GEMM (kernels/gemm/bf16_sm90.py), the model's GEMMs on
+BF16 checkpoint weights (lm_head, the compressors' wkv / wgate, the indexer's weights_proj): x bf16
+[M, K], W bf16 [N, K], y fp32. Oracle: x.float() @ W.float().T, the reference's own math (both
+operands are bf16 values, so the kernel differs from it by summation order only). Low-precision
+yardstick: that product rounded to bf16 (what a bf16-output matmul adds); the GPU tests hold the
+kernel to the much tighter summation-order bound (tests/gemm/test_bf16_gemm_gpu.py). Peers: torch
+(torch.mm on bf16 with fp32 output; its torch.compile); DeepGEMM and cuBLASLt FP8 take FP8 operands.
+
 wo_a runs in FP8 with the same recipe, not the reference's bf16 einsum: the checkpoint stores it in
 FP8 (convert.py dequantises it to bf16 only because the reference has no grouped FP8 kernel), FP8
 halves the weight bytes that decode streams, and vLLM serves it the same way (DeepGEMM fp8_einsum).
@@ -27,6 +35,10 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.gemm import peers
 from kernels.gemm import serves as served
+from kernels.gemm.bf16_config import Bf16Config, choose_bf16_config
+from kernels.gemm.bf16_glue import (
+    K_ALIGN, bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands, run_bf16_gemm,
+)
 from kernels.gemm.config import choose_config
 from kernels.gemm.tiling import KBLOCK, GemmConfig
 from kernels.gemm.glue import (
@@ -43,22 +55,26 @@ SM90_ONLY = ("the SM90 kernel is built on warpgroup MMA (wgmma) and Hopper TMA d
 class GemmFamily(Family):
     name = "gemm"
     description = ("FP8 e4m3 block-scaled GEMM y = x W^T (1x128 act / 128x128 weight scales), bf16 out; "
-                   "grouped for wo_a")
+                   "grouped for wo_a; op bf16: bf16 x bf16, fp32 out (the BF16 weights)")
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
-    serves = served.OPS  # the model ops it serves (kernels/gemm/serves.py)
+    serves = served.OPS  # the model ops it serves (kernels/gemm/serves.py; its bf16 ones: bf16_serves.py)
     options = {
         "rows": Option("m", "token rows M of x", "tokens"),
         "width": Option("n", "output features N (weight rows, all groups)", "features"),
         "depth": Option("k", "reduction length K of one group (a multiple of 128)", "elements"),
         "groups": Option("groups", "weight groups (1: a plain linear; 8 / 16: wo_a of Flash / Pro)", "groups"),
-        "op": Option("op", "the call timed: gemm (pre-quantised operands) or quant+gemm (bf16 activations "
-                     "quantised inside the call)", choices=(space.QUANT_GEMM,), names=True, aliases={"gemm": None}),
+        "op": Option("op", "the call timed: gemm (pre-quantised operands), quant+gemm (bf16 activations "
+                     "quantised inside the call) or bf16 (the bf16 x bf16 GEMM, fp32 out)",
+                     choices=(space.QUANT_GEMM, space.BF16), names=True, aliases={"gemm": None}),
     }
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         shape = (case["m"], case["n"], case["k"], seed)
+        if is_bf16(case):
+            x, w = draw_bf16_operands(*shape, device=device)
+            return {"x": x, "w": w}
         if quantises(case):
             x, w, sw = draw_operands(*shape, groups_of(case))
             return {"x": x.bfloat16().to(device), "w": w.to(device), "sw": sw.to(device)}
@@ -66,6 +82,8 @@ class GemmFamily(Family):
         return {"x": x, "sa": sa, "w": w, "sw": sw}
 
     def oracle(self, case: Case, inputs: dict) -> dict:
+        if is_bf16(case):
+            return {"out": bf16_oracle(inputs["x"], inputs["w"])}
         x, sa = (inputs["x"], inputs["sa"]) if "sa" in inputs else fp8_block_quant(inputs["x"], KBLOCK)
         return {"out": oracle_of(x, sa, inputs["w"], inputs["sw"], groups_of(case))}
 
@@ -73,11 +91,16 @@ class GemmFamily(Family):
         return {"out": self.oracle(case, inputs)["out"].bfloat16()}
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
+        if is_bf16(case):
+            return {"out": torch.empty(case["m"], case["n"], dtype=torch.float32, device=device)}
         return {"out": torch.empty(case["m"], case["n"], dtype=torch.bfloat16, device=device)}
 
     def cost(self, case: Case) -> Cost:
-        """Bytes: x (e4m3 and its scales, or bf16 for quant+gemm), W and its scales, y."""
+        """Bytes: x (e4m3 and its scales, or bf16 for quant+gemm), W and its scales, y (bf16 op: x, W
+        bf16, y fp32)."""
         m, n, k, g = case["m"], case["n"], case["k"], groups_of(case)
+        if is_bf16(case):
+            return Cost(flops=2.0 * m * n * k, bytes=float(2 * m * k + 2 * n * k + 4 * m * n))
         kb = k // KBLOCK
         nb = -(-n // KBLOCK)
         x_bytes = 2 * m * g * k if quantises(case) else m * g * k + 4 * m * g * kb
@@ -92,6 +115,8 @@ class GemmCuteDSL(Impl):
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if arch not in (None, "sm_90a"):
             return SM90_ONLY
+        if is_bf16(case):
+            return None if case["k"] % K_ALIGN == 0 else f"K must be a multiple of {K_ALIGN} (16-byte TMA rows)"
         if case["k"] % KBLOCK:
             return f"K must be a multiple of {KBLOCK} (the quantisation block)"
         if case["n"] % 8:
@@ -102,21 +127,33 @@ class GemmCuteDSL(Impl):
 
     def config(self, case: Case) -> GemmConfig:
         """The tile configuration of the case (the seam of the declared variants)."""
+        if is_bf16(case):
+            if type(self).config is not GemmCuteDSL.config:  # a declared variant (ConfigKnobs: UNSUPPORTED)
+                raise ValueError("the declared variants override the FP8 kernel's tile rule; the bf16 op has its own")
+            return choose_bf16_config(case["m"], case["n"], case["k"])
         return choose_config(case["m"], case["n"], case["k"], groups=groups_of(case))
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         key = (self.family, "cutedsl", arch, self.config(case))
+        if is_bf16(case):
+            return key + (space.BF16, "fp32")
         return key + (space.QUANT_GEMM, groups_of(case) * case["k"]) if quantises(case) else key
 
     def compile(self, case: Case, arch: str):
         if arch != "sm_90a":
             raise ValueError(SM90_ONLY)
+        if is_bf16(case):
+            return compile_bf16_gemm(self.config(case), torch.float32, arch)
         if quantises(case):
             return compile_quant_gemm(self.config(case), groups_of(case) * case["k"], arch)
         return compile_gemm(self.config(case), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         g, cfg = groups_of(case), self.config(case)
+        if isinstance(cfg, Bf16Config):
+            check_bf16_operands(inputs["x"], inputs["w"], out["out"])
+            run_bf16_gemm(compiled, cfg, inputs["x"], inputs["w"], out["out"])
+            return out
         x, w, sw, y = inputs["x"], inputs["w"], inputs["sw"], out["out"]
         if quantises(case):
             codes, sa = quant_operands(x, w, sw, y, g)
@@ -125,6 +162,11 @@ class GemmCuteDSL(Impl):
             check_operands(x, inputs["sa"], w, sw, y, g)
             run_gemm(compiled, cfg, x, inputs["sa"], w, sw, y, g)
         return out
+
+
+def is_bf16(case) -> bool:
+    """A case of the bf16 GEMM (`op = "bf16"`)."""
+    return case.params.get("op") == space.BF16
 
 
 FAMILY = register_family(GemmFamily())

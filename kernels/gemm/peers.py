@@ -9,6 +9,10 @@ out of the timed call, like our own workspace.
 The quant+gemm cases (bf16 activations in) are ours and torch's only (torch: the act_quant round
 trip in torch ops, then the bf16 product): DeepGEMM and cuBLASLt take quantised operands, and
 their plain gemm cases of the same shape time exactly that.
+
+The bf16 cases (`op = "bf16"`, bf16 x and W, fp32 out) are ours and torch's: torch.mm on the bf16
+operands with fp32 output (cuBLAS, fp32 accumulation: the reference's product without its fp32
+upcasts), and torch.compile of it. DeepGEMM and cuBLASLt blockwise FP8 take FP8 operands.
 """
 
 from __future__ import annotations
@@ -21,10 +25,15 @@ from kernels.common import Prepared
 from kernels.gemm.glue import dequant_operands, groups_of, quantises
 from kernels.gemm.tiling import KBLOCK
 from oracles.quant import dequant_fp8_weight, fp8_qdq_lowprec
-from sweeps.gemm import QUANT_GEMM
+from sweeps.gemm import BF16, QUANT_GEMM
 
 QUANTISED_ONLY = ("takes quantised operands: its time on this shape is the plain gemm case's (the "
                   "quant+gemm op quantises bf16 activations inside the call)")
+FP8_ONLY = "an FP8 GEMM: the bf16 op's operands are bf16 (torch.mm with fp32 output is its peer)"
+
+
+def _is_bf16(case: Case) -> bool:
+    return case.params.get("op") == BF16
 
 
 class DeepGemm(Impl):
@@ -38,6 +47,8 @@ class DeepGemm(Impl):
         return import_reason("deep_gemm")
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if _is_bf16(case):
+            return FP8_ONLY
         return QUANTISED_ONLY if quantises(case) else None
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
@@ -67,6 +78,8 @@ class CublasLt(Impl):
         return None if hasattr(torch, "_scaled_mm") else "torch._scaled_mm missing"
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if _is_bf16(case):
+            return FP8_ONLY
         if quantises(case):
             return QUANTISED_ONLY
         if groups_of(case) > 1:
@@ -105,12 +118,22 @@ def bf16_operands(x, w, sw, sa=None) -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(t.bfloat16() for t in dequant_operands(x, sa, w, sw))
 
 
+def bf16_fp32_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The bf16 op's peer: x . W^T on the bf16 operands with fp32 accumulation and output (torch.mm
+    out_dtype on CUDA; the fp32 product elsewhere, where torch has no bf16 -> fp32 mm)."""
+    if x.is_cuda:
+        return torch.mm(x, w.t(), out_dtype=torch.float32)
+    return x.float() @ w.float().t()
+
+
 _BF16 = Prepared()
 
 
 def _bf16_call(fns: dict, case: Case, inputs: dict) -> dict:
     """The bf16 operands are made once per input buffer (a bf16 model keeps its weights in bf16),
     out of the timed call."""
+    if _is_bf16(case):
+        return {"out": fns[BF16](inputs["x"], inputs["w"])}
     xb, wb = _BF16.get(tuple(inputs.values()), lambda: bf16_operands(**inputs))
     return {"out": fns[QUANT_GEMM if quantises(case) else "gemm"](xb, wb, groups_of(case))}
 
@@ -120,4 +143,5 @@ def register_torch_peers() -> None:
     act_quant round trip) and torch_compile of it."""
     from dsv4bench.core.torch_impls import register_torch_baselines
 
-    register_torch_baselines("gemm", {"gemm": bf16_product, QUANT_GEMM: quant_bf16_product}, _bf16_call)
+    register_torch_baselines("gemm", {"gemm": bf16_product, QUANT_GEMM: quant_bf16_product,
+                                         BF16: bf16_fp32_product}, _bf16_call)

@@ -1,0 +1,147 @@
+"""The bf16 GEMM (kernels/gemm/bf16_sm90.py) on the CPU: its tile rule, bad input, the sweep op's
+registration (cases, oracle, peers), and a fresh compile of every configuration the rule picks for
+the model's shapes, plus each tile shape and split-K, for sm_90a from fake tensors (no spills, no
+serialised wgmma)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import SweepOptions, get_family, get_impl
+from kernels.gemm.bf16_config import BK, Bf16Config, choose_bf16_config, cost
+from kernels.gemm.bf16_glue import bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands
+from kernels.gemm.config import H100_SMS, MAX_SPLIT
+from kernels.gemm.tiling import SMEM_BYTES
+from sweeps.gemm import BF16, BF16_LAYERS, BF16_M
+from tests.wgmma_checks import assert_compiles_clean
+
+HEAD = 129280
+
+
+def test_rule_streams_the_head_from_every_sm_and_splits_small_decode_gemms():
+    for d in (4096, 7168):
+        for m in (1, 8, 64):
+            cfg = choose_bf16_config(m, HEAD, d)
+            assert cfg.bm == 64 and cfg.split_k == 1 and -(-HEAD // cfg.bn) >= H100_SMS
+        for n in (512, 1024, 2048):  # the compressors (wkv + wgate stacked)
+            cfg = choose_bf16_config(1, n, d)
+            assert cfg.bm == 64 and -(-n // cfg.bn) * cfg.split_k >= H100_SMS * 0.8, (n, cfg)
+        assert choose_bf16_config(1, 64, d).split_k == MAX_SPLIT  # weights_proj: one tile, split all it may
+    prefill = choose_bf16_config(4096, 2048, 4096)
+    assert (prefill.bm, prefill.bn, prefill.split_k) == (128, 256, 1)
+
+
+@pytest.mark.parametrize("m", BF16_M)
+def test_rule_configs_fit_and_are_no_worse_than_the_plain_tiles(m):
+    for _, _, n, k in BF16_LAYERS:
+        cfg = choose_bf16_config(m, n, k)
+        assert cfg.n_stages * cfg.stage_bytes + 2048 <= SMEM_BYTES and cfg.n_stages >= 2
+        best = cost(m, n, k, cfg.bm, cfg.bn, cfg.split_k)
+        for bm, bn in [(64, 64), (64, 128), (128, 128), (128, 256)]:
+            if m <= 64 and bm > 64:
+                continue
+            assert best <= cost(m, n, k, bm, bn, 1) + 1
+
+
+def test_config_rejects_impossible_tiles():
+    with pytest.raises(ValueError, match="bm must be"):
+        Bf16Config(bm=256)
+    with pytest.raises(ValueError, match="bn must be"):
+        Bf16Config(bn=32)
+    with pytest.raises(ValueError, match="do not fit"):
+        Bf16Config(bm=128, bn=256, stages=6)
+
+
+def _ops(m=5, n=40, k=72):
+    return draw_bf16_operands(m, n, k, 0)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda x, w: (x.float(), w), "x must be bfloat16"),
+    (lambda x, w: (x, w.half()), "w must be bfloat16"),
+    (lambda x, w: (x.t(), w), "x must be contiguous"),
+    (lambda x, w: (x, w[:, :64].contiguous()), "w has K = 64, x has K = 72"),
+    (lambda x, w: (x[:, :70].contiguous(), w[:, :70].contiguous()), "K = 70 is not a positive multiple of 8"),
+    (lambda x, w: (x[:0], w), "x has M = 0"),
+    (lambda x, w: (x[0], w), "x must be a 2-D tensor"),
+])
+def test_bad_input_is_one_error_naming_the_tensor(mutate, message):
+    x, w = mutate(*_ops())
+    with pytest.raises(ValueError) as e:
+        check_bf16_operands(x, w)
+    assert message in str(e.value) and str(e.value).startswith("gemm bf16: ")
+
+
+def test_bad_output_is_named():
+    x, w = _ops()
+    assert check_bf16_operands(x, w, torch.empty(5, 40)) == (5, 40, 72)
+    assert check_bf16_operands(x, w, torch.empty(5, 40, dtype=torch.bfloat16)) == (5, 40, 72)
+    with pytest.raises(ValueError, match="gemm bf16: out must be float32 or bfloat16"):
+        check_bf16_operands(x, w, torch.empty(5, 40, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"gemm bf16: out must have shape \(5, 40\)"):
+        check_bf16_operands(x, w, torch.empty(5, 41))
+    with pytest.raises(ValueError, match="out must have contiguous rows"):
+        check_bf16_operands(x, w, torch.empty(40, 5).t())
+
+
+def test_the_sweep_op_is_registered_with_its_shapes_oracle_and_peers():
+    fam = get_family("gemm")
+    cases = fam.cases(SweepOptions(examples=8, seed=3, filters=fam.parse_filters({"op": "bf16"})))
+    assert cases and all(c["op"] == BF16 for c in cases)
+    grid = {(c["m"], c["n"], c["k"]) for c in cases if c.origin == "grid"}
+    assert grid == {(m, n, k) for _, _, n, k in BF16_LAYERS for m in BF16_M}
+    drawn = [c for c in cases if c.origin == "hypothesis"]
+    assert drawn and all(c["k"] % 8 == 0 for c in drawn)
+    assert any(c["k"] % BK or c["n"] % 64 or c["m"] % 64 for c in drawn)  # ragged draws
+    # the FP8 cases of a seed are what they were (the bf16 draws have their own seed stream)
+    fp8 = fam.cases(SweepOptions(examples=8, seed=3, grid=False, filters=fam.parse_filters({"op": "gemm"})))
+    assert all("op" not in c.params for c in fp8) and fp8
+
+    case = Case("gemm", {"m": 7, "n": 100, "k": 200, "op": BF16, "layer": "drawn"})
+    inputs = fam.make_inputs(case, torch.Generator().manual_seed(1), "cpu")
+    x, w = inputs["x"], inputs["w"]
+    assert x.dtype == w.dtype == torch.bfloat16 and x.shape == (7, 200) and w.shape == (100, 200)
+    truth = fam.oracle(case, inputs)["out"]
+    assert truth.dtype == torch.float32
+    torch.testing.assert_close(truth, x.double().matmul(w.double().T).float(), rtol=1e-5, atol=1e-5)
+    assert fam.lowprec(case, inputs)["out"].dtype == torch.bfloat16
+    assert fam.alloc_outputs(case, "cpu")["out"].dtype == torch.float32
+    assert fam.cost(case).bytes == 2 * 7 * 200 + 2 * 100 * 200 + 4 * 7 * 100
+    torch.testing.assert_close(get_impl("gemm", "torch").run(case, inputs, {}, None)["out"], truth)
+    assert get_impl("gemm", "cutedsl").supports(case, "sm_90a") is None
+    assert "sm_100a" not in get_impl("gemm", "cutedsl").archs
+    for peer in ("deepgemm", "cublaslt", "cutedsl:bm128", "cutedsl:ko-no-b"):
+        assert get_impl("gemm", peer).supports(case, "sm_90a"), peer
+    odd = Case("gemm", {"m": 7, "n": 100, "k": 100, "op": BF16})
+    assert "multiple of 8" in get_impl("gemm", "cutedsl").supports(odd, "sm_90a")
+
+
+def test_oracle_is_the_fp32_product_and_the_lowprec_yardstick_holds_on_the_cpu():
+    x, w = draw_bf16_operands(33, 300, 1000, 5)
+    y = bf16_oracle(x, w)
+    exact = x.double() @ w.double().T
+    assert (y.double() - exact).abs().max() <= 1000 * 2.0**-24 * (x.double().abs() @ w.double().abs().T).max()
+    assert (y.bfloat16().double() - exact).abs().max() > 0  # the yardstick is not the truth
+
+
+RULE_CONFIGS = sorted({choose_bf16_config(m, n, k) for _, _, n, k in BF16_LAYERS for m in BF16_M}, key=str)
+# every tile shape, with and without split-K, beyond what the rule picks for the model's shapes
+TILE_CONFIGS = sorted({Bf16Config(bm=bm, bn=bn, split_k=s) for bm in (64, 128) for bn in (64, 128, 256)
+                       for s in (1, 3)} - set(RULE_CONFIGS), key=str)
+
+
+@pytest.mark.parametrize("cfg", RULE_CONFIGS, ids=str)
+def test_every_rule_config_compiles_without_spills_or_serialised_wgmma(cfg):
+    assert_compiles_clean(compile_bf16_gemm, cfg)
+
+
+@pytest.mark.parametrize("cfg", TILE_CONFIGS, ids=str)
+def test_every_tile_shape_compiles_clean(cfg):
+    assert_compiles_clean(compile_bf16_gemm, cfg)
+
+
+@pytest.mark.parametrize("cfg", [Bf16Config(bm=64, bn=256), Bf16Config(bm=128, bn=128, split_k=2)], ids=str)
+def test_bf16_output_compiles_clean(cfg):
+    assert_compiles_clean(lambda c: compile_bf16_gemm(c, torch.bfloat16), cfg)
