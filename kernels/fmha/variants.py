@@ -32,6 +32,7 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_fused import FusedDecodeSm90
+from kernels.fmha.decode_prefetch import FusedPrefetch, FusedPrefetchBulk, FusedPrefetchLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.probes import EmptyGridMixin
@@ -213,5 +214,35 @@ class FmhaFusedNoDequant(FmhaFusedDecode):
     checked = False
 
 
+class FmhaFusedDecodePrefetch(FmhaFusedDecode):
+    """fused-small + an L2 prefetch (prefetch.global.L2 of the lines of each 576-byte row and of its
+    scale row) of pair 0's rows at its start and of pair p + 1's at the end of pair p
+    (decode_prefetch.FusedPrefetch)."""
+
+    name, variant, decode_form = "cutedsl:fused-pf", "fused-pf", (4, True, FusedPrefetch, True)
+
+
+class FmhaFusedDecodePrefetchBulk(FmhaFusedDecode):
+    """fused-pf with one cp.async.bulk.prefetch.L2 of the 576-byte row instead of 6 line prefetches
+    (decode_prefetch.FusedPrefetchBulk)."""
+
+    name, variant, decode_form = "cutedsl:fused-pf-bulk", "fused-pf-bulk", (4, True, FusedPrefetchBulk, True)
+
+
+class FmhaFusedDecodePrefetchLoop(FmhaFusedDecode):
+    """fused-pf with each half's 4-row batches in a run-time loop: one copy of the loads and conversion
+    per (stage, half) (decode_prefetch.FusedPrefetchLoop)."""
+
+    name, variant, decode_form = "cutedsl:fused-pf-loop", "fused-pf-loop", (4, True, FusedPrefetchLoop, True)
+
+
+class FmhaFusedDecodePrefetchLoop2(FmhaFusedDecode):
+    """fused-pf-loop with 2-row batches (4 trips a half): the smallest producer code."""
+
+    name, variant, decode_form = "cutedsl:fused-pf-loop2", "fused-pf-loop2", (2, True, FusedPrefetchLoop, True)
+
+
 # checked variants (real answers) and knock-outs of the FP8 decode, decode_fp8 only
-DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall, FmhaFusedNoDequant)
+DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall, FmhaFusedNoDequant,
+                   FmhaFusedDecodePrefetch, FmhaFusedDecodePrefetchBulk, FmhaFusedDecodePrefetchLoop,
+                   FmhaFusedDecodePrefetchLoop2)

@@ -321,3 +321,28 @@ def test_fast_e4m3_conversion_is_exact(e):
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     hi = ((_prmt_sign_rep(w, 0xB3A2) << 4) & 0x87F087F0) & 0xFFFFFFFF  # bytes 2-3 go to the other word
     assert int(hi[0]) == ((0xCD & 0x7F) << 20 | (0xCD >> 7) << 31 | (0xAB & 0x7F) << 4 | (0xAB >> 7) << 15)
+
+
+# ---------------------------------------------------------------- v3 candidates (decode_prefetch.py)
+@pytest.mark.parametrize("impl,bound", [("cutedsl:fused-pf", 48), ("cutedsl:fused-pf-bulk", 48),
+                                        ("cutedsl:fused-pf-loop", 16), ("cutedsl:fused-pf-loop2", 16)])
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_prefetch_variants_compile_for_sm90a_without_gpu(h_q, impl, bound):
+    """The L2-prefetch producers compile (setmaxnreg 88 / 208) with at most fused-small's local memory
+    (the batch loop: 16 B, its rows' registers local to an iteration), issue their prefetches (6 line
+    prefetches + 1 scale line, or one bulk prefetch + 1, at two places a stage) and, with the loop,
+    keep one copy of the conversion per (stage, half): half or a quarter of fused-small's HMUL2."""
+    from dsv4bench.compile.sass import find_nvdisasm, sass_of
+    from dsv4bench.core.registry import get_impl
+
+    form = get_impl("fmha", impl).decode_form
+    k = compile_fused(h_q, "sm_90a", *form).kernels["fused"]
+    info = parse_cubin(k.__cubin__)
+    print(impl, h_q, info)
+    assert info.cubin_bytes > 0 and info.local_bytes <= bound, info
+    if find_nvdisasm() is not None:
+        sass = sass_of(k)
+        bulk = form[2].bulk_prefetch
+        assert sass.count("UBLKPF.L2") == (4 if bulk else 0) and sass.count("CCTL.E.PF2") == (4 if bulk else 28)
+        mul = {"cutedsl:fused-pf-loop": 224, "cutedsl:fused-pf-loop2": 112}.get(impl, 448)
+        assert sass.count("HMUL2") == mul, sass.count("HMUL2")

@@ -1,5 +1,6 @@
 """FP8-cache sparse decode on a GPU: our three launches (v1, kernels/fmha/decode_glue.py) and the fused
-kernel (v2, decode_fused.py: `cutedsl:fused`, `-cvt`, `-b2`) against the
+kernel (v2, decode_fused.py: `cutedsl:fused`, `-cvt`, `-b2`, `-small`; its v3 candidates with an L2
+prefetch, decode_prefetch.py: `-pf`, `-pf-bulk`, `-pf-loop`, `-pf-loop2`) against the
 dequantised FP32 oracle by the harness rule (docs/benchmarking.md), on the issue's grid (Flash and
 Pro, 1-128 requests; the 128K contexts at 1 and 128 requests) and hypothesis draws (ragged
 lengths, -1 indices, fewer valid keys than top-k, duplicates, pages of 61); the split-KV path and
@@ -27,9 +28,11 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
+# v3 candidates (decode_prefetch.py): L2 prefetch of each pair's rows, a run-time batch loop
+PF = ("cutedsl:fused-pf", "cutedsl:fused-pf-bulk", "cutedsl:fused-pf-loop", "cutedsl:fused-pf-loop2")
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name)  # v1; v2 (decode_fused.py) and its forms
          for name in ("cutedsl", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt", "cutedsl:fused-small",
-                      "cutedsl:fused-no-dequant")}
+                      "cutedsl:fused-no-dequant", *PF)}
 _compiled: dict = {}
 
 
@@ -53,7 +56,7 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small"])
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small", *PF])
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
@@ -82,7 +85,7 @@ def test_fused_b2_matches_dequantised_oracle(case):
     _check(case, x, res, "cutedsl:fused-b2")
 
 
-@pytest.mark.parametrize("impl", ["cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small"])
+@pytest.mark.parametrize("impl", ["cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small", *PF])
 @pytest.mark.parametrize("split", [(1, None), (2, None), (None, 128)])
 @pytest.mark.parametrize("k0", [128, 100])
 def test_fused_splits_and_unaligned_window(split, k0, impl):
