@@ -192,3 +192,4 @@ _COMPILED: dict = {}
 # Declared variants (tile-rule ablations, run only when named: `--impl cutedsl:<name>`). They
 # subclass GemmCuteDSL, so they are imported last; variants.py registers them (register_impl).
 from kernels.gemm import variants  # noqa: E402,F401
+from kernels.gemm import bf16_variants  # noqa: E402,F401 (the bf16 op's tile variants)

@@ -145,3 +145,16 @@ def test_every_tile_shape_compiles_clean(cfg):
 @pytest.mark.parametrize("cfg", [Bf16Config(bm=64, bn=256), Bf16Config(bm=128, bn=128, split_k=2)], ids=str)
 def test_bf16_output_compiles_clean(cfg):
     assert_compiles_clean(lambda c: compile_bf16_gemm(c, torch.bfloat16), cfg)
+
+
+def test_tile_variants_override_one_knob_of_the_rule_and_refuse_the_fp8_cases():
+    case = Case("gemm", {"m": 1, "n": HEAD, "k": 4096, "op": BF16})
+    rule = choose_bf16_config(1, HEAD, 4096)
+    narrow = get_impl("gemm", "cutedsl:bf16-bn128")
+    assert narrow.supports(case, "sm_90a") is None and narrow.config(case) == Bf16Config(bm=rule.bm, bn=128)
+    assert get_impl("gemm", "cutedsl:bf16-k8").config(case).split_k == 8
+    assert "do not fit" in get_impl("gemm", "cutedsl:bf16-s8").supports(case, "sm_90a")  # 8 x 40 KB stages
+    fp8 = Case("gemm", {"m": 1, "n": 1024, "k": 4096})
+    assert "bf16 tile variant" in narrow.supports(fp8, "sm_90a")
+    key = narrow.compile_key(case, "sm_90a")
+    assert key != get_impl("gemm", "cutedsl").compile_key(case, "sm_90a") and Bf16Config(bm=64, bn=128) in key
