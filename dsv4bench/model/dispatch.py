@@ -50,10 +50,6 @@ OPS: dict[str, OpInfo] = {
 # The ops no kernel family serves yet (Family.serves), each with why. An op leaves this list the
 # day a family serves it (tests/model/test_op_table.py fails until it does).
 ORACLE_ONLY: dict[str, str] = {
-    "compressor_push": "decode-time state update (§5.7) returning the raw pooled entry; the compressor kernel "
-                       "pools whole blocks of a sequence from position 0 and fuses the post-processing",
-    "compressor_post": "decode entries only (prefill's is fused in compressor_prefill); no kernel post-processes "
-                       "a given raw entry: the compressor kernel's post-processing is fused after its pooling",
 }
 
 

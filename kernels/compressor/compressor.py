@@ -64,6 +64,17 @@ class EntryKernel:
         """RMSNorm, RoPE at s·m and FP8 NoPE qdq of the pooled entry y (4 channels per lane), then the
         bf16 store by group 0. Every thread of the CTA calls it (barriers, warp butterflies); `smem`
         is the kernel's one shared-memory allocator."""
+        self.norm_rope(smem, y, mW, mTab, s * self.m, group, lane)
+        self.quantise(y, lane)
+        if group == 0:
+            out = cute.make_rmem_tensor((VEC,), mOut.element_type)
+            out.store(y.load().to(mOut.element_type))
+            cute.autovec_copy(out, cute.zipped_divide(mOut, (1, 1, VEC))[(0, 0, None), (b, s, lane)])
+
+    @cute.jit
+    def norm_rope(self, smem, y, mW: cute.Tensor, mTab: cute.Tensor, row, group, lane):
+        """RMSNorm of the entry y (weight mW), then RoPE of its last 64 channels with row `row` of the
+        (cos, sin) table. Every thread of the CTA calls it (a barrier)."""
         d = self.d
         s_sq = smem.allocate_tensor(Float32, cute.make_layout((self.warps,)), 16)
         sum_sq = Float32(0.0)
@@ -87,18 +98,19 @@ class EntryKernel:
         rope_start = d - ROPE_DIM
         if col >= rope_start:
             cos_sin = cute.make_rmem_tensor((VEC,), Float32)
-            cute.autovec_copy(cute.zipped_divide(mTab, (1, VEC))[(0, None), (s * self.m, (col - rope_start) // VEC)],
+            cute.autovec_copy(cute.zipped_divide(mTab, (1, VEC))[(0, None), (row, (col - rope_start) // VEC)],
                               cos_sin)
             rotate_pairs(y, cos_sin, VEC, False)
+
+    @cute.jit
+    def quantise(self, y, lane):
+        """The main compressor's QAT: FP8 qdq of the NoPE channels in 64-wide blocks (16 lanes each)."""
+        col = lane * VEC
         quant = cute.make_rmem_tensor((VEC,), Float32)
         quant.store(y.load())
         qdq_block(quant, VEC)  # every lane joins the butterfly; the rope lanes keep y
-        if col < rope_start:
+        if col < self.d - ROPE_DIM:
             y.store(quant.load())
-        if group == 0:
-            out = cute.make_rmem_tensor((VEC,), mOut.element_type)
-            out.store(y.load().to(mOut.element_type))
-            cute.autovec_copy(out, cute.zipped_divide(mOut, (1, 1, VEC))[(0, 0, None), (b, s, lane)])
 
 
 class CsaKernel(EntryKernel):

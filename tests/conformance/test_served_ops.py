@@ -44,7 +44,8 @@ def recorded():
 
     ops = RecordingOps()
     engine = Engine(Checkpoint.open(default_checkpoint()), device="cpu", ops=ops)
-    for _ in engine.generate([1, 17, 42, 99, 5], 2, 0.0, 0):
+    # 7 prompt tokens: the first decode step, at position 7, completes a CSA block (compressor_post runs)
+    for _ in engine.generate([1, 17, 42, 99, 5, 23, 8], 2, 0.0, 0):
         pass
     return ops.seen
 
