@@ -76,14 +76,28 @@ def _exponents(scales: torch.Tensor) -> torch.Tensor:
     return exps
 
 
-def prepare(codes: torch.Tensor, scales: torch.Tensor) -> GroupedWeight:
-    """codes int8/uint8 [E, N, K/2], ue8m0 scales (float8_e8m0fnu or uint8) [E, N, K/32] -> GroupedWeight."""
+FRAMES = ("block", "row")
+
+
+def prepare(codes: torch.Tensor, scales: torch.Tensor, frame: str = "block") -> GroupedWeight:
+    """codes int8/uint8 [E, N, K/2], ue8m0 scales (float8_e8m0fnu or uint8) [E, N, K/32] -> GroupedWeight.
+
+    frame "block" (v2): the reference exponent r per (row n, 128-K block). frame "row" (v3's `row_frame`
+    kernel, kernels/moe/grouped_split.py): one r per row n, the max over the whole row's sub-blocks − 6, so
+    col_scale is the same in every K block and the kernel applies it once, after the last K block (the
+    per-K-block promotion is then one FFMA an element instead of an FMUL and an FFMA). The same bracket and
+    table; exact while a row's exponents span <= 14 binades (`flush_stats(scales, "row")`), bounded beyond."""
     e, n, half = codes.shape
     k = 2 * half
     if k % KBLOCK or scales.shape != (e, n, k // SUB):
         raise ValueError(f"K={k} must be a multiple of {KBLOCK} and scales [E, N, K/32], got {tuple(scales.shape)}")
+    if frame not in FRAMES:
+        raise ValueError(f"frame must be one of {FRAMES}, got {frame!r}")
     exps = _exponents(scales).view(e, n, k // KBLOCK, KBLOCK // SUB)
-    ref = exps.amax(-1) - MAX_SHIFT  # r = m − 6, [E, N, KB]
+    if frame == "row":
+        ref = exps.amax(-1).amax(-1, keepdim=True).expand(e, n, k // KBLOCK) - MAX_SHIFT  # [E, N, KB], equal along KB
+    else:
+        ref = exps.amax(-1) - MAX_SHIFT  # r = m − 6, [E, N, KB]
     shift = (exps - ref[..., None] + SHIFT_BIAS).clamp(min=0)
     col_scale = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - UE8M0_BIAS).float())
     return GroupedWeight(codes.contiguous().view(torch.uint8), shift.to(torch.uint8).transpose(1, 2).contiguous(),
@@ -100,9 +114,9 @@ def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return pair.reshape(e, 2 * i, *a.shape[2:])
 
 
-def prepare_layer(w1, s1, w3, s3, w2, s2) -> tuple[GroupedWeight, GroupedWeight]:
+def prepare_layer(w1, s1, w3, s3, w2, s2, frame: str = "block") -> tuple[GroupedWeight, GroupedWeight]:
     """The checkpoint's w1/w3/w2 (and scales) of E experts -> (L1 weight with gate/up interleaved, L2 weight)."""
-    return prepare(interleave(w1, w3), interleave(s1, s3)), prepare(w2, s2)
+    return prepare(interleave(w1, w3), interleave(s1, s3), frame), prepare(w2, s2, frame)
 
 
 # ---------------------------------------------------------------- the kernel's widening, in torch
@@ -125,9 +139,11 @@ def widened_dequant(w: GroupedWeight) -> torch.Tensor:
     return widened_codes(w).float() * col
 
 
-def flush_stats(scales: torch.Tensor) -> tuple[int, int]:
-    """(sub-blocks widened inexactly: more than EXACT_SPAN binades below their block's max, all sub-blocks)."""
+def flush_stats(scales: torch.Tensor, frame: str = "block") -> tuple[int, int]:
+    """(sub-blocks widened inexactly: more than EXACT_SPAN binades below their block's max (frame "row": their
+    row's max), all sub-blocks)."""
     exps = _exponents(scales)
     blocks = exps.view(*exps.shape[:-1], -1, KBLOCK // SUB)
-    inexact = (blocks.amax(-1, keepdim=True) - blocks) > EXACT_SPAN
+    top = blocks.amax(-1, keepdim=True) if frame == "block" else blocks.amax((-1, -2), keepdim=True)
+    inexact = (top - blocks) > EXACT_SPAN
     return int(inexact.sum()), blocks.numel()

@@ -198,7 +198,11 @@ class MoeLayerVariant(MoeCuteDSL):
     read-back, a host sync, in every call):
     the A/Bs of the v2 changes; `cutedsl:tiled-b` reads the weight codes in load-time 16 KB tiles (one
     contiguous read a stage instead of 256 64-byte pieces): the DRAM-locality A/B; `cutedsl:pdl` launches the
-    gather, both GEMMs and combine with programmatic dependent launch (docs/perf/moe.md)."""
+    gather, both GEMMs and combine with programmatic dependent launch; `cutedsl:split-wg` (v3, prefill) decouples
+    the two consumer warpgroups (each widens the weight rows its own wgmma reads, behind its own barrier:
+    kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
+    scale per weight row: a K block's promotion is one FFMA an element), `cutedsl:v3-ko-no-widen` its knock-out
+    (what v3's widening still costs) (docs/perf/moe.md)."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False, planned: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
@@ -215,6 +219,10 @@ register_impl(MoeLayerVariant("ko-no-widen", {"ablate": "no-widen"}, checked=Fal
 register_impl(MoeLayerVariant("widen-v1", {"widen": "v1"}))
 register_impl(MoeLayerVariant("tiled-b", {"tiled_b": True}))
 register_impl(MoeLayerVariant("pdl", {"pdl": True}))
+register_impl(MoeLayerVariant("split-wg", {"split_wg": True}))
+register_impl(MoeLayerVariant("v3", {"split_wg": True, "row_frame": True}))
+register_impl(MoeLayerVariant("v3-ko-no-widen", {"split_wg": True, "row_frame": True, "ablate": "no-widen"},
+                              checked=False))
 register_impl(MoeLayerVariant("v1", {"widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
                                planned=False))
 peers.register()

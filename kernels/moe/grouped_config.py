@@ -52,6 +52,15 @@ class GroupedConfig:
     # prefetch before griddepcontrol.wait, dependents triggered right after it (kernels/moe/layer.py
     # passes the flag to dispatch's gather and to combine too)
     pdl: bool = False
+    # v3 (prefill; variant `cutedsl:split-wg`, kernels/moe/grouped_split.py): each consumer warpgroup widens
+    # only the 128 weight rows its own wgmma reads and publishes them with its own named barrier, so the two
+    # warpgroups no longer meet every K block (one promotes and widens while the other's wgmmas run)
+    split_wg: bool = False
+    # v3 with weights in the row frame (variant `cutedsl:v3`; needs split_wg; kernels/moe/expert_weights.prepare
+    # frame="row": one column scale per weight row, the same in every K block): the per-K-block promotion is
+    # acc += tmp · row_scale (one FFMA an element, no column scales loaded), the column scale applied once in
+    # the tile's last K block
+    row_frame: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -60,6 +69,10 @@ class GroupedConfig:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
         if self.widen not in WIDENINGS:
             raise ValueError(f"widen must be one of {WIDENINGS}, got {self.widen!r}")
+        if self.split_wg and self.widen != "v2":
+            raise ValueError("split_wg widens with v2 only")
+        if self.row_frame and not self.split_wg:
+            raise ValueError("row_frame is a mode of the split_wg kernel (v3)")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.bm not in (64, 128):

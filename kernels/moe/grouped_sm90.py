@@ -468,4 +468,7 @@ class GroupedL2(GroupedSm90):
 
 
 def grouped_kernel(cfg: GroupedConfig) -> GroupedSm90:
+    if cfg.split_wg:  # v3 (prefill): its own classes, this module's code path untouched
+        from kernels.moe.grouped_split import split_kernel
+        return split_kernel(cfg)
     return (GroupedL1 if cfg.epilogue == "swiglu" else GroupedL2)(cfg)

@@ -76,10 +76,11 @@ def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_
 class CompiledLayer:
     """The four compiles of the layer (dispatch, l1, l2, combine): `kernels` is how the harness's
     compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions);
-    `tiled_b`: the GEMMs read the load-time tiled codes (`tiled_codes`)."""
+    `tiled_b`: the GEMMs read the load-time tiled codes (`tiled_codes`); `row_frame`: the GEMMs (v3) read weights
+    prepared in the row frame (`row_frame_weights`)."""
 
-    def __init__(self, kernels: dict, tiled_b: bool = False):
-        self.kernels, self.tiled_b = kernels, tiled_b
+    def __init__(self, kernels: dict, tiled_b: bool = False, row_frame: bool = False):
+        self.kernels, self.tiled_b, self.row_frame = kernels, tiled_b, row_frame
 
 
 def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a",
@@ -95,7 +96,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl),
                           "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs),
                           "l2": compile_grouped(layout, "bf16", d, i, arch, **knobs),
-                          "combine": compile_combine(d, topk, arch, pdl)}, knobs.get("tiled_b", False))
+                          "combine": compile_combine(d, topk, arch, pdl)}, knobs.get("tiled_b", False),
+                         knobs.get("row_frame", False))
 
 
 # ---------------------------------------------------------------- views and calls
@@ -107,6 +109,15 @@ _TABLES: dict = {}
 def layer_weights(w1, s1, w3, s3, w2, s2) -> tuple[GroupedWeight, GroupedWeight]:
     """(L1, L2) grouped weights, made once per weight buffers (the interleave and the side data)."""
     return _WEIGHTS.get((w1, s1, w3, s3, w2, s2), lambda: prepare_layer(w1, s1, w3, s3, w2, s2))
+
+
+_WEIGHTS_ROW = Prepared()
+
+
+def row_frame_weights(w1, s1, w3, s3, w2, s2) -> tuple[GroupedWeight, GroupedWeight]:
+    """layer_weights in the row frame (expert_weights.prepare(frame="row"): one column scale per weight row),
+    what the v3 GEMMs with GroupedConfig.row_frame read; made once per weight buffers."""
+    return _WEIGHTS_ROW.get((w1, s1, w3, s3, w2, s2), lambda: prepare_layer(w1, s1, w3, s3, w2, s2, frame="row"))
 
 
 def _table(device) -> torch.Tensor:
@@ -249,7 +260,7 @@ def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, 
 
     The intermediate buffers and every view the kernels take are made once per shape (`_plan`), the
     weights' views once per weight: a call checks its arguments and makes four launches."""
-    l1w, l2w = layer_weights(*experts)
+    l1w, l2w = (row_frame_weights if getattr(compiled, "row_frame", False) else layer_weights)(*experts)
     return run_prepared(compiled, x, idx, weights, shared, l1w, l2w, n_experts, max_m, y, check)
 
 

@@ -19,7 +19,8 @@ from dsv4bench.core.case import Case
 from kernels.moe.expert_weights import KBLOCK
 from kernels.moe.glue import dispatch
 from kernels.moe.inputs import make_experts
-from kernels.moe.layer import compile_grouped, compile_layer, layer_weights, run_grouped, run_layer
+from kernels.moe.layer import (compile_grouped, compile_layer, layer_weights, row_frame_weights, run_grouped,
+                               run_layer)
 from sweeps import moe as space
 from tests.moe import grouped_model as model
 
@@ -58,20 +59,24 @@ def _masked_max_m(idx, e):
 
 
 KNOBS = {"overlap": {}, "serial": {"overlap": False}, "v1": {"widen": "v1", "early_scales": False},
-         "tiled-b": {"tiled_b": True}}
+         "tiled-b": {"tiled_b": True}, "split-wg": {"split_wg": True}, "v3": {"split_wg": True, "row_frame": True}}
 
 
 @pytest.mark.parametrize("knobs", list(KNOBS.values()), ids=list(KNOBS))
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
 def test_grouped_gemms_match_the_model(shape, layout, knobs):
-    """v2 (overlap: the shipped kernel; serial), the v1 widening / promotion order and the tiled weight codes
-    (tiled-b) against the model."""
-    e, d, i, t, load = shape
+    """v2 (overlap: the shipped kernel; serial), the v1 widening / promotion order, the tiled weight codes
+    (tiled-b) and v3 (split-wg; v3 = split-wg on row-frame weights) against the model."""
     ex, x, idx, w = _problem(*shape)
+    _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, layout, knobs)
+
+
+def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs):
     max_m = _masked_max_m(idx, e) if layout == "masked" else None
     lay = dispatch(x, idx, w, e, max_m)
-    l1w, l2w = layer_weights(ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
+    l1w, l2w = (row_frame_weights if knobs.get("row_frame") else layer_weights)(ex.w1, ex.s1, ex.w3, ex.s3, ex.w2,
+                                                                                 ex.s2)
     rows = lay["src"].numel()
     group = lay["counts"] if max_m else lay["expert"]
     h = torch.zeros(rows, i, dtype=torch.uint8, device="cuda")
@@ -104,6 +109,22 @@ def test_grouped_gemms_match_the_model(shape, layout, knobs):
         assert (y.cpu()[~real] == 0).all() and (h.cpu()[~real] == 0).all()
 
 
+@pytest.mark.parametrize("knobs", [{}, KNOBS["split-wg"], KNOBS["v3"]], ids=["v2", "split-wg", "v3"])
+def test_prefill_gemms_at_4096_tokens_ragged_with_an_empty_expert(knobs):
+    """Contiguous (prefill) GEMMs at T = 4096: 9 experts, skewed ragged counts (none a multiple of 128 but by
+    chance), expert 8 never routed (0 tokens), K of 4 / 2 blocks; v2 and the v3 variants against the model."""
+    e, d, i, t = 9, 512, 256, 4096
+    gen = torch.Generator().manual_seed(11)
+    ex = make_experts(e, d, i, torch.Generator("cuda").manual_seed(11), "cuda")
+    x = (torch.randn(t, d, generator=gen) * 2).bfloat16().cuda()
+    probs = torch.tensor([8.0, 5, 3, 2, 1.5, 1, 1, 0.7, 0.0])
+    idx = torch.multinomial(probs.expand(t, e), 6, replacement=False, generator=gen).int().cuda()
+    w = (torch.rand(t, 6, generator=gen) + 0.1).cuda()
+    counts = torch.bincount(idx.view(-1).long(), minlength=e)
+    assert counts[8] == 0 and (counts[:8] > 0).all()
+    _check_gemms(e, d, i, ex, x, idx, w, "contiguous", knobs)
+
+
 LAYER = [Case("moe", space.case("layer", "flash", t, load)) for t, load in
          ((1, "uniform"), (8, "uniform"), (64, "uniform"), (64, "hot"), (64, "sparse"), (64, "hash"),
           (4096, "uniform"), (4096, "hot"))]
@@ -119,10 +140,23 @@ def test_layer_passes_the_rule(case, gpu_check):
 VARIANT_CASES = [LAYER[0], LAYER[2], LAYER[6], LAYER[-1]]  # Flash T = 1, 64 (masked), 4096; a drawn contiguous one
 
 
-@pytest.mark.parametrize("variant", ["cutedsl:v1", "cutedsl:widen-v1", "cutedsl:tiled-b", "cutedsl:pdl"])
+@pytest.mark.parametrize("variant", ["cutedsl:v1", "cutedsl:widen-v1", "cutedsl:tiled-b", "cutedsl:pdl",
+                                     "cutedsl:split-wg", "cutedsl:v3"])
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=[c.id for c in VARIANT_CASES])
 def test_layer_variants_pass_the_rule(case, variant, gpu_check):
     """The A/B variants the sweep times next to `cutedsl` (docs/perf/moe.md v2) are correct layers too."""
+    from dsv4bench.core.registry import get_impl
+    gpu_check(case, get_impl("moe", variant))
+
+
+V3_CASES = [LAYER[7], Case("moe", space.case("layer", "pro", 4096))]  # Flash T = 4096 hot, Pro T = 4096
+V3_CASES += [c for c in LAYER[8:] if c["layout"] == "contiguous"]  # drawn prefill layers: ragged, empty experts
+
+
+@pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3"])
+@pytest.mark.parametrize("case", V3_CASES, ids=[c.id for c in V3_CASES])
+def test_v3_prefill_layers_pass_the_rule(case, variant, gpu_check):
+    """v3 (prefill) on the prefill layers beyond VARIANT_CASES: a hot expert, Pro's widths, the drawn ones."""
     from dsv4bench.core.registry import get_impl
     gpu_check(case, get_impl("moe", variant))
 

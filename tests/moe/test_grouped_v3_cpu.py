@@ -1,0 +1,218 @@
+"""v3 (prefill) of the grouped expert GEMM on the CPU (kernels/moe/grouped_split.py; docs/perf/moe.md "v3
+(prefill)"): the row-frame weights (exact, one column scale per row, the same model output bit for bit as
+the block frame), the split widening's items (every (row, sub-block) of the tile once, each warpgroup only
+its own wgmma's rows, the v2 widening's source and swizzled destination), the variants' declarations and
+the layer handing v3 the row-frame weights, and sm_90a compiles (no serialised wgmma; no local memory at
+decode; inside the prefill K-block loop at most the spill refills the v2 kernel has)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from dsv4bench.compile import ptxas
+from dsv4bench.compile.artifacts import artifact
+from dsv4bench.compile.cubin import parse_cubin
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import get_impl
+from kernels.common import POLICY
+from kernels.moe.expert_weights import EXACT_SPAN, flush_stats, prepare, prepare_layer, widened_dequant
+from kernels.moe.grouped_config import GroupedConfig
+from kernels.moe.inputs import make_experts
+from kernels.moe.layer import compile_grouped
+from oracles.moe import dispatch_layout, gather_quant
+from oracles.quant import mxfp4_dequant, unpack_fp4
+from sweeps import moe as space
+from tests.moe import grouped_model as model
+
+V3 = {"split_wg": True, "row_frame": True}
+SPLIT = {"split_wg": True}
+
+
+def _codes(e, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+
+
+@pytest.mark.parametrize("span", [1, 3, 8, EXACT_SPAN])
+def test_row_frame_is_exact_within_14_binades_a_row(span):
+    """Exponents spanning up to 14 binades over a whole row (across K blocks, not only within one): the
+    row-frame bracket widens exactly and its column scale is one value per row, equal in every K block."""
+    e, n, k = 2, 16, 1024
+    g = torch.Generator().manual_seed(span)
+    exps = 110 + torch.randint(0, span + 1, (e, n, k // 32), generator=g)
+    exps[:, :, 0] = 110 + span  # the row max somewhere, the row min elsewhere: the full span in every row
+    exps[:, :, -1] = 110
+    codes = _codes(e, n, k, span)
+    w = prepare(codes, exps.to(torch.uint8), frame="row")
+    assert flush_stats(exps.to(torch.uint8), "row")[0] == 0
+    assert torch.equal(widened_dequant(w), mxfp4_dequant(unpack_fp4(codes), exps.to(torch.uint8)))
+    assert (w.col_scale == w.col_scale[:, :1]).all()  # [E, KB, N]: the same along KB
+
+
+def test_row_frame_beyond_14_binades_is_counted_and_bounded():
+    """A sub-block 15 binades below its row's max but within 14 of its own K block's: exact in the block
+    frame, inexact (counted, within half an e4m3 subnormal step of the row factor) in the row frame."""
+    exps = torch.full((1, 1, 8), 100)
+    exps[0, 0, :4] = 115  # K block 0 at 115, K block 1 at 100: a 15-binade row span
+    exps = exps.to(torch.uint8)
+    codes = _codes(1, 1, 256, 7)
+    exact = mxfp4_dequant(unpack_fp4(codes), exps)
+    assert flush_stats(exps, "block")[0] == 0 and flush_stats(exps, "row") == (4, 8)
+    assert torch.equal(widened_dequant(prepare(codes, exps)), exact)
+    w = prepare(codes, exps, frame="row")
+    diff = (widened_dequant(w) - exact).abs()
+    assert diff[..., :128].max() == 0 and diff[..., 128:].max() > 0
+    assert (diff <= w.col_scale[0, 0, 0] * 2.0**-10).all()
+    with pytest.raises(ValueError, match="frame"):
+        prepare(codes, exps, frame="column")
+
+
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+def test_row_frame_model_output_equals_the_block_frame_bit_for_bit(layout):
+    """The kernel's math (tests/moe/grouped_model) on row-frame weights: each K block's products and its
+    column scale differ from the block frame's by one power of two each way, so L1's h (codes, scales) and
+    L2's rows are the same bits."""
+    e, d, i, t = 4, 512, 256, 37
+    g = torch.Generator().manual_seed(3)
+    ex = make_experts(e, d, i, g, "cpu")
+    x = (torch.randn(t, d, generator=g) * 2).bfloat16()
+    idx = torch.stack([torch.randperm(e, generator=g) for _ in range(t)]).int()
+    idx = torch.cat([idx, idx[:, :2]], 1)
+    w = torch.rand(t, 6, generator=g)
+    max_m = 80 if layout == "masked" else None
+    rows = e * max_m if max_m else t * 6 + 127 * e
+    lay = dispatch_layout(idx, w, e, rows, max_m)
+    codes, scales = gather_quant(x, lay["src"], e if max_m else 1)
+    outs = {}
+    for frame in ("block", "row"):
+        l1, l2 = prepare_layer(ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2, frame=frame)
+        h, hs = model.layer1(lay, codes, scales, l1, max_m)
+        outs[frame] = (h, hs, model.layer2(lay, h, hs, l2))
+    for a, b in zip(outs["block"], outs["row"]):
+        assert torch.equal(a, b)
+
+
+def _split_items(bn=256, wgs=2, subs=4, stage=1, buf=1, n_stages=4):
+    """GroupedSplit._widen_half's index arithmetic in Python: per consumer thread and step, (row n, sub-block
+    j, 16-byte source vector, the two 16-byte destination chunks)."""
+    rows = bn // wgs
+    out = []
+    for ctid in range(128 * wgs):
+        half, lt = divmod(ctid, 128)
+        n0, j = half * rows + lt // subs, lt % subs
+        src0 = stage * (bn * 4) + n0 * subs + j
+        dst0 = buf * (bn * 8) + n0 * 8
+        dn = 128 // subs
+        for step in range(rows * subs // 128):
+            n = n0 + step * dn
+            out.append((ctid, n, j, src0 + step * 128,
+                        tuple(dst0 + step * (dn * 8) + ((2 * j + h) ^ (n0 % 8)) for h in range(2))))
+    return out
+
+
+def _v2_items(bn=256, wgs=2, subs=4, stage=1, buf=1):
+    """GroupedSm90._widen_v2's (the shipped widening's) arithmetic, the same records."""
+    out = []
+    for ctid in range(128 * wgs):
+        for step in range(bn * subs // (128 * wgs)):
+            item = step * 128 * wgs + ctid
+            n, j = divmod(item, subs)
+            out.append((ctid, n, j, stage * (bn * 4) + item,
+                        tuple(buf * (bn * 8) + n * 8 + ((2 * j + h) ^ (n % 8)) for h in range(2))))
+    return out
+
+
+def test_split_widening_covers_the_tile_once_each_warpgroup_its_own_rows():
+    split, v2 = _split_items(), _v2_items()
+    # the same (row, sub-block) -> (source, destination) map as v2's, every item once
+    assert sorted(r[1:] for r in split) == sorted(r[1:] for r in v2)
+    assert len({(r[1], r[2]) for r in split}) == 256 * 4 == len(split)
+    for ctid, n, *_ in split:  # warpgroup h writes only rows [128 h, 128 h + 128): what its wgmma reads
+        assert n // 128 == ctid // 128
+    # bank-conflict-free stores as in v2: a quarter-warp's 8 threads cover the 32 banks with each chunk
+    for q in range(0, 256, 8):
+        for step in range(4):
+            for h in range(2):
+                chunks = [r[4][h] for r in split if q <= r[0] < q + 8 and (r[1] % 128) // 32 == step]
+                assert sorted((c * 16 // 4) % 32 // 4 for c in chunks) == list(range(8)), (q, step, h)
+
+
+def test_v3_variants_are_declared_and_validated():
+    assert get_impl("moe", "cutedsl:split-wg").knobs == SPLIT
+    assert get_impl("moe", "cutedsl:v3").knobs == V3
+    assert get_impl("moe", "cutedsl:v3").checked
+    case = Case("moe", space.case("layer", "flash", 4096))
+    assert get_impl("moe", "cutedsl:v3").supports(case, "sm_90a") is None
+    with pytest.raises(ValueError, match="row_frame"):
+        GroupedConfig(layout="contiguous", bm=128, row_frame=True)
+    with pytest.raises(ValueError, match="split_wg"):
+        GroupedConfig(layout="contiguous", bm=128, split_wg=True, widen="v1")
+    # the tile rule is unchanged: v2 at decode and prefill until the H100 A/B says otherwise
+    from kernels.moe.grouped_config import choose
+    assert not choose("contiguous", "swiglu").split_wg and not choose("masked", "bf16").split_wg
+
+
+def test_layer_hands_v3_the_row_frame_weights(monkeypatch):
+    """run_layer on a v3 compile passes the kernels the row-frame side data (one column scale per row), on a
+    v2 compile the block frame's; recorded with fake kernels."""
+    from kernels.moe import layer as L
+    monkeypatch.setattr(L, "sm_count", lambda device: 132)
+    e, d, i, t = 3, 512, 256, 11
+    g = torch.Generator().manual_seed(4)
+    ex = make_experts(e, d, i, g, "cpu")
+    # two sub-blocks far apart in a row's K blocks: the frames' column scales differ
+    ex.s1.view(torch.uint8)[:, :, 0] = 127 + 5
+    ex.s2.view(torch.uint8)[:, :, 0] = 127 + 5
+    experts = (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
+    x = torch.randn(t, d, generator=g).bfloat16()
+    idx = torch.stack([torch.randperm(e, generator=g)[:3] for _ in range(t)]).int().repeat(1, 2)
+    w = torch.rand(t, 6, generator=g)
+    shared = torch.zeros(t, d, dtype=torch.bfloat16)
+    for row_frame in (False, True):
+        calls = {}
+
+        def fake(name):
+            return lambda *args: calls.setdefault(name, args)
+        compiled = L.CompiledLayer({n: fake(n) for n in ("dispatch", "l1", "l2", "combine")}, row_frame=row_frame)
+        L.run_layer(compiled, x, idx, w, shared, experts, e, None, check=False)
+        want = (L.row_frame_weights if row_frame else L.layer_weights)(*experts)
+        for name, wt in (("l1", want[0]), ("l2", want[1])):
+            sw = calls[name][4]  # col_scale (N, KB, E)
+            assert torch.equal(sw, wt.col_scale.permute(2, 1, 0))
+            assert bool((sw == sw[:, :1]).all()) == row_frame
+
+
+def _loop_spills(compiled) -> int:
+    """Spill loads / stores between the first and the last wgmma wait of the K-block loop (SASS)."""
+    from dsv4bench.compile.sass import sass_of
+    sass = sass_of(compiled)
+    if sass is None:
+        pytest.skip("no nvdisasm")
+    lines = sass.splitlines()
+    first = next(i for i, line in enumerate(lines) if "QGMMA" in line)
+    last = max(i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR" in line)
+    return sum(1 for line in lines[first:last] if re.search(r"\b(LDL|STL)\b", line))
+
+
+@pytest.mark.parametrize("layout,epilogue,knobs", [("contiguous", "swiglu", V3), ("contiguous", "bf16", V3),
+                                                   ("contiguous", "swiglu", SPLIT), ("contiguous", "bf16", SPLIT),
+                                                   ("masked", "swiglu", V3), ("masked", "bf16", SPLIT)])
+def test_v3_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
+    monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
+    compiled = compile_grouped(layout, epilogue, 512, 256, **knobs)
+    info = parse_cubin(artifact(compiled))
+    assert info.sm == 90
+    if layout == "masked":
+        assert info.local_bytes == 0
+    exe = ptxas.find_ptxas()
+    if exe is not None:
+        rc, log = ptxas.run_ptxas(exe, artifact(compiled, "__ptx__"), "sm_90a")
+        serialized, _ = ptxas.parse(log)
+        assert rc == 0 and serialized == []
+    if layout == "contiguous" and knobs == V3:
+        # v2's L1 refills 14 spilled values a K block (3 of them accumulators); v3's loop keeps at most a few
+        # addresses there (the row-frame promotion holds no column scales across the wgmma)
+        assert _loop_spills(compiled) <= 4
