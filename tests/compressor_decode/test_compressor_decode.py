@@ -279,3 +279,36 @@ def test_served_post_matches_the_oracle(m, d, indexer, rows):
     ok, metrics = compare_outputs(pick(out), pick(ref), pick(low), lambda n: fam.tolerance_for(case, n))
     print({k: v.summary() for k, v in metrics.items()})
     assert ok
+
+
+def test_the_tiny_model_runs_its_decode_through_the_adapters():
+    """The embedded tiny checkpoint, a batch of two prompts of unequal lengths decoded past several
+    block ends, with compressor_push / compressor_post served by the adapters (kernels emulated): the
+    same logits as the oracle run, and the adapters called on every decode token / emission."""
+    from functools import partial
+
+    from dsv4bench.model import dispatch
+    from dsv4bench.model.default import default_checkpoint
+    from dsv4bench.model.dispatch import OpTable
+    from dsv4bench.model.engine import Engine
+    from dsv4bench.model.loader import Checkpoint
+
+    run = _Emulated()
+    dispatch.register_op("compressor_push", "emulated", partial(serves.compressor_push, run))
+    dispatch.register_op("compressor_post", "emulated", partial(serves.compressor_post, run))
+    try:
+        logits = {}
+        for backend in ("oracle", "emulated"):
+            ops = OpTable({"compressor_push": backend, "compressor_post": backend})
+            engine = Engine(Checkpoint.open(default_checkpoint()), device="cpu", ops=ops)
+            steps = list(engine.generate_batch([[1, 17, 42, 99, 5], [7, 8, 9]], 9, 0.0, 0, stop_at_eos=False))
+            logits[backend] = torch.stack([out.logits.reshape(-1) for _, _, out in steps])
+            if backend == "emulated":
+                assert ops.calls["compressor_push"] > 0 and ops.calls["compressor_post"] > 0 and not ops.refused
+        err = (logits["emulated"] - logits["oracle"]).abs().max() / logits["oracle"].abs().max()
+        print(f"max logit difference {err:.2e} of the largest")
+        assert err < 1e-4
+        assert {p["op"] for p in run.params} == {"push", "post"}
+    finally:
+        for op in ("compressor_push", "compressor_post"):
+            dispatch._REGISTRY[op].pop("emulated", None)

@@ -127,10 +127,10 @@ def test_served_embed_matches_the_oracle(shape, dtype):
 
     seed = random.randrange(1 << 30)
     print("seed", seed)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator("cuda").manual_seed(seed)
     v, d = 129280, 4096
-    w = torch.randn(v, d, generator=gen).to(dtype).cuda()
-    ids = torch.randint(-v, v, shape, generator=gen).cuda()
+    w = torch.randn(v, d, generator=gen, device="cuda").to(dtype)
+    ids = torch.randint(-v, v, shape, generator=gen, device="cuda")
     out = served_ops()["embed"](ids, w, 4)
     torch.cuda.synchronize()
     assert out.dtype == dtype and torch.equal(out, embed_streams(ids, w, 4))
