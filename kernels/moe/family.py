@@ -201,7 +201,8 @@ class MoeLayerVariant(MoeCuteDSL):
     gather, both GEMMs and combine with programmatic dependent launch; `cutedsl:split-wg` (v3, prefill) decouples
     the two consumer warpgroups (each widens the weight rows its own wgmma reads, behind its own barrier:
     kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
-    scale per weight row: a K block's promotion is one FFMA an element), `cutedsl:v3-ko-no-widen` its knock-out
+    scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
+    rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out
     (what v3's widening still costs) (docs/perf/moe.md)."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False, planned: bool = True):
@@ -220,9 +221,9 @@ register_impl(MoeLayerVariant("widen-v1", {"widen": "v1"}))
 register_impl(MoeLayerVariant("tiled-b", {"tiled_b": True}))
 register_impl(MoeLayerVariant("pdl", {"pdl": True}))
 register_impl(MoeLayerVariant("split-wg", {"split_wg": True}))
-register_impl(MoeLayerVariant("v3", {"split_wg": True, "row_frame": True}))
-register_impl(MoeLayerVariant("v3-ko-no-widen", {"split_wg": True, "row_frame": True, "ablate": "no-widen"},
-                              checked=False))
+V3 = {"split_wg": True, "row_frame": True, "fast_silu": True}
+register_impl(MoeLayerVariant("v3", V3))
+register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v1", {"widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
                                planned=False))
 peers.register()

@@ -61,6 +61,9 @@ class GroupedConfig:
     # acc += tmp · row_scale (one FFMA an element, no column scales loaded), the column scale applied once in
     # the tile's last K block
     row_frame: bool = False
+    # v3's L1 epilogue (needs split_wg): silu's division by rcp.approx (v2: the IEEE division, ~8 instructions
+    # and a slow-path branch an element) and one 2-byte store per e4m3 pair of h (v2: two 1-byte stores)
+    fast_silu: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -71,8 +74,8 @@ class GroupedConfig:
             raise ValueError(f"widen must be one of {WIDENINGS}, got {self.widen!r}")
         if self.split_wg and self.widen != "v2":
             raise ValueError("split_wg widens with v2 only")
-        if self.row_frame and not self.split_wg:
-            raise ValueError("row_frame is a mode of the split_wg kernel (v3)")
+        if (self.row_frame or self.fast_silu) and not self.split_wg:
+            raise ValueError("row_frame and fast_silu are modes of the split_wg kernel (v3)")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.bm not in (64, 128):

@@ -27,12 +27,16 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Uint16
 
 from cutlass.cute.nvgpu import warpgroup
 
+from kernels.bits import bits_f32
+from kernels.fmha.softmax import quad_allreduce
 from kernels.moe.grouped_config import WIDEN_TABLE_WORDS
+from kernels.moe.grouped_epilogue import FP8_FLOOR, FP8_MAX, LIMIT, LOG2E, GroupedEpilogues
 from kernels.moe.grouped_sm90 import SUBS, GroupedSm90, widen8
+from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
@@ -77,6 +81,62 @@ class GroupedSplit(GroupedSm90):
                     self._store_rows(accs[w], cC, mOut, g, m0, nt, limit, mg)
             if cutlass.const_expr(c.epilogue == "swiglu"):
                 bar.arrive_and_wait()  # every read of `red` for this tile is done before the next tile's writes
+
+    @cute.jit
+    def _store_h(self, acc, cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid):
+        """Layer 1's epilogue: v2's (kernels/moe/grouped_epilogue.py) unless `fast_silu`: then silu's division
+        is g · rcp.approx(1 + 2^(−g·log2 e)) (MUFU.RCP + FMUL; v2: the IEEE division, ~8 instructions, a
+        slow-path branch and its convergence barrier an element) and each e4m3 pair goes out as one 2-byte
+        store (v2: two 1-byte stores). rcp.approx is within 1 ulp; h is then rounded to bf16 as before."""
+        if cutlass.const_expr(not self.cfg.fast_silu):
+            GroupedEpilogues._store_h(self, acc, cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid)
+        else:
+            acc_mn = mn_view(acc)
+            n_r, n_c = cute.size(cC, mode=[0]), cute.size(cC, mode=[1])
+            red = st.red.get_tensor(cute.make_layout((64, 2, self.cfg.waves)))
+            out16 = cute.make_tensor(cute.recast_ptr(mOut.iterator, dtype=Uint16),
+                                     cute.make_layout((mOut.shape[0], mOut.shape[1] // 2),
+                                                      stride=(mOut.shape[1] // 2, 1)))
+            half = ctid // 128
+            h = cute.make_rmem_tensor((n_r, n_c // 2), Float32)
+            for r in cutlass.range_constexpr(n_r):
+                m = m0 + cC[r, 0][0]
+                rw = Float32(0.0)
+                if m < limit:
+                    rw = mRowW[g * mg + m]
+                amax = Float32(0.0)
+                for q in cutlass.range_constexpr(n_c // 4):
+                    gate = bf16x2_bits(acc_mn[r, 4 * q], acc_mn[r, 4 * q + 1])
+                    up = bf16x2_bits(acc_mn[r, 4 * q + 2], acc_mn[r, 4 * q + 3])
+                    for p in cutlass.range_constexpr(2):
+                        gv = bits_f32((gate << 16) if p == 0 else (gate & Int32(-65536)))
+                        uv = bits_f32((up << 16) if p == 0 else (up & Int32(-65536)))
+                        gv = cute.arch.fmin(gv, Float32(LIMIT))
+                        uv = cute.arch.fmax(cute.arch.fmin(uv, Float32(LIMIT)), Float32(-LIMIT))
+                        silu = gv * cute.arch.rcp_approx(Float32(1.0) + cute.arch.exp2(gv * Float32(-LOG2E)))
+                        h[r, 2 * q + p] = silu * uv * rw
+                    hb = bf16x2_bits(h[r, 2 * q], h[r, 2 * q + 1])
+                    h[r, 2 * q] = bits_f32(hb << 16)
+                    h[r, 2 * q + 1] = bits_f32(hb & Int32(-65536))
+                    amax = cute.arch.fmax(amax, cute.arch.fmax(cute_abs(h[r, 2 * q]), cute_abs(h[r, 2 * q + 1])))
+                amax = quad_allreduce(amax, cute.arch.fmax)
+                if ctid % 4 == 0:
+                    red[cC[r, 0][0], half, w] = amax
+            bar.arrive_and_wait()
+            for r in cutlass.range_constexpr(n_r):
+                row = cC[r, 0][0]
+                m = m0 + row
+                if m < limit:
+                    amax = cute.arch.fmax(red[row, 0, w], red[row, 1, w])
+                    exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)
+                    inv = inv_pow2(exp)
+                    for q in cutlass.range_constexpr(n_c // 4):
+                        col = cC[r, 4 * q][1]  # gate column of the pair: intermediate 8 (col // 16) + col % 8, even
+                        i = nt * (self.cfg.bn // 2) + (col // 16) * 8 + col % 8
+                        pair = e4m3x2(h[r, 2 * q] * inv, h[r, 2 * q + 1] * inv)
+                        out16[g * mg + m, i // 2] = Uint16(pair & 0xFFFF)
+                    if (half == 0) & (ctid % 4 == 0):
+                        mOutS[m, nt, g] = bits_f32(exp << 23)
 
     @cute.jit
     def _prepare(self, ring, st, sSh, tab, g_rd, ctid):

@@ -59,7 +59,8 @@ def _masked_max_m(idx, e):
 
 
 KNOBS = {"overlap": {}, "serial": {"overlap": False}, "v1": {"widen": "v1", "early_scales": False},
-         "tiled-b": {"tiled_b": True}, "split-wg": {"split_wg": True}, "v3": {"split_wg": True, "row_frame": True}}
+         "tiled-b": {"tiled_b": True}, "split-wg": {"split_wg": True},
+         "v3": {"split_wg": True, "row_frame": True, "fast_silu": True}}
 
 
 @pytest.mark.parametrize("knobs", list(KNOBS.values()), ids=list(KNOBS))

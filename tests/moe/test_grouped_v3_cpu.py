@@ -27,7 +27,7 @@ from oracles.quant import mxfp4_dequant, unpack_fp4
 from sweeps import moe as space
 from tests.moe import grouped_model as model
 
-V3 = {"split_wg": True, "row_frame": True}
+V3 = {"split_wg": True, "row_frame": True, "fast_silu": True}
 SPLIT = {"split_wg": True}
 
 
@@ -150,6 +150,8 @@ def test_v3_variants_are_declared_and_validated():
         GroupedConfig(layout="contiguous", bm=128, row_frame=True)
     with pytest.raises(ValueError, match="split_wg"):
         GroupedConfig(layout="contiguous", bm=128, split_wg=True, widen="v1")
+    with pytest.raises(ValueError, match="fast_silu"):
+        GroupedConfig(layout="contiguous", bm=128, fast_silu=True)
     # the tile rule is unchanged: v2 at decode and prefill until the H100 A/B says otherwise
     from kernels.moe.grouped_config import choose
     assert not choose("contiguous", "swiglu").split_wg and not choose("masked", "bf16").split_wg
@@ -195,6 +197,18 @@ def _loop_spills(compiled) -> int:
     first = next(i for i, line in enumerate(lines) if "QGMMA" in line)
     last = max(i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR" in line)
     return sum(1 for line in lines[first:last] if re.search(r"\b(LDL|STL)\b", line))
+
+
+def test_v3_epilogue_has_no_division_slow_path_and_stores_pairs():
+    """fast_silu (v3's L1 epilogue): no call to the IEEE division's slow path, the e4m3 pairs of h as 2-byte
+    stores (v2 / split-wg: 1-byte stores, the division's slow-path call)."""
+    from dsv4bench.compile.sass import sass_of
+    sass = {k: sass_of(compile_grouped("contiguous", "swiglu", 512, 256, **kn)) for k, kn in (("v3", V3), ("split", SPLIT))}
+    if sass["v3"] is None:
+        pytest.skip("no nvdisasm")
+    assert "div_rn" not in sass["v3"] and "div_rn" in sass["split"]
+    assert len(re.findall(r"STG\.E\.U16", sass["v3"])) > 0 and "STG.E.U8" not in sass["v3"]
+    assert "STG.E.U8" in sass["split"]
 
 
 @pytest.mark.parametrize("layout,epilogue,knobs", [("contiguous", "swiglu", V3), ("contiguous", "bf16", V3),
