@@ -52,6 +52,7 @@ class GroupedWeight:
     codes: torch.Tensor  # uint8 [E, N, K/2]
     shift: torch.Tensor  # uint8 [E, KB, N, 4]
     col_scale: torch.Tensor  # fp32 [E, KB, N]
+    frame: str = "block"  # the reference exponent per (row, K block), or per row ("row": v3's row_frame kernels)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -101,7 +102,7 @@ def prepare(codes: torch.Tensor, scales: torch.Tensor, frame: str = "block") -> 
     shift = (exps - ref[..., None] + SHIFT_BIAS).clamp(min=0)
     col_scale = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - UE8M0_BIAS).float())
     return GroupedWeight(codes.contiguous().view(torch.uint8), shift.to(torch.uint8).transpose(1, 2).contiguous(),
-                         col_scale.transpose(1, 2).contiguous())
+                         col_scale.transpose(1, 2).contiguous(), frame)
 
 
 def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

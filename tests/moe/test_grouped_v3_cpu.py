@@ -185,6 +185,9 @@ def test_layer_hands_v3_the_row_frame_weights(monkeypatch):
             sw = calls[name][4]  # col_scale (N, KB, E)
             assert torch.equal(sw, wt.col_scale.permute(2, 1, 0))
             assert bool((sw == sw[:, :1]).all()) == row_frame
+    # weights of the other frame are refused, not silently mis-scaled
+    with pytest.raises(ValueError, match="frame"):
+        L.run_prepared(compiled, x, idx, w, shared, *L.layer_weights(*experts), e, None, check=False)
 
 
 def _loop_spills(compiled) -> int:
