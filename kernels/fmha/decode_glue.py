@@ -137,8 +137,10 @@ def compile_fused(h_q: int, arch: str, rows_per_batch: int | None = None, fast_c
 
     kernel = (kernel_class or FusedDecodeSm90)(attention_config(h_q), rows_per_batch or ROWS_PER_BATCH, REG_SPLIT,
                                                fast_cvt, one_path)
-    return CompiledDecode({"fused": compile_kernel(kernel, *fused_fake_args(), arch=arch),
-                           "combine": compile_kernel(DecodeCombine(), *combine_fake_args(), arch=arch)})
+    compiled = CompiledDecode({"fused": compile_kernel(kernel, *fused_fake_args(), arch=arch),
+                               "combine": compile_kernel(DecodeCombine(), *combine_fake_args(), arch=arch)})
+    compiled.packed_slots = getattr(kernel, "packed", False)  # decode_prefetch: block << 10 | token in an int32
+    return compiled
 
 
 class FusedWorkspace:
@@ -189,6 +191,8 @@ def run_fused(compiled: CompiledDecode, ws: FusedWorkspace, q, caches, indices, 
               split: tuple | None = None) -> None:
     """As run_decode, in one attention launch (+ the combine when split); `split` forces (n_split, chunk)."""
     fused, combine = compiled.kernels["fused"], compiled.kernels["combine"]
+    if getattr(compiled, "packed_slots", False):
+        assert all(c.shape[1] <= 1024 and c.shape[0] < 1 << 21 for c in caches), "packed slots: block size, blocks"
     b, h_q, _ = q.shape
     n_split, chunk = split or plan(b, h_q, fused_slots(indices[0].shape[1], indices[1].shape[1]), sms)
     o_part, l_part, row_lens, no_sink = ws.get(b, h_q, n_split, chunk, q.device)

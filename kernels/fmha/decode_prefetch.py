@@ -1,29 +1,38 @@
-"""FP8 sparse decode v3 candidates (issue #25): the fused kernel (decode_fused.py, one_path + prmt
-conversion = `cutedsl:fused-small`) with a producer that keeps many KB of raw rows in flight without
-registers or shared memory, by prefetching them into L2.
+"""FP8 sparse decode v3 candidates (issue #25): the fused kernel (decode_fused.py, one producer path
++ prmt conversion = `cutedsl:fused-small`) with a producer that keeps a pair's raw rows in flight
+without registers or shared memory (L2 / L1 prefetches), runs its row batches as a loop (one copy
+of the conversion code) and, last, decodes each slot once a pair instead of once per row and half.
 
-Why (the v2 measurement, docs/perf/fmha.md): fused-small took ~13.7 us a 128-key pair at 128 Pro
-requests where its knock-out without FP8 loads took ~4.5: the producer's fill of a pair is serialised
-behind the consumers' release of the stages it fills (both K stages belong to one pair, and a half of
-d is freed only after its PV), and that fill is ~2-3 dependent DRAM round trips (4-row register
-batches, 88 registers) plus ~2.9k producer instructions streamed through a cold instruction cache.
-Shared memory cannot stage raw rows (15 KB free < one 37 KB raw tile), but L2 (50 MB) can: a whole
-pair of rows is 75 KB a CTA, ~10 MB for 132 CTAs.
+Why (the v2 run, docs/perf/fmha.md): fused-small's kernel fits ~37 us fixed + ~9.3 us a 128-key pair
+a CTA where its knock-out without FP8 loads fits ~17 + ~2.9: the producer's fill is serialised
+behind the consumers' release of the stages it fills (both K stages belong to one pair; a half of d
+is freed only after its PV), and it is ~2-3 dependent DRAM round trips (4-row register batches, 88
+registers) plus ~3.3k instructions a thread from ~100 KB of straight-line producer code (more than
+the instruction cache holds beside the consumers'). Shared memory cannot stage raw rows (15 KB free
+< one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB a CTA, ~10 MB for 132 CTAs.
 
-`FusedPrefetch` (`cutedsl:fused-pf`): each producer thread owns one slot of its tile (lt); once it
-knows that slot's token it issues `cp.async.bulk.prefetch.L2.global` of the token's contiguous
-576-byte row (448 codes + 128 bytes of RoPE) and `prefetch.global.L2` of its 8-byte scale row: two
-instructions, no registers held, no completion to wait for. Pair 0's rows are prefetched at the start
-of pair 0 (after the slot barrier: its batch-1 and second-half loads then hit L2); pair p+1's rows at
-the end of pair p, from the token its own cp.async brought (`cp.async.wait_group 0`: a thread's own
-cp.async is visible to it; no barrier), i.e. a whole consumer pair (~4.5 us) before the producer's
-register loads ask for them. The register batches, conversion and barriers are v2's unchanged.
-
-`FusedPrefetchLoop` (`cutedsl:fused-pf-loop`): fused-pf with each half's row batches in a run-time
-loop (not unrolled): batch 0's loads before the empty wait as before, then `for b: convert + store
-batch b; load batch b + 1` into the same registers. One copy of the conversion per (stage, half)
-instead of two: ~half the producer code (instruction cache), for one L2 round trip a batch that is
-no longer overlapped with the previous batch's conversion.
+- `FusedPrefetch` (`cutedsl:fused-pf`): each producer thread owns one slot of its tile (lt); once it
+  knows that slot's token it issues `prefetch.global.L2` for each line of the token's contiguous
+  576-byte row (448 codes + 128 bytes of RoPE: 5 lines, 6 at most) and one for its scale row: no
+  registers held, nothing to wait for. Pair 0's rows at the start of pair 0 (after the slot barrier:
+  its later batches hit L2); pair p + 1's at the end of pair p, from the token its own cp.async
+  brought (`cp.async.wait_group 0`: a thread's own cp.async is visible to it; no barrier), a whole
+  consumer pair (~3-4.5 us) before the register loads ask. (`cp.async.bulk.prefetch.L2` of the whole
+  row in one instruction was tried: it is a uniform-datapath instruction, UBLKPF, and ptxas wraps it
+  in a loop over the warp's 32 distinct addresses.) Batches, conversion and barriers: v2's.
+- `FusedPrefetchLoop` (`-pf-loop`, 4-row batches; `-pf-loop2`, 2-row): each half's batches in a
+  run-time loop, the batch's registers local to an iteration (registers carried across the loop went
+  to local memory: 1.7k STL), after the empty wait: one copy of the loads and conversion per (stage,
+  half) instead of 2 (4): cubin 158 (135) KB instead of 199 KB, for an L2 round trip a batch not
+  overlapped with the previous batch's conversion.
+- `FusedPackedLoop` (`-pk-loop`): after the pair's slot barrier each thread decodes its own slot once
+  (the slot rule, the division by the block size) into `block << 10 | token` or -1, writes it over its
+  raw token and a second 64-thread barrier publishes the words; a row's loads then need a shift and a
+  mask instead of ~50 instructions (block size <= 1024, < 2^21 blocks: run_fused checks).
+- `FusedPackedLoopL1` (`-pk-loop2-l1`: 2-row batches, 2 ahead) / `FusedPackedLoopL1Next` (`-pk-loop-l1`:
+  4-row batches, 1 ahead): batch b + ahead's lines prefetched into L1 (`prefetch.global.L1`) while
+  batch b converts, the first `ahead` under the empty wait, so the loop's loads hit L1. L1 is what
+  smem leaves (~28 KB beside ~210 KB): 20 KB in flight for both stages.
 """
 
 from __future__ import annotations
@@ -39,15 +48,7 @@ from kernels.fmha.decode_fused import FusedDecodeSm90, e4m3x2_to_bf16x2
 from kernels.regs import pin
 
 ROW_BYTES = 576  # a token's codes + RoPE, contiguous (oracles/fmha_cache.py)
-
-
-@dsl_user_op
-def prefetch_l2_bulk(addr, *, loc=None, ip=None) -> None:
-    """cp.async.bulk.prefetch.L2 of the 576-byte row at `addr` (16-byte aligned: block strides are
-    multiples of 16, rows 576 apart)."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)],
-                    f"cp.async.bulk.prefetch.L2.global [$0], {ROW_BYTES};", "l",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+PACK_BITS = 10  # packed slots: block size <= 1024, blocks < 2^21 (decode_glue.run_fused checks)
 
 
 @dsl_user_op
@@ -57,13 +58,28 @@ def prefetch_l2(addr, *, loc=None, ip=None) -> None:
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+@dsl_user_op
+def prefetch_l1(addr, *, loc=None, ip=None) -> None:
+    """prefetch.global.L1 of the line holding `addr` (fills L2 on the way)."""
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L1 [$0];", "l",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 class FusedPrefetch(FusedDecodeSm90):
     """v2 (one producer path, prmt conversion) + L2 prefetch of each pair's rows (module docstring)."""
 
     batch_loop = False
-    # True: one cp.async.bulk.prefetch.L2 of the row (a uniform-datapath instruction: ptxas wraps it in
-    # a loop over the warp's distinct addresses, 32 trips); False: 5 prefetch.global.L2 a thread
-    bulk_prefetch = False
+    # batch loop only: batches of rows prefetched into L1 ahead of their register loads (0: none)
+    l1_ahead = 0
+    # batch loop only: each thread turns its own slot's token into (block << PACK_BITS | token in block),
+    # or -1, once a pair (a second 64-thread barrier publishes it), so a row's loads need neither the
+    # slot rule (`_valid_token`) nor a division by the block size (~50 instructions a row in the SASS)
+    packed = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        assert self.one_path and self.fast_cvt, "the v3 producers are fused-small's (one path, prmt conversion)"
+        assert self.batch_loop or not (self.packed or self.l1_ahead), "packed slots / L1 prefetch: batch loop only"
 
     @cute.jit
     def _prefetch_row(self, caches, second, v):
@@ -75,12 +91,10 @@ class FusedPrefetch(FusedDecodeSm90):
             blk = v // bs
             tok = v - blk * bs
             row = codes[blk, tok, None].iterator.toint()
-            if cutlass.const_expr(self.bulk_prefetch):
-                prefetch_l2_bulk(row)
-            else:  # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
-                for k in cutlass.range_constexpr(5):
-                    prefetch_l2(row + k * 128)
-                prefetch_l2(row + (ROW_BYTES - 1))
+            # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
+            for k in cutlass.range_constexpr(5):
+                prefetch_l2(row + k * 128)
+            prefetch_l2(row + (ROW_BYTES - 1))
             prefetch_l2(sc[blk, tok, None].iterator.toint())
 
     @cute.jit
@@ -106,6 +120,13 @@ class FusedPrefetch(FusedDecodeSm90):
             if pair == 0:
                 self._prefetch_row(caches, j0 >= k0p, mine)
             cache = self._select_cache(caches, j0 >= k0p)
+            if cutlass.const_expr(self.packed):
+                bs = cute.size(cache[0], mode=[1])
+                mm = cutlass.max(mine, 0)
+                blk_m = mm // bs
+                packed = (blk_m << PACK_BITS) | (mm - blk_m * bs)
+                sRows[t, buf] = cutlass.select_(mine >= 0, packed, Int32(-1))  # every raw read of buf is done
+                cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
             self._dequant_tile(cache, caches, sK[None, None, stage], sRows[None, buf], sIdx, sMaskFlag, mine,
                                bidx, j0, t, bars, (pair & 1) ^ 1, stage)
             if pair + 1 < n_pairs:
@@ -133,9 +154,49 @@ class FusedPrefetch(FusedDecodeSm90):
         n_code = 4 if h == 0 else 3
         for i in cutlass.range_constexpr(br):
             r = t // 8 + 8 * (b * br + i)
-            v = self._valid_token(caches, bidx, j0 + r, rows[r])
+            v, blk, tok = self._row_of(cache, caches, rows, bidx, j0, r)
             vs[i] = v
-            self._load_row(codes, rope, sc, cutlass.max(v, 0), raw, scl, rp, i, h, n_code, t % 8)
+            self._load_row_at(codes, rope, sc, blk, tok, raw, scl, rp, i, h, n_code, t % 8)
+
+    @cute.jit
+    def _row_of(self, cache, caches, rows, bidx, j0, r):
+        """Row r of the tile: (v, block, token in block), v < 0 for a slot not read (then block and
+        token are its cache's token 0). Packed: decoded from the owner's word; else the slot rule and
+        a division."""
+        if cutlass.const_expr(self.packed):
+            e = rows[r]
+            ee = cutlass.max(e, 0)
+            return e, ee >> PACK_BITS, ee & ((1 << PACK_BITS) - 1)
+        else:
+            bs = cute.size(cache[0], mode=[1])
+            v = self._valid_token(caches, bidx, j0 + r, rows[r])
+            vv = cutlass.max(v, 0)
+            blk = vv // bs
+            return v, blk, vv - blk * bs
+
+    @cute.jit
+    def _load_row_at(self, codes, rope, sc, blk, tok, raw, scl, rp, i: cutlass.Constexpr, h: cutlass.Constexpr,
+                     n_code: cutlass.Constexpr, c8):
+        """decode_fused._load_row for a row given as (block, token in block)."""
+        src = codes[blk, tok, None]
+        for sg in cutlass.range_constexpr(n_code):
+            cute.autovec_copy(cute.local_tile(src, (8,), ((h * 4 + sg) * 8 + c8,)), raw[None, sg, i])
+        cute.autovec_copy(cute.local_tile(sc[blk, tok, None], (4,), (h,)), scl[None, i])
+        if cutlass.const_expr(h == 1):
+            cute.autovec_copy(cute.local_tile(rope[blk, tok, None], (8,), (c8,)), rp[None, i])
+
+    @cute.jit
+    def _prefetch_batch_l1(self, cache, caches, rows, bidx, j0, t, b, h: cutlass.Constexpr):
+        """prefetch.global.L1 of batch b's rows, half h: the 8 threads of a row touch its half's bytes
+        every 40 (45) bytes, so each of its 2-3 lines is asked for; + the scale row's line."""
+        codes, _, sc = cache
+        br = self.rows_per_batch
+        step = 40 if h == 0 else 45  # 7 steps cover the half's 256 (320) bytes
+        for i in cutlass.range_constexpr(br):
+            r = t // 8 + 8 * (b * br + i)
+            _, blk, tok = self._row_of(cache, caches, rows, bidx, j0, r)
+            prefetch_l1(codes[blk, tok, None].iterator.toint() + (h * 256 + (t % 8) * step))
+            prefetch_l1(sc[blk, tok, None].iterator.toint())
 
     @cute.jit
     def _dequant_half_loop(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr,
@@ -148,6 +209,9 @@ class FusedPrefetch(FusedDecodeSm90):
         n_batches = self.cfg.n_block // 8 // br
         n_code = 4 if h == 0 else 3
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        ahead = self.l1_ahead
+        for b in cutlass.range_constexpr(min(ahead, n_batches)):  # under the wait for the half
+            self._prefetch_batch_l1(cache, caches, rows, bidx, j0, t, b, h)
         cute.arch.mbarrier_wait(empty, phase)
         if cutlass.const_expr(publish):
             sIdx[t, stage] = mine
@@ -155,6 +219,9 @@ class FusedPrefetch(FusedDecodeSm90):
             if t % 32 == 0:
                 sMaskFlag[t // 32, stage] = warp_plain
         for b in cutlass.range(n_batches, unroll=1):
+            if cutlass.const_expr(ahead > 0):
+                if b + ahead < n_batches:
+                    self._prefetch_batch_l1(cache, caches, rows, bidx, j0, t, b + ahead, h)
             raw = cute.make_rmem_tensor((8, 4, br), cutlass.Float8E4M3FN)
             scl = cute.make_rmem_tensor((4, br), cutlass.Uint8)
             rp = cute.make_rmem_tensor((8, br), BFloat16)
@@ -184,13 +251,28 @@ class FusedPrefetch(FusedDecodeSm90):
         cute.arch.mbarrier_arrive(full)
 
 
-class FusedPrefetchBulk(FusedPrefetch):
-    """fused-pf with one cp.async.bulk.prefetch.L2 a row instead of 5 line prefetches."""
-
-    bulk_prefetch = True
-
-
 class FusedPrefetchLoop(FusedPrefetch):
     """fused-pf with each half's row batches in a run-time loop (one copy of the conversion)."""
 
     batch_loop = True
+
+
+class FusedPackedLoop(FusedPrefetchLoop):
+    """fused-pf-loop with packed slots: no slot rule and no division a row."""
+
+    packed = True
+
+
+class FusedPackedLoopL1(FusedPackedLoop):
+    """fused-pk-loop with batch b + l1_ahead prefetched into L1 while batch b converts (the first
+    l1_ahead under the empty wait), so the register loads hit L1 instead of waiting an L2 round
+    trip. L1 is what smem leaves (~28 KB beside the kernel's ~210 KB): a batch is 8 x rows rows of
+    <= 320 B a stage, so 2 rows a batch 2 ahead (20 KB for both stages) or 4 rows 1 ahead (20 KB)."""
+
+    l1_ahead = 2
+
+
+class FusedPackedLoopL1Next(FusedPackedLoop):
+    """fused-pk-loop (4-row batches) with the next batch prefetched into L1."""
+
+    l1_ahead = 1

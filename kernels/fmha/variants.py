@@ -32,7 +32,8 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_fused import FusedDecodeSm90
-from kernels.fmha.decode_prefetch import FusedPrefetch, FusedPrefetchBulk, FusedPrefetchLoop
+from kernels.fmha.decode_prefetch import (FusedPackedLoop, FusedPackedLoopL1, FusedPackedLoopL1Next, FusedPrefetch,
+                                          FusedPrefetchLoop)
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.probes import EmptyGridMixin
@@ -222,13 +223,6 @@ class FmhaFusedDecodePrefetch(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-pf", "fused-pf", (4, True, FusedPrefetch, True)
 
 
-class FmhaFusedDecodePrefetchBulk(FmhaFusedDecode):
-    """fused-pf with one cp.async.bulk.prefetch.L2 of the 576-byte row instead of 6 line prefetches
-    (decode_prefetch.FusedPrefetchBulk)."""
-
-    name, variant, decode_form = "cutedsl:fused-pf-bulk", "fused-pf-bulk", (4, True, FusedPrefetchBulk, True)
-
-
 class FmhaFusedDecodePrefetchLoop(FmhaFusedDecode):
     """fused-pf with each half's 4-row batches in a run-time loop: one copy of the loads and conversion
     per (stage, half) (decode_prefetch.FusedPrefetchLoop)."""
@@ -237,12 +231,32 @@ class FmhaFusedDecodePrefetchLoop(FmhaFusedDecode):
 
 
 class FmhaFusedDecodePrefetchLoop2(FmhaFusedDecode):
-    """fused-pf-loop with 2-row batches (4 trips a half): the smallest producer code."""
+    """fused-pf-loop with 2-row batches (4 trips a half): less code, twice the round trips."""
 
     name, variant, decode_form = "cutedsl:fused-pf-loop2", "fused-pf-loop2", (2, True, FusedPrefetchLoop, True)
 
 
+class FmhaFusedDecodePackedLoop(FmhaFusedDecode):
+    """fused-pf-loop with each slot's (block, token) packed once a pair by its owner
+    (decode_prefetch.FusedPackedLoop)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-loop", "fused-pk-loop", (4, True, FusedPackedLoop, True)
+
+
+class FmhaFusedDecodePackedLoopL1(FmhaFusedDecode):
+    """fused-pk-loop with the next 4-row batch prefetched into L1 (decode_prefetch.FusedPackedLoopL1Next)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-loop-l1", "fused-pk-loop-l1", (4, True, FusedPackedLoopL1Next, True)
+
+
+class FmhaFusedDecodePackedLoop2L1(FmhaFusedDecode):
+    """fused-pk-loop with 2-row batches prefetched into L1 two ahead (decode_prefetch.FusedPackedLoopL1)."""
+
+    name, variant = "cutedsl:fused-pk-loop2-l1", "fused-pk-loop2-l1"
+    decode_form = (2, True, FusedPackedLoopL1, True)
+
+
 # checked variants (real answers) and knock-outs of the FP8 decode, decode_fp8 only
 DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall, FmhaFusedNoDequant,
-                   FmhaFusedDecodePrefetch, FmhaFusedDecodePrefetchBulk, FmhaFusedDecodePrefetchLoop,
-                   FmhaFusedDecodePrefetchLoop2)
+                   FmhaFusedDecodePrefetch, FmhaFusedDecodePrefetchLoop, FmhaFusedDecodePrefetchLoop2,
+                   FmhaFusedDecodePackedLoop, FmhaFusedDecodePackedLoopL1, FmhaFusedDecodePackedLoop2L1)

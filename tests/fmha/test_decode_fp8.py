@@ -13,7 +13,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.evaluate import case_generator
 from dsv4bench.core.registry import SweepOptions
 from kernels.fmha.decode_family import is_decode
-from kernels.fmha.decode_glue import PAIR, compile_decode, compile_fused, fused_slots, fused_tokens, plan
+from kernels.fmha.decode_glue import PAIR, compile_decode, compile_fused, fused_slots, fused_tokens, plan, run_fused
 from kernels.fmha.family import FAMILY
 from kernels.fmha.glue import FmhaCuteDSL
 from kernels.fmha.peers import FA4, CudnnSDPA, FlashMLA
@@ -324,25 +324,45 @@ def test_fast_e4m3_conversion_is_exact(e):
 
 
 # ---------------------------------------------------------------- v3 candidates (decode_prefetch.py)
-@pytest.mark.parametrize("impl,bound", [("cutedsl:fused-pf", 48), ("cutedsl:fused-pf-bulk", 48),
-                                        ("cutedsl:fused-pf-loop", 16), ("cutedsl:fused-pf-loop2", 16)])
+V3 = {  # impl: (local bytes at most, HMUL2 count: copies of the conversion)
+    "cutedsl:fused-pf": (48, 448), "cutedsl:fused-pf-loop": (16, 224), "cutedsl:fused-pf-loop2": (16, 112),
+    "cutedsl:fused-pk-loop": (0, 224), "cutedsl:fused-pk-loop-l1": (0, 224), "cutedsl:fused-pk-loop2-l1": (0, 112),
+}
+
+
+@pytest.mark.parametrize("impl", list(V3))
 @pytest.mark.parametrize("h_q", [64, 128])
-def test_prefetch_variants_compile_for_sm90a_without_gpu(h_q, impl, bound):
-    """The L2-prefetch producers compile (setmaxnreg 88 / 208) with at most fused-small's local memory
-    (the batch loop: 16 B, its rows' registers local to an iteration), issue their prefetches (6 line
-    prefetches + 1 scale line, or one bulk prefetch + 1, at two places a stage) and, with the loop,
-    keep one copy of the conversion per (stage, half): half or a quarter of fused-small's HMUL2."""
+def test_v3_producers_compile_for_sm90a_without_gpu(h_q, impl):
+    """The v3 producers compile (setmaxnreg 88 / 208) with at most fused-small's local memory (the
+    batch loop: 16 B; packed slots: none), issue their L2 prefetches (6 lines + the scale line, at two
+    places a stage), with the loop keep one copy of the conversion per (stage, half) (half or a quarter
+    of fused-small's 448 HMUL2), and with L1 prefetch issue 2 a row for `ahead` batches before the
+    wait + 1 batch in the loop, per (stage, half); packed slots: one more named barrier a stage."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
     from dsv4bench.core.registry import get_impl
 
     form = get_impl("fmha", impl).decode_form
+    bound, mul = V3[impl]
     k = compile_fused(h_q, "sm_90a", *form).kernels["fused"]
     info = parse_cubin(k.__cubin__)
     print(impl, h_q, info)
     assert info.cubin_bytes > 0 and info.local_bytes <= bound, info
     if find_nvdisasm() is not None:
         sass = sass_of(k)
-        bulk = form[2].bulk_prefetch
-        assert sass.count("UBLKPF.L2") == (4 if bulk else 0) and sass.count("CCTL.E.PF2") == (4 if bulk else 28)
-        mul = {"cutedsl:fused-pf-loop": 224, "cutedsl:fused-pf-loop2": 112}.get(impl, 448)
-        assert sass.count("HMUL2") == mul, sass.count("HMUL2")
+        assert sass.count("CCTL.E.PF2") == 28 and sass.count("HMUL2") == mul, (sass.count("CCTL.E.PF2"),
+                                                                               sass.count("HMUL2"))
+        rows, cls = form[0], form[2]
+        assert sass.count("CCTL.E.PF1") == (4 * 2 * rows * (cls.l1_ahead + 1) if cls.l1_ahead else 0)
+        assert sass.count("BAR.SYNC.DEFER_BLOCKING 0xc, 0x40") == (2 if cls.packed else 1)
+
+
+def test_packed_slots_are_checked_on_the_host():
+    """run_fused refuses caches whose block size or block count does not fit the packed word."""
+    from dsv4bench.core.registry import get_impl
+
+    compiled = compile_fused(64, "sm_90a", *get_impl("fmha", "cutedsl:fused-pk-loop").decode_form)
+    assert compiled.packed_slots and not getattr(compile_fused(64, "sm_90a", 4, True, None, True), "packed_slots")
+    big = torch.empty(2, 2048, 1, 584, dtype=torch.uint8)
+    with pytest.raises(AssertionError, match="packed slots"):
+        run_fused(compiled, None, torch.empty(1, 64, 512), (big, big), (None, None), (None, None), None, None, None,
+                  132)

@@ -1,6 +1,6 @@
 """FP8-cache sparse decode on a GPU: our three launches (v1, kernels/fmha/decode_glue.py) and the fused
-kernel (v2, decode_fused.py: `cutedsl:fused`, `-cvt`, `-b2`, `-small`; its v3 candidates with an L2
-prefetch, decode_prefetch.py: `-pf`, `-pf-bulk`, `-pf-loop`, `-pf-loop2`) against the
+kernel (v2, decode_fused.py: `cutedsl:fused`, `-cvt`, `-b2`, `-small`; its v3 candidates,
+decode_prefetch.py: `-pf`, `-pf-loop`, `-pf-loop2`, `-pk-loop`, `-pk-loop-l1`, `-pk-loop2-l1`) against the
 dequantised FP32 oracle by the harness rule (docs/benchmarking.md), on the issue's grid (Flash and
 Pro, 1-128 requests; the 128K contexts at 1 and 128 requests) and hypothesis draws (ragged
 lengths, -1 indices, fewer valid keys than top-k, duplicates, pages of 61); the split-KV path and
@@ -28,8 +28,9 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
-# v3 candidates (decode_prefetch.py): L2 prefetch of each pair's rows, a run-time batch loop
-PF = ("cutedsl:fused-pf", "cutedsl:fused-pf-bulk", "cutedsl:fused-pf-loop", "cutedsl:fused-pf-loop2")
+# v3 candidates (decode_prefetch.py): L2 prefetch of each pair's rows, a run-time batch loop, packed slots, L1
+PF = ("cutedsl:fused-pf", "cutedsl:fused-pf-loop", "cutedsl:fused-pf-loop2", "cutedsl:fused-pk-loop",
+      "cutedsl:fused-pk-loop-l1", "cutedsl:fused-pk-loop2-l1")
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name)  # v1; v2 (decode_fused.py) and its forms
          for name in ("cutedsl", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt", "cutedsl:fused-small",
                       "cutedsl:fused-no-dequant", *PF)}
