@@ -14,12 +14,17 @@ Nothing a K block forces the two warpgroups to meet: the stage ring (each warp r
 L1 epilogue's amax exchange (once a tile) are what they share. Once they drift apart (the wgmma groups of the
 two warpgroups complete one after the other), one warpgroup's promotion and widening overlap the other's
 wgmmas. The widening work, the promotion, the epilogues and every index of the v2 kernel stay as they are
-(this class overrides only `_consume` and `_prepare`; the v2 code path is untouched).
+(`GroupedSplit` overrides `_consume` and `_prepare`, and `_store_h` only under `fast_silu`; the v2 classes and
+their code path are untouched).
 
 The L1 epilogue's amax exchange buffer (`red`, one slot per (row, warpgroup, wave)) is written before and read
-after a 256-thread barrier; with the warpgroups free to drift, one could reach the next tile's write while
-the other still reads: a closing 256-thread barrier after each L1 tile's epilogue keeps that ordered (one
-barrier a tile of 32-56 K blocks).
+after a 256-thread barrier. With one wave (bm 64) a warpgroup free to drift could write the next tile's slot
+while the other still reads this tile's: a closing 256-thread barrier after each L1 tile orders them. With two
+waves (prefill) the barriers of the waves already do: the next tile's wave-0 write comes after this tile's
+wave-1 barrier (every wave-0 read is before it), its wave-1 write after the next tile's wave-0 barrier.
+
+`GroupedSplitRow` (row_frame) overrides `_kblock`: the promotion with row scales alone (weights prepared in the
+row frame, kernels/moe/expert_weights.prepare). `fast_silu`: L1's silu by rcp.approx and 2-byte h stores.
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ class GroupedSplit(GroupedSm90):
                     self._store_h(accs[w], cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid)
                 else:
                     self._store_rows(accs[w], cC, mOut, g, m0, nt, limit, mg)
-            if cutlass.const_expr(c.epilogue == "swiglu"):
+            if cutlass.const_expr(c.epilogue == "swiglu" and W == 1):
                 bar.arrive_and_wait()  # every read of `red` for this tile is done before the next tile's writes
 
     @cute.jit
