@@ -273,9 +273,10 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
     i = l1w.shape[1] // 2
     if max_m is not None and n_experts > MAX_GROUPS:
         raise ValueError(f"{n_experts} experts: the masked kernel's work list holds at most {MAX_GROUPS}")
-    if getattr(compiled, "row_frame", False) != (l1w.frame == "row" and l2w.frame == "row"):
-        raise ValueError(f"the GEMMs were compiled for {'row' if compiled.row_frame else 'block'}-frame weights, "
-                         f"got {l1w.frame} / {l2w.frame} (expert_weights.prepare's frame)")
+    frame = "row" if getattr(compiled, "row_frame", False) else "block"
+    if l1w.frame != frame or l2w.frame != frame:
+        raise ValueError(f"the GEMMs were compiled for {frame}-frame weights, got {l1w.frame} / {l2w.frame} "
+                         f"(expert_weights.prepare's frame)")
     check_dispatch(x, idx, weights, {}, n_experts, max_m, outputs=False)
     out = torch.empty_like(shared) if y is None else y
     for name, v in (("shared", shared), ("y", out)):

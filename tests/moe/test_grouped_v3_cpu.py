@@ -188,6 +188,10 @@ def test_layer_hands_v3_the_row_frame_weights(monkeypatch):
     # weights of the other frame are refused, not silently mis-scaled
     with pytest.raises(ValueError, match="frame"):
         L.run_prepared(compiled, x, idx, w, shared, *L.layer_weights(*experts), e, None, check=False)
+    mixed = (L.row_frame_weights(*experts)[0], L.layer_weights(*experts)[1])
+    for row_frame in (False, True):
+        with pytest.raises(ValueError, match="frame"):
+            L.run_prepared(L.CompiledLayer({}, row_frame=row_frame), x, idx, w, shared, *mixed, e, None, check=False)
 
 
 def _loop_spills(compiled) -> int:
