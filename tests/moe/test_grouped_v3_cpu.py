@@ -237,3 +237,12 @@ def test_v3_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
         # v2's L1 refills 14 spilled values a K block (3 of them accumulators); v3's loop keeps at most a few
         # addresses there (the row-frame promotion holds no column scales across the wgmma)
         assert _loop_spills(compiled) <= 4
+
+
+@pytest.mark.parametrize("layout,epilogue", [("masked", "swiglu"), ("masked", "bf16"), ("contiguous", "bf16")])
+def test_v3_knockout_and_decode_compile_clean(layout, epilogue):
+    """tests/wgmma_checks (no local memory, no serialised wgmma) on the v3 configurations that hold no spill:
+    decode, and the prefill knock-out without the widening (`cutedsl:v3-ko-no-widen`)."""
+    from tests.wgmma_checks import assert_compiles_clean
+    knobs = V3 if layout == "masked" else {**V3, "ablate": "no-widen"}
+    assert_compiles_clean(lambda kn: compile_grouped(layout, epilogue, 512, 256, **kn), knobs)
