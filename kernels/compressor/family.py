@@ -3,6 +3,10 @@ RMSNorm, RoPE at position s·m and FP8 qdq of the NoPE dims; oracle pairing, cos
 
 Inputs are the fp32 projections of §5.2 (kv = wkv(x), score = wgate(x) + ape[t mod m]) for B
 sequences of S tokens from position 0; the output is the ⌊S/m⌋ cache entries per sequence, bf16.
+
+Case parameter `indexer` (absent = False: the main compressor's cases, ids and compile keys as before):
+the indexer's compressor (§6: m = 4, d = 128), whose post-processing ends in Hadamard_128 + FP4 qdq
+(§5.5) instead of the FP8 NoPE qdq; one output `out` (the main compressor's: `nope` / `rope`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from kernels.compressor import serves as served
 from kernels.compressor.compressor import CsaKernel
 from kernels.compressor.hca import SPLITS as HCA_SPLITS
 from kernels.compressor.hca import STATE, HcaKernel, counters
+from kernels.compressor.indexer import IndexerCsaKernel
 from kernels.rope.rotate import ROPE_DIM, rope_table
 from oracles.compressor import (
     block_candidates,
@@ -51,22 +56,33 @@ def entries(case: Case) -> int:
     return num_entries(case["s"], case["m"])
 
 
+def indexed(case: Case) -> bool:
+    """The indexer's compressor (Hadamard + FP4 post-processing); absent from the main compressor's cases."""
+    return bool(case.get("indexer", False))
+
+
+def outputs(case: Case, out: torch.Tensor) -> dict:
+    """The indexer's entry as one output, the main compressor's split (nope / rope)."""
+    return {"out": out} if indexed(case) else split(out)
+
+
 def split(out: torch.Tensor) -> dict:
     """The entry as two outputs: the FP8-qdq'd NoPE dims and the bf16 RoPE dims (own tolerances)."""
     return {"nope": out[..., :-ROPE_DIM], "rope": out[..., -ROPE_DIM:]}
 
 
-def compress_eager(kv, score, norm_w, m: int, freqs):
+def compress_eager(kv, score, norm_w, m: int, freqs, indexer: bool = False):
     """The reference's torch composition: overlap transform, per-channel softmax pooling, then the
-    bf16 post-processing (norm, RoPE, FP8 qdq) of §5.5."""
+    bf16 post-processing (norm, RoPE, FP8 NoPE qdq; the indexer's: Hadamard + FP4 qdq) of §5.5."""
     c = pool(*block_candidates(kv, score, m))
     ids = torch.arange(c.shape[1], device=c.device)
-    return postprocess_lowprec(c, norm_w, ids, m, freqs)
+    return postprocess_lowprec(c, norm_w, ids, m, freqs, indexer=indexer)
 
 
 class CompressorFamily(Family):
     name = "compressor"
-    description = "CSA (m=4, overlap) / HCA (m=128) pooling + RMSNorm + RoPE(s·m) + FP8 NoPE qdq (§5)"
+    description = ("CSA (m=4, overlap) / HCA (m=128) pooling + RMSNorm + RoPE(s·m) + FP8 NoPE qdq (§5); "
+                   "indexer=True: the indexer's compressor (m=4, d=128) with Hadamard + FP4 qdq")
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
     serves = served.OPS  # the model op it serves (kernels/compressor/serves.py)
@@ -79,8 +95,14 @@ class CompressorFamily(Family):
     # code (6-12 %). The bf16 reference flips ~1 in 16 NoPE values (rel L2 ~1.5e-2); the max rule
     # scales with its flips, the L2 bound of the NoPE part allows twice that.
     nope_tolerance = Tolerance(ratio=2.0, rel_l2=3e-2)
+    # The indexer's FP4 round trip (the value of compressor_decode's post op, whose entries are the same
+    # post-processing): a flip moves a value by one e2m1 step (up to a third of it); the bf16 reference
+    # flips a few in a hundred (rel L2 ~3.5e-2), the L2 bound allows more.
+    fp4_tolerance = Tolerance(ratio=2.0, rel_l2=6e-2)
 
     def tolerance_for(self, case: Case, output: str) -> Tolerance:
+        if indexed(case):
+            return self.fp4_tolerance
         return self.nope_tolerance if output == "nope" else self.tolerance
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
@@ -101,11 +123,13 @@ class CompressorFamily(Family):
 
     def oracle(self, case: Case, inputs: dict) -> dict:
         c, ids, freqs = self._raw(case, inputs)
-        return split(postprocess(c, inputs["norm_w"], ids, case["m"], freqs, eps=NORM_EPS))
+        return outputs(case, postprocess(c, inputs["norm_w"], ids, case["m"], freqs, indexer=indexed(case),
+                                         eps=NORM_EPS))
 
     def lowprec(self, case: Case, inputs: dict) -> dict:
         c, ids, freqs = self._raw(case, inputs)
-        return split(postprocess_lowprec(c, inputs["norm_w"], ids, case["m"], freqs, eps=NORM_EPS))
+        return outputs(case, postprocess_lowprec(c, inputs["norm_w"], ids, case["m"], freqs, indexer=indexed(case),
+                                                 eps=NORM_EPS))
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
         return {"out": torch.empty(case["b"], entries(case), case["d"], dtype=torch.bfloat16, device=device)}
@@ -115,7 +139,8 @@ class CompressorFamily(Family):
         used = e * m  # tokens of complete blocks
         read = b * used * width(case) * 4 * 2  # kv + score, each element once
         cands = (2 * m) if overlaps(m) else m
-        return Cost(flops=float(b * e * d * (8 * cands + 20)),
+        post = 20 + (14 if indexed(case) else 0)  # the indexer's Hadamard butterfly (7 steps) and FP4 qdq
+        return Cost(flops=float(b * e * d * (8 * cands + post)),
                     bytes=float(read + b * e * d * 2 + d * 2 + e * 4 * ROPE_DIM))
 
 
@@ -132,7 +157,8 @@ class CompressorCuteDSL(Impl):
         return None if entries(case) else "no complete block"
 
     def compile_key(self, case: Case, arch: str) -> tuple:
-        return (self.family, self.name, arch, case["m"], case["d"], NORM_EPS)
+        key = (self.family, self.name, arch, case["m"], case["d"], NORM_EPS)
+        return (*key, "indexer") if indexed(case) else key  # the main compressor's keys as before
 
     def make_kernel(self, case: Case):
         """The kernel object to compile (a declared variant, kernels/compressor/variants.py, returns its own)."""
@@ -147,11 +173,14 @@ class CompressorCuteDSL(Impl):
             compiled(*args)
         else:
             compiled(*args, *hca_scratch(case, out["out"].device, self.hca.get("splits")))
-        return split(out["out"])
+        return outputs(case, out["out"])
 
 
 def kernel_for(case: Case, **hca):
-    """The CSA kernel for m = 4, the split HCA kernel otherwise (`hca`: its splits / groups)."""
+    """The CSA kernel for m = 4, the split HCA kernel otherwise (`hca`: its splits / groups); for the
+    indexer's compressor the CSA kernel with Hadamard + FP4 (kernels/compressor/indexer.py)."""
+    if indexed(case):
+        return IndexerCsaKernel(case["m"], case["d"], NORM_EPS)
     if overlaps(case["m"]):
         return CsaKernel(case["m"], case["d"], NORM_EPS)
     return HcaKernel(case["m"], case["d"], NORM_EPS, **hca)
@@ -181,9 +210,15 @@ def _eager_args(case: Case, inputs: dict):
     return inputs["kv"], inputs["score"], inputs["norm_w"], case["m"], freqs
 
 
+def _eager(fn, case: Case, inputs: dict) -> dict:
+    if indexed(case):
+        return outputs(case, fn(*_eager_args(case, inputs), indexer=True))
+    return split(fn(*_eager_args(case, inputs)))
+
+
 register_family(CompressorFamily())
 register_impl(CompressorCuteDSL())
-register_torch_baselines("compressor", compress_eager, lambda fn, case, inputs: split(fn(*_eager_args(case, inputs))))
+register_torch_baselines("compressor", compress_eager, _eager)
 
 # Declared variants (knock-outs and ablations, run only when named: `--impl cutedsl:<variant>`).
 # They subclass CompressorCuteDSL, so they are imported last; variants.py registers them (register_impl).

@@ -5,7 +5,7 @@ shipped kernel on the same inputs:
     dsv4bench sweep compressor --rows 16384 --impl cutedsl,cutedsl:no-post,cutedsl:loads-only,\\
         cutedsl:hca-p1g4,cutedsl:hca-p4g1,cutedsl:hca-p4g2,cutedsl:hca-p16g1,cutedsl:empty-grid --bench
 
-Knock-outs (`checked = False`: run, timed, never compared), CSA and HCA:
+Knock-outs (`checked = False`: run, timed, never compared), CSA (the indexer's too) and HCA:
     cutedsl:no-post      pooling only: RMSNorm, RoPE and the FP8 qdq knocked out, y stored as is
                          (seam `EntryKernel.finish`)
     cutedsl:loads-only   the loads and the stores; the online softmax replaced by adds (seam `absorb`)
@@ -24,8 +24,9 @@ import cutlass.cute as cute
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import register_impl
 from kernels.compressor.compressor import VEC, CsaKernel
-from kernels.compressor.family import CompressorCuteDSL, entries
+from kernels.compressor.family import CompressorCuteDSL, entries, indexed
 from kernels.compressor.hca import SPLITS, HcaKernel
+from kernels.compressor.indexer import IndexerCsaKernel
 from kernels.probes import EmptyGridMixin
 from oracles.compressor import overlaps
 from oracles.norm import NORM_EPS
@@ -56,7 +57,7 @@ class KnockOut(CompressorCuteDSL):
     part: type = object
 
     def make_kernel(self, case: Case):
-        base = CsaKernel if overlaps(case["m"]) else HcaKernel
+        base = IndexerCsaKernel if indexed(case) else CsaKernel if overlaps(case["m"]) else HcaKernel
         cls = type(f"{self.part.__name__}{base.__name__}", (self.part, base), {})
         return cls(case["m"], case["d"], NORM_EPS)
 
