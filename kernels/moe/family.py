@@ -9,8 +9,9 @@ layer: y = bf16( Σ_k expert_{idx_k}(x; w_k) + shared ), the routed experts in t
     dequantised MXFP4 weights, bf16 w1 / w3 outputs, SwiGLU and the route weight in fp32, bf16 h
     quantised again for w2, each expert's bf16 output summed in fp32 with the shared output.
     Ours (sm_90a): dispatch -> the grouped MXFP4 x FP8 GEMMs (kernels/moe/grouped_sm90.py: L1 with the
-    SwiGLU x route weight and h's FP8 quantisation fused, L2) -> combine (kernels/moe/layer.py); the
-    weights' side data is made once per weight buffers. Peers: kernels/moe/peers.py.
+    SwiGLU x route weight and h's FP8 quantisation fused, L2; v2 at decode, v3 at prefill:
+    kernels/moe/grouped_split.py on row-frame weights) -> combine (kernels/moe/layer.py); the weights' side
+    data is made once per weight buffers. Peers: kernels/moe/peers.py.
 dispatch: the router's output -> the layout (contiguous or masked) with x gathered and FP8-quantised
     (kernels/moe/dispatch.py). Oracle = reference = oracles.moe `dispatch_layout` + `gather_quant`;
     every output compares exactly.
@@ -28,6 +29,7 @@ from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, regis
 from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
+from kernels.moe.grouped_config import V2, V3
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -188,10 +190,14 @@ class MoeCuteDSL(Impl):
 
 
 class MoeLayerVariant(MoeCuteDSL):
-    """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named:
-    `cutedsl:serial` widens each K block before its wgmmas are issued instead of during the previous
-    block's (the A/B of the overlap, and a fallback); `cutedsl:ko-no-widen` skips the widening (a
-    knock-out: timed, never compared), so its gap to `cutedsl` is what the widening costs;
+    """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named.
+    `cutedsl` is the tile rule's pick (grouped_config.choose): v2 at decode (masked), v3 at prefill
+    (contiguous) since the H100 A/B (docs/perf/moe.md "v3 measured"); `cutedsl:v2` is v2 at both layouts
+    (the A/B of that pick; the v2 A/Bs below carry its knobs, grouped_config.V2, so they stay on v2 at
+    prefill); `cutedsl:v3` v3 at both layouts. `cutedsl:serial` widens each K block before its wgmmas are
+    issued instead of during the previous block's (the A/B of the overlap, and a fallback);
+    `cutedsl:ko-no-widen` skips the widening (a knock-out: timed, never compared), so its gap to `cutedsl:v2`
+    is what v2's widening costs;
     `cutedsl:widen-v1` the v1 widening (a 4-code lookup per 16 bits, scalar shared-memory words) and
     `cutedsl:v1` the whole v1 path (that widening, the promotion's scales read after the wgmma wait, the
     masked layout's padding rows gathered as zeros, buffers and views made in every call, and the count
@@ -215,15 +221,16 @@ class MoeLayerVariant(MoeCuteDSL):
 
 FAMILY = register_family(MoeFamily())
 register_impl(MoeCuteDSL())
-register_impl(MoeLayerVariant("serial", {"overlap": False}))
-register_impl(MoeLayerVariant("ko-no-widen", {"ablate": "no-widen"}, checked=False))
-register_impl(MoeLayerVariant("widen-v1", {"widen": "v1"}))
-register_impl(MoeLayerVariant("tiled-b", {"tiled_b": True}))
-register_impl(MoeLayerVariant("pdl", {"pdl": True}))
-register_impl(MoeLayerVariant("split-wg", {"split_wg": True}))
-V3 = {"split_wg": True, "row_frame": True, "fast_silu": True}
+# v2's A/Bs carry V2: the tile rule's prefill pick is v3 (grouped_config.choose), their prefill cases stay on v2
+register_impl(MoeLayerVariant("v2", V2))
+register_impl(MoeLayerVariant("serial", {**V2, "overlap": False}))
+register_impl(MoeLayerVariant("ko-no-widen", {**V2, "ablate": "no-widen"}, checked=False))
+register_impl(MoeLayerVariant("widen-v1", {**V2, "widen": "v1"}))
+register_impl(MoeLayerVariant("tiled-b", {**V2, "tiled_b": True}))
+register_impl(MoeLayerVariant("pdl", {**V2, "pdl": True}))
+register_impl(MoeLayerVariant("split-wg", {**V2, "split_wg": True}))
 register_impl(MoeLayerVariant("v3", V3))
 register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
-register_impl(MoeLayerVariant("v1", {"widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
+register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
                                planned=False))
 peers.register()

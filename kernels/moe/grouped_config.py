@@ -1,5 +1,6 @@
-"""Compile-time configuration of the grouped expert GEMM (kernels/moe/grouped_sm90.py) and its
-shared-memory budget; `choose` is the tile rule.
+"""Compile-time configuration of the grouped expert GEMM (kernels/moe/grouped_sm90.py: v2; its v3,
+kernels/moe/grouped_split.py) and its shared-memory budget; `choose` is the tile rule (v2 at decode, v3 at
+prefill).
 
 CTA tile bm x bn (bn = BN = 256 weight rows): two consumer warpgroups split N (128 columns each, a
 64 x 128 fp32 accumulator per 64-row wave), bm = 64 (decode: one wave) or 128 (prefill: two waves).
@@ -111,7 +112,20 @@ class GroupedConfig:
         return min(MAX_STAGES, (SMEM_BYTES - self.fixed_bytes) // self.stage_bytes)
 
 
+# The kernel versions as GroupedConfig overrides (the declared variants `cutedsl:v2` / `cutedsl:v3` and the
+# v2 A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v3
+# kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame weights with L1's cheaper epilogue.
+V2 = {"split_wg": False, "row_frame": False, "fast_silu": False}
+V3 = {"split_wg": True, "row_frame": True, "fast_silu": True}
+
+
 def choose(layout: str, epilogue: str) -> GroupedConfig:
-    """Decode (masked: a few rows per expert) takes one 64-row wave, prefill (contiguous, 128-row
-    segments) two."""
-    return GroupedConfig(layout=layout, epilogue=epilogue, bm=64 if layout == "masked" else 128)
+    """Decode (masked: a few rows per expert) takes one 64-row wave on v2; prefill (contiguous, 128-row
+    segments) two waves on v3, whose GEMMs read row-frame weights (expert_weights.prepare(frame="row"):
+    kernels/moe/layer.weight_frame). v3 at prefill since the H100 A/B in one process (docs/perf/moe.md "v3
+    measured": Flash T = 4096 0.75-0.78x v2's time, 0.94-0.99x DeepGEMM's speed; Pro T = 4096 0.77-0.81x);
+    decode stays on v2, as it was (v3 was not built for one wave: v2's early scales are off in it). The
+    variant `cutedsl:v2` keeps v2 at prefill for A/Bs."""
+    if layout == "masked":
+        return GroupedConfig(layout=layout, epilogue=epilogue, bm=64)
+    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V3)

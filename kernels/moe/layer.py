@@ -5,7 +5,8 @@ views the kernel takes of the dispatch buffers and the load-time weights, and th
     rows) -> combine (kernels/moe/combine.py, + the shared expert's output)
 
 The weights are prepared once per weight buffers (`layer_weights`: the interleaved L1 weight and the
-side data of kernels/moe/expert_weights.py), outside the timed call, as a model loading them would.
+side data of kernels/moe/expert_weights.py; `row_frame_weights` for the v3 GEMMs, the tile rule's prefill
+pick), outside the timed call, as a model loading them would.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.expert_weights import GroupedWeight, prepare_layer, widen_table
 from kernels.moe.glue import alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch
-from kernels.moe.grouped_config import BN, MAX_GROUPS, WIDEN_TABLE_WORDS, choose
+from kernels.moe.grouped_config import BN, MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig, choose
 from kernels.moe.grouped_sm90 import grouped_kernel
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
@@ -63,13 +64,26 @@ def fake_grouped(layout: str, epilogue: str, n: int, k: int, tiled_b: bool = Fal
     return a, sa, b, sh, sw, tab, group, row_w, out, out_s, cutlass.Int32(132)
 
 
+def grouped_config(layout: str, epilogue: str, **knobs) -> GroupedConfig:
+    """The tile rule's pick (grouped_config.choose: v2 at decode, v3 at prefill) with `knobs` overriding
+    GroupedConfig fields (the declared variants': grouped_config.V2 / V3, overlap, ablate, ...)."""
+    return replace(choose(layout, epilogue), **knobs)
+
+
+def weight_frame(layout: str, **knobs) -> str:
+    """The frame of the weights the layer's GEMMs read for a layout (+ GEMM knobs): "row" (v3, the tile
+    rule's prefill pick: `row_frame_weights`) or "block" (v2: `layer_weights`)."""
+    return "row" if grouped_config(layout, "swiglu", **knobs).row_frame else "block"
+
+
 def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_90a", **knobs):
-    """One grouped GEMM; `knobs` override GroupedConfig fields of the tile rule's pick (overlap, ablate)."""
+    """One grouped GEMM; `knobs` override GroupedConfig fields of the tile rule's pick (overlap, ablate;
+    grouped_config.V2 for v2 at prefill)."""
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     if n % (BN if epilogue == "swiglu" else KBLOCK) or k % KBLOCK:
         raise ValueError(f"N={n} must be a multiple of {BN} (L1) or {KBLOCK} (L2) and K={k} of {KBLOCK}")
-    cfg = replace(choose(layout, epilogue), **knobs)
+    cfg = grouped_config(layout, epilogue, **knobs)
     return compile_kernel(grouped_kernel(cfg), *fake_grouped(layout, epilogue, n, k, cfg.tiled_b), arch=arch)
 
 
@@ -82,22 +96,29 @@ class CompiledLayer:
     def __init__(self, kernels: dict, tiled_b: bool = False, row_frame: bool = False):
         self.kernels, self.tiled_b, self.row_frame = kernels, tiled_b, row_frame
 
+    @property
+    def frame(self) -> str:
+        """The frame of the weights the GEMMs read (expert_weights.prepare's): "row" (v3) or "block" (v2)."""
+        return "row" if self.row_frame else "block"
+
 
 def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a",
                   **knobs) -> CompiledLayer:
     """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus skip_padding
     (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
-    gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows)."""
+    gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
+    CompiledLayer's tiled_b / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
+    the knobs): with no knobs the contiguous layout's GEMMs are v3, on row-frame weights."""
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     knobs = dict(knobs)
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     pdl = knobs.get("pdl", False)
+    cfg = grouped_config(layout, "swiglu", **knobs)
     return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl),
                           "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs),
                           "l2": compile_grouped(layout, "bf16", d, i, arch, **knobs),
-                          "combine": compile_combine(d, topk, arch, pdl)}, knobs.get("tiled_b", False),
-                         knobs.get("row_frame", False))
+                          "combine": compile_combine(d, topk, arch, pdl)}, cfg.tiled_b, cfg.row_frame)
 
 
 # ---------------------------------------------------------------- views and calls
@@ -267,7 +288,9 @@ def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, 
 def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedWeight, l2w: GroupedWeight,
                  n_experts: int, max_m: int | None, y: torch.Tensor | None = None,
                  check: bool = True) -> torch.Tensor:
-    """run_layer on weights already prepared (`layer_weights`; the model's adapter keeps one pair per layer)."""
+    """run_layer on weights already prepared (`layer_weights`, or `row_frame_weights` for a row-frame compile:
+    `compiled.frame`; the model's adapter keeps its own per layer). Weights of the other frame raise a
+    ValueError (a block-frame weight in a row-frame GEMM would be mis-scaled silently)."""
     k = compiled.kernels
     t, d = x.shape
     i = l1w.shape[1] // 2

@@ -17,6 +17,7 @@ from dsv4bench.core.registry import get_impl
 from kernels.common import POLICY
 from kernels.moe.expert_weights import (EXACT_SPAN, SHIFT_BIAS, SHIFTS, flush_stats, interleave, prepare,
                                         prepare_layer, widen_table, widened_dequant)
+from kernels.moe.grouped_config import V2
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import SM90_ONLY, act_views, compile_grouped, weight_views
 from oracles.moe import dispatch_layout, gather_quant, routed_lowprec
@@ -149,15 +150,17 @@ def test_kernel_math_matches_the_reference(layout):
 
 
 @pytest.mark.parametrize("layout,epilogue,knobs", [("masked", "swiglu", {}), ("masked", "bf16", {}),
-                                                   ("contiguous", "swiglu", {}), ("contiguous", "bf16", {}),
+                                                   ("contiguous", "swiglu", V2), ("contiguous", "bf16", V2),
                                                    ("masked", "swiglu", {"overlap": False}),
                                                    ("masked", "bf16", {"ablate": "no-widen"}),
                                                    ("masked", "swiglu", {"widen": "v1"}),
                                                    ("masked", "bf16", {"widen": "v1", "early_scales": False}),
                                                    ("masked", "swiglu", {"tiled_b": True}),
-                                                   ("contiguous", "bf16", {"tiled_b": True}),
+                                                   ("contiguous", "bf16", {**V2, "tiled_b": True}),
                                                    ("masked", "swiglu", {"pdl": True})])
 def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
+    """v2 (the tile rule's decode pick, and at prefill `cutedsl:v2`'s: V2; the rule's prefill pick, v3, is
+    compiled in test_grouped_v3_cpu.py) and its A/B knobs."""
     monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
     compiled = compile_grouped(layout, epilogue, 512, 256, **knobs)
     info = parse_cubin(artifact(compiled))
@@ -220,13 +223,15 @@ def test_layer_variants_are_declared():
         compile_grouped("masked", "swiglu", 512, 256, widen="v3")
     # the A/Bs of v2 (docs/perf/moe.md): the v1 widening alone, and the whole v1 path (widening + read-back)
     v1, widen_v1, ours = (get_impl("moe", n) for n in ("cutedsl:v1", "cutedsl:widen-v1", "cutedsl"))
-    assert v1.knobs == {"widen": "v1", "early_scales": False, "skip_padding": False}
-    assert widen_v1.knobs == {"widen": "v1"}
+    assert v1.knobs == {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}
+    assert widen_v1.knobs == {**V2, "widen": "v1"}  # V2: the v2 A/Bs stay on v2 at prefill (the rule's pick: v3)
     assert v1.checked and widen_v1.checked
     assert v1.check_fits and not widen_v1.check_fits and not ours.check_fits
     assert not v1.planned and widen_v1.planned and ours.planned
-    assert get_impl("moe", "cutedsl:tiled-b").knobs == {"tiled_b": True}
-    assert get_impl("moe", "cutedsl:pdl").knobs == {"pdl": True}
+    assert get_impl("moe", "cutedsl:tiled-b").knobs == {**V2, "tiled_b": True}
+    assert get_impl("moe", "cutedsl:pdl").knobs == {**V2, "pdl": True}
+    assert get_impl("moe", "cutedsl:serial").knobs == {**V2, "overlap": False}
+    assert get_impl("moe", "cutedsl:ko-no-widen").knobs == {**V2, "ablate": "no-widen"}
 
 
 def test_sm100a_is_unsupported_with_the_reason():

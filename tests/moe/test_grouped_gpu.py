@@ -5,7 +5,7 @@
   ragged shapes in both layouts, empty experts, one hot expert, a token on one expert twice;
 - the whole layer (ours: dispatch -> L1 -> L2 -> combine) through the family's evaluation path
   (`gpu_check`: the tolerance rule against the low-precision reference), small drawn layers and the
-  Flash shape at T = 1, 8, 64 (masked) and 4096 (contiguous);
+  Flash shape at T = 1, 8, 64 (masked: v2) and 4096 (contiguous: v3, the tile rule's prefill pick);
 - a masked count past max_m: ValueError from the layer op (with its check; none without it), and no host
   sync inside the layer op without the check.
 """
@@ -19,8 +19,9 @@ from dsv4bench.core.case import Case
 from kernels.moe.expert_weights import KBLOCK
 from kernels.moe.glue import dispatch
 from kernels.moe.inputs import make_experts
+from kernels.moe.grouped_config import V2, V3
 from kernels.moe.layer import (compile_grouped, compile_layer, layer_weights, row_frame_weights, run_grouped,
-                               run_layer)
+                               run_layer, weight_frame)
 from sweeps import moe as space
 from tests.moe import grouped_model as model
 
@@ -58,17 +59,18 @@ def _masked_max_m(idx, e):
     return -(-int(torch.bincount(idx.view(-1).long(), minlength=e).max()) // 16) * 16
 
 
-KNOBS = {"overlap": {}, "serial": {"overlap": False}, "v1": {"widen": "v1", "early_scales": False},
-         "tiled-b": {"tiled_b": True}, "split-wg": {"split_wg": True},
-         "v3": {"split_wg": True, "row_frame": True, "fast_silu": True}}
+KNOBS = {"rule": {}, "overlap": V2, "serial": {**V2, "overlap": False},
+         "v1": {**V2, "widen": "v1", "early_scales": False}, "tiled-b": {**V2, "tiled_b": True},
+         "split-wg": {**V2, "split_wg": True}, "v3": V3}
 
 
 @pytest.mark.parametrize("knobs", list(KNOBS.values()), ids=list(KNOBS))
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
 def test_grouped_gemms_match_the_model(shape, layout, knobs):
-    """v2 (overlap: the shipped kernel; serial), the v1 widening / promotion order, the tiled weight codes
-    (tiled-b) and v3 (split-wg; v3 = split-wg on row-frame weights) against the model."""
+    """The tile rule's pick (rule: v2 at decode, v3 at prefill), v2 (overlap; serial), the v1 widening /
+    promotion order, the tiled weight codes (tiled-b) and v3 (split-wg; v3 = split-wg on row-frame weights)
+    against the model; each on the weights of its frame (layer.weight_frame)."""
     ex, x, idx, w = _problem(*shape)
     _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, layout, knobs)
 
@@ -76,8 +78,8 @@ def test_grouped_gemms_match_the_model(shape, layout, knobs):
 def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs):
     max_m = _masked_max_m(idx, e) if layout == "masked" else None
     lay = dispatch(x, idx, w, e, max_m)
-    l1w, l2w = (row_frame_weights if knobs.get("row_frame") else layer_weights)(ex.w1, ex.s1, ex.w3, ex.s3, ex.w2,
-                                                                                 ex.s2)
+    frame = weight_frame(layout, **knobs)
+    l1w, l2w = (row_frame_weights if frame == "row" else layer_weights)(ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
     rows = lay["src"].numel()
     group = lay["counts"] if max_m else lay["expert"]
     h = torch.zeros(rows, i, dtype=torch.uint8, device="cuda")
@@ -110,7 +112,7 @@ def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs):
         assert (y.cpu()[~real] == 0).all() and (h.cpu()[~real] == 0).all()
 
 
-@pytest.mark.parametrize("knobs", [{}, KNOBS["split-wg"], KNOBS["v3"]], ids=["v2", "split-wg", "v3"])
+@pytest.mark.parametrize("knobs", [V2, KNOBS["split-wg"], KNOBS["v3"]], ids=["v2", "split-wg", "v3"])
 def test_prefill_gemms_at_4096_tokens_ragged_with_an_empty_expert(knobs):
     """Contiguous (prefill) GEMMs at T = 4096: 9 experts, skewed ragged counts (none a multiple of 128 but by
     chance), expert 8 never routed (0 tokens), K of 4 / 2 blocks; v2 and the v3 variants against the model."""
@@ -142,10 +144,11 @@ VARIANT_CASES = [LAYER[0], LAYER[2], LAYER[6], LAYER[-1]]  # Flash T = 1, 64 (ma
 
 
 @pytest.mark.parametrize("variant", ["cutedsl:v1", "cutedsl:widen-v1", "cutedsl:tiled-b", "cutedsl:pdl",
-                                     "cutedsl:split-wg", "cutedsl:v3"])
+                                     "cutedsl:split-wg", "cutedsl:v3", "cutedsl:v2"])
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=[c.id for c in VARIANT_CASES])
 def test_layer_variants_pass_the_rule(case, variant, gpu_check):
-    """The A/B variants the sweep times next to `cutedsl` (docs/perf/moe.md v2) are correct layers too."""
+    """The A/B variants the sweep times next to `cutedsl` (docs/perf/moe.md v2; `cutedsl:v2`: v2 at prefill,
+    where `cutedsl` is v3) are correct layers too."""
     from dsv4bench.core.registry import get_impl
     gpu_check(case, get_impl("moe", variant))
 

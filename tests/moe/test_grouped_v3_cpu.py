@@ -8,6 +8,7 @@ decode; inside the prefill K-block loop at most the spill refills the v2 kernel 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
 from kernels.common import POLICY
 from kernels.moe.expert_weights import EXACT_SPAN, flush_stats, prepare, prepare_layer, widened_dequant
-from kernels.moe.grouped_config import GroupedConfig
+from kernels.moe.grouped_config import V2, V3, GroupedConfig
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import compile_grouped
 from oracles.moe import dispatch_layout, gather_quant
@@ -27,8 +28,7 @@ from oracles.quant import mxfp4_dequant, unpack_fp4
 from sweeps import moe as space
 from tests.moe import grouped_model as model
 
-V3 = {"split_wg": True, "row_frame": True, "fast_silu": True}
-SPLIT = {"split_wg": True}
+SPLIT = {**V2, "split_wg": True}  # the decoupling alone (v2's frame and epilogue): the tile rule's prefill pick is V3
 
 
 def _codes(e, n, k, seed=0):
@@ -152,9 +152,51 @@ def test_v3_variants_are_declared_and_validated():
         GroupedConfig(layout="contiguous", bm=128, split_wg=True, widen="v1")
     with pytest.raises(ValueError, match="fast_silu"):
         GroupedConfig(layout="contiguous", bm=128, fast_silu=True)
-    # the tile rule is unchanged: v2 at decode and prefill until the H100 A/B says otherwise
+    assert get_impl("moe", "cutedsl:v2").knobs == V2 and get_impl("moe", "cutedsl:v2").checked
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
+def test_the_tile_rule_picks_v3_at_prefill_and_v2_at_decode(epilogue):
+    """Since the H100 A/B (docs/perf/moe.md "v3 measured"): contiguous (prefill) -> v3 (split warpgroups,
+    row-frame weights, fast silu), masked (decode) -> exactly the v2 config it was."""
     from kernels.moe.grouped_config import choose
-    assert not choose("contiguous", "swiglu").split_wg and not choose("masked", "bf16").split_wg
+    from kernels.moe.layer import grouped_config, weight_frame
+    pre, dec = choose("contiguous", epilogue), choose("masked", epilogue)
+    assert (pre.split_wg, pre.row_frame, pre.fast_silu, pre.bm) == (True, True, True, 128)
+    assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=64)  # the v2 decode config, unchanged
+    assert not (dec.split_wg or dec.row_frame or dec.fast_silu)
+    assert weight_frame("contiguous") == "row" and weight_frame("masked") == "block"
+    # cutedsl:v2 and every v2 A/B stay on v2 at prefill; cutedsl:v3 and split-wg are what they were
+    for name in ("v2", "serial", "ko-no-widen", "widen-v1", "tiled-b", "pdl", "v1"):
+        knobs = {k: v for k, v in get_impl("moe", f"cutedsl:{name}").knobs.items() if k != "skip_padding"}
+        cfg = grouped_config("contiguous", epilogue, **knobs)
+        assert not (cfg.split_wg or cfg.row_frame or cfg.fast_silu), name
+        assert grouped_config("masked", epilogue, **knobs) == replace(dec, **{k: v for k, v in knobs.items()
+                                                                                if k not in V2}), name
+        assert weight_frame("contiguous", **knobs) == "block"
+    for layout in ("masked", "contiguous"):
+        assert grouped_config(layout, epilogue, **V3).row_frame and weight_frame(layout, **V3) == "row"
+        split = grouped_config(layout, epilogue, **SPLIT)
+        assert split.split_wg and not split.row_frame and not split.fast_silu
+
+
+@pytest.mark.parametrize("impl,layout,frame", [("cutedsl", "contiguous", "row"), ("cutedsl", "masked", "block"),
+                                               ("cutedsl:v2", "contiguous", "block"),
+                                               ("cutedsl:v3", "masked", "row"),
+                                               ("cutedsl:split-wg", "contiguous", "block")])
+def test_the_family_impls_compile_the_frame_their_gemms_read(impl, layout, frame, monkeypatch):
+    """The CompiledLayer the family impl compiles (what layer.run_layer and the model's adapter read to pick
+    the weights) says the frame of its GEMMs' resolved config; recorded with the compiles faked."""
+    from kernels.moe import layer
+    seen = {}
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: None)
+    monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: seen.setdefault(
+        epilogue, layer.grouped_config(layout, epilogue, **knobs)))
+    monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
+    case = Case("moe", {**space.case("layer", "flash", 4096 if layout == "contiguous" else 8), "layout": layout})
+    compiled = get_impl("moe", impl).compile(case, "sm_90a")
+    assert compiled.frame == frame and compiled.row_frame == (frame == "row") and not compiled.tiled_b
+    assert {cfg.row_frame for cfg in seen.values()} == {frame == "row"} and len(seen) == 2
 
 
 def test_layer_hands_v3_the_row_frame_weights(monkeypatch):

@@ -33,10 +33,15 @@ RULE = Tolerance(ratio=2.0, rel_l2=LAYER_REL_L2)  # the family's layer rule (Moe
 
 
 def emulated_layer(calls: list):
-    """serves.routed_layer with the kernels replaced by their torch model, on the adapter's arguments."""
+    """serves.routed_layer with the kernels replaced by their torch model, on the adapter's arguments: the
+    weights asked for in the frame the family impl's compile would read (layer.weight_frame: the tile rule,
+    v3's row frame at prefill); each call's params recorded with that frame."""
 
-    def routed_layer(run, params, x, idx, weights, shared, l1, l2):
-        calls.append(params)
+    def routed_layer(run, params, x, idx, weights, shared, prepared):
+        frame = layer.weight_frame(params["layout"])
+        l1, l2 = prepared(frame)
+        assert l1.frame == l2.frame == frame
+        calls.append({**params, "frame": frame})
         assert x.dtype == torch.bfloat16 and idx.dtype == torch.int32 and weights.dtype == torch.float32
         assert shared.dtype == torch.bfloat16 and shared.shape == x.shape
         max_m = params.get("max_m")
@@ -134,45 +139,113 @@ def test_adapter_passes_the_family_rule(tokens, routing, layout, kernels):
     (params,) = kernels
     assert params["layout"] == layout and params["t"] == tokens and (params["e"], params["k"]) == (8, 6)
     assert (params["d"], params["i"]) == (256, 256)
+    assert params["frame"] == ("row" if layout == "contiguous" else "block")  # v3 at prefill, v2 at decode
     if layout == "masked":
         assert params["max_m"] == serves.masked_rows(args[2], 8)
         if routing == "hot":
             assert params["max_m"] == 64  # all 64 tokens on expert 0
 
 
-def test_swapped_gate_and_up_fail_the_rule(kernels, monkeypatch):
+@pytest.mark.parametrize("tokens", [32, 300])  # decode (v2, block frame) and prefill (v3, row frame)
+def test_swapped_gate_and_up_fail_the_rule(tokens, kernels, monkeypatch):
     """The check has teeth: w1 and w3 swapped in the prepared L1 weight fail the family's rule."""
     real = serves.prepare_layer
-    monkeypatch.setattr(serves, "prepare_layer", lambda w1, s1, w3, s3, w2, s2: real(w3, s3, w1, s1, w2, s2))
-    args = moe_args(32, random.randrange(1 << 30))
+    monkeypatch.setattr(serves, "prepare_layer",
+                        lambda w1, s1, w3, s3, w2, s2, **kw: real(w3, s3, w1, s1, w2, s2, **kw))
+    args = moe_args(tokens, random.randrange(1 << 30))
     with pytest.raises(AssertionError):
         check(serves.moe(None, *args), args)
 
 
+def test_the_row_frame_side_data_is_what_the_kernel_needs_on_the_block_pairs_codes():
+    """prepare_row_frame: the row-frame side data of expert_weights.prepare(frame="row") (one column scale per
+    row), the codes the block pair's own tensors (not a copy); the block pair unchanged."""
+    x, w, idx, experts, *_ = moe_args(3, 11)
+    blocks = serves.prepare_experts(experts, 256, 256)
+    before = [(t.shift.clone(), t.col_scale.clone()) for t in blocks]
+    rows = serves.prepare_row_frame(experts, 256, 256, blocks)
+    from kernels.moe.expert_weights import prepare_layer
+    st = lambda n, a: torch.stack([getattr(getattr(ex, n), a).view(torch.uint8) for ex in experts])  # noqa: E731
+    want = prepare_layer(*(st(n, a) for n in ("w1", "w3", "w2") for a in ("weight", "scale")), frame="row")
+    for got, ref, blk, (shift, col) in zip(rows, want, blocks, before):
+        assert got.frame == "row" and blk.frame == "block"
+        assert got.codes is blk.codes and torch.equal(got.codes, ref.codes)
+        assert torch.equal(got.shift, ref.shift) and torch.equal(got.col_scale, ref.col_scale)
+        assert bool((got.col_scale == got.col_scale[:, :1]).all())  # one column scale per row
+        assert torch.equal(blk.shift, shift) and torch.equal(blk.col_scale, col)
+
+
+def _count_prepares(monkeypatch) -> dict:
+    made = {"block": [], "row": []}
+    real, real_row = serves.prepare_experts, serves.prepare_row_frame
+    monkeypatch.setattr(serves, "prepare_experts", lambda *a: made["block"].append(len(a[0])) or real(*a))
+    monkeypatch.setattr(serves, "prepare_row_frame", lambda *a: made["row"].append(len(a[0])) or real_row(*a))
+    return made
+
+
 def test_weights_are_prepared_once_per_weight_set(kernels, monkeypatch):
-    made = []
-    real = serves.prepare_experts
-    monkeypatch.setattr(serves, "prepare_experts", lambda *a: made.append(len(a[0])) or real(*a))
-    a = moe_args(4, 1)
-    b = moe_args(4, 2)  # a second layer's experts
+    """The block frame once per weight set at its first call; the row frame (v3, prefill) once, at its first
+    prefill call, never for decode-only calls, on the block pair's codes; both again for a weight written."""
+    made = _count_prepares(monkeypatch)
+    a = moe_args(300, 1)
+    b = moe_args(300, 2)  # a second layer's experts
+    decode = lambda args: (args[0][:4], args[1][:4], args[2][:4], *args[3:])  # noqa: E731
+    for _ in range(2):
+        serves.moe(None, *decode(a))
+        serves.moe(None, *decode(b))
+    assert made == {"block": [8, 8], "row": []}  # decode only: no row-frame side data
     for _ in range(2):
         serves.moe(None, *a)
-        serves.moe(None, *b)
-    assert made == [8, 8]
+        serves.moe(None, *decode(a))
+    assert made == {"block": [8, 8], "row": [8]}  # a's first prefill call made it, once
+    assert [p["frame"] for p in kernels] == ["block"] * 4 + ["row", "block"] * 2
+    blocks = serves.layer_weights(a[3], 256)
+    rows = serves.layer_weights(a[3], 256, "row")
+    assert made == {"block": [8, 8], "row": [8]} and all(r.codes is bl.codes for r, bl in zip(rows, blocks))
     shared_cat = serves._SHARED.get(serves._sources(a[4].w1) + serves._sources(a[4].w3), lambda: None)
     assert shared_cat is not None and shared_cat.weight.shape == (512, 256)  # w1|w3 made once, kept
-    # a weight written in place (a new checkpoint loaded into it) is prepared again
+    # a weight written in place (a new checkpoint loaded into it) is prepared again, in both frames
     a[3][5].w2.weight.add_(1)
     check(serves.moe(None, *a), a)
-    assert made == [8, 8, 8]
+    assert made == {"block": [8, 8, 8], "row": [8, 8]}
+    new_blocks, new_rows = serves.layer_weights(a[3], 256), serves.layer_weights(a[3], 256, "row")
+    assert new_rows[0].codes is new_blocks[0].codes and new_blocks[0].codes is not blocks[0].codes
+    with pytest.raises(ValueError, match="frame"):
+        serves.layer_weights(a[3], 256, "column")
 
 
-def test_a_prepared_layer_that_does_not_fit_is_refused(kernels, monkeypatch):
+def test_a_row_frame_pair_follows_a_block_pair_made_again(kernels, monkeypatch):
+    """A block pair made again without a write (evicted from its cache) gets a row pair on its own codes."""
+    args = moe_args(300, 12)
+    rows = serves.layer_weights(args[3], 256, "row")
+    monkeypatch.setattr(serves, "_EXPERTS", serves.Prepared(size=128))  # the block pair forgotten
+    blocks = serves.layer_weights(args[3], 256)
+    again = serves.layer_weights(args[3], 256, "row")
+    assert again[0].codes is blocks[0].codes and again[1].codes is blocks[1].codes
+    assert rows[0].codes is not blocks[0].codes and torch.equal(again[0].col_scale, rows[0].col_scale)
+
+
+@pytest.mark.parametrize("tokens,frame", [(2, "block"), (300, "row")])
+def test_a_prepared_layer_that_does_not_fit_is_refused(tokens, frame, kernels, monkeypatch):
+    """The block pair's bytes at any first call; the row frame's (its side data alone) at a prefill call."""
+    args = moe_args(tokens, 3)
+    if frame == "row":
+        serves.layer_weights(args[3], 256)  # the block pair fits
     monkeypatch.setattr(serves, "_check_memory", lambda device, need: (_ for _ in ()).throw(
         Unsupported(f"moe: needs {need} bytes")))
-    args = moe_args(2, 3)
-    with pytest.raises(Unsupported, match=f"needs {serves.prepared_bytes(8, 256, 256)} bytes"):
+    with pytest.raises(Unsupported, match=f"needs {serves.prepared_bytes(8, 256, 256, frame)} bytes"):
         serves.moe(None, *args)
+
+
+def test_the_row_frame_costs_its_side_data_alone():
+    """8 bytes per 128 K a weight row (shift words + column scales) beside the block pair's codes: ~12% of
+    the experts' checkpoint bytes; Flash 0.375 GiB a layer, Pro 1.48 GiB (serves' docstring)."""
+    flash, pro = serves.prepared_bytes(256, 4096, 2048, "row"), serves.prepared_bytes(384, 7168, 3072, "row")
+    assert flash == 256 * 3 * 4096 * 2048 // 128 * 8 == 3 << 27  # 0.375 GiB
+    assert abs(pro / 2**30 - 1.48) < 0.01
+    block = serves.prepared_bytes(256, 4096, 2048)
+    checkpoint = 256 * 3 * 4096 * 2048 * 17 // 32  # codes (1/2 byte) + e8m0 scales (1/32) an element
+    assert abs(block / checkpoint - 1.06) < 0.01 and abs(flash / checkpoint - 0.118) < 0.001
 
 
 def _with(experts, j, name, w):
@@ -236,38 +309,72 @@ class _Recorder:
     def __call__(self, *args):
         self.log.append((self.name, [(tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
                                      for a in args]))
+        self.ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
 
 
 class _FakeRun:
+    """run.compiled as the family impl `cutedsl` answers it: a CompiledLayer of the params' layout whose
+    row_frame is the tile rule's (layer.weight_frame: v3 at prefill), its launches recorded."""
+
     def __init__(self, kernels):
         self.kernels, self.asked = kernels, []
 
     def compiled(self, params, inputs):
         self.asked.append((params, {n: t.dtype for n, t in inputs.items()}))
-        return CompiledLayer(self.kernels)
+        return CompiledLayer(self.kernels, row_frame=layer.weight_frame(params["layout"]) == "row")
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
 def test_routed_layer_launches_what_run_layer_launches(tokens, monkeypatch):
     """The adapter's sequence (serves.routed_layer, with its own prepared weights) gives every kernel the
-    same operands as the family's layer.run_layer: shapes, strides and dtypes of each launch."""
+    same operands as the family's layer.run_layer: shapes, strides and dtypes of each launch; at prefill
+    (v3) both hand the GEMMs the row-frame weights (the same tensors), at decode (v2) the block frame's."""
     monkeypatch.setattr(layer, "sm_count", lambda device: 132)
     monkeypatch.setattr(layer, "check_fits", lambda counts, max_m: None)  # the counts are never written
     x, w, idx, experts, *_ = moe_args(tokens, 7)
-    l1, l2 = serves.prepare_experts(experts, 256, 256)
-    monkeypatch.setattr(layer, "layer_weights", lambda *a: (l1, l2))
+    blocks = serves.prepare_experts(experts, 256, 256)
+    pairs = {"block": blocks, "row": serves.prepare_row_frame(experts, 256, 256, blocks)}
+    monkeypatch.setattr(layer, "layer_weights", lambda *a: pairs["block"])
+    monkeypatch.setattr(layer, "row_frame_weights", lambda *a: pairs["row"])
     params = serves.layer_params(tokens, 6, 8, 256, 256, idx)
+    frame = "row" if tokens > serves.MASKED_MAX_T else "block"
     rows, idx32, shared = x.bfloat16(), idx.int(), torch.randn(tokens, 256).bfloat16()
     logs = [], []
     names = ("dispatch", "l1", "l2", "combine")
-    run = _FakeRun({n: _Recorder(n, logs[0]) for n in names})
-    serves.routed_layer(run, params, rows, idx32, w, shared, l1, l2)
-    compiled = CompiledLayer({n: _Recorder(n, logs[1]) for n in names})
+    recorders = [{n: _Recorder(n, log) for n in names} for log in logs]
+    run = _FakeRun(recorders[0])
+    asked = []
+    serves.routed_layer(run, params, rows, idx32, w, shared, lambda f: asked.append(f) or pairs[f])
+    assert asked == [frame]
+    compiled = CompiledLayer(recorders[1], row_frame=frame == "row")
     layer.run_layer(compiled, rows, idx32, w, shared, (None,) * 6, 8, params.get("max_m"))
     assert [n for n, _ in logs[0]] == list(names) and logs[0] == logs[1]
-    ((asked, dtypes),) = run.asked
-    assert asked == params and dtypes == {"x": torch.bfloat16, "idx": torch.int32, "weights": torch.float32,
-                                          "shared": torch.bfloat16}
+    ((got, dtypes),) = run.asked
+    assert got == params and dtypes == {"x": torch.bfloat16, "idx": torch.int32, "weights": torch.float32,
+                                        "shared": torch.bfloat16}
+    for rec in recorders:  # the GEMMs' weight operands (codes, shift words, col_scale) are the frame's tensors
+        for name, wt in zip(("l1", "l2"), pairs[frame]):
+            assert rec[name].ptrs[2:5] == [wt.codes.data_ptr(), wt.shift.data_ptr(), wt.col_scale.data_ptr()], name
+    if frame == "row":  # and they differ from the block frame's (the codes shared)
+        assert pairs["row"][0].col_scale.data_ptr() != pairs["block"][0].col_scale.data_ptr()
+
+
+@pytest.mark.parametrize("tokens,wrong", [(300, "block"), (5, "row")])
+def test_weights_of_the_wrong_frame_are_refused_with_the_reason(tokens, wrong, monkeypatch):
+    """A prepared pair whose frame is not the compiled GEMMs' (a block-frame pair in v3 at prefill, a
+    row-frame pair in v2 at decode) raises before any launch: it would be mis-scaled silently."""
+    monkeypatch.setattr(layer, "sm_count", lambda device: 132)
+    x, w, idx, experts, *_ = moe_args(tokens, 8)
+    blocks = serves.prepare_experts(experts, 256, 256)
+    pairs = {"block": blocks, "row": serves.prepare_row_frame(experts, 256, 256, blocks)}
+    log: list = []
+    run = _FakeRun({n: _Recorder(n, log) for n in ("dispatch", "l1", "l2", "combine")})
+    params = serves.layer_params(tokens, 6, 8, 256, 256, idx)
+    with pytest.raises(ValueError, match=f"compiled for {'row' if wrong == 'block' else 'block'}-frame weights, "
+                                         f"got {wrong} / {wrong}"):
+        serves.routed_layer(run, params, x.bfloat16(), idx.int(), w, torch.zeros(tokens, 256).bfloat16(),
+                            lambda f: pairs[wrong])
+    assert log == []
 
 
 def test_the_model_calls_the_adapter_with_its_own_arguments(kernels, monkeypatch):
