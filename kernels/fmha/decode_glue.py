@@ -29,6 +29,7 @@ from kernels.fmha.decode_combine import DecodeCombine
 from kernels.fmha.decode_combine import fake_args as combine_fake_args
 from kernels.fmha.decode_fp8 import DequantGather
 from kernels.fmha.decode_fp8 import fake_args as gather_fake_args
+from kernels.fmha.decode_prefetch import PACK_BITS
 from oracles.fmha_cache import cache_views
 
 D = 512
@@ -187,12 +188,18 @@ def fused_tokens(idx: tuple, lens: tuple, tokens: tuple, n_pad: int) -> torch.Te
     return out
 
 
+PACKED_MAX_BLOCK, PACKED_MAX_BLOCKS = 1 << PACK_BITS, 1 << (31 - PACK_BITS)  # decode_prefetch's int32 slot
+
+
 def run_fused(compiled: CompiledDecode, ws: FusedWorkspace, q, caches, indices, lens, sink, out, lse, sms: int,
               split: tuple | None = None) -> None:
     """As run_decode, in one attention launch (+ the combine when split); `split` forces (n_split, chunk)."""
     fused, combine = compiled.kernels["fused"], compiled.kernels["combine"]
     if getattr(compiled, "packed_slots", False):
-        assert all(c.shape[1] <= 1024 and c.shape[0] < 1 << 21 for c in caches), "packed slots: block size, blocks"
+        for i, c in enumerate(caches):
+            if c.shape[1] > PACKED_MAX_BLOCK or c.shape[0] >= PACKED_MAX_BLOCKS:
+                raise ValueError(f"cache{i}: the packed-slot decode holds block << 10 | token in an int32: blocks of "
+                                 f"<= {PACKED_MAX_BLOCK} tokens and < {PACKED_MAX_BLOCKS} blocks, got {tuple(c.shape[:2])}")
     b, h_q, _ = q.shape
     n_split, chunk = split or plan(b, h_q, fused_slots(indices[0].shape[1], indices[1].shape[1]), sms)
     o_part, l_part, row_lens, no_sink = ws.get(b, h_q, n_split, chunk, q.device)

@@ -16,7 +16,8 @@ from dsv4bench.core.registry import Impl
 from kernels.common import Prepared, sm_count
 from kernels.fmha.compiling import NO_WINDOW, compile_config
 from kernels.fmha.config import LOG2E, Config
-from kernels.fmha.decode_glue import FusedWorkspace, Workspace, compile_decode, compile_fused, run_decode, run_fused
+from kernels.fmha.decode_prefetch import FusedPackedLoop
+from kernels.fmha.decode_glue import PACKED_MAX_BLOCK, FusedWorkspace, Workspace, compile_decode, compile_fused, run_decode, run_fused
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 
 
@@ -58,11 +59,12 @@ class FmhaCuteDSL(Impl):
     archs = ("sm_90a",)
     compiles = True
     kernel_class: type = GatherAttentionSm90  # a declared variant compiles its subclass (variants.py)
-    # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode); (rows per batch,
-    # prmt conversion[, kernel class, one producer path]) = v2, the fused kernel (decode_fused.py,
-    # decode_glue.compile_fused / run_fused). The cutedsl:fused* variants set it; making v2 the default
-    # is this line.
-    decode_form: tuple | None = None
+    # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
+    # (rows per batch, prmt conversion[, kernel class, one producer path]) = the fused kernel
+    # (decode_fused.py, decode_glue.compile_fused / run_fused). The default is v3, fused-pk-loop
+    # (decode_prefetch.FusedPackedLoop): on the H100 it is at or above v1 on all 16 sweep cases, 1.31x
+    # v1 in geomean (run fmha/2026-11-26-h100-84b09bf-decode-fp8-v3); the cutedsl:fused* variants A/B others.
+    decode_form: tuple | None = (4, True, FusedPackedLoop, True)
 
     def __init__(self, persistent_ctas: int | None = None):
         """persistent_ctas: CTAs of a persistent launch (d <= 256), default one per SM; the tests
@@ -78,13 +80,21 @@ class FmhaCuteDSL(Impl):
             return f"the SM90 kernel does not target {arch}"
         if case.get("op", "attention") == "decode_fp8":
             from kernels.fmha.decode_family import supports
-            return supports(case)
+            return supports(case) or self._packed_limits(case)
         if case["h_q"] % case["h_kv"]:
             return "h_q must be a multiple of h_kv"
         try:
             config_for(case).n_block  # noqa: B018 (validates smem fit)
         except ValueError as e:
             return str(e)
+        return None
+
+    def _packed_limits(self, case: Case) -> str | None:
+        """The packed-slot producers hold a slot as block << 10 | token in an int32 (decode_prefetch)."""
+        packed = self.decode_form is not None and len(self.decode_form) > 2 and \
+            getattr(self.decode_form[2], "packed", False)
+        if packed and case["block"] > PACKED_MAX_BLOCK:
+            return f"the packed-slot decode takes cache blocks of <= {PACKED_MAX_BLOCK} tokens, not {case['block']}"
         return None
 
     def compile_key(self, case: Case, arch: str) -> tuple:

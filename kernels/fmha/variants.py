@@ -159,13 +159,16 @@ class FmhaEmptyGrid(EmptyGridMixin, FmhaVariant):
         return grid, cfg.threads
 
 
+VARIANTS = (FmhaNoGather, FmhaNoSoftmax, FmhaNoMath, FmhaNoMufu, FmhaEmptyGrid)
+
+
 class FmhaFusedDecode(FmhaCuteDSL):
     """`op: decode_fp8` by the fused kernel (v2: decode_fused.py, one attention launch whose producer
     dequantises the FP8 rows, + the combine) instead of v1's three launches: a real answer, checked.
     `cutedsl:fused-b2`: the same with 2 rows per load batch instead of 4 (fewer registers, less in flight);
     `cutedsl:fused-cvt`: the codes converted by prmt + mul.bf16x2 (decode_fused.e4m3x2_to_bf16x2);
     `cutedsl:fused-small`: fused-cvt with one copy of the producer code for both caches.
-    To make v2 the default: `FmhaCuteDSL.decode_form` (glue.py) = one of these forms."""
+    The default form is `FmhaCuteDSL.decode_form` (glue.py: fused-pk-loop); `cutedsl:decode-v1` keeps v1."""
 
     name, variant = "cutedsl:fused", "fused"
     decode_form = (4, False)  # (rows per load batch, prmt conversion)
@@ -176,11 +179,17 @@ class FmhaFusedDecode(FmhaCuteDSL):
         return super().supports(case, arch)
 
 
+class FmhaDecodeV1(FmhaFusedDecode):
+    """v1 of the FP8 decode (decode_fp8.py: dequant-gather into a bf16 workspace, the bf16 attention, the
+    combine), the default until fused-pk-loop measured faster: kept for A/Bs."""
+
+    name, variant, decode_form = "cutedsl:decode-v1", "decode-v1", None
+
+
 class FmhaFusedDecodeB2(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-b2", "fused-b2", (2, False)
 
 
-VARIANTS = (FmhaNoGather, FmhaNoSoftmax, FmhaNoMath, FmhaNoMufu, FmhaEmptyGrid)
 class FmhaFusedDecodeCvt(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-cvt", "fused-cvt", (4, True)
 
@@ -257,6 +266,6 @@ class FmhaFusedDecodePackedLoop2L1(FmhaFusedDecode):
 
 
 # checked variants (real answers) and knock-outs of the FP8 decode, decode_fp8 only
-DECODE_VARIANTS = (FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall, FmhaFusedNoDequant,
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall, FmhaFusedNoDequant,
                    FmhaFusedDecodePrefetch, FmhaFusedDecodePrefetchLoop, FmhaFusedDecodePrefetchLoop2,
                    FmhaFusedDecodePackedLoop, FmhaFusedDecodePackedLoopL1, FmhaFusedDecodePackedLoop2L1)

@@ -286,9 +286,33 @@ def test_fused_impl_is_a_checked_decode_variant():
     case = Case("fmha", space._decode(h_q=128, b=64))
     assert impl.checked and impl.variant == "fused" and impl.supports(case) is None
     assert get_impl("fmha", "cutedsl:fused-cvt").decode_form == (4, True)
-    assert get_impl("fmha", "cutedsl:fused-b2").decode_form == (2, False) and FmhaCuteDSL().decode_form is None
+    assert get_impl("fmha", "cutedsl:fused-b2").decode_form == (2, False)
     assert impl.supports(Case("fmha", space._sparse())) is not None
     assert impl.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
+
+
+def test_the_default_decode_is_fused_pk_loop_and_v1_stays_reachable():
+    """The measured-faster form is the default (glue.py decode_form); v1 is `cutedsl:decode-v1`."""
+    from dsv4bench.core.registry import get_impl
+    from kernels.fmha.decode_prefetch import FusedPackedLoop
+
+    assert FmhaCuteDSL().decode_form == get_impl("fmha", "cutedsl:fused-pk-loop").decode_form
+    assert FmhaCuteDSL().decode_form[2] is FusedPackedLoop
+    v1 = get_impl("fmha", "cutedsl:decode-v1")
+    case = Case("fmha", space._decode(h_q=64, b=1))
+    assert v1.decode_form is None and v1.checked and v1.supports(case) is None
+    assert v1.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
+
+
+def test_the_default_decode_refuses_blocks_over_1024_tokens_in_supports():
+    """The default (packed) producers hold block << 10 | token: a larger cache block is a reason in
+    supports (the sweep and the model see it); run_fused's own check is the test below."""
+    from dsv4bench.core.registry import get_impl
+    from kernels.fmha.decode_glue import PACKED_MAX_BLOCK
+
+    big = Case("fmha", {**space._decode(h_q=64, b=1), "block": 2 * PACKED_MAX_BLOCK})
+    assert "blocks of <= 1024" in FmhaCuteDSL().supports(big, "sm_90a")
+    assert get_impl("fmha", "cutedsl:decode-v1").supports(big, "sm_90a") is None
 
 
 def _prmt_sign_rep(w: torch.Tensor, sel: int) -> torch.Tensor:
@@ -363,6 +387,6 @@ def test_packed_slots_are_checked_on_the_host():
     compiled = compile_fused(64, "sm_90a", *get_impl("fmha", "cutedsl:fused-pk-loop").decode_form)
     assert compiled.packed_slots and not getattr(compile_fused(64, "sm_90a", 4, True, None, True), "packed_slots")
     big = torch.empty(2, 2048, 1, 584, dtype=torch.uint8)
-    with pytest.raises(AssertionError, match="packed slots"):
+    with pytest.raises(ValueError, match="cache0: the packed-slot decode"):
         run_fused(compiled, None, torch.empty(1, 64, 512), (big, big), (None, None), (None, None), None, None, None,
                   132)
