@@ -34,6 +34,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.gemm import peers
+from kernels.gemm import bf16_serves
 from kernels.gemm import serves as served
 from kernels.gemm.bf16_config import Bf16Config, choose_bf16_config
 from kernels.gemm.bf16_glue import (
@@ -58,7 +59,7 @@ class GemmFamily(Family):
                    "grouped for wo_a; op bf16: bf16 x bf16, fp32 out (the BF16 weights)")
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
-    serves = served.OPS  # the model ops it serves (kernels/gemm/serves.py; its bf16 ones: bf16_serves.py)
+    serves = {**served.OPS, **bf16_serves.OPS}  # the model ops it serves (serves.py: FP8; bf16_serves.py: bf16)
     options = {
         "rows": Option("m", "token rows M of x", "tokens"),
         "width": Option("n", "output features N (weight rows, all groups)", "features"),

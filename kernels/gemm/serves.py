@@ -171,8 +171,3 @@ def mtp_input(run, x, next_ids, embed_weight, enorm_weight, hnorm_weight, e_proj
 
 OPS = {"q_projection": q_projection, "kv_projection": kv_projection, "output_projection": output_projection,
        "indexer_queries": indexer_queries, "mtp_input": mtp_input}
-
-# the ops on BF16 weights, on the bf16 GEMM: lm_head, compressor_project, indexer_weights
-from kernels.gemm import bf16_serves  # noqa: E402 (it looks kernel_runner up here at call time)
-
-OPS.update(bf16_serves.OPS)
