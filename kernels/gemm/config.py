@@ -37,7 +37,7 @@ gemm/2026-11-25-h100-833ceaa-decode-variants, in git history at 2bdde1c; M = 64,
 DeepGEMM alike stream the large weights at ~2.3 TB/s in all (1257 B/clock; the 1 GiB copy reaches
 3.0). The per-CTA pull (DRAM_LATENCY_CLK; the fix-up rate kept) is refitted (v5) to the
 decode study of all 17 layers x M 1 / 8 / 64 x 8 configurations (run
-gemm/2026-11-26-h100-6fef4c4-decode-split-variants): ranking the measured configurations of each
+gemm/2026-11-26-h100-6fef4c4-decode-split-variants) (in git history at e18977f): ranking the measured configurations of each
 shape by this model picks one within 0.6% of the fastest (geomean; the v4 constants: 2.3%).
 UNIT_CLK is a unit's fixed cost (pipeline fill, epilogue).
 """
@@ -112,7 +112,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1) 
                key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
     bm, bn, split = best
     # bm 256 runs as CTA pairs multicasting x where x is re-read by several M tiles, the L2-bound
-    # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2).
+    # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2) (in git history at e18977f).
     # With few M tiles the weight's DRAM stream binds and a pair would only couple two CTAs' streams
     # (not measured: the rule takes bm 128 up to M = 256). The cost model does not price the pair.
     pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
