@@ -318,38 +318,50 @@ class FusedDecodeSm90(GatherAttentionSm90):
                 # a slot not read loads its cache's token 0 (its values are replaced by zeros)
                 self._load_row(codes, rope, sc, cutlass.max(v, 0), raw, scl, rp, i, h, n_code, t % 8)
             if cutlass.const_expr(b == 0):
-                cute.arch.mbarrier_wait(empty, phase)
-                if cutlass.const_expr(publish):
-                    sIdx[t, stage] = mine
-                    warp_plain = Int32(cute.arch.vote_all_sync(mine >= 0))
-                    if t % 32 == 0:
-                        sMaskFlag[t // 32, stage] = warp_plain
+                self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
             for i in cutlass.range_constexpr(br):
-                r = t // 8 + 8 * (b * br + i)
-                for sg in cutlass.range_constexpr(4):
-                    vals = cute.make_rmem_tensor((8,), BFloat16)
-                    if cutlass.const_expr(sg < n_code and self.fast_cvt):
-                        e = Int32(scl[sg, i])
-                        half = (e + 120) << 7  # bf16 bits of 2^(e - 7)
-                        scale2 = half | (half << 16)
-                        words = cute.recast_tensor(raw, Int32)  # (2, 4, br): 4 codes a word
-                        out = cute.recast_tensor(vals, Int32)  # (4,): 2 bf16 a word
-                        for wd in cutlass.range_constexpr(2):
-                            w = cutlass.select_(vs[i] >= 0, words[wd, sg, i], Int32(0))
-                            out[2 * wd] = e4m3x2_to_bf16x2(w, 0x9180, scale2)
-                            out[2 * wd + 1] = e4m3x2_to_bf16x2(w, 0xB3A2, scale2)
-                    else:
-                        if cutlass.const_expr(sg < n_code):
-                            s = bits_f32(Int32(scl[sg, i]) << 23)  # ue8m0: 2^(e - 127)
-                            vals.store((raw[None, sg, i].load().to(Float32) * s).to(BFloat16))
-                        else:
-                            vals.store(rp[None, i].load())
-                        if vs[i] < 0:
-                            vals.fill(0.0)
-                    chunk = (h * 4 + sg) * 8 + t % 8
-                    cute.copy(st_atom, vals, cute.local_tile(dst[r, None], (8,), (chunk,)))
+                self._store_row(dst, raw, scl, rp, vs, i, t // 8 + 8 * (b * br + i), h, n_code, t % 8, st_atom)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
         cute.arch.mbarrier_arrive(full)
+
+    @cute.jit
+    def _wait_and_publish(self, empty, phase, sIdx, sMaskFlag, mine, t, stage: cutlass.Constexpr,
+                          publish: cutlass.Constexpr):
+        """Wait for the half to be free; with the tile's first half, publish its slot validity."""
+        cute.arch.mbarrier_wait(empty, phase)
+        if cutlass.const_expr(publish):
+            sIdx[t, stage] = mine
+            warp_plain = Int32(cute.arch.vote_all_sync(mine >= 0))
+            if t % 32 == 0:
+                sMaskFlag[t // 32, stage] = warp_plain
+
+    @cute.jit
+    def _store_row(self, dst, raw, scl, rp, vs, i: cutlass.Constexpr, r, h: cutlass.Constexpr,
+                   n_code: cutlass.Constexpr, c8, st_atom):
+        """Batch slot i (tile row r) of half h converted to bf16 (code x 2^(e - 127); zeros for a slot
+        not read) and stored as the 16-byte chunk c8 of each segment into the swizzled tile."""
+        for sg in cutlass.range_constexpr(4):
+            vals = cute.make_rmem_tensor((8,), BFloat16)
+            if cutlass.const_expr(sg < n_code and self.fast_cvt):
+                e = Int32(scl[sg, i])
+                half = (e + 120) << 7  # bf16 bits of 2^(e - 7)
+                scale2 = half | (half << 16)
+                words = cute.recast_tensor(raw, Int32)  # (2, 4, br): 4 codes a word
+                out = cute.recast_tensor(vals, Int32)  # (4,): 2 bf16 a word
+                for wd in cutlass.range_constexpr(2):
+                    w = cutlass.select_(vs[i] >= 0, words[wd, sg, i], Int32(0))
+                    out[2 * wd] = e4m3x2_to_bf16x2(w, 0x9180, scale2)
+                    out[2 * wd + 1] = e4m3x2_to_bf16x2(w, 0xB3A2, scale2)
+            else:
+                if cutlass.const_expr(sg < n_code):
+                    s = bits_f32(Int32(scl[sg, i]) << 23)  # ue8m0: 2^(e - 127)
+                    vals.store((raw[None, sg, i].load().to(Float32) * s).to(BFloat16))
+                else:
+                    vals.store(rp[None, i].load())
+                if vs[i] < 0:
+                    vals.fill(0.0)
+            chunk = (h * 4 + sg) * 8 + c8
+            cute.copy(st_atom, vals, cute.local_tile(dst[r, None], (8,), (chunk,)))
 
     @cute.jit
     def _load_row(self, codes, rope, sc, v, raw, scl, rp, i: cutlass.Constexpr, h: cutlass.Constexpr,
@@ -358,7 +370,12 @@ class FusedDecodeSm90(GatherAttentionSm90):
         the right half, its RoPE chunk (16 bytes), into batch slot i."""
         bs = cute.size(codes, mode=[1])
         blk = v // bs
-        tok = v - blk * bs
+        self._load_row_at(codes, rope, sc, blk, v - blk * bs, raw, scl, rp, i, h, n_code, c8)
+
+    @cute.jit
+    def _load_row_at(self, codes, rope, sc, blk, tok, raw, scl, rp, i: cutlass.Constexpr, h: cutlass.Constexpr,
+                     n_code: cutlass.Constexpr, c8):
+        """_load_row of a row given as (block, token in block)."""
         src = codes[blk, tok, None]
         for sg in cutlass.range_constexpr(n_code):
             cute.autovec_copy(cute.local_tile(src, (8,), ((h * 4 + sg) * 8 + c8,)), raw[None, sg, i])

@@ -11,28 +11,27 @@ registers) plus ~3.3k instructions a thread from ~100 KB of straight-line produc
 the instruction cache holds beside the consumers'). Shared memory cannot stage raw rows (15 KB free
 < one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB a CTA, ~10 MB for 132 CTAs.
 
-- `FusedPrefetch` (`cutedsl:fused-pf`): each producer thread owns one slot of its tile (lt); once it
-  knows that slot's token it issues `prefetch.global.L2` for each line of the token's contiguous
-  576-byte row (448 codes + 128 bytes of RoPE: 5 lines, 6 at most) and one for its scale row: no
-  registers held, nothing to wait for. Pair 0's rows at the start of pair 0 (after the slot barrier:
-  its later batches hit L2); pair p + 1's at the end of pair p, from the token its own cp.async
-  brought (`cp.async.wait_group 0`: a thread's own cp.async is visible to it; no barrier), a whole
-  consumer pair (~3-4.5 us) before the register loads ask. (`cp.async.bulk.prefetch.L2` of the whole
-  row in one instruction was tried: it is a uniform-datapath instruction, UBLKPF, and ptxas wraps it
-  in a loop over the warp's 32 distinct addresses.) Batches, conversion and barriers: v2's.
-- `FusedPrefetchLoop` (`-pf-loop`, 4-row batches; `-pf-loop2`, 2-row): each half's batches in a
-  run-time loop, the batch's registers local to an iteration (registers carried across the loop went
-  to local memory: 1.7k STL), after the empty wait: one copy of the loads and conversion per (stage,
-  half) instead of 2 (4): cubin 158 (135) KB instead of 199 KB, for an L2 round trip a batch not
-  overlapped with the previous batch's conversion.
-- `FusedPackedLoop` (`-pk-loop`): after the pair's slot barrier each thread decodes its own slot once
-  (the slot rule, the division by the block size) into `block << 10 | token` or -1, writes it over its
-  raw token and a second 64-thread barrier publishes the words; a row's loads then need a shift and a
-  mask instead of ~50 instructions (block size <= 1024, < 2^21 blocks: run_fused checks).
-- `FusedPackedLoopL1` (`-pk-loop2-l1`: 2-row batches, 2 ahead) / `FusedPackedLoopL1Next` (`-pk-loop-l1`:
-  4-row batches, 1 ahead): batch b + ahead's lines prefetched into L1 (`prefetch.global.L1`) while
-  batch b converts, the first `ahead` under the empty wait, so the loop's loads hit L1. L1 is what
-  smem leaves (~28 KB beside ~210 KB): 20 KB in flight for both stages.
+- `FusedPrefetchLoop` (`cutedsl:fused-pf-loop`): each producer thread owns one slot of its tile (lt);
+  once it knows that slot's token it issues `prefetch.global.L2` for each line of the token's
+  contiguous 576-byte row (448 codes + 128 bytes of RoPE: 5 lines, 6 at most) and one for its scale
+  row: no registers held, nothing to wait for. Pair 0's rows at the start of pair 0 (after the slot
+  barrier); pair p + 1's at the end of pair p, from the token its own cp.async brought
+  (`cp.async.wait_group 0`: a thread's own cp.async is visible to it; no barrier), a whole consumer
+  pair (~3-4.5 us) before the register loads ask. Each half's row batches run in a run-time loop,
+  the batch's registers local to an iteration (registers carried across the loop went to local
+  memory: 1.7k STL), after the empty wait: one copy of the loads and conversion per (stage, half):
+  cubin 158 KB instead of fused-small's 193.
+- `FusedPackedLoop` (`-pk-loop`, the default decode): after the pair's slot barrier each thread decodes
+  its own slot once (the slot rule, the division by the block size) into `block << 10 | token` or -1,
+  writes it over its raw token and a second 64-thread barrier publishes the words; a row's loads then
+  need a shift and a mask instead of ~50 instructions (block size <= 1024, < 2^21 blocks: run_fused
+  checks).
+
+Removed (the code is in git history at e18977f; docs/perf/fmha.md "v3 measured"): the L1 prefetches of
+the next batches (`-pk-loop-l1`, `-pk-loop2-l1`: measured 4-10% slower than pk-loop at 64-128 requests),
+and, never timed, the L2 prefetch without the loop (`fused-pf`) and 2-row batches (`-pf-loop2`), both
+predicted below pf-loop, which measured below pk-loop. `cp.async.bulk.prefetch.L2` of a whole row is a
+uniform-datapath instruction that ptxas wraps in a loop over the warp's 32 addresses.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from kernels.fmha.barriers import NamedBarrier
-from kernels.fmha.decode_fused import FusedDecodeSm90, e4m3x2_to_bf16x2
+from kernels.fmha.decode_fused import FusedDecodeSm90
 from kernels.regs import pin
 
 ROW_BYTES = 576  # a token's codes + RoPE, contiguous (oracles/fmha_cache.py)
@@ -58,28 +57,18 @@ def prefetch_l2(addr, *, loc=None, ip=None) -> None:
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-@dsl_user_op
-def prefetch_l1(addr, *, loc=None, ip=None) -> None:
-    """prefetch.global.L1 of the line holding `addr` (fills L2 on the way)."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L1 [$0];", "l",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+class FusedPrefetchLoop(FusedDecodeSm90):
+    """v2 (one producer path, prmt conversion) + L2 prefetch of each pair's rows + the row batches in
+    a run-time loop (module docstring)."""
 
-
-class FusedPrefetch(FusedDecodeSm90):
-    """v2 (one producer path, prmt conversion) + L2 prefetch of each pair's rows (module docstring)."""
-
-    batch_loop = False
-    # batch loop only: batches of rows prefetched into L1 ahead of their register loads (0: none)
-    l1_ahead = 0
-    # batch loop only: each thread turns its own slot's token into (block << PACK_BITS | token in block),
-    # or -1, once a pair (a second 64-thread barrier publishes it), so a row's loads need neither the
-    # slot rule (`_valid_token`) nor a division by the block size (~50 instructions a row in the SASS)
+    # each thread turns its own slot's token into (block << PACK_BITS | token in block), or -1, once a
+    # pair (a second 64-thread barrier publishes it), so a row's loads need neither the slot rule
+    # (`_valid_token`) nor a division by the block size (~50 instructions a row in the SASS)
     packed = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         assert self.one_path and self.fast_cvt, "the v3 producers are fused-small's (one path, prmt conversion)"
-        assert self.batch_loop or not (self.packed or self.l1_ahead), "packed slots / L1 prefetch: batch loop only"
 
     @cute.jit
     def _prefetch_row(self, caches, second, v):
@@ -136,16 +125,6 @@ class FusedPrefetch(FusedDecodeSm90):
                 self._prefetch_row(caches, j1 >= self._k0_padded(caches[3]), nxt)
 
     @cute.jit
-    def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr, full,
-                      empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
-        if cutlass.const_expr(not self.batch_loop):
-            FusedDecodeSm90._dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h,
-                                          full, empty, phase, stage, publish)
-        else:
-            self._dequant_half_loop(cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h, full, empty,
-                                    phase, stage, publish)
-
-    @cute.jit
     def _load_batch(self, cache, caches, rows, bidx, j0, t, b, raw, scl, rp, vs, h: cutlass.Constexpr):
         """Batch b's rows (t // 8 + 8 (b br + i)) into the registers; a slot not read loads its cache's
         token 0 and is marked -1 in vs."""
@@ -175,32 +154,8 @@ class FusedPrefetch(FusedDecodeSm90):
             return v, blk, vv - blk * bs
 
     @cute.jit
-    def _load_row_at(self, codes, rope, sc, blk, tok, raw, scl, rp, i: cutlass.Constexpr, h: cutlass.Constexpr,
-                     n_code: cutlass.Constexpr, c8):
-        """decode_fused._load_row for a row given as (block, token in block)."""
-        src = codes[blk, tok, None]
-        for sg in cutlass.range_constexpr(n_code):
-            cute.autovec_copy(cute.local_tile(src, (8,), ((h * 4 + sg) * 8 + c8,)), raw[None, sg, i])
-        cute.autovec_copy(cute.local_tile(sc[blk, tok, None], (4,), (h,)), scl[None, i])
-        if cutlass.const_expr(h == 1):
-            cute.autovec_copy(cute.local_tile(rope[blk, tok, None], (8,), (c8,)), rp[None, i])
-
-    @cute.jit
-    def _prefetch_batch_l1(self, cache, caches, rows, bidx, j0, t, b, h: cutlass.Constexpr):
-        """prefetch.global.L1 of batch b's rows, half h: the 8 threads of a row touch its half's bytes
-        every 40 (45) bytes, so each of its 2-3 lines is asked for; + the scale row's line."""
-        codes, _, sc = cache
-        br = self.rows_per_batch
-        step = 40 if h == 0 else 45  # 7 steps cover the half's 256 (320) bytes
-        for i in cutlass.range_constexpr(br):
-            r = t // 8 + 8 * (b * br + i)
-            _, blk, tok = self._row_of(cache, caches, rows, bidx, j0, r)
-            prefetch_l1(codes[blk, tok, None].iterator.toint() + (h * 256 + (t % 8) * step))
-            prefetch_l1(sc[blk, tok, None].iterator.toint())
-
-    @cute.jit
-    def _dequant_half_loop(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr,
-                           full, empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
+    def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr, full,
+                      empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
         """decode_fused._dequant_half (prmt conversion) with the batches in a run-time loop, each
         batch's registers local to its iteration (registers carried across a run-time loop went to
         local memory: 1.7k STL): one copy of the loads and the conversion; the empty wait comes first,
@@ -209,70 +164,20 @@ class FusedPrefetch(FusedDecodeSm90):
         n_batches = self.cfg.n_block // 8 // br
         n_code = 4 if h == 0 else 3
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        ahead = self.l1_ahead
-        for b in cutlass.range_constexpr(min(ahead, n_batches)):  # under the wait for the half
-            self._prefetch_batch_l1(cache, caches, rows, bidx, j0, t, b, h)
-        cute.arch.mbarrier_wait(empty, phase)
-        if cutlass.const_expr(publish):
-            sIdx[t, stage] = mine
-            warp_plain = Int32(cute.arch.vote_all_sync(mine >= 0))
-            if t % 32 == 0:
-                sMaskFlag[t // 32, stage] = warp_plain
+        self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
         for b in cutlass.range(n_batches, unroll=1):
-            if cutlass.const_expr(ahead > 0):
-                if b + ahead < n_batches:
-                    self._prefetch_batch_l1(cache, caches, rows, bidx, j0, t, b + ahead, h)
             raw = cute.make_rmem_tensor((8, 4, br), cutlass.Float8E4M3FN)
             scl = cute.make_rmem_tensor((4, br), cutlass.Uint8)
             rp = cute.make_rmem_tensor((8, br), BFloat16)
             vs = cute.make_rmem_tensor((br,), Int32)
             self._load_batch(cache, caches, rows, bidx, j0, t, b, raw, scl, rp, vs, h)
             for i in cutlass.range_constexpr(br):
-                r = t // 8 + 8 * (b * br + i)
-                for sg in cutlass.range_constexpr(4):
-                    vals = cute.make_rmem_tensor((8,), BFloat16)
-                    if cutlass.const_expr(sg < n_code):
-                        e = Int32(scl[sg, i])
-                        hb = (e + 120) << 7  # bf16 bits of 2^(e - 7)
-                        scale2 = hb | (hb << 16)
-                        words = cute.recast_tensor(raw, Int32)  # (2, 4, br): 4 codes a word
-                        out = cute.recast_tensor(vals, Int32)  # (4,): 2 bf16 a word
-                        for wd in cutlass.range_constexpr(2):
-                            w = cutlass.select_(vs[i] >= 0, words[wd, sg, i], Int32(0))
-                            out[2 * wd] = e4m3x2_to_bf16x2(w, 0x9180, scale2)
-                            out[2 * wd + 1] = e4m3x2_to_bf16x2(w, 0xB3A2, scale2)
-                    else:
-                        vals.store(rp[None, i].load())
-                        if vs[i] < 0:
-                            vals.fill(0.0)
-                    chunk = (h * 4 + sg) * 8 + t % 8
-                    cute.copy(st_atom, vals, cute.local_tile(dst[r, None], (8,), (chunk,)))
+                self._store_row(dst, raw, scl, rp, vs, i, t // 8 + 8 * (b * br + i), h, n_code, t % 8, st_atom)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
         cute.arch.mbarrier_arrive(full)
-
-
-class FusedPrefetchLoop(FusedPrefetch):
-    """fused-pf with each half's row batches in a run-time loop (one copy of the conversion)."""
-
-    batch_loop = True
 
 
 class FusedPackedLoop(FusedPrefetchLoop):
     """fused-pf-loop with packed slots: no slot rule and no division a row."""
 
     packed = True
-
-
-class FusedPackedLoopL1(FusedPackedLoop):
-    """fused-pk-loop with batch b + l1_ahead prefetched into L1 while batch b converts (the first
-    l1_ahead under the empty wait), so the register loads hit L1 instead of waiting an L2 round
-    trip. L1 is what smem leaves (~28 KB beside the kernel's ~210 KB): a batch is 8 x rows rows of
-    <= 320 B a stage, so 2 rows a batch 2 ahead (20 KB for both stages) or 4 rows 1 ahead (20 KB)."""
-
-    l1_ahead = 2
-
-
-class FusedPackedLoopL1Next(FusedPackedLoop):
-    """fused-pk-loop (4-row batches) with the next batch prefetched into L1."""
-
-    l1_ahead = 1

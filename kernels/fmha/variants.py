@@ -32,8 +32,7 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_fused import FusedDecodeSm90
-from kernels.fmha.decode_prefetch import (FusedPackedLoop, FusedPackedLoopL1, FusedPackedLoopL1Next, FusedPrefetch,
-                                          FusedPrefetchLoop)
+from kernels.fmha.decode_prefetch import FusedPackedLoop, FusedPrefetchLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.probes import EmptyGridMixin
@@ -224,25 +223,11 @@ class FmhaFusedNoDequant(FmhaFusedDecode):
     checked = False
 
 
-class FmhaFusedDecodePrefetch(FmhaFusedDecode):
-    """fused-small + an L2 prefetch (prefetch.global.L2 of the lines of each 576-byte row and of its
-    scale row) of pair 0's rows at its start and of pair p + 1's at the end of pair p
-    (decode_prefetch.FusedPrefetch)."""
-
-    name, variant, decode_form = "cutedsl:fused-pf", "fused-pf", (4, True, FusedPrefetch, True)
-
-
 class FmhaFusedDecodePrefetchLoop(FmhaFusedDecode):
-    """fused-pf with each half's 4-row batches in a run-time loop: one copy of the loads and conversion
-    per (stage, half) (decode_prefetch.FusedPrefetchLoop)."""
+    """fused-small + an L2 prefetch of each pair's rows and each half's 4-row batches in a run-time loop:
+    one copy of the loads and conversion per (stage, half) (decode_prefetch.FusedPrefetchLoop)."""
 
     name, variant, decode_form = "cutedsl:fused-pf-loop", "fused-pf-loop", (4, True, FusedPrefetchLoop, True)
-
-
-class FmhaFusedDecodePrefetchLoop2(FmhaFusedDecode):
-    """fused-pf-loop with 2-row batches (4 trips a half): less code, twice the round trips."""
-
-    name, variant, decode_form = "cutedsl:fused-pf-loop2", "fused-pf-loop2", (2, True, FusedPrefetchLoop, True)
 
 
 class FmhaFusedDecodePackedLoop(FmhaFusedDecode):
@@ -252,20 +237,6 @@ class FmhaFusedDecodePackedLoop(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-pk-loop", "fused-pk-loop", (4, True, FusedPackedLoop, True)
 
 
-class FmhaFusedDecodePackedLoopL1(FmhaFusedDecode):
-    """fused-pk-loop with the next 4-row batch prefetched into L1 (decode_prefetch.FusedPackedLoopL1Next)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-loop-l1", "fused-pk-loop-l1", (4, True, FusedPackedLoopL1Next, True)
-
-
-class FmhaFusedDecodePackedLoop2L1(FmhaFusedDecode):
-    """fused-pk-loop with 2-row batches prefetched into L1 two ahead (decode_prefetch.FusedPackedLoopL1)."""
-
-    name, variant = "cutedsl:fused-pk-loop2-l1", "fused-pk-loop2-l1"
-    decode_form = (2, True, FusedPackedLoopL1, True)
-
-
 # checked variants (real answers) and knock-outs of the FP8 decode, decode_fp8 only
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall, FmhaFusedNoDequant,
-                   FmhaFusedDecodePrefetch, FmhaFusedDecodePrefetchLoop, FmhaFusedDecodePrefetchLoop2,
-                   FmhaFusedDecodePackedLoop, FmhaFusedDecodePackedLoopL1, FmhaFusedDecodePackedLoop2L1)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall,
+                   FmhaFusedNoDequant, FmhaFusedDecodePrefetchLoop, FmhaFusedDecodePackedLoop)

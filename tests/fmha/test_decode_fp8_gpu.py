@@ -28,12 +28,11 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
-# v3 candidates (decode_prefetch.py): L2 prefetch of each pair's rows, a run-time batch loop, packed slots, L1
-PF = ("cutedsl:fused-pf", "cutedsl:fused-pf-loop", "cutedsl:fused-pf-loop2", "cutedsl:fused-pk-loop",
-      "cutedsl:fused-pk-loop-l1", "cutedsl:fused-pk-loop2-l1")
-IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name)  # v1; v2 (decode_fused.py) and its forms
-         for name in ("cutedsl", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt", "cutedsl:fused-small",
-                      "cutedsl:fused-no-dequant", *PF)}
+# v3 (decode_prefetch.py): L2 prefetch of each pair's rows and a run-time batch loop, + packed slots (the default)
+PF = ("cutedsl:fused-pf-loop", "cutedsl:fused-pk-loop")
+IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name)  # the default; v1; v2 (decode_fused.py)'s forms
+         for name in ("cutedsl", "cutedsl:decode-v1", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt",
+                      "cutedsl:fused-small", "cutedsl:fused-no-dequant", *PF)}
 _compiled: dict = {}
 
 
@@ -57,7 +56,8 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small", *PF])
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-v1", "cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small",
+                                  *PF])
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
