@@ -286,6 +286,7 @@ def embed_inputs(case: Case, gen: torch.Generator, device: str) -> dict:
         edges = torch.tensor([0, v - 1, -1, -v])[:t]
         ids[:len(edges)] = edges
         flip = torch.rand(t, generator=gen) < 0.25
+        flip[:len(edges)] = False  # the four edges stay as named
         ids = torch.where(flip & (ids >= 0), ids - v, ids)  # the same rows, named from the end
     rows = torch.unique(torch.where(ids < 0, ids + v, ids))
     weight = torch.full((v, d), UNNAMED_ROW, dtype=TORCH_DTYPES[case["dtype"]])
