@@ -64,7 +64,9 @@ class Engine:
     @torch.no_grad()
     def feed(self, ids: list | torch.Tensor, all_logits: bool = False) -> StepOutput:
         """ids [S] (one sequence) or [B, S] (the batch `reset` made caches for)."""
-        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        ids = torch.as_tensor(ids, dtype=torch.long)  # host ids stay on the host for the range check
+        self._check_vocab(ids)
+        ids = ids.to(self.device)
         single = ids.dim() <= 1
         ids = ids.reshape(1, -1) if single else ids
         if ids.dim() != 2 or ids.shape[0] != self.batch:
@@ -81,6 +83,16 @@ class Engine:
         if single:
             logits, draft = logits[0], None if draft is None else draft[0]
         return StepOutput(logits, draft)
+
+    def _check_vocab(self, ids: torch.Tensor) -> None:
+        """Every id in [0, vocab_size), or ValueError naming the first one outside: on the GPU an
+        out-of-range gather traps and takes the CUDA context down with it. A host read (free for the
+        host lists the generate loop feeds; one sync for ids already on the GPU)."""
+        lo, hi = (int(v) for v in torch.aminmax(ids)) if ids.numel() else (0, 0)
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            bad = ((ids < 0) | (ids >= self.cfg.vocab_size)).nonzero()[0].tolist()
+            raise ValueError(f"token id {int(ids[tuple(bad)])} at index {tuple(bad)} is outside the vocabulary "
+                             f"[0, {self.cfg.vocab_size})")
 
     def _mtp(self, X: torch.Tensor, ids: torch.Tensor, all_logits: bool) -> torch.Tensor | None:
         if not self.mtp:

@@ -9,9 +9,9 @@ query's into the head weight (w·ReLU(c·x) = (w·c)·ReLU(x) for c > 0, exact f
 checks the conversion is exact and refuses (Unsupported) otherwise — QAT off, another head count or
 width, a row whose values span more than e4m3's exponent range — so the kernel sees the oracle's
 operands exactly and differs only by its accumulation (the family's rule: within 2x the bf16
-reference's error). The B sequences' keys are one key array and each query row
-gets its own sequence's causal range [b·N, b·N + ⌊(t+1)/m⌋), one launch; the diagonal blocks of the
-[B·S, B·N] output are the op's [B, S, N]."""
+reference's error). A decode step (one token a sequence) packs the keys into the paged decode
+kernel's pages, one launch for the batch; a prefill runs the logits kernel once a sequence, each query
+row over its causal range [0, ⌊(t+1)/m⌋) of its own keys."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import math
 import torch
 
 from dsv4bench.core.registry import Unsupported
+from kernels.indexer.decode_glue import PAGE, pack_pages
 from kernels.indexer.logits_sm90 import HEAD_DIM, HEADS
 from kernels.indexer.topk_glue import check_topk_args
 from oracles.compressor import CSA_RATIO, visible_entries
@@ -42,8 +43,12 @@ def exact_e4m3(x: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def indexer_scores(run, q, k, weights, positions, m: int = CSA_RATIO):
-    """The model's `indexer_scores` op on the logits kernel: q [B, S, 64, 128], k [B, N, 128], weights
-    [B, S, 64], positions [S] or [B, S] -> fp32 [B, S, N], -inf where s >= ⌊(t+1)/m⌋."""
+    """The model's `indexer_scores` op on the logits kernels: q [B, S, 64, 128], k [B, N, 128], weights
+    [B, S, 64], positions [S] or [B, S] -> fp32 [B, S, N], -inf where s >= ⌊(t+1)/m⌋.
+
+    One token a sequence (a decode step) runs the paged decode kernel over the keys packed into pages,
+    [B, N] out; otherwise each sequence runs the logits kernel over its own keys, [S, N] out a launch
+    (one varlen launch over all B·N keys would write a B·S x B·N output and keep its diagonal)."""
     b, s, h, d = q.shape
     n = k.shape[1]
     if (h, d) != (HEADS, HEAD_DIM):
@@ -53,13 +58,32 @@ def indexer_scores(run, q, k, weights, positions, m: int = CSA_RATIO):
     q8, qs = exact_e4m3(q.reshape(b * s, h, d), "queries")
     k8, ks = exact_e4m3(k.reshape(b * n, d), "keys")
     w = (weights.reshape(b * s, h).float() * qs[..., 0]).contiguous()  # exact: times 2^k
-    first = (torch.arange(b, device=q.device) * n).repeat_interleave(s)
-    visible = visible_entries(positions.to(q.device).expand(b, s).reshape(-1), m).clamp(max=n)
-    inputs = {"q": q8.contiguous(), "kv": k8.contiguous(), "sc": ks.reshape(-1).contiguous(), "w": w,
-              "ks": first.to(torch.int32), "ke": (first + visible).to(torch.int32)}
-    out = run({"mask": "varlen", "t": b * s, "s_kv": b * n}, inputs)["logits"].view(b, s, b, n)
-    diag = torch.arange(b, device=q.device)
-    return out[diag, :, diag, :]
+    visible = visible_entries(positions.to(q.device).expand(b, s), m).clamp(max=n).to(torch.int32)
+    if s == 1:
+        kv_cache, table = _pages(k8.view(b, n, d), ks.view(b, n))
+        inputs = {"q": q8.contiguous(), "kv_cache": kv_cache, "w": w, "lens": visible.reshape(b).contiguous(),
+                  "table": table}
+        return run({"op": "decode", "t": b, "s_kv": n, "mask": "ragged"}, inputs)["logits"].view(b, 1, n)
+    q8, w, k8, ks = q8.view(b, s, h, d), w.view(b, s, h), k8.view(b, n, d), ks.view(b, n)
+    zero = torch.zeros(s, dtype=torch.int32, device=q.device)
+    rows = [run({"mask": "varlen", "t": s, "s_kv": n},
+                {"q": q8[i].contiguous(), "kv": k8[i].contiguous(), "sc": ks[i].contiguous(), "w": w[i].contiguous(),
+                 "ks": zero, "ke": visible[i].contiguous()})["logits"] for i in range(b)]
+    return rows[0][None] if b == 1 else torch.stack(rows)
+
+
+def _pages(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's e4m3 keys [B, N, 128] and fp32 scales [B, N] as the decode kernel's paged cache
+    (zero keys pad a sequence to whole pages; the kernel masks them by length) and its block table."""
+    b, n, d = codes.shape
+    per = -(-n // PAGE)
+    padded = torch.zeros(b, per * PAGE, d, dtype=codes.dtype, device=codes.device)
+    padded[:, :n] = codes
+    sc = torch.zeros(b, per * PAGE, dtype=torch.float32, device=codes.device)
+    sc[:, :n] = scales
+    cache = pack_pages(padded.view(b * per, PAGE, d), sc.view(b * per, PAGE))
+    table = torch.arange(b * per, dtype=torch.int32, device=codes.device).view(b, per)
+    return cache, table
 
 
 def indexer_topk(run, scores: torch.Tensor, topk: int) -> torch.Tensor:

@@ -41,7 +41,8 @@ EMBED_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 def embed(run, ids, embed_weight, hc_mult: int = HC_MULT):
     """The model's `embed` op: ids [...] → [..., hc, D] in the table's dtype, every stream the row.
-    An id outside [-V, V) aborts the launch (kernels/mhc/embed.py), as torch's CUDA gather does."""
+    An id outside [-V, V) aborts the launch (kernels/mhc/embed.py), as torch's CUDA gather does, and
+    the CUDA context with it: the engine names such an id before any kernel runs (Engine.feed)."""
     if hc_mult != HC_MULT:
         raise Unsupported(f"embed: the kernel fills {HC_MULT} streams, got hc_mult {hc_mult}")
     dtype = EMBED_DTYPES.get(embed_weight.dtype)

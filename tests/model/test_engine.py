@@ -2,6 +2,7 @@
 the CSA and HCA compression boundaries; chunking, MTP drafts, determinism and the dispatch table."""
 
 import random
+import re
 
 import pytest
 import torch
@@ -114,6 +115,26 @@ def test_generate_is_deterministic_for_a_seed(ckpt):
     first = run(11)
     assert len(first) == 12 and run(11) == first
     assert run(12) != first
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab", "far"])
+def test_an_id_outside_the_vocabulary_is_named_before_any_kernel_runs(ckpt, bad):
+    """On the GPU an out-of-range gather traps and kills the CUDA context: feed names the id first,
+    whether the ids come as a list, a [B, S] tensor or a 0-d one, and leaves the caches as they were."""
+    eng = Engine(ckpt)
+    v = TINY.vocab_size
+    wrong = {-1: -1, "vocab": v, "far": v + random.randrange(1, 1 << 20)}[bad]
+    ids = torch.randint(0, v, (7,)).tolist()
+    at = random.randrange(7)
+    ids[at] = wrong
+    for given, where in ((ids, f"({at},)"), (torch.tensor([ids]), f"(0, {at})")):
+        with pytest.raises(ValueError, match=re.escape(f"token id {wrong} at index {where} is outside the vocabulary [0, {v})")):
+            eng.feed(given)
+    with pytest.raises(ValueError, match=f"token id {wrong} at index"):
+        eng.feed(torch.tensor(wrong))
+    assert eng.pos == 0
+    edge = torch.tensor([0, v - 1])
+    assert eng.feed(edge).logits.shape == (v,) and eng.pos == 2
 
 
 def test_a_registered_backend_is_dispatched_and_reported(ckpt):

@@ -126,26 +126,62 @@ def test_sample_gives_the_oracles_tokens(temperature, rows):
         assert any(not torch.equal(o, got) for o in others)
 
 
+class _LogitsKernels:
+    """The logits kernels' contracts on the CPU (the fp32 truth of their FP8-cache operands), keeping
+    the shape of each call: the prefill kernel's [T, S_kv] or the paged decode kernel's [B, W]."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, params, inputs):
+        from kernels.indexer.decode_glue import decode_reference
+        from kernels.indexer.glue import oracle_of
+
+        self.calls.append(params)
+        if params.get("op") == "decode":
+            return {"logits": decode_reference(**inputs, width=params["s_kv"])}
+        return {"logits": oracle_of(**inputs)}
+
+
 def _logits_kernel(params, inputs):
-    """The logits kernel's contract on the CPU: the fp32 truth of its FP8-cache operands."""
-    from kernels.indexer.glue import oracle_of
-
-    return {"logits": oracle_of(**inputs)}
+    return _LogitsKernels()(params, inputs)
 
 
-@pytest.mark.parametrize("batch,seqlen,n,start", [(1, 37, 9, 0), (2, 1, 40, 157), (3, 5, 12, 43)])
+@pytest.mark.parametrize("batch,seqlen,n,start", [(1, 37, 9, 0), (2, 1, 40, 157), (3, 5, 12, 43), (1, 1, 64, 300),
+                                                  (4, 1, 130, 515), (3, 1, 7, 5)])
 def test_indexer_scores_on_fp4_operands_are_the_oracles(batch, seqlen, n, start):
+    """A decode step (one token a sequence) is one paged launch of [B, N]; a prefill one launch a
+    sequence of [S, N]: never the B·S x B·N output of all sequences against all keys."""
     from kernels.indexer import serves as indexer
 
     q, k, w = sa.indexer_operands(batch, seqlen, n, random.randrange(1 << 30), "cpu")
     positions = torch.arange(start, start + seqlen)
-    got = indexer.indexer_scores(_logits_kernel, q, k, w, positions)
+    kernels = _LogitsKernels()
+    got = indexer.indexer_scores(kernels, q, k, w, positions)
     want = OPS["indexer_scores"].oracle(q, k, w, positions)
     assert got.shape == want.shape and torch.equal(torch.isinf(got), torch.isinf(want))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    if seqlen == 1:
+        assert kernels.calls == [{"op": "decode", "t": batch, "s_kv": n, "mask": "ragged"}]
+    else:
+        assert kernels.calls == [{"mask": "varlen", "t": seqlen, "s_kv": n}] * batch
     if batch > 1:  # each sequence scored against its own keys
-        swapped = indexer.indexer_scores(_logits_kernel, q, k.flip(0), w, positions)
+        swapped = indexer.indexer_scores(_LogitsKernels(), q, k.flip(0), w, positions)
         assert not torch.allclose(swapped.nan_to_num(neginf=0), want.nan_to_num(neginf=0))
+
+
+def test_indexer_scores_at_decode_take_each_sequences_own_position():
+    """A batch whose sequences stand at different positions ([B, 1] positions): each row sees its own
+    ⌊(t+1)/4⌋ entries, some none, some all."""
+    from kernels.indexer import serves as indexer
+
+    q, k, w = sa.indexer_operands(4, 1, 70, random.randrange(1 << 30), "cpu")
+    positions = torch.tensor([[2], [3], [150], [400]])
+    got = indexer.indexer_scores(_logits_kernel, q, k, w, positions)
+    want = OPS["indexer_scores"].oracle(q, k, w, positions)
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and bool(torch.isinf(got[0]).all())
+    assert int(torch.isfinite(got[1]).sum()) == 1 and bool(torch.isfinite(got[3]).all())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_indexer_scores_refuse_what_e4m3_would_round():
