@@ -14,6 +14,8 @@ Every sequence of a batch is at the same positions (the official generate loop's
 batch). A cache object (`dsv4bench.model.cache.LayerCache` in the runner) provides, per layer:
 
 * `freqs`: the layer's RoPE frequencies (theta 10000 without YaRN for ratio 0, else 160000+YaRN);
+* `seen` and `check_start(start)`: the tokens it holds (a chunk starts there; positions are read on
+  the host from `seen`, never from the device tensor `pos`, whose read would stall the launches);
 * `window_keys(kv_new, pos) -> (kv_rows [B, R, d], indices [S, window])` and
   `push_window(kv_new, pos)`: the 128-slot ring of raw window KV per sequence (§10.1);
 * `comp` / `idx_comp`: the main and indexer compressor states (`oracles.compressor.
@@ -103,10 +105,11 @@ ORACLE_OPS = {
 # ------------------------------------------------------------------------------------------------
 
 
-def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, cache, attr: str, ops, ratio: int,
-                eps: float, indexer: bool, qat: bool) -> torch.Tensor:
+def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, start: int, cache, attr: str, ops,
+                ratio: int, eps: float, indexer: bool, qat: bool) -> torch.Tensor:
     """Feed S new tokens of B sequences (x [B·S, D]) to a compressor (§5); return the entries
-    their blocks complete, [B, n_new, d].
+    their blocks complete, [B, n_new, d]. pos [S] = start..start+S-1 on the device; `start` is its
+    host copy (a device read would stall the host's queue of launches).
 
     A chunk at position 0 is a prefill: pool every complete block and leave the reference's
     state (`CompressorState.after_prefill`) in `cache.<attr>`; later chunks push token by token.
@@ -116,13 +119,13 @@ def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, cache,
                                        pos.repeat(batch))
     kv, score = kv.unflatten(0, (batch, -1)), score.unflatten(0, (batch, -1))
     norm = p[f"{prefix}.norm"]
-    if int(pos[0]) == 0:
+    if start == 0:
         state = CompressorState.after_prefill(kv, score, ratio)
         state.kv, state.score = state.kv.to(x.device), state.score.to(x.device)  # it builds on the CPU
         setattr(cache, attr, state)
         return ops.compressor_prefill(kv, score, norm, ratio, cache.freqs, indexer=indexer, qat=qat, eps=eps)
     state, rows, ids = getattr(cache, attr), [], []
-    for i, t in enumerate(pos.tolist()):
+    for i, t in enumerate(range(start, start + pos.shape[0])):
         entry = ops.compressor_push(state, kv[:, i], score[:, i], t)
         if entry is not None:
             rows.append(entry)
@@ -135,10 +138,10 @@ def _compressor(p: dict, prefix: str, x: torch.Tensor, pos: torch.Tensor, cache,
     return out.unflatten(0, (batch, -1))
 
 
-def _indexer(p: dict, x, qr, pos, cache, ops, cfg, qat: bool) -> torch.Tensor:
+def _indexer(p: dict, x, qr, pos, start: int, cache, ops, cfg, qat: bool) -> torch.Tensor:
     """§6: the CSA top-k of compressed entries per query, [B, S, k] entry ids, -1 = none."""
     batch = x.shape[0] // pos.shape[0]
-    keys = _compressor(p, "attn.indexer.compressor", x, pos, cache, "idx_comp", ops, 4, cfg.norm_eps,
+    keys = _compressor(p, "attn.indexer.compressor", x, pos, start, cache, "idx_comp", ops, 4, cfg.norm_eps,
                        indexer=True, qat=qat)
     cache.idx_keys = torch.cat([cache.idx_keys, keys], dim=1)
     q = ops.indexer_queries(qr, p["attn.indexer.wq_b"], cfg.index_n_heads, pos.repeat(batch), cache.freqs, qat=qat)
@@ -169,12 +172,14 @@ def attention(p: dict, x: torch.Tensor, pos: torch.Tensor, cache, ops, cfg, laye
     q, qr = ops.q_projection(x, p["attn.wq_a"], p["attn.q_norm"], p["attn.wq_b"], H, pos_t, freqs, eps)
     kv = ops.kv_projection(x, p["attn.wkv"], p["attn.kv_norm"], pos_t, freqs, eps, qat=qat).unflatten(0, (batch, -1))
 
+    start = cache.seen  # pos[0], known on the host (forward checked it)
     kv_rows, win = cache.window_keys(kv, pos)
     idx = win.expand(batch, -1, -1)
     if ratio:
-        entries = _compressor(p, "attn.compressor", x, pos, cache, "comp", ops, ratio, eps, indexer=False, qat=qat)
+        entries = _compressor(p, "attn.compressor", x, pos, start, cache, "comp", ops, ratio, eps, indexer=False,
+                              qat=qat)
         cache.comp_kv = torch.cat([cache.comp_kv, entries], dim=1)
-        comp = _indexer(p, x, qr, pos, cache, ops, cfg, qat) if ratio == 4 else \
+        comp = _indexer(p, x, qr, pos, start, cache, ops, cfg, qat) if ratio == 4 else \
             _hca_visible(pos, cache.comp_kv.shape[1], ratio).expand(batch, -1, -1)
         idx = torch.cat([torch.where(comp >= 0, comp + kv_rows.shape[1], -1), idx], dim=2)
         kv_rows = torch.cat([kv_rows, cache.comp_kv], dim=1)
@@ -225,6 +230,8 @@ def forward(top: dict, layers: list[dict], ids: torch.Tensor, start: int, caches
     the final residual streams before hc_head, which feed the MTP block).
     """
     batch, seqlen = ids.shape
+    for cache in caches:
+        cache.check_start(start)
     pos = torch.arange(start, start + seqlen, device=ids.device)
     flat = ids.reshape(-1)
     ops.enter("embed")
@@ -240,6 +247,7 @@ def mtp_forward(top: dict, p: dict, X: torch.Tensor, next_ids: torch.Tensor, sta
     """§9.2 MTP block k: main streams X [B, S, hc, D] at positions start.. and the ids [B, S] of
     the tokens that follow them → draft logits fp32 [B, S or 1, V] for the token after those."""
     batch, seqlen = next_ids.shape
+    cache.check_start(start)
     pos = torch.arange(start, start + seqlen, device=next_ids.device)
     flat = next_ids.reshape(-1)
     ops.enter(f"mtp.{k}")

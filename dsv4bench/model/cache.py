@@ -48,6 +48,11 @@ class LayerCache:
         self.comp_kv = torch.zeros(batch, 0, cfg.head_dim, device=device)
         self.idx_keys = torch.zeros(batch, 0, cfg.index_head_dim, device=device)
 
+    def check_start(self, start: int) -> None:
+        """A chunk must start where the cache ends."""
+        if start != self.seen:
+            raise ValueError(f"chunk starts at position {start} but the cache holds {self.seen} tokens")
+
     def window_keys(self, kv_new: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_new [B, S, d] at positions pos [S] → (rows [B, window + S, d] = [ring slots | new kv],
         indices [S, window], the same for every sequence: query t's keys t-window+1..t, -1 if < 0).
@@ -55,9 +60,7 @@ class LayerCache:
         A position p older than the chunk lives in ring slot p mod window; a new one at row
         window + (p - start).
         """
-        start = int(pos[0])
-        if start != self.seen:
-            raise ValueError(f"chunk starts at position {start} but the cache holds {self.seen} tokens")
+        start = self.seen  # the chunk's first position (forward checks it on the host: no device read)
         w = self.window
         p = pos[:, None] - (w - 1) + torch.arange(w, device=pos.device)[None, :]
         rows = torch.where(p >= start, w + (p - start), p % w)
@@ -66,7 +69,7 @@ class LayerCache:
     def push_window(self, kv_new: torch.Tensor, pos: torch.Tensor) -> None:
         keep = kv_new[:, -self.window:], pos[-self.window:]
         self.ring[:, keep[1] % self.window] = keep[0].float()
-        self.seen = int(pos[-1]) + 1
+        self.seen += pos.shape[0]
 
     def nbytes(self) -> int:
         ts = [self.ring, self.comp_kv, self.idx_keys]

@@ -31,15 +31,21 @@ E4M3_MAX = 448.0
 AMAX_FLOOR = 2.0**-100  # an all-zero row: any scale is exact
 
 
-def exact_e4m3(x: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 codes, fp32 power-of-two scale per row [..., 1]) with codes · scale == x exactly, or Unsupported."""
+def e4m3_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(e4m3 codes, fp32 power-of-two scale per row [..., 1], a 0-d device bool: codes · scale == x
+    exactly). The flag stays on the device, so a caller reads every operand's in one sync."""
     scale = ue8m0_scale(x.abs().amax(-1, keepdim=True).float().clamp(min=AMAX_FLOOR), E4M3_MAX)
     scaled = x.float() / scale
     codes = scaled.to(torch.float8_e4m3fn)
-    if not torch.equal(codes.float(), scaled):
-        raise Unsupported(f"indexer_scores: the {what} are not e4m3 values times a power of two per row (QAT off, "
-                          "or a row wider than e4m3's range): the logits kernel would round them")
-    return codes, scale
+    return codes, scale, (codes.float() == scaled).all()
+
+
+def _require_exact(flags: dict[str, torch.Tensor]) -> None:
+    """Unsupported naming the operands e4m3 would round (one host read for all of them)."""
+    for what, ok in zip(flags, torch.stack(list(flags.values())).tolist()):
+        if not ok:
+            raise Unsupported(f"indexer_scores: the {what} are not e4m3 values times a power of two per row (QAT "
+                              "off, or a row wider than e4m3's range): the logits kernel would round them")
 
 
 def indexer_scores(run, q, k, weights, positions, m: int = CSA_RATIO):
@@ -55,8 +61,9 @@ def indexer_scores(run, q, k, weights, positions, m: int = CSA_RATIO):
         raise Unsupported(f"indexer_scores: the logits kernel takes {HEADS} heads of {HEAD_DIM}, got {h} x {d}")
     if n == 0:
         return torch.empty(b, s, 0, device=q.device)
-    q8, qs = exact_e4m3(q.reshape(b * s, h, d), "queries")
-    k8, ks = exact_e4m3(k.reshape(b * n, d), "keys")
+    q8, qs, q_exact = e4m3_rows(q.reshape(b * s, h, d))
+    k8, ks, k_exact = e4m3_rows(k.reshape(b * n, d))
+    _require_exact({"queries": q_exact, "keys": k_exact})
     w = (weights.reshape(b * s, h).float() * qs[..., 0]).contiguous()  # exact: times 2^k
     visible = visible_entries(positions.to(q.device).expand(b, s), m).clamp(max=n).to(torch.int32)
     if s == 1:
