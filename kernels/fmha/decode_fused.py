@@ -30,13 +30,11 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_fake_tensor
 from cutlass.cutlass_dsl import T, dsl_user_op
-from cutlass.utils import LayoutEnum
 
 from kernels.bits import bits_f32
 from kernels.fmha.barriers import NamedBarrier
@@ -101,9 +99,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         dt = mQ.element_type
         n = c.n_block
         qk_mma, pv_mma, pv_ss_mma = self.tiled_mmas(dt)
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (c.m_cta, n, c.d), dt, 1)
-        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, n, c.d), dt, c.stages)
-        sP_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, c.dv_wg, n), dt, c.stages)
+        sQ_layout, sK_layout, _, sP_layout = self.smem_layouts(dt)  # V is K
         record("config", f"fused FP8 decode {c} n_block={n} threads={c.threads} rows/batch={self.rows_per_batch} "
                f"setmaxnreg={self.fused_regs}")
         record("smem K stages (keys, d, stage) K-major", sK_layout)
@@ -164,22 +160,12 @@ class FusedDecodeSm90(GatherAttentionSm90):
         sVt = cute.make_tensor(sK.iterator, cute.select(sK.layout, mode=[1, 0, 2]))
         record("mbarrier full (per stage and half of d): arrive count",
                "64 = the producer threads of that stage (st.shared + fence.proxy.async + arrive)")
-        if tidx == 0:
-            for i in cutlass.range_constexpr(2 * S):
-                cute.arch.mbarrier_init(bars + i, 64)
-            for i in cutlass.range_constexpr(2 * S):
-                cute.arch.mbarrier_init(bars + 2 * S + i, 128)
-            cute.arch.mbarrier_init(q_full, 128)
-            cute.arch.mbarrier_init(q_empty, 128 * c.n_consumer_wg)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.barrier()
+        self._init_barriers(tidx, bars, (64,) * (2 * S) + (128,) * (2 * S), q_full, q_empty)
 
         if wg == c.n_consumer_wg:
             cute.arch.setmaxregister_decrease(self.fused_regs[0])
             ptid = tidx - 128 * c.n_consumer_wg
-            atom = cute.make_copy_atom(
-                cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), mQ.element_type, num_bits_per_copy=128
-            )
+            atom = self.row_copy_atom(mQ.element_type)
             blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(Int32(0), mLen, mLen, mQ, mLen)
             self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
             cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
@@ -248,13 +234,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         for pair in cutlass.range((n_tiles + 1) // 2, unroll=1):
             buf = pair & 1
             j0 = base + (2 * pair + stage) * n
-            cute.arch.cp_async_wait_group(0)
-            # every thread's copy of this pair landed; every read of the other buffer (last pair) is done
-            cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
-            self._copy_slot(caches, sRows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
-            cute.arch.cp_async_commit_group()
-            t = pin(lt)
-            mine = self._valid_token(caches, bidx, j0 + t, sRows[t, buf])
+            t, mine = self._pair_tokens(caches, sRows, bidx, lt, j0, buf, stage)
             phase = (pair & 1) ^ 1
             if cutlass.const_expr(self.one_path):  # the tile's cache as run-time tensors: one copy of the code
                 cache = self._select_cache(caches, j0 >= self._k0_padded(caches[3]))
@@ -268,6 +248,19 @@ class FusedDecodeSm90(GatherAttentionSm90):
                 else:
                     self._dequant_tile((codes1, rope1, sc1), caches, sK[None, None, stage], sRows[None, buf], sIdx,
                                        sMaskFlag, mine, bidx, j0, t, bars, phase, stage)
+
+    @cute.jit
+    def _pair_tokens(self, caches, sRows, bidx, lt, j0, buf, stage: cutlass.Constexpr):
+        """The pair's hand-off of slot tokens (first slot j0, buffer buf): once every thread's copy has
+        landed, start the next pair's into the other buffer; (t, mine): this thread's row index (pinned)
+        and its own slot's token if the slot is read, else -1."""
+        cute.arch.cp_async_wait_group(0)
+        # every thread's copy of this pair landed; every read of the other buffer (last pair) is done
+        cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
+        self._copy_slot(caches, sRows[None, 1 - buf], bidx, j0 + 2 * self.cfg.n_block + lt, lt)
+        cute.arch.cp_async_commit_group()
+        t = pin(lt)
+        return t, self._valid_token(caches, bidx, j0 + t, sRows[t, buf])
 
     @cute.jit
     def _select_cache(self, caches, second):

@@ -44,7 +44,6 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.decode_fused import FusedDecodeSm90
-from kernels.regs import pin
 
 ROW_BYTES = 576  # a token's codes + RoPE, contiguous (oracles/fmha_cache.py)
 PACK_BITS = 10  # packed slots: block size <= 1024, blocks < 2^21 (decode_glue.run_fused checks)
@@ -90,7 +89,9 @@ class FusedPrefetchLoop(FusedDecodeSm90):
     def _produce_fp8_tiles(self, caches, sK, sRows, sIdx, sMaskFlag, bars, lt, blk, bidx, n_idx, n_tiles,
                            stage: cutlass.Constexpr):
         """decode_fused's loop (one_path) with the prefetches: pair 0's rows at its start, pair p + 1's
-        at the end of pair p."""
+        at the end of pair p. The loop's frame stays a copy of decode_fused's: this one counts the pairs
+        before the first slot copy, that one at the loop, and one shared frame moves the count in one of
+        them, which changes that form's cubin."""
         n = self.cfg.n_block
         base = blk * n_idx
         n_pairs = (n_tiles + 1) // 2
@@ -99,12 +100,7 @@ class FusedPrefetchLoop(FusedDecodeSm90):
         for pair in cutlass.range(n_pairs, unroll=1):
             buf = pair & 1
             j0 = base + (2 * pair + stage) * n
-            cute.arch.cp_async_wait_group(0)
-            cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
-            self._copy_slot(caches, sRows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
-            cute.arch.cp_async_commit_group()
-            t = pin(lt)
-            mine = self._valid_token(caches, bidx, j0 + t, sRows[t, buf])
+            t, mine = self._pair_tokens(caches, sRows, bidx, lt, j0, buf, stage)
             k0p = self._k0_padded(caches[3])
             if pair == 0:
                 self._prefetch_row(caches, j0 >= k0p, mine)

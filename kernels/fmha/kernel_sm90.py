@@ -64,6 +64,37 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
                 mma(warpgroup.OperandMajorMode.MN, c.dv_wg, warpgroup.OperandSource.RMEM),
                 mma(warpgroup.OperandMajorMode.MN, c.dv_wg))
 
+    def smem_layouts(self, dt):
+        """The swizzled shared-memory layouts: Q (rows, d) and the K stages (keys, d, stage), K-major;
+        the V^T stages (dv, keys, stage), MN-major; the key split's P of each tile of the pair (rows,
+        keys, tile), K-major."""
+        c = self.cfg
+        n = c.n_block
+        return (sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (c.m_cta, n, c.d), dt, 1),
+                sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, n, c.d), dt, c.stages),
+                sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (64, c.dv, n), dt, c.stages),
+                sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, c.dv_wg, n), dt, c.stages))
+
+    @staticmethod
+    def row_copy_atom(dt):
+        """The producer's 16-byte cp.async of Q rows (and gathered K/V rows). .cg: the rows go to smem
+        only; .ca would also allocate them in the ~30 KB of L1 that the 216 KB of smem leaves, for no
+        reuse."""
+        return cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128)
+
+    @cute.jit
+    def _init_barriers(self, tidx, bars, counts, q_full, q_empty):
+        """Thread 0 sets the arrive counts of the stage mbarriers (`counts`, from `bars` on: barriers.py)
+        and of Q's (full: the 128 producer threads' cp.async arrivals; empty: every consumer thread);
+        then the CTA waits until they are visible."""
+        if tidx == 0:
+            for i in cutlass.range_constexpr(len(counts)):
+                cute.arch.mbarrier_init(bars + i, counts[i])
+            cute.arch.mbarrier_init(q_full, 128)
+            cute.arch.mbarrier_init(q_empty, 128 * self.cfg.n_consumer_wg)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
     @cute.jit
     def __call__(
         self,
@@ -85,10 +116,7 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
         dt = mQ.element_type
         n = c.n_block
         qk_mma, pv_mma, pv_ss_mma = self.tiled_mmas(dt)
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (c.m_cta, n, c.d), dt, 1)
-        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, n, c.d), dt, c.stages)
-        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (64, c.dv, n), dt, c.stages)
-        sP_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, c.dv_wg, n), dt, c.stages)
+        sQ_layout, sK_layout, sV_layout, sP_layout = self.smem_layouts(dt)
         record("config", f"{c} n_block={n} threads={c.threads} hb={c.hb} tq={c.tq}")
         record("tiled MMA S = Q K^T (per warpgroup)", qk_mma)
         record("tiled MMA O += P V (per warpgroup, P from registers)", pv_mma)
@@ -203,23 +231,13 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
         record("mbarrier q_full: arrive count", "128 = cp.async.mbarrier.arrive.noinc of each producer thread")
         if cutlass.const_expr(c.persistent):
             record("mbarrier q_empty: arrive count", "256 = every consumer thread, once its last QK of the item is done")
-        if tidx == 0:
-            for i in cutlass.range_constexpr(4 * S):
-                cute.arch.mbarrier_init(bars + i, counts[i])
-            cute.arch.mbarrier_init(q_full, 128)
-            cute.arch.mbarrier_init(q_empty, 128 * c.n_consumer_wg)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.barrier()
+        self._init_barriers(tidx, bars, counts, q_full, q_empty)
 
         if wg == c.n_consumer_wg:
             # ---------------- producer warpgroup: gather Q once, then kv tiles ----------------
             cute.arch.setmaxregister_decrease(c.reg_split[0])
             ptid = tidx - 128 * c.n_consumer_wg
-            # .cg: the rows go to smem only; .ca would also allocate them in the ~30 KB of L1 that
-            # the 216 KB of smem leaves, for no reuse
-            atom = cute.make_copy_atom(
-                cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), mQ.element_type, num_bits_per_copy=128
-            )
+            atom = self.row_copy_atom(mQ.element_type)
             base = cutlass.Int32(0)  # key tiles of the earlier items: stages and phases run on across items
             for w in cutlass.range(self._items_of_cta(mIdx, mK, mQ), unroll=1):
                 blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(w, mIdx, mK, mQ, mLen)

@@ -206,12 +206,7 @@ class FusedNoDequant(FusedDecodeSm90):
     @cute.jit
     def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr,
                       full, empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
-        cute.arch.mbarrier_wait(empty, phase)
-        if cutlass.const_expr(publish):
-            sIdx[t, stage] = mine
-            warp_plain = cutlass.Int32(cute.arch.vote_all_sync(mine >= 0))
-            if t % 32 == 0:
-                sMaskFlag[t // 32, stage] = warp_plain
+        self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
         cute.arch.mbarrier_arrive(full)
 
 

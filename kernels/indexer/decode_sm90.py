@@ -10,10 +10,10 @@ DeepGEMM's fused block: 64 keys x 128 e4m3 codes (8192 B), then their 64 fp32 sc
 a page (the cache tensor uint8 [pages, 64, 1, 132]). The glue passes two strided views of it: codes
 (pages, 64, 128) fp8 and scales (pages, 64) fp32, page stride a multiple of 16 bytes.
 
-The math, the wgmma and the epilogue are the prefill kernel's (IndexerLogitsSm90, whose `_operands`,
-`_smem`, `_fragments` and `_tile` this kernel calls) with one query token per block (bq = 1: wgmma
-m64 n64 k32, keys on M, the 64 heads on N) and 64-key tiles: one tile = one page. What differs is
-where the tiles come from and how the work is cut:
+The math, the wgmma and the epilogue are the prefill kernel's (IndexerLogitsSm90, whose `kernel`
+entry, `_operands`, `_prologue`, `_smem`, `_fragments` and `_tile` this kernel uses; its body is
+`_cta`) with one query token per block (bq = 1: wgmma m64 n64 k32, keys on M, the 64 heads on N) and
+64-key tiles: one tile = one page. What differs is where the tiles come from and how the work is cut:
 
   * the key tensor is the codes view with its two row modes merged, ((64, pages), 128): its 64-row
     tile kt is page kt, so one TMA box (and one for the page's scales) loads a whole page, at the
@@ -87,36 +87,17 @@ class IndexerDecodeSm90(IndexerLogitsSm90):
         self.kernel(*ops[:8], mLens, mTable, mL, part_pages, *ops[8:]).launch(
             grid=(n_parts, n_req, 1), block=[c.threads, 1, 1], min_blocks_per_mp=2, preferred_smem_carveout=100, stream=stream)
 
-    @cute.kernel
-    def kernel(
-        self,
-        tma_k: cute.CopyAtom,
-        gK_t: cute.Tensor,
-        tma_q: cute.CopyAtom,
-        gQ_t: cute.Tensor,
-        tma_sc: cute.CopyAtom,
-        gSc_t: cute.Tensor,
-        tma_w: cute.CopyAtom,
-        gW_t: cute.Tensor,
-        mLens: cute.Tensor,
-        mTable: cute.Tensor,
-        mL: cute.Tensor,
-        part_pages: cutlass.Int32,
-        tiled_mma: cute.TiledMma,
-        mma_acc: cute.TiledMma,
-        sK_layout: cute.ComposedLayout,
-        sQ_layout: cute.ComposedLayout,
-        sSc_layout: cute.Layout,
-        sW_layout: cute.Layout,
-        Storage: cutlass.Constexpr,
-    ):
+    @cute.jit
+    def _cta(self, tma, mLens, mTable, mL, part_pages, mmas, layouts, Storage):
+        """The body of the kernel (IndexerLogitsSm90.kernel, the entry both share): CTA (p, b) of the
+        (n_parts, B) grid (module docstring)."""
+        (tma_k, _), (tma_q, _), (tma_sc, _), (tma_w, _) = tma
+        tiled_mma, mma_acc = mmas
         tidx, _, _ = cute.arch.thread_idx()
         part, b, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        self._prologue(warp_idx, tiled_mma, mma_acc, (tma_k, tma_q, tma_sc, tma_w))
-        kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg = self._smem(
-            Storage, sK_layout, sQ_layout, sSc_layout, sW_layout, (tma_k, gK_t), (tma_q, gQ_t), (tma_sc, gSc_t),
-            (tma_w, gW_t))
+        self._prologue(warp_idx, mmas, tma)
+        kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg = self._smem(Storage, layouts, tma)
 
         width = cute.size(mL, mode=[1])
         n_len = cutlass.min(cutlass.max(mLens[b], 0), cutlass.min(width, cute.size(mTable, mode=[1]) * PAGE))

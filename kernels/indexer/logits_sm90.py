@@ -80,16 +80,11 @@ class IndexerLogitsSm90:
     ):
         c = self.cfg
         ops = self._operands(mQ, mKV, mSc, mW)
-        tma_k, gK_t, tma_q, gQ_t, tma_sc, gSc_t, tma_w, gW_t = ops[:8]
-        tiled_mma, mma_acc, sK_layout, sQ_layout, sSc_layout, sW_layout, Storage = ops[8:]
-
         n_tok = cute.size(mW, mode=[0])
         units = ((n_tok + c.bq - 1) // c.bq) * n_split
         grid = cutlass.min(units, n_ctas)
-        self.kernel(
-            tma_k, gK_t, tma_q, gQ_t, tma_sc, gSc_t, tma_w, gW_t, mKs, mKe, mL, n_split,
-            tiled_mma, mma_acc, sK_layout, sQ_layout, sSc_layout, sW_layout, Storage,
-        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        self.kernel(*ops[:8], mKs, mKe, mL, n_split, *ops[8:]).launch(
+            grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     def _operands(self, mQ, mKV, mSc, mW):
         """Trace-time setup shared with the paged decode kernel (kernels/indexer/decode_sm90.py): the
@@ -142,24 +137,56 @@ class IndexerLogitsSm90:
         return (tma_k, gK_t, tma_q, gQ_t, tma_sc, gSc_t, tma_w, gW_t,
                 tiled_mma, mma_acc, sK_layout, sQ_layout, sSc_layout, sW_layout, Storage)
 
+    @cute.kernel
+    def kernel(
+        self,
+        tma_k: cute.CopyAtom,
+        gK_t: cute.Tensor,
+        tma_q: cute.CopyAtom,
+        gQ_t: cute.Tensor,
+        tma_sc: cute.CopyAtom,
+        gSc_t: cute.Tensor,
+        tma_w: cute.CopyAtom,
+        gW_t: cute.Tensor,
+        mKeys0: cute.Tensor,  # prefill: ks (T,); decode: the lengths (B,)
+        mKeys1: cute.Tensor,  # prefill: ke (T,); decode: the block table (B, max_blocks)
+        mL: cute.Tensor,
+        cut: cutlass.Int32,  # prefill: key parts per query block; decode: pages per CTA
+        tiled_mma: cute.TiledMma,
+        mma_acc: cute.TiledMma,
+        sK_layout: cute.ComposedLayout,
+        sQ_layout: cute.ComposedLayout,
+        sSc_layout: cute.Layout,
+        sW_layout: cute.Layout,
+        Storage: cutlass.Constexpr,
+    ):
+        """The entry of this kernel and of the paged decode kernel (decode_sm90.py), so that the two
+        share one parameter list: `_operands`' TMA atoms and tensors, what gives each row of logits its
+        keys, the logits, how the work is cut, then `_operands`' MMAs, layouts and storage. Each kernel's
+        body is its `_cta`."""
+        self._cta(((tma_k, gK_t), (tma_q, gQ_t), (tma_sc, gSc_t), (tma_w, gW_t)), mKeys0, mKeys1, mL, cut,
+                  (tiled_mma, mma_acc), (sK_layout, sQ_layout, sSc_layout, sW_layout), Storage)
+
     @cute.jit
-    def _prologue(self, warp_idx, tiled_mma, mma_acc, atoms):
+    def _prologue(self, warp_idx, mmas, tma):
         """Kernel entry (shared with the decode kernel): the two MMAs' accumulate flags, and warp 0
         prefetches the TMA descriptors."""
+        tiled_mma, mma_acc = mmas
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
         mma_acc.set(warpgroup.Field.ACCUMULATE, True)
         if warp_idx == 0:
-            for i in cutlass.range_constexpr(len(atoms)):
-                cpasync.prefetch_descriptor(atoms[i])
+            for i in cutlass.range_constexpr(len(tma)):
+                cpasync.prefetch_descriptor(tma[i][0])
 
-    def _smem(self, Storage, sK_layout, sQ_layout, sSc_layout, sW_layout, k, q, sc, w):
+    def _smem(self, Storage, layouts, tma):
         """Kernel-entry setup shared with the decode kernel: the shared storage, the KV and Q rings
         (initialisation deferred: the caller waits with pipeline_init_wait), the stage tensors and
-        the TMA partitions of the four operands (k, q, sc, w: (atom, TMA tensor) pairs)."""
+        the TMA partitions of the four operands (tma: their (atom, TMA tensor) pairs)."""
         c = self.cfg
         S = c.n_stages
         QS = c.q_stages
-        (tma_k, gK_t), (tma_q, gQ_t), (tma_sc, gSc_t), (tma_w, gW_t) = k, q, sc, w
+        sK_layout, sQ_layout, sSc_layout, sW_layout = layouts
+        (tma_k, gK_t), (tma_q, gQ_t), (tma_sc, gSc_t), (tma_w, gW_t) = tma
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
         kv_ring = tma_ring(st.kv_bars.data_ptr(), S, c.mma_wg * 4, c.kv_stage_bytes)
@@ -215,42 +242,23 @@ class IndexerLogitsSm90:
         t1 = tile_lo + ((part + 1) * n_t) // n_split
         return qb, part, tile_lo, tile_lo + n_t, t0, t1
 
-    @cute.kernel
-    def kernel(
-        self,
-        tma_k: cute.CopyAtom,
-        gK_t: cute.Tensor,
-        tma_q: cute.CopyAtom,
-        gQ_t: cute.Tensor,
-        tma_sc: cute.CopyAtom,
-        gSc_t: cute.Tensor,
-        tma_w: cute.CopyAtom,
-        gW_t: cute.Tensor,
-        mKs: cute.Tensor,
-        mKe: cute.Tensor,
-        mL: cute.Tensor,
-        n_split: cutlass.Int32,
-        tiled_mma: cute.TiledMma,
-        mma_acc: cute.TiledMma,
-        sK_layout: cute.ComposedLayout,
-        sQ_layout: cute.ComposedLayout,
-        sSc_layout: cute.Layout,
-        sW_layout: cute.Layout,
-        Storage: cutlass.Constexpr,
-    ):
+    @cute.jit
+    def _cta(self, tma, mKs, mKe, mL, n_split, mmas, layouts, Storage):
+        """The prefill kernel's body (module docstring: the units, the producer warp, the fill warps,
+        the consumers)."""
         c = self.cfg
         S = c.n_stages
         QS = c.q_stages
+        (tma_k, _), (tma_q, _), (tma_sc, _), (tma_w, _) = tma
+        tiled_mma, mma_acc = mmas
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        self._prologue(warp_idx, tiled_mma, mma_acc, (tma_k, tma_q, tma_sc, tma_w))
+        self._prologue(warp_idx, mmas, tma)
 
-        kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg = self._smem(
-            Storage, sK_layout, sQ_layout, sSc_layout, sW_layout, (tma_k, gK_t), (tma_q, gQ_t), (tma_sc, gSc_t),
-            (tma_w, gW_t))
+        kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg = self._smem(Storage, layouts, tma)
 
         n_tok = cute.size(mL, mode=[0])
         s_kv = cute.size(mL, mode=[1])

@@ -80,8 +80,17 @@ class TopkSmem:
 
 
 class TopkFinish(TopkBlocks):
-    """The end every form shares: select and gather on the buffer or, when `fast` is 0, on the row;
-    then the -1 fill."""
+    """What every form's kernels share: where the CTA stands, and the end (select and gather on the
+    buffer or, when `fast` is 0, on the row; then the -1 fill)."""
+
+    @cute.jit
+    def _cta(self):
+        """(this thread, the CTA's row, its chunk): the grid is (rows, chunks), one chunk (0) without a
+        split. The sizes are read by each kernel where it needs them: reading the row length early in
+        `finish` (where only its fallback uses it) changes its code."""
+        tidx, _, _ = cute.arch.thread_idx()
+        row, chunk, _ = cute.arch.block_idx()
+        return tidx, row, chunk
 
     @cute.jit
     def finish_row(self, mX, mOut, row, fast, count, sm: TopkSmem, tidx):
@@ -120,8 +129,7 @@ class IndexerTopkSm90(TopkFinish):
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mOut: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        row, _, _ = cute.arch.block_idx()
+        tidx, row, _ = self._cta()
         n = mX.shape[1]
         kk = mOut.shape[1]
         sm = TopkSmem(CAP if self.buffered else 0)
@@ -157,8 +165,7 @@ class IndexerTopkSplitSm90(TopkFinish):
 
     @cute.kernel
     def partial(self, mX: cute.Tensor, mOut: cute.Tensor, gKey: cute.Tensor, gIdx: cute.Tensor, gCount: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        row, chunk, _ = cute.arch.block_idx()
+        tidx, row, chunk = self._cta()
         n = mX.shape[1]
         kk = mOut.shape[1]
         chunks = gKey.shape[1]
@@ -179,8 +186,7 @@ class IndexerTopkSplitSm90(TopkFinish):
 
     @cute.kernel
     def finish(self, mX: cute.Tensor, mOut: cute.Tensor, gKey: cute.Tensor, gIdx: cute.Tensor, gCount: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        row, _, _ = cute.arch.block_idx()
+        tidx, row, _ = self._cta()
         kk = mOut.shape[1]
         chunks = gKey.shape[1]
         sm = TopkSmem(CAP)
