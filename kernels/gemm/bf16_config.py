@@ -52,7 +52,7 @@ class Bf16Config:
     bm: int = 128  # CTA rows: 64 (one consumer warpgroup) or 128 (two, 64 rows each)
     bn: int = 256  # CTA columns: 64, 128 or 256 (the wgmma n)
     stages: int = 0  # smem ring depth; 0 = as many as fit (at most MAX_STAGES)
-    group_m: int = 8  # rasterisation: M-tiles per group (as the FP8 kernel's _tile_of)
+    group_m: int = 8  # rasterisation: M-tiles per group (persistent_sm90.py's _tile_of)
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M and N give too few tiles)
 
     def __post_init__(self) -> None:

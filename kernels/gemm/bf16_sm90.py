@@ -5,10 +5,10 @@ The model's GEMMs on BF16 checkpoint weights (lm_head, the compressors' wkv / wg
 weights_proj): the reference runs them as fp32 products of bf16 values, which a bf16 tensor-core
 GEMM with fp32 accumulation computes up to summation order (every product of two bf16 values is
 exact in fp32). A kernel of its own (not a mode of the FP8 kernel in gemm_sm90.py, whose index
-arithmetic is left untouched: docs/lessons/gemm.md, lesson 8); it shares that kernel's tile walk
-(`_tile_of`: static persistent schedule, rasterised in groups of group_m M-tiles), its split-K
-fix-up (`_split_k_merge`: fp32 partials meet in the shared workspace, the last slice stores), the
-TMA ring (kernels/rings.py) and the workspace (glue.workspace).
+arithmetic is left untouched: docs/lessons/gemm.md, lesson 8); it shares that kernel's scaffolding
+(kernels/gemm/persistent_sm90.py: the static persistent schedule rasterised in groups of group_m
+M-tiles, the producer warp's loop over the TMA ring, the consumers' fragments, the split-K fix-up
+whose fp32 partials meet in the shared workspace, glue.workspace) and the TMA ring (kernels/rings.py).
 
 Structure (one CTA per SM, persistent; Bf16Config in kernels/gemm/bf16_config.py):
   * warpgroup 0: warp 0 issues the TMA loads of the (bm x 64) x tile and (bn x 64) W tile of each
@@ -31,23 +31,16 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.pipeline import pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
 from kernels.gemm.bf16_config import BK, Bf16Config
-from kernels.gemm.gemm_sm90 import Fp8GemmSm90
-from kernels.gemm.tiling import SMEM_BYTES
+from kernels.gemm.persistent_sm90 import PersistentGemmSm90, tma_slices
 from kernels.regs import fence_operand, mn_view
-from kernels.rings import tma_ring
 
 
-class Bf16GemmSm90:
-    # shared with the FP8 kernel (they read cfg.split_k, group_m, bm, bn, n_mma_wg only)
-    _tile_of = Fp8GemmSm90._tile_of
-    _split_k_merge = Fp8GemmSm90._split_k_merge
-
-    def __init__(self, cfg: Bf16Config):
-        self.cfg = cfg
+class Bf16GemmSm90(PersistentGemmSm90):
+    cfg: Bf16Config
 
     @cute.jit
     def __call__(
@@ -73,24 +66,14 @@ class Bf16GemmSm90:
         tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(sA_layout, (None, None, 0)), (c.bm, BK))
         tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(sB_layout, (None, None, 0)), (c.bn, BK))
 
-        @cute.struct
-        class Storage:
-            bars: cute.struct.MemRange[cutlass.Int64, S * 2]
-            flag: cute.struct.MemRange[cutlass.Int32, 4]
-            sA: cute.struct.Align[cute.struct.MemRange[mA.element_type, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[mB.element_type, cute.cosize(sB_layout)], 1024]
-
-        if cutlass.const_expr(Storage.size_in_bytes() > SMEM_BYTES):
-            raise ValueError(f"{c}: {Storage.size_in_bytes()} B of shared memory, more than {SMEM_BYTES}")
-
-        m = cute.size(mA, mode=[0])
-        n = cute.size(mB, mode=[0])
-        units = ((m + c.bm - 1) // c.bm) * ((n + c.bn - 1) // c.bn) * c.split_k
-        grid = cutlass.min(units, n_ctas)
+        Storage = self._storage(sA=(mA.element_type, sA_layout, 1024), sB=(mB.element_type, sB_layout, 1024))
+        grid = self._grid(mA, mB, n_ctas)
         self.kernel(tma_a, gA_t, tma_b, gB_t, mC, mWork, mCount, tiled_mma, sA_layout, sB_layout,
                     Storage).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1,
                                     stream=stream)
 
+    # a kernel's parameter list is its compiled signature (the launch ABI and the mangled name in the
+    # cubin): this one stays written out here, though it begins as the FP8 kernel's
     @cute.kernel
     def kernel(
         self,
@@ -107,7 +90,6 @@ class Bf16GemmSm90:
         Storage: cutlass.Constexpr,
     ):
         c = self.cfg
-        S = c.n_stages
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -119,20 +101,12 @@ class Bf16GemmSm90:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
 
-        smem = cutlass.utils.SmemAllocator()
-        st = smem.allocate(Storage)
-        ring = tma_ring(st.bars.data_ptr(), S, c.n_mma_wg * 4, c.stage_bytes)
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-
-        sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
-        sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        st, ring, sA, sB = self._stages(Storage, sA_layout, sB_layout)
         # (bm, 64, M tiles, K blocks), (bn, 64, N tiles, K blocks)
         gA = cute.local_tile(gA_t, (c.bm, BK), (None, None))
         gB = cute.local_tile(gB_t, (c.bn, BK), (None, None))
-        tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                           cute.group_modes(gA, 0, 2))
-        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                           cute.group_modes(gB, 0, 2))
+        tAsA, tAgA = tma_slices(tma_a, sA, gA)
+        tBsB, tBgB = tma_slices(tma_b, sB, gB)
         tiles_m = cute.size(gA, mode=[2])
         tiles_n = cute.size(gB, mode=[2])
         n_kb = cute.size(gB, mode=[3])
@@ -143,28 +117,20 @@ class Bf16GemmSm90:
 
         if wg == 0:
             # ---------------- producer: one warp issues the TMA loads ----------------
-            cute.arch.setmaxregister_decrease(c.reg_split[0])
-            if warp_idx == 0:
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
-                for u in cutlass.range(bidx, units, gdim, unroll=1):
-                    tm, tn, ks, _t = self._tile_of(u, tiles_m, tiles_n)
-                    kb0 = ks * kb_per
-                    kb1 = cutlass.min(kb0 + kb_per, n_kb)
-                    for kb in cutlass.range(kb0, kb1, unroll=1):
-                        ring.producer_acquire(state)
-                        bar = ring.producer_get_barrier(state)
-                        cute.copy(tma_a, tAgA[(None, tm, kb)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                        ring.producer_commit(state)
-                        state.advance()
-                ring.producer_tail(state)
+            def locate(tm, tn):
+                """The unit's x rows are M tile tm, its W rows N tile tn."""
+                return tm, tn
+
+            def load(where, kb, state, bar):
+                """K block kb's x and W tiles into the stage."""
+                tm, tn = where
+                cute.copy(tma_a, tAgA[(None, tm, kb)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+
+            self._produce(warp_idx, ring, bidx, units, gdim, tiles_m, tiles_n, kb_per, n_kb, locate, load)
         else:
             # ---------------- consumers: wgmma + epilogue ----------------
-            cute.arch.setmaxregister_increase(c.reg_split[1])
-            mtid = tidx - 128
-            thr_mma = tiled_mma.get_slice(mtid)
-            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            mtid, thr_mma, tCrA, tCrB = self._consumer(tiled_mma, sA, sB, tidx)
             acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.bm, c.bn)), cutlass.Float32)
             cC = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.bm, c.bn))))
             epi_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
@@ -178,10 +144,7 @@ class Bf16GemmSm90:
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
                 acc.fill(0.0)
                 g_rd = self._mainloop(ring, tiled_mma, tCrA, tCrB, acc, kb0, kb1, g_rd)
-                last = True
-                if cutlass.const_expr(c.split_k > 1):
-                    last = self._split_k_merge(acc, mWork, mCount, flag, epi_bar, t, mtid)
-                if last:
+                if self._tile_done(acc, mWork, mCount, flag, epi_bar, t, mtid):
                     self._store(acc, mC, cC, thr_mma, tm, tn, m, n)
 
     @cute.jit

@@ -28,6 +28,8 @@ Structure (one CTA per SM, persistent):
     `group_m` M-tiles so that the CTAs running at one time share x rows and W rows in L2.
   * split-K (`split_k` > 1, decode): work unit = (tile, K slice); the slices' fp32 partials meet
     in a workspace and the last slice to finish stores the tile (`_split_k_merge`).
+The schedule, the producer warp's loop over the ring, the consumers' fragments and the split-K
+fix-up are shared with the bf16 kernel (kernels/gemm/persistent_sm90.py).
 
 The activation scales are MN-major (sa[m, j] at m + j * ld, ld = M rounded up to 4: the layout
 DeepGEMM takes and serving stacks' quant kernels write), so a stage's sa box is one contiguous
@@ -47,16 +49,16 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.pipeline import pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
-from kernels.gemm.tiling import EPI_N, KBLOCK, SCALE_BOX, SMEM_BYTES, SW_SLOT, GemmConfig
+from kernels.gemm.persistent_sm90 import PersistentGemmSm90, tma_slices
+from kernels.gemm.tiling import EPI_N, KBLOCK, SCALE_BOX, SW_SLOT, GemmConfig
 from kernels.regs import fence_operand, mn_view
-from kernels.rings import tma_ring
 
-class Fp8GemmSm90:
-    def __init__(self, cfg: GemmConfig):
-        self.cfg = cfg
+
+class Fp8GemmSm90(PersistentGemmSm90):
+    cfg: GemmConfig
 
     @cute.jit
     def __call__(
@@ -112,25 +114,11 @@ class Fp8GemmSm90:
         tma_sw, gSW_t = cpasync.make_tiled_tma_atom(g2s, mSB, cute.slice_(sSW_layout, (None, None, 0)),
                                                     (1, SCALE_BOX))
 
-        @cute.struct
-        class Storage:
-            bars: cute.struct.MemRange[cutlass.Int64, S * 2]
-            flag: cute.struct.MemRange[cutlass.Int32, 4]
-            sSA: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sSA_layout)], 128]
-            sSW: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sSW_layout)], 128]
-            sA: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[mB.element_type, cute.cosize(sB_layout)], 1024]
-            sC: cute.struct.Align[cute.struct.MemRange[mC.element_type, cute.cosize(sC_layout)], 1024]
-
-        # the stage count comes from an estimate (GemmConfig.n_stages); the compile proves it fits
-        if cutlass.const_expr(Storage.size_in_bytes() > SMEM_BYTES):
-            raise ValueError(f"{c}: {Storage.size_in_bytes()} B of shared memory, more than {SMEM_BYTES}")
-
-        m = cute.size(mA, mode=[0])
-        n = cute.size(mB, mode=[0])
-        pairs_n = ((n + c.bn - 1) // c.bn + c.cluster_n - 1) // c.cluster_n  # N tiles per cluster step
-        units = ((m + c.bm - 1) // c.bm) * pairs_n * c.split_k
-        grid = cutlass.min(units, n_ctas // c.cluster_n) * c.cluster_n
+        Storage = self._storage(
+            sSA=(cutlass.Float32, sSA_layout, 128), sSW=(cutlass.Float32, sSW_layout, 128),
+            sA=(fp8, sA_layout, 1024), sB=(mB.element_type, sB_layout, 1024), sC=(mC.element_type, sC_layout, 1024),
+        )
+        grid = self._grid(mA, mB, n_ctas, c.cluster_n)
         self.kernel(
             tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, tma_sa, gSA_t, tma_sw, gSW_t, mWork, mCount, n_group,
             tiled_mma, mma_acc, epi_mma, sA_layout, sB_layout, sC_layout, sSA_layout, sSW_layout, Storage,
@@ -138,19 +126,6 @@ class Fp8GemmSm90:
                  # only pairs launch as clusters: single CTAs launched with a 1 x 1 x 1 cluster ran
                  # 128 x 128 tiles 27% slower (same SASS; docs/lessons/gemm.md)
                  **({"cluster": [c.cluster_n, 1, 1]} if c.cluster_n > 1 else {}))
-
-    @cute.jit
-    def _tile_of(self, u, tiles_m, tiles_n):
-        """Work unit u -> (m tile, n tile, K slice): slices of a tile adjacent, tiles rasterised in
-        groups of group_m M-tiles (a group walks N with its M-tiles side by side)."""
-        c = self.cfg
-        t = u // c.split_k
-        ks = u - t * c.split_k
-        per_group = c.group_m * tiles_n
-        first_m = (t // per_group) * c.group_m
-        gsize = cutlass.min(tiles_m - first_m, c.group_m)
-        local = t - first_m * tiles_n
-        return first_m + local % gsize, local // gsize, ks, t
 
     @cute.kernel
     def kernel(
@@ -179,7 +154,6 @@ class Fp8GemmSm90:
         Storage: cutlass.Constexpr,
     ):
         c = self.cfg
-        S = c.n_stages
         W = c.waves
         CN = c.cluster_n
         tidx, _, _ = cute.arch.thread_idx()
@@ -204,13 +178,7 @@ class Fp8GemmSm90:
             cpasync.prefetch_descriptor(tma_sa)
             cpasync.prefetch_descriptor(tma_sw)
 
-        smem = cutlass.utils.SmemAllocator()
-        st = smem.allocate(Storage)
-        ring = tma_ring(st.bars.data_ptr(), S, c.n_mma_wg * 4, c.stage_bytes, cluster_n=CN)
-        pipeline_init_arrive(cluster_shape_mn=(1, CN), is_relaxed=True)
-
-        sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
-        sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        st, ring, sA, sB = self._stages(Storage, sA_layout, sB_layout, CN)
         sC = st.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
         sSA = st.sSA.get_tensor(sSA_layout)
         sSW = st.sSW.get_tensor(sSW_layout)
@@ -219,17 +187,13 @@ class Fp8GemmSm90:
         gA = cute.local_tile(gA_t, (c.wave_m, KBLOCK), (None, None))
         gB = cute.local_tile(gB_t, (c.bn, KBLOCK), (None, None))
         gC = cute.local_tile(gC_t, (c.epi_rows, c.bn), (None, None))
-        tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2),
-                                           cute.group_modes(gA, 0, 2))
-        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                           cute.group_modes(gB, 0, 2))
+        tAsA, tAgA = tma_slices(tma_a, sA, gA)
+        tBsB, tBgB = tma_slices(tma_b, sB, gB)
         # (bm, 1, M tiles, G*K blocks), (1, 4, N/128 blocks, K blocks / 4)
         gSA = cute.local_tile(gSA_t, (c.bm, 1), (None, None))
         gSW = cute.local_tile(gSW_t, (1, SCALE_BOX), (None, None))
-        tSAs, tSAg = cpasync.tma_partition(tma_sa, 0, cute.make_layout(1), cute.group_modes(sSA, 0, 2),
-                                           cute.group_modes(gSA, 0, 2))
-        tSWs, tSWg = cpasync.tma_partition(tma_sw, 0, cute.make_layout(1), cute.group_modes(sSW, 0, 2),
-                                           cute.group_modes(gSW, 0, 2))
+        tSAs, tSAg = tma_slices(tma_sa, sSA, gSA)
+        tSWs, tSWg = tma_slices(tma_sw, sSW, gSW)
 
         row_tiles = cute.size(gA, mode=[2])  # wave_m-row tiles of M
         tiles_m = (row_tiles + W - 1) // W
@@ -243,47 +207,39 @@ class Fp8GemmSm90:
 
         if wg == 0:
             # ---------------- producer: one warp issues the TMA loads ----------------
-            cute.arch.setmaxregister_decrease(c.reg_split[0])
-            if warp_idx == 0:
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
-                for u in cutlass.range(step0, units, steps, unroll=1):
-                    tm, tn, ks, _t = self._tile_of(u, tiles_m, steps_n)
-                    kb0 = ks * kb_per
-                    kb1 = cutlass.min(kb0 + kb_per, n_kb)
-                    grp = (tn * c.bn) // n_group
-                    if cutlass.const_expr(CN > 1):
-                        # the group of the step's first tile: a pair's second tile may lie past N (and
-                        # past the last group), but it shares the x tile its partner multicasts
-                        grp = (tn * CN * c.bn) // n_group
-                        tn = tn * CN + rank
-                    a_kb = grp * n_kb  # the group's first K block of x (and column of sa)
-                    sb_row = (tn * c.bn) // KBLOCK
-                    for kb in cutlass.range(kb0, kb1, unroll=1):
-                        ring.producer_acquire(state)
-                        bar = ring.producer_get_barrier(state)
-                        if cutlass.const_expr(CN > 1):
-                            cute.copy(tma_a, tAgA[(None, tm * W + rank, a_kb + kb)],
-                                      tAsA[(None, state.index * W + rank)], tma_bar_ptr=bar,
-                                      mcast_mask=cutlass.Int16((1 << CN) - 1))
-                        else:
-                            for w in cutlass.range_constexpr(W - 1 if c.ablate == "half-a" else W):
-                                cute.copy(tma_a, tAgA[(None, tm * W + w, a_kb + kb)],
-                                          tAsA[(None, state.index * W + w)], tma_bar_ptr=bar)
-                        if cutlass.const_expr(c.ablate != "no-b"):
-                            cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_sa, tSAg[(None, tm, a_kb + kb)], tSAs[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_sw, tSWg[(None, sb_row, kb // SCALE_BOX)], tSWs[(None, state.index)],
-                                  tma_bar_ptr=bar)
-                        ring.producer_commit(state)
-                        state.advance()
-                ring.producer_tail(state)
+            def locate(tm, tn):
+                """The unit's m tile, n tile, first K block of x (and column of sa), sw row."""
+                grp = (tn * c.bn) // n_group
+                if cutlass.const_expr(CN > 1):
+                    # the group of the step's first tile: a pair's second tile may lie past N (and
+                    # past the last group), but it shares the x tile its partner multicasts
+                    grp = (tn * CN * c.bn) // n_group
+                    tn = tn * CN + rank
+                a_kb = grp * n_kb  # the group's first K block of x (and column of sa)
+                sb_row = (tn * c.bn) // KBLOCK
+                return tm, tn, a_kb, sb_row
+
+            def load(where, kb, state, bar):
+                """K block kb's x waves, W tile and scale boxes into the stage."""
+                tm, tn, a_kb, sb_row = where
+                if cutlass.const_expr(CN > 1):
+                    cute.copy(tma_a, tAgA[(None, tm * W + rank, a_kb + kb)],
+                              tAsA[(None, state.index * W + rank)], tma_bar_ptr=bar,
+                              mcast_mask=cutlass.Int16((1 << CN) - 1))
+                else:
+                    for w in cutlass.range_constexpr(W - 1 if c.ablate == "half-a" else W):
+                        cute.copy(tma_a, tAgA[(None, tm * W + w, a_kb + kb)],
+                                  tAsA[(None, state.index * W + w)], tma_bar_ptr=bar)
+                if cutlass.const_expr(c.ablate != "no-b"):
+                    cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_sa, tSAg[(None, tm, a_kb + kb)], tSAs[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_sw, tSWg[(None, sb_row, kb // SCALE_BOX)], tSWs[(None, state.index)],
+                          tma_bar_ptr=bar)
+
+            self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate, load)
         else:
             # ---------------- consumers: wgmma + promotion + epilogue ----------------
-            cute.arch.setmaxregister_increase(c.reg_split[1])
-            mtid = tidx - 128
-            thr_mma = tiled_mma.get_slice(mtid)
-            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            mtid, thr_mma, tCrA, tCrB = self._consumer(tiled_mma, sA, sB, tidx)
             acc_shape = thr_mma.partition_shape_C((c.wave_m, c.bn))
             accs = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(W)]
             tmp = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
@@ -332,10 +288,7 @@ class Fp8GemmSm90:
                 for w in cutlass.range_constexpr(W):
                     accs[w].fill(0.0)
                 g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd)
-                last = True
-                if cutlass.const_expr(c.split_k > 1):
-                    last = self._split_k_merge(accs[0], mWork, mCount, flag, epi_bar, t, mtid)
-                if last:
+                if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid):
                     for w in cutlass.range_constexpr(W):
                         row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
                         if row_tile < cute.size(gC, mode=[2]) and stores:  # rows wholly past M store nothing
@@ -422,36 +375,3 @@ class Fp8GemmSm90:
                     self._promote(accs[w], tmp, sc, w)
             g_rd = g_rd + 1
         return g_rd
-
-    @cute.jit
-    def _split_k_merge(self, acc, mWork, mCount, flag, epi_bar, t, mtid) -> cutlass.Boolean:
-        """Split-K fix-up: every slice adds its fp32 partial into the tile's zeroed workspace with
-        red.global.add (fire and forget), then counts itself in; the last slice to arrive reads the
-        sum back (one pass, every load in flight at once), zeroes the workspace and the counter for
-        the next call, and returns True (it stores the tile). Addition order varies run to run."""
-        c = self.cfg
-        per_thread = cute.size(acc)
-        nthr = 128 * c.n_mma_wg
-        # workspace layout: [tile][element of the thread's fragment][thread] (coalesced)
-        base = t * (c.bm * c.bn) + mtid
-        for i in cutlass.range_constexpr(per_thread):
-            cute.arch.red(mWork.iterator + (base + i * nthr), acc[i], op="add", dtype=cutlass.Float32,
-                          sem="relaxed", scope="gpu")
-        cute.arch.fence_acq_rel_gpu()
-        epi_bar.arrive_and_wait()
-        if mtid == 0:
-            old = cute.arch.atomic_add(mCount.iterator + t, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-            is_last = old == c.split_k - 1
-            flag[0] = cutlass.Int32(1) if is_last else cutlass.Int32(0)
-            if is_last:
-                mCount[t] = cutlass.Int32(0)
-        epi_bar.arrive_and_wait()
-        last = flag[0] != 0
-        if last:
-            cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range_constexpr(per_thread):
-                acc[i] = mWork[base + i * nthr]
-            for i in cutlass.range_constexpr(per_thread):
-                mWork[base + i * nthr] = cutlass.Float32(0.0)
-        epi_bar.arrive_and_wait()
-        return last

@@ -15,6 +15,7 @@ from kernels.gemm.bf16_glue import bf16_oracle, check_bf16_operands, compile_bf1
 from kernels.gemm.config import H100_SMS, MAX_SPLIT
 from kernels.gemm.tiling import SMEM_BYTES
 from sweeps.gemm import BF16, BF16_LAYERS, BF16_M
+from tests.gemm.tile_rule_checks import assert_no_worse_than_plain_tiles
 from tests.wgmma_checks import assert_compiles_clean
 
 HEAD = 129280
@@ -38,20 +39,15 @@ def test_rule_configs_fit_and_are_no_worse_than_the_plain_tiles(m):
     for _, _, n, k in BF16_LAYERS:
         cfg = choose_bf16_config(m, n, k)
         assert cfg.n_stages * cfg.stage_bytes + 2048 <= SMEM_BYTES and cfg.n_stages >= 2
-        best = cost(m, n, k, cfg.bm, cfg.bn, cfg.split_k)
-        for bm, bn in [(64, 64), (64, 128), (128, 128), (128, 256)]:
-            if m <= 64 and bm > 64:
-                continue
-            assert best <= cost(m, n, k, bm, bn, 1) + 1
+        assert_no_worse_than_plain_tiles(cost, cfg, m, n, k, [(64, 64), (64, 128), (128, 128), (128, 256)])
 
 
-def test_config_rejects_impossible_tiles():
-    with pytest.raises(ValueError, match="bm must be"):
-        Bf16Config(bm=256)
-    with pytest.raises(ValueError, match="bn must be"):
-        Bf16Config(bn=32)
-    with pytest.raises(ValueError, match="do not fit"):
-        Bf16Config(bm=128, bn=256, stages=6)
+@pytest.mark.parametrize("fields, message", [
+    ({"bm": 256}, "bm must be"), ({"bn": 32}, "bn must be"), ({"bm": 128, "bn": 256, "stages": 6}, "do not fit"),
+])
+def test_config_rejects_impossible_tiles(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Bf16Config(**fields)
 
 
 def _ops(m=5, n=40, k=72):

@@ -11,6 +11,7 @@ from kernels.gemm.tiling import SCALE_BOX, SMEM_BYTES, GemmConfig
 from kernels.gemm.glue import check_operands, compile_gemm, make_operands, oracle_of, scales_for_tma
 from oracles.linear import grouped_linear
 from sweeps.gemm import LAYERS, TOKENS
+from tests.gemm.tile_rule_checks import assert_no_worse_than_plain_tiles
 from tests.wgmma_checks import assert_compiles_clean
 
 
@@ -31,20 +32,16 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     for _, _, n, k, _ in LAYERS:
         cfg = choose_config(m, n, k)
         assert cfg.stage_smem_bytes * cfg.n_stages + cfg.fixed_bytes <= SMEM_BYTES and cfg.n_stages >= 2
-        best = cost(m, n, k, cfg.bm, cfg.bn, cfg.split_k)
-        for bm, bn in [(64, 64), (128, 128), (128, 64)]:
-            if m <= 64 and bm > 64:
-                continue
-            assert best <= cost(m, n, k, bm, bn, 1) + 1
+        assert_no_worse_than_plain_tiles(cost, cfg, m, n, k, [(64, 64), (128, 128), (128, 64)])
 
 
-def test_config_rejects_impossible_tiles():
-    with pytest.raises(ValueError, match="bm must be"):
-        GemmConfig(bm=96)
-    with pytest.raises(ValueError, match="split-K takes one wave"):
-        GemmConfig(bm=256, split_k=2)
-    with pytest.raises(ValueError, match="do not fit"):
-        GemmConfig(bm=256, bn=128, stages=6)
+@pytest.mark.parametrize("fields, message", [
+    ({"bm": 96}, "bm must be"), ({"bm": 256, "split_k": 2}, "split-K takes one wave"),
+    ({"bm": 256, "bn": 128, "stages": 6}, "do not fit"),
+])
+def test_config_rejects_impossible_tiles(fields, message):
+    with pytest.raises(ValueError, match=message):
+        GemmConfig(**fields)
 
 
 def _ops(m=16, n=256, k=256, groups=1):
