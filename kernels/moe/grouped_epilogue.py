@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint8
+from cutlass import Float32, Int32, Uint8, Uint16
 
 from kernels.bits import bits_f32
 from kernels.fmha.softmax import quad_allreduce
@@ -29,11 +29,31 @@ FP8_MAX, FP8_FLOOR = 448.0, 1e-4
 
 class GroupedEpilogues:
     @cute.jit
+    def _store_tile(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid):
+        """A tile's epilogue (v2 and v3 alike): each 64-row wave's accumulator through the layer's epilogue."""
+        c = self.cfg
+        for w in cutlass.range_constexpr(c.waves):
+            m0 = mt * c.bm + w * 64
+            if cutlass.const_expr(c.epilogue == "swiglu"):
+                self._store_h(accs[w], cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid)
+            else:
+                self._store_rows(accs[w], cC, mOut, g, m0, nt, limit, mg)
+
+    @cute.jit
     def _store_h(self, acc, cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid):
-        """Layer 1's epilogue for one 64-row wave (see the module docstring)."""
+        """Layer 1's epilogue for one 64-row wave (see the module docstring). `fast_silu` (v3,
+        kernels/moe/grouped_split.py): silu's division is g · rcp.approx(1 + 2^(−g·log2 e)) (MUFU.RCP + FMUL;
+        else the IEEE division, ~8 instructions, a slow-path branch and its convergence barrier an element)
+        and each e4m3 pair goes out as one 2-byte store (else two 1-byte stores). rcp.approx is within 1 ulp;
+        h is then rounded to bf16 as before."""
+        fast = self.cfg.fast_silu
         acc_mn = mn_view(acc)
         n_r, n_c = cute.size(cC, mode=[0]), cute.size(cC, mode=[1])
         red = st.red.get_tensor(cute.make_layout((64, 2, self.cfg.waves)))
+        if cutlass.const_expr(fast):  # h's codes as 2-byte e4m3 pairs
+            out16 = cute.make_tensor(cute.recast_ptr(mOut.iterator, dtype=Uint16),
+                                     cute.make_layout((mOut.shape[0], mOut.shape[1] // 2),
+                                                      stride=(mOut.shape[1] // 2, 1)))
         half = ctid // 128  # the warpgroup's 128 columns: 64 intermediates
         h = cute.make_rmem_tensor((n_r, n_c // 2), Float32)
         for r in cutlass.range_constexpr(n_r):
@@ -50,7 +70,10 @@ class GroupedEpilogues:
                     uv = bits_f32((up << 16) if p == 0 else (up & Int32(-65536)))
                     gv = cute.arch.fmin(gv, Float32(LIMIT))
                     uv = cute.arch.fmax(cute.arch.fmin(uv, Float32(LIMIT)), Float32(-LIMIT))
-                    silu = gv / (Float32(1.0) + cute.arch.exp2(gv * Float32(-LOG2E)))
+                    if cutlass.const_expr(fast):
+                        silu = gv * cute.arch.rcp_approx(Float32(1.0) + cute.arch.exp2(gv * Float32(-LOG2E)))
+                    else:
+                        silu = gv / (Float32(1.0) + cute.arch.exp2(gv * Float32(-LOG2E)))
                     h[r, 2 * q + p] = silu * uv * rw
                 hb = bf16x2_bits(h[r, 2 * q], h[r, 2 * q + 1])  # the reference's bf16 h
                 h[r, 2 * q] = bits_f32(hb << 16)
@@ -68,11 +91,14 @@ class GroupedEpilogues:
                 exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)
                 inv = inv_pow2(exp)
                 for q in cutlass.range_constexpr(n_c // 4):
-                    col = cC[r, 4 * q][1]  # gate column of the pair: intermediate 8 (col // 16) + col % 8
+                    col = cC[r, 4 * q][1]  # gate column of the pair: intermediate 8 (col // 16) + col % 8, even
                     i = nt * (self.cfg.bn // 2) + (col // 16) * 8 + col % 8
                     pair = e4m3x2(h[r, 2 * q] * inv, h[r, 2 * q + 1] * inv)
-                    mOut[g * mg + m, i] = Uint8(pair & 0xFF)
-                    mOut[g * mg + m, i + 1] = Uint8((pair >> 8) & 0xFF)
+                    if cutlass.const_expr(fast):
+                        out16[g * mg + m, i // 2] = Uint16(pair & 0xFFFF)
+                    else:
+                        mOut[g * mg + m, i] = Uint8(pair & 0xFF)
+                        mOut[g * mg + m, i + 1] = Uint8((pair >> 8) & 0xFF)
                 if (half == 0) & (ctid % 4 == 0):
                     mOutS[m, nt, g] = bits_f32(exp << 23)
 

@@ -88,6 +88,16 @@ def widen8(word: Int32, t0: Int32, t1: Int32):
     return lo, hi
 
 
+@cute.jit
+def widen_item(words, tabs, step, out):
+    """Item `step`'s 4 code words (32 codes) -> `out`, its 32 e4m3 bytes as two 16-byte chunks (columns 0, 1):
+    `widen8` on each word with the item's table pair."""
+    for wi in cutlass.range_constexpr(4):
+        lo, hi = widen8(words[wi, step], tabs[0, step], tabs[1, step])
+        out[(wi % 2) * 2, wi // 2] = lo
+        out[(wi % 2) * 2 + 1, wi // 2] = hi
+
+
 class GroupedSm90(GroupedEpilogues):
     def __init__(self, cfg: GroupedConfig):
         self.cfg = cfg
@@ -294,24 +304,12 @@ class GroupedSm90(GroupedEpilogues):
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
                  n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
         c = self.cfg
-        W = c.waves
-        tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
-        if ctid < WIDEN_TABLE_WORDS:
-            tab[ctid] = mTab[ctid]
-        thr_mma = tiled_mma.get_slice(ctid)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        acc_shape = thr_mma.partition_shape_C((64, c.bn))
-        accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(W)]
-        tmp = cute.make_rmem_tensor(acc_shape, Float32)
-        cC = mn_view(thr_mma.partition_C(cute.make_identity_tensor((64, c.bn))))
+        tab, tCrA, tCrB, accs, tmp, cC = self._consumer_state(tiled_mma, sA, sB, st, mTab, ctid)
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
         bar.arrive_and_wait()  # the table is in
         g_rd = Int32(0)
         for u in cutlass.range(bidx, units, gdim, unroll=1):
-            g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
-            for w in cutlass.range_constexpr(W):
-                accs[w].fill(0.0)
+            g, mt, nt, e, limit = self._start_tile(u, accs, tiles_n, n_groups, mg, mGroup, st)
             if cutlass.const_expr(c.overlap):
                 self._prepare(ring, st, sSh, tab, g_rd, ctid)
                 bar.arrive_and_wait()
@@ -322,12 +320,33 @@ class GroupedSm90(GroupedEpilogues):
                 self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar,
                              g_rd, kb + 1 < n_kb, ctid)
                 g_rd = g_rd + 1
-            for w in cutlass.range_constexpr(W):
-                m0 = mt * c.bm + w * 64
-                if cutlass.const_expr(c.epilogue == "swiglu"):
-                    self._store_h(accs[w], cC, st, bar, mRowW, mOut, mOutS, g, m0, nt, limit, mg, w, ctid)
-                else:
-                    self._store_rows(accs[w], cC, mOut, g, m0, nt, limit, mg)
+            self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)
+
+    @cute.jit
+    def _consumer_state(self, tiled_mma, sA, sB, st, mTab, ctid):
+        """A consumer thread's set-up (v2 and v3 alike): the widening table copied into shared memory (the
+        caller's barrier publishes it), the thread's wgmma fragments of the A and B buffers, one accumulator
+        per wave, the wgmma's partial `tmp` and the (row, column) of each accumulator value."""
+        c = self.cfg
+        tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
+        if ctid < WIDEN_TABLE_WORDS:
+            tab[ctid] = mTab[ctid]
+        thr_mma = tiled_mma.get_slice(ctid)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc_shape = thr_mma.partition_shape_C((64, c.bn))
+        accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(c.waves)]
+        tmp = cute.make_rmem_tensor(acc_shape, Float32)
+        cC = mn_view(thr_mma.partition_C(cute.make_identity_tensor((64, c.bn))))
+        return tab, tCrA, tCrB, accs, tmp, cC
+
+    @cute.jit
+    def _start_tile(self, u, accs, tiles_n, n_groups, mg, mGroup, st):
+        """Unit u's tile (`_unit`), its accumulators zeroed."""
+        g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
+        for w in cutlass.range_constexpr(self.cfg.waves):
+            accs[w].fill(0.0)
+        return g, mt, nt, e, limit
 
     @cute.jit
     def _stage(self, g_rd):
@@ -336,16 +355,22 @@ class GroupedSm90(GroupedEpilogues):
 
     @cute.jit
     def _prepare(self, ring, st, sSh, tab, g_rd, ctid):
-        """Wait for K block g_rd's stage and widen its FP4 tile into B buffer g_rd % 2, fenced for the
-        wgmma (async proxy); the caller's barrier publishes it to the other warpgroup."""
+        """Wait for K block g_rd's stage and widen its FP4 tile (`_widen_stage`) into B buffer g_rd % 2, fenced
+        for the wgmma (async proxy); the caller's barrier publishes it to the warpgroups that read it."""
         state = self._stage(g_rd)
         ring.consumer_wait(state)
         if cutlass.const_expr(self.cfg.ablate != "no-widen"):
-            if cutlass.const_expr(self.cfg.widen == "v1"):
-                self._widen(st, sSh, tab, state.index, g_rd % 2, ctid)
-            else:
-                self._widen_v2(st, sSh, tab, state.index, g_rd % 2, ctid)
+            self._widen_stage(st, sSh, tab, state.index, g_rd % 2, ctid)
         cute.arch.fence_proxy("async.shared", space="cta")
+
+    @cute.jit
+    def _widen_stage(self, st, sSh, tab, stage, buf, ctid):
+        """The stage's whole FP4 tile widened by both consumer warpgroups, v1's or v2's way (GroupedConfig.widen;
+        v3 overrides it: each warpgroup its own rows)."""
+        if cutlass.const_expr(self.cfg.widen == "v1"):
+            self._widen(st, sSh, tab, stage, buf, ctid)
+        else:
+            self._widen_v2(st, sSh, tab, stage, buf, ctid)
 
     @cute.jit
     def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, has_next, ctid):
@@ -361,12 +386,7 @@ class GroupedSm90(GroupedEpilogues):
         row_s = cute.make_rmem_tensor((W, n_r), Float32)
         prod = cute.make_rmem_tensor((n_r, n_c), Float32)
         for w in cutlass.range_constexpr(W):
-            fence_operand(tmp)
-            warpgroup.fence()
-            for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, state.index * W + w)],
-                          tCrB[(None, None, k, g_rd % 2)], tmp)
-            warpgroup.commit_group()
+            self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
             if cutlass.const_expr(c.overlap and w == 0):
                 if has_next:
                     self._prepare(ring, st, sSh, tab, g_rd + 1, ctid)
@@ -391,6 +411,17 @@ class GroupedSm90(GroupedEpilogues):
                     else:
                         acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * (row_s[w, r] * col_s[cc])
         bar.arrive_and_wait()
+
+    @cute.jit
+    def _issue_wave(self, mmas, tCrA, tCrB, tmp, state, g_rd, w):
+        """Wave w's 4 wgmma of K block g_rd (the stage's A tile, B buffer g_rd % 2) into tmp, one committed group."""
+        W = self.cfg.waves
+        fence_operand(tmp)
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, state.index * W + w)],
+                      tCrB[(None, None, k, g_rd % 2)], tmp)
+        warpgroup.commit_group()
 
     @cute.jit
     def _scales(self, col_s, row_s, cC, sSW, sSA, stage):
@@ -432,14 +463,7 @@ class GroupedSm90(GroupedEpilogues):
         32 banks: rows n, n + 1 take the even / odd chunks)."""
         c = self.cfg
         steps = c.bn * SUBS // (128 * c.n_mma_wg)
-        q4 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32),
-                              cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
-        b4 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((4, 2 * c.bn * 8),
-                                                                                                stride=(1, 4)))
-        tab2 = cute.make_tensor(tab.iterator, cute.make_layout((2, WIDEN_TABLE_WORDS // 2), stride=(1, 2)))
-        words = cute.make_rmem_tensor(cute.make_layout((4, steps), stride=(1, 4)), Int32)
-        tabs = cute.make_rmem_tensor(cute.make_layout((2, steps), stride=(1, 2)), Int32)
-        out = cute.make_rmem_tensor(cute.make_layout((4, 2), stride=(1, 4)), Int32)
+        q4, b4, tab2, words, tabs, out = self._widen_views(st, tab, steps)
         for step in cutlass.range_constexpr(steps):
             item = step * 128 * c.n_mma_wg + ctid
             n = item // SUBS
@@ -450,12 +474,25 @@ class GroupedSm90(GroupedEpilogues):
             item = step * 128 * c.n_mma_wg + ctid
             n = item // SUBS
             j = item % SUBS
-            for wi in cutlass.range_constexpr(4):
-                lo, hi = widen8(words[wi, step], tabs[0, step], tabs[1, step])
-                out[(wi % 2) * 2, wi // 2] = lo
-                out[(wi % 2) * 2 + 1, wi // 2] = hi
+            widen_item(words, tabs, step, out)
             for h in cutlass.range_constexpr(2):
                 cute.autovec_copy(out[None, h], b4[None, buf * (c.bn * 8) + n * 8 + ((2 * j + h) ^ (n % 8))])
+
+    @cute.jit
+    def _widen_views(self, st, tab, steps):
+        """The v2 widening's operands (v3's too): 16-byte word vectors of the stages' FP4 tiles (q4) and of the
+        widened B buffers (b4), the table as 8-byte pairs (tab2), and the thread's registers for `steps`
+        items: their code words and table pairs (loaded first), one item's output (`widen_item`)."""
+        c = self.cfg
+        q4 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32),
+                              cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
+        b4 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((4, 2 * c.bn * 8),
+                                                                                                stride=(1, 4)))
+        tab2 = cute.make_tensor(tab.iterator, cute.make_layout((2, WIDEN_TABLE_WORDS // 2), stride=(1, 2)))
+        words = cute.make_rmem_tensor(cute.make_layout((4, steps), stride=(1, 4)), Int32)
+        tabs = cute.make_rmem_tensor(cute.make_layout((2, steps), stride=(1, 2)), Int32)
+        out = cute.make_rmem_tensor(cute.make_layout((4, 2), stride=(1, 4)), Int32)
+        return q4, b4, tab2, words, tabs, out
 
 
 class GroupedL1(GroupedSm90):

@@ -9,12 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4bench.compile import ptxas
-from dsv4bench.compile.artifacts import artifact
-from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
-from kernels.common import POLICY
 from kernels.moe.expert_weights import (EXACT_SPAN, SHIFT_BIAS, SHIFTS, flush_stats, interleave, prepare,
                                         prepare_layer, widen_table, widened_dequant)
 from kernels.moe.grouped_config import V2
@@ -24,6 +20,7 @@ from oracles.moe import dispatch_layout, gather_quant, routed_lowprec
 from oracles.quant import E2M1_GRID, mxfp4_dequant, unpack_fp4
 from sweeps import moe as space
 from tests.moe import grouped_model as model
+from tests.moe.compile_checks import compile_checked
 
 
 def _weight(e, n, k, exps, seed=0):
@@ -161,17 +158,7 @@ def test_kernel_math_matches_the_reference(layout):
 def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
     """v2 (the tile rule's decode pick, and at prefill `cutedsl:v2`'s: V2; the rule's prefill pick, v3, is
     compiled in test_grouped_v3_cpu.py) and its A/B knobs."""
-    monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
-    compiled = compile_grouped(layout, epilogue, 512, 256, **knobs)
-    info = parse_cubin(artifact(compiled))
-    assert info.sm == 90
-    if layout == "masked":  # decode: one 64-row wave, nothing spilled
-        assert info.local_bytes == 0
-    exe = ptxas.find_ptxas()
-    if exe is not None:
-        rc, log = ptxas.run_ptxas(exe, artifact(compiled, "__ptx__"), "sm_90a")
-        serialized, _ = ptxas.parse(log)
-        assert rc == 0 and serialized == []
+    compile_checked(layout, epilogue, knobs, monkeypatch)
 
 
 def test_pdl_variant_waits_before_any_global_access():

@@ -13,12 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dsv4bench.compile import ptxas
-from dsv4bench.compile.artifacts import artifact
-from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
-from kernels.common import POLICY
 from kernels.moe.expert_weights import EXACT_SPAN, flush_stats, prepare, prepare_layer, widened_dequant
 from kernels.moe.grouped_config import V2, V3, GroupedConfig
 from kernels.moe.inputs import make_experts
@@ -27,6 +23,7 @@ from oracles.moe import dispatch_layout, gather_quant
 from oracles.quant import mxfp4_dequant, unpack_fp4
 from sweeps import moe as space
 from tests.moe import grouped_model as model
+from tests.moe.compile_checks import compile_checked
 
 SPLIT = {**V2, "split_wg": True}  # the decoupling alone (v2's frame and epilogue): the tile rule's prefill pick is V3
 
@@ -96,7 +93,7 @@ def test_row_frame_model_output_equals_the_block_frame_bit_for_bit(layout):
 
 
 def _split_items(bn=256, wgs=2, subs=4, stage=1, buf=1, n_stages=4):
-    """GroupedSplit._widen_half's index arithmetic in Python: per consumer thread and step, (row n, sub-block
+    """GroupedSplit._widen_stage's index arithmetic in Python: per consumer thread and step, (row n, sub-block
     j, 16-byte source vector, the two 16-byte destination chunks)."""
     rows = bn // wgs
     out = []
@@ -264,17 +261,7 @@ def test_v3_epilogue_has_no_division_slow_path_and_stores_pairs():
                                                    ("contiguous", "swiglu", SPLIT), ("contiguous", "bf16", SPLIT),
                                                    ("masked", "swiglu", V3), ("masked", "bf16", SPLIT)])
 def test_v3_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
-    monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
-    compiled = compile_grouped(layout, epilogue, 512, 256, **knobs)
-    info = parse_cubin(artifact(compiled))
-    assert info.sm == 90
-    if layout == "masked":
-        assert info.local_bytes == 0
-    exe = ptxas.find_ptxas()
-    if exe is not None:
-        rc, log = ptxas.run_ptxas(exe, artifact(compiled, "__ptx__"), "sm_90a")
-        serialized, _ = ptxas.parse(log)
-        assert rc == 0 and serialized == []
+    compiled = compile_checked(layout, epilogue, knobs, monkeypatch)
     if layout == "contiguous" and knobs == V3:
         # v2's L1 refills 14 spilled values a K block (3 of them accumulators); v3's loop keeps at most a few
         # addresses there (the row-frame promotion holds no column scales across the wgmma)
