@@ -16,6 +16,8 @@ the GEMM; kernels/gemm/quant_gemm.py).
 [N, K]^T, the model's GEMMs on BF16 checkpoint weights (BF16_LAYERS) at M in BF16_M, plus draws of
 ragged M / N / K (K a multiple of 8: TMA rows; not of the 64-wide K block). The compressors' wkv and
 wgate run as one GEMM on their rows stacked (N = 2 x coff*d), as kernels/gemm/bf16_serves.py calls it.
+Grouped bf16 (`groups` > 1): wo_a as the reference runs it (BF16_GROUPED: its einsum on the dequantised
+FP8 weight), x [M, G*K], W [G*Ng, K], plus draws of 2-5 groups.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ BF16_LAYERS = [
     for layer, n in (("head", 129280), ("csa_compressor.wkv+wgate", 2048), ("hca_compressor.wkv+wgate", 1024),
                      ("indexer_compressor.wkv+wgate", 512), ("indexer.weights_proj", 64))
 ]
+# (model, layer, N, K per group, groups): wo_a in bf16, the reference's einsum on the dequantised weight
+BF16_GROUPED = [("flash", "wo_a", 8192, 4096, 8), ("pro", "wo_a", 16384, 4096, 16)]
 BF16_M = (1, 8, 64, 256, 4096)
 DECODE_M = (1, 8, 64, 256)
 PREFILL_M = (4096, 16384)
@@ -70,8 +74,10 @@ def production() -> list[dict]:
 
 
 def bf16_production() -> list[dict]:
-    return [{"m": m, "n": n, "k": k, "layer": f"{model}.{layer}", "op": BF16}
-            for model, layer, n, k in BF16_LAYERS for m in BF16_M]
+    return ([{"m": m, "n": n, "k": k, "layer": f"{model}.{layer}", "op": BF16}
+             for model, layer, n, k in BF16_LAYERS for m in BF16_M]
+            + [{"m": m, "n": n, "k": k, "groups": g, "layer": f"{model}.{layer}", "op": BF16}
+               for model, layer, n, k, g in BF16_GROUPED for m in BF16_M])
 
 
 def _grouped(d: dict) -> dict:
@@ -100,6 +106,18 @@ def bf16_strategy() -> st.SearchStrategy[dict]:
     })
 
 
+def bf16_grouped_strategy() -> st.SearchStrategy[dict]:
+    """Grouped bf16 draws: 2-5 groups of whole 64-column tiles, K whole 64-wide blocks."""
+    return st.fixed_dictionaries({
+        "m": tile_counts(64, 40),
+        "groups": st.integers(2, 5),
+        "tiles": st.integers(1, 6),
+        "k": st.integers(1, 24).map(lambda b: 64 * b),
+    }).map(lambda d: {"m": d["m"], "n": d["groups"] * 64 * d["tiles"], "k": d["k"], "groups": d["groups"],
+                      "layer": "drawn", "op": BF16})
+
+
 def extra(n: int, seed: int) -> list[dict]:
-    # the bf16 draws come from their own seed stream, so the FP8 draws of a seed stay what they were
-    return with_quant_gemm(draw(extra_strategy(), n, seed)) + draw(bf16_strategy(), n, seed + 1_000_003)
+    # each kind draws from its own seed stream, so the draws of the kinds before it stay what they were
+    return (with_quant_gemm(draw(extra_strategy(), n, seed)) + draw(bf16_strategy(), n, seed + 1_000_003)
+            + draw(bf16_grouped_strategy(), max(1, n // 4), seed + 2_000_003))

@@ -54,6 +54,7 @@ class Bf16Config:
     stages: int = 0  # smem ring depth; 0 = as many as fit (at most MAX_STAGES)
     group_m: int = 8  # rasterisation: M-tiles per group (persistent_sm90.py's _tile_of)
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M and N give too few tiles)
+    group_n: int = 0  # grouped mode (wo_a): output columns per weight group, a multiple of bn; 0 = plain
 
     def __post_init__(self) -> None:
         if self.bm not in (64, 128):
@@ -64,6 +65,8 @@ class Bf16Config:
             raise ValueError(f"split_k must be 1..{MAX_SPLIT}, got {self.split_k}")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
+        if self.group_n < 0 or self.group_n % self.bn:
+            raise ValueError(f"group_n must be a multiple of bn {self.bn} (0: plain), got {self.group_n}")
         if self.stages and self.stages * self.stage_bytes + FIXED_SMEM > SMEM_BYTES:
             raise ValueError(f"{self.stages} stages of {self.stage_bytes} B do not fit shared memory")
         if self.n_stages < 2:
@@ -129,7 +132,10 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS):
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's host path
-def choose_bf16_config(m: int, n: int, k: int, sms: int = H100_SMS) -> Bf16Config:
-    bm, bn, split = min(candidates(m, n, k, sms),
+def choose_bf16_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1) -> Bf16Config:
+    """The rule's tile for y [M, N] = x . W^T with K per group; grouped (wo_a): the N tiles must not
+    straddle groups, so bn divides N / groups (the same cost model: a tile still reads one group's K)."""
+    group_n = n // groups if groups > 1 else 0
+    bm, bn, split = min((c for c in candidates(m, n, k, sms) if not group_n or group_n % c[1] == 0),
                         key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
-    return Bf16Config(bm=bm, bn=bn, split_k=split)
+    return Bf16Config(bm=bm, bn=bn, split_k=split, group_n=group_n)

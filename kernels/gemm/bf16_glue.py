@@ -9,11 +9,12 @@ import torch
 from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import compile_kernel, sm_count
-from kernels.gemm.bf16_config import Bf16Config, choose_bf16_config
+from kernels.gemm.bf16_config import BK, Bf16Config, choose_bf16_config
 from kernels.gemm.bf16_sm90 import Bf16GemmSm90
 from kernels.gemm.glue import workspace
 
 K_ALIGN = 8  # TMA: 16-byte row strides of x and W
+GROUP_N_ALIGN = 64  # grouped: a group's output columns are whole N tiles (bn 64 at the least)
 OUT_DTYPES = {torch.float32: cutlass.Float32, torch.bfloat16: cutlass.BFloat16}
 
 
@@ -35,9 +36,11 @@ def compile_bf16_gemm(cfg: Bf16Config, out_dtype: torch.dtype = torch.float32, a
     return compile_kernel(Bf16GemmSm90(cfg), *fake_args(cfg, out_dtype), arch=arch)
 
 
-def check_bf16_operands(x, w, out=None) -> tuple[int, int, int]:
-    """Validate x bf16 [M, K], w bf16 [N, K] (contiguous, 16-byte aligned, K a positive multiple of 8)
-    and out fp32 or bf16 [M, N] (rows contiguous); ValueError naming the offending tensor. (M, N, K)."""
+def check_bf16_operands(x, w, out=None, groups: int = 1) -> tuple[int, int, int]:
+    """Validate x bf16 [M, G*K], w bf16 [N, K] (contiguous, 16-byte aligned, K a positive multiple of 8;
+    grouped: N / G rows a group, a multiple of GROUP_N_ALIGN, and K a multiple of BK, so that no x
+    tile reaches into the next group's columns) and out fp32 or bf16 [M, N] (rows contiguous);
+    ValueError naming the offending tensor. (M, N, K of one group)."""
     def need(ok: bool, name: str, what: str):
         if not ok:
             raise ValueError(f"gemm bf16: {name} {what}")
@@ -47,10 +50,18 @@ def check_bf16_operands(x, w, out=None) -> tuple[int, int, int]:
         need(t.dtype == torch.bfloat16, name, f"must be bfloat16, got {t.dtype}")
         need(t.is_contiguous(), name, f"must be contiguous (K-major), got strides {tuple(t.stride())}")
         need(t.data_ptr() % 16 == 0, name, "must be 16-byte aligned (a TMA operand)")
-    m, k = x.shape
-    n, kw = w.shape
-    need(kw == k, "w", f"has K = {kw}, x has K = {k}")
+    need(isinstance(groups, int) and groups >= 1, "groups", f"must be a positive integer, got {groups!r}")
+    m, kx = x.shape
+    n, k = w.shape
+    if groups == 1:
+        need(k == kx, "w", f"has K = {k}, x has K = {kx}")
+    else:
+        need(kx == groups * k, "x", f"has {kx} columns, expected groups x K = {groups} x {k}")
     need(k > 0 and k % K_ALIGN == 0, "w", f"K = {k} is not a positive multiple of {K_ALIGN} (16-byte TMA rows)")
+    if groups > 1:
+        need(k % BK == 0, "w", f"K = {k}: a grouped GEMM needs whole {BK}-column K blocks")
+        need(n % (groups * GROUP_N_ALIGN) == 0, "w",
+             f"N = {n} must be {groups} groups of a multiple of {GROUP_N_ALIGN} rows (whole N tiles a group)")
     need(m > 0, "x", "has M = 0")
     need(n > 0, "w", "has N = 0")
     if out is not None:
@@ -64,6 +75,7 @@ def check_bf16_operands(x, w, out=None) -> tuple[int, int, int]:
 
 
 def run_bf16_gemm(compiled, cfg: Bf16Config, x, w, out, n_ctas: int | None = None) -> torch.Tensor:
+    """out <- x . W^T (grouped when cfg.group_n: out[:, g*Ng:(g+1)*Ng] = x[:, g*K:(g+1)*K] . W_g^T)."""
     m, n = x.shape[0], w.shape[0]
     work, count = workspace(cfg, m, n, x.device)
     compiled(x, w, out, work, count, n_ctas or sm_count(x.device))
@@ -74,13 +86,14 @@ _COMPILED: dict = {}
 
 
 def bf16_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
-              out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The op for code outside the harness: y = x . W^T, bf16 operands, fp32 accumulation, `out_dtype`
-    (or out's) output. Compiled kernels are cached per (tile configuration, output dtype)."""
+              out_dtype: torch.dtype = torch.float32, groups: int = 1) -> torch.Tensor:
+    """The op for code outside the harness: y = x . W^T (grouped: x [M, G*K], W [G*Ng, K], each group's
+    columns times its rows), bf16 operands, fp32 accumulation, `out_dtype` (or out's) output. Compiled
+    kernels are cached per (tile configuration, output dtype)."""
     if out is not None:
         out_dtype = out.dtype
-    m, n, k = check_bf16_operands(x, w, out)
-    cfg = choose_bf16_config(m, n, k)
+    m, n, k = check_bf16_operands(x, w, out, groups)
+    cfg = choose_bf16_config(m, n, k, groups=groups)
     key = (cfg, out_dtype)
     if key not in _COMPILED:
         _COMPILED[key] = compile_bf16_gemm(cfg, out_dtype)
@@ -88,16 +101,20 @@ def bf16_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
     return run_bf16_gemm(_COMPILED[key], cfg, x, w, out)
 
 
-def draw_bf16_operands(m: int, n: int, k: int, seed: int, device: str = "cpu"):
-    """Random bf16 x [m, k] (rows of different magnitudes) and W [n, k] (checkpoint-like 0.02 scale),
-    drawn on `device` (the 1-2 GB heads are drawn where they run)."""
+def draw_bf16_operands(m: int, n: int, k: int, seed: int, device: str = "cpu", groups: int = 1):
+    """Random bf16 x [m, groups * k] (rows of different magnitudes) and W [n, k] (checkpoint-like 0.02
+    scale), drawn on `device` (the 1-2 GB heads are drawn where they run)."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(m, k, generator=gen, device=device)
+    x = torch.randn(m, groups * k, generator=gen, device=device)
     x *= torch.exp2(torch.randint(-3, 4, (m, 1), generator=gen, device=device).float())
     w = torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16) * 0.02
     return x.bfloat16(), w
 
 
-def bf16_oracle(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """FP32 truth: x.float() @ W.float().T (the reference's own math on these operands)."""
-    return x.float() @ w.float().T
+def bf16_oracle(x: torch.Tensor, w: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """FP32 truth: x.float() @ W.float().T (the reference's own math on these operands); grouped, each
+    group's x columns times its W rows (the reference's einsum "bsgd,grd->bsgr")."""
+    if groups == 1:
+        return x.float() @ w.float().T
+    xg = x.float().unflatten(1, (groups, -1))
+    return torch.einsum("mgk,gnk->mgn", xg, w.float().unflatten(0, (groups, -1))).flatten(1)

@@ -18,6 +18,9 @@ Structure (one CTA per SM, persistent; Bf16Config in kernels/gemm/bf16_config.py
   * consumer warpgroups (1 for bm = 64, 2 for bm = 128; 64 rows each): per K block 4 wgmma
     (m64 n{bn} k16) accumulate straight into the fp32 accumulator (no promotion); one wgmma group
     stays in flight (wait_group(1)), and a stage is released once the group that read it is done.
+  * grouped mode (Bf16Config.group_n = Ng, compile-time; wo_a as the reference's bf16 einsum):
+    y[:, g*Ng:(g+1)*Ng] = x[:, g*K:(g+1)*K] . W[g*Ng:(g+1)*Ng, :]^T for G groups in one launch, x
+    [M, G*K]: an N tile lies in one group (bn divides Ng), and only its x loads move, by g*K.
   * epilogue: registers -> global memory directly, predicated on the tile's rows < M and columns
     < N (no shared memory, so the ring gets all of it). The output is small next to W at decode
     (the case the kernel is built for: lm_head writes 4 B per 8 KB..14 KB of weight a logit).
@@ -118,13 +121,20 @@ class Bf16GemmSm90(PersistentGemmSm90):
         if wg == 0:
             # ---------------- producer: one warp issues the TMA loads ----------------
             def locate(tm, tn):
-                """The unit's x rows are M tile tm, its W rows N tile tn."""
+                """The unit's x rows are M tile tm, its W rows N tile tn; grouped, its x columns start
+                at its group's K (the group of its output columns)."""
+                if cutlass.const_expr(c.group_n):
+                    return tm, tn, (tn * c.bn // c.group_n) * n_kb
                 return tm, tn
 
             def load(where, kb, state, bar):
                 """K block kb's x and W tiles into the stage."""
-                tm, tn = where
-                cute.copy(tma_a, tAgA[(None, tm, kb)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(c.group_n):
+                    tm, tn, a_kb = where
+                    cute.copy(tma_a, tAgA[(None, tm, a_kb + kb)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                else:
+                    tm, tn = where
+                    cute.copy(tma_a, tAgA[(None, tm, kb)], tAsA[(None, state.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
 
             self._produce(warp_idx, ring, bidx, units, gdim, tiles_m, tiles_n, kb_per, n_kb, locate, load)

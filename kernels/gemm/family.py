@@ -22,9 +22,12 @@ yardstick: that product rounded to bf16 (what a bf16-output matmul adds); the GP
 kernel to the much tighter summation-order bound (tests/gemm/test_bf16_gemm_gpu.py). Peers: torch
 (torch.mm on bf16 with fp32 output; its torch.compile); DeepGEMM and cuBLASLt FP8 take FP8 operands.
 
-wo_a runs in FP8 with the same recipe, not the reference's bf16 einsum: the checkpoint stores it in
-FP8 (convert.py dequantises it to bf16 only because the reference has no grouped FP8 kernel), FP8
-halves the weight bytes that decode streams, and vLLM serves it the same way (DeepGEMM fp8_einsum).
+wo_a has both grouped forms. FP8 with the same recipe (`groups` on the FP8 cases): the checkpoint
+stores it in FP8, FP8 halves the weight bytes that decode streams, and vLLM serves it that way
+(DeepGEMM fp8_einsum). bf16 (`groups` on the bf16 cases): the reference's own math, a bf16 einsum on
+the weight convert.py dequantises; the model's output_projection runs this one, since FP8 wo_a
+quantises one activation the reference does not and left the kernel model's residual outside the
+low-precision model's (issue #24).
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, regis
 from kernels.gemm import peers
 from kernels.gemm import bf16_serves
 from kernels.gemm import serves as served
-from kernels.gemm.bf16_config import Bf16Config, choose_bf16_config
+from kernels.gemm.bf16_config import BK, Bf16Config, choose_bf16_config
 from kernels.gemm.bf16_glue import (
-    K_ALIGN, bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands, run_bf16_gemm,
+    GROUP_N_ALIGN, K_ALIGN, bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands,
+    run_bf16_gemm,
 )
 from kernels.gemm.config import choose_config
 from kernels.gemm.tiling import KBLOCK, GemmConfig
@@ -74,7 +78,7 @@ class GemmFamily(Family):
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
         shape = (case["m"], case["n"], case["k"], seed)
         if is_bf16(case):
-            x, w = draw_bf16_operands(*shape, device=device)
+            x, w = draw_bf16_operands(*shape, device=device, groups=groups_of(case))
             return {"x": x, "w": w}
         if quantises(case):
             x, w, sw = draw_operands(*shape, groups_of(case))
@@ -84,7 +88,7 @@ class GemmFamily(Family):
 
     def oracle(self, case: Case, inputs: dict) -> dict:
         if is_bf16(case):
-            return {"out": bf16_oracle(inputs["x"], inputs["w"])}
+            return {"out": bf16_oracle(inputs["x"], inputs["w"], groups_of(case))}
         x, sa = (inputs["x"], inputs["sa"]) if "sa" in inputs else fp8_block_quant(inputs["x"], KBLOCK)
         return {"out": oracle_of(x, sa, inputs["w"], inputs["sw"], groups_of(case))}
 
@@ -101,7 +105,7 @@ class GemmFamily(Family):
         bf16, y fp32)."""
         m, n, k, g = case["m"], case["n"], case["k"], groups_of(case)
         if is_bf16(case):
-            return Cost(flops=2.0 * m * n * k, bytes=float(2 * m * k + 2 * n * k + 4 * m * n))
+            return Cost(flops=2.0 * m * n * k, bytes=float(2 * m * g * k + 2 * n * k + 4 * m * n))
         kb = k // KBLOCK
         nb = -(-n // KBLOCK)
         x_bytes = 2 * m * g * k if quantises(case) else m * g * k + 4 * m * g * kb
@@ -117,7 +121,12 @@ class GemmCuteDSL(Impl):
         if arch not in (None, "sm_90a"):
             return SM90_ONLY
         if is_bf16(case):
-            return None if case["k"] % K_ALIGN == 0 else f"K must be a multiple of {K_ALIGN} (16-byte TMA rows)"
+            if case["k"] % K_ALIGN:
+                return f"K must be a multiple of {K_ALIGN} (16-byte TMA rows)"
+            if groups_of(case) > 1 and (case["k"] % BK or case["n"] % (groups_of(case) * GROUP_N_ALIGN)):
+                return (f"grouped: K must be a multiple of {BK} and each group's N of {GROUP_N_ALIGN} "
+                        "(whole tiles a group)")
+            return None
         if case["k"] % KBLOCK:
             return f"K must be a multiple of {KBLOCK} (the quantisation block)"
         if case["n"] % 8:
@@ -131,7 +140,7 @@ class GemmCuteDSL(Impl):
         if is_bf16(case):
             if type(self).config is not GemmCuteDSL.config:  # a declared variant (ConfigKnobs: UNSUPPORTED)
                 raise ValueError("the declared variants override the FP8 kernel's tile rule; the bf16 op has its own")
-            return choose_bf16_config(case["m"], case["n"], case["k"])
+            return choose_bf16_config(case["m"], case["n"], case["k"], groups=groups_of(case))
         return choose_config(case["m"], case["n"], case["k"], groups=groups_of(case))
 
     def compile_key(self, case: Case, arch: str) -> tuple:
@@ -152,7 +161,7 @@ class GemmCuteDSL(Impl):
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         g, cfg = groups_of(case), self.config(case)
         if isinstance(cfg, Bf16Config):
-            check_bf16_operands(inputs["x"], inputs["w"], out["out"])
+            check_bf16_operands(inputs["x"], inputs["w"], out["out"], g)
             run_bf16_gemm(compiled, cfg, inputs["x"], inputs["w"], out["out"])
             return out
         x, w, sw, y = inputs["x"], inputs["w"], inputs["sw"], out["out"]

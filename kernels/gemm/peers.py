@@ -118,9 +118,12 @@ def bf16_operands(x, w, sw, sa=None) -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(t.bfloat16() for t in dequant_operands(x, sa, w, sw))
 
 
-def bf16_fp32_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def bf16_fp32_product(x: torch.Tensor, w: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """The bf16 op's peer: x . W^T on the bf16 operands with fp32 accumulation and output (torch.mm
-    out_dtype on CUDA; the fp32 product elsewhere, where torch has no bf16 -> fp32 mm)."""
+    out_dtype on CUDA; the fp32 product elsewhere, where torch has no bf16 -> fp32 mm). Grouped (wo_a):
+    the reference's own call, its bf16 einsum (bf16 out), widened to fp32."""
+    if groups > 1:
+        return bf16_product(x, w, groups).float()
     if x.is_cuda:
         return torch.mm(x, w.t(), out_dtype=torch.float32)
     return x.float() @ w.float().t()
@@ -133,7 +136,7 @@ def _bf16_call(fns: dict, case: Case, inputs: dict) -> dict:
     """The bf16 operands are made once per input buffer (a bf16 model keeps its weights in bf16),
     out of the timed call."""
     if _is_bf16(case):
-        return {"out": fns[BF16](inputs["x"], inputs["w"])}
+        return {"out": fns[BF16](inputs["x"], inputs["w"], groups_of(case))}
     xb, wb = _BF16.get(tuple(inputs.values()), lambda: bf16_operands(**inputs))
     return {"out": fns[QUANT_GEMM if quantises(case) else "gemm"](xb, wb, groups_of(case))}
 

@@ -8,9 +8,8 @@ relative-L2 bar cannot hold. An output passes when it is finite and within `RATI
 of the op's low-precision reference (the same quantisations, in the reference's op order), in max
 abs (+ one bf16 ulp of the largest oracle value) and in relative L2: the harness rule with the
 reference's own relative error as the L2 bar. The references: oracles/projections.py's
-q_projection_lowprec and kv_projection_lowprec, and for output_projection the reference's path with
-wo_a in FP8 (`output_projection_fp8`: what the adapter serves; output_projection_lowprec keeps wo_a
-in bf16 and so quantises one activation less).
+q_projection_lowprec and kv_projection_lowprec, and oracles/attention.py's output_projection_lowprec
+(wo_a in a bf16 einsum, as the adapter serves it).
 """
 
 from __future__ import annotations
@@ -21,11 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from dsv4bench.model.dispatch import OPS
-from oracles.linear import QuantWeight, grouped_linear, linear_lowprec
+from oracles.attention import output_projection_lowprec
+from oracles.linear import QuantWeight
 from oracles.norm import NORM_EPS
 from oracles.projections import kv_projection_lowprec, q_projection_lowprec
-from oracles.quant import fp8_qdq, quant_fp8_weight
-from oracles.rope import apply_rope_lowprec, rope_config_for_ratio, rope_freqs
+from oracles.quant import quant_fp8_weight
+from oracles.rope import rope_config_for_ratio, rope_freqs
 
 RATIO = 2.0
 HEAD_DIM = 512
@@ -77,16 +77,8 @@ def op_args(op: str, dims: Dims, tokens: int, seed: int, device: str, decode: bo
             NORM_EPS), {"qat": qat}
 
 
-def output_projection_fp8(o, positions, freqs, wo_a, wo_b, n_groups):
-    """The reference's low-precision output path with wo_a in FP8 (act_quant of the rotated o, fp32
-    accumulation, bf16 out), as the gemm family serves it. Returns bf16 [..., D]."""
-    o = apply_rope_lowprec(o.bfloat16(), positions.unsqueeze(-1), freqs, inverse=True)
-    u = grouped_linear(fp8_qdq(o.flatten(-2), 128), wo_a, n_groups).bfloat16()
-    return linear_lowprec(u, wo_b)
-
-
 LOWPREC = {"q_projection": q_projection_lowprec, "kv_projection": kv_projection_lowprec,
-           "output_projection": output_projection_fp8}
+           "output_projection": output_projection_lowprec}
 
 
 def as_tuple(v) -> tuple:

@@ -14,7 +14,7 @@ from kernels.gemm.bf16_config import BK, Bf16Config, choose_bf16_config, cost
 from kernels.gemm.bf16_glue import bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands
 from kernels.gemm.config import H100_SMS, MAX_SPLIT
 from kernels.gemm.tiling import SMEM_BYTES
-from sweeps.gemm import BF16, BF16_LAYERS, BF16_M
+from sweeps.gemm import BF16, BF16_GROUPED, BF16_LAYERS, BF16_M
 from tests.gemm.tile_rule_checks import assert_no_worse_than_plain_tiles
 from tests.wgmma_checks import assert_compiles_clean
 
@@ -86,8 +86,9 @@ def test_the_sweep_op_is_registered_with_its_shapes_oracle_and_peers():
     fam = get_family("gemm")
     cases = fam.cases(SweepOptions(examples=8, seed=3, filters=fam.parse_filters({"op": "bf16"})))
     assert cases and all(c["op"] == BF16 for c in cases)
-    grid = {(c["m"], c["n"], c["k"]) for c in cases if c.origin == "grid"}
-    assert grid == {(m, n, k) for _, _, n, k in BF16_LAYERS for m in BF16_M}
+    grid = {(c["m"], c["n"], c["k"], c.get("groups", 1)) for c in cases if c.origin == "grid"}
+    assert grid == ({(m, n, k, 1) for _, _, n, k in BF16_LAYERS for m in BF16_M}
+                    | {(m, n, k, g) for _, _, n, k, g in BF16_GROUPED for m in BF16_M})
     drawn = [c for c in cases if c.origin == "hypothesis"]
     assert drawn and all(c["k"] % 8 == 0 for c in drawn)
     assert any(c["k"] % BK or c["n"] % 64 or c["m"] % 64 for c in drawn)  # ragged draws
@@ -122,7 +123,46 @@ def test_oracle_is_the_fp32_product_and_the_lowprec_yardstick_holds_on_the_cpu()
     assert (y.bfloat16().double() - exact).abs().max() > 0  # the yardstick is not the truth
 
 
-RULE_CONFIGS = sorted({choose_bf16_config(m, n, k) for _, _, n, k in BF16_LAYERS for m in BF16_M}, key=str)
+def test_grouped_operands_oracle_and_refusals():
+    """Grouped (wo_a): x [M, G*K], W [G*Ng, K]; the oracle is each group's product (the reference's
+    einsum), the tile rule keeps an N tile inside one group, and what would straddle groups is refused."""
+    x, w = draw_bf16_operands(9, 3 * 128, 192, 4, groups=3)
+    assert x.shape == (9, 3 * 192) and check_bf16_operands(x, w, torch.empty(9, 384), groups=3) == (9, 384, 192)
+    y = bf16_oracle(x, w, 3)
+    for g in range(3):
+        torch.testing.assert_close(y[:, 128 * g:128 * (g + 1)], x[:, 192 * g:192 * (g + 1)].float()
+                                   @ w[128 * g:128 * (g + 1)].float().T, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(y, x[:, :192].float() @ w.float().T)  # not the plain product of group 0's x
+    for m in BF16_M:
+        for _, _, n, k, g in BF16_GROUPED:
+            cfg = choose_bf16_config(m, n, k, groups=g)
+            assert cfg.group_n == n // g and cfg.group_n % cfg.bn == 0
+    assert choose_bf16_config(1, 3 * 64, 192, groups=3).bn == 64  # 64 columns a group: only bn 64 fits
+    for bad, message in (((x, w, None, 2), "x has 576 columns, expected groups x K = 2 x 192"),
+                         ((x[:, :3 * 72].contiguous(), w[:, :72].contiguous(), None, 3), "whole 64-column K blocks"),
+                         ((x, w[:3 * 96].contiguous(), None, 3), "3 groups of a multiple of 64 rows")):
+        with pytest.raises(ValueError, match=message):
+            check_bf16_operands(*bad)
+    with pytest.raises(ValueError, match="group_n must be a multiple of bn"):
+        Bf16Config(bm=64, bn=256, group_n=128)
+    impl = get_impl("gemm", "cutedsl")
+    case = Case("gemm", {"m": 5, "n": 3 * 96, "k": 192, "groups": 3, "op": BF16})
+    assert "whole tiles a group" in impl.supports(case, "sm_90a")
+    case = Case("gemm", {"m": 5, "n": 3 * 128, "k": 192, "groups": 3, "op": BF16})
+    assert impl.supports(case, "sm_90a") is None and impl.config(case).group_n == 128
+    fam = get_family("gemm")
+    assert fam.cost(case).bytes == 2 * 5 * 3 * 192 + 2 * 384 * 192 + 4 * 5 * 384
+    inputs = fam.make_inputs(case, torch.Generator().manual_seed(2), "cpu")
+    assert inputs["x"].shape == (5, 3 * 192) and inputs["w"].shape == (384, 192)
+    truth = fam.oracle(case, inputs)["out"]
+    torch.testing.assert_close(truth, bf16_oracle(inputs["x"], inputs["w"], 3))
+    peer = get_impl("gemm", "torch").run(case, inputs, {}, None)["out"]  # the reference's bf16 einsum
+    assert peer.dtype == torch.float32 and (peer - truth).abs().max() <= 2.0**-7 * truth.abs().max()
+
+
+RULE_CONFIGS = sorted({choose_bf16_config(m, n, k) for _, _, n, k in BF16_LAYERS for m in BF16_M}
+                      | {choose_bf16_config(m, n, k, groups=g) for _, _, n, k, g in BF16_GROUPED for m in BF16_M},
+                      key=str)
 # every tile shape, with and without split-K, beyond what the rule picks for the model's shapes
 TILE_CONFIGS = sorted({Bf16Config(bm=bm, bn=bn, split_k=s) for bm in (64, 128) for bn in (64, 128, 256)
                        for s in (1, 3)} - set(RULE_CONFIGS), key=str)

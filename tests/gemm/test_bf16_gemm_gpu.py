@@ -19,7 +19,7 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.gemm.bf16_config import Bf16Config, choose_bf16_config
 from kernels.gemm.bf16_glue import bf16_gemm, bf16_oracle, compile_bf16_gemm, draw_bf16_operands, run_bf16_gemm
-from sweeps.gemm import BF16, BF16_LAYERS, BF16_M
+from sweeps.gemm import BF16, BF16_GROUPED, BF16_LAYERS, BF16_M
 from tests.gemm import bf16_served_checks as bc
 
 pytestmark = pytest.mark.gpu
@@ -35,13 +35,13 @@ def exact_fp32_oracle():
     torch.backends.cuda.matmul.allow_tf32 = old
 
 
-def _assert_close(y, x, w, what: str):
+def _assert_close(y, x, w, what: str, groups: int = 1):
     torch.cuda.synchronize()
-    m, k = x.shape
-    n = w.shape[0]
+    m = x.shape[0]
+    n, k = w.shape
     assert not torch.isnan(y).any(), f"{what}: NaN (unwritten?) at {torch.isnan(y).nonzero()[:4].tolist()}"
-    ref = bf16_oracle(x, w)
-    bound = 2 * k * 2.0**-24 * (x.float().abs() @ w.float().abs().T) + 1e-30
+    ref = bf16_oracle(x, w, groups)
+    bound = 2 * k * 2.0**-24 * bf16_oracle(x.abs(), w.abs(), groups) + 1e-30
     if y.dtype == torch.bfloat16:
         bound = bound + ref.abs() * 2.0**-8  # + the output's rounding (half a bf16 ulp, doubled)
     err = (y.float() - ref).abs()
@@ -53,16 +53,16 @@ def _assert_close(y, x, w, what: str):
     assert rel <= (1e-4 if y.dtype == torch.float32 else 1e-2), f"{what}: rel L2 {rel:.3g}"
 
 
-def _run(m, n, k, cfg=None, seed=0, out_dtype=torch.float32, repeat=1):
-    x, w = draw_bf16_operands(m, n, k, seed, device="cuda")
-    cfg = cfg or choose_bf16_config(m, n, k)
+def _run(m, n, k, cfg=None, seed=0, out_dtype=torch.float32, repeat=1, groups=1):
+    x, w = draw_bf16_operands(m, n, k, seed, device="cuda", groups=groups)
+    cfg = cfg or choose_bf16_config(m, n, k, groups=groups)
     key = (cfg, out_dtype)
     if key not in _COMPILED:
         _COMPILED[key] = compile_bf16_gemm(cfg, out_dtype)
     for _ in range(repeat):  # split-K leaves its workspace zeroed: a second call gives the same sums
         y = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
         run_bf16_gemm(_COMPILED[key], cfg, x, w, y)
-        _assert_close(y, x, w, f"{m}x{n}x{k} {cfg} {out_dtype}")
+        _assert_close(y, x, w, f"{m}x{n}x{k} {cfg} {out_dtype} groups {groups}", groups)
     return y
 
 
@@ -115,11 +115,28 @@ def test_model_shapes_pass_the_harness(layer, m, gpu_check):
         _run(m, n, k, seed=m)
 
 
+@pytest.mark.parametrize("m", BF16_M)
+@pytest.mark.parametrize("layer,n,k,groups", [(f"{model}.{name}", n, k, g) for model, name, n, k, g in BF16_GROUPED])
+def test_grouped_wo_a_passes_the_harness_and_the_summation_bound(layer, n, k, groups, m, gpu_check):
+    gpu_check(Case("gemm", {"m": m, "n": n, "k": k, "groups": groups, "layer": layer, "op": BF16}))
+    _run(m, n, k, seed=m, groups=groups)
+
+
+@pytest.mark.parametrize("cfg", [Bf16Config(bm=64, bn=64, split_k=3, group_n=192),
+                                 Bf16Config(bm=128, bn=64, group_n=192), Bf16Config(bm=64, bn=64, group_n=192)],
+                         ids=str)
+@pytest.mark.parametrize("m", [1, 70, 300])
+def test_grouped_tiles_and_split_k_take_each_groups_own_columns(cfg, m):
+    """3 groups of 192 columns (3 N tiles a group): a tile that read the wrong group's x, or a split
+    slice that started at the wrong K, fails the bound."""
+    _run(m, 3 * 192, 640, cfg, seed=m, repeat=2, groups=3)
+
+
 def test_drawn_cases_pass_the_harness(gpu_check):
-    from sweeps.gemm import bf16_strategy
+    from sweeps.gemm import bf16_grouped_strategy, bf16_strategy
     from sweeps.common import draw
 
-    for params in draw(bf16_strategy(), 12, 7):
+    for params in draw(bf16_strategy(), 12, 7) + draw(bf16_grouped_strategy(), 6, 7):
         gpu_check(Case("gemm", params))
 
 
