@@ -26,7 +26,7 @@ v3 (`RouterKernel`; v2, commit 397cb23, and its measurements are in docs/perf/ro
     each of the k rounds is two `redux.sync` (max key, then min id among the lanes holding it)
     instead of a 5-level butterfly of (value, id) shuffles; only the winning lane's 12-slot
     tournament changes between rounds (every lane recomputes it, branch-free).
-Measured on the H100 (benchmarks/results/router/2026-11-22-h100-ba2a2d2-probe): E = 384, T = 1 device 3.4 µs
+Measured on the H100 (benchmarks/results/router/2026-11-22-h100-ba2a2d2-probe (in git history at 49e7d9d)): E = 384, T = 1 device 3.4 µs
 (v2 7.8), T = 4096 9.4 µs (v2 12.5).
 """
 
