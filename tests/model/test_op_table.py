@@ -1,6 +1,7 @@
 """The kernel backend's op table is complete: every op the model calls has a kernel registered
 (backend "cutedsl", from the families' `serves`) or is on `ORACLE_ONLY` with the reason."""
 
+import pytest
 import torch
 
 from dsv4bench.model.dispatch import OPS, ORACLE_ONLY, OpTable, has_backend, register_kernel_ops, serving_table
@@ -69,3 +70,32 @@ def test_a_call_the_kernel_refuses_runs_on_the_oracle_and_is_counted(tiny_engine
         assert plain.refused == {}
     finally:
         del dispatch._REGISTRY["rmsnorm"]["half_refusing"]
+
+
+def test_a_kernel_op_does_its_checks_and_lookups_once_per_params(monkeypatch):
+    """KernelOp.compile on params it has seen skips the case, `supports` and the compile cache (host
+    time at decode), but still checks every call's inputs; a refusal is checked again each call."""
+    from types import SimpleNamespace
+
+    from dsv4bench.core.registry import Unsupported, get_family
+    from dsv4bench.model import kernel_ops
+
+    monkeypatch.setattr(kernel_ops, "device_arch", lambda: "sm_90a")
+    op = kernel_ops.KernelOp(get_family("rmsnorm"), "rmsnorm", None)
+    lookups = []
+    op._cache = SimpleNamespace(get=lambda impl, case, arch: (lookups.append(case) or (f"kernel {case.id}", None)))
+    cuda = {"x": SimpleNamespace(device=SimpleNamespace(type="cuda"))}
+    params = op.family.space.production()[0]
+    first = op.compile(params, cuda)
+    assert op.compile(dict(params), cuda) is first and len(lookups) == 1
+    other = op.compile(dict(params, m=params["m"] + 1), cuda)
+    assert other[1] != first[1] and len(lookups) == 2
+    with pytest.raises(Unsupported, match="takes CUDA tensors"):
+        op.compile(params, {"x": torch.zeros(1)})
+    monkeypatch.setattr(op.impl, "supports", lambda case, arch: "no" if case["m"] == 7 else None)
+    for _ in range(2):  # a refusal is not remembered as a kernel
+        with pytest.raises(Unsupported, match="does not take"):
+            op.compile(dict(params, m=7), cuda)
+    assert len(lookups) == 2
+    assert kernel_ops._params_key({"lens": [3, 4], "t": 2}, "sm_90a") == ("sm_90a", ("lens", (3, 4)), ("t", 2))
+    assert kernel_ops._params_key({"x": {1: 2}}, "sm_90a") is None  # not hashable: no memo, the full path
