@@ -27,3 +27,4 @@ class NamedBarrier(IntEnum):
     SUMS = 9  # key split: both row-sum halves are in smem
     TURN0 = 10  # ping-pong (d <= 256): TURN0 + w opens warpgroup w's turn to issue its GEMMs (10, 11)
     ROWS0 = 12  # fused FP8 decode: ROWS0 + s, the 64 producer threads of stage s copied the pair's tokens (12, 13)
+    EPI_WG0 = 14  # v11 epi-tma (prefill_v11.py): EPI_WG0 + w, warpgroup w's O is in smem for its TMA store (14, 15)

@@ -20,7 +20,7 @@ class Consumer:
     @cute.jit
     def _consume(
         self, mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma,
-        sQ, sK, sVt, sIdx, sMaskFlag, sX, sP, bars, wg, wtid,
+        sQ, sK, sVt, sIdx, sMaskFlag, sX, sP, bars, wg, wtid, io=None,
     ):
         c = self.cfg
         n = c.n_block
@@ -105,7 +105,7 @@ class Consumer:
                 else:
                     self._split_d(*args, sX, dsplit, wtid)
             self._epilogue(mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
-                           kvh, s_q, bidx)
+                           kvh, s_q, bidx, io)
             base = base + n_tiles
         if cutlass.const_expr(c.n_dsplit == 1):
             if wg == 0:

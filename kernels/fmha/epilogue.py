@@ -15,10 +15,11 @@ class Epilogue:
 
     @cute.jit
     def _epilogue(self, mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
-                  kvh, s_q, bidx):
+                  kvh, s_q, bidx, io=None):
         """Normalise (sink in the denominator) and store O: staged in smem (the Q buffer) and written
         as 16-byte rows, or, persistent, straight from registers as column pairs (the Q buffer is
-        already taking the next item's Q; O is a small part of the traffic of d <= 256)."""
+        already taking the next item's Q; O is a small part of the traffic of d <= 256). `io`: a variant's
+        TMA atoms (None here; prefill_v11.EpiTma stores O by TMA)."""
         c = self.cfg
         n_consumers = 128 * c.n_consumer_wg
         if cutlass.const_expr(not c.persistent):

@@ -174,5 +174,5 @@ class FmhaTorch(Impl):
 FAMILY = register_family(FmhaFamily())
 for _impl in (FmhaCuteDSL(), FmhaTorch(), peers.FlashMLA(), peers.FA4(), peers.CudnnSDPA()):
     register_impl(_impl)
-for _variant in variants.VARIANTS + variants.DECODE_VARIANTS:  # run only when --impl names them
+for _variant in variants.VARIANTS + variants.PREFILL_VARIANTS + variants.DECODE_VARIANTS:  # run only when --impl names them
     register_impl(_variant())

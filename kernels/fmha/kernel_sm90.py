@@ -18,7 +18,8 @@ The kernel class is assembled from one mixin per job:
   softmax.py    Softmax: mask, online softmax, row reductions
   mma.py        Mma: wgmma issue, K/V stage waits and releases, fragment views
   epilogue.py   Epilogue: normalise O, store O and LSE
-  variants.py   knock-out subclasses (timed, never compared)
+  variants.py   knock-out subclasses (timed, never compared) and the declared candidate forms
+  prefill_v11.py  v11 candidates of the sparse prefill (Q by TMA, O by TMA store, hinted gather)
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
         only; .ca would also allocate them in the ~30 KB of L1 that the 216 KB of smem leaves, for no
         reuse."""
         return cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128)
+
+    def _io_tma(self, mQ, mO, sQ_layout):
+        """Host side, traced in `__call__`: TMA atoms a variant uses for Q and / or O (kernels/fmha/
+        prefill_v11.py), passed to the kernel as `io`; the shipped kernel has none."""
+        return None
 
     @cute.jit
     def _init_barriers(self, tidx, bars, counts, q_full, q_empty):
@@ -155,13 +161,14 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
                 *cpasync.make_tiled_tma_atom(op, mV_t, cute.slice_(sV_layout, (None, None, 0)), (c.dv, n)),
             )
             record("TMA K box (keys, d) per tile", tma[1])
+        io = self._io_tma(mQ, mO, sQ_layout)  # None: Q by the producer's cp.async, O by 16-byte stores
         n_rows = cute.size(mIdx, mode=[0])
         grid = (n_rows, cute.size(mK, mode=[1]) * c.n_hblk, cute.size(mQ, mode=[3]))
         if cutlass.const_expr(c.persistent):
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], n_ctas), 1, 1)
         self.kernel(
             mQ, mK, mV, mIdx, mLen, mSink, mO, mLse, scale_log2, causal_off, window,
-            qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sV_layout, sP_layout, Storage, tma,
+            qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sV_layout, sP_layout, Storage, tma, io,
         ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     @cute.kernel
@@ -187,6 +194,7 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
         sP_layout: cute.ComposedLayout,
         Storage: cutlass.Constexpr,
         tma,  # (K atom, K coordinates, V atom, V coordinates) for block lists, else None
+        io,  # a variant's TMA atoms for Q / O (`_io_tma`), else None
     ):
         c = self.cfg
         n = c.n_block
@@ -242,8 +250,7 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
             for w in cutlass.range(self._items_of_cta(mIdx, mK, mQ), unroll=1):
                 blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(w, mIdx, mK, mQ, mLen)
                 cute.arch.mbarrier_wait(q_empty, (w & 1) ^ 1)  # the previous item's last QK is done
-                self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
-                cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
+                self._load_q(atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full)
                 if cutlass.const_expr(c.key_split):
                     self._produce_pairs(atom, mIdx, mK, sK, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh,
                                         bidx, tok0, causal_off, window)
@@ -260,10 +267,10 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
                 self._consume(
                     mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma,
                     sQ, sK, sVt, sIdx, sMaskFlag, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner), bars,
-                    wg, tidx % 128,
+                    wg, tidx % 128, io,
                 )
             else:
                 self._consume(
                     mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, None,
-                    sQ, sK, sVt, sIdx, sMaskFlag, sX, None, bars, wg, tidx % 128,
+                    sQ, sK, sVt, sIdx, sMaskFlag, sX, None, bars, wg, tidx % 128, io,
                 )

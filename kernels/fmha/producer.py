@@ -17,6 +17,13 @@ class Producer:
     """Mixin of `GatherAttentionSm90` (kernel_sm90.py); `self.cfg` is its Config."""
 
     @cute.jit
+    def _load_q(self, atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full):
+        """Producer: the item's Q rows into sQ by cp.async, each thread's copies arriving on q_full.
+        `io`: a variant's TMA atoms (None here)."""
+        self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
+        cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
+
+    @cute.jit
     def _copy_q(self, atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx):
         """Producer: the CTA's Q rows, row r = (token tok0 + r // hb, head head0 + r % hb); rows past
         the end (or past the kv group) read row 0 and are never stored."""
@@ -159,7 +166,7 @@ class Producer:
             for q in cutlass.range_constexpr(n_rows):
                 v = rows_next[q]
                 if (j0 + lt // 8 + 8 * q >= n_idx) | (v >= s_kv) | (v < 0):
-                    v = cutlass.Int32(0)  # an invalid slot reads row 0; the mask zeroes its P
+                    v = self._invalid_row()
                 rows_now[q] = v
                 rows_next[q] = mIdx[blk, cutlass.min(j0 + 2 * n + lt // 8 + 8 * q, n_slots - 1), bidx]
             mine = mine_next
@@ -185,6 +192,11 @@ class Producer:
                 self._copy_half_rows(atom, mK, sK[None, None, stage], rows_now, t, h, kvh, bidx)
                 cute.arch.cp_async_mbarrier_arrive_noinc(bars + hb)
                 cute.arch.mbarrier_arrive(bars + hb)
+
+    def _invalid_row(self):
+        """The row an invalid slot of the key split's pair copies: row 0 (finite; the mask zeroes its P).
+        A variant may return -1 and zero-fill the slot instead (prefill_v11.GatherHint)."""
+        return cutlass.Int32(0)
 
     @cute.jit
     def _copy_half_rows(self, atom, mK, dst, rows, t, h: int, kvh, bidx):

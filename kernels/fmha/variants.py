@@ -35,6 +35,7 @@ from kernels.fmha.decode_fused import FusedDecodeSm90
 from kernels.fmha.decode_prefetch import FusedPackedLoop, FusedPrefetchLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
+from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst
 from kernels.probes import EmptyGridMixin
 
 
@@ -159,6 +160,43 @@ class FmhaEmptyGrid(EmptyGridMixin, FmhaVariant):
 
 
 VARIANTS = (FmhaNoGather, FmhaNoSoftmax, FmhaNoMath, FmhaNoMufu, FmhaEmptyGrid)
+
+
+class FmhaPrefillV11(FmhaCuteDSL):
+    """A v11 candidate of the sparse prefill (kernels/fmha/prefill_v11.py): the kernel with Q's load, O's
+    store or the key split's row gather replaced; a real answer, checked against the oracle. Each applies
+    to per-token lists with the key split (d = dv = 512, V = K) and compiles the shipped code elsewhere,
+    so it takes every attention case. Not the default until a GPU A/B says so (docs/perf/fmha.md, "v11
+    candidates"):
+
+        dsv4bench sweep fmha --hd 512 --mask topk --bench \\
+            --impl cutedsl,cutedsl:q-first,cutedsl:epi-tma,cutedsl:gather-hint,cutedsl:v11,flashmla
+    """
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if case.get("op", "attention") != "attention":
+            return "a prefill candidate: op attention only"
+        return super().supports(case, arch)
+
+
+class FmhaQFirst(FmhaPrefillV11):
+    name, variant, kernel_class = "cutedsl:q-first", "q-first", QFirst
+
+
+class FmhaEpiTma(FmhaPrefillV11):
+    name, variant, kernel_class = "cutedsl:epi-tma", "epi-tma", EpiTma
+
+
+class FmhaGatherHint(FmhaPrefillV11):
+    name, variant, kernel_class = "cutedsl:gather-hint", "gather-hint", GatherHint
+
+
+class FmhaV11(FmhaPrefillV11):
+    name, variant, kernel_class = "cutedsl:v11", "v11", V11
+
+
+# checked candidates of the sparse prefill (v11), attention only
+PREFILL_VARIANTS = (FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaV11)
 
 
 class FmhaFusedDecode(FmhaCuteDSL):

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from dsv4bench.core.compare import compare_outputs
-from dsv4bench.core.registry import SweepOptions
+from dsv4bench.core.registry import SweepOptions, get_impl
 from dsv4bench.core.evaluate import case_generator, poison
+from kernels.fmha import variants
 from kernels.fmha.family import FAMILY
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 
@@ -21,12 +22,13 @@ _compiled: dict = {}
 
 def _run(case, impl=IMPL):
     cfg = config_for(case)
-    if cfg not in _compiled:
-        _compiled[cfg] = impl.compile(case, "sm_90a")
+    key = (impl.kernel_class, cfg)  # a variant compiles its own subclass
+    if key not in _compiled:
+        _compiled[key] = impl.compile(case, "sm_90a")
     x = FAMILY.make_inputs(case, case_generator(case), "cuda")
     out = FAMILY.alloc_outputs(case, "cuda")
     poison(out)
-    res = impl.run(case, x, out, _compiled[cfg])
+    res = impl.run(case, x, out, _compiled[key])
     torch.cuda.synchronize()
     return x, res
 
@@ -37,6 +39,14 @@ def _many_items(case) -> bool:
     blocks = -(-case["s_q"] // cfg.tq) if case["mask"] != "sparse" else case["s_q"]
     return cfg.persistent and blocks * case["h_kv"] * cfg.n_hblk * case["b"] > 3
 
+
+# the v11 candidates of the sparse prefill (kernels/fmha/prefill_v11.py) change the key split's per-token
+# path: every such case (prefill, decode shapes, ragged / invalid lists, hpg 1..128), plus one case of
+# each other schedule where they must compile the shipped code
+V11_IMPLS = [cls.name for cls in variants.PREFILL_VARIANTS]
+V11_CASES = [c for c in CASES if config_for(c).key_split and config_for(c).per_token_idx] + list(
+    {(config_for(c).key_split, config_for(c).n_dsplit, config_for(c).tma_kv): c for c in CASES
+     if not (config_for(c).key_split and config_for(c).per_token_idx)}.values())
 
 PERSISTENT_CASES = list({(c["hd"], c["mask"]): c for c in reversed(CASES) if _many_items(c)}.values())
 
@@ -51,6 +61,12 @@ def test_persistent_ctas_walk_many_items(case):
     """3 CTAs for the whole grid: each runs items of both snake directions, of different list
     lengths (causal), with the pipeline's stages and phases carried across items."""
     _check(case, FmhaCuteDSL(persistent_ctas=3))
+
+
+@pytest.mark.parametrize("impl_name", V11_IMPLS)
+@pytest.mark.parametrize("case", V11_CASES, ids=[c.id for c in V11_CASES])
+def test_prefill_v11_matches_fp32_oracle(case, impl_name):
+    _check(case, get_impl("fmha", impl_name))
 
 
 def _check(case, impl):

@@ -1,0 +1,141 @@
+"""The v11 candidates of the sparse prefill (kernels/fmha/prefill_v11.py: `cutedsl:q-first`, `epi-tma`,
+`gather-hint`, `v11`) compile for sm_90a from fake tensors (no GPU) at the Flash (h_q 64) and Pro (h_q 128)
+shapes without spills, and their SASS shows the change each claims against the shipped kernel's: Q by
+TMA and 32 fewer cp.async a producer thread; O by stmatrix + TMA store with no scalar bf16 stores and
+one CTA-wide barrier fewer; the K rows' cp.async with a cache-policy descriptor, zero-fill predicates and
+immediate offsets. Elsewhere (other schedules) each compiles the shipped code. The addressing formula of
+gather-hint is checked against CuTe's layout of the K stages. GPU correctness: tests/fmha/test_fmha_gpu.py
+(`test_prefill_v11_matches_fp32_oracle`)."""
+
+import collections
+import functools
+import re
+
+import cutlass
+import cutlass.cute as cute
+import pytest
+
+from dsv4bench.compile.cubin import parse_cubin
+from dsv4bench.compile.sass import find_nvdisasm, sass_of
+from dsv4bench.core.registry import get_impl, impls
+from kernels.fmha import prefill_v11, variants
+from kernels.fmha.compiling import compile_config
+from kernels.fmha.config import Config
+from kernels.fmha.kernel_sm90 import GatherAttentionSm90
+
+NAMES = {"cutedsl:q-first": prefill_v11.QFirst, "cutedsl:epi-tma": prefill_v11.EpiTma,
+         "cutedsl:gather-hint": prefill_v11.GatherHint, "cutedsl:v11": prefill_v11.V11}
+SHAPES = {"flash": 64, "pro": 128}  # query heads per kv head (h_kv = 1)
+
+
+def _cfg(hpg: int) -> Config:
+    return Config(d=512, dv=512, hpg=hpg, kv_shared=True, per_token_idx=True)
+
+
+@functools.cache
+def _compiled(cls, cfg: Config):
+    return compile_config(cfg, "sm_90a", cls)
+
+
+@functools.cache
+def _ops(cls, cfg: Config) -> tuple[collections.Counter, str]:
+    text = sass_of(_compiled(cls, cfg))
+    ops = collections.Counter()
+    for line in text.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if m:
+            ops[m.group(2)] += 1
+    return ops, text
+
+
+def _count(ops: collections.Counter, op: str) -> int:
+    return sum(n for name, n in ops.items() if name == op or name.startswith(op + "."))
+
+
+def test_candidates_are_registered_checked_and_not_default():
+    plain = {i.name for i in impls("fmha")}
+    declared = {i.name: i for i in impls("fmha", variants=True)}
+    assert [cls.name for cls in variants.PREFILL_VARIANTS] == list(NAMES)
+    for name, cls in NAMES.items():
+        impl = declared[name]
+        assert impl.checked and name not in plain and impl.kernel_class is cls
+        assert get_impl("fmha", "cutedsl").kernel_class is GatherAttentionSm90
+
+
+def test_gather_addressing_matches_the_k_stage_layout():
+    """GatherHint's one-base-plus-immediates addressing (`swizzled_k_offset`) against CuTe: the K stages'
+    layout is SW128 (Swizzle<3,4,3> on byte addresses, 1024-aligned region) over an outer layout whose
+    unswizzled byte offset is 2 x crd2idx; every 16-byte chunk of every row of both stages must agree."""
+    got = {}
+
+    @cute.jit
+    def probe():
+        _, sK, _, _ = GatherAttentionSm90(_cfg(64)).smem_layouts(cutlass.BFloat16)
+        got["swizzle"] = str(sK.inner)
+        for stage in cutlass.range_constexpr(2):
+            for row in cutlass.range_constexpr(64):
+                for ch in cutlass.range_constexpr(64):
+                    got[stage, row, ch] = cute.crd2idx((row, ch * 8, stage), sK.outer)
+
+    cute.compile(probe)
+    assert got.pop("swizzle") == "S<3,4,3>"
+    bad = []
+    for (stage, row, ch), idx in got.items():
+        plain = 2 * int(idx)
+        phys = plain ^ ((plain >> 3) & 0x70)  # SW128: 16-byte chunk bits [4,7) ^= 128-byte row bits [7,10)
+        if phys != stage * 64 * 1024 + prefill_v11.swizzled_k_offset(row, ch, 512):
+            bad.append((stage, row, ch))
+    assert len(got) == 2 * 64 * 64 and not bad, bad[:8]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("name", list(NAMES))
+def test_candidate_compiles_without_spills(name, shape):
+    compiled = _compiled(NAMES[name], _cfg(SHAPES[shape]))  # FAIL here is a compile error
+    info = parse_cubin(compiled.__cubin__)
+    assert info.cubin_bytes > 0
+    assert not info.local_bytes, f"{name} at {shape}: {info.local_bytes} B of local memory"
+
+
+needs_sass = pytest.mark.skipif(find_nvdisasm() is None, reason="no nvdisasm: SASS not checked")
+
+
+@needs_sass
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("name", list(NAMES))
+def test_candidate_sass_shows_its_change(name, shape):
+    cfg = _cfg(SHAPES[shape])
+    base, _ = _ops(GatherAttentionSm90, cfg)
+    mine, text = _ops(NAMES[name], cfg)
+    q_tma = name in ("cutedsl:q-first", "cutedsl:v11")
+    o_tma = name in ("cutedsl:epi-tma", "cutedsl:v11")
+    hint = name in ("cutedsl:gather-hint", "cutedsl:v11")
+    # Q: 8 TMA boxes (64 heads x 64 d) instead of 32 cp.async a producer thread
+    assert _count(mine, "UTMALDG") == (8 if q_tma else 0)
+    assert _count(mine, "LDGSTS.E") == _count(base, "LDGSTS.E") - (32 if q_tma else 0)
+    # O: 4 TMA boxes a warpgroup from 16 stmatrix.x4 a thread; no scalar bf16 stores, no 16-byte
+    # shared loads / global stores, one CTA-wide named barrier fewer
+    assert _count(mine, "UTMASTG") == (4 if o_tma else 0)
+    if o_tma:
+        assert _count(mine, "STS.U16") == 0 and _count(base, "STS.U16") == 128
+        assert _count(mine, "STSM") == _count(base, "STSM") + 16
+        assert _count(mine, "LDS.128") == 0 and _count(mine, "STG.E.128") == 0
+        assert _count(mine, "BAR.SYNC") == _count(base, "BAR.SYNC") - 1
+    else:
+        assert _count(mine, "STS.U16") == _count(base, "STS.U16")
+    # K rows: a cache-policy descriptor, zero-fill predicates, immediate smem / gmem offsets
+    hinted = [line for line in text.splitlines()
+              if re.search(r"LDGSTS\.E\S* \[R\d+\+0x[0-9a-f]+\], desc\[UR\d+\]\[R\d+\.64\+0x[0-9a-f]+\], !?P\d", line)]
+    assert (len(hinted) >= 64) == hint, len(hinted)
+
+
+@needs_sass
+@pytest.mark.parametrize("name", list(NAMES))
+def test_candidate_is_the_shipped_code_elsewhere(name):
+    """A configuration none of the candidates applies to (dense hd 128): the shipped kernel's SASS."""
+    cfg = Config(d=128, dv=128, hpg=1, kv_shared=False, per_token_idx=False)
+
+    def norm(cls):
+        return re.sub(r"kernel_cutlass_kernel_\w+", "KERNEL", _ops(cls, cfg)[1])
+
+    assert norm(NAMES[name]) == norm(GatherAttentionSm90)
