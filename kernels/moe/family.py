@@ -227,8 +227,7 @@ class MoeGemv(MoeCuteDSL):
     its routing). No wgmma: it compiles for sm_90a and sm_100a. Reads the checkpoint's weight buffers as
     they are (no load-time layout)."""
 
-    name = "cutedsl:gemv"
-    archs = ("sm_90a", "sm_100a")
+    name, variant = "cutedsl:gemv", "gemv"  # a declared variant: run only when `--impl` names it
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case["op"] != "layer":

@@ -95,6 +95,7 @@ def test_emulated_sums_are_the_exact_dot_products():
 
 def test_supports_reasons():
     flash1 = Case("moe", space.case("layer", "flash", 1))
+    assert GEMV.variant == "gemv" and GEMV.checked
     assert GEMV.supports(flash1, "sm_90a") is None and GEMV.supports(flash1, "sm_100a") is None
     assert "masked" in GEMV.supports(Case("moe", space.case("layer", "flash", 4096)), "sm_90a")
     assert "more than the GEMV path's largest tmax" in GEMV.supports(Case("moe", space.case("layer", "pro", 64)))
