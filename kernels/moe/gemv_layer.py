@@ -20,7 +20,7 @@ import torch
 from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import compile_kernel, sm_count
-from kernels.moe.glue import alloc_dispatch, check_dispatch, compile_combine, compile_dispatch
+from kernels.moe.glue import check_dispatch, compile_combine, compile_dispatch, dispatch_args, planned
 from kernels.moe.gemv_sm90 import K_ALIGN, PAIRS, QBLOCK, TMAXES, GemvConfig, gemv_kernel
 from kernels.moe.grouped_config import MAX_GROUPS
 
@@ -100,29 +100,22 @@ def compile_gemv_layer(n_experts: int, topk: int, d: int, i: int, tmax: int, arc
                              {s: gemv_config(s, d, i, tmax) for s in ("l1", "l2")})
 
 
-_PLAN: dict = {}
-_UNUSED: dict = {}
+_PLAN: dict = {}  # the last call's buffers and views (glue.planned)
 
 
 def _plan(t, topk, n_experts, d, i, max_m, device) -> dict:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (t, topk, n_experts, d, i, max_m, str(device), stream)
-    plan = _PLAN.get(key)
-    if plan is None:
-        _PLAN.clear()
-        lay = alloc_dispatch(t, topk, n_experts, d, max_m, device)
+    """The masked layout, bf16 h and L2's rows, and the kernels' views of them (glue.planned)."""
+    def make(lay: dict) -> dict:
         rows = lay["src"].numel()
         h = torch.empty(rows, i, dtype=torch.bfloat16, device=device)
         y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=device)
         unused = torch.zeros(1, 1, 1, dtype=torch.float32, device=device)
-        plan = {"lay": lay, "h": h, "y_rows": y_rows,
-                "dispatch": (lay["counts"], lay["pos"].view(-1), lay["src"], lay["expert"], lay["row_weight"],
-                             lay["codes"], lay["scales"]),
+        return {"lay": lay, "h": h, "y_rows": y_rows, "dispatch": dispatch_args(lay, max_m),
                 "l1_x": (lay["codes"].view(torch.int32), lay["scales"].permute(2, 1, 0)),
                 "l1_out": h.view(torch.int32), "l2_x": (h.view(torch.int32), unused),
                 "l2_out": y_rows.view(torch.int32)}
-        _PLAN[key] = plan
-    return plan
+
+    return planned(_PLAN, make, t, topk, n_experts, d, i, max_m, device)
 
 
 def weight_views(experts: tuple) -> tuple:
