@@ -385,3 +385,66 @@ def test_packed_slots_are_checked_on_the_host():
     with pytest.raises(ValueError, match="cache0: the packed-slot decode"):
         run_fused(compiled, None, torch.empty(1, 64, 512), (big, big), (None, None), (None, None), None, None, None,
                   132)
+
+
+# ---------------------------------------------------------------- v4 candidate: the fixed cost (decode_fold.py)
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_fold_compiles_for_sm90a_without_gpu(h_q):
+    """cutedsl:fused-pk-fold: no local memory (setmaxnreg 80 / 216); pair 0's 4-byte slot cp.async is
+    issued before Q's 16-byte ones and waited with wait_group 1; one arrival atomic; no new call site
+    (the weights' reciprocal is rcp.rn's fast path written out); the merge's 16-byte loads in the kernel."""
+    from dsv4bench.compile.sass import find_nvdisasm, sass_of
+    from kernels.fmha.decode_fold import compile_fold
+
+    k = compile_fold(h_q, "sm_90a").kernels
+    assert set(k) == {"fused"}  # no combine launch
+    info = parse_cubin(k["fused"].__cubin__)
+    print(h_q, info)
+    assert info.cubin_bytes > 0 and info.local_bytes == 0, info
+    if find_nvdisasm() is not None:
+        sass = sass_of(k["fused"])
+        ldgsts = [ln for ln in sass.splitlines() if "LDGSTS" in ln]
+        assert ".128" not in ldgsts[0] and any(".128" in ln for ln in ldgsts[1:]), ldgsts[:2]
+        assert "DEPBAR.LE SB0, 0x1" in sass
+        assert sass.count("ATOMG.E.ADD") == 1 and sass.count("CALL.REL") == 2
+        assert sass.count("LDG.E.128") >= 32  # 2 passes x 2 splits x 8 chunks of the merge (+ the slot rows')
+
+
+def test_fold_workspace_sizes_and_zeroes_the_counters():
+    """One int32 arrival counter per (request, head block), zero when allocated, reused (not re-zeroed)
+    while the shape holds: the kernel's last CTA leaves it at zero."""
+    from kernels.fmha.decode_fold import FoldWorkspace
+
+    ws = FoldWorkspace()
+    o, lp, lens, no_sink, count = ws.get(3, 128, 9, 128, "cpu")
+    assert o.shape == (3, 9, 128, 512) and lp.shape == (3, 9, 128) and lens.shape == (9, 3)
+    assert count.dtype == torch.int32 and count.shape == (3 * 2,) and (count == 0).all()
+    assert torch.isneginf(no_sink).all() and (lens == 128).all()
+    count += 1  # what an aborted call would leave: the same shape keeps the same buffers
+    assert ws.get(3, 128, 9, 128, "cpu")[4] is count
+    fresh = ws.get(1, 64, 5, 128, "cpu")[4]
+    assert fresh.shape == (1,) and (fresh == 0).all()
+
+
+def test_fold_refuses_more_splits_than_smem_holds():
+    from kernels.fmha.decode_fold import FoldWorkspace, max_fold_splits, run_fold
+    from kernels.fmha.decode_glue import CompiledDecode
+
+    assert max_fold_splits() == 512
+    cache = torch.empty(2, 64, 1, 584, dtype=torch.uint8)
+    idx = torch.zeros(1, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="at most 512 splits"):
+        run_fold(CompiledDecode({"fused": None}), FoldWorkspace(), torch.empty(1, 64, 512), (cache, cache),
+                 (idx, idx), (None, None), None, None, None, 132, split=(513, 128))
+
+
+def test_fold_is_a_registered_checked_decode_variant():
+    from dsv4bench.core.registry import get_impl
+    from kernels.fmha.decode_fold import FusedPackedFold
+
+    impl = get_impl("fmha", "cutedsl:fused-pk-fold")
+    case = Case("fmha", space._decode(h_q=128, b=1))
+    assert impl.checked and impl.decode_form[2] is FusedPackedFold and FusedPackedFold.packed
+    assert impl.supports(case) is None and impl.supports(Case("fmha", space._sparse())) is not None
+    assert impl.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
+    assert FmhaCuteDSL().decode_form[2] is not FusedPackedFold  # not the default
