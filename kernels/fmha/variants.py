@@ -31,7 +31,6 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
-from kernels.fmha.decode_fold import FoldWorkspace, FusedPackedFold, compile_fold, run_fold
 from kernels.fmha.decode_fused import FusedDecodeSm90
 from kernels.fmha.decode_prefetch import FusedPackedLoop, FusedPrefetchLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
@@ -271,32 +270,6 @@ class FmhaFusedDecodePackedLoop(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-pk-loop", "fused-pk-loop", (4, True, FusedPackedLoop, True)
 
 
-class FmhaFusedDecodeFold(FmhaFusedDecode):
-    """v4 candidate of the FP8 decode (decode_fold.FusedPackedFold, not the default): fused-pk-loop with the
-    combine folded into the last CTA of each (request, head block) (an arrival counter in the workspace: one
-    launch) and pair 0's slot-token cp.async issued before Q's. docs/perf/fmha.md, "decode_fp8 v4 candidate"."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-fold", "fused-pk-fold", (4, True, FusedPackedFold, True)
-
-    def compile(self, case: Case, arch: str):
-        if case.get("op", "attention") != "decode_fp8":
-            return super().compile(case, arch)
-        return compile_fold(case["h_q"], arch)
-
-    def _run_decode(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        if self._decode_ws is None:
-            self._decode_ws = FoldWorkspace()
-        sink = inputs.get("sink")
-        if sink is None:
-            key = (case["h_q"], inputs["q"].device)
-            sink = self._no_sink.setdefault(key, torch.full((case["h_q"],), float("-inf"), device=inputs["q"].device))
-        run_fold(compiled, self._decode_ws, inputs["q"], (inputs["cache0"], inputs["cache1"]),
-                 (inputs["idx0"], inputs["idx1"]), (inputs["len0"], inputs["len1"]), sink, out["out"], out["lse"],
-                 sm_count(inputs["q"].device))
-        return out
-
-
 # checked variants (real answers) and knock-outs of the FP8 decode, decode_fp8 only
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall,
-                   FmhaFusedNoDequant, FmhaFusedDecodePrefetchLoop, FmhaFusedDecodePackedLoop,
-                   FmhaFusedDecodeFold)
+                   FmhaFusedNoDequant, FmhaFusedDecodePrefetchLoop, FmhaFusedDecodePackedLoop)

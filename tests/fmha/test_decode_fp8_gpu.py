@@ -1,7 +1,6 @@
 """FP8-cache sparse decode on a GPU: our three launches (v1, kernels/fmha/decode_glue.py) and the fused
 kernel (v2, decode_fused.py: `cutedsl:fused`, `-cvt`, `-b2`, `-small`; its v3 candidates,
-decode_prefetch.py: `-pf`, `-pf-loop`, `-pf-loop2`, `-pk-loop`, `-pk-loop-l1`, `-pk-loop2-l1`; the v4 candidate
-decode_fold.py: `-pk-fold`, the combine folded into the kernel, also twice on one workspace) against the
+decode_prefetch.py: `-pf`, `-pf-loop`, `-pf-loop2`, `-pk-loop`, `-pk-loop-l1`, `-pk-loop2-l1`) against the
 dequantised FP32 oracle by the harness rule (docs/benchmarking.md), on the issue's grid (Flash and
 Pro, 1-128 requests; the 128K contexts at 1 and 128 requests) and hypothesis draws (ragged
 lengths, -1 indices, fewer valid keys than top-k, duplicates, pages of 61); the split-KV path and
@@ -31,10 +30,9 @@ CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
 # v3 (decode_prefetch.py): L2 prefetch of each pair's rows and a run-time batch loop, + packed slots (the default)
 PF = ("cutedsl:fused-pf-loop", "cutedsl:fused-pk-loop")
-FOLD = "cutedsl:fused-pk-fold"  # v4 candidate (decode_fold.py): the combine folded into the last CTA, Q after the slots
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name)  # the default; v1; v2 (decode_fused.py)'s forms
          for name in ("cutedsl", "cutedsl:decode-v1", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt",
-                      "cutedsl:fused-small", "cutedsl:fused-no-dequant", *PF, FOLD)}
+                      "cutedsl:fused-small", "cutedsl:fused-no-dequant", *PF)}
 _compiled: dict = {}
 
 
@@ -59,7 +57,7 @@ def _check(case, x, res, who="cutedsl"):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 @pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-v1", "cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small",
-                                  *PF, FOLD])
+                                  *PF])
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
@@ -108,42 +106,6 @@ def test_fused_splits_and_unaligned_window(split, k0, impl):
               split=(n_split, chunk))
     torch.cuda.synchronize()
     _check(case, x, out, f"{impl} split={n_split}x{chunk}")
-
-
-@pytest.mark.parametrize("split", [(1, None), (2, None), (None, 128)])
-@pytest.mark.parametrize("k0", [128, 100])
-def test_fold_splits_repeated_calls_and_the_combine_kernel(split, k0):
-    """cutedsl:fused-pk-fold at 1, 2 and 9 splits (one 128-key pair a split): the oracle; twice on one
-    workspace (the arrival counters must be back at zero: a stale count would make no CTA, or the wrong
-    one, merge); and bit for bit fused-pk-loop + the combine kernel (same partials, the combine's math in
-    its order, rcp.rn's fast path for 1 / den)."""
-    from kernels.fmha.decode_fold import FoldWorkspace, run_fold
-
-    case = Case("fmha", space._decode(h_q=128, b=3, ctx=4096, k=1024, window=k0, invalid=0.1, ragged=True))
-    x = _inputs(case)
-    n = fused_slots(x["idx0"].shape[1], x["idx1"].shape[1])
-    n_split, chunk = split
-    if chunk is None:
-        chunk = -(-n // n_split // 128) * 128
-    n_split = -(-n // chunk)
-    args = ((x["cache0"], x["cache1"]), (x["idx0"], x["idx1"]), (x["len0"], x["len1"]), x["sink"])
-    ws = FoldWorkspace()
-    outs = []
-    for call in range(2):
-        out = FAMILY.alloc_outputs(case, "cuda")
-        poison(out)
-        run_fold(_compiled_for(case, FOLD), ws, x["q"], *args, out["out"], out["lse"], 132, split=(n_split, chunk))
-        torch.cuda.synchronize()
-        assert (ws.bufs[4] == 0).all(), ws.bufs[4]
-        _check(case, x, out, f"{FOLD} call {call} split={n_split}x{chunk}")
-        outs.append(out)
-    assert torch.equal(outs[0]["out"], outs[1]["out"]) and torch.equal(outs[0]["lse"], outs[1]["lse"])
-    ref = FAMILY.alloc_outputs(case, "cuda")
-    run_fused(_compiled_for(case, "cutedsl:fused-pk-loop"), FusedWorkspace(), x["q"], *args, ref["out"], ref["lse"],
-              132, split=(n_split, chunk))
-    torch.cuda.synchronize()
-    assert torch.equal(outs[0]["out"], ref["out"]), (outs[0]["out"].float() - ref["out"].float()).abs().max()
-    assert torch.equal(outs[0]["lse"], ref["lse"])
 
 
 @pytest.mark.parametrize("sms", [1, 16, 132, 100000])
