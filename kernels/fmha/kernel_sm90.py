@@ -88,6 +88,11 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
         prefill_v11.py), passed to the kernel as `io`; the shipped kernel has none."""
         return None
 
+    def _q_full_arrivals(self) -> int:
+        """Arrivals that complete Q's full barrier: one per producer thread's cp.async (a trace-time
+        constant)."""
+        return 128
+
     @cute.jit
     def _init_barriers(self, tidx, bars, counts, q_full, q_empty):
         """Thread 0 sets the arrive counts of the stage mbarriers (`counts`, from `bars` on: barriers.py)
@@ -96,7 +101,7 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
         if tidx == 0:
             for i in cutlass.range_constexpr(len(counts)):
                 cute.arch.mbarrier_init(bars + i, counts[i])
-            cute.arch.mbarrier_init(q_full, 128)
+            cute.arch.mbarrier_init(q_full, self._q_full_arrivals())
             cute.arch.mbarrier_init(q_empty, 128 * self.cfg.n_consumer_wg)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()

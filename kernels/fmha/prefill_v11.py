@@ -121,20 +121,9 @@ class V11Base(GatherAttentionSm90):
 class QFirst(V11Base):
     q_by_tma = True
 
-    @cute.jit
-    def _init_barriers(self, tidx, bars, counts, q_full, q_empty):
-        """As the shipped kernel's, but q_full takes one arrival (the TMA's arrive.expect_tx) when Q
-        comes by TMA."""
-        if cutlass.const_expr(not self._q_tma()):
-            GatherAttentionSm90._init_barriers(self, tidx, bars, counts, q_full, q_empty)
-        else:
-            if tidx == 0:
-                for i in cutlass.range_constexpr(len(counts)):
-                    cute.arch.mbarrier_init(bars + i, counts[i])
-                cute.arch.mbarrier_init(q_full, 1)
-                cute.arch.mbarrier_init(q_empty, 128 * self.cfg.n_consumer_wg)
-            cute.arch.mbarrier_init_fence()
-            cute.arch.barrier()
+    def _q_full_arrivals(self) -> int:
+        """One arrival (the TMA's arrive.expect_tx) when Q comes by TMA, else the shipped kernel's."""
+        return 1 if self._q_tma() else GatherAttentionSm90._q_full_arrivals(self)
 
     @cute.jit
     def _load_q(self, atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full):

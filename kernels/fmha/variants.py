@@ -120,15 +120,22 @@ class NoMufu(GatherAttentionSm90):
         return x * cutlass.Float32(0.5) + cutlass.Float32(1.0)
 
 
-class FmhaVariant(FmhaCuteDSL):
-    """A knock-out: `kernel_class` (the kernel with one part overridden) compiled in its place."""
+class AttentionOnly(FmhaCuteDSL):
+    """A variant of the attention kernel (`kernel_class` compiled in its place): attention cases only."""
 
-    checked = False
+    refusal = "a variant of the attention kernel: op attention only"
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case.get("op", "attention") != "attention":
-            return "knock-outs of the attention kernel only"
+            return self.refusal
         return super().supports(case, arch)
+
+
+class FmhaVariant(AttentionOnly):
+    """A knock-out: `kernel_class` (the kernel with one part overridden) compiled in its place."""
+
+    checked = False
+    refusal = "knock-outs of the attention kernel only"
 
 
 class FmhaNoGather(FmhaVariant):
@@ -162,7 +169,7 @@ class FmhaEmptyGrid(EmptyGridMixin, FmhaVariant):
 VARIANTS = (FmhaNoGather, FmhaNoSoftmax, FmhaNoMath, FmhaNoMufu, FmhaEmptyGrid)
 
 
-class FmhaPrefillV11(FmhaCuteDSL):
+class FmhaPrefillV11(AttentionOnly):
     """A v11 candidate of the sparse prefill (kernels/fmha/prefill_v11.py): the kernel with Q's load, O's
     store or the key split's row gather replaced; a real answer, checked against the oracle. Each applies
     to per-token lists with the key split (d = dv = 512, V = K) and compiles the shipped code elsewhere,
@@ -173,10 +180,7 @@ class FmhaPrefillV11(FmhaCuteDSL):
             --impl cutedsl,cutedsl:q-first,cutedsl:epi-tma,cutedsl:gather-hint,cutedsl:v11,flashmla
     """
 
-    def supports(self, case: Case, arch: str | None = None) -> str | None:
-        if case.get("op", "attention") != "attention":
-            return "a prefill candidate: op attention only"
-        return super().supports(case, arch)
+    refusal = "a prefill candidate: op attention only"
 
 
 class FmhaQFirst(FmhaPrefillV11):

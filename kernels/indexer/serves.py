@@ -20,7 +20,7 @@ import math
 import torch
 
 from dsv4bench.core.registry import Unsupported
-from kernels.indexer.decode_glue import PAGE, pack_pages
+from kernels.indexer.decode_glue import PAGE, cache_views
 from kernels.indexer.logits_sm90 import HEAD_DIM, HEADS
 from kernels.indexer.topk_glue import check_topk_args
 from oracles.compressor import CSA_RATIO, visible_entries
@@ -80,15 +80,18 @@ def indexer_scores(run, q, k, weights, positions, m: int = CSA_RATIO):
 
 
 def _pages(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each sequence's e4m3 keys [B, N, 128] and fp32 scales [B, N] as the decode kernel's paged cache
-    (zero keys pad a sequence to whole pages; the kernel masks them by length) and its block table."""
+    """Each sequence's e4m3 keys [B, N, 128] and fp32 scales [B, N] written once into the decode kernel's
+    paged cache (zero keys pad a sequence to whole pages; the kernel masks them by length), and its
+    block table."""
     b, n, d = codes.shape
     per = -(-n // PAGE)
-    padded = torch.zeros(b, per * PAGE, d, dtype=codes.dtype, device=codes.device)
-    padded[:, :n] = codes
-    sc = torch.zeros(b, per * PAGE, dtype=torch.float32, device=codes.device)
-    sc[:, :n] = scales
-    cache = pack_pages(padded.view(b * per, PAGE, d), sc.view(b * per, PAGE))
+    cache = torch.zeros(b * per, PAGE, 1, d + 4, dtype=torch.uint8, device=codes.device)
+    full, rest = divmod(n, PAGE)
+    for view, src in zip(cache_views(cache), (codes, scales)):  # pages are strided: whole ones, then the rest
+        view = view.unflatten(0, (b, per))
+        view[:, :full] = src[:, :full * PAGE].unflatten(1, (full, PAGE))
+        if rest:
+            view[:, full, :rest] = src[:, full * PAGE:]
     table = torch.arange(b * per, dtype=torch.int32, device=codes.device).view(b, per)
     return cache, table
 
