@@ -22,8 +22,10 @@ def fake_args(cfg: Bf16Config, out_dtype: torch.dtype = torch.float32) -> tuple:
     """x (M, K) bf16, w (N, K) bf16, y (M, N) of `out_dtype`, the split-K workspace and counters,
     n_ctas; every size a runtime value."""
     m, n, k, ws, nt = (cute.sym_int32() for _ in range(5))
+    # grouped, x is [M, G*K] against W's [N, K]: a shared symbol would make the call demand equal K
+    k_x = cute.sym_int32() if cfg.group_n else k
     bf16 = cutlass.BFloat16
-    x = make_fake_tensor(bf16, (m, k), (cute.sym_int64(divisibility=K_ALIGN), 1), assumed_align=16)
+    x = make_fake_tensor(bf16, (m, k_x), (cute.sym_int64(divisibility=K_ALIGN), 1), assumed_align=16)
     w = make_fake_tensor(bf16, (n, k), (cute.sym_int64(divisibility=K_ALIGN), 1), assumed_align=16)
     y = make_fake_tensor(OUT_DTYPES[out_dtype], (m, n), (cute.sym_int64(), 1), assumed_align=4)
     work = make_fake_tensor(cutlass.Float32, (ws,), (1,), assumed_align=16)

@@ -71,12 +71,22 @@ def indexer_scores(run, q, k, weights, positions, m: int = CSA_RATIO):
         inputs = {"q": q8.contiguous(), "kv_cache": kv_cache, "w": w, "lens": visible.reshape(b).contiguous(),
                   "table": table}
         return run({"op": "decode", "t": b, "s_kv": n, "mask": "ragged"}, inputs)["logits"].view(b, 1, n)
-    q8, w, k8, ks = q8.view(b, s, h, d), w.view(b, s, h), k8.view(b, n, d), ks.view(b, n)
+    q8, w, k8 = q8.view(b, s, h, d), w.view(b, s, h), k8.view(b, n, d)
+    sc = _aligned_rows(ks.view(b, n))
     zero = torch.zeros(s, dtype=torch.int32, device=q.device)
     rows = [run({"mask": "varlen", "t": s, "s_kv": n},
-                {"q": q8[i].contiguous(), "kv": k8[i].contiguous(), "sc": ks[i].contiguous(), "w": w[i].contiguous(),
+                {"q": q8[i].contiguous(), "kv": k8[i].contiguous(), "sc": sc[i, :n], "w": w[i].contiguous(),
                  "ks": zero, "ke": visible[i].contiguous()})["logits"] for i in range(b)]
     return rows[0][None] if b == 1 else torch.stack(rows)
+
+
+def _aligned_rows(scales: torch.Tensor) -> torch.Tensor:
+    """fp32 [B, N] with rows 16 bytes apart, so each sequence's scales start where the logits kernel's
+    TMA can read them (row i of a [B, N] tensor starts at 4·N·i bytes: N = 75 puts row 1 at 300)."""
+    b, n = scales.shape
+    out = scales.new_empty(b, -(-n // 4) * 4)
+    out[:, :n] = scales
+    return out
 
 
 def _pages(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

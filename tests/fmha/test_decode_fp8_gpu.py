@@ -116,7 +116,7 @@ def test_split_counts_agree(sms):
     out = FAMILY.alloc_outputs(case, "cuda")
     poison(out)
     print("n_split, chunk =", plan(3, 128, case["topk"], sms))
-    run_decode(_compiled_for(case), Workspace(), x["q"], (x["cache0"], x["cache1"]), (x["idx0"], x["idx1"]),
+    run_decode(_compiled_for(case, "cutedsl:decode-v1"), Workspace(), x["q"], (x["cache0"], x["cache1"]), (x["idx0"], x["idx1"]),
                (x["len0"], x["len1"]), x["sink"], out["out"], out["lse"], sms)
     torch.cuda.synchronize()
     _check(case, x, out, f"sms={sms}")

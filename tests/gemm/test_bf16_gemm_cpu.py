@@ -11,7 +11,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import SweepOptions, get_family, get_impl
 from kernels.gemm.bf16_config import BK, Bf16Config, choose_bf16_config, cost
-from kernels.gemm.bf16_glue import bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands
+from kernels.gemm.bf16_glue import bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands, fake_args
 from kernels.gemm.config import H100_SMS, MAX_SPLIT
 from kernels.gemm.tiling import SMEM_BYTES
 from sweeps.gemm import BF16, BF16_GROUPED, BF16_LAYERS, BF16_M
@@ -121,6 +121,16 @@ def test_oracle_is_the_fp32_product_and_the_lowprec_yardstick_holds_on_the_cpu()
     exact = x.double() @ w.double().T
     assert (y.double() - exact).abs().max() <= 1000 * 2.0**-24 * (x.double().abs() @ w.double().abs().T).max()
     assert (y.bfloat16().double() - exact).abs().max() > 0  # the yardstick is not the truth
+
+
+@pytest.mark.parametrize("group_n", [0, 192])
+def test_fake_operands_tie_x_to_w_columns_only_when_ungrouped(group_n):
+    """A symbol two fake tensors share becomes a shape check of the compiled call (tvm-ffi, on the GPU
+    only): grouped, x has G*K columns against W's K, and a shared K refused every wo_a call
+    (docs/lessons/gemm.md 10)."""
+    x, w, y, *_ = fake_args(Bf16Config(bm=64, bn=64, group_n=group_n))
+    assert (x.shape[1] is w.shape[1]) == (not group_n)
+    assert x.shape[0] is y.shape[0] and w.shape[0] is y.shape[1]
 
 
 def test_grouped_operands_oracle_and_refusals():

@@ -134,12 +134,14 @@ class _LogitsKernels:
         self.calls = []
 
     def __call__(self, params, inputs):
-        from kernels.indexer.decode_glue import decode_reference
-        from kernels.indexer.glue import oracle_of
+        from kernels.indexer.decode_glue import check_decode, decode_reference
+        from kernels.indexer.glue import check_operands, oracle_of
 
         self.calls.append(params)
         if params.get("op") == "decode":
+            check_decode(**inputs, out=torch.empty(params["t"], params["s_kv"]))
             return {"logits": decode_reference(**inputs, width=params["s_kv"])}
+        check_operands(**inputs)  # the launch's own refusals (TMA alignment of every sequence's scales)
         return {"logits": oracle_of(**inputs)}
 
 
@@ -148,7 +150,7 @@ def _logits_kernel(params, inputs):
 
 
 @pytest.mark.parametrize("batch,seqlen,n,start", [(1, 37, 9, 0), (2, 1, 40, 157), (3, 5, 12, 43), (1, 1, 64, 300),
-                                                  (4, 1, 130, 515), (3, 1, 7, 5)])
+                                                  (4, 1, 130, 515), (3, 1, 7, 5), (2, 3, 75, 300)])
 def test_indexer_scores_on_fp4_operands_are_the_oracles(batch, seqlen, n, start):
     """A decode step (one token a sequence) is one paged launch of [B, N]; a prefill one launch a
     sequence of [S, N]: never the B·S x B·N output of all sequences against all keys."""
