@@ -33,6 +33,8 @@ def compressor_prefill(run, kv, score, norm_weight, m: int, freqs, indexer: bool
                           f"dims; got qat {qat}, eps {eps}, {2 * freqs.shape[-1]} dims")
     b, s, _ = kv.shape
     n = num_entries(s, m)
+    if n == 0:  # a prompt shorter than one block: nothing to compress, and no launch (the kernel takes n >= 1)
+        return kv.new_empty(b, 0, d, dtype=torch.float32)
     inputs = {"kv": kv.float().contiguous(), "score": score.float().contiguous(),
               "norm_w": norm_weight.bfloat16().contiguous(),  # stored bf16: exact
               "table": rope_table(freqs.float(), max(1, (n - 1) * m + 1), kv.device)}

@@ -65,13 +65,15 @@ def test_mtp_input(tokens, kernels, monkeypatch):
         sa.assert_passes("mtp_input", gemm.mtp_input(kernels("gemm"), *swapped, **kwargs), args, kwargs, monkeypatch)
 
 
-@pytest.mark.parametrize("ratio,tokens,batch", [(4, 4 * 37 + 3, 2), (4, 4, 1), (128, 128 * 3 + 77, 2)])
+@pytest.mark.parametrize("ratio,tokens,batch", [(4, 4 * 37 + 3, 2), (4, 4, 1), (128, 128 * 3 + 77, 2), (128, 31, 1),
+                                                (4, 3, 2)])
 def test_compressor_prefill(ratio, tokens, batch, monkeypatch):
     args, kwargs = sa.op_args("compressor_prefill", sa.SMALL, tokens, seed=random.randrange(1 << 30), device="cpu",
                               batch=batch, ratio=ratio)
     out = compressor.compressor_prefill(emulated("compressor"), *args, **kwargs)
     assert out.shape == (batch, tokens // ratio, sa.ENTRY) and out.dtype == torch.float32
-    sa.assert_passes("compressor_prefill", out, args, kwargs, monkeypatch)
+    if tokens >= ratio:  # shorter than one block: no entries and no launch (the kernel takes one block or more)
+        sa.assert_passes("compressor_prefill", out, args, kwargs, monkeypatch)
     assert OPS["compressor_prefill"].oracle(*args, **kwargs).shape == out.shape
 
 
