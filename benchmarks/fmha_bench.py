@@ -30,6 +30,8 @@ def bench_cases() -> dict[str, dict]:
     return {
         "pro_prefill": _sparse(h_q=128, s_q=4096, topk=1152, s_kv=8192, lse=False),
         "flash_prefill": _sparse(h_q=64, s_q=4096, topk=640, s_kv=8192, lse=False),
+        "pro_prefill_16k": _sparse(h_q=128, s_q=16384, topk=1152, s_kv=32768, lse=False),
+        "flash_prefill_16k": _sparse(h_q=64, s_q=16384, topk=640, s_kv=32768, lse=False),
         "pro_decode_64": _sparse(h_q=128, s_q=64, topk=1152, window=0, kv_layout="per_token", lse=False),
         "pro_decode_128": _sparse(h_q=128, s_q=128, topk=1152, window=0, kv_layout="per_token", lse=False),
         "flash_decode_64": _sparse(h_q=64, s_q=64, topk=640, window=0, kv_layout="per_token", lse=False),
