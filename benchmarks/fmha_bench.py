@@ -39,6 +39,16 @@ def bench_cases() -> dict[str, dict]:
     }
 
 
+def topk_sweep_cases(widths: list[int], heads: list[int]) -> dict[str, dict]:
+    """Prefills (s_q 4096) at several top-k widths and query-head counts: time per CTA = a + b x tiles
+    fits each kernel's fixed and per-tile cost (docs/perf/fmha.md); h_q 16 and 8 are the TP-8 splits."""
+    if not widths or any(k < 1 or k > 8192 for k in widths):
+        raise SystemExit(f"fmha_bench: --topk-sweep takes widths in [1, 8192], got {widths}")
+    if not heads or any(h < 1 or h > 128 for h in heads):
+        raise SystemExit(f"fmha_bench: --heads takes query-head counts in [1, 128], got {heads}")
+    return {f"h{h}_k{k}": _sparse(h_q=h, s_q=4096, topk=k, s_kv=8192, lse=False) for h in heads for k in widths}
+
+
 def device_info() -> dict:
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
     try:
@@ -65,7 +75,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--topk-sweep", default="", help="comma-separated top-k widths: time s_q 4096 prefills at "
+                    "--heads of these widths instead of the named cases (the a + b x tiles fit)")
+    ap.add_argument("--heads", default="64,128", help="query heads of the --topk-sweep cases")
     args = ap.parse_args()
+    cases = (topk_sweep_cases([int(k) for k in args.topk_sweep.split(",")], [int(h) for h in args.heads.split(",")])
+             if args.topk_sweep else bench_cases())
     from dsv4bench.core import ceilings
     from dsv4bench.core.timing import CudaTimer
 
@@ -74,9 +89,9 @@ def main() -> None:
     record = {"commit": os.environ.get("DSV4BENCH_COMMIT", "unknown"), "device": device_info(),
               "ceilings": ceil.to_json(), "l2_flush": True, "results": []}
     print(record["device"], record["ceilings"], flush=True)
-    names = [n for n in bench_cases() if not args.only or n in args.only.split(",")]
+    names = [n for n in cases if not args.only or n in args.only.split(",")]
     for name in names:
-        case = Case("fmha", bench_cases()[name], 0, "bench")
+        case = Case("fmha", cases[name], 0, "bench")
         x = FAMILY.make_inputs(case, case_generator(case), "cuda")
         ref, low = FAMILY.oracle(case, x), FAMILY.lowprec(case, x)
         cost = FAMILY.cost(case)

@@ -18,7 +18,7 @@ from kernels.fmha.compiling import NO_WINDOW, compile_config
 from kernels.fmha.config import LOG2E, Config
 from kernels.fmha.decode_prefetch import FusedPackedLoop
 from kernels.fmha.decode_glue import PACKED_MAX_BLOCK, FusedWorkspace, Workspace, compile_decode, compile_fused, run_decode, run_fused
-from kernels.fmha.kernel_sm90 import GatherAttentionSm90
+from kernels.fmha.prefill_v11 import V11
 
 
 def config_for(case: Case) -> Config:
@@ -58,7 +58,11 @@ class FmhaCuteDSL(Impl):
     family, name, backend = "fmha", "cutedsl", "cutedsl"
     archs = ("sm_90a",)
     compiles = True
-    kernel_class: type = GatherAttentionSm90  # a declared variant compiles its subclass (variants.py)
+    # The attention kernel (a declared variant compiles its own subclass, variants.py): v11 (prefill_v11.py:
+    # Q by TMA, O by stmatrix + TMA store, the hinted gather), the shipped code wherever its preconditions
+    # fail. On the H100: 1.19-1.29x v10 (`cutedsl:v10`, GatherAttentionSm90) on the DSV4 prefills at
+    # s_q 4096 and 16384, 0.96-1.02x FlashMLA (docs/perf/fmha.md, "v11 candidates").
+    kernel_class: type = V11
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
     # (rows per batch, prmt conversion[, kernel class, one producer path]) = the fused kernel
     # (decode_fused.py, decode_glue.compile_fused / run_fused). The default is v3, fused-pk-loop

@@ -1,7 +1,7 @@
-"""v11 candidates for the sparse prefill (the key split, dv = 512, V = K: every DSV4 shape), issue #25:
-the fixed cost per CTA (Q's load, the epilogue) and the gather's per-tile cost, each a subclass of the
-shipped kernel that overrides one seam. Real answers (checked against the oracle on a GPU); not the
-default until a GPU A/B says so (docs/perf/fmha.md, "v11 candidates").
+"""v11, the default sparse prefill (`cutedsl`; the key split, dv = 512, V = K: every DSV4 shape), issue
+#25: the fixed cost per CTA (Q's load, the epilogue) and the gather's per-tile cost, each a subclass of
+v10 (GatherAttentionSm90, `cutedsl:v10`) that overrides one seam. On the H100, 1.19-1.29x v10 on the
+DSV4 prefills at s_q 4096 and 16384 (docs/perf/fmha.md, "v11"); each change alone is an A/B form:
 
   QFirst     (`cutedsl:q-first`)     Q by one TMA (8 boxes of 64 heads x 64 d, issued by producer
                                      warp 0, one arrive.expect_tx on q_full) instead of 32 cp.async a
@@ -14,9 +14,9 @@ default until a GPU A/B says so (docs/perf/fmha.md, "v11 candidates").
   GatherHint (`cutedsl:gather-hint`) the pair's K rows by `cp.async.cg ... L2::cache_hint` (an
                                      evict_last policy), src-size 0 (zero fill, no read) for invalid
                                      slots, one shared-memory base a thread plus immediates.
-  V11        (`cutedsl:v11`)         all three.
+  V11        (`cutedsl`, the default) all three.
 
-Each applies where its preconditions hold at compile time and is the shipped code elsewhere: per-token
+Each applies where its preconditions hold at compile time and is v10's code elsewhere: per-token
 lists with the key split, in whole 64-head blocks of a kv group (hpg % 64 == 0: Flash 64, Pro 128;
 `_v11_applies`). The TMA store needs the whole blocks (a box past a group's last head would write the
 next group's rows); the others are held to the same shapes, the ones the GPU tests cover.

@@ -1,4 +1,4 @@
-"""Declared knock-out variants of the SM90 attention kernel (kernel_sm90.py): where its time goes,
+"""Declared knock-out variants of the SM90 attention kernel (the default, v11: prefill_v11.py over kernel_sm90.py): where its time goes,
 run through the harness beside the shipped kernel, on the same inputs, in one process:
 
     dsv4bench sweep fmha --hd 128,512 --impl cutedsl,cutedsl:no-gather,cutedsl:no-softmax,\\
@@ -39,7 +39,7 @@ from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst
 from kernels.probes import EmptyGridMixin
 
 
-class NoGather(GatherAttentionSm90):
+class NoGather(V11):
     @cute.jit
     def _copy_kv(self, atom, sIdx, mT, dst, seg0: int, n_segs: int, ptid, stage, kvh, bidx):
         pass
@@ -54,7 +54,7 @@ class NoGather(GatherAttentionSm90):
             cute.arch.mbarrier_arrive(bar)
 
 
-class NoSoftmax(GatherAttentionSm90):
+class NoSoftmax(V11):
     @cute.jit
     def _mask_tile(self, S_mn, cS_mn, sIdx, sMaskFlag, stage, row_tok, causal_off, window):
         pass
@@ -69,7 +69,7 @@ class NoSoftmax(GatherAttentionSm90):
         corr.fill(1.0)
 
 
-class NoMath(GatherAttentionSm90):
+class NoMath(V11):
     """Each schedule reduced to its stage hand-off: wait for every tile, free it."""
 
     @cute.jit
@@ -114,7 +114,7 @@ class NoMath(GatherAttentionSm90):
             cute.arch.mbarrier_arrive(bars + 4 + 1)  # 0-right
 
 
-class NoMufu(GatherAttentionSm90):
+class NoMufu(V11):
     @cute.jit
     def _exp2(self, x, cc: cutlass.Constexpr):
         return x * cutlass.Float32(0.5) + cutlass.Float32(1.0)
@@ -169,38 +169,38 @@ class FmhaEmptyGrid(EmptyGridMixin, FmhaVariant):
 VARIANTS = (FmhaNoGather, FmhaNoSoftmax, FmhaNoMath, FmhaNoMufu, FmhaEmptyGrid)
 
 
-class FmhaPrefillV11(AttentionOnly):
-    """A v11 candidate of the sparse prefill (kernels/fmha/prefill_v11.py): the kernel with Q's load, O's
-    store or the key split's row gather replaced; a real answer, checked against the oracle. Each applies
-    to per-token lists with the key split (d = dv = 512, V = K) and compiles the shipped code elsewhere,
-    so it takes every attention case. Not the default until a GPU A/B says so (docs/perf/fmha.md, "v11
-    candidates"):
+class FmhaPrefillForm(AttentionOnly):
+    """v10, the attention kernel before v11 (GatherAttentionSm90: Q by cp.async, O by scalar shared
+    stores, the plain gather), and v10 with one of v11's three changes (kernels/fmha/prefill_v11.py):
+    the A/B of each change against the default (v11, all three) and FlashMLA, on the same inputs. Real
+    answers, checked against the oracle; they take every attention case (each is v10's code where v11's
+    preconditions fail):
 
-        dsv4bench sweep fmha --hd 512 --mask topk --bench \\
-            --impl cutedsl,cutedsl:q-first,cutedsl:epi-tma,cutedsl:gather-hint,cutedsl:v11,flashmla
+        dsv4bench sweep fmha --hd 512 --mask topk --op attention --bench \\
+            --impl cutedsl,cutedsl:v10,cutedsl:q-first,cutedsl:epi-tma,cutedsl:gather-hint,flashmla
     """
 
-    refusal = "a prefill candidate: op attention only"
+    refusal = "a prefill A/B form: op attention only"
 
 
-class FmhaQFirst(FmhaPrefillV11):
+class FmhaQFirst(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:q-first", "q-first", QFirst
 
 
-class FmhaEpiTma(FmhaPrefillV11):
+class FmhaEpiTma(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:epi-tma", "epi-tma", EpiTma
 
 
-class FmhaGatherHint(FmhaPrefillV11):
+class FmhaGatherHint(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:gather-hint", "gather-hint", GatherHint
 
 
-class FmhaV11(FmhaPrefillV11):
-    name, variant, kernel_class = "cutedsl:v11", "v11", V11
+class FmhaV10(FmhaPrefillForm):
+    name, variant, kernel_class = "cutedsl:v10", "v10", GatherAttentionSm90
 
 
-# checked candidates of the sparse prefill (v11), attention only
-PREFILL_VARIANTS = (FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaV11)
+# checked A/B forms of the sparse prefill (v10 and v10 + one of v11's changes), attention only
+PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint)
 
 
 class FmhaFusedDecode(FmhaCuteDSL):

@@ -40,9 +40,9 @@ def _many_items(case) -> bool:
     return cfg.persistent and blocks * case["h_kv"] * cfg.n_hblk * case["b"] > 3
 
 
-# the v11 candidates of the sparse prefill (kernels/fmha/prefill_v11.py) change the key split's per-token
-# path: every such case (prefill, decode shapes, ragged / invalid lists, hpg 1..128), plus one case of
-# each other schedule where they must compile the shipped code
+# v10 and its forms with one of v11's changes (the A/B forms of the default, kernels/fmha/prefill_v11.py)
+# differ on the key split's per-token path: every such case (prefill, decode shapes, ragged / invalid
+# lists, hpg 1..128), plus one case of each other schedule where they compile v10's code
 V11_IMPLS = [cls.name for cls in variants.PREFILL_VARIANTS]
 V11_CASES = [c for c in CASES if config_for(c).key_split and config_for(c).per_token_idx] + list(
     {(config_for(c).key_split, config_for(c).n_dsplit, config_for(c).tma_kv): c for c in CASES
@@ -65,7 +65,7 @@ def test_persistent_ctas_walk_many_items(case):
 
 @pytest.mark.parametrize("impl_name", V11_IMPLS)
 @pytest.mark.parametrize("case", V11_CASES, ids=[c.id for c in V11_CASES])
-def test_prefill_v11_matches_fp32_oracle(case, impl_name):
+def test_prefill_forms_match_fp32_oracle(case, impl_name):
     _check(case, get_impl("fmha", impl_name))
 
 

@@ -1,11 +1,11 @@
-"""The v11 candidates of the sparse prefill (kernels/fmha/prefill_v11.py: `cutedsl:q-first`, `epi-tma`,
-`gather-hint`, `v11`) compile for sm_90a from fake tensors (no GPU) at the Flash (h_q 64) and Pro (h_q 128)
-shapes without spills, and their SASS shows the change each claims against the shipped kernel's: Q by
+"""v11, the default sparse prefill (kernels/fmha/prefill_v11.py; `cutedsl`), and its A/B forms (v10 with
+one of its changes: `cutedsl:q-first`, `epi-tma`, `gather-hint`) compile for sm_90a from fake tensors (no GPU) at the Flash (h_q 64) and Pro (h_q 128)
+shapes without spills, and their SASS shows the change each claims against v10's (GatherAttentionSm90, `cutedsl:v10`): Q by
 TMA and 32 fewer cp.async a producer thread; O by stmatrix + TMA store with no scalar bf16 stores and
 one CTA-wide barrier fewer; the K rows' cp.async with a cache-policy descriptor, zero-fill predicates and
-immediate offsets. Elsewhere (other schedules) each compiles the shipped code. The addressing formula of
+immediate offsets. Elsewhere (other schedules) each compiles v10's code. The addressing formula of
 gather-hint is checked against CuTe's layout of the K stages. GPU correctness: tests/fmha/test_fmha_gpu.py
-(`test_prefill_v11_matches_fp32_oracle`)."""
+(`test_cutedsl_matches_fp32_oracle`, `test_prefill_forms_match_fp32_oracle`)."""
 
 import collections
 import functools
@@ -24,7 +24,7 @@ from kernels.fmha.config import Config
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 
 NAMES = {"cutedsl:q-first": prefill_v11.QFirst, "cutedsl:epi-tma": prefill_v11.EpiTma,
-         "cutedsl:gather-hint": prefill_v11.GatherHint, "cutedsl:v11": prefill_v11.V11}
+         "cutedsl:gather-hint": prefill_v11.GatherHint, "cutedsl": prefill_v11.V11}
 SHAPES = {"flash": 64, "pro": 128}  # query heads per kv head (h_kv = 1)
 
 
@@ -52,14 +52,14 @@ def _count(ops: collections.Counter, op: str) -> int:
     return sum(n for name, n in ops.items() if name == op or name.startswith(op + "."))
 
 
-def test_candidates_are_registered_checked_and_not_default():
+def test_v11_is_the_default_and_the_forms_are_checked_variants():
     plain = {i.name for i in impls("fmha")}
     declared = {i.name: i for i in impls("fmha", variants=True)}
-    assert [cls.name for cls in variants.PREFILL_VARIANTS] == list(NAMES)
+    assert [cls.name for cls in variants.PREFILL_VARIANTS] == ["cutedsl:v10", *list(NAMES)[:-1]]
+    assert declared["cutedsl:v10"].kernel_class is GatherAttentionSm90
     for name, cls in NAMES.items():
-        impl = declared[name]
-        assert impl.checked and name not in plain and impl.kernel_class is cls
-        assert get_impl("fmha", "cutedsl").kernel_class is GatherAttentionSm90
+        impl = get_impl("fmha", name) if name == "cutedsl" else declared[name]
+        assert impl.checked and (name in plain) == (name == "cutedsl") and impl.kernel_class is cls
 
 
 def test_gather_addressing_matches_the_k_stage_layout():
@@ -107,9 +107,9 @@ def test_candidate_sass_shows_its_change(name, shape):
     cfg = _cfg(SHAPES[shape])
     base, _ = _ops(GatherAttentionSm90, cfg)
     mine, text = _ops(NAMES[name], cfg)
-    q_tma = name in ("cutedsl:q-first", "cutedsl:v11")
-    o_tma = name in ("cutedsl:epi-tma", "cutedsl:v11")
-    hint = name in ("cutedsl:gather-hint", "cutedsl:v11")
+    q_tma = name in ("cutedsl:q-first", "cutedsl")
+    o_tma = name in ("cutedsl:epi-tma", "cutedsl")
+    hint = name in ("cutedsl:gather-hint", "cutedsl")
     # Q: 8 TMA boxes (64 heads x 64 d) instead of 32 cp.async a producer thread
     assert _count(mine, "UTMALDG") == (8 if q_tma else 0)
     assert _count(mine, "LDGSTS.E") == _count(base, "LDGSTS.E") - (32 if q_tma else 0)
@@ -132,7 +132,7 @@ def test_candidate_sass_shows_its_change(name, shape):
 @needs_sass
 @pytest.mark.parametrize("name", list(NAMES))
 def test_candidate_is_the_shipped_code_elsewhere(name):
-    """A configuration none of the candidates applies to (dense hd 128): the shipped kernel's SASS."""
+    """A configuration none of v11's changes applies to (dense hd 128): v10's SASS."""
     cfg = Config(d=128, dv=128, hpg=1, kv_shared=False, per_token_idx=False)
 
     def norm(cls):

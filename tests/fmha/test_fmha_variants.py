@@ -43,7 +43,7 @@ def test_variants_are_declared_unchecked_and_not_run_by_default():
     plain = {i.name for i in impls("fmha")}
     declared = {i.name: i for i in impls("fmha", variants=True) if i.variant}
     decode = {cls.name for cls in variants.DECODE_VARIANTS}  # forms and knock-outs of the FP8 decode (v2)
-    prefill = {cls.name for cls in variants.PREFILL_VARIANTS}  # checked v11 candidates (tests/fmha/test_fmha_v11.py)
+    prefill = {cls.name for cls in variants.PREFILL_VARIANTS}  # checked A/B forms of the prefill (tests/fmha/test_fmha_v11.py)
     assert prefill <= set(declared) and all(n not in plain and declared[n].checked for n in prefill)
     decode |= prefill
     assert decode <= set(declared) and all(n not in plain for n in decode)
