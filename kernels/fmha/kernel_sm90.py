@@ -168,7 +168,7 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
             record("TMA K box (keys, d) per tile", tma[1])
         io = self._io_tma(mQ, mO, sQ_layout)  # None: Q by the producer's cp.async, O by 16-byte stores
         n_rows = cute.size(mIdx, mode=[0])
-        grid = self._launch_grid(n_rows, cute.size(mK, mode=[1]) * c.n_hblk, cute.size(mQ, mode=[3]))
+        grid = (n_rows, cute.size(mK, mode=[1]) * c.n_hblk, cute.size(mQ, mode=[3]))
         if cutlass.const_expr(c.persistent):
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], n_ctas), 1, 1)
         self.kernel(

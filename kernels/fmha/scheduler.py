@@ -40,18 +40,9 @@ class TileScheduler:
             hblk_all = (i // n_rows) % n_hblk_all
             bidx = i // (n_rows * n_hblk_all)
         else:
-            blk, hblk_all, bidx = self._block_coords(cute.size(mK, mode=[1]) * c.n_hblk)
+            blk, hblk_all, bidx = cute.arch.block_idx()
         kvh = hblk_all // c.n_hblk
         head0 = kvh * c.hpg + (hblk_all % c.n_hblk) * c.hb  # first query head of the item
         n_idx = mLen[blk, bidx]
         n_tiles = cutlass.max((n_idx + c.n_block - 1) // c.n_block, 1)  # >= 1: an empty list is one masked tile
         return blk, bidx, kvh, head0, n_idx, n_tiles, blk * c.tq
-
-    def _launch_grid(self, n_rows, n_hblk_all, batch) -> tuple:
-        """The non-persistent grid: (query blocks, head blocks of every kv head, batch). Seam of the
-        launch order (a token's head blocks adjacent: prefill_v12.py)."""
-        return n_rows, n_hblk_all, batch
-
-    def _block_coords(self, n_hblk_all):
-        """(query block, head block, batch) of this CTA in the `_launch_grid` it was launched with."""
-        return cute.arch.block_idx()

@@ -36,7 +36,6 @@ from kernels.fmha.decode_prefetch import FusedPackedLoop, FusedPrefetchLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst
-from kernels.fmha.prefill_v12 import HeadAdjacent
 from kernels.probes import EmptyGridMixin
 
 
@@ -200,14 +199,8 @@ class FmhaV10(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:v10", "v10", GatherAttentionSm90
 
 
-class FmhaHeadAdjacent(FmhaPrefillForm):
-    """The v12 candidate (prefill_v12.py): v11 with a token's head blocks adjacent in launch order."""
-
-    name, variant, kernel_class = "cutedsl:head-adjacent", "head-adjacent", HeadAdjacent
-
-
-# checked A/B forms of the sparse prefill (v10, v10 + one of v11's changes, the v12 candidate), attention only
-PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaHeadAdjacent)
+# checked A/B forms of the sparse prefill (v10 and v10 + one of v11's changes), attention only
+PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint)
 
 
 class FmhaFusedDecode(FmhaCuteDSL):

@@ -55,7 +55,7 @@ def _count(ops: collections.Counter, op: str) -> int:
 def test_v11_is_the_default_and_the_forms_are_checked_variants():
     plain = {i.name for i in impls("fmha")}
     declared = {i.name: i for i in impls("fmha", variants=True)}
-    assert [cls.name for cls in variants.PREFILL_VARIANTS] == ["cutedsl:v10", *list(NAMES)[:-1], "cutedsl:head-adjacent"]
+    assert [cls.name for cls in variants.PREFILL_VARIANTS] == ["cutedsl:v10", *list(NAMES)[:-1]]
     assert declared["cutedsl:v10"].kernel_class is GatherAttentionSm90
     for name, cls in NAMES.items():
         impl = get_impl("fmha", name) if name == "cutedsl" else declared[name]
@@ -139,21 +139,3 @@ def test_candidate_is_the_shipped_code_elsewhere(name):
         return re.sub(r"kernel_cutlass_kernel_\w+", "KERNEL", _ops(cls, cfg)[1])
 
     assert norm(NAMES[name]) == norm(GatherAttentionSm90)
-
-
-@needs_sass
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_head_adjacent_changes_only_the_launch_order_of_several_head_blocks(shape):
-    """The v12 candidate (prefill_v12.HeadAdjacent): at Pro's two head blocks a token its block
-    coordinates come from x alone (no ctaid.y read), without spills; at Flash's one head block, v11's SASS."""
-    from kernels.fmha.prefill_v12 import HeadAdjacent
-
-    cfg = _cfg(SHAPES[shape])
-    assert not parse_cubin(_compiled(HeadAdjacent, cfg).__cubin__).local_bytes
-
-    def norm(cls):
-        return re.sub(r"kernel_cutlass_kernel_\w+", "KERNEL", _ops(cls, cfg)[1])
-
-    mine, base = norm(HeadAdjacent), norm(prefill_v11.V11)
-    assert (mine == base) == (shape == "flash")
-    assert ("SR_CTAID.Y" in mine) == (shape == "flash") and "SR_CTAID.Y" in base
