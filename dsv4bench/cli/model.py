@@ -237,9 +237,16 @@ def _compare(engine, ops, prompt: list[int], steps: int, backend: str) -> None:
     from dsv4bench.model.diff import compare
     from dsv4bench.model.error import DiffError
 
-    with console.status("--compare: the oracle model and the candidate, teacher-forced"):
+    from dsv4bench.model.dispatch import OpTable
+    from dsv4bench.model.lowprec_ops import LOWPREC
+
+    bound = None
+    if backend not in ("oracle", LOWPREC):  # the low-precision torch model beside it: the error it is held to
+        low = OpTable().select_all(LOWPREC)
+        bound = (dict(low.active), low.stream_dtype)
+    with console.status("--compare: the oracle model, the candidate and the low-precision model, teacher-forced"):
         try:
-            report = compare(engine, dict(ops.active), prompt, steps, ops.stream_dtype)
+            report = compare(engine, dict(ops.active), prompt, steps, ops.stream_dtype, bound=bound)
         except DiffError as e:
             fail(f"--compare: {e}")
     show_compare(report, backend)

@@ -29,16 +29,23 @@ def show_compare(report, backend: str) -> None:
         be = r.backend if r.backend == "oracle" else f"[bold]{r.backend}[/]"
         ops.add_row(r.scope, r.op, be, str(r.calls), _err(r.error), _err(r.local))
     console.print(ops)
-    resid = Table(title="residual stream (relative L2 error vs FP32)")
-    for col in ("layer", "after attention", "after the layer"):
+    low = report.bound
+    resid = Table(title="residual stream (relative L2 error vs FP32)"
+                        + ("; the low-precision torch model on the same tokens beside it" if low else ""))
+    cols = ("layer", "after attention", "after the layer") + (("lowprec: after attention", "after the layer",
+                                                                 "within lowprec's") if low else ())
+    for col in cols:
         resid.add_column(col, justify="left" if col == "layer" else "right")
-    for scope, attn, layer in report.residual:
-        resid.add_row(scope, _num(attn), _num(layer))
+    within = report.within_bound() if low else []
+    for i, (scope, attn, layer) in enumerate(report.residual):
+        extra = (_num(low.residual[i][1]), _num(low.residual[i][2]),
+                 "yes" if within[i] else f"[bold red]no[/] ({layer / low.residual[i][2]:.2f}x)") if low else ()
+        resid.add_row(scope, _num(attn), _num(layer), *extra)
     console.print(resid)
     summary = Table(title="logits", show_header=False)
     summary.add_row("teacher-forced positions", str(report.positions))
-    summary.add_row("top-1 agreement", f"{report.top1:.2%}")
-    summary.add_row("relative L2 error", _num(report.logits_rel))
+    summary.add_row("top-1 agreement", f"{report.top1:.2%}" + (f" (lowprec {low.top1:.2%})" if low else ""))
+    summary.add_row("relative L2 error", _num(report.logits_rel) + (f" (lowprec {_num(low.logits_rel)})" if low else ""))
     d = report.divergence
     if d is None:
         summary.add_row("greedy generation", f"the same {report.steps} tokens")

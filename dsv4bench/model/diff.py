@@ -65,6 +65,14 @@ class Report:
     logits_rel: float  # relative L2 error of the logits over every position
     steps: int
     divergence: Divergence | None  # None: the same greedy tokens for every step
+    bound: Report | None = None  # the low-precision model on the same run (`compare(bound=...)`)
+
+    def within_bound(self) -> list[bool]:
+        """Per block: whether the residual stream after the layer is no further from FP32 than the
+        bound's (the low-precision torch model's) on the same tokens."""
+        if self.bound is None:
+            raise DiffError("no bound: compare(..., bound=...) runs the low-precision model beside")
+        return [mine <= theirs for (_, _, mine), (_, _, theirs) in zip(self.residual, self.bound.residual)]
 
 
 def record(engine: Engine, table: OpTable, prompt: list[int], steps: int, forced: list[int] | None = None) -> Run:
@@ -135,10 +143,22 @@ def divergence(cand: Run, ref: Run, prompt_len: int) -> Divergence | None:
 
 
 def compare(engine: Engine, selection: dict[str, str], prompt: list[int], steps: int,
-            stream_dtype: torch.dtype = torch.float32) -> Report:
+            stream_dtype: torch.dtype = torch.float32,
+            bound: tuple[dict[str, str], torch.dtype] | None = None) -> Report:
     """The ops `selection` puts on other backends, with the candidate's residual streams in
-    `stream_dtype`, against the all-oracle model (the engine's QAT setting on both sides)."""
+    `stream_dtype`, against the all-oracle model (the engine's QAT setting on both sides). `bound`
+    (a selection and its stream dtype: the low-precision model's) is diffed against the same oracle
+    run and tokens, as `Report.bound`: the error a candidate is held to."""
     ref = record(engine, OpTable(), prompt, steps)
+    report = _against(engine, ref, selection, prompt, steps, stream_dtype)
+    if bound is not None:
+        bound_selection, bound_dtype = bound
+        report.bound = _against(engine, ref, bound_selection, prompt, steps, bound_dtype)
+    return report
+
+
+def _against(engine: Engine, ref: Run, selection: dict[str, str], prompt: list[int], steps: int,
+             stream_dtype: torch.dtype) -> Report:
     table = ShadowTable(selection)
     table.stream_dtype = stream_dtype
     cand = record(engine, table, prompt, steps, forced=ref.tokens)

@@ -116,6 +116,10 @@ def test_compare_reports_per_layer_and_op(cache):
     assert _cell(noisy.output, "layer 0 attn", "rmsnorm")[:4] == ["cli-noisy", "6", "2.00e-02", "2.00e-02"]
     assert _cell(noisy.output, "layer 0 attn", "hc_pre") == ["oracle", "6", "0.00e+00", ""]
     assert float(_cell(noisy.output, "layer 3", )[1]) > 1e-3  # the residual stream after layer 3
+    low_attn, low_layer, verdict = _cell(noisy.output, "layer 3")[2:]  # the low-precision model beside it
+    assert 0 < float(low_layer) < float(_cell(noisy.output, "layer 3")[1]) and verdict.startswith("no (")
+    assert re.search(r"top-1 agreement\s*│ [\d.]+% \(lowprec [\d.]+%\)", noisy.output)
+    assert "lowprec" not in same.output  # the oracle backend has no bound beside it
     assert re.search(r"rmsnorm\s*│ cli-noisy", noisy.output)  # and the run itself used it
 
 

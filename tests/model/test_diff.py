@@ -7,6 +7,7 @@ from dsv4bench.model.bisect import bisect
 from dsv4bench.model.config import TINY
 from dsv4bench.model.diff import compare
 from dsv4bench.model.dispatch import OPS, OpTable, register_op
+from dsv4bench.model.error import DiffError
 from oracles.norm import rmsnorm_lowprec
 
 STEPS = 8
@@ -74,6 +75,25 @@ def test_compare_attributes_the_error_to_the_perturbed_op(tiny_engine):
     assert 0 < resid["layer 0"][0] < delta and all(attn > 0 and layer > 0 for attn, layer in resid.values())
     assert report.positions == len(p) + STEPS - 1
     assert report.logits_rel > 0 and 0.5 <= report.top1 <= 1
+
+
+def test_the_bound_is_the_low_precision_model_on_the_same_tokens(tiny_engine):
+    """`compare(bound=...)` diffs the low-precision model against the same oracle run: a candidate that
+    is that model is within it at every layer, one with a noisy MoE at none."""
+    from dsv4bench.model.lowprec_ops import LOWPREC, register_lowprec_ops
+
+    register_lowprec_ops()
+    low = OpTable().select_all(LOWPREC)
+    bound = (dict(low.active), low.stream_dtype)
+    p = prompt()
+    same = compare(tiny_engine, dict(low.active), p, STEPS, low.stream_dtype, bound=bound)
+    assert same.residual == same.bound.residual and all(same.within_bound())
+    assert 0 < same.bound.logits_rel < 0.1 and same.top1 == same.bound.top1
+    register_op("moe", "test-bound-noisy", noisy("moe", 0.3))
+    worse = compare(tiny_engine, {**low.active, "moe": "test-bound-noisy"}, p, STEPS, low.stream_dtype, bound=bound)
+    assert not any(worse.within_bound()) and worse.bound.residual == same.bound.residual
+    with pytest.raises(DiffError, match="no bound"):
+        compare(tiny_engine, {}, p, STEPS).within_bound()
 
 
 def test_compare_finds_where_greedy_generation_diverges(tiny_engine):
