@@ -39,7 +39,7 @@ def show_compare(report, backend: str) -> None:
     within = report.within_bound() if low else []
     for i, (scope, attn, layer) in enumerate(report.residual):
         extra = (_num(low.residual[i][1]), _num(low.residual[i][2]),
-                 "yes" if within[i] else f"[bold red]no[/] ({layer / low.residual[i][2]:.2f}x)") if low else ()
+                 "yes" if within[i] else f"[bold red]no[/] ({layer / low.residual[i][2]:.3f}x)") if low else ()
         resid.add_row(scope, _num(attn), _num(layer), *extra)
     console.print(resid)
     summary = Table(title="logits", show_header=False)
