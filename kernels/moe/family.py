@@ -28,6 +28,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.moe import peers
 from kernels.moe import serves as served
+from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.moe.grouped_config import V2, V3
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
@@ -219,6 +220,39 @@ class MoeLayerVariant(MoeCuteDSL):
         return super().supports(case, arch) if case["op"] == "layer" else "a variant of the layer's GEMMs only"
 
 
+class MoeGemv(MoeCuteDSL):
+    """`cutedsl:gemv`: the CUDA-core decode path (kernels/moe/gemv_sm90.py, kernels/moe/gemv_layer.py): dispatch ->
+    GEMV L1 -> GEMV L2 -> combine on the masked layout, for layers whose experts hold at most 4 tokens (the
+    compiled tmax is the smallest of 1, 2, 4 that holds the case's largest count, known on the host from
+    its routing). No wgmma: it compiles for sm_90a and sm_100a. Reads the checkpoint's weight buffers as
+    they are (no load-time layout)."""
+
+    name, variant = "cutedsl:gemv", "gemv"  # a declared variant: run only when `--impl` names it
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        if case["op"] != "layer":
+            return "a variant of the layer's GEMMs only"
+        if arch not in (None, "sm_90a", "sm_100a"):
+            return f"the GEMV path compiles for sm_90a and sm_100a, not {arch}"
+        if case["layout"] != "masked":
+            return "the GEMV path is for decode (masked layout); prefill (contiguous) runs the grouped GEMMs"
+        return refusal(case["d"], case["i"], int(counts(case).max()))
+
+    def compile_key(self, case: Case, arch: str) -> tuple:
+        return (self.family, self.name, arch, "layer", case["e"], case["k"], case["d"], case["i"],
+                pick_tmax(int(counts(case).max())))
+
+    def compile(self, case: Case, arch: str):
+        return compile_gemv_layer(case["e"], case["k"], case["d"], case["i"], pick_tmax(int(counts(case).max())),
+                                  arch)
+
+    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        experts = tuple(inputs[n] for n in WEIGHT_NAMES)
+        run_gemv_layer(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts,
+                       case["e"], case_max_m(case), out["out"])
+        return out
+
+
 FAMILY = register_family(MoeFamily())
 register_impl(MoeCuteDSL())
 # v2's A/Bs carry V2: the tile rule's prefill pick is v3 (grouped_config.choose), their prefill cases stay on v2
@@ -233,4 +267,5 @@ register_impl(MoeLayerVariant("v3", V3))
 register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
                                planned=False))
+register_impl(MoeGemv())
 peers.register()

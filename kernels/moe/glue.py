@@ -69,6 +69,28 @@ def alloc_dispatch(tokens: int, topk: int, n_experts: int, d: int, max_m: int | 
             "scales": torch.empty(scales, dtype=torch.float32, device=device)}
 
 
+def planned(cache: dict, make, tokens: int, topk: int, n_experts: int, d: int, i: int, max_m: int | None,
+            device) -> dict:
+    """A layer's intermediate buffers `make(lay)` builds around its dispatch layout (alloc_dispatch), made
+    once per (shape, device, stream) and reused while the calls keep that key (stream order makes the
+    reuse safe; allocating them and rebuilding every view in each call is host time the GPU waits for
+    at decode). `cache` keeps only the last key, so a sweep over shapes does not pile them up."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (tokens, topk, n_experts, d, i, max_m, str(device), stream)
+    plan = cache.get(key)
+    if plan is None:
+        cache.clear()
+        plan = cache[key] = make(alloc_dispatch(tokens, topk, n_experts, d, max_m, device))
+    return plan
+
+
+def dispatch_args(lay: dict, max_m: int | None) -> tuple:
+    """The dispatch kernel's outputs as its call takes them (the contiguous layout's scales get a
+    leading group mode)."""
+    return (lay["counts"], lay["pos"].view(-1), lay["src"], lay["expert"], lay["row_weight"], lay["codes"],
+            lay["scales"] if max_m is not None else lay["scales"].unsqueeze(0))
+
+
 def check_dispatch(x, idx, weights, out: dict, n_experts: int, max_m: int | None, outputs: bool = True) -> None:
     """ValueError naming the first argument that does not fit the compiled dispatch (`outputs` False: the
     inputs only, for callers that allocated `out` with alloc_dispatch themselves)."""

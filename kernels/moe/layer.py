@@ -21,7 +21,9 @@ from cutlass.cute.runtime import make_fake_tensor
 from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.expert_weights import GroupedWeight, prepare_layer, widen_table
-from kernels.moe.glue import alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch
+from kernels.moe.glue import (
+    alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
+)
 from kernels.moe.grouped_config import BN, MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig, choose
 from kernels.moe.grouped_sm90 import grouped_kernel
 
@@ -216,29 +218,21 @@ def _weight_args(w: GroupedWeight, tiled: bool) -> tuple:
 
 def _plan(t: int, topk: int, n_experts: int, d: int, i: int, max_m: int | None, device) -> dict:
     """The layer's intermediate buffers (dispatch layout, h and its scales, L2's rows) and the kernels'
-    views of them, made once per (shape, device, stream) and reused while the calls keep that key (stream
-    order makes the reuse safe; v1 allocated them and rebuilt every view in each call: host time that the
-    GPU waits for at decode). Only the last key is kept, so a sweep over shapes does not pile them up."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (t, topk, n_experts, d, i, max_m, str(device), stream)
-    plan = _PLAN.get(key)
-    if plan is None:
-        _PLAN.clear()
-        lay = alloc_dispatch(t, topk, n_experts, d, max_m, device)
+    views of them, made once per (shape, device, stream) by glue.planned (v1 allocated them and rebuilt
+    every view in each call)."""
+    def make(lay: dict) -> dict:
         rows = lay["src"].numel()
         h = torch.empty(rows, i, dtype=torch.uint8, device=device)
         h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
                           dtype=torch.float32, device=device)
         y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=device)
-        plan = {"lay": lay, "y_rows": y_rows,
-                "dispatch": (lay["counts"], lay["pos"].view(-1), lay["src"], lay["expert"], lay["row_weight"],
-                             lay["codes"], lay["scales"] if max_m is not None else lay["scales"].unsqueeze(0)),
+        return {"lay": lay, "y_rows": y_rows, "dispatch": dispatch_args(lay, max_m),
                 "group": lay["counts"] if max_m is not None else lay["expert"],
                 "l1_act": act_views(lay["codes"], lay["scales"], max_m), "l1_out": (h, act_views(h, h_s, max_m)[1]),
                 "l2_act": act_views(h, h_s, max_m), "l2_out": (y_rows.view(torch.int32), _unused_scales(device)),
                 "ctx": (_table(device), sm_count(device))}
-        _PLAN[key] = plan
-    return plan
+
+    return planned(_PLAN, make, t, topk, n_experts, d, i, max_m, device)
 
 
 def run_layer_unplanned(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, n_experts: int,

@@ -78,3 +78,15 @@ def test_dispatch_then_combine_round_trip(t, e, max_m):
     y = combine(rows.bfloat16(), out["pos"], shared)
     want = (6 * fp8_qdq(x, 128) + shared.float()).bfloat16()
     assert (y.float() - want.float()).abs().max() <= 6 * 2.0**-7 * want.float().abs().max()
+
+
+GEMV_CASES = [c for c in LAYER + [Case("moe", space.case("layer", m, t, load)) for m in space.MODELS
+                                  for t, load in ((1, "hot"), (8, "uniform"), (8, "sparse"))]
+              if get_impl("moe", "cutedsl:gemv").supports(c, None) is None]
+
+
+@pytest.mark.parametrize("case", GEMV_CASES, ids=[c.id for c in GEMV_CASES])
+def test_layer_gemv_passes_the_rule(case, gpu_check):
+    """`cutedsl:gemv` (the CUDA-core decode path) on the masked layer cases it supports (at most 4 tokens an
+    expert; the rest are refused by `supports`)."""
+    gpu_check(case, get_impl("moe", "cutedsl:gemv"))
