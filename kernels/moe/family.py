@@ -238,19 +238,28 @@ class MoeGemv(MoeCuteDSL):
             return "the GEMV path is for decode (masked layout); prefill (contiguous) runs the grouped GEMMs"
         return refusal(case["d"], case["i"], int(counts(case).max()))
 
+    balance = False  # units of 16 row pairs; `cutedsl:gemv-fine` sizes them by gemv_layer.pick_pairs
+
     def compile_key(self, case: Case, arch: str) -> tuple:
         return (self.family, self.name, arch, "layer", case["e"], case["k"], case["d"], case["i"],
                 pick_tmax(int(counts(case).max())))
 
     def compile(self, case: Case, arch: str):
         return compile_gemv_layer(case["e"], case["k"], case["d"], case["i"], pick_tmax(int(counts(case).max())),
-                                  arch)
+                                  arch, balance=self.balance)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         experts = tuple(inputs[n] for n in WEIGHT_NAMES)
         run_gemv_layer(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts,
                        case["e"], case_max_m(case), out["out"])
         return out
+
+
+class MoeGemvFine(MoeGemv):
+    """`cutedsl:gemv-fine`: the GEMV path with units of 8 or 4 row pairs where 16 would leave a quarter of
+    the CTA slots idle at one token (Flash L1 and L2, Pro L2; gemv_layer.pick_pairs)."""
+
+    name, variant, balance = "cutedsl:gemv-fine", "gemv-fine", True
 
 
 FAMILY = register_family(MoeFamily())
@@ -268,4 +277,5 @@ register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, ch
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
                                planned=False))
 register_impl(MoeGemv())
+register_impl(MoeGemvFine())
 peers.register()

@@ -21,6 +21,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import compile_kernel, sm_count
 from kernels.moe.glue import check_dispatch, compile_combine, compile_dispatch, dispatch_args, planned
+from kernels.gemm.config import H100_SMS
 from kernels.moe.gemv_sm90 import K_ALIGN, PAIRS, QBLOCK, TMAXES, GemvConfig, gemv_kernel
 from kernels.moe.grouped_config import MAX_GROUPS
 
@@ -44,13 +45,34 @@ def refusal(d: int, i: int, worst: int | None = None) -> str | None:
     return None
 
 
-def gemv_config(stage: str, d: int, i: int, tmax: int) -> GemvConfig:
+def gemv_config(stage: str, d: int, i: int, tmax: int, topk: int | None = None) -> GemvConfig:
     """L1 (N = I, K = D) or L2 (N = D, K = I) with the launch bound that leaves ~32·tmax + 96 registers a
-    thread (the activations, the rows in flight, the decode), at most 8 CTAs an SM."""
+    thread (the activations, the rows in flight, the decode), at most 8 CTAs an SM; with `topk`, units
+    of pick_pairs' size (else 16 row pairs)."""
     n, k = (i, d) if stage == "l1" else (d, i)
     threads = k // 32
     need = 32 * tmax + (128 if tmax == 4 else 96)  # tmax 4: 96 spilled at Pro L2 (3 CTAs of 96 threads)
-    return GemvConfig(stage, n, k, tmax, min_ctas=max(1, min(8, REG_FILE // (threads * need))))
+    min_ctas = max(1, min(8, REG_FILE // (threads * need)))
+    pairs = PAIRS if topk is None else pick_pairs(n if stage == "l1" else n // 2, topk, H100_SMS * min_ctas, tmax,
+                                                  threads)
+    return GemvConfig(stage, n, k, tmax, min_ctas=min_ctas, pairs=pairs)
+
+
+def unit_balance(units: int, slots: int) -> float:
+    """Busy share of the CTA slots (CTAs an SM x SMs) when `units` are handed out in contiguous ranges of
+    ceil(units / slots): the slowest CTA sets the time."""
+    return units / (-(-units // slots) * slots) if units else 0.0
+
+
+def pick_pairs(row_pairs: int, topk: int, slots: int, tmax: int, threads: int) -> int:
+    """Row pairs a unit, for a layer whose fewest active experts (one token: `topk`) give the fewest units:
+    the largest of 16 / 8 / 4 whose contiguous ranges keep >= 85% of the slots busy, else the best
+    balanced (smaller units pay a pipeline fill and a barrier each: prefer large ones when balance ties).
+    Flash (H100): L1 768 units of 16 over 528 slots is 73% busy, 1536 of 8 97%; Pro L1 1152 / 264 87%."""
+    fits = [p for p in (PAIRS, 8, 4) if row_pairs % p == 0 and p * tmax <= threads]
+    score = {p: unit_balance(topk * row_pairs // p, slots) for p in fits}
+    good = [p for p in fits if score[p] >= 0.85]
+    return good[0] if good else max(fits, key=lambda p: (round(score[p], 2), p))
 
 
 def _sym64():
@@ -76,8 +98,8 @@ def fake_gemv(cfg: GemvConfig) -> tuple:
     return x, xs, w, s, w, s, counts, row_w, out, cutlass.Int32(16), cutlass.Int32(132)
 
 
-def compile_gemv(stage: str, d: int, i: int, tmax: int, arch: str = "sm_90a"):
-    cfg = gemv_config(stage, d, i, tmax)
+def compile_gemv(stage: str, d: int, i: int, tmax: int, arch: str = "sm_90a", topk: int | None = None):
+    cfg = gemv_config(stage, d, i, tmax, topk)
     return compile_kernel(gemv_kernel(cfg), *fake_gemv(cfg), arch=arch)
 
 
@@ -90,14 +112,18 @@ class CompiledGemvLayer:
         self.kernels, self.tmax, self.configs = kernels, tmax, configs
 
 
-def compile_gemv_layer(n_experts: int, topk: int, d: int, i: int, tmax: int, arch: str = "sm_90a") -> CompiledGemvLayer:
+def compile_gemv_layer(n_experts: int, topk: int, d: int, i: int, tmax: int, arch: str = "sm_90a",
+                       balance: bool = False) -> CompiledGemvLayer:
+    """`balance`: units sized by pick_pairs for the layer's one-token case (else 16 row pairs)."""
     why = refusal(d, i)
     if why or tmax not in TMAXES:
         raise ValueError(why or f"tmax must be one of {TMAXES}, got {tmax}")
+    unit_k = topk if balance else None
     return CompiledGemvLayer({"dispatch": compile_dispatch(n_experts, topk, d, "masked", arch, skip_padding=True),
-                              "l1": compile_gemv("l1", d, i, tmax, arch), "l2": compile_gemv("l2", d, i, tmax, arch),
+                              "l1": compile_gemv("l1", d, i, tmax, arch, unit_k),
+                              "l2": compile_gemv("l2", d, i, tmax, arch, unit_k),
                               "combine": compile_combine(d, topk, arch)}, tmax,
-                             {s: gemv_config(s, d, i, tmax) for s in ("l1", "l2")})
+                             {s: gemv_config(s, d, i, tmax, unit_k) for s in ("l1", "l2")})
 
 
 _PLAN: dict = {}  # the last call's buffers and views (glue.planned)

@@ -21,7 +21,8 @@ ue8m0 bytes, so the decode is exact for every exponent (the v2 shift tables clam
 
 Work: CTA = K/32 threads (K = the reduction: D for L1, I for L2), thread j owns the 32-wide K chunk j
 (one MXFP4 sub-block: one 16-byte vector of codes and one scale byte a weight row), so its activations
-stay in registers (32 x tmax fp32). A unit is (active expert, 16 row pairs): L1 pairs (gate i, up i),
+stay in registers (32 x tmax fp32). A unit is (active expert, `pairs` row pairs: 16, or 8 / 4 where
+gemv_layer.pick_pairs balances a small layer): L1 pairs (gate i, up i),
 L2 pairs (row 2p, 2p + 1); `depth` pairs are in flight per thread (2 x 16 B each). Every CTA builds
 the compact list of active experts (count > 0) with one warp's ballots, then takes a contiguous range
 of units (consecutive units share an expert: the activations are reloaded only when it changes), so
@@ -74,6 +75,7 @@ class GemvConfig:
     tmax: int = 4  # tokens an expert may hold (compile-time: registers and FMAs per code)
     depth: int = 4  # row pairs in flight per thread
     min_ctas: int = 2  # __launch_bounds__ minimum CTAs an SM (the register cap)
+    pairs: int = PAIRS  # row pairs a work unit (gemv_layer.pick_pairs: finer units balance small layers)
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -83,12 +85,14 @@ class GemvConfig:
         if self.k % K_ALIGN:
             raise ValueError(f"K={self.k} must be a multiple of {K_ALIGN} (whole warps of 32-wide chunks)")
         rows = self.n if self.stage == "l1" else self.n // 2
-        if rows % PAIRS or (self.stage == "l2" and self.n % 2):
-            raise ValueError(f"N={self.n} must hold whole units of {PAIRS} row pairs")
-        if PAIRS * self.tmax > self.threads:
-            raise ValueError(f"{PAIRS} x tmax={self.tmax} epilogue threads exceed the CTA's {self.threads}")
-        if not 1 <= self.depth <= PAIRS:
-            raise ValueError(f"depth must be in 1..{PAIRS}, got {self.depth}")
+        if self.pairs not in (4, 8, PAIRS):
+            raise ValueError(f"pairs must be 4, 8 or {PAIRS}, got {self.pairs}")
+        if rows % self.pairs or (self.stage == "l2" and self.n % 2):
+            raise ValueError(f"N={self.n} must hold whole units of {self.pairs} row pairs")
+        if self.pairs * self.tmax > self.threads:
+            raise ValueError(f"{self.pairs} x tmax={self.tmax} epilogue threads exceed the CTA's {self.threads}")
+        if not 1 <= self.depth <= self.pairs:
+            raise ValueError(f"depth must be in 1..{self.pairs}, got {self.depth}")
 
     @property
     def threads(self) -> int:
@@ -100,7 +104,7 @@ class GemvConfig:
 
     @property
     def units_per_expert(self) -> int:
-        return (self.n if self.stage == "l1" else self.n // 2) // PAIRS
+        return (self.n if self.stage == "l1" else self.n // 2) // self.pairs
 
 
 def e2m1_f32(w: Int32, c: int) -> Float32:
@@ -144,7 +148,7 @@ class GemvSm90:
         @cute.struct
         class Storage:
             active: cute.struct.Align[cute.struct.MemRange[Int32, MAX_GROUPS + 1], 16]
-            red: cute.struct.Align[cute.struct.MemRange[Float32, 2 * PAIRS * 2 * c.tmax * c.warps], 16]
+            red: cute.struct.Align[cute.struct.MemRange[Float32, 2 * c.pairs * 2 * c.tmax * c.warps], 16]
 
         self.kernel(mX, mXS, mWa, mSa, mWb, mSb, mCounts, mRowW, mOut, mg, Storage).launch(
             grid=(n_ctas, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=c.min_ctas, stream=stream,
@@ -160,7 +164,7 @@ class GemvSm90:
         warp = tidx // 32
         st = cutlass.utils.SmemAllocator().allocate(Storage)
         active = st.active.get_tensor(cute.make_layout((MAX_GROUPS + 1,)))
-        red = st.red.get_tensor(cute.make_layout((2, PAIRS, 2, c.tmax, c.warps)))
+        red = st.red.get_tensor(cute.make_layout((2, c.pairs, 2, c.tmax, c.warps)))
 
         # the compact list of active experts (one warp: a ballot per 32 experts), its length at [MAX_GROUPS]
         n_groups = mCounts.shape[0]
@@ -202,9 +206,9 @@ class GemvSm90:
                 cur = e
                 cnt = cutlass.min(cutlass.min(mCounts[e], mg), c.tmax)
                 self._load_x(mX, mXS, xr, xs, e, cnt, mg, tidx)
-            for d in cutlass.range_constexpr(min(c.depth, PAIRS)):
+            for d in cutlass.range_constexpr(min(c.depth, c.pairs)):
                 self._load_pair(wa, wb, mSa, mSb, codes, scl, e, rb, d, d, tidx)
-            for r in cutlass.range_constexpr(PAIRS):
+            for r in cutlass.range_constexpr(c.pairs):
                 slot = r % c.depth
                 p.fill(0.0)
                 for h in cutlass.range_constexpr(2):
@@ -216,7 +220,7 @@ class GemvSm90:
                                 p[h, t] = p[h, t] + wv * xr[8 * wi + q, t]
                 sa = scl[0, slot]
                 sb = scl[1, slot]
-                if cutlass.const_expr(r + c.depth < PAIRS):
+                if cutlass.const_expr(r + c.depth < c.pairs):
                     self._load_pair(wa, wb, mSa, mSb, codes, scl, e, rb, r + c.depth, slot, tidx)
                 for t in cutlass.range_constexpr(c.tmax):
                     ga = p[0, t] * self._pow2(sa) * xs[t]
@@ -243,10 +247,10 @@ class GemvSm90:
         """Row pair r of unit rb: the thread's 16-byte chunk of both rows and their scale bytes into `slot`."""
         c = self.cfg
         if cutlass.const_expr(c.stage == "l1"):
-            ra = e * c.n + rb * PAIRS + r
+            ra = e * c.n + rb * c.pairs + r
             rbb = ra
         else:
-            ra = e * c.n + 2 * (rb * PAIRS + r)
+            ra = e * c.n + 2 * (rb * c.pairs + r)
             rbb = ra + 1
         cute.autovec_copy(wa[(0, None), (ra, tidx)], codes[None, 0, slot])
         cute.autovec_copy(wb[(0, None), (rbb, tidx)], codes[None, 1, slot])
@@ -299,9 +303,9 @@ class GemvSm90:
         SwiGLU x route weight -> bf16 h, or L2's bf16 pair; stored as one int32 (L2: rows 2p, 2p + 1 of the
         token's output row) or one bf16 (L1: h[i])."""
         c = self.cfg
-        if tidx < PAIRS * c.tmax:
-            r = tidx % PAIRS
-            t = tidx // PAIRS
+        if tidx < c.pairs * c.tmax:
+            r = tidx % c.pairs
+            t = tidx // c.pairs
             if t < cnt:
                 a = red[parity, r, 0, t, 0]
                 b = red[parity, r, 1, t, 0]
@@ -319,9 +323,9 @@ class GemvSm90:
                     out16 = cute.make_tensor(cute.recast_ptr(mOut.iterator, dtype=cutlass.Uint16),
                                              cute.make_layout((mOut.shape[0], 2 * mOut.shape[1]),
                                                               stride=(2 * mOut.shape[1], 1)))
-                    out16[row, rb * PAIRS + r] = cutlass.Uint16(hb & 0xFFFF)
+                    out16[row, rb * c.pairs + r] = cutlass.Uint16(hb & 0xFFFF)
                 else:
-                    mOut[row, rb * PAIRS + r] = bf16x2_bits(a, b)
+                    mOut[row, rb * c.pairs + r] = bf16x2_bits(a, b)
 
 
 def gemv_kernel(cfg: GemvConfig) -> GemvSm90:

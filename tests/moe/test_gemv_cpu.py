@@ -16,7 +16,7 @@ from dsv4bench.compile.cubin import parse_cubin
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_family, get_impl
 from kernels.moe.gemv_emulate import emulate_layer, gemv_sums
-from kernels.moe.gemv_layer import compile_gemv, compile_gemv_layer, gemv_config, pick_tmax
+from kernels.moe.gemv_layer import compile_gemv, compile_gemv_layer, gemv_config, pick_tmax, unit_balance
 from kernels.moe.gemv_sm90 import MAG, SIGN, GemvConfig
 from kernels.moe.inputs import counts, make_experts
 from oracles.quant import E2M1_GRID
@@ -125,6 +125,31 @@ def test_gemv_compiles_without_spills(stage, model, tmax, arch):
     assert info.local_bytes == 0, f"{info.local_bytes} B of local memory (spills)"
     cfg = gemv_config(stage, d, i, tmax)
     assert info.registers * cfg.threads * cfg.min_ctas <= 65536
+
+
+def test_unit_size_balances_the_one_token_layer():
+    """pick_pairs: 16 row pairs a unit unless its one-token layer (top-k active experts) would leave more
+    than 15% of the CTA slots idle; Flash L1 at tmax 1: 768 units of 16 over 528 slots (73% busy) -> 8."""
+    assert unit_balance(768, 528) == pytest.approx(768 / 1056) and unit_balance(1536, 528) == pytest.approx(1536 / 1584)
+    assert unit_balance(0, 528) == 0.0 and unit_balance(528, 528) == 1.0
+    picks = {(m, st, t): gemv_config(st, *SHAPES[m], t, topk=6).pairs for m in SHAPES for st in ("l1", "l2")
+             for t in (1, 4)}
+    assert picks[("flash", "l1", 1)] == 8 and picks[("flash", "l2", 1)] == 4 and picks[("pro", "l1", 1)] == 16
+    for (m, st, t), p in picks.items():
+        cfg = gemv_config(st, *SHAPES[m], t, topk=6)
+        assert p * t <= cfg.threads and cfg.units_per_expert * p == (cfg.n if st == "l1" else cfg.n // 2)
+    assert all(gemv_config(st, *SHAPES[m], t).pairs == 16 for m, st, t in picks)  # without topk: 16
+    with pytest.raises(ValueError, match="pairs must be"):
+        GemvConfig("l1", 2048, 4096, pairs=2)
+
+
+@pytest.mark.parametrize("stage", ["l1", "l2"])
+@pytest.mark.parametrize("model", list(SHAPES))
+def test_fine_units_compile_without_spills(stage, model):
+    d, i = SHAPES[model]
+    cfg = gemv_config(stage, d, i, 1, topk=6)
+    info = parse_cubin(artifact(compile_gemv(stage, d, i, 1, "sm_90a", topk=6)))
+    assert info.local_bytes == 0 and info.registers * cfg.threads * cfg.min_ctas <= 65536
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

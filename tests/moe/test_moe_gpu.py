@@ -85,8 +85,9 @@ GEMV_CASES = [c for c in LAYER + [Case("moe", space.case("layer", m, t, load)) f
               if get_impl("moe", "cutedsl:gemv").supports(c, None) is None]
 
 
+@pytest.mark.parametrize("impl", ["cutedsl:gemv", "cutedsl:gemv-fine"])
 @pytest.mark.parametrize("case", GEMV_CASES, ids=[c.id for c in GEMV_CASES])
-def test_layer_gemv_passes_the_rule(case, gpu_check):
-    """`cutedsl:gemv` (the CUDA-core decode path) on the masked layer cases it supports (at most 4 tokens an
-    expert; the rest are refused by `supports`)."""
-    gpu_check(case, get_impl("moe", "cutedsl:gemv"))
+def test_layer_gemv_passes_the_rule(case, impl, gpu_check):
+    """`cutedsl:gemv` (the CUDA-core decode path) and its balanced-unit form on the masked layer cases they
+    support (at most 4 tokens an expert; the rest are refused by `supports`)."""
+    gpu_check(case, get_impl("moe", impl))
