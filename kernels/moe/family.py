@@ -222,9 +222,9 @@ class MoeLayerVariant(MoeCuteDSL):
 
 class MoeGemv(MoeCuteDSL):
     """`cutedsl:gemv`: the CUDA-core decode path (kernels/moe/gemv_sm90.py, kernels/moe/gemv_layer.py): dispatch ->
-    GEMV L1 -> GEMV L2 -> combine on the masked layout, for layers whose experts hold at most 4 tokens (the
-    compiled tmax is the smallest of 1, 2, 4 that holds the case's largest count, known on the host from
-    its routing). No wgmma: it compiles for sm_90a and sm_100a. Reads the checkpoint's weight buffers as
+    GEMV L1 -> GEMV L2 -> combine on the masked layout (the compiled tmax is the smallest of 1, 2, 4 that
+    holds the case's largest count, known on the host from its routing; an expert with more runs in
+    chunks of 4). No wgmma: it compiles for sm_90a and sm_100a. Reads the checkpoint's weight buffers as
     they are (no load-time layout)."""
 
     name, variant = "cutedsl:gemv", "gemv"  # a declared variant: run only when `--impl` names it
@@ -236,7 +236,7 @@ class MoeGemv(MoeCuteDSL):
             return f"the GEMV path compiles for sm_90a and sm_100a, not {arch}"
         if case["layout"] != "masked":
             return "the GEMV path is for decode (masked layout); prefill (contiguous) runs the grouped GEMMs"
-        return refusal(case["d"], case["i"], int(counts(case).max()))
+        return refusal(case["d"], case["i"])
 
     balance = False  # units of 16 row pairs; `cutedsl:gemv-fine` sizes them by gemv_layer.pick_pairs
 

@@ -5,11 +5,11 @@ kernels take of the dispatch buffers and of the checkpoint's weights, and the la
     -> GEMV L2 (FP8(h) per 128, w2 -> bf16 rows) -> combine
 
 The weights are read as the checkpoint stores them (no load-time layout): w1 / w3 [E, I, D/2], w2
-[E, D, I/2] as int32 words, their e8m0 scales as bytes. `tmax` (compile-time) bounds the tokens of one
-expert: a caller guarantees it (a decode batch of T <= tmax tokens with distinct top-k ids holds at
-most T a expert by construction; the family's cases know their largest count on the host). The device
-clamps a larger count to tmax (memory safety), so a caller that breaks the bound gets wrong rows, which
-`run_gemv_layer(check=True)` turns into a ValueError (a host sync).
+[E, D, I/2] as int32 words, their e8m0 scales as bytes. `tmax` (compile-time) is the tokens of one
+expert the registers hold at a time: an expert with more is run in chunks of tmax (its unit's weight
+rows read again per chunk), so any count is right and a count above tmax is only slower. Counts above
+max_m (the masked layout's rows) are the dispatch's to refuse: `run_gemv_layer(check=True)` reads them
+back (a host sync) and raises a ValueError.
 """
 
 from __future__ import annotations
@@ -28,20 +28,17 @@ from kernels.moe.grouped_config import MAX_GROUPS
 REG_FILE = 65536
 
 
-def pick_tmax(worst: int) -> int | None:
-    """The smallest compiled tmax that holds `worst` tokens an expert (None: more than the largest)."""
-    return next((t for t in TMAXES if worst <= t), None)
+def pick_tmax(worst: int) -> int:
+    """The smallest compiled tmax that holds `worst` tokens an expert in one chunk (the largest past 4)."""
+    return next((t for t in TMAXES if worst <= t), max(TMAXES))
 
 
-def refusal(d: int, i: int, worst: int | None = None) -> str | None:
-    """Why the GEMV path cannot run a layer of these widths (and this largest count), or None."""
+def refusal(d: int, i: int) -> str | None:
+    """Why the GEMV path cannot run a layer of these widths, or None."""
     if d % K_ALIGN or i % K_ALIGN:
         return f"D={d} and I={i} must be multiples of {K_ALIGN} (the GEMV's CTA: 32-wide chunks in whole warps)"
     if i % PAIRS or d % (2 * PAIRS):
         return f"I={i} must be a multiple of {PAIRS} and D={d} of {2 * PAIRS} (the GEMV's work units)"
-    if worst is not None and pick_tmax(worst) is None:
-        return (f"an expert gets {worst} tokens, more than the GEMV path's largest tmax {max(TMAXES)} "
-                f"(decode with few tokens an expert only)")
     return None
 
 
@@ -179,7 +176,6 @@ def run_gemv_layer(compiled: CompiledGemvLayer, x, idx, weights, shared, experts
     k["combine"](p["y_rows"], lay["pos"], shared, out)
     if check:
         worst = int(lay["counts"].max())
-        if worst > min(max_m, compiled.tmax):
-            raise ValueError(f"an expert received {worst} entries: more than max_m={max_m} or the GEMV's "
-                             f"tmax={compiled.tmax}")
+        if worst > max_m:
+            raise ValueError(f"an expert received {worst} entries: more than max_m={max_m}")
     return out

@@ -196,46 +196,59 @@ class GemvSm90:
         codes = cute.make_rmem_tensor(cute.make_layout((4, 2, c.depth), stride=(1, 4, 8)), Int32)
         scl = cute.make_rmem_tensor((2, c.depth), Int32)
         p = cute.make_rmem_tensor((2, c.tmax), Float32)
-        cur = Int32(-1)
+        cur = Int32(-1)  # the expert and the first token whose activations the registers hold
+        cur_t0 = Int32(0)
         cnt = Int32(0)
         parity = Int32(0)
         for u in cutlass.range(u0, u1, unroll=1):
             e = active[u // upe]
             rb = u % upe
-            if e != cur:
-                cur = e
-                cnt = cutlass.min(cutlass.min(mCounts[e], mg), c.tmax)
-                self._load_x(mX, mXS, xr, xs, e, cnt, mg, tidx)
-            for d in cutlass.range_constexpr(min(c.depth, c.pairs)):
-                self._load_pair(wa, wb, mSa, mSb, codes, scl, e, rb, d, d, tidx)
-            for r in cutlass.range_constexpr(c.pairs):
-                slot = r % c.depth
-                p.fill(0.0)
-                for h in cutlass.range_constexpr(2):
-                    for wi in cutlass.range_constexpr(4):
-                        word = codes[wi, h, slot]
-                        for q in cutlass.range_constexpr(8):
-                            wv = e2m1_f32(word, q)
-                            for t in cutlass.range_constexpr(c.tmax):
-                                p[h, t] = p[h, t] + wv * xr[8 * wi + q, t]
-                sa = scl[0, slot]
-                sb = scl[1, slot]
-                if cutlass.const_expr(r + c.depth < c.pairs):
-                    self._load_pair(wa, wb, mSa, mSb, codes, scl, e, rb, r + c.depth, slot, tidx)
-                for t in cutlass.range_constexpr(c.tmax):
-                    ga = p[0, t] * self._pow2(sa) * xs[t]
-                    gb = p[1, t] * self._pow2(sb) * xs[t]
-                    # split the pair at lane distance 16 (lanes < 16 keep row a), then a butterfly of 4 steps
-                    low = lane < 16
-                    v = cutlass.select_(low, ga, gb) + cute.arch.shuffle_sync_bfly(cutlass.select_(low, gb, ga),
-                                                                                   offset=16)
-                    for off in cutlass.range_constexpr(4):
-                        v = v + cute.arch.shuffle_sync_bfly(v, offset=8 >> off)
-                    if lane % 16 == 0:
-                        red[parity, r, lane // 16, t, warp] = v
-            cute.arch.barrier()
-            self._epilogue(red, mRowW, mOut, e, rb, cnt, mg, parity, tidx)
-            parity = 1 - parity
+            total = cutlass.min(mCounts[e], mg)
+            # chunks of tmax tokens: one, unless the expert holds more than tmax (then the unit's weight rows
+            # are read again, from L2, for each further chunk: correct for any count, slower only there)
+            for t0 in cutlass.range(0, total, c.tmax, unroll=1):
+                if (e != cur) | (t0 != cur_t0):
+                    cur = e
+                    cur_t0 = t0
+                    cnt = cutlass.min(total - t0, c.tmax)
+                    self._load_x(mX, mXS, xr, xs, e, t0, cnt, mg, tidx)
+                self._unit_sums(wa, wb, mSa, mSb, codes, scl, p, xr, xs, red, e, rb, parity, lane, warp, tidx)
+                cute.arch.barrier()
+                self._epilogue(red, mRowW, mOut, e, rb, t0, cnt, mg, parity, tidx)
+                parity = 1 - parity
+
+    @cute.jit
+    def _unit_sums(self, wa, wb, mSa, mSb, codes, scl, p, xr, xs, red, e, rb, parity, lane, warp, tidx):
+        """Unit rb of expert e against the tmax tokens in registers: each thread's 32-wide chunk of every
+        row pair (`depth` pairs in flight), reduced over the warp into `red[parity]` (a slot per warp)."""
+        c = self.cfg
+        for d in cutlass.range_constexpr(min(c.depth, c.pairs)):
+            self._load_pair(wa, wb, mSa, mSb, codes, scl, e, rb, d, d, tidx)
+        for r in cutlass.range_constexpr(c.pairs):
+            slot = r % c.depth
+            p.fill(0.0)
+            for h in cutlass.range_constexpr(2):
+                for wi in cutlass.range_constexpr(4):
+                    word = codes[wi, h, slot]
+                    for q in cutlass.range_constexpr(8):
+                        wv = e2m1_f32(word, q)
+                        for t in cutlass.range_constexpr(c.tmax):
+                            p[h, t] = p[h, t] + wv * xr[8 * wi + q, t]
+            sa = scl[0, slot]
+            sb = scl[1, slot]
+            if cutlass.const_expr(r + c.depth < c.pairs):
+                self._load_pair(wa, wb, mSa, mSb, codes, scl, e, rb, r + c.depth, slot, tidx)
+            for t in cutlass.range_constexpr(c.tmax):
+                ga = p[0, t] * self._pow2(sa) * xs[t]
+                gb = p[1, t] * self._pow2(sb) * xs[t]
+                # split the pair at lane distance 16 (lanes < 16 keep row a), then a butterfly of 4 steps
+                low = lane < 16
+                v = cutlass.select_(low, ga, gb) + cute.arch.shuffle_sync_bfly(cutlass.select_(low, gb, ga),
+                                                                               offset=16)
+                for off in cutlass.range_constexpr(4):
+                    v = v + cute.arch.shuffle_sync_bfly(v, offset=8 >> off)
+                if lane % 16 == 0:
+                    red[parity, r, lane // 16, t, warp] = v
 
     @staticmethod
     def _pow2(s: Int32) -> Float32:
@@ -258,7 +271,7 @@ class GemvSm90:
         scl[1, slot] = Int32(mSb[rbb, tidx])
 
     @cute.jit
-    def _load_x(self, mX, mXS, xr, xs, e, cnt, mg, tidx):
+    def _load_x(self, mX, mXS, xr, xs, e, t0, cnt, mg, tidx):
         """The thread's 32-wide chunk of each of the expert's tokens, as value x 2^63 (0 past the count).
         L1: dispatch's e4m3 codes and scale. L2: h (bf16) quantised here per 128 (amax over the quad of
         threads that share the block; ue8m0 scale, RNE e4m3: dispatch's rule) and decoded back."""
@@ -270,14 +283,14 @@ class GemvSm90:
             for k in cutlass.range_constexpr(SUB):
                 xr[k, t] = Float32(0.0)
             if t < cnt:
-                row = e * mg + t
+                row = e * mg + t0 + t
                 if cutlass.const_expr(c.stage == "l1"):
                     for v in cutlass.range_constexpr(2):  # 32 e4m3 bytes = 8 words
                         cute.autovec_copy(xv[(0, None), (row, 2 * tidx + v)], words[None, v])
                     for k in cutlass.range_constexpr(SUB):
                         b = (words[(k // 4) % 4, k // 16] >> (8 * (k % 4))) & 0xFF
                         xr[k, t] = e4m3_f32(b) * Float32(2.0**120) * Float32(2.0**X_BOOST)
-                    xs[t] = mXS[t, tidx // 4, e] * Float32(2.0**X_BOOST)
+                    xs[t] = mXS[t0 + t, tidx // 4, e] * Float32(2.0**X_BOOST)
                 else:
                     for v in cutlass.range_constexpr(4):  # 32 bf16 = 16 words
                         cute.autovec_copy(xv[(0, None), (row, 4 * tidx + v)], words[None, v])
@@ -298,7 +311,7 @@ class GemvSm90:
                     xs[t] = bits_f32((ex + X_BOOST) << 23)
 
     @cute.jit
-    def _epilogue(self, red, mRowW, mOut, e, rb, cnt, mg, parity, tidx):
+    def _epilogue(self, red, mRowW, mOut, e, rb, t0, cnt, mg, parity, tidx):
         """One thread per (row pair, token) of the unit: the warps' partial sums (in warp order), then L1's
         SwiGLU x route weight -> bf16 h, or L2's bf16 pair; stored as one int32 (L2: rows 2p, 2p + 1 of the
         token's output row) or one bf16 (L1: h[i])."""
@@ -312,7 +325,7 @@ class GemvSm90:
                 for w in cutlass.range_constexpr(1, c.warps):
                     a = a + red[parity, r, 0, t, w]
                     b = b + red[parity, r, 1, t, w]
-                row = e * mg + t
+                row = e * mg + t0 + t
                 if cutlass.const_expr(c.stage == "l1"):
                     gu = bf16x2_bits(a, b)  # the reference's bf16 w1 / w3 outputs
                     gv = cute.arch.fmin(bits_f32(gu << 16), Float32(LIMIT))

@@ -14,7 +14,10 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import SweepOptions, get_family, get_impl
+from kernels.moe.family import MoeGemvFine
+from kernels.moe.gemv_layer import compile_gemv_layer
 from kernels.moe.glue import combine, dispatch
+from kernels.moe.inputs import counts
 from oracles.moe import contiguous_rows, dispatch_layout, gather_quant
 from oracles.quant import fp8_qdq
 from sweeps import moe as space
@@ -91,3 +94,27 @@ def test_layer_gemv_passes_the_rule(case, impl, gpu_check):
     """`cutedsl:gemv` (the CUDA-core decode path) and its balanced-unit form on the masked layer cases they
     support (at most 4 tokens an expert; the rest are refused by `supports`)."""
     gpu_check(case, get_impl("moe", impl))
+
+
+class _GemvOneTokenChunks(MoeGemvFine):
+    """gemv-fine compiled to hold one token an expert at a time, run where experts hold several: every
+    further token is one more chunk of the unit (the rows read again)."""
+
+    name = "test:gemv-tmax1"
+
+    def compile_key(self, case, arch):
+        return (*super().compile_key(case, arch), "tmax 1")
+
+    def compile(self, case, arch):
+        return compile_gemv_layer(case["e"], case["k"], case["d"], case["i"], 1, arch, balance=True)
+
+
+CHUNK_CASES = [Case("moe", space.case("layer", m, 8, "uniform")) for m in space.MODELS]
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=[c.id for c in CHUNK_CASES])
+def test_gemv_runs_counts_above_tmax_in_chunks(case, gpu_check):
+    """Experts holding 2-6 tokens through a tmax-1 compile pass the rule: a count above the compiled tmax
+    is run in chunks, never clamped."""
+    assert int(counts(case).max()) > 1
+    gpu_check(case, _GemvOneTokenChunks())
