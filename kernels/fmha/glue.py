@@ -61,7 +61,7 @@ class FmhaCuteDSL(Impl):
     # The attention kernel (a declared variant compiles its own subclass, variants.py): v11 (prefill_v11.py:
     # Q by TMA, O by stmatrix + TMA store, the hinted gather), the shipped code wherever its preconditions
     # fail. On the H100: 1.19-1.29x v10 (`cutedsl:v10`, GatherAttentionSm90) on the DSV4 prefills at
-    # s_q 4096 and 16384, 0.96-1.02x FlashMLA (docs/perf/fmha.md, "v11 candidates").
+    # s_q 4096 and 16384, 0.97-0.99x FlashMLA in interleaved rounds (docs/perf/fmha.md, "v11").
     kernel_class: type = V11
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
     # (rows per batch, prmt conversion[, kernel class, one producer path]) = the fused kernel

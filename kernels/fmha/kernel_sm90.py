@@ -19,7 +19,7 @@ The kernel class is assembled from one mixin per job:
   mma.py        Mma: wgmma issue, K/V stage waits and releases, fragment views
   epilogue.py   Epilogue: normalise O, store O and LSE
   variants.py   knock-out subclasses (timed, never compared) and the declared candidate forms
-  prefill_v11.py  v11 candidates of the sparse prefill (Q by TMA, O by TMA store, hinted gather)
+  prefill_v11.py  v11, the default sparse prefill (Q by TMA, O by TMA store, hinted gather), and its A/B forms
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def swizzled_k_offset(row: int, chunk: int, d: int) -> int:
 
 
 class V11Base(GatherAttentionSm90):
-    """What the v11 candidates share: where they apply, and their TMA atoms (`_io_tma`)."""
+    """What v11 and its single-change forms share: where they apply, and their TMA atoms (`_io_tma`)."""
 
     q_by_tma = False
     o_by_tma = False
