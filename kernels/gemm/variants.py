@@ -20,10 +20,6 @@ override makes an impossible configuration is UNSUPPORTED there.
     ko-half-a       that part costs. half-a: the second wave's x tile is not loaded (bm 256), no-b:
     ko-no-b         the W tile is not loaded: the L2 -> SM bytes a 2-CTA multicast would save. (No "skip the store" knock-out: with nothing stored, the compiler
                     drops the promotion and scale loads too, so it times a plain GEMM again.)
-    promote-split   v6 candidate (checked): the rule's configuration compiled with
-                    kernels/gemm/promote_sm90.py, the promotion of each half-width unit overlapped by
-                    the warpgroup's next wgmmas (docs/perf/gemm.md, "v6 candidate"); the GEMM on
-                    quantised operands only (quant+gemm builds the shipped kernel: UNSUPPORTED)
 
 Imported at the end of kernels/gemm/family.py; registers its impls itself (register_impl).
 """
@@ -34,9 +30,8 @@ from dataclasses import replace
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import register_impl
-from kernels.gemm.family import SM90_ONLY, GemmCuteDSL
-from kernels.gemm.glue import compile_gemm, groups_of, pairs_share_x, quantises
-from kernels.gemm.promote_sm90 import PromoteSplitSm90
+from kernels.gemm.family import GemmCuteDSL
+from kernels.gemm.glue import groups_of, pairs_share_x
 from kernels.gemm.tiling import GemmConfig
 from kernels.knobs import ConfigKnobs
 
@@ -75,30 +70,7 @@ class GemmKnockOut(GemmKnob):
     checked = False  # the output is not an answer
 
 
-class GemmKernelVariant(GemmKnob):
-    """The rule's configuration (knobs may override it) compiled with a subclass of the shipped
-    kernel (`kernel_class`): a schedule candidate timed beside the shipped kernel, checked."""
-
-    def __init__(self, name: str, kernel_class, knobs: dict | None = None):
-        super().__init__(name, knobs or {})
-        self.kernel_class = kernel_class
-
-    def supports(self, case: Case, arch: str | None = None) -> str | None:
-        if quantises(case):
-            return f"{self.name}: the GEMM on quantised operands only (quant+gemm builds the shipped kernel)"
-        return super().supports(case, arch)
-
-    def compile_key(self, case: Case, arch: str) -> tuple:
-        return super().compile_key(case, arch) + (self.kernel_class.__name__,)
-
-    def compile(self, case: Case, arch: str):
-        if arch != "sm_90a":
-            raise ValueError(SM90_ONLY)
-        return compile_gemm(self.config(case), arch, self.kernel_class)
-
-
-KERNEL_VARIANTS = (GemmKernelVariant("promote-split", PromoteSplitSm90),)
 VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items()) + tuple(
-    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + KERNEL_VARIANTS
+    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS)
 for _impl in VARIANTS:
     register_impl(_impl)

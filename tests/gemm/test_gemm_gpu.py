@@ -8,22 +8,20 @@ import torch
 
 from kernels.gemm.config import choose_config
 from kernels.gemm.tiling import GemmConfig
-from kernels.gemm.gemm_sm90 import Fp8GemmSm90
 from kernels.gemm.glue import compile_gemm, make_operands, oracle_of, run_gemm
-from kernels.gemm.promote_sm90 import PromoteSplitSm90
 
 pytestmark = pytest.mark.gpu
 
 _COMPILED: dict = {}
 
 
-def _run(m, n, k, cfg=None, seed=0, groups=1, kernel_class=Fp8GemmSm90, n_ctas=None):
+def _run(m, n, k, cfg=None, seed=0, groups=1):
     x, sa, w, sw = make_operands(m, n, k, seed, "cuda", groups)
     cfg = cfg or choose_config(m, n, k, groups=groups)
-    if (cfg, kernel_class) not in _COMPILED:
-        _COMPILED[cfg, kernel_class] = compile_gemm(cfg, kernel_class=kernel_class)
+    if cfg not in _COMPILED:
+        _COMPILED[cfg] = compile_gemm(cfg)
     y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-    run_gemm(_COMPILED[cfg, kernel_class], cfg, x, sa, w, sw, y, groups, n_ctas=n_ctas)
+    run_gemm(_COMPILED[cfg], cfg, x, sa, w, sw, y, groups)
     torch.cuda.synchronize()
     ref = oracle_of(x, sa, w, sw, groups)
     low = ref.bfloat16().float()
@@ -92,33 +90,3 @@ def test_persistent_few_ctas(cfg):
     run_gemm(compile_gemm(cfg), cfg, x, sa, w, sw, y, n_ctas=8)
     ref = oracle_of(x, sa, w, sw)
     assert ((y.float() - ref).norm() / ref.norm()) < 4e-3
-
-
-PROMOTE_CONFIGS = [
-    GemmConfig(256, 128, cluster_n=2), GemmConfig(256, 128), GemmConfig(128, 128), GemmConfig(128, 64),
-    GemmConfig(64, 128), GemmConfig(128, 32, split_k=4), GemmConfig(128, 128, split_k=3),
-    GemmConfig(256, 64, cluster_n=2, group_m=3), GemmConfig(256, 128, cluster_n=2, epi_per_wg=True),
-]
-
-
-@pytest.mark.parametrize("cfg", PROMOTE_CONFIGS, ids=str)
-@pytest.mark.parametrize("m,n,k,groups", [
-    (200, 1000, 1024, 1),  # 8 K blocks: chains of 2 only
-    (1000, 2056, 640, 1),  # 5: a tail chain of 1; a pair's last tile past N
-    (4097, 4104, 128, 1),  # 1 K block: the tail alone
-    (300, 768, 896, 3),  # grouped, 7 K blocks a group
-    (1, 7168, 2048, 1),
-])
-def test_promote_split(cfg, m, n, k, groups):
-    """The v6 candidate `cutedsl:promote-split` (kernels/gemm/promote_sm90.py): the oracle's answer at
-    every tile height, with odd K-block counts (the tail chain), split-K (slices of 1-3 blocks,
-    an empty one), grouped and pairs."""
-    if groups > 1 and cfg.cluster_n > 1 and (n // groups) % (2 * cfg.bn):
-        pytest.skip("a pair would straddle a weight group")
-    _run(m, n, k, cfg, groups=groups, kernel_class=PromoteSplitSm90)
-
-
-@pytest.mark.parametrize("cfg", [GemmConfig(128, 128), GemmConfig(256, 128, cluster_n=2)], ids=str)
-def test_promote_split_few_ctas(cfg):
-    """8 CTAs walk every tile: the chains' ring phases carry over from tile to tile."""
-    _run(1000, 1024, 1152, cfg, seed=3, kernel_class=PromoteSplitSm90, n_ctas=8)
