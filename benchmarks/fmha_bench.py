@@ -40,6 +40,14 @@ def bench_cases() -> dict[str, dict]:
     }
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers (argparse turns the error into one usage line)."""
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def topk_sweep_cases(widths: list[int], heads: list[int]) -> dict[str, dict]:
     """Prefills (s_q 4096) at several top-k widths and query-head counts: time per CTA = a + b x tiles
     fits each kernel's fixed and per-tile cost (docs/perf/fmha.md); h_q 16 and 8 are the TP-8 splits."""
@@ -76,15 +84,15 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--impls", default=",".join(IMPLS))
-    ap.add_argument("--topk-sweep", default="", help="comma-separated top-k widths: time s_q 4096 prefills at "
-                    "--heads of these widths instead of the named cases (the a + b x tiles fit)")
-    ap.add_argument("--heads", default="64,128", help="query heads of the --topk-sweep cases")
+    ap.add_argument("--topk-sweep", type=int_list, default=None,
+                    help="comma-separated top-k widths: time s_q 4096 prefills at --heads of these widths instead "
+                         "of the named cases (the a + b x tiles fit)")
+    ap.add_argument("--heads", type=int_list, default=[64, 128], help="query heads of the --topk-sweep cases")
     ap.add_argument("--rounds", type=int, default=1, help="timing rounds per case, the impls interleaved in each")
     args = ap.parse_args()
     if args.rounds < 1:
         raise SystemExit(f"fmha_bench: --rounds must be >= 1, got {args.rounds}")
-    cases = (topk_sweep_cases([int(k) for k in args.topk_sweep.split(",")], [int(h) for h in args.heads.split(",")])
-             if args.topk_sweep else bench_cases())
+    cases = topk_sweep_cases(args.topk_sweep, args.heads) if args.topk_sweep else bench_cases()
     from dsv4bench.core import ceilings
     from dsv4bench.core.timing import CudaTimer
 

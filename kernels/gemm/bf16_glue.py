@@ -38,6 +38,18 @@ def compile_bf16_gemm(cfg: Bf16Config, out_dtype: torch.dtype = torch.float32, a
     return compile_kernel(Bf16GemmSm90(cfg), *fake_args(cfg, out_dtype), arch=arch)
 
 
+def grouped_refusal(n: int, k: int, groups: int) -> str | None:
+    """Why a grouped bf16 GEMM of N rows (all groups) and K columns a group cannot run, or None: no x tile
+    may reach into the next group's columns, no N tile into the next group's rows."""
+    if groups == 1:
+        return None
+    if k % BK:
+        return f"K = {k}: a grouped GEMM needs whole {BK}-column K blocks"
+    if n % (groups * GROUP_N_ALIGN):
+        return f"N = {n} must be {groups} groups of a multiple of {GROUP_N_ALIGN} rows (whole tiles a group)"
+    return None
+
+
 def check_bf16_operands(x, w, out=None, groups: int = 1) -> tuple[int, int, int]:
     """Validate x bf16 [M, G*K], w bf16 [N, K] (contiguous, 16-byte aligned, K a positive multiple of 8;
     grouped: N / G rows a group, a multiple of GROUP_N_ALIGN, and K a multiple of BK, so that no x
@@ -60,10 +72,8 @@ def check_bf16_operands(x, w, out=None, groups: int = 1) -> tuple[int, int, int]
     else:
         need(kx == groups * k, "x", f"has {kx} columns, expected groups x K = {groups} x {k}")
     need(k > 0 and k % K_ALIGN == 0, "w", f"K = {k} is not a positive multiple of {K_ALIGN} (16-byte TMA rows)")
-    if groups > 1:
-        need(k % BK == 0, "w", f"K = {k}: a grouped GEMM needs whole {BK}-column K blocks")
-        need(n % (groups * GROUP_N_ALIGN) == 0, "w",
-             f"N = {n} must be {groups} groups of a multiple of {GROUP_N_ALIGN} rows (whole N tiles a group)")
+    why = grouped_refusal(n, k, groups)
+    need(why is None, "w", why or "")
     need(m > 0, "x", "has M = 0")
     need(n > 0, "w", "has N = 0")
     if out is not None:

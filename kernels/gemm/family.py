@@ -39,9 +39,9 @@ from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, regis
 from kernels.gemm import peers
 from kernels.gemm import bf16_serves
 from kernels.gemm import serves as served
-from kernels.gemm.bf16_config import BK, Bf16Config, choose_bf16_config
+from kernels.gemm.bf16_config import Bf16Config, choose_bf16_config
 from kernels.gemm.bf16_glue import (
-    GROUP_N_ALIGN, K_ALIGN, bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands,
+    K_ALIGN, bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands, grouped_refusal,
     run_bf16_gemm,
 )
 from kernels.gemm.config import choose_config
@@ -123,10 +123,8 @@ class GemmCuteDSL(Impl):
         if is_bf16(case):
             if case["k"] % K_ALIGN:
                 return f"K must be a multiple of {K_ALIGN} (16-byte TMA rows)"
-            if groups_of(case) > 1 and (case["k"] % BK or case["n"] % (groups_of(case) * GROUP_N_ALIGN)):
-                return (f"grouped: K must be a multiple of {BK} and each group's N of {GROUP_N_ALIGN} "
-                        "(whole tiles a group)")
-            return None
+            why = grouped_refusal(case["n"], case["k"], groups_of(case))
+            return None if why is None else f"grouped: {why}"
         if case["k"] % KBLOCK:
             return f"K must be a multiple of {KBLOCK} (the quantisation block)"
         if case["n"] % 8:

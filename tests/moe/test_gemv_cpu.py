@@ -143,12 +143,14 @@ def test_unit_size_balances_the_one_token_layer():
         GemvConfig("l1", 2048, 4096, pairs=2)
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("stage", ["l1", "l2"])
 @pytest.mark.parametrize("model", list(SHAPES))
-def test_fine_units_compile_without_spills(stage, model):
+def test_fine_units_compile_without_spills(stage, model, arch):
     d, i = SHAPES[model]
     cfg = gemv_config(stage, d, i, 1, topk=6)
-    info = parse_cubin(artifact(compile_gemv(stage, d, i, 1, "sm_90a", topk=6)))
+    info = parse_cubin(artifact(compile_gemv(stage, d, i, 1, arch, topk=6)))
+    assert info.sm == (90 if arch == "sm_90a" else 100)
     assert info.local_bytes == 0 and info.registers * cfg.threads * cfg.min_ctas <= 65536
 
 
