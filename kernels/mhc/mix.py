@@ -12,7 +12,7 @@ v4, the mixes on tensor cores (warp MMA m16n8k16, bf16 operands, fp32 accumulato
 - fn is fp32: each warp reads its B fragments from the fp32 tile and splits them in registers
   into hi = bf16(fn), lo = bf16(fn − hi); the accumulator takes x·hi + x·lo. bf16 x is exact, the
   bf16 products are exact in the fp32 accumulate, and |fn − hi − lo| ≤ 2^-16·|fn| (TF32, the
-  family's low-precision reference, is 2^-11): see docs/perf/mhc.md, "v4 of pass 1".
+  family's low-precision reference, is 2^-11): see docs/perf/mhc.md, "Roofline".
 - Warp w computes the 16-token row tiles w (and w + 4 when tm = 2) x all np mixes; Σx² stays on
   CUDA cores: thread i sums half a row (32 columns, four 16-byte reads) of token i / 2 (and
   i / 2 + 64) per stage.

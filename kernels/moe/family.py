@@ -193,7 +193,7 @@ class MoeCuteDSL(Impl):
 class MoeLayerVariant(MoeCuteDSL):
     """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named.
     `cutedsl` is the tile rule's pick (grouped_config.choose): v2 at decode (masked), v3 at prefill
-    (contiguous) since the H100 A/B (docs/perf/moe.md "v3 measured"); `cutedsl:v2` is v2 at both layouts
+    (contiguous) since the H100 A/B (docs/perf/moe.md "v3"); `cutedsl:v2` is v2 at both layouts
     (the A/B of that pick; the v2 A/Bs below carry its knobs, grouped_config.V2, so they stay on v2 at
     prefill); `cutedsl:v3` v3 at both layouts. `cutedsl:serial` widens each K block before its wgmmas are
     issued instead of during the previous block's (the A/B of the overlap, and a fallback);

@@ -122,8 +122,8 @@ V3 = {"split_wg": True, "row_frame": True, "fast_silu": True}
 def choose(layout: str, epilogue: str) -> GroupedConfig:
     """Decode (masked: a few rows per expert) takes one 64-row wave on v2; prefill (contiguous, 128-row
     segments) two waves on v3, whose GEMMs read row-frame weights (expert_weights.prepare(frame="row"):
-    kernels/moe/layer.weight_frame). v3 at prefill since the H100 A/B in one process (docs/perf/moe.md "v3
-    measured": Flash T = 4096 0.75-0.78x v2's time, 0.94-0.99x DeepGEMM's speed; Pro T = 4096 0.77-0.81x);
+    kernels/moe/layer.weight_frame). v3 at prefill since the H100 A/B in one process (docs/perf/moe.md "v3":
+    Flash T = 4096 0.75-0.78x v2's time, 0.94-0.99x DeepGEMM's speed; Pro T = 4096 0.77-0.81x);
     decode stays on v2, as it was (v3 was not built for one wave: v2's early scales are off in it). The
     variant `cutedsl:v2` keeps v2 at prefill for A/Bs."""
     if layout == "masked":

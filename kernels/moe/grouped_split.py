@@ -1,5 +1,5 @@
 """v3 (prefill) of the grouped expert GEMM: the two consumer warpgroups decoupled (GroupedConfig.split_wg,
-variant `cutedsl:split-wg`; docs/perf/moe.md "v3 (prefill)").
+variant `cutedsl:split-wg`; docs/perf/moe.md "v3").
 
 In the v2 kernel (kernels/moe/grouped_sm90.py) the 256 consumer threads widen the whole 256-row FP4 tile
 together (thread t takes rows t/4, 64 + t/4, ...: both warpgroups write rows the other one's wgmma reads) and

@@ -15,8 +15,8 @@ Every variant here is a knock-out or a reference row (`checked = False`: run, ti
 
 They apply to the rotate path only (fmt mxfp4, n = 128, rotate); other cases are UNSUPPORTED.
 Dropped with benchmarks/quant_probe.py: `v3_direct_loads` and `v3_pattern_only` (v3's direct
-register loads, kept only for comparison; their figures are in docs/perf/quant.md, "v3 and v4 of the
-rotate path") and `torch_read_x` (a torch sum of the input; the harness times a same-size copy per case).
+register loads, kept only for comparison; their figures are in docs/perf/quant.md, "MXFP4 + Hadamard
+(rotate path)") and `torch_read_x` (a torch sum of the input; the harness times a same-size copy per case).
 
 Imported at the end of kernels/quant/family.py; registers its impls itself (register_impl).
 """

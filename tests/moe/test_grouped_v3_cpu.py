@@ -1,5 +1,5 @@
-"""v3 (prefill) of the grouped expert GEMM on the CPU (kernels/moe/grouped_split.py; docs/perf/moe.md "v3
-(prefill)"): the row-frame weights (exact, one column scale per row, the same model output bit for bit as
+"""v3 (prefill) of the grouped expert GEMM on the CPU (kernels/moe/grouped_split.py; docs/perf/moe.md "v3"):
+the row-frame weights (exact, one column scale per row, the same model output bit for bit as
 the block frame), the split widening's items (every (row, sub-block) of the tile once, each warpgroup only
 its own wgmma's rows, the v2 widening's source and swizzled destination), the variants' declarations and
 the layer handing v3 the row-frame weights, and sm_90a compiles (no serialised wgmma; no local memory at
@@ -154,7 +154,7 @@ def test_v3_variants_are_declared_and_validated():
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
 def test_the_tile_rule_picks_v3_at_prefill_and_v2_at_decode(epilogue):
-    """Since the H100 A/B (docs/perf/moe.md "v3 measured"): contiguous (prefill) -> v3 (split warpgroups,
+    """Since the H100 A/B (docs/perf/moe.md "v3"): contiguous (prefill) -> v3 (split warpgroups,
     row-frame weights, fast silu), masked (decode) -> exactly the v2 config it was."""
     from kernels.moe.grouped_config import choose
     from kernels.moe.layer import grouped_config, weight_frame
