@@ -26,13 +26,17 @@ Structure (one CTA per SM, persistent; units dealt round-robin):
   * warpgroup 0, warps 1-3: write -inf over the columns of the unit's rows that no key tile covers
     (left of the first tile, right of the last), for part 0 only. They are otherwise idle, so the
     masked half of a causal output costs no consumer time.
-  * consumer warpgroups (n_wg, 64 keys each, bk = 64 * n_wg): per key tile wait -> read the key
-    scales from shared memory -> 4 wgmma (m64 n{64*bq} k32, fp8) -> wait -> release the stage ->
-    epilogue: ReLU, x w, head sum (thread, then quad), x key scale, mask, store. Each logit is
-    stored by one lane of its quad with a plain st.global (8 lanes of a warp cover 8 consecutive
-    keys of one row: 32-byte segments).
-  * ping-pong (`pingpong`, a declared variant until measured): 64-key stages, the CTA's g-th tile
-    belongs to consumer warpgroup g % 2, and the two take turns to issue their wgmmas (named
+  * consumer warpgroups (n_wg of them, 1-4), in groups of tile_wgs (`LogitsConfig.mma_wg`) that
+    share a key tile of bk = 64 * tile_wgs keys, 64 rows each; with more than one group, the CTA's
+    g-th tile belongs to group g % groups and the groups run free of each other (their epilogues
+    fall under the others' wgmmas as the warp schedulers interleave them: DeepGEMM's four
+    cooperative warpgroups of 112 registers get the same overlap from occupancy). Per key tile:
+    wait -> read the key scales from shared memory -> 4 wgmma (m64 n{64*bq} k32, fp8) -> wait ->
+    release the stage -> epilogue: ReLU, x w, head sum (thread, then quad), x key scale, mask,
+    store. Each logit is stored by one lane of its quad with a plain st.global (8 lanes of a warp
+    cover 8 consecutive keys of one row: 32-byte segments).
+  * ping-pong (`pingpong`, a declared variant): two groups of one warpgroup (64-key stages) that
+    take turns to issue their wgmmas (named
     barriers BAR_TURN0 + w, FA3's schedule as in kernels/fmha/pingpong.py), so one warpgroup's
     epilogue runs under the other's wgmmas. Cooperative warpgroups share every stage and, left
     free, fall into step (docs/lessons/fmha.md 17): the tensor core then idles during epilogues.
@@ -331,6 +335,7 @@ class IndexerLogitsSm90:
         QS = c.q_stages
         mtid = tidx - 128
         cw = cute.arch.make_warp_uniform(mtid // 128)  # consumer warpgroup
+        gi = cw // c.mma_wg  # its group (the tiles it takes: module docstring)
         q4 = tidx % 4  # lane within its quad
         tCrA, tCrB, acc, rows, heads = self._fragments(tiled_mma, sK, sQ, mtid)
         n_cols = cute.size(heads)
@@ -340,6 +345,10 @@ class IndexerLogitsSm90:
         tks = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
         tke = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
         mmas = (tiled_mma, mma_acc)
+        acc2, sc2 = None, None
+        if cutlass.const_expr(c.overlap):  # the second tile in flight
+            acc2 = cute.make_rmem_tensor(acc.layout, cutlass.Float32)
+            sc2 = cute.make_rmem_tensor((cute.size(rows),), cutlass.Float32)
 
         if cutlass.const_expr(c.pingpong):
             if cw == 1:  # warpgroup 0 takes the first turn
@@ -357,14 +366,13 @@ class IndexerLogitsSm90:
                 q_ring.consumer_wait(qst)
                 for cc in cutlass.range_constexpr(n_cols):
                     wreg[cc] = sW[cc // 16, heads[cc], qst.index]
-                if cutlass.const_expr(c.pingpong):
-                    # this warpgroup's tiles: the unit's tiles whose CTA ordinal g has parity cw
-                    first = t0 + (cw + g_kv) % 2
-                    for kt in cutlass.range(first, t1, 2, unroll=1):
-                        self._tile(kv_ring, mmas, acc, tCrA, tCrB, qst.index, sSc, rows, sc, g_kv + (kt - t0),
-                                   kt, wreg, tok, tks, tke, mL, q4, n_tok, s_kv, cw)
+                # this group's tiles: the unit's tiles whose CTA ordinal g is gi modulo the groups
+                first = t0 + (gi + c.groups - g_kv % c.groups) % c.groups
+                if cutlass.const_expr(c.overlap):
+                    self._tiles_overlapped(kv_ring, mmas, (acc, acc2), tCrA, tCrB, qst.index, sSc, rows, (sc, sc2),
+                                           g_kv - t0, first, t1, wreg, tok, tks, tke, mL, q4, n_tok, s_kv, cw)
                 else:
-                    for kt in cutlass.range(t0, t1, unroll=1):
+                    for kt in cutlass.range(first, t1, c.groups, unroll=1):
                         self._tile(kv_ring, mmas, acc, tCrA, tCrB, qst.index, sSc, rows, sc, g_kv + (kt - t0),
                                    kt, wreg, tok, tks, tke, mL, q4, n_tok, s_kv, cw)
                 g_kv = g_kv + (t1 - t0)
@@ -378,8 +386,8 @@ class IndexerLogitsSm90:
         """A consumer thread's wgmma operand fragments, its accumulator, and for each accumulator
         row / column the key row within the tile / the head (shared with the decode kernel)."""
         c = self.cfg
-        # cooperative: the warpgroups split each tile's rows; ping-pong: each has whole 64-key tiles
-        thr_mma = tiled_mma.get_slice(mtid % 128 if c.pingpong else mtid)
+        # the warpgroups of a group split its tiles' rows (a group of one has whole 64-key tiles)
+        thr_mma = tiled_mma.get_slice(mtid % (128 * c.mma_wg))
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sK))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sQ))
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((c.bk, c.n)), cutlass.Float32)
@@ -401,13 +409,54 @@ class IndexerLogitsSm90:
     @cute.jit
     def _tile(self, kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, rows, sc, g, kt, wreg, tok, tks, tke, mL, q4,
               n_tok, s_kv, cw):
-        """Key tile kt (the CTA's g-th): wait -> scales from shared memory -> 4 wgmma (in ping-pong
-        inside this warpgroup's turn) -> wait -> release the stage -> epilogue."""
+        """Key tile kt (the CTA's g-th): issue, wait for its wgmmas, finish."""
+        self._issue(kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, rows, sc, g, cw)
+        warpgroup.wait_group(0)
+        self._finish(kv_ring, acc, sc, rows, g, kt, wreg, tok, tks, tke, mL, q4, n_tok, s_kv)
+
+    @cute.jit
+    def _tiles_overlapped(self, kv_ring, mmas, accs, tCrA, tCrB, q_index, sSc, rows, scs, g_of_kt, first, t1, wreg,
+                          tok, tks, tke, mL, q4, n_tok, s_kv, cw):
+        """This group's tiles first, first + G, ... < t1 (G = groups; tile kt is the CTA's
+        g_of_kt + kt-th) with two in flight: tile i+1's wgmmas are issued before tile i's epilogue,
+        which then runs under them (FA3's intra-warpgroup overlap). The tiles go in chains of
+        P = `overlap` unrolled at compile time, each ending in wait_group(0): a wgmma group left in
+        flight across a loop's back edge makes ptxas serialise every wgmma (docs/lessons/gemm.md 9).
+        Accumulators and key scales alternate between the two register sets of `accs` / `scs`; the
+        tiles left over after the whole chains run one at a time."""
+        c = self.cfg
+        G = c.groups
+        P = c.overlap
+        n_mine = cutlass.Int32(0)
+        if first < t1:
+            n_mine = (t1 - first + G - 1) // G
+        n_chains = n_mine // P
+        for ch in cutlass.range(n_chains, unroll=1):
+            base = first + ch * (P * G)
+            self._issue(kv_ring, mmas, accs[0], tCrA, tCrB, q_index, sSc, rows, scs[0], g_of_kt + base, cw)
+            for i in cutlass.range_constexpr(1, P + 1):
+                if cutlass.const_expr(i < P):
+                    self._issue(kv_ring, mmas, accs[i % 2], tCrA, tCrB, q_index, sSc, rows, scs[i % 2],
+                                g_of_kt + base + i * G, cw)
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
+                kt = base + (i - 1) * G
+                self._finish(kv_ring, accs[(i - 1) % 2], scs[(i - 1) % 2], rows, g_of_kt + kt, kt, wreg, tok, tks,
+                             tke, mL, q4, n_tok, s_kv)
+        for kt in cutlass.range(first + n_chains * (P * G), t1, G, unroll=1):
+            self._tile(kv_ring, mmas, accs[0], tCrA, tCrB, q_index, sSc, rows, scs[0], g_of_kt + kt, kt, wreg, tok,
+                       tks, tke, mL, q4, n_tok, s_kv, cw)
+
+    @cute.jit
+    def _issue(self, kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, rows, sc, g, cw):
+        """The CTA's g-th key stage: wait for it -> its key scales from shared memory (before the
+        issue) -> 4 wgmma into acc, one commit group (in ping-pong inside this warpgroup's turn)."""
         c = self.cfg
         S = c.n_stages
         kst = pipeline.PipelineState(S, g, g % S, (g // S) % 2)
         kv_ring.consumer_wait(kst)
-        for r in cutlass.range_constexpr(cute.size(sc)):  # from shared memory, before the issue
+        for r in cutlass.range_constexpr(cute.size(sc)):
             sc[r] = sSc[rows[r], kst.index]
         if cutlass.const_expr(c.pingpong):
             cute.arch.barrier(barrier_id=BAR_TURN0 + cw, number_of_threads=256)
@@ -419,10 +468,15 @@ class IndexerLogitsSm90:
         warpgroup.commit_group()
         if cutlass.const_expr(c.pingpong):
             cute.arch.barrier_arrive(barrier_id=BAR_TURN0 + 1 - cw, number_of_threads=256)
-        warpgroup.wait_group(0)
+
+    @cute.jit
+    def _finish(self, kv_ring, acc, sc, rows, g, kt, wreg, tok, tks, tke, mL, q4, n_tok, s_kv):
+        """After the CTA's g-th tile's wgmmas completed (the caller waited): release its stage, then
+        the epilogue of key tile kt."""
+        S = self.cfg.n_stages
         fence_operand(acc)
-        kv_ring.consumer_release(kst)
-        self._epilogue(acc, wreg, sc, rows, kt * c.bk, tok, tks, tke, mL, q4, n_tok, s_kv)
+        kv_ring.consumer_release(pipeline.PipelineState(S, g, g % S, (g // S) % 2))
+        self._epilogue(acc, wreg, sc, rows, kt * self.cfg.bk, tok, tks, tke, mL, q4, n_tok, s_kv)
 
     @cute.jit
     def _epilogue(self, acc, wreg, sc, rows, s0, tok, tks, tke, mL, q4, n_tok, s_kv):

@@ -225,7 +225,8 @@ def _written(t, s_kv, ks, ke, cfg: LogitsConfig, n_split):
 
 
 @pytest.mark.parametrize("cfg", [LogitsConfig(), LogitsConfig(bq=1), LogitsConfig(bq=4, n_wg=1),
-                                 LogitsConfig(pingpong=True)], ids=str)
+                                 LogitsConfig(pingpong=True), LogitsConfig(n_wg=3), LogitsConfig(n_wg=4),
+                                 LogitsConfig(n_wg=4, tile_wgs=2)], ids=str)
 @pytest.mark.parametrize("n_split", [1, 2, 5])
 @pytest.mark.parametrize("params", [space.causal(37, 300, 999), space.causal(300, 75), space.causal(1, 1, 0),
                                     space.varlen([9, 3, 200, 1]), space.causal(9, 130, 0)])
@@ -235,15 +236,49 @@ def test_every_logit_is_written_exactly_once(cfg, n_split, params):
     assert bool((count == 1).all()), torch.nonzero(count != 1)[:5].tolist()
 
 
+def _group_tiles(g_kv, t0, t1, groups, gi):
+    """Mirror of _consume: group gi takes kt = first, first + G, ... (G = groups)."""
+    first = t0 + (gi + groups - g_kv % groups) % groups
+    return list(range(first, t1, groups))
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3, 4])
 @pytest.mark.parametrize("g_kv", [0, 1, 6, 7])
 @pytest.mark.parametrize("t0,t1", [(0, 1), (3, 4), (2, 9), (5, 5), (0, 16)])
-def test_pingpong_parity_split_gives_each_tile_to_one_warpgroup_in_turn_order(g_kv, t0, t1):
-    """Mirror of _consume's ping-pong loop: warpgroup cw takes kt = t0 + (cw + g_kv) % 2, +2, ...
-    (the CTA's tile ordinal g_kv + kt - t0 has parity cw), and the final turn count closes the ring."""
-    mine = {cw: list(range(t0 + (cw + g_kv) % 2, t1, 2)) for cw in (0, 1)}
-    assert sorted(mine[0] + mine[1]) == list(range(t0, t1))
-    for cw in (0, 1):
-        assert all((g_kv + kt - t0) % 2 == cw for kt in mine[cw])
+def test_groups_take_each_tile_once_by_the_ctas_tile_ordinal(groups, g_kv, t0, t1):
+    """The CTA's g-th tile (g = g_kv + kt - t0) goes to group g % groups (ping-pong: groups = 2, its
+    turn order); every tile of the unit to exactly one group."""
+    mine = {gi: _group_tiles(g_kv, t0, t1, groups, gi) for gi in range(groups)}
+    assert sorted(sum(mine.values(), [])) == list(range(t0, t1))
+    for gi in range(groups):
+        assert all((g_kv + kt - t0) % groups == gi for kt in mine[gi])
+
+
+def _overlapped(first, t1, groups, chain):
+    """Mirror of _tiles_overlapped: the tiles in the order finished, (tile, register set, issued before
+    the previous tile's finish) per tile."""
+    n_mine = -(-(t1 - first) // groups) if first < t1 else 0
+    n_chains = n_mine // chain
+    done = []
+    for ch in range(n_chains):
+        base = first + ch * chain * groups
+        for i in range(chain):
+            done.append((base + i * groups, i % 2, i > 0))
+    done += [(kt, 0, False) for kt in range(first + n_chains * chain * groups, t1, groups)]
+    return done
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("chain", [2, 3, 4])
+@pytest.mark.parametrize("first,t1", [(0, 1), (0, 2), (3, 12), (5, 5), (1, 17), (0, 32)])
+def test_overlapped_chains_finish_the_groups_tiles_in_order_alternating_registers(groups, chain, first, t1):
+    done = _overlapped(first, t1, groups, chain)
+    assert [kt for kt, _, _ in done] == list(range(first, t1, groups))
+    # within a chain consecutive tiles alternate accumulators, so the one in flight is never the one read
+    for (_, a, _), (_, b, issued_early) in zip(done, done[1:]):
+        assert not issued_early or a != b
+    whole = (len(range(first, t1, groups)) // chain) * chain
+    assert sum(e for _, _, e in done) == whole - whole // chain  # all but each chain's first overlap
 
 
 def test_out_of_range_ks_ke_are_clamped_by_the_schedule():
@@ -266,9 +301,31 @@ def test_config_rejects_impossible_tiles():
     with pytest.raises(ValueError, match="bq must be"):
         LogitsConfig(bq=3)
     with pytest.raises(ValueError, match="n_wg must be"):
-        LogitsConfig(n_wg=3)
+        LogitsConfig(n_wg=5)
+    with pytest.raises(ValueError, match="must divide"):
+        LogitsConfig(n_wg=3, tile_wgs=2)
+    with pytest.raises(ValueError, match="pingpong takes"):
+        LogitsConfig(n_wg=4, pingpong=True)
+    with pytest.raises(ValueError, match="overlap chains"):
+        LogitsConfig(n_wg=4, overlap=2)
+    with pytest.raises(ValueError, match="overlap chains"):
+        LogitsConfig(overlap=1)
+    with pytest.raises(ValueError, match="holds 192 registers a thread, more than 136"):
+        LogitsConfig(n_wg=3, bq=4)  # ptxas: "Insufficient registers (128)"
+    with pytest.raises(ValueError, match="with overlap holds 320"):
+        LogitsConfig(bq=4, overlap=2)
     with pytest.raises(ValueError, match="do not fit"):
         LogitsConfig(stages=20)
+
+
+def test_register_split_fits_the_launch():
+    """setmaxnreg must hand out no more registers than the launch gives the CTA (64K, 8 a step)."""
+    for n_wg in (1, 2, 3, 4):
+        cfg = LogitsConfig(n_wg=n_wg)
+        producer, consumer = cfg.reg_split
+        assert producer % 8 == 0 and consumer % 8 == 0 and consumer >= 112
+        assert 128 * producer + 128 * n_wg * consumer <= 65536
+    assert LogitsConfig(n_wg=4).reg_split == (32, 112)  # DeepGEMM's split for its four warpgroups
 
 
 def _compile_configs():

@@ -93,8 +93,15 @@ def test_rule(t, s_kv, p0):
 CONFIGS = [
     LogitsConfig(), LogitsConfig(bq=1), LogitsConfig(bq=4), LogitsConfig(n_wg=1), LogitsConfig(bq=1, n_wg=1),
     LogitsConfig(stages=2), LogitsConfig(q_stages=1), LogitsConfig(pingpong=True), LogitsConfig(bq=4, pingpong=True),
-    LogitsConfig(bq=1, pingpong=True), LogitsConfig(pingpong=True, stages=3),
+    LogitsConfig(bq=1, pingpong=True), LogitsConfig(pingpong=True, stages=3), LogitsConfig(n_wg=3),
+    LogitsConfig(n_wg=4), LogitsConfig(n_wg=4, tile_wgs=2), LogitsConfig(n_wg=4, tile_wgs=1),
+    LogitsConfig(n_wg=2, tile_wgs=1), LogitsConfig(overlap=2), LogitsConfig(overlap=3, bq=1),
+    LogitsConfig(n_wg=2, tile_wgs=1, overlap=4), LogitsConfig(n_wg=1, overlap=2),
 ]
+# the schedules: one tile shared by every warpgroup, groups taking tiles in turn (with and without
+# ping-pong's turns), and two tiles in flight per warpgroup
+SCHEDULES = [LogitsConfig(), LogitsConfig(pingpong=True), LogitsConfig(n_wg=4), LogitsConfig(n_wg=4, tile_wgs=1),
+             LogitsConfig(overlap=4), LogitsConfig(n_wg=2, tile_wgs=1, overlap=2)]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
@@ -103,7 +110,7 @@ def test_configs(cfg, t, s_kv, p0):
     _run(t, s_kv, p0, cfg)
 
 
-@pytest.mark.parametrize("cfg", [LogitsConfig(), LogitsConfig(pingpong=True)], ids=str)
+@pytest.mark.parametrize("cfg", SCHEDULES, ids=str)
 @pytest.mark.parametrize("n_split", [1, 2, 3, 7, 40])
 @pytest.mark.parametrize("t,s_kv,p0", [(8, 4096, 16380), (33, 1000, 3967), (300, 77, 0)])
 def test_key_split(cfg, n_split, t, s_kv, p0):
@@ -111,8 +118,7 @@ def test_key_split(cfg, n_split, t, s_kv, p0):
     _run(t, s_kv, p0, cfg, n_split=n_split)
 
 
-@pytest.mark.parametrize("cfg", [LogitsConfig(), LogitsConfig(pingpong=True), LogitsConfig(stages=2, q_stages=1)],
-                         ids=str)
+@pytest.mark.parametrize("cfg", SCHEDULES + [LogitsConfig(stages=2, q_stages=1)], ids=str)
 @pytest.mark.parametrize("n_ctas", [1, 3, 7])
 def test_persistent_few_ctas(cfg, n_ctas):
     """Many units per CTA: the Q and KV ring phases, the ping-pong turns and the fill warps carry over
@@ -121,13 +127,13 @@ def test_persistent_few_ctas(cfg, n_ctas):
     _run(64, 700, 2600, cfg, n_ctas=n_ctas, n_split=3)
 
 
-@pytest.mark.parametrize("cfg", [LogitsConfig(), LogitsConfig(pingpong=True)], ids=str)
+@pytest.mark.parametrize("cfg", SCHEDULES, ids=str)
 @pytest.mark.parametrize("lens", [[37, 3, 64, 9, 200], [4096], [1, 2, 3], [600, 5, 999, 130, 4]])
 def test_varlen(cfg, lens):
     _run(0, 0, cfg=cfg, lens=lens)
 
 
-@pytest.mark.parametrize("cfg", [LogitsConfig(), LogitsConfig(pingpong=True)], ids=str)
+@pytest.mark.parametrize("cfg", SCHEDULES, ids=str)
 def test_arbitrary_and_out_of_range_ranges(cfg):
     """DeepGEMM's general ks / ke: random windows, empty ones, ks < 0 and ke > S_kv (clamped)."""
     g = torch.Generator().manual_seed(7)
