@@ -161,7 +161,7 @@ class IndexerDecodeSm90(IndexerLogitsSm90):
         64 pg .. 64 pg + 63 of row b."""
         tCrA, tCrB, acc, rows, heads = self._fragments(tiled_mma, sK, sQ, tidx - 128)
         wreg = cute.make_rmem_tensor((cute.size(heads),), cutlass.Float32)
-        sc = cute.make_rmem_tensor((cute.size(rows),), cutlass.Float32)
+        sc = cute.make_rmem_tensor((1,), cutlass.Float32)
         tok = cute.make_rmem_tensor((1,), cutlass.Int32)
         tks = cute.make_rmem_tensor((1,), cutlass.Int32)
         tke = cute.make_rmem_tensor((1,), cutlass.Int32)
@@ -174,7 +174,10 @@ class IndexerDecodeSm90(IndexerLogitsSm90):
             wreg[cc] = sW[0, heads[cc], 0]
         n_req = cute.size(mL, mode=[0])
         width = cute.size(mL, mode=[1])
+        q4 = tidx % 4
+        plan = self._lane_plan(mL, tok, tks, tke, rows, q4, n_req, width)
+        kst = self._kv_state(cutlass.Int32(0))
         for pg in cutlass.range(pg0, pg1, unroll=1):
-            self._tile(kv_ring, (tiled_mma, mma_acc), acc, tCrA, tCrB, 0, sSc, rows, sc, pg - pg0, pg, wreg, tok,
-                       tks, tke, mL, tidx % 4, n_req, width, 0)
+            self._tile(kv_ring, (tiled_mma, mma_acc), acc, tCrA, tCrB, 0, sSc, sc, kst, pg, wreg, plan, q4, 0)
+            kst = self._step(kst, 1)
         q_ring.consumer_release(qst)

@@ -340,7 +340,7 @@ class IndexerLogitsSm90:
         tCrA, tCrB, acc, rows, heads = self._fragments(tiled_mma, sK, sQ, mtid)
         n_cols = cute.size(heads)
         wreg = cute.make_rmem_tensor((n_cols,), cutlass.Float32)
-        sc = cute.make_rmem_tensor((cute.size(rows),), cutlass.Float32)
+        sc = cute.make_rmem_tensor((1,), cutlass.Float32)  # the key scale of this lane's row
         tok = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
         tks = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
         tke = cute.make_rmem_tensor((c.bq,), cutlass.Int32)
@@ -348,7 +348,7 @@ class IndexerLogitsSm90:
         acc2, sc2 = None, None
         if cutlass.const_expr(c.overlap):  # the second tile in flight
             acc2 = cute.make_rmem_tensor(acc.layout, cutlass.Float32)
-            sc2 = cute.make_rmem_tensor((cute.size(rows),), cutlass.Float32)
+            sc2 = cute.make_rmem_tensor((1,), cutlass.Float32)
 
         if cutlass.const_expr(c.pingpong):
             if cw == 1:  # warpgroup 0 takes the first turn
@@ -366,21 +366,36 @@ class IndexerLogitsSm90:
                 q_ring.consumer_wait(qst)
                 for cc in cutlass.range_constexpr(n_cols):
                     wreg[cc] = sW[cc // 16, heads[cc], qst.index]
+                plan = self._lane_plan(mL, tok, tks, tke, rows, q4, n_tok, s_kv)
                 # this group's tiles: the unit's tiles whose CTA ordinal g is gi modulo the groups
                 first = t0 + (gi + c.groups - g_kv % c.groups) % c.groups
+                kst = self._kv_state(g_kv + (first - t0))
                 if cutlass.const_expr(c.overlap):
-                    self._tiles_overlapped(kv_ring, mmas, (acc, acc2), tCrA, tCrB, qst.index, sSc, rows, (sc, sc2),
-                                           g_kv - t0, first, t1, wreg, tok, tks, tke, mL, q4, n_tok, s_kv, cw)
+                    self._tiles_overlapped(kv_ring, mmas, (acc, acc2), tCrA, tCrB, qst.index, sSc, (sc, sc2), kst,
+                                           first, t1, wreg, plan, q4, cw)
                 else:
                     for kt in cutlass.range(first, t1, c.groups, unroll=1):
-                        self._tile(kv_ring, mmas, acc, tCrA, tCrB, qst.index, sSc, rows, sc, g_kv + (kt - t0),
-                                   kt, wreg, tok, tks, tke, mL, q4, n_tok, s_kv, cw)
+                        self._tile(kv_ring, mmas, acc, tCrA, tCrB, qst.index, sSc, sc, kst, kt, wreg, plan, q4, cw)
+                        kst = self._step(kst, c.groups)
                 g_kv = g_kv + (t1 - t0)
                 q_ring.consumer_release(qst)
                 g_q = g_q + 1
         if cutlass.const_expr(c.pingpong):
             if g_kv % 2 == cw:  # pairs the arrive of the CTA's last tile (or the opening one)
                 cute.arch.barrier(barrier_id=BAR_TURN0 + cw, number_of_threads=256)
+
+    def _kv_state(self, g):
+        """The KV ring's consumer state of the CTA's g-th key tile (one division: once a unit)."""
+        S = self.cfg.n_stages
+        return pipeline.PipelineState(S, g, g % S, (g // S) % 2)
+
+    def _step(self, st, n: int):
+        """st advanced by n <= stages tiles: one compare and two selects, no division."""
+        S = self.cfg.n_stages
+        idx = st.index + n
+        wrap = idx >= S
+        return pipeline.PipelineState(S, st.count + n, cutlass.select_(wrap, idx - S, idx),
+                                      cutlass.select_(wrap, st.phase ^ 1, st.phase))
 
     def _fragments(self, tiled_mma, sK, sQ, mtid):
         """A consumer thread's wgmma operand fragments, its accumulator, and for each accumulator
@@ -407,23 +422,22 @@ class IndexerLogitsSm90:
         return tCrA, tCrB, acc, rows, heads
 
     @cute.jit
-    def _tile(self, kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, rows, sc, g, kt, wreg, tok, tks, tke, mL, q4,
-              n_tok, s_kv, cw):
-        """Key tile kt (the CTA's g-th): issue, wait for its wgmmas, finish."""
-        self._issue(kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, rows, sc, g, cw)
+    def _tile(self, kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, sc, kst, kt, wreg, plan, q4, cw):
+        """Key tile kt in KV stage kst: issue, wait for its wgmmas, finish."""
+        self._issue(kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, sc, kst, plan, cw)
         warpgroup.wait_group(0)
-        self._finish(kv_ring, acc, sc, rows, g, kt, wreg, tok, tks, tke, mL, q4, n_tok, s_kv)
+        self._finish(kv_ring, acc, sc, kst, kt, wreg, plan, q4)
 
     @cute.jit
-    def _tiles_overlapped(self, kv_ring, mmas, accs, tCrA, tCrB, q_index, sSc, rows, scs, g_of_kt, first, t1, wreg,
-                          tok, tks, tke, mL, q4, n_tok, s_kv, cw):
-        """This group's tiles first, first + G, ... < t1 (G = groups; tile kt is the CTA's
-        g_of_kt + kt-th) with two in flight: tile i+1's wgmmas are issued before tile i's epilogue,
-        which then runs under them (FA3's intra-warpgroup overlap). The tiles go in chains of
-        P = `overlap` unrolled at compile time, each ending in wait_group(0): a wgmma group left in
-        flight across a loop's back edge makes ptxas serialise every wgmma (docs/lessons/gemm.md 9).
-        Accumulators and key scales alternate between the two register sets of `accs` / `scs`; the
-        tiles left over after the whole chains run one at a time."""
+    def _tiles_overlapped(self, kv_ring, mmas, accs, tCrA, tCrB, q_index, sSc, scs, kst, first, t1, wreg, plan, q4,
+                          cw):
+        """This group's tiles first, first + G, ... < t1 (G = groups; kst: the stage of tile `first`)
+        with two in flight: tile i+1's wgmmas are issued before tile i's epilogue, which then runs
+        under them (FA3's intra-warpgroup overlap). The tiles go in chains of P = `overlap` unrolled
+        at compile time, each ending in wait_group(0): a wgmma group left in flight across a loop's
+        back edge makes ptxas serialise every wgmma (docs/lessons/gemm.md 9). Accumulators and key
+        scales alternate between the two register sets of `accs` / `scs`; the tiles left over after
+        the whole chains run one at a time."""
         c = self.cfg
         G = c.groups
         P = c.overlap
@@ -433,31 +447,30 @@ class IndexerLogitsSm90:
         n_chains = n_mine // P
         for ch in cutlass.range(n_chains, unroll=1):
             base = first + ch * (P * G)
-            self._issue(kv_ring, mmas, accs[0], tCrA, tCrB, q_index, sSc, rows, scs[0], g_of_kt + base, cw)
+            states = [kst]
+            for i in cutlass.range_constexpr(1, P):
+                states.append(self._step(states[i - 1], G))
+            self._issue(kv_ring, mmas, accs[0], tCrA, tCrB, q_index, sSc, scs[0], states[0], plan, cw)
             for i in cutlass.range_constexpr(1, P + 1):
                 if cutlass.const_expr(i < P):
-                    self._issue(kv_ring, mmas, accs[i % 2], tCrA, tCrB, q_index, sSc, rows, scs[i % 2],
-                                g_of_kt + base + i * G, cw)
+                    self._issue(kv_ring, mmas, accs[i % 2], tCrA, tCrB, q_index, sSc, scs[i % 2], states[i], plan, cw)
                     warpgroup.wait_group(1)
                 else:
                     warpgroup.wait_group(0)
-                kt = base + (i - 1) * G
-                self._finish(kv_ring, accs[(i - 1) % 2], scs[(i - 1) % 2], rows, g_of_kt + kt, kt, wreg, tok, tks,
-                             tke, mL, q4, n_tok, s_kv)
+                self._finish(kv_ring, accs[(i - 1) % 2], scs[(i - 1) % 2], states[i - 1], base + (i - 1) * G, wreg,
+                             plan, q4)
+            kst = self._step(states[P - 1], G)
         for kt in cutlass.range(first + n_chains * (P * G), t1, G, unroll=1):
-            self._tile(kv_ring, mmas, accs[0], tCrA, tCrB, q_index, sSc, rows, scs[0], g_of_kt + kt, kt, wreg, tok,
-                       tks, tke, mL, q4, n_tok, s_kv, cw)
+            self._tile(kv_ring, mmas, accs[0], tCrA, tCrB, q_index, sSc, scs[0], kst, kt, wreg, plan, q4, cw)
+            kst = self._step(kst, G)
 
     @cute.jit
-    def _issue(self, kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, rows, sc, g, cw):
-        """The CTA's g-th key stage: wait for it -> its key scales from shared memory (before the
-        issue) -> 4 wgmma into acc, one commit group (in ping-pong inside this warpgroup's turn)."""
+    def _issue(self, kv_ring, mmas, acc, tCrA, tCrB, q_index, sSc, sc, kst, plan, cw):
+        """KV stage kst: wait for it -> this lane's key scale from shared memory (before the issue)
+        -> 4 wgmma into acc, one commit group (in ping-pong inside this warpgroup's turn)."""
         c = self.cfg
-        S = c.n_stages
-        kst = pipeline.PipelineState(S, g, g % S, (g // S) % 2)
         kv_ring.consumer_wait(kst)
-        for r in cutlass.range_constexpr(cute.size(sc)):
-            sc[r] = sSc[rows[r], kst.index]
+        sc[0] = sSc[plan[0], kst.index]
         if cutlass.const_expr(c.pingpong):
             cute.arch.barrier(barrier_id=BAR_TURN0 + cw, number_of_threads=256)
         fence_operand(acc)
@@ -470,36 +483,77 @@ class IndexerLogitsSm90:
             cute.arch.barrier_arrive(barrier_id=BAR_TURN0 + 1 - cw, number_of_threads=256)
 
     @cute.jit
-    def _finish(self, kv_ring, acc, sc, rows, g, kt, wreg, tok, tks, tke, mL, q4, n_tok, s_kv):
-        """After the CTA's g-th tile's wgmmas completed (the caller waited): release its stage, then
-        the epilogue of key tile kt."""
-        S = self.cfg.n_stages
+    def _finish(self, kv_ring, acc, sc, kst, kt, wreg, plan, q4):
+        """After stage kst's wgmmas completed (the caller waited): release the stage, then the
+        epilogue of key tile kt."""
         fence_operand(acc)
-        kv_ring.consumer_release(pipeline.PipelineState(S, g, g % S, (g // S) % 2))
-        self._epilogue(acc, wreg, sc, rows, kt * self.cfg.bk, tok, tks, tke, mL, q4, n_tok, s_kv)
+        kv_ring.consumer_release(kst)
+        self._epilogue(acc, wreg, sc[0], kt * self.cfg.bk, plan, q4)
 
     @cute.jit
-    def _epilogue(self, acc, wreg, sc, rows, s0, tok, tks, tke, mL, q4, n_tok, s_kv):
-        """Per (key row r, token j): sum over the thread's 16 heads of ReLU(acc) * w (4 chains),
-        the quad's butterfly sum, x key scale; lane (r * bq + j) % 4 of the quad masks and stores."""
+    def _lane_plan(self, mL, tok, tks, tke, rows, q4, n_tok, s_kv):
+        """Where this lane's logits go, for a query block (`_epilogue` leaves each lane of a quad the
+        sums of key row r = bit 1 of its quad index and of tokens j, `_owned`): (the key row within
+        a tile, then per owned token: the output row's tensor, the first and one-past-last keys that
+        get the logit (else -inf, clamped to S_kv), whether the lane stores at all)."""
+        c = self.cfg
+        b1 = (q4 & 2) != 0
+        b0 = (q4 & 1) != 0
+        key = cutlass.select_(b1, rows[1], rows[0])
+        dsts = []
+        for j_lo, j_hi in self._owned():
+            t = cutlass.select_(b0, tok[j_hi], tok[j_lo])
+            lo = cutlass.max(cutlass.select_(b0, tks[j_hi], tks[j_lo]), 0)
+            hi = cutlass.min(cutlass.select_(b0, tke[j_hi], tke[j_lo]), s_kv)
+            ok = t < n_tok
+            if cutlass.const_expr(c.bq == 1):  # both lanes of a pair hold the sum: the even one stores
+                ok = ok & ((q4 & 1) == 0)
+            dsts.append((mL[(cutlass.min(t, n_tok - 1), None)], lo, hi, ok))
+        return key, dsts
+
+    def _owned(self):
+        """The tokens of the sums a lane holds after `_quad_sum`: (token if bit 0 of its quad index is
+        clear, token if set), one pair per sum."""
+        bq = self.cfg.bq
+        return [(0, 0)] if bq == 1 else [(m, bq // 2 + m) for m in range(bq // 2)]
+
+    @cute.jit
+    def _epilogue(self, acc, wreg, sc, s0, plan, q4):
+        """Per (key row r, token j): the thread's 16 heads of ReLU(acc) * w (2 chains), the quad's
+        reduction transposed so that each lane ends with whole sums of its own (`_quad_sum`), x the
+        key scale of its row, -inf outside the token's key range; one store a lane (no branches)."""
         c = self.cfg
         acc_mn = mn_view(acc)
-        ninf = -cutlass.Float32.inf
+        vals = []
         for r in cutlass.range_constexpr(2):
-            s = s0 + rows[r]
             for j in cutlass.range_constexpr(c.bq):
-                part = [cutlass.Float32(0.0)] * 4
+                part = [cutlass.Float32(0.0)] * 2
                 for h in cutlass.range_constexpr(16):
                     cc = 16 * j + h
-                    part[h % 4] = part[h % 4] + cute.arch.fmax(acc_mn[r, cc], cutlass.Float32(0.0)) * wreg[cc]
-                v = (part[0] + part[1]) + (part[2] + part[3])
-                v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
-                v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
-                v = v * sc[r]
-                if q4 == (r * c.bq + j) % 4:
-                    t = tok[j]
-                    if t < n_tok and s < s_kv:
-                        out = ninf
-                        if s >= tks[j] and s < tke[j]:
-                            out = v
-                        mL[t, s] = out
+                    part[h % 2] = part[h % 2] + cute.arch.fmax(acc_mn[r, cc], cutlass.Float32(0.0)) * wreg[cc]
+                vals.append(part[0] + part[1])
+        key, dsts = plan
+        s = s0 + key
+        ninf = -cutlass.Float32.inf
+        for (row, lo, hi, ok), v in zip(dsts, self._quad_sum(vals, q4)):
+            out = cutlass.select_((s >= lo) & (s < hi), v * sc, ninf)
+            if ok & (s < cute.size(row)):  # keys past S_kv (a tile's zero-filled rows): nowhere
+                row[s] = out
+
+    @staticmethod
+    def _quad_sum(vals, q4):
+        """Sum each of the 2 * bq values over the 4 lanes of a quad, transposed: at each butterfly
+        step a lane keeps half of its values, sends the other half to its partner and adds what the
+        partner sent, so the quad does 2 * bq / 4 shuffle-adds a step instead of 2 * bq (values
+        r * bq + j: the lane keeps r = bit 1 of q4, then tokens by bit 0; with one value left the
+        step is a plain butterfly)."""
+        for off in (2, 1):
+            bit = (q4 & off) != 0
+            if len(vals) >= 2:
+                half = len(vals) // 2
+                lo, hi = vals[:half], vals[half:]
+                vals = [cutlass.select_(bit, b, a) + cute.arch.shuffle_sync_bfly(cutlass.select_(bit, a, b), offset=off)
+                        for a, b in zip(lo, hi)]
+            else:
+                vals = [vals[0] + cute.arch.shuffle_sync_bfly(vals[0], offset=off)]
+        return vals

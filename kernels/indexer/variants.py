@@ -17,7 +17,7 @@ and the peers on the same inputs:
     wg2-free-bq4  and 4 query tokens a block
     overlapP  two tiles in flight per warpgroup: the next tile's wgmmas run under this tile's
             epilogue (two accumulators), in chains of P tiles
-    wg2-free-overlap4  wg2-free and overlap4
+    wg2-free-overlapP  wg2-free and overlapP
     pingpong  64-key stages owned alternately by the two consumer warpgroups, which take turns to
             issue their wgmmas (named barriers): one's epilogue runs under the other's wgmmas
             (the shipped cooperative kernel lets them fall into step: docs/lessons/fmha.md 17)
@@ -46,7 +46,9 @@ KNOBS: dict[str, dict] = {
     "wg2-free": {"n_wg": 2, "tile_wgs": 1},
     "wg2-free-bq4": {"n_wg": 2, "tile_wgs": 1, "bq": 4},
     "overlap2": {"overlap": 2},
+    "overlap3": {"overlap": 3},
     "overlap4": {"overlap": 4},
+    "wg2-free-overlap2": {"n_wg": 2, "tile_wgs": 1, "overlap": 2},
     "wg2-free-overlap4": {"n_wg": 2, "tile_wgs": 1, "overlap": 4},
     "s2": {"stages": 2},
     "s4": {"stages": 4},
