@@ -1,19 +1,20 @@
 """The tile rule of the indexer logits kernel: the compiled configuration of a problem, and the key
 split (a runtime argument) that fills the SMs when there are few query blocks.
 
-Configuration: bq = 2 tokens per query block (wgmma N = 128) and two consumer warpgroups (key tile
-bk = 128), for every shape. Why (a budget, not a measurement; docs/perf/indexer.md):
-  * per key tile a warpgroup's wgmma is 64 x 64*bq x 128 and its epilogue ~2 instructions per
-    accumulator value (ReLU, x w: 32*bq per thread) plus ~10 per (row, token): bq = 2 needs ~170
-    issue slots per warp against 256 tensor-core clocks of the other warpgroup's wgmma, so two
-    warpgroups out of phase can keep the tensor core busy (the `cutedsl:pingpong` variant forces
-    that; the shipped cooperative warpgroups share each stage and may fall into step);
-  * every query block re-reads its keys from L2 (they fit: 132 B per key, 0.5 MB at S_kv = 4096),
-    128 B per 2 * 64 * bq * 128 flops: at the full FP8 rate (8192 flops/clk/SM) bq = 2 pulls 32 B/clk
-    per SM, within the ~55 B/clk an H100 SM gets from L2 when all pull (bq = 1: 64, over it; bq = 4:
-    16);
-  * bq = 4 doubles the accumulator (128 fp32 registers) and the weights (64) per thread; it compiles
-    without spills, and is declared as a variant (`cutedsl:bq4`, `cutedsl:pingpong-bq4`) to measure.
+Configuration: bq = 2 tokens per query block (wgmma N = 128), two consumer warpgroups that take the
+CTA's 64-key tiles in turn (tile_wgs = 1), each with two tiles in flight in chains of 2 (overlap =
+2: the next tile's wgmmas run under this tile's epilogue), for every shape: SHIPPED. Measured on the
+H100 (docs/perf/indexer.md, v2): the fastest of the schedules tried on the four prefill shapes in
+three sweeps (1.10-1.14x DeepGEMM at S = 4096, 1.06-1.09x at 16384) and on every drawn ragged case;
+  * the two warpgroups sharing each 128-key tile in lockstep (v1, `cutedsl:coop`) leave the tensor
+    core idle during their epilogues: 0.93x DeepGEMM at 16384 with v2's epilogue, 0.71x with v1's;
+  * four warpgroups of 112 registers (DeepGEMM's layout, `cutedsl:wg4*`) overlap by occupancy but
+    hold one tile each: 0.95-1.02x; two tiles in flight need 2 x 64 accumulator registers, which
+    only n_wg <= 2 has;
+  * chains longer than 2 (`cutedsl:overlap3`, `overlap4`) were 1-2% slower (more code, the same
+    exposure once a chain);
+  * bq = 4 (`cutedsl:bq4`: half the keys' L2 traffic a flop) was 0.77-0.87x with v1's epilogue;
+    with two tiles in flight it does not fit the registers (LogitsConfig refuses it).
 Key split: a query block's key tiles are cut into n_split contiguous parts (work units) only when
 the query blocks alone leave SMs idle, and never below MIN_TILES_PER_PART tiles per part (a part
 reloads the block's queries, 16 KB, and pays the pipeline fill).
@@ -33,9 +34,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@functools.lru_cache(maxsize=1024)  # on the call path: a dict lookup
+SHIPPED = LogitsConfig(bq=2, n_wg=2, tile_wgs=1, overlap=2)
+
+
 def choose_config(n_tok: int, s_kv: int) -> LogitsConfig:
-    return LogitsConfig(bq=2, n_wg=2)
+    return SHIPPED
 
 
 @functools.lru_cache(maxsize=4096)

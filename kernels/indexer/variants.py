@@ -2,26 +2,24 @@
 with one knob overridden, each `cutedsl:<name>`, timed through the harness beside the shipped rule
 and the peers on the same inputs:
 
-    dsv4bench sweep indexer --tokens 4096,16384 --examples 0 --bench \\
-        --impl cutedsl,cutedsl:bq1,cutedsl:bq4,cutedsl:wg1,deepgemm,torch
+    dsv4bench sweep indexer --op logits --examples 0 --bench \\
+        --impl cutedsl,cutedsl:coop,cutedsl:no-overlap,cutedsl:wg4,deepgemm
 
-    bqB     B query tokens per block (wgmma N = 64 B; shipped 2)
-    wg1     one consumer warpgroup (64-key tiles) instead of two
-    sS      S KV ring stages instead of as many as fit (at most 8)
-    qs1     one Q stage: the next block's queries load only after this block is done
+    coop      v1's schedule: both warpgroups share each 128-key tile, one tile in flight
+    coop-overlap2  that, with two tiles in flight
+    no-overlap     the shipped warpgroups taking 64-key tiles in turn, one tile in flight each
+    overlapP  chains of P tiles (shipped: 2)
+    wg1       one consumer warpgroup
     wg3, wg4  three / four consumer warpgroups sharing each tile (192 / 256 keys; four is
             DeepGEMM's layout: 112 registers a thread, the warp schedulers overlap their epilogues)
     wg4-pairs four warpgroups in two pairs, each pair a 128-key tile, the pairs taking tiles in turn
     wg4-solo  four warpgroups, each its own 64-key tile in turn
-    wg2-free  two warpgroups, each its own 64-key tile in turn, without ping-pong's turn barriers
-    wg2-free-bq4  and 4 query tokens a block
-    overlapP  two tiles in flight per warpgroup: the next tile's wgmmas run under this tile's
-            epilogue (two accumulators), in chains of P tiles
-    wg2-free-overlapP  wg2-free and overlapP
-    pingpong  64-key stages owned alternately by the two consumer warpgroups, which take turns to
-            issue their wgmmas (named barriers): one's epilogue runs under the other's wgmmas
-            (the shipped cooperative kernel lets them fall into step: docs/lessons/fmha.md 17)
-    pingpong-bq4  both
+    pingpong  two warpgroups taking 64-key tiles in turn and turns to issue their wgmmas (named
+            barriers: FA3's schedule), one tile in flight each
+    bqB     B query tokens per block (wgmma N = 64 B; shipped 2; bq4: on v1's schedule, the only one
+            whose registers hold it)
+    sS      S KV ring stages instead of as many as fit (at most 8 a group)
+    qs1     one Q stage: the next block's queries load only after this block is done
 
 Every variant computes the real answer (it must pass the oracle). They are ablations of the logits
 kernel: a top-k or decode case is UNSUPPORTED for them.
@@ -36,25 +34,21 @@ from kernels.knobs import ConfigKnobs
 from sweeps.indexer import is_decode, is_topk
 
 KNOBS: dict[str, dict] = {
-    "bq1": {"bq": 1},
-    "bq4": {"bq": 4},
-    "wg1": {"n_wg": 1},
-    "wg3": {"n_wg": 3},
-    "wg4": {"n_wg": 4},
-    "wg4-pairs": {"n_wg": 4, "tile_wgs": 2},
-    "wg4-solo": {"n_wg": 4, "tile_wgs": 1},
-    "wg2-free": {"n_wg": 2, "tile_wgs": 1},
-    "wg2-free-bq4": {"n_wg": 2, "tile_wgs": 1, "bq": 4},
-    "overlap2": {"overlap": 2},
+    "coop": {"tile_wgs": 0, "overlap": 0},
+    "coop-overlap2": {"tile_wgs": 0},
+    "no-overlap": {"overlap": 0},
     "overlap3": {"overlap": 3},
     "overlap4": {"overlap": 4},
-    "wg2-free-overlap2": {"n_wg": 2, "tile_wgs": 1, "overlap": 2},
-    "wg2-free-overlap4": {"n_wg": 2, "tile_wgs": 1, "overlap": 4},
-    "s2": {"stages": 2},
+    "wg1": {"n_wg": 1},
+    "wg3": {"n_wg": 3, "tile_wgs": 0, "overlap": 0},
+    "wg4": {"n_wg": 4, "tile_wgs": 0, "overlap": 0},
+    "wg4-pairs": {"n_wg": 4, "tile_wgs": 2, "overlap": 0},
+    "wg4-solo": {"n_wg": 4, "overlap": 0},
+    "pingpong": {"pingpong": True, "overlap": 0},
+    "bq1": {"bq": 1},
+    "bq4": {"bq": 4, "tile_wgs": 0, "overlap": 0},
     "s4": {"stages": 4},
     "qs1": {"q_stages": 1},
-    "pingpong": {"pingpong": True},
-    "pingpong-bq4": {"pingpong": True, "bq": 4},
 }
 
 

@@ -11,7 +11,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import SweepOptions, get_family, impls
-from kernels.indexer.config import choose_config, choose_split
+from kernels.indexer.config import SHIPPED, choose_config, choose_split
 from kernels.indexer.family import case_ranges
 from kernels.indexer.glue import causal_ranges, check_operands, make_inputs, oracle_of, range_mask, varlen_ranges
 from kernels.indexer.logits_sm90 import SMEM_BYTES, LogitsConfig
@@ -224,7 +224,7 @@ def _written(t, s_kv, ks, ke, cfg: LogitsConfig, n_split):
     return count
 
 
-@pytest.mark.parametrize("cfg", [LogitsConfig(), LogitsConfig(bq=1), LogitsConfig(bq=4, n_wg=1),
+@pytest.mark.parametrize("cfg", [SHIPPED, LogitsConfig(), LogitsConfig(bq=1), LogitsConfig(bq=4, n_wg=1),
                                  LogitsConfig(pingpong=True), LogitsConfig(n_wg=3), LogitsConfig(n_wg=4),
                                  LogitsConfig(n_wg=4, tile_wgs=2)], ids=str)
 @pytest.mark.parametrize("n_split", [1, 2, 5])
@@ -348,7 +348,7 @@ def test_every_config_compiles_without_spills_or_serialised_wgmma(cfg, impl):
 
 def test_the_rule_picks_one_configuration_for_every_case():
     cases = FAMILY.cases(SweepOptions(examples=20, filters=LOGITS))
-    assert {choose_config(c["t"], c["s_kv"]) for c in cases} == {LogitsConfig()}
+    assert {choose_config(c["t"], c["s_kv"]) for c in cases} == {SHIPPED}
 
 
 def test_the_compile_refuses_a_configuration_whose_shared_memory_does_not_fit():

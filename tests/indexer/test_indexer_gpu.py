@@ -16,7 +16,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import Tolerance, get_family, get_impl
-from kernels.indexer.config import choose_config
+from kernels.indexer.config import SHIPPED, choose_config
 from kernels.indexer.family import RELATIVE_MIN_LOGITS, case_ranges
 from kernels.indexer.glue import (causal_ranges, compile_logits, lowprec_of, make_inputs, oracle_of, range_mask,
                                   run_logits, varlen_ranges)
@@ -100,8 +100,8 @@ CONFIGS = [
 ]
 # the schedules: one tile shared by every warpgroup, groups taking tiles in turn (with and without
 # ping-pong's turns), and two tiles in flight per warpgroup
-SCHEDULES = [LogitsConfig(), LogitsConfig(pingpong=True), LogitsConfig(n_wg=4), LogitsConfig(n_wg=4, tile_wgs=1),
-             LogitsConfig(overlap=4), LogitsConfig(n_wg=2, tile_wgs=1, overlap=2)]
+SCHEDULES = [SHIPPED, LogitsConfig(), LogitsConfig(pingpong=True), LogitsConfig(n_wg=4), LogitsConfig(n_wg=4, tile_wgs=1),
+             LogitsConfig(overlap=4), LogitsConfig(overlap=2)]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
@@ -143,7 +143,7 @@ def test_arbitrary_and_out_of_range_ranges(cfg):
     _run(t, s_kv, cfg=cfg, ks=a.int(), ke=b.int())
 
 
-@pytest.mark.parametrize("cfg", [LogitsConfig(), LogitsConfig(pingpong=True)], ids=str)
+@pytest.mark.parametrize("cfg", [SHIPPED, LogitsConfig(), LogitsConfig(pingpong=True)], ids=str)
 def test_ties(cfg):
     out, x = _run(200, 300, 1000, cfg, ties=True)
     for row in out:
@@ -155,6 +155,7 @@ def test_strided_output_and_padded_keys():
     _run(301, 333, 900, out_pad=5)
     _run(301, 333, 900, kv_pad=16)
     _run(301, 333, 900, LogitsConfig(pingpong=True), out_pad=3, kv_pad=128)
+    _run(301, 333, 900, LogitsConfig(), out_pad=3, kv_pad=128)
 
 
 def test_the_op_allocates_and_checks():
@@ -193,7 +194,7 @@ LOGITS_GRID = [p for p in space.production() if not (space.is_topk(p) or space.i
 
 @pytest.mark.parametrize("params", LOGITS_GRID + [space.causal(1, 1, 3), space.varlen([37, 3, 64, 9, 200])],
                          ids=lambda p: f"{p['model']}-{p['mask']}-t{p['t']}-s{p['s_kv']}")
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:pingpong"])
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:coop", "cutedsl:pingpong"])
 def test_harness_path(params, impl, gpu_check):
     """The sweep's evaluation path: poisoned outputs between canary pads, inputs unchanged, the rule."""
     case = Case("indexer", params)
