@@ -12,9 +12,10 @@ the head sum, as DeepGEMM does.
 Operands are swapped with respect to the math (as in DeepGEMM): the wgmma's A (M side) is the key
 tile, B (N side) is the query block, so one warpgroup's accumulator is (64 keys) x (bq tokens x 64
 heads) and the head sum runs along N: within a thread (16 of a token's 64 heads per thread) and
-then over the 4 lanes of a quad (2 butterfly shuffles). No cross-warp reduction, no shared memory
-in the epilogue. The key scale is per accumulator row (2 rows per thread), the head weight per
-column (bq * 16 values per thread, loaded once per query block).
+then over the 4 lanes of a quad, transposed (`_quad_sum`: each lane ends with whole sums of its
+own key row and token). No cross-warp reduction, no shared memory in the epilogue. The key scale
+is per accumulator row (a lane reads its own row's), the head weight per column (bq * 16 values per
+thread, loaded once per query block).
 
 Structure (one CTA per SM, persistent; units dealt round-robin):
   * unit u = (query block qb, key part p): the block's bq tokens and one of `n_split` contiguous
@@ -31,15 +32,17 @@ Structure (one CTA per SM, persistent; units dealt round-robin):
     g-th tile belongs to group g % groups and the groups run free of each other (their epilogues
     fall under the others' wgmmas as the warp schedulers interleave them: DeepGEMM's four
     cooperative warpgroups of 112 registers get the same overlap from occupancy). Per key tile:
-    wait -> read the key scales from shared memory -> 4 wgmma (m64 n{64*bq} k32, fp8) -> wait ->
-    release the stage -> epilogue: ReLU, x w, head sum (thread, then quad), x key scale, mask,
-    store. Each logit is stored by one lane of its quad with a plain st.global (8 lanes of a warp
-    cover 8 consecutive keys of one row: 32-byte segments).
+    wait -> read the lane's key scale from shared memory -> 4 wgmma (m64 n{64*bq} k32, fp8) ->
+    wait -> release the stage -> epilogue: ReLU, x w, head sum (thread, then quad), x key scale,
+    -inf outside [ks, ke) by a select, one predicated st.global a lane, no branches (8 lanes of a
+    warp cover 8 consecutive keys of one row: 32-byte segments). With `overlap`, two tiles are in
+    flight per warpgroup (`_tiles_overlapped`). Shipped (kernels/indexer/config.py): two groups of
+    one warpgroup, two tiles in flight each.
   * ping-pong (`pingpong`, a declared variant): two groups of one warpgroup (64-key stages) that
-    take turns to issue their wgmmas (named
-    barriers BAR_TURN0 + w, FA3's schedule as in kernels/fmha/pingpong.py), so one warpgroup's
-    epilogue runs under the other's wgmmas. Cooperative warpgroups share every stage and, left
-    free, fall into step (docs/lessons/fmha.md 17): the tensor core then idles during epilogues.
+    take turns to issue their wgmmas (named barriers BAR_TURN0 + w, FA3's schedule as in
+    kernels/fmha/pingpong.py), so one warpgroup's epilogue runs under the other's wgmmas.
+    Warpgroups sharing every stage fall into step (docs/lessons/fmha.md 17): the tensor core then
+    idles during epilogues.
 Every element of [T, S_kv] is written exactly once (by the fill warps or by one consumer lane).
 
 K = 128 is one wgmma K block: no promotion; the wgmma accumulates in fp32.
@@ -57,6 +60,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.tensor_utils import LayoutEnum
 
 from kernels.indexer.logits_config import HEAD_DIM, HEADS, SMEM_BYTES, LogitsConfig
+from kernels.indexer.logits_epilogue import LogitsEpilogue
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import tma_ring
 
@@ -64,7 +68,7 @@ FILL_THREADS = 96  # warps 1-3 of the producer warpgroup
 BAR_TURN0 = 1  # ping-pong: named barrier BAR_TURN0 + w opens consumer warpgroup w's turn (1, 2)
 
 
-class IndexerLogitsSm90:
+class IndexerLogitsSm90(LogitsEpilogue):
     def __init__(self, cfg: LogitsConfig):
         self.cfg = cfg
 
@@ -489,71 +493,3 @@ class IndexerLogitsSm90:
         fence_operand(acc)
         kv_ring.consumer_release(kst)
         self._epilogue(acc, wreg, sc[0], kt * self.cfg.bk, plan, q4)
-
-    @cute.jit
-    def _lane_plan(self, mL, tok, tks, tke, rows, q4, n_tok, s_kv):
-        """Where this lane's logits go, for a query block (`_epilogue` leaves each lane of a quad the
-        sums of key row r = bit 1 of its quad index and of tokens j, `_owned`): (the key row within
-        a tile, then per owned token: the output row's tensor, the first and one-past-last keys that
-        get the logit (else -inf, clamped to S_kv), whether the lane stores at all)."""
-        c = self.cfg
-        b1 = (q4 & 2) != 0
-        b0 = (q4 & 1) != 0
-        key = cutlass.select_(b1, rows[1], rows[0])
-        dsts = []
-        for j_lo, j_hi in self._owned():
-            t = cutlass.select_(b0, tok[j_hi], tok[j_lo])
-            lo = cutlass.max(cutlass.select_(b0, tks[j_hi], tks[j_lo]), 0)
-            hi = cutlass.min(cutlass.select_(b0, tke[j_hi], tke[j_lo]), s_kv)
-            ok = t < n_tok
-            if cutlass.const_expr(c.bq == 1):  # both lanes of a pair hold the sum: the even one stores
-                ok = ok & ((q4 & 1) == 0)
-            dsts.append((mL[(cutlass.min(t, n_tok - 1), None)], lo, hi, ok))
-        return key, dsts
-
-    def _owned(self):
-        """The tokens of the sums a lane holds after `_quad_sum`: (token if bit 0 of its quad index is
-        clear, token if set), one pair per sum."""
-        bq = self.cfg.bq
-        return [(0, 0)] if bq == 1 else [(m, bq // 2 + m) for m in range(bq // 2)]
-
-    @cute.jit
-    def _epilogue(self, acc, wreg, sc, s0, plan, q4):
-        """Per (key row r, token j): the thread's 16 heads of ReLU(acc) * w (2 chains), the quad's
-        reduction transposed so that each lane ends with whole sums of its own (`_quad_sum`), x the
-        key scale of its row, -inf outside the token's key range; one store a lane (no branches)."""
-        c = self.cfg
-        acc_mn = mn_view(acc)
-        vals = []
-        for r in cutlass.range_constexpr(2):
-            for j in cutlass.range_constexpr(c.bq):
-                part = [cutlass.Float32(0.0)] * 2
-                for h in cutlass.range_constexpr(16):
-                    cc = 16 * j + h
-                    part[h % 2] = part[h % 2] + cute.arch.fmax(acc_mn[r, cc], cutlass.Float32(0.0)) * wreg[cc]
-                vals.append(part[0] + part[1])
-        key, dsts = plan
-        s = s0 + key
-        ninf = -cutlass.Float32.inf
-        for (row, lo, hi, ok), v in zip(dsts, self._quad_sum(vals, q4)):
-            out = cutlass.select_((s >= lo) & (s < hi), v * sc, ninf)
-            if ok & (s < cute.size(row)):  # keys past S_kv (a tile's zero-filled rows): nowhere
-                row[s] = out
-
-    @staticmethod
-    def _quad_sum(vals, q4):
-        """Sum each of the 2 * bq values over the 4 lanes of a quad, transposed: at each butterfly
-        step a lane keeps half of its values, sends the other half to its partner and adds what the
-        partner sent, so the quad does 2 * bq / 4 shuffle-adds a step instead of 2 * bq (values
-        r * bq + j: the lane keeps r = bit 1 of q4, then tokens by bit 0; with one value left the
-        step is a plain butterfly)."""
-        for off in (2, 1):
-            bit = (q4 & off) != 0
-            if len(vals) >= 2:
-                half = len(vals) // 2
-                lo, hi = vals[:half], vals[half:]
-                vals = [cutlass.select_(bit, b, a) + cute.arch.shuffle_sync_bfly(cutlass.select_(bit, a, b), offset=off)
-                        for a, b in zip(lo, hi)]
-            else:
-                vals = [vals[0] + cute.arch.shuffle_sync_bfly(vals[0], offset=off)]
-        return vals
