@@ -58,7 +58,7 @@ SPLIT_BYTES_PER_CLK = 8.6  # split-K fix-up, fp32 partial bytes per clock per CT
 UNIT_CLK = 600
 MIN_KB_PER_SLICE = 4
 MAX_SPLIT = 16
-BN = (128, 64, 32)
+BN = (192, 128, 64, 32)
 BN32_MAX_TILES64 = 32
 PAIR_MIN_M_TILES = 4
 
@@ -92,11 +92,14 @@ def cta_pull(bm: int, bn: int) -> float:
     return GemmConfig(bm=bm, bn=bn).n_stages * bn * KBLOCK / DRAM_LATENCY_CLK
 
 
-def candidates(m: int, n: int, k: int, sms: int = H100_SMS):
+def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1):
     kb = k // KBLOCK
     for bm in row_tiles(m):
         for bn in BN:
             if bn == 32 and _cdiv(n, 64) >= BN32_MAX_TILES64:
+                continue
+            # bn 192: one wave (bm <= 128), and a grouped GEMM's tiles must not straddle groups
+            if bn == 192 and (bm == 256 or (groups > 1 and (n // groups) % bn)):
                 continue
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]
@@ -108,7 +111,7 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS):
 
 @functools.lru_cache(maxsize=4096)  # on every call's host path: a dict lookup, not a 40 us search
 def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1) -> GemmConfig:
-    best = min(candidates(m, n, k, sms),
+    best = min(candidates(m, n, k, sms, groups),
                key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
     bm, bn, split = best
     # bm 256 runs as CTA pairs multicasting x where x is re-read by several M tiles, the L2-bound

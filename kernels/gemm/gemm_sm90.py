@@ -108,8 +108,10 @@ class Fp8GemmSm90(PersistentGemmSm90):
         # scales ride in the stage: the tile's bm sa values of K block kb (one column of MN-major sa)
         # and the (1 x 4) box of the tile's sw row holding kb (and the next 3, unused); [stage] outermost
         sSA_layout = cute.make_layout((c.bm, 1, S), stride=(1, c.bm, c.bm))
-        # (a TMA destination is 128-byte aligned: one 128-byte slot per stage for the 16-byte sw box)
-        sSW_layout = cute.make_layout((1, SCALE_BOX, S), stride=(SCALE_BOX, 1, SW_SLOT))
+        # (a TMA destination is 128-byte aligned: one 128-byte slot per stage and sw box; bn 192
+        # spans two weight-scale blocks, whose rows come as two boxes: [block, stage] outermost)
+        B = c.sw_blocks
+        sSW_layout = cute.make_layout((1, SCALE_BOX, (B, S)), stride=(SCALE_BOX, 1, (SW_SLOT, B * SW_SLOT)))
         tma_sa, gSA_t = cpasync.make_tiled_tma_atom(g2s, mSA, cute.slice_(sSA_layout, (None, None, 0)), (c.bm, 1))
         tma_sw, gSW_t = cpasync.make_tiled_tma_atom(g2s, mSB, cute.slice_(sSW_layout, (None, None, 0)),
                                                     (1, SCALE_BOX))
@@ -233,8 +235,9 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 if cutlass.const_expr(c.ablate != "no-b"):
                     cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                 cute.copy(tma_sa, tSAg[(None, tm, a_kb + kb)], tSAs[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_sw, tSWg[(None, sb_row, kb // SCALE_BOX)], tSWs[(None, state.index)],
-                          tma_bar_ptr=bar)
+                for b in cutlass.range_constexpr(c.sw_blocks):  # rows past N: zero-filled, never read
+                    cute.copy(tma_sw, tSWg[(None, sb_row + b, kb // SCALE_BOX)],
+                              tSWs[(None, b + c.sw_blocks * state.index)], tma_bar_ptr=bar)
 
             self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate, load)
         else:
@@ -287,7 +290,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
                 for w in cutlass.range_constexpr(W):
                     accs[w].fill(0.0)
-                g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd)
+                g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd,
+                                      (tn % 2) == 1)
                 if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid):
                     for w in cutlass.range_constexpr(W):
                         row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
@@ -328,13 +332,28 @@ class Fp8GemmSm90(PersistentGemmSm90):
         warpgroup.commit_group()
 
     @cute.jit
-    def _read_scales(self, sc, sSA, sSW, lrows, kb, stage):
-        """sc[w, r] = sa[row, kb] * sw[n block, kb] from the stage's scale boxes (shared memory:
-        read before the wgmmas are issued, as the wgmma fence waits for loads in flight)."""
-        sw = sSW[0, kb % SCALE_BOX, stage]
+    def _read_scales(self, sc, sSA, sSW, lrows, kb, stage, odd):
+        """sc[w, r, p] = sa[row, kb] * sw[n block, kb] from the stage's scale boxes (shared memory:
+        read before the wgmmas are issued, as the wgmma fence waits for loads in flight). One part
+        (p = 0) where bn divides 128; bn 192 (`_col_part`): columns 0-63 of the tile lie in its first
+        weight-scale block, 128-191 in its second, and 64-127 in the first for an even tile (its first
+        column a multiple of 128) or the second for an odd one."""
+        kq = kb % SCALE_BOX
+        sw0 = sSW[0, kq, (0, stage)]
+        sws = [sw0]
+        if cutlass.const_expr(self.cfg.sw_blocks == 2):
+            sw1 = sSW[0, kq, (1, stage)]
+            sws = [sw0, cutlass.select_(odd, sw1, sw0), sw1]
         for w in cutlass.range_constexpr(cute.size(sc, mode=[0])):
             for r in cutlass.range_constexpr(cute.size(sc, mode=[1])):
-                sc[w, r] = sSA[lrows[w, r], 0, stage] * sw
+                sa = sSA[lrows[w, r], 0, stage]
+                for p in cutlass.range_constexpr(len(sws)):
+                    sc[w, r, p] = sa * sws[p]
+
+    def _col_part(self, cc: int) -> int:
+        """The scale part of a thread's accumulator column cc: the SM90 accumulator puts it at tile
+        column 8 * (cc // 2) + (< 8, by lane), so its 64-column part is cc // 16 (bn 192), else 0."""
+        return (8 * (cc // 2)) // 64 if self.cfg.sw_blocks == 2 else 0
 
     @cute.jit
     def _promote(self, acc, tmp, sc, w):
@@ -343,28 +362,29 @@ class Fp8GemmSm90(PersistentGemmSm90):
         tmp_mn = mn_view(tmp)
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             for cc in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[w, r]
+                acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[w, r, self._col_part(cc)]
 
     @cute.jit
-    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd):
+    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
         """Per K block: wait for the stage -> read its scales -> per wave: 4 wgmma -> wait_group(0) ->
         (last wave: release the stage) -> promote.
         The tensor core idles while a warpgroup promotes unless the other warpgroup's wgmmas fill it;
         the two drift apart by themselves (measured: forcing a one-block stagger was slower on 23 of 30
-        shapes, docs/perf/gemm.md)."""
+        shapes, docs/perf/gemm.md). odd: the tile's N index is odd (bn 192: `_read_scales`). The ring
+        position steps by a compare and a select (one division a tile, not a K block)."""
         c = self.cfg
         S = c.n_stages
         W = c.waves
         plain = c.ablate == "no-promote"  # knock-out: a plain FP8 GEMM, wgmmas straight into acc
-        sc = cute.make_rmem_tensor(lrows.shape, cutlass.Float32)
+        sc = cute.make_rmem_tensor((*lrows.shape, 3 if c.sw_blocks == 2 else 1), cutlass.Float32)
         unscaled = c.ablate in ("no-promote", "const-scale")
         if cutlass.const_expr(unscaled):
             sc.fill(1.0)
+        st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
         for kb in cutlass.range(kb0, kb1, unroll=1):
-            st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
             ring.consumer_wait(st)
             if cutlass.const_expr(not unscaled):
-                self._read_scales(sc, sSA, sSW, lrows, kb, st.index)
+                self._read_scales(sc, sSA, sSW, lrows, kb, st.index, odd)
             for w in cutlass.range_constexpr(W):
                 self._issue((mmas[1], mmas[1]) if plain else mmas, accs[w] if plain else tmp, tCrA, tCrB,
                             st.index * W + w, st.index)
@@ -373,5 +393,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
                     ring.consumer_release(st)
                 if cutlass.const_expr(not plain):
                     self._promote(accs[w], tmp, sc, w)
-            g_rd = g_rd + 1
-        return g_rd
+            wrap = st.index + 1 == S
+            st = pipeline.PipelineState(S, st.count + 1, cutlass.select_(wrap, 0, st.index + 1),
+                                        cutlass.select_(wrap, st.phase ^ 1, st.phase))
+        return g_rd + (kb1 - kb0)

@@ -161,6 +161,9 @@ def pairs_share_x(cfg: GemmConfig, n: int, groups: int = 1) -> bool:
 
 
 def check_pairs(cfg: GemmConfig, n: int, groups: int) -> None:
+    """A grouped GEMM's tiles (and CTA pairs) must each lie in one weight group."""
+    if groups > 1 and (n // groups) % cfg.bn:
+        raise ValueError(f"gemm: {cfg} puts N tiles across a group boundary (group width {n // groups})")
     if not pairs_share_x(cfg, n, groups):
         raise ValueError(f"gemm: {cfg} pairs N tiles across a group boundary (group width {n // groups})")
 

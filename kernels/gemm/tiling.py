@@ -19,7 +19,9 @@ class GemmConfig:
     """Compile-time tile configuration (kernels/gemm/config.py picks one per problem)."""
 
     bm: int = 128  # CTA rows: 64 (one consumer warpgroup), 128 or 256 (two; 256 in two waves)
-    bn: int = 128  # CTA columns: 32, 64 or 128 (divides the 128-wide weight-scale block)
+    # CTA columns: 32, 64 or 128 (divides the 128-wide weight-scale block), or 192 (spans two
+    # weight-scale blocks: one wave only, its two accumulators need 2 x 96 registers a thread)
+    bn: int = 128
     stages: int = 0  # smem ring depth; 0 = as many as fit (at most MAX_STAGES)
     group_m: int = 8  # rasterisation: M-tiles per group
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M/N give too few tiles)
@@ -42,8 +44,10 @@ class GemmConfig:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.bm not in (64, 128, 256):
             raise ValueError(f"bm must be 64, 128 or 256, got {self.bm}")
-        if self.bn not in (32, 64, 128):
-            raise ValueError(f"bn must be 32, 64 or 128, got {self.bn}")
+        if self.bn not in (32, 64, 128, 192):
+            raise ValueError(f"bn must be 32, 64, 128 or 192, got {self.bn}")
+        if self.bn == 192 and self.bm == 256:
+            raise ValueError("bn 192 takes one wave (bm 64 or 128): two 64 x 192 accumulators fill the registers")
         if self.split_k < 1:
             raise ValueError("split_k must be >= 1")
         if self.split_k > 1 and self.waves > 1:
@@ -84,6 +88,11 @@ class GemmConfig:
         return self.wave_m // self.epi_groups
 
     @property
+    def sw_blocks(self) -> int:
+        """Weight-scale blocks (128 columns) one tile's columns can touch: 2 for bn 192."""
+        return 2 if self.bn > KBLOCK // 2 and KBLOCK % self.bn else 1
+
+    @property
     def threads(self) -> int:
         return 128 * (1 + self.n_mma_wg)
 
@@ -96,12 +105,12 @@ class GemmConfig:
 
     @property
     def _stage_tma_bytes(self) -> int:
-        return (self.bm + self.bn) * KBLOCK + (self.bm + SCALE_BOX) * 4
+        return (self.bm + self.bn) * KBLOCK + (self.bm + self.sw_blocks * SCALE_BOX) * 4
 
     @property
     def stage_smem_bytes(self) -> int:
-        """Shared memory per stage (the knock-outs keep every buffer): the sw box sits in a 128-byte slot."""
-        return self._stage_tma_bytes - SCALE_BOX * 4 + SW_SLOT * 4
+        """Shared memory per stage (the knock-outs keep every buffer): each sw box sits in a 128-byte slot."""
+        return self._stage_tma_bytes - self.sw_blocks * (SCALE_BOX - SW_SLOT) * 4
 
     @property
     def fixed_bytes(self) -> int:

@@ -8,13 +8,15 @@ the same inputs:
 Every variant but the ko-* knock-outs computes the real answer (it must pass the oracle); one whose
 override makes an impossible configuration is UNSUPPORTED there.
 
-    bmB / bnB       CTA tile rows B (64, 128, 256) / columns B (32, 64, 128) instead of the rule's
+    bmB / bnB       CTA tile rows B (64, 128, 256) / columns B (32, 64, 128) instead of the rule's;
+                    bn192: 128 x 192 tiles
     gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
     no-split        split-K off (decode shapes that the rule splits); bn64-no-split both
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns
     sS              S smem ring stages instead of as many as fit
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
     x1              no CTA pairs (GemmConfig.cluster_n 1) where the rule pairs bm 256 tiles
+    pair            256 x 128 CTA pairs wherever they fit (the rule's prefill pick before bn 192)
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
     ko-const-scale  GEMM), promotion without the scale loads; the gap to the shipped kernel is what
     ko-half-a       that part costs. half-a: the second wave's x tile is not loaded (bm 256), no-b:
@@ -39,6 +41,7 @@ KNOBS: dict[str, dict] = {
     "no-split": {"split_k": 1},
     **{f"bm{b}": {"bm": b} for b in (64, 128, 256)},
     **{f"bn{b}": {"bn": b} for b in (32, 64, 128)},
+    "bn192": {"bm": 128, "bn": 192},  # two weight-scale blocks a tile (one wave; DeepGEMM's pro.wq_a pick)
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
@@ -46,6 +49,7 @@ KNOBS: dict[str, dict] = {
     **{f"bn{b}-k{s}": {"bn": b, "split_k": s} for b in (64, 128) for s in (2, 4)},
     "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
     "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
+    "pair": {"bm": 256, "bn": 128, "cluster_n": 2},  # 256 x 128 CTA pairs wherever they fit
 }
 # knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
 KNOCKOUTS = ("no-promote", "const-scale", "half-a", "no-b")

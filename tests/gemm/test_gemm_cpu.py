@@ -37,7 +37,8 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
 
 @pytest.mark.parametrize("fields, message", [
     ({"bm": 96}, "bm must be"), ({"bm": 256, "split_k": 2}, "split-K takes one wave"),
-    ({"bm": 256, "bn": 128, "stages": 6}, "do not fit"),
+    ({"bm": 256, "bn": 128, "stages": 6}, "do not fit"), ({"bn": 96}, "bn must be"),
+    ({"bm": 256, "bn": 192}, "bn 192 takes one wave"),
 ])
 def test_config_rejects_impossible_tiles(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -149,3 +150,34 @@ def test_rule_pairs_ctas_only_where_x_is_reread():
     assert choose_config(512, 7168, 16384).cluster_n == 1  # 2 M tiles of 256: the weight stream binds
     assert choose_config(4096, 8 * 1024, 4096, groups=8).cluster_n == 2
     assert choose_config(4096, 3 * 384, 4096, groups=3).cluster_n == 1  # a pair would straddle a group
+
+
+@pytest.mark.parametrize("tn", range(6))
+def test_bn192_scale_parts_follow_the_weight_scale_blocks(tn):
+    """Mirror of Fp8GemmSm90._read_scales / _col_part: a 192-column tile's column c takes the scale
+    of weight-scale block (tn * 192 + c) // 128; its parts (0: the tile's first block, 1: the first
+    for an even tile, the second for an odd one, 2: the second) say which, for every column a
+    thread can hold (8 * (cc // 2) + 2 * (lane % 4) + cc % 2)."""
+    from kernels.gemm.gemm_sm90 import Fp8GemmSm90
+
+    kern = Fp8GemmSm90(GemmConfig(128, 192))
+    first = (tn * 192) // 128
+    for cc in range(48):
+        for lane4 in range(4):
+            col = 8 * (cc // 2) + 2 * lane4 + cc % 2
+            block = (tn * 192 + col) // 128 - first
+            part = kern._col_part(cc)
+            assert block == {0: 0, 1: tn % 2, 2: 1}[part], (tn, cc, lane4)
+    assert Fp8GemmSm90(GemmConfig(128, 128))._col_part(31) == 0
+
+
+def test_bn192_is_taken_only_where_its_tiles_stay_inside_a_group():
+    from kernels.gemm.glue import check_pairs
+
+    assert choose_config(4096, 1536, 7168).bn == 192  # pro.wq_a: 2 waves of 128 x 192 against 2.9 of 128 x 128
+    for groups, width in ((8, 1024), (3, 384), (16, 256)):
+        assert choose_config(4096, groups * width, 1024, groups=groups).bn != 192 or width % 192 == 0
+    with pytest.raises(ValueError, match="N tiles across a group boundary"):
+        check_pairs(GemmConfig(128, 192), 3 * 256, 3)
+    check_pairs(GemmConfig(128, 192), 3 * 384, 3)
+

@@ -58,6 +58,10 @@ CONFIGS = [
     # CTA pairs multicasting x: N = 2056 leaves the last pair's second tile wholly past N
     GemmConfig(256, 128, cluster_n=2), GemmConfig(256, 64, cluster_n=2, group_m=3),
     GemmConfig(256, 128, cluster_n=2, epi_per_wg=True),
+    # 192 columns: two weight-scale blocks a tile, the middle 64 columns in the first (even tiles)
+    # or the second (odd tiles); N = 1000 / 2056 end in partial tiles and past-N scale rows
+    GemmConfig(128, 192), GemmConfig(64, 192), GemmConfig(128, 192, split_k=3), GemmConfig(64, 192, stages=2),
+    GemmConfig(128, 192, group_m=3, epi_per_wg=True),
 ]
 
 
@@ -82,7 +86,8 @@ def test_split_k_counters_reset():
     _run(64, 512, 4096, cfg, seed=2)
 
 
-@pytest.mark.parametrize("cfg", [GemmConfig(128, 128), GemmConfig(256, 128, cluster_n=2)], ids=str)
+@pytest.mark.parametrize("cfg", [GemmConfig(128, 128), GemmConfig(256, 128, cluster_n=2), GemmConfig(128, 192)],
+                         ids=str)
 def test_persistent_few_ctas(cfg):
     """Many tiles per CTA (8 CTAs walk every tile): the ring phases and epilogue buffers carry over."""
     x, sa, w, sw = make_operands(1000, 1024, 1024, 3, "cuda")
