@@ -98,8 +98,12 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1):
         for bn in BN:
             if bn == 32 and _cdiv(n, 64) >= BN32_MAX_TILES64:
                 continue
-            # bn 192: one wave (bm <= 128), and a grouped GEMM's tiles must not straddle groups
-            if bn == 192 and (bm == 256 or (groups > 1 and (n // groups) % bn)):
+            # bn 192: one wave (bm <= 128), a grouped GEMM's tiles must not straddle groups, and x
+            # re-read by several M tiles (the compute-bound prefill): with fewer, the weight stream
+            # binds and bn 128's deeper ring pulls more (H100: 4-13% slower at M 256, the model
+            # has no DRAM term there; 9% faster at pro.wq_a M 4096: docs/perf/gemm.md v6)
+            if bn == 192 and (bm == 256 or _cdiv(m, bm) < PAIR_MIN_M_TILES
+                              or (groups > 1 and (n // groups) % bn)):
                 continue
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]

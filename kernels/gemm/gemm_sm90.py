@@ -371,7 +371,9 @@ class Fp8GemmSm90(PersistentGemmSm90):
         The tensor core idles while a warpgroup promotes unless the other warpgroup's wgmmas fill it;
         the two drift apart by themselves (measured: forcing a one-block stagger was slower on 23 of 30
         shapes, docs/perf/gemm.md). odd: the tile's N index is odd (bn 192: `_read_scales`). The ring
-        position steps by a compare and a select (one division a tile, not a K block)."""
+        position is recomputed from g_rd every K block: carrying it (a compare and a select instead of
+        a division) was 2-3% faster on some 256 x 128 shapes but up to 25% slower where each CTA runs
+        one long-K tile (docs/lessons/gemm.md 11)."""
         c = self.cfg
         S = c.n_stages
         W = c.waves
@@ -380,8 +382,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
         unscaled = c.ablate in ("no-promote", "const-scale")
         if cutlass.const_expr(unscaled):
             sc.fill(1.0)
-        st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
         for kb in cutlass.range(kb0, kb1, unroll=1):
+            st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
             ring.consumer_wait(st)
             if cutlass.const_expr(not unscaled):
                 self._read_scales(sc, sSA, sSW, lrows, kb, st.index, odd)
@@ -393,7 +395,5 @@ class Fp8GemmSm90(PersistentGemmSm90):
                     ring.consumer_release(st)
                 if cutlass.const_expr(not plain):
                     self._promote(accs[w], tmp, sc, w)
-            wrap = st.index + 1 == S
-            st = pipeline.PipelineState(S, st.count + 1, cutlass.select_(wrap, 0, st.index + 1),
-                                        cutlass.select_(wrap, st.phase ^ 1, st.phase))
-        return g_rd + (kb1 - kb0)
+            g_rd = g_rd + 1
+        return g_rd
