@@ -100,8 +100,8 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1):
                 continue
             # bn 192: one wave (bm <= 128), a grouped GEMM's tiles must not straddle groups, and x
             # re-read by several M tiles (the compute-bound prefill): with fewer, the weight stream
-            # binds and bn 128's deeper ring pulls more (H100: 4-13% slower at M 256, the model
-            # has no DRAM term there; 9% faster at pro.wq_a M 4096: docs/perf/gemm.md v6)
+            # binds and bn 128's deeper ring pulls more (H100: 4-13% slower at M 256, where the
+            # model has no DRAM term)
             if bn == 192 and (bm == 256 or _cdiv(m, bm) < PAIR_MIN_M_TILES
                               or (groups > 1 and (n // groups) % bn)):
                 continue
@@ -113,10 +113,19 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1):
                 yield bm, bn, s
 
 
+def _cheapest(m: int, n: int, k: int, sms: int, cands) -> tuple[int, int, int]:
+    return min(cands, key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
+
+
 @functools.lru_cache(maxsize=4096)  # on every call's host path: a dict lookup, not a 40 us search
 def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1) -> GemmConfig:
-    best = min(candidates(m, n, k, sms, groups),
-               key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
+    cands = list(candidates(m, n, k, sms, groups))
+    best = _cheapest(m, n, k, sms, [c for c in cands if c[1] != 192])
+    # bn 192 competes only where 256-row tiles do not win: the model prices 128 x 192 and 256 x 128
+    # pairs alike per output, and the pairs were 2-5% faster on the four M 16384 layers where it
+    # picked 128 x 192 (H100, one process); against 128 x 128 it won 9% (pro.wq_a at M 4096)
+    if best[0] != 256:
+        best = _cheapest(m, n, k, sms, cands)
     bm, bn, split = best
     # bm 256 runs as CTA pairs multicasting x where x is re-read by several M tiles, the L2-bound
     # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2) (in git history at e18977f).
