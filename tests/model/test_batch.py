@@ -27,7 +27,10 @@ def rel(a, b):
 
 # The batch runs a prompt as a shorter prefill plus single-token steps, alone it is one prefill:
 # the same math up to fp32 roundoff, which a QAT round trip can turn into a flipped FP8/FP4 code.
-LOGITS_RTOL = {False: 1e-5, True: 1e-2}
+# A flip moves the tiny model's logits by up to a few percent: 40 random (checkpoint, lengths) draws
+# stayed under 8.8e-3, but one CI draw ([49, 6, 1, 9]) reached 2.9e-2 with the same tokens, so the
+# QAT bound leaves room for that tail (the tokens are the contract; without QAT the bound is roundoff).
+LOGITS_RTOL = {False: 1e-5, True: 5e-2}
 
 
 @pytest.mark.parametrize("qat", [True, False])
