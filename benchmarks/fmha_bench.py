@@ -88,7 +88,8 @@ def main() -> None:
                     help="comma-separated top-k widths: time s_q 4096 prefills at --heads of these widths instead "
                          "of the named cases (the a + b x tiles fit)")
     ap.add_argument("--heads", type=int_list, default=[64, 128], help="query heads of the --topk-sweep cases")
-    ap.add_argument("--rounds", type=int, default=1, help="timing rounds per case, the impls interleaved in each")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="timing rounds per case, the impls interleaved in each, round r starting with impl r")
     args = ap.parse_args()
     if args.rounds < 1:
         raise SystemExit(f"fmha_bench: --rounds must be >= 1, got {args.rounds}")
@@ -137,10 +138,12 @@ def main() -> None:
                 timed.append((row, call, holder))
             except Exception as e:
                 row["status"] = f"FAIL_RUNTIME: {type(e).__name__}: {str(e)[:300]}"
-        # rounds interleave the impls, so a clock or neighbour drift during the case hits them alike; each
-        # impl's figure is the median of its rounds' medians
-        for _ in range(args.rounds):
-            for row, call, _holder in timed:
+        # rounds interleave the impls, so a clock or neighbour drift during the case hits them alike, and
+        # rotate which goes first (the first of a round ran up to ~5% slow on 3 ms kernels:
+        # docs/lessons/gemm.md 11); each impl's figure is the median of its rounds' medians
+        for r in range(args.rounds):
+            turn = r % len(timed) if timed else 0
+            for row, call, _holder in timed[turn:] + timed[:turn]:
                 row.setdefault("round_ms", []).append(timer.time(call).median_ms)
         for row, call, holder in timed:
             ok, _ = compare_outputs(holder["r"], ref, low, lambda n: FAMILY.tolerance_for(case, n))
