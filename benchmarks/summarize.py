@@ -10,6 +10,7 @@ import argparse
 import gzip
 import json
 from collections import defaultdict
+from pathlib import Path
 
 
 def _records(path: str):
@@ -24,6 +25,8 @@ def main() -> None:
     ap.add_argument("results", help="results.jsonl(.gz) of a sweep run")
     ap.add_argument("--peer", default="", help="impl the ratios are taken against")
     args = ap.parse_args()
+    if not Path(args.results).is_file():
+        raise SystemExit(f"summarize: no results file {args.results!r} (a sweep's --out DIR/results.jsonl)")
     cases: dict[str, dict[str, dict]] = defaultdict(dict)
     params: dict[str, dict] = {}
     for r in _records(args.results):

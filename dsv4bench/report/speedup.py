@@ -129,10 +129,16 @@ def timed(records: list[ResultRecord]) -> list[ResultRecord]:
     return [r for r in latest.values() if r.status in GOOD_STATUSES and (r.timing or {}).get("median_ms")]
 
 
+def shipped(records: list[ResultRecord]) -> dict[str, ResultRecord]:
+    """case id -> our shipped impl's record (impl `cutedsl`; the declared variants `cutedsl:<name>`
+    share its backend but are not what a user gets, and are no peer either)."""
+    return {r.case_id: r for r in records if r.impl == OURS}
+
+
 def ratios(records: list[ResultRecord]) -> list[Ratio]:
     """Every (case, peer) timed on both sides, in record order."""
     good = timed(records)
-    ours = {r.case_id: r for r in good if r.backend == OURS}
+    ours = shipped(good)
     out = []
     for r in good:
         mine = ours.get(r.case_id)
@@ -170,7 +176,7 @@ def csv_columns(records: list[ResultRecord]) -> dict[str, dict[str, float]]:
     """task of our record -> {`<peer>_ms`, `speedup_vs_<peer>`} for results.csv (no dots: the
     CSV reader takes a dotted column for a nested field)."""
     out: dict[str, dict[str, float]] = {}
-    ours = {r.case_id: r.task for r in timed(records) if r.backend == OURS}
+    ours = {case: r.task for case, r in shipped(timed(records)).items()}
     for r in ratios(records):
         peer = r.peer.replace(".", "_")
         out.setdefault(ours[r.case_id], {}).update({f"{peer}_ms": r.peer_ms, f"speedup_vs_{peer}": r.speedup})

@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 import math
 
-from kernels.gemm.tiling import KBLOCK, GemmConfig
+from kernels.gemm.tiling import KBLOCK, GemmConfig, straddles_groups
 
 H100_SMS = 132
 FP8_FLOPS_PER_CLK = 8192
@@ -102,8 +102,7 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1):
             # re-read by several M tiles (the compute-bound prefill): with fewer, the weight stream
             # binds and bn 128's deeper ring pulls more (H100: 4-13% slower at M 256, where the
             # model has no DRAM term)
-            if bn == 192 and (bm == 256 or _cdiv(m, bm) < PAIR_MIN_M_TILES
-                              or (groups > 1 and (n // groups) % bn)):
+            if bn == 192 and (bm == 256 or _cdiv(m, bm) < PAIR_MIN_M_TILES or straddles_groups(bn, n, groups)):
                 continue
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]

@@ -10,7 +10,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
-from kernels.gemm.tiling import KBLOCK, SCALE_BOX, GemmConfig
+from kernels.gemm.tiling import KBLOCK, SCALE_BOX, GemmConfig, straddles_groups
 from sweeps.gemm import QUANT_GEMM
 
 
@@ -162,7 +162,7 @@ def pairs_share_x(cfg: GemmConfig, n: int, groups: int = 1) -> bool:
 
 def check_pairs(cfg: GemmConfig, n: int, groups: int) -> None:
     """A grouped GEMM's tiles (and CTA pairs) must each lie in one weight group."""
-    if groups > 1 and (n // groups) % cfg.bn:
+    if straddles_groups(cfg.bn, n, groups):
         raise ValueError(f"gemm: {cfg} puts N tiles across a group boundary (group width {n // groups})")
     if not pairs_share_x(cfg, n, groups):
         raise ValueError(f"gemm: {cfg} pairs N tiles across a group boundary (group width {n // groups})")

@@ -90,7 +90,7 @@ class GemmConfig:
     @property
     def sw_blocks(self) -> int:
         """Weight-scale blocks (128 columns) one tile's columns can touch: 2 for bn 192."""
-        return 2 if self.bn > KBLOCK // 2 and KBLOCK % self.bn else 1
+        return 1 if KBLOCK % self.bn == 0 else 2
 
     @property
     def threads(self) -> int:
@@ -126,3 +126,8 @@ class GemmConfig:
     def reg_split(self) -> tuple[int, int]:
         """setmaxnreg (producer, consumer)."""
         return (40, 232) if self.n_mma_wg == 2 else (40, 256)
+
+
+def straddles_groups(bn: int, n: int, groups: int) -> bool:
+    """A grouped GEMM's bn-column tiles would cross a weight group's boundary (group width n / groups)."""
+    return groups > 1 and (n // groups) % bn != 0

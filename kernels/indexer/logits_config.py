@@ -51,8 +51,10 @@ class LogitsConfig:
                              f"{self.reg_split[1]}")
         if self.stages and self.kv_stage_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
             raise ValueError(f"{self.stages} KV stages of {self.kv_stage_bytes} B do not fit shared memory")
-        if self.n_stages < 2:
-            raise ValueError(f"bq {self.bq} x n_wg {self.n_wg} leaves room for {self.n_stages} KV stage(s)")
+        need = max(2, self.groups)  # a group steps the ring by `groups` stages a tile (_step)
+        if self.n_stages < need:
+            raise ValueError(f"bq {self.bq} x n_wg {self.n_wg} leaves room for {self.n_stages} KV stage(s), "
+                             f"fewer than {need}")
 
     @property
     def bk(self) -> int:

@@ -31,3 +31,9 @@ def test_ratios_against_the_peer_per_case(tmp_path):
     assert "deepgemm/this 0.500" in lines[4]
     assert "UNSUPPORTED" in lines[5] and "no kernel for this shape" in lines[5]
     assert "COMPILED" not in out
+
+
+def test_a_missing_results_file_is_one_line(tmp_path):
+    run = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope.jsonl")], capture_output=True, text=True)
+    assert run.returncode != 0 and run.stderr.strip().splitlines() == [
+        f"summarize: no results file {str(tmp_path / 'nope.jsonl')!r} (a sweep's --out DIR/results.jsonl)"]

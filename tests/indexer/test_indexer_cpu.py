@@ -314,6 +314,8 @@ def test_config_rejects_impossible_tiles():
         LogitsConfig(n_wg=3, bq=4)  # ptxas: "Insufficient registers (128)"
     with pytest.raises(ValueError, match="with overlap holds 320"):
         LogitsConfig(bq=4, overlap=2)
+    with pytest.raises(ValueError, match="3 KV stage.s., fewer than 4"):
+        LogitsConfig(n_wg=4, tile_wgs=1, stages=3)
     with pytest.raises(ValueError, match="do not fit"):
         LogitsConfig(stages=20)
 

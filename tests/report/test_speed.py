@@ -43,6 +43,19 @@ def hand_records() -> list[ResultRecord]:
     return out
 
 
+def test_ours_is_the_shipped_impl_not_a_variant_of_it():
+    """A run that times `cutedsl:<variant>` beside `cutedsl` (same backend) takes the speedups of
+    `cutedsl`, whichever record comes last, and does not count the variant as a peer."""
+    recs = hand_records()
+    for r in list(recs):
+        if r.impl == "cutedsl":  # a variant 10x slower, written after the shipped impl's record
+            v = _record(r.params["m"], r.params["layer"], "cutedsl:slow", r.timing["median_ms"] * 10)
+            recs.append(ResultRecord(**{**v.__dict__, "backend": "cutedsl"}))
+    base, with_variant = speed(hand_records()), speed(recs)
+    assert [s.peer for s in with_variant.per_peer] == ["cublaslt", "deepgemm"]
+    assert [s.geomean for s in with_variant.per_peer] == [s.geomean for s in base.per_peer]
+
+
 def test_geomean_wins_losses_worst_best_from_known_times():
     sp = speed(hand_records())
     deepgemm, cublaslt = sp.per_peer[1], sp.per_peer[0]
