@@ -47,6 +47,12 @@ shape) at B in DECODE_B and ctx in DECODE_CTX, every request ctx / 4 entries (th
 Draws favour lengths 0, 1, the 64-key page +-1, B off any tile (1..130), widths past the longest
 length, and keep a case's keys under MAX_DRAWN_KEYS.
 
+Select (`op` = "select"): the fused decode path, each request's top-k straight from the paged cache
+(int32 [B, min(k, s_kv)]); decode's params and k, plus keys = "equal" (every key the same: all-equal
+logits, which overflow the fused path's buffers past CAP keys and take its repair). Production: Flash
+and Pro k at decode's B and ctx. Draws favour requests around CAP keys and around k, and a k past
+CAP / 4 (the fused path's route to the unfused pair).
+
 `extra(n, seed)` draws n cases of each op, interleaved: a sweep keeps the first n (`--examples n`:
 half of each), `--op logits` the n logits draws, which are those the logits space alone drew before
 top-k existed (the cases of committed runs), and `--op topk` those drawn before decode existed.
@@ -57,6 +63,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from kernels.indexer.topk_glue import TOPK
+from kernels.indexer.topk_select import CAP
 from sweeps.common import draw, ragged_lengths, tile_counts
 
 RATIO = 4  # tokens per compressed indexer entry
@@ -112,6 +119,25 @@ def is_decode(p) -> bool:
     return p.get("op") == "decode"
 
 
+def paged_select(b: int, s_kv: int, k: int, lens=None, table: str = "shuffled", model: str = "drawn",
+                 keys: str = "randn") -> dict:
+    """A decode step's top-k straight from the paged cache (the fused path): paged_decode's params and
+    k; keys "equal" makes every key of the cache the same (all-equal logits in every request)."""
+    p = {**paged_decode(b, s_kv, lens, table, model), "op": "select", "k": k}
+    if keys != "randn":
+        p["keys"] = keys
+    return p
+
+
+def is_select(p) -> bool:
+    return p.get("op") == "select"
+
+
+def is_paged(p) -> bool:
+    """A case over the paged cache: decode (logits) or select (their top-k)."""
+    return p.get("op") in ("decode", "select")
+
+
 def decode_lens(p: dict) -> list[int]:
     """A decode case's per-request lengths."""
     return p["lens"] if p["mask"] == "ragged" else [p["s_kv"]] * p["t"]
@@ -123,13 +149,15 @@ def production() -> list[dict]:
     decode = [topk(b, ctx // RATIO, TOPK[model], model=model)
               for model in MODELS for b in DECODE_B for ctx in DECODE_CTX]
     paged = [paged_decode(b, ctx // RATIO, model=model) for model in MODELS for b in DECODE_B for ctx in DECODE_CTX]
-    return logits + prefill + decode + paged
+    select = [paged_select(b, ctx // RATIO, TOPK[model], model=model)
+              for model in MODELS for b in DECODE_B for ctx in DECODE_CTX]
+    return logits + prefill + decode + paged + select
 
 
 def visible_pairs(p: dict) -> int:
     """The (t, s) pairs inside the key ranges: the work the causal mask leaves (about T * S_kv / 2
     for a prefill; a decode step's summed lengths)."""
-    if is_decode(p):
+    if is_paged(p):
         return sum(min(n, p["s_kv"]) for n in decode_lens(p))
     if p["mask"] == "varlen":
         return sum(_prefix_sum(n) for n in p["lens"])
@@ -226,6 +254,30 @@ def decode_strategy() -> st.SearchStrategy[dict]:
     return b.flatmap(_decode_batch)
 
 
+def _select_batch(b: int, k: int) -> st.SearchStrategy[dict]:
+    """Requests around the buffers' CAP keys (past it: the sampled bound and the repair), around k,
+    and decode's lengths; some caches of one key repeated (every request overflows the buffers)."""
+    cap = MAX_DRAWN_KEYS // b
+    length = st.one_of(_request_length(cap), st.integers(min(CAP, cap), cap),
+                       st.sampled_from([k - 1, k, k + 1, CAP, CAP + 1]).map(lambda n: max(0, min(n, cap))))
+    table = st.sampled_from(["shuffled", "shuffled", "shared"])
+    keys = st.sampled_from(["randn", "randn", "randn", "equal"])
+    ragged = st.builds(lambda lens, extra, table, keys: paged_select(b, max(1, max(lens) + extra), k, lens, table,
+                                                                     keys=keys),
+                       st.lists(length, min_size=b, max_size=b), st.sampled_from([0, 0, 1, PAGE]), table, keys)
+    full = st.builds(lambda n, keys: paged_select(b, n, k, keys=keys), length.filter(lambda n: n > 0), keys)
+    return st.one_of(ragged, ragged, full)
+
+
+def select_strategy() -> st.SearchStrategy[dict]:
+    """Fused decode top-k steps of 1..130 requests, k of Flash, Pro, small ones and one past CAP / 4
+    (the unfused route), at most MAX_DRAWN_KEYS keys a case."""
+    b = st.one_of(st.sampled_from([1, 1, 2, 3, 7, 33, 129]), st.integers(1, 130))
+    k = st.sampled_from([TOPK["flash"], TOPK["pro"], TOPK["flash"], TOPK["pro"], 1, 100, CAP // 4 + 1])
+    return st.tuples(b, k).flatmap(lambda bk: _select_batch(*bk))
+
+
 def extra(n: int, seed: int) -> list[dict]:
-    spaces = [draw(extra_strategy(), n, seed), draw(topk_strategy(), n, seed), draw(decode_strategy(), n, seed)]
+    spaces = [draw(extra_strategy(), n, seed), draw(topk_strategy(), n, seed), draw(decode_strategy(), n, seed),
+              draw(select_strategy(), n, seed)]
     return [space[i] for i in range(max(map(len, spaces))) for space in spaces if i < len(space)]

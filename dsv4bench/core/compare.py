@@ -73,22 +73,62 @@ def compare_exact(out: torch.Tensor, oracle: torch.Tensor) -> ErrorMetrics:
     return m
 
 
-def compare_index_sets(out: torch.Tensor, oracle: torch.Tensor) -> ErrorMetrics:
+def compare_index_sets(out: torch.Tensor, oracle: torch.Tensor, scores: torch.Tensor | None = None,
+                       low: torch.Tensor | None = None, near: float = 0.0) -> ErrorMetrics:
     """Rows of indices compared as sets (order free); -1 marks an empty slot in both. Rows may be
-    empty (a top-k over no entries)."""
+    empty (a top-k over no entries). With `scores` (the oracle's, [rows, S]) and `low` (the
+    low-precision reference's), a row may differ by near-ties (`_near_ties`)."""
     if out.shape != oracle.shape:
         return ErrorMetrics(False, [f"shape {tuple(out.shape)} != oracle {tuple(oracle.shape)}"])
     rows = (math.prod(out.shape[:-1]), out.shape[-1])
     a = torch.sort(out.reshape(rows), dim=-1).values
     b = torch.sort(oracle.reshape(rows), dim=-1).values
-    bad_rows = (a != b).any(dim=-1)
-    n_bad = int(bad_rows.sum())
-    m = ErrorMetrics(n_bad == 0, mismatches=n_bad)
-    if n_bad:
-        row = int(torch.nonzero(bad_rows)[0])
+    bad_rows = torch.nonzero((a != b).any(dim=-1)).flatten().tolist()
+    swapped = 0
+    if scores is not None and bad_rows:
+        sc = scores.reshape(rows[0], -1).float()
+        lo = sc if low is None else low.reshape(rows[0], -1).float()
+        verdicts = [(r, _near_ties(a[r], b[r], sc[r], lo[r], near)) for r in bad_rows]
+        swapped = sum(1 for _, why in verdicts if why is None)
+        bad_rows = [(r, why) for r, why in verdicts if why is not None]
+    else:
+        bad_rows = [(r, "a different index set") for r in bad_rows]
+    m = ErrorMetrics(not bad_rows, mismatches=len(bad_rows))
+    if swapped:
+        m.reasons.append(f"{swapped} rows differ from the oracle only by near-ties")
+    if bad_rows:
+        row, why = bad_rows[0]
         m.worst_index = [row]
-        m.reasons.append(f"{n_bad} of {a.shape[0]} rows select a different index set (first row {row})")
+        m.reasons.append(f"{len(bad_rows)} of {a.shape[0]} rows select a different index set (first row {row}: {why})")
     return m
+
+
+def _near_ties(out: torch.Tensor, ref: torch.Tensor, sc: torch.Tensor, low: torch.Tensor, near: float) -> str | None:
+    """None if the sorted index rows `out` and `ref` (-1 = empty) differ only where scores sit within
+    eps of the oracle's threshold (its lowest selected score): every index only `out` selects scores
+    at least threshold - eps, every one only `ref` selects at most threshold + eps, as many of each.
+    eps = near x the row's largest |low - sc| over finite scores + 4 fp32 ulps of its largest |sc|.
+    Else why not."""
+    n = sc.shape[0]
+    o, r = out[out >= 0], ref[ref >= 0]
+    if o.numel() != r.numel():
+        return f"{o.numel()} indices selected, the oracle {r.numel()}"
+    if o.numel() and (int(o.max()) >= n or bool((o[1:] == o[:-1]).any())):
+        return "an index out of range or repeated"
+    finite = torch.isfinite(sc) & torch.isfinite(low)
+    err = float((low - sc)[finite].abs().max()) if bool(finite.any()) else 0.0
+    big = float(sc[torch.isfinite(sc)].abs().max()) if bool(torch.isfinite(sc).any()) else 0.0
+    eps = near * err + 4 * torch.finfo(torch.float32).eps * big
+    thr = float(sc[r].min())
+    only_out = o[~torch.isin(o, r)]
+    only_ref = r[~torch.isin(r, o)]
+    if only_out.numel() and float(sc[only_out].min()) < thr - eps:
+        i = int(only_out[sc[only_out].argmin()])
+        return f"index {i} scores {float(sc[i]):.6g}, below the threshold {thr:.6g} by more than {eps:.3g}"
+    if only_ref.numel() and float(sc[only_ref].max()) > thr + eps:
+        i = int(only_ref[sc[only_ref].argmax()])
+        return f"index {i} (score {float(sc[i]):.6g}) left out, above the threshold {thr:.6g} by more than {eps:.3g}"
+    return None
 
 
 def compare_float(
@@ -148,9 +188,9 @@ def compare_float(
     return m
 
 
-def _compare_one(out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor | None, tol) -> ErrorMetrics:
+def _compare_one(out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor | None, tol, scores=None) -> ErrorMetrics:
     if tol.index_set:
-        return compare_index_sets(out, ref)
+        return compare_index_sets(out, ref, *(scores or (None, None)), tol.near)
     if tol.exact or not out.dtype.is_floating_point:
         return compare_exact(out, ref)
     return compare_float(out, ref, low, tol)
@@ -164,15 +204,22 @@ def compare_outputs(
     second; the host took ~40 s), on the host if the device runs out of memory for it."""
     metrics: dict[str, ErrorMetrics] = {}
     for name, ref in oracle.items():
+        tol = tol_for(name)
+        if tol.aux:
+            continue
         if name not in outputs:
             metrics[name] = ErrorMetrics(False, [f"output '{name}' missing"])
             continue
-        out, tol = outputs[name].detach(), tol_for(name)
+        out = outputs[name].detach()
         low = lowprec.get(name) if lowprec and name in lowprec else None
         for dev in dict.fromkeys((out.device, torch.device("cpu"))):
             try:
+                scores = None
+                if tol.scores:  # the oracle's scores, and the low-precision reference's where it has them
+                    low_sc = (lowprec or {}).get(tol.scores)
+                    scores = (oracle[tol.scores].detach().to(dev), None if low_sc is None else low_sc.detach().to(dev))
                 metrics[name] = _compare_one(out.to(dev), ref.detach().to(dev),
-                                             None if low is None else low.detach().to(dev), tol)
+                                             None if low is None else low.detach().to(dev), tol, scores)
                 break
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()

@@ -94,6 +94,12 @@ class Tolerance:
     rel_l2: float = 1e-2  # ||out-oracle|| / ||oracle||
     exact: bool = False
     index_set: bool = False  # integer outputs compared as sets per row (top-k)
+    # index sets chosen by scores the kernel computes itself: the oracle entry `scores` holds each row's
+    # oracle scores, and a selected index may differ from the oracle's where both score within `near`
+    # x the row's largest |lowprec - oracle| score error of the row's threshold (a near-tie)
+    scores: str = ""
+    near: float = 0.0
+    aux: bool = False  # an oracle entry that is no output (read by another's comparison: `scores`)
 
 
 @dataclass

@@ -62,3 +62,21 @@ def choose_parts(n_req: int, max_pages: int, sms: int = H100_SMS) -> int:
     of about DECODE_WAVES waves, P equalised over a request's parts (at least 1 page)."""
     parts = max(1, min(max_pages, _cdiv(DECODE_WAVES * DECODE_CTAS_PER_SM * sms, n_req)))
     return _cdiv(max_pages, parts)
+
+
+SELECT_MIN_WIDTH = 131072  # the fused decode top-k runs past this many entries a row ...
+SELECT_MIN_REQUESTS = 8  # ... with at least this many requests; the unfused pair elsewhere
+
+
+def fuse_select(n_req: int, width: int) -> bool:
+    """Whether the decode top-k op runs the fused kernels (kernels/indexer/select_sm90.py) or the
+    unfused pair (decode logits, then top-k). The fused path saves the pair's logits traffic (4 B a
+    key of the 132 B it reads, most of it absorbed by the 50 MB L2 while B x W x 4 B fits there) and
+    pays a fixed ~40 us (the sample and bound, the repair launch, the buffers' finish). Measured on the
+    H100, k = 1024, harness timing, unfused / fused time (benchmarks/results/indexer, select rows):
+        W = 262,144: B 1 0.49, 4 0.91, 8 1.00, 16 1.09, 32 1.05, 64 1.08, 128 1.01
+        W = 131,072: B 1 0.41, 4 0.61, 8 0.83, 16 1.02, 32 1.00, 64 1.05, 128 0.99
+        W =  65,536: B 4 0.43, 16 0.91, 32 0.92, 64 0.98, 128 0.95
+    so the fused kernels run only where they won every time: W > 131,072 and B >= 8."""
+    return width > SELECT_MIN_WIDTH and n_req >= SELECT_MIN_REQUESTS
+

@@ -80,19 +80,34 @@ def check_decode(q, kv_cache, w, lens, table, out) -> tuple[int, int]:
     """Validate the paged decode operands; ValueError naming the offending tensor. Returns (B, W).
     Values are not checked (a device sync): lengths are clamped to [0, min(W, 64 * max_blocks)] by
     the kernel, a page id outside [0, pages) reads zeros, and scales must be >= 0."""
+    need = _need("indexer decode")
+    need(isinstance(out, torch.Tensor), "out", f"must be a tensor, got {type(out).__name__}")
+    need(out.dim() == 2, "out", f"must be 2-D, got shape {tuple(out.shape)}")
+    need(out.dtype == torch.float32, "out", f"must be {torch.float32}, got {out.dtype}")
+    n_req, width = out.shape
+    check_paged_operands(q, kv_cache, w, lens, table, n_req, "indexer decode")
+    need(out.stride(1) == 1 or width <= 1, "out", f"rows must be contiguous, got strides {tuple(out.stride())}")
+    need(out.device == q.device, "out", f"must be on {q.device}, got {out.device}")
+    return n_req, width
+
+
+def _need(op: str):
     def need(ok: bool, name: str, what: str):
         if not ok:
-            raise ValueError(f"indexer decode: {name} {what}")
+            raise ValueError(f"{op}: {name} {what}")
+    return need
 
-    for name, t, dim in (("q", q, 3), ("kv_cache", kv_cache, 4), ("w", w, 2), ("lens", lens, 1),
-                         ("table", table, 2), ("out", out, 2)):
+
+def check_paged_operands(q, kv_cache, w, lens, table, n_req: int, op: str) -> None:
+    """The paged operands of n_req requests (check_decode's, for any op that reads them)."""
+    need = _need(op)
+    for name, t, dim in (("q", q, 3), ("kv_cache", kv_cache, 4), ("w", w, 2), ("lens", lens, 1), ("table", table, 2)):
         need(isinstance(t, torch.Tensor), name, f"must be a tensor, got {type(t).__name__}")
         need(t.dim() == dim, name, f"must be {dim}-D, got shape {tuple(t.shape)}")
     for name, t, dtype in (("q", q, torch.float8_e4m3fn), ("kv_cache", kv_cache, torch.uint8), ("w", w, torch.float32),
-                           ("lens", lens, torch.int32), ("table", table, torch.int32), ("out", out, torch.float32)):
+                           ("lens", lens, torch.int32), ("table", table, torch.int32)):
         need(t.dtype == dtype, name, f"must be {dtype}, got {t.dtype}")
-    n_req, width = out.shape
-    need(n_req < 65536, "out", f"has {n_req} rows; the grid takes at most 65535 requests")
+    need(n_req < 65536, "q", f"has {n_req} requests; the grid takes at most 65535")
     need(tuple(q.shape) == (n_req, HEADS, HEAD_DIM) and q.is_contiguous(), "q",
          f"must be contiguous [B={n_req}, {HEADS}, {HEAD_DIM}], got {tuple(q.shape)} strides {tuple(q.stride())}")
     need(q.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0, "q", "and w must be 16-byte aligned (TMA)")
@@ -105,10 +120,8 @@ def check_decode(q, kv_cache, w, lens, table, out) -> tuple[int, int]:
     need(tuple(lens.shape) == (n_req,) and lens.is_contiguous(), "lens", f"must be contiguous [{n_req}]")
     need(table.shape[0] == n_req and table.stride(1) == 1, "table",
          f"must be [{n_req}, max_blocks] with contiguous rows, got {tuple(table.shape)} strides {tuple(table.stride())}")
-    need(out.stride(1) == 1 or width <= 1, "out", f"rows must be contiguous, got strides {tuple(out.stride())}")
-    devs = {t.device for t in (q, kv_cache, w, lens, table, out)}
+    devs = {t.device for t in (q, kv_cache, w, lens, table)}
     need(len(devs) == 1, "q", f"and the other operands must be on one device, got {sorted(map(str, devs))}")
-    return n_req, width
 
 
 # ---------------- inputs and the oracle ----------------
@@ -133,11 +146,17 @@ def make_table(lens: list[int], max_blocks: int, kind: str, gen: torch.Generator
     return table, n_pages
 
 
-def make_cache(n_pages: int, seed: int, device) -> torch.Tensor:
+def make_cache(n_pages: int, seed: int, device, keys: str = "randn") -> torch.Tensor:
     """Pages of random keys of varied norms (2^-3 .. 2^2), each quantised to e4m3 with an fp32 scale
-    amax/448 (the FP8 indexer cache), made on `device` a chunk at a time."""
+    amax/448 (the FP8 indexer cache), made on `device` a chunk at a time; keys "equal": one such key
+    in every row."""
     from oracles.quant import fp8_block_quant
 
+    if keys not in ("randn", "equal"):
+        raise ValueError(f"indexer decode: keys must be randn or equal, got {keys!r}")
+    if keys == "equal":  # key 0 of a random page, codes and scale, in every row of every page
+        codes, scales = cache_views(make_cache(1, seed, device))
+        return pack_pages(codes[:1, :1].expand(n_pages, PAGE, HEAD_DIM), scales[:1, :1].expand(n_pages, PAGE))
     gen = torch.Generator(device).manual_seed(seed)
     codes = torch.empty(n_pages * PAGE, HEAD_DIM, dtype=torch.float8_e4m3fn, device=device)
     scales = torch.empty(n_pages * PAGE, dtype=torch.float32, device=device)
@@ -151,16 +170,17 @@ def make_cache(n_pages: int, seed: int, device) -> torch.Tensor:
 
 
 def make_decode_inputs(lens: list[int], width: int, table: str = "shuffled", seed: int = 0, device="cpu",
-                       pad_blocks: int = 0) -> dict:
+                       pad_blocks: int = 0, keys: str = "randn") -> dict:
     """One decode step's operands: q / w as the prefill's (kernels/indexer/glue.py make_inputs), a
-    block table of ceil(W / 64) + pad_blocks entries a request, and the paged cache it points into."""
+    block table of ceil(W / 64) + pad_blocks entries a request, and the paged cache it points into
+    (make_cache's `keys`)."""
     from kernels.indexer.glue import make_inputs
 
     gen = torch.Generator().manual_seed(seed)
     tab, n_pages = make_table(lens, max(1, -(-width // PAGE)) + pad_blocks, table, gen)
     zero = torch.zeros(len(lens), dtype=torch.int32)
     x = make_inputs(len(lens), 0, zero, zero, seed, device)
-    return {"q": x["q"], "kv_cache": make_cache(n_pages, seed, device), "w": x["w"],
+    return {"q": x["q"], "kv_cache": make_cache(n_pages, seed, device, keys), "w": x["w"],
             "lens": torch.tensor(lens, dtype=torch.int32, device=device), "table": tab.to(device)}
 
 

@@ -78,29 +78,40 @@ class IndexerDecodeSm90(IndexerLogitsSm90):
         n_parts: cutlass.Int32,  # CTAs per request: n_parts * P * 64 >= W
         stream: cuda.CUstream,
     ):
-        c = self.cfg
-        # ((64 keys, pages), 128) and ((64 keys, pages),): tile kt of 64 rows is page kt
+        ops = self._paged_operands(mQ, mCodes, mScales, mW)
+        self.kernel(*ops[:8], mLens, mTable, mL, part_pages, *ops[8:]).launch(
+            grid=(n_parts, cute.size(mL, mode=[0]), 1), block=[self.cfg.threads, 1, 1], min_blocks_per_mp=2,
+            preferred_smem_carveout=100, stream=stream)
+
+    def _paged_operands(self, mQ, mCodes, mScales, mW):
+        """`_operands` over the cache's two views with their page and key modes merged,
+        ((64 keys, pages), 128) and ((64 keys, pages),): key tile kt of 64 rows is page kt."""
         mK = cute.make_tensor(mCodes.iterator, cute.group_modes(cute.select(mCodes.layout, mode=[1, 0, 2]), 0, 2))
         mSc = cute.make_tensor(mScales.iterator, cute.group_modes(cute.select(mScales.layout, mode=[1, 0]), 0, 2))
-        ops = self._operands(mQ, mK, mSc, mW)
-        n_req = cute.size(mL, mode=[0])
-        self.kernel(*ops[:8], mLens, mTable, mL, part_pages, *ops[8:]).launch(
-            grid=(n_parts, n_req, 1), block=[c.threads, 1, 1], min_blocks_per_mp=2, preferred_smem_carveout=100, stream=stream)
+        return self._operands(mQ, mK, mSc, mW)
 
     @cute.jit
     def _cta(self, tma, mLens, mTable, mL, part_pages, mmas, layouts, Storage):
         """The body of the kernel (IndexerLogitsSm90.kernel, the entry both share): CTA (p, b) of the
         (n_parts, B) grid (module docstring)."""
+        part, b, _ = cute.arch.block_idx()
+        n_len = clamped_len(mLens, mTable, b, cute.size(mL, mode=[1]))
+        self._run_pages(tma, mTable, mL, part_pages, mmas, layouts, Storage, n_len, None, mL, cute.size(mL, mode=[1]))
+
+    @cute.jit
+    def _run_pages(self, tma, mTable, mFill, part_pages, mmas, layouts, Storage, n_len, fp, dst, fill_to):
+        """The roles of CTA (p, b) over its request's first n_len keys: warp 0 loads the pages of the
+        part (the table column of page i: `_table_col(i, fp)`), warps 1-3 write -inf over mFill's row
+        past them up to column fill_to (mFill None: nothing), the consumer warpgroup scores them into
+        `dst` (`_page_plan`)."""
         (tma_k, _), (tma_q, _), (tma_sc, _), (tma_w, _) = tma
         tiled_mma, mma_acc = mmas
         tidx, _, _ = cute.arch.thread_idx()
         part, b, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         self._prologue(warp_idx, mmas, tma)
-        kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg = self._smem(Storage, layouts, tma)
-
-        width = cute.size(mL, mode=[1])
-        n_len = cutlass.min(cutlass.max(mLens[b], 0), cutlass.min(width, cute.size(mTable, mode=[1]) * PAGE))
+        kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg, st = self._smem(Storage, layouts,
+                                                                                                     tma)
         pg0 = part * part_pages
         pg1 = cutlass.min(pg0 + part_pages, (n_len + PAGE - 1) // PAGE)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -108,27 +119,33 @@ class IndexerDecodeSm90(IndexerLogitsSm90):
         if warp_idx == 0:
             if pg1 > pg0:
                 self._produce(kv_ring, q_ring, tma_k, tKg, tKs, tma_sc, tScg, tScs, tma_q, tQg, tQs, tma_w, tWg, tWs,
-                              mTable, b, pg0, pg1, tidx % 32)
+                              mTable, b, pg0, pg1, fp, tidx % 32)
             n = cutlass.max(pg1 - pg0, 0)  # pages loaded, and the one query load if any
             nq = cutlass.min(n, 1)
             S = self.cfg.n_stages
             kv_ring.producer_tail(pipeline.PipelineState(S, n, n % S, ((n // S) % 2) ^ 1))
             q_ring.producer_tail(pipeline.PipelineState(1, nq, 0, nq ^ 1))
         elif warp_idx < 4:
-            # -inf over the part's columns at or past the last page: [max(lo, 64 * pages), hi)
-            hi = cutlass.min((part + 1) * part_pages * PAGE, width)
-            a = cutlass.max(cutlass.min(pg0 * PAGE, width), cutlass.min((n_len + PAGE - 1) // PAGE * PAGE, width))
-            ninf = -cutlass.Float32.inf
-            for s in cutlass.range(a + tidx - 32, hi, FILL_THREADS, unroll=1):
-                mL[b, s] = ninf
+            if cutlass.const_expr(mFill is not None):
+                # -inf over the part's columns at or past the last page: [max(lo, 64 * pages), hi)
+                width = cute.size(mFill, mode=[1])
+                hi = cutlass.min((part + 1) * part_pages * PAGE, cutlass.min(width, fill_to))
+                a = cutlass.max(cutlass.min(pg0 * PAGE, width), cutlass.min((n_len + PAGE - 1) // PAGE * PAGE, width))
+                ninf = -cutlass.Float32.inf
+                for s in cutlass.range(a + tidx - 32, hi, FILL_THREADS, unroll=1):
+                    mFill[b, s] = ninf
         else:
             if pg1 > pg0:
-                self._consume_pages(kv_ring, q_ring, tiled_mma, mma_acc, sK, sQ, sSc, sW, mL, b, n_len, pg0, pg1,
+                self._consume_pages(kv_ring, q_ring, tiled_mma, mma_acc, sK, sQ, sSc, sW, st, dst, b, n_len, pg0, pg1,
                                     tidx)
+
+    def _table_col(self, i, fp):
+        """The block-table column of the request's page i (the decode kernel: page i itself)."""
+        return i
 
     @cute.jit
     def _produce(self, kv_ring, q_ring, tma_k, tKg, tKs, tma_sc, tScg, tScs, tma_q, tQg, tQs, tma_w, tWg, tWs,
-                 mTable, b, pg0, pg1, lane):
+                 mTable, b, pg0, pg1, fp, lane):
         """Warp 0: request b's query and weights, then pages pg0 .. pg1-1 of its block table, one a
         stage. The page ids come 32 at a time (lane i loads entry i), loaded before the stage's
         acquire so that the load overlaps the wait, and reach the warp by shuffle."""
@@ -145,7 +162,7 @@ class IndexerDecodeSm90(IndexerLogitsSm90):
             if i % 32 == 0:
                 ids = cutlass.Int32(0)
                 if pg + lane < pg1:
-                    ids = mTable[b, pg + lane]
+                    ids = mTable[b, self._table_col(pg + lane, fp)]
             kst = pipeline.PipelineState(S, i, i % S, ((i // S) % 2) ^ 1)
             kv_ring.producer_acquire(kst)
             page = cute.arch.shuffle_sync(ids, i % 32)
@@ -155,29 +172,43 @@ class IndexerDecodeSm90(IndexerLogitsSm90):
             kv_ring.producer_commit(kst)
 
     @cute.jit
-    def _consume_pages(self, kv_ring, q_ring, tiled_mma, mma_acc, sK, sQ, sSc, sW, mL, b, n_len, pg0, pg1, tidx):
+    def _consume_pages(self, kv_ring, q_ring, tiled_mma, mma_acc, sK, sQ, sSc, sW, st, dst, b, n_len, pg0, pg1, tidx):
         """The consumer warpgroup: the weights into registers, then the prefill kernel's tile step
-        (wgmma, ReLU x w, head sum, x scale, mask s < len, store) on each page, page pg at columns
-        64 pg .. 64 pg + 63 of row b."""
+        (wgmma, ReLU x w, head sum, x scale, then `_epilogue` with the plan of `_page_plan`) on each
+        page, page pg at columns 64 pg .. 64 pg + 63 of row b."""
         tCrA, tCrB, acc, rows, heads = self._fragments(tiled_mma, sK, sQ, tidx - 128)
         wreg = cute.make_rmem_tensor((cute.size(heads),), cutlass.Float32)
         sc = cute.make_rmem_tensor((1,), cutlass.Float32)
+        qst = pipeline.PipelineState(1, 0, 0, 0)
+        q_ring.consumer_wait(qst)
+        for cc in cutlass.range_constexpr(cute.size(heads)):
+            wreg[cc] = sW[0, heads[cc], 0]
+        q4 = tidx % 4
+        plan = self._page_plan(dst, st, b, n_len, rows, q4, tidx)
+        kst = self._kv_state(cutlass.Int32(0))
+        for pg in cutlass.range(pg0, pg1, unroll=1):
+            self._tile(kv_ring, (tiled_mma, mma_acc), acc, tCrA, tCrB, 0, sSc, sc, kst, pg, wreg, plan, q4, 0)
+            kst = self._step(kst, 1)
+        q_ring.consumer_release(qst)
+        self._pages_done(plan, tidx)
+
+    @cute.jit
+    def _page_plan(self, mL, st, b, n_len, rows, q4, tidx):
+        """The epilogue's plan (LogitsEpilogue._lane_plan): row b of mL, keys [0, n_len)."""
         tok = cute.make_rmem_tensor((1,), cutlass.Int32)
         tks = cute.make_rmem_tensor((1,), cutlass.Int32)
         tke = cute.make_rmem_tensor((1,), cutlass.Int32)
         tok[0] = b
         tks[0] = 0
         tke[0] = n_len
-        qst = pipeline.PipelineState(1, 0, 0, 0)
-        q_ring.consumer_wait(qst)
-        for cc in cutlass.range_constexpr(cute.size(heads)):
-            wreg[cc] = sW[0, heads[cc], 0]
-        n_req = cute.size(mL, mode=[0])
-        width = cute.size(mL, mode=[1])
-        q4 = tidx % 4
-        plan = self._lane_plan(mL, tok, tks, tke, rows, q4, n_req, width)
-        kst = self._kv_state(cutlass.Int32(0))
-        for pg in cutlass.range(pg0, pg1, unroll=1):
-            self._tile(kv_ring, (tiled_mma, mma_acc), acc, tCrA, tCrB, 0, sSc, sc, kst, pg, wreg, plan, q4, 0)
-            kst = self._step(kst, 1)
-        q_ring.consumer_release(qst)
+        return self._lane_plan(mL, tok, tks, tke, rows, q4, cute.size(mL, mode=[0]), cute.size(mL, mode=[1]))
+
+    def _pages_done(self, plan, tidx):
+        """After the part's last page (the decode kernel: nothing left)."""
+
+
+@cute.jit
+def clamped_len(mLens, mTable, b, width):
+    """Request b's key count as every decode kernel reads it: its length clamped to
+    [0, min(W, 64 * table width)]."""
+    return cutlass.min(cutlass.max(mLens[b], 0), cutlass.min(width, cute.size(mTable, mode=[1]) * PAGE))

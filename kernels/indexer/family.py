@@ -27,6 +27,13 @@ topk: the k largest valid entries of each row of fp32 logits [T, S_kv] (-inf out
 entries), int32 indices [T, min(k, S_kv)] (kernels/indexer/topk_sm90.py: ascending index order, then
 -1 slots). Oracle: oracles/indexer.py `indexer_topk` (ties to the lower index); the kernel is exact, so
 it is the low-precision reference too. Compared as index sets per row; cost: bytes only.
+
+select: the fused decode path (kernels/indexer/select_sm90.py): decode's operands and k -> int32
+[B, min(k, W)], each request's top-k of the logits decode would write, in top-k's layout, without the
+logits in DRAM. Oracle: `indexer_topk` of decode's oracle logits. The kernel ranks its own logits, so
+its set may differ from the oracle's by near-ties: indices whose oracle logits lie within 2x the bf16
+reference's largest logit error of the row's threshold (core/compare.py `_near_ties`); the GPU tests
+hold it to the unfused pair's answer exactly.
 """
 
 from __future__ import annotations
@@ -43,10 +50,11 @@ from kernels.indexer.decode_sm90 import DecodeConfig
 from kernels.indexer.glue import (HEAD_DIM, HEADS, causal_ranges, check_operands, compile_logits, lowprec_of,
                                   make_inputs, oracle_of, run_logits, topk_logits, varlen_ranges)
 from kernels.indexer.logits_sm90 import LogitsConfig
+from kernels.indexer.select_glue import check_select, compile_select, select
 from kernels.indexer.topk_glue import check_topk_args, compile_topk, out_width, run_topk
 from oracles.indexer import indexer_topk
 from sweeps import indexer as space
-from sweeps.indexer import decode_lens, is_decode, is_topk
+from sweeps.indexer import decode_lens, is_decode, is_paged, is_select, is_topk
 
 RELATIVE_MIN_LOGITS = 64
 SM90_ONLY = ("the SM90 kernel is built on warpgroup MMA (wgmma) and Hopper TMA descriptors; sm_100a "
@@ -69,17 +77,19 @@ class IndexerFamily(Family):
     name = "indexer"
     description = ("lightning indexer logits sum_h w*ReLU(q.k*scale) over the FP8 indexer cache (64 heads x 128), "
                    "causal / per-query key ranges, fp32 out (DeepGEMM fp8_mqa_logits); decode over a paged cache "
-                   "(fp8_paged_mqa_logits); top-k of each row's valid logits, int32 indices")
+                   "(fp8_paged_mqa_logits); top-k of each row's valid logits, int32 indices; the fused decode "
+                   "logits -> top-k")
     tolerance = Tolerance(ratio=2.0, rel_l2=1e-2)
     space = space
     serves = served.OPS  # the model ops it serves (kernels/indexer/serves.py)
     options = {
-        "op": Option("op", "logits (prefill), decode (one token a request over a paged cache), or the top-k "
-                     "selection over logits", choices=("logits", "topk", "decode"), names=True, default="logits"),
+        "op": Option("op", "logits (prefill), decode (one token a request over a paged cache), the top-k "
+                     "selection over logits, or select (decode's top-k, fused)",
+                     choices=("logits", "topk", "decode", "select"), names=True, default="logits"),
         "tokens": Option("t", "query tokens T (top-k: rows; decode: requests B)", "tokens"),
         "entries": Option("s_kv", "compressed indexer entries S_kv (keys; top-k: row length; decode: the longest "
                           "request's)", "entries"),
-        "k": Option("k", "top-k: entries selected per row (512 Flash, 1024 Pro)", "entries"),
+        "k": Option("k", "top-k, select: entries selected per row (512 Flash, 1024 Pro)", "entries"),
         "mask": Option("mask", "which entries each row sees: causal (one sequence, queries at p0..p0+T-1), varlen "
                        "(sequences packed along T and S_kv), full (all: decode) or ragged (top-k, decode: a length "
                        "per row)", choices=("causal", "varlen", "full", "ragged"), names=True),
@@ -90,18 +100,21 @@ class IndexerFamily(Family):
         (w has either sign), and with a handful of them cancellation alone puts the bf16 reference
         itself past 1e-2 (10-20% of seeds at 1-3 logits; at 64 or more its worst over 200 seeds was
         0.0075). Below RELATIVE_MIN_LOGITS only the max-error rule (2x the bf16 reference's error +
-        one fp32 ulp at the output's magnitude) applies. Top-k indices compare as sets per row."""
+        one fp32 ulp at the output's magnitude) applies. Top-k indices compare as sets per row; the
+        fused select's up to near-ties of its oracle logits (the `logits` entry, not an output)."""
         if is_topk(case.params):
             return Tolerance(index_set=True)
+        if is_select(case.params):
+            return Tolerance(aux=True) if output == "logits" else Tolerance(index_set=True, scores="logits", near=2.0)
         if space.independent_logits(case.params) < RELATIVE_MIN_LOGITS:
             return Tolerance(ratio=self.tolerance.ratio, rel_l2=float("inf"))
         return self.tolerance
 
     def make_inputs(self, case: Case, gen: torch.Generator, device: str) -> dict:
-        if is_decode(case.params):  # made on `device` (up to a 4.4 GB cache)
+        if is_paged(case.params):  # made on `device` (up to a 4.4 GB cache)
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
             return make_decode_inputs(decode_lens(case.params), case["s_kv"], case["table"], seed, device,
-                                      case.get("pad", 0))
+                                      case.get("pad", 0), case.get("keys", "randn"))
         ks, ke = case_ranges(case.params)
         if is_topk(case.params):
             return {"logits": topk_logits(ks, ke, case["s_kv"], case["values"], gen).to(device)}
@@ -111,20 +124,27 @@ class IndexerFamily(Family):
     def oracle(self, case: Case, inputs: dict) -> dict:
         if is_topk(case.params):
             return {"indices": indexer_topk(inputs["logits"], case["k"]).to(torch.int32)}
-        if is_decode(case.params):
-            return {"logits": decode_reference(**inputs, width=case["s_kv"])}
+        if is_paged(case.params):
+            return self._paged(case, decode_reference(**inputs, width=case["s_kv"]))
         return {"logits": oracle_of(**inputs)}
 
     def lowprec(self, case: Case, inputs: dict) -> dict:
         if is_topk(case.params):  # a selection in fp32, the kernel's precision: the oracle itself
             return self.oracle(case, inputs)
-        if is_decode(case.params):
-            return {"logits": decode_reference(**inputs, width=case["s_kv"], lowprec=True)}
+        if is_paged(case.params):
+            return self._paged(case, decode_reference(**inputs, width=case["s_kv"], lowprec=True))
         return {"logits": lowprec_of(**inputs)}
+
+    @staticmethod
+    def _paged(case: Case, logits: torch.Tensor) -> dict:
+        """A paged case's reference from its logits: decode's, or select's indices (and the logits)."""
+        if is_select(case.params):
+            return {"indices": indexer_topk(logits, case["k"]).to(torch.int32), "logits": logits}
+        return {"logits": logits}
 
     def alloc_outputs(self, case: Case, device: str) -> dict:
         t, s_kv = case["t"], case["s_kv"]
-        if is_topk(case.params):
+        if is_topk(case.params) or is_select(case.params):
             return {"indices": torch.empty(t, out_width(s_kv, case["k"]), dtype=torch.int32, device=device)}
         return {"logits": torch.empty(t, s_kv, dtype=torch.float32, device=device)}
 
@@ -133,14 +153,15 @@ class IndexerFamily(Family):
         q, the keys and scales, w, ks / ke once, and the whole fp32 output (masked entries are written).
         Decode: flops the same per (request, key); bytes 132 per key a request reads (codes and scale),
         its page id, q, w and the length, and the whole fp32 output.
-        Top-k: no flops; bytes: the fp32 logits read once, the int32 indices written."""
+        Top-k: no flops; bytes: the fp32 logits read once, the int32 indices written.
+        Select: decode's flops; decode's bytes with the int32 indices written instead of the logits."""
         t, s_kv = case["t"], case["s_kv"]
-        if is_decode(case.params):
+        if is_paged(case.params):
             keys = space.visible_pairs(case.params)
             pages = sum(-(-min(n, s_kv) // PAGE) for n in decode_lens(case.params))
+            out = 4 * t * (out_width(s_kv, case["k"]) if is_select(case.params) else s_kv)
             return Cost(flops=2.0 * HEADS * HEAD_DIM * keys,
-                        bytes=float(keys * (HEAD_DIM + 4) + 4 * pages + t * (HEADS * HEAD_DIM + HEADS * 4 + 4)
-                                    + 4 * t * s_kv))
+                        bytes=float(keys * (HEAD_DIM + 4) + 4 * pages + t * (HEADS * HEAD_DIM + HEADS * 4 + 4) + out))
         if is_topk(case.params):
             return Cost(flops=0.0, bytes=float(4 * t * s_kv + 4 * t * out_width(s_kv, case["k"])))
         pairs = space.visible_pairs(case.params)
@@ -150,8 +171,8 @@ class IndexerFamily(Family):
 
 class IndexerCuteDSL(Impl):
     """The logits kernel, for a decode case the paged decode kernel (kernels/indexer/decode_sm90.py),
-    for a top-k case the top-k kernel (kernels/indexer/topk_glue.py), which has no wgmma: it is taken
-    on sm_100a too."""
+    for a select case the fused path (kernels/indexer/select_glue.py), for a top-k case the top-k
+    kernel (kernels/indexer/topk_glue.py), which has no wgmma: it is taken on sm_100a too."""
 
     family, name, backend = "indexer", "cutedsl", "cutedsl"
     archs = ("sm_90a",)
@@ -169,8 +190,8 @@ class IndexerCuteDSL(Impl):
     def compile_key(self, case: Case, arch: str) -> tuple:
         if is_topk(case.params):
             return (self.family, "topk", arch)
-        if is_decode(case.params):
-            return (self.family, "decode", arch, DecodeConfig())
+        if is_paged(case.params):
+            return (self.family, case["op"], arch, DecodeConfig())
         return (self.family, "cutedsl", arch, self.config(case))
 
     def compile(self, case: Case, arch: str):
@@ -180,6 +201,8 @@ class IndexerCuteDSL(Impl):
             raise ValueError(SM90_ONLY)
         if is_decode(case.params):
             return compile_decode(DecodeConfig(), arch)
+        if is_select(case.params):
+            return compile_select(DecodeConfig(), arch)
         return compile_logits(self.config(case), arch)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
@@ -190,6 +213,10 @@ class IndexerCuteDSL(Impl):
         if is_decode(case.params):
             check_decode(**inputs, out=out["logits"])
             run_decode(compiled, **inputs, out=out["logits"])
+            return out
+        if is_select(case.params):
+            check_select(**inputs, width=case["s_kv"], k=case["k"], out=out["indices"])
+            select(compiled, **inputs, width=case["s_kv"], out=out["indices"])
             return out
         check_operands(**inputs, out=out["logits"])
         run_logits(compiled, self.config(case), **inputs, out=out["logits"])

@@ -50,9 +50,21 @@ class LogitsEpilogue:
 
     @cute.jit
     def _epilogue(self, acc, wreg, sc, s0, plan, q4):
-        """Per (key row r, token j): the thread's 16 heads of ReLU(acc) * w (2 chains), the quad's
-        reduction transposed so that each lane ends with whole sums of its own (`_quad_sum`), x the
-        key scale of its row, -inf outside the token's key range; one store a lane (no branches)."""
+        """Per (key row r, token j) the lane's sums (`_lane_sums`) x the key scale of its row, -inf
+        outside the token's key range; one store a lane (no branches)."""
+        key, dsts = plan
+        s = s0 + key
+        ninf = -cutlass.Float32.inf
+        for (row, lo, hi, ok), v in zip(dsts, self._lane_sums(acc, wreg, q4)):
+            out = cutlass.select_((s >= lo) & (s < hi), v * sc, ninf)
+            if ok & (s < cute.size(row)):  # keys past S_kv (a tile's zero-filled rows): nowhere
+                row[s] = out
+
+    @cute.jit
+    def _lane_sums(self, acc, wreg, q4):
+        """The weighted head sums this lane owns (`_owned`): per (key row r, token j) the thread's 16
+        heads of ReLU(acc) * w (2 chains), then the quad's reduction transposed so that each lane ends
+        with whole sums of its own (`_quad_sum`)."""
         c = self.cfg
         acc_mn = mn_view(acc)
         vals = []
@@ -63,13 +75,7 @@ class LogitsEpilogue:
                     cc = 16 * j + h
                     part[h % 2] = part[h % 2] + cute.arch.fmax(acc_mn[r, cc], cutlass.Float32(0.0)) * wreg[cc]
                 vals.append(part[0] + part[1])
-        key, dsts = plan
-        s = s0 + key
-        ninf = -cutlass.Float32.inf
-        for (row, lo, hi, ok), v in zip(dsts, self._quad_sum(vals, q4)):
-            out = cutlass.select_((s >= lo) & (s < hi), v * sc, ninf)
-            if ok & (s < cute.size(row)):  # keys past S_kv (a tile's zero-filled rows): nowhere
-                row[s] = out
+        return self._quad_sum(vals, q4)
 
     @staticmethod
     def _quad_sum(vals, q4):

@@ -69,6 +69,8 @@ BAR_TURN0 = 1  # ping-pong: named barrier BAR_TURN0 + w opens consumer warpgroup
 
 
 class IndexerLogitsSm90(LogitsEpilogue):
+    scratch_words = 0  # shared Int32 words of the storage's `scratch` field (none here)
+
     def __init__(self, cfg: LogitsConfig):
         self.cfg = cfg
 
@@ -126,15 +128,19 @@ class IndexerLogitsSm90(LogitsEpilogue):
         tma_sc, gSc_t = cpasync.make_tiled_tma_atom(g2s, mSc, cute.slice_(sSc_layout, (None, 0)), (c.bk,))
         tma_w, gW_t = cpasync.make_tiled_tma_atom(g2s, mW, cute.slice_(sW_layout, (None, None, 0)), (c.bq, HEADS))
 
+        fields = {
+            "kv_bars": cute.struct.MemRange[cutlass.Int64, S * 2],
+            "q_bars": cute.struct.MemRange[cutlass.Int64, c.q_stages * 2],
+            "sSc": cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sSc_layout)], 128],
+            "sW": cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sW_layout)], 128],
+            "sK": cute.struct.Align[cute.struct.MemRange[mKV.element_type, cute.cosize(sK_layout)], 1024],
+            "sQ": cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024],
+        }
+        if self.scratch_words:  # Int32 words a subclass's epilogue shares across warps
+            fields["scratch"] = cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.scratch_words], 16]
+
         class Storage:  # fields given as objects (this module's annotations are strings)
-            __annotations__ = {
-                "kv_bars": cute.struct.MemRange[cutlass.Int64, S * 2],
-                "q_bars": cute.struct.MemRange[cutlass.Int64, c.q_stages * 2],
-                "sSc": cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sSc_layout)], 128],
-                "sW": cute.struct.Align[cute.struct.MemRange[cutlass.Float32, cute.cosize(sW_layout)], 128],
-                "sK": cute.struct.Align[cute.struct.MemRange[mKV.element_type, cute.cosize(sK_layout)], 1024],
-                "sQ": cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024],
-            }
+            __annotations__ = fields
 
         Storage = cute.struct(Storage)
 
@@ -189,7 +195,7 @@ class IndexerLogitsSm90(LogitsEpilogue):
     def _smem(self, Storage, layouts, tma):
         """Kernel-entry setup shared with the decode kernel: the shared storage, the KV and Q rings
         (initialisation deferred: the caller waits with pipeline_init_wait), the stage tensors and
-        the TMA partitions of the four operands (tma: their (atom, TMA tensor) pairs)."""
+        the TMA partitions of the four operands (tma: their (atom, TMA tensor) pairs), and the storage."""
         c = self.cfg
         S = c.n_stages
         QS = c.q_stages
@@ -219,7 +225,7 @@ class IndexerLogitsSm90(LogitsEpilogue):
                                            cute.group_modes(gSc, 0, 1))
         tWs, tWg = cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                          cute.group_modes(gW, 0, 2))
-        return kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg
+        return kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg, st
 
     @cute.jit
     def _unit(self, u, n_split, q_blocks, mKs, mKe, n_tok, s_kv, tks=None, tke=None):
@@ -266,7 +272,8 @@ class IndexerLogitsSm90(LogitsEpilogue):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         self._prologue(warp_idx, mmas, tma)
 
-        kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg = self._smem(Storage, layouts, tma)
+        kv_ring, q_ring, sK, sQ, sSc, sW, tKs, tKg, tQs, tQg, tScs, tScg, tWs, tWg, _st = self._smem(Storage, layouts,
+                                                                                                  tma)
 
         n_tok = cute.size(mL, mode=[0])
         s_kv = cute.size(mL, mode=[1])

@@ -19,7 +19,7 @@ from dsv4bench.core.registry import Impl, import_reason
 from kernels.common import Prepared
 from kernels.indexer.decode_glue import PAGE, request_keys
 from kernels.indexer.glue import HEADS, range_mask
-from sweeps.indexer import is_decode, is_topk
+from sweeps.indexer import is_decode, is_select, is_topk
 
 TORCH_CHUNK_BYTES = 1 << 30  # the bf16 [rows, 64, S_kv] intermediate of one chunk
 
@@ -45,6 +45,8 @@ class DeepGemm(Impl):
 
         if is_decode(case.params):
             return {"logits": paged_logits(deep_gemm, **inputs, width=case["s_kv"])}
+        if is_select(case.params):  # its logits, then torch.topk: what a serving stack runs
+            return {"indices": topk_by_index(paged_logits(deep_gemm, **inputs, width=case["s_kv"]), case["k"])}
         logits = deep_gemm.fp8_mqa_logits(inputs["q"], (inputs["kv"], inputs["sc"]), inputs["w"],
                                           inputs["ks"], inputs["ke"])
         return {"logits": logits}
@@ -104,6 +106,8 @@ def _torch_call(fns: dict, case: Case, inputs: dict) -> dict:
     fn = fns["logits"]
     if is_decode(case.params):
         return {"logits": _torch_decode(fn, **inputs, width=case["s_kv"])}
+    if is_select(case.params):
+        return {"indices": fns["topk"](_torch_decode(fn, **inputs, width=case["s_kv"]), case["k"])}
     q, kv, sc, w, ks, ke = (inputs[k] for k in ("q", "kv", "sc", "w", "ks", "ke"))
     qb, kb, wb = _BF16.get((q, kv, sc, w),
                            lambda: (q.bfloat16(), (kv.float() * sc.unsqueeze(-1)).bfloat16(), w.bfloat16()))

@@ -110,6 +110,16 @@ def check_topk_args(logits, k, out=None) -> tuple[int, int, int]:
     n_tok, n = logits.shape
     need(logits.stride(1) == 1 or n <= 1, "logits", f"rows must be contiguous, got strides {tuple(logits.stride())}")
     need(n < 2**31 and n_tok < 2**31, "logits", f"has too many entries: shape {tuple(logits.shape)}")
+    return n_tok, n, check_k_out(n_tok, n, k, out, logits.device, "indexer top-k")
+
+
+def check_k_out(n_tok: int, n: int, k, out, device, op: str) -> int:
+    """k (a positive int) and out (None, or int32 [T, min(k, S)] with contiguous rows on `device`) of a
+    top-k over T rows of S entries; ValueError naming the argument. Returns KK = min(k, S)."""
+    def need(ok: bool, name: str, what: str):
+        if not ok:
+            raise ValueError(f"{op}: {name} {what}")
+
     need(isinstance(k, int) and not isinstance(k, bool), "k", f"must be an int, got {type(k).__name__}")
     need(0 < k <= MAX_K, "k", f"must be in 1..{MAX_K}, got {k}")
     kk = out_width(n, k)
@@ -118,8 +128,8 @@ def check_topk_args(logits, k, out=None) -> tuple[int, int, int]:
              f"must be an int32 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
         need(tuple(out.shape) == (n_tok, kk), "out", f"must have shape {(n_tok, kk)}, got {tuple(out.shape)}")
         need(out.stride(1) == 1 or kk <= 1, "out", f"rows must be contiguous, got strides {tuple(out.stride())}")
-        need(out.device == logits.device, "out", f"must be on {logits.device}, got {out.device}")
-    return n_tok, n, kk
+        need(out.device == device, "out", f"must be on {device}, got {out.device}")
+    return kk
 
 
 def run_topk(compiled, logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

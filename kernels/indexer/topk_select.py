@@ -26,6 +26,8 @@ PER_THREAD = 16  # consecutive entries a thread collects per step (default)
 CAP = 8192  # the candidate buffer, (key, index) pairs
 SAMPLE = 4096  # sampled entries of a long row (held in the key buffer)
 SLACK = 16  # sample rank margin
+CHUNK_BITS = 10
+MAX_CHUNKS = 1 << CHUNK_BITS  # chunks a row of the split form's finish (their offsets live in shared memory)
 
 
 def _s32(v: int) -> int:
@@ -41,13 +43,14 @@ def order_key(x: Float32) -> Int32:
     return cutlass.select_(b < Int32(0), Int32(0) - (b & Int32(0x7FFFFFFF)), b)
 
 
-def sample_rank(kk, n):
-    """The rank r (1-based, <= SAMPLE) of the sampled key used as the lower bound: about 2 KK entries of
-    an n-entry row (n > CAP) are expected at or above the r-th largest of SAMPLE evenly spaced ones.
-    With KK = 1024 of 262,144 the sample holds 16 +- 4 entries above the true threshold and r = 48; the
-    buffer then receives ~3,000 of its 8,192 slots. Works on ints (host model) and Int32 (kernel)."""
-    r = (2 * kk * SAMPLE + n - 1) // n + SLACK
-    return cutlass.min(r, SAMPLE) if isinstance(r, Int32) else min(r, SAMPLE)
+def sample_rank(kk, n, samples: int = SAMPLE):
+    """The rank r (1-based, <= samples) of the sampled key used as the lower bound: about 2 KK entries
+    of an n-entry row (n > CAP) are expected at or above the r-th largest of `samples` evenly spaced
+    ones. With KK = 1024 of 262,144 and SAMPLE samples, the sample holds 16 +- 4 entries above the true
+    threshold and r = 48; the buffer then receives ~3,000 of its 8,192 slots (2,048 samples: r = 32,
+    ~4,100 +- 18%). Works on ints (host model) and Int32 (kernel)."""
+    r = (2 * kk * samples + n - 1) // n + SLACK
+    return cutlass.min(r, samples) if isinstance(r, Int32) else min(r, samples)
 
 
 def fast_path_possible(kk):
@@ -208,14 +211,15 @@ class TopkBlocks:
     # ---------------- the fast path's two steps ----------------
 
     @cute.jit
-    def lower_bound(self, mX, row, n, kk, sKey, sHist, sW, sState, tidx):
-        """key_lo: the sample's r-th largest key (LOWEST_VALID when fewer than r samples are valid)."""
-        stride = n // SAMPLE
-        for j in cutlass.range_constexpr(SAMPLE // THREADS):
+    def lower_bound(self, mX, row, n, kk, sKey, sHist, sW, sState, tidx, stride, samples: int = SAMPLE):
+        """key_lo for an n-entry row: the r-th largest (`sample_rank`) of the `samples` entries of mX's
+        row at `stride` (LOWEST_VALID when fewer than r of them are valid)."""
+        for j in cutlass.range_constexpr(samples // THREADS):
             s = j * THREADS + tidx
             sKey[s] = order_key(mX[row, s * stride])
         cute.arch.barrier()
-        thr, _, _ = self.radix_select(mX, row, sKey, SAMPLE, sample_rank(kk, n), False, sHist, sW, sState, tidx)
+        thr, _, _ = self.radix_select(mX, row, sKey, samples, sample_rank(kk, n, samples), False, sHist, sW, sState,
+                                      tidx)
         return cutlass.select_(thr == Int32(NEG_INF_KEY), Int32(LOWEST_VALID), thr)
 
     @cute.jit

@@ -54,7 +54,9 @@ from cutlass import Int32
 from kernels.indexer.topk_select import (
     BINS,
     CAP,
+    CHUNK_BITS,
     LOWEST_VALID,
+    MAX_CHUNKS,
     PER_THREAD,
     SAMPLE,
     THREADS,
@@ -68,7 +70,7 @@ class TopkSmem:
     """The shared memory of a top-k CTA: the histogram, the scan and state words, and `buffer` (key,
     index) pairs (none for the direct path)."""
 
-    def __init__(self, buffer: int):
+    def __init__(self, buffer: int, offsets: int = 0):
         smem = memory.SmemAllocator()
         self.hist = smem.allocate_tensor(Int32, cute.make_layout((BINS,)), byte_alignment=16)
         self.w = smem.allocate_tensor(Int32, cute.make_layout((WARPS,)), byte_alignment=16)
@@ -77,6 +79,9 @@ class TopkSmem:
         if buffer:
             self.key = smem.allocate_tensor(Int32, cute.make_layout((buffer,)), byte_alignment=16)
             self.idx = smem.allocate_tensor(Int32, cute.make_layout((buffer,)), byte_alignment=16)
+        self.off = None
+        if offsets:
+            self.off = smem.allocate_tensor(Int32, cute.make_layout((offsets,)), byte_alignment=16)
 
 
 class TopkFinish(TopkBlocks):
@@ -139,7 +144,7 @@ class IndexerTopkSm90(TopkFinish):
             if fast_path_possible(kk):
                 key_lo = Int32(LOWEST_VALID)
                 if n > CAP:
-                    key_lo = self.lower_bound(mX, row, n, kk, sm.key, sm.hist, sm.w, sm.state, tidx)
+                    key_lo = self.lower_bound(mX, row, n, kk, sm.key, sm.hist, sm.w, sm.state, tidx, n // SAMPLE)
                 count = self.collect(mX, row, 0, n, key_lo, sm.key, sm.idx, sm.w, tidx)
                 if buffer_holds(count, kk, key_lo):
                     fast = Int32(1)
@@ -174,7 +179,7 @@ class IndexerTopkSplitSm90(TopkFinish):
         key_lo = Int32(LOWEST_VALID)
         if fast_path_possible(kk):
             if n > CAP:
-                key_lo = self.lower_bound(mX, row, n, kk, sm.key, sm.hist, sm.w, sm.state, tidx)
+                key_lo = self.lower_bound(mX, row, n, kk, sm.key, sm.hist, sm.w, sm.state, tidx, n // SAMPLE)
             length = chunk_length(n, chunks, self.step)
             start = chunk * length
             count = self.collect(mX, row, start, cutlass.min(start + length, n), key_lo,
@@ -186,23 +191,49 @@ class IndexerTopkSplitSm90(TopkFinish):
 
     @cute.kernel
     def finish(self, mX: cute.Tensor, mOut: cute.Tensor, gKey: cute.Tensor, gIdx: cute.Tensor, gCount: cute.Tensor):
+        """Grid (T): the chunks' buffers concatenated in chunk order into shared memory, all at once:
+        a block scan of the counts gives each chunk's offset, and each candidate finds its chunk by
+        binary search over them (no serial pass over the chunks: the fused decode path has up to
+        MAX_CHUNKS of them a row). Then the select, or the fallback on the row."""
         tidx, row, _ = self._cta()
         kk = mOut.shape[1]
         chunks = gKey.shape[1]
-        sm = TopkSmem(CAP)
-        sKey, sIdx = sm.key, sm.idx
+        sm = TopkSmem(CAP, MAX_CHUNKS)
+        sKey, sIdx, sOff = sm.key, sm.idx, sm.off
         total = Int32(0)
-        for c in cutlass.range(chunks):
-            total += cutlass.min(gCount[row, c], Int32(CAP + 1))  # no int32 overflow over many chunks
+        for base in cutlass.range(0, chunks, THREADS, unroll=1):  # CTA-uniform
+            c = base + tidx
+            cnt = Int32(0)
+            if c < chunks:
+                cnt = cutlass.min(gCount[row, c], Int32(CAP + 1))  # no int32 overflow over many chunks
+            before, step_total = self.block_scan(cnt, sm.w, tidx)
+            if c < chunks:
+                sOff[c] = total + before
+            total += step_total
         fast = Int32(0)
         if buffer_holds(total, kk, gCount[row, chunks]):
             fast = Int32(1)
-            offset = Int32(0)
-            for c in cutlass.range(chunks):
-                cnt = gCount[row, c]
-                for j in cutlass.range(tidx, cnt, THREADS):
-                    sKey[offset + j] = gKey[row, c, j]
-                    sIdx[offset + j] = gIdx[row, c, j]
-                offset += cnt
+            # unrolled and branch-free, so a thread's searches and loads overlap (serial ones made the
+            # finish 2x slower over 512 chunks)
+            for pos in cutlass.range(tidx, total, THREADS, unroll=4):
+                lo = Int32(0)  # the last chunk starting at or before pos (empty chunks start where the next does)
+                hi = chunks  # sOff[lo] <= pos < sOff[hi] (sOff[chunks] = total); once hi = lo + 1, mid = lo
+                for _ in cutlass.range_constexpr(CHUNK_BITS):
+                    mid = (lo + hi) // 2
+                    up = sOff[mid] <= pos
+                    lo = cutlass.select_(up, mid, lo)
+                    hi = cutlass.select_(up, hi, mid)
+                sKey[pos] = gKey[row, lo, pos - sOff[lo]]
+                sIdx[pos] = gIdx[row, lo, pos - sOff[lo]]
             cute.arch.barrier()
         self.finish_row(mX, mOut, row, fast, total, sm, tidx)
+
+
+class IndexerTopkFinishSm90(IndexerTopkSplitSm90):
+    """The split form's `finish` alone, over buffers another kernel filled (the fused decode path,
+    kernels/indexer/select_sm90.py). Arguments as IndexerTopkSplitSm90's; at most MAX_CHUNKS chunks."""
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mOut: cute.Tensor, gKey: cute.Tensor, gIdx: cute.Tensor,
+                 gCount: cute.Tensor, stream):
+        self.finish(mX, mOut, gKey, gIdx, gCount).launch(grid=[mX.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream)

@@ -23,6 +23,11 @@ and the peers on the same inputs:
 
 Every variant computes the real answer (it must pass the oracle). They are ablations of the logits
 kernel: a top-k or decode case is UNSUPPORTED for them.
+
+    fused     a select case (the decode top-k) on the fused kernels at every shape
+    unfused   a select case as the unfused pair: the paged decode kernel writes the [B, W] logits,
+            the top-k kernel reads them (the baseline the fusion must beat); the shipped op picks
+            between the two (config.fuse_select)
 Imported at the end of kernels/indexer/family.py; registers its impls itself (register_impl).
 """
 
@@ -31,7 +36,8 @@ from __future__ import annotations
 from dsv4bench.core.registry import register_impl
 from kernels.indexer.family import IndexerCuteDSL
 from kernels.knobs import ConfigKnobs
-from sweeps.indexer import is_decode, is_topk
+from kernels.indexer.select_glue import check_select, select
+from sweeps.indexer import is_decode, is_select, is_topk
 
 KNOBS: dict[str, dict] = {
     "coop": {"tile_wgs": 0, "overlap": 0},
@@ -56,11 +62,32 @@ class IndexerKnob(ConfigKnobs, IndexerCuteDSL):
     """The shipped kernel with the rule's configuration overridden by `knobs`."""
 
     def supports(self, case, arch: str | None = None) -> str | None:
-        if is_topk(case.params) or is_decode(case.params):
-            return f"{self.name} is a configuration of the logits kernel (prefill); top-k and decode have no variants"
+        if is_topk(case.params) or is_decode(case.params) or is_select(case.params):
+            return (f"{self.name} is a configuration of the logits kernel (prefill); top-k, decode and select "
+                    "have no such variants")
         return super().supports(case, arch)
 
 
-VARIANTS = tuple(IndexerKnob(name, knobs) for name, knobs in KNOBS.items())
+class IndexerSelectRoute(IndexerCuteDSL):
+    """`cutedsl:fused` / `cutedsl:unfused`: a select case on one route whatever config.fuse_select
+    says (the fused kernels, or the paged decode kernel then the top-k kernel)."""
+
+    def __init__(self, fused: bool):
+        self.fused = fused
+        self.variant = "fused" if fused else "unfused"
+        self.name = f"cutedsl:{self.variant}"
+
+    def supports(self, case, arch: str | None = None) -> str | None:
+        if not is_select(case.params):
+            return f"{self.name} is a route of a select case (the decode top-k)"
+        return super().supports(case, arch)
+
+    def run(self, case, inputs: dict, out: dict, compiled) -> dict:
+        check_select(**inputs, width=case["s_kv"], k=case["k"], out=out["indices"])
+        select(compiled, **inputs, width=case["s_kv"], out=out["indices"], fused=self.fused)
+        return out
+
+
+VARIANTS = tuple(IndexerKnob(name, knobs) for name, knobs in KNOBS.items()) + tuple(map(IndexerSelectRoute, (True, False)))
 for _impl in VARIANTS:
     register_impl(_impl)

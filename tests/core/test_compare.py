@@ -100,3 +100,57 @@ def test_a_value_where_the_oracle_is_masked_fails():
 def test_an_empty_output_compares_without_error():
     empty = torch.empty(4, 0)
     assert compare_float(empty, empty.clone(), empty.clone(), Tolerance(ratio=2.0, rel_l2=1e-2)).passed
+
+
+# ---------------- index sets chosen by the kernel's own scores: near-ties ----------------
+
+def _scored_rows(seed=0):
+    """Two rows of 1000 scores, the oracle's top 10 of each (sorted), a bf16 reference of the scores."""
+    g = torch.Generator().manual_seed(seed)
+    sc = torch.randn(2, 1000, generator=g)
+    ref = torch.topk(sc, 10, dim=1).indices.sort(dim=1).values.int()
+    return sc, ref, sc.bfloat16().float()
+
+
+def _swap_rank(sc, ref, row, rank):
+    """ref with row `row`'s 10th-best index replaced by the index of rank `rank` (0 = best)."""
+    out = ref.clone()
+    order = sc[row].argsort(descending=True)
+    out[row][out[row] == order[9]] = int(order[rank])
+    return out
+
+
+def test_a_swap_at_the_threshold_within_the_reference_error_is_a_near_tie():
+    sc, ref, low = _scored_rows()
+    sc[0, sc[0].argsort(descending=True)[10]] = sc[0, sc[0].argsort(descending=True)[9]] - 1e-4
+    out = _swap_rank(sc, ref, 0, 10)
+    m = compare_index_sets(out, ref, sc, low, near=2.0)
+    assert m.passed and "near-ties" in m.reasons[0], m.reasons
+
+
+def test_a_swap_far_below_the_threshold_fails_naming_the_index():
+    sc, ref, low = _scored_rows(1)
+    out = _swap_rank(sc, ref, 1, 500)
+    m = compare_index_sets(out, ref, sc, low, near=2.0)
+    assert not m.passed and m.worst_index == [1] and "below the threshold" in m.reasons[-1], m.reasons
+    assert not compare_index_sets(out, ref).passed  # without scores: exact sets
+
+
+def test_scored_sets_still_need_the_same_count_and_distinct_indices():
+    sc, ref, low = _scored_rows(2)
+    short = ref.clone()
+    short[0, 0] = -1
+    assert "indices selected" in compare_index_sets(short, ref, sc, low, 2.0).reasons[-1]
+    twice = ref.clone()
+    twice[0, 1] = twice[0, 0]
+    assert "repeated" in compare_index_sets(twice, ref, sc, low, 2.0).reasons[-1]
+
+
+def test_an_aux_oracle_entry_is_no_output_but_feeds_the_scored_comparison():
+    sc, ref, low = _scored_rows(3)
+    tol = {"indices": Tolerance(index_set=True, scores="logits", near=2.0), "logits": Tolerance(aux=True)}
+    oracle = {"indices": ref, "logits": sc}
+    ok, metrics = compare_outputs({"indices": _swap_rank(sc, ref, 0, 700)}, oracle, {"logits": low}, tol.get)
+    assert not ok and set(metrics) == {"indices"}
+    ok, _ = compare_outputs({"indices": ref.clone()}, oracle, {"logits": low}, tol.get)
+    assert ok

@@ -43,7 +43,7 @@ def topk_case(*args, **kwargs) -> Case:
 
 def test_the_logits_cases_keep_their_ids():
     grid = [c.id for c in FAMILY.cases(SweepOptions(examples=0))
-            if not space.is_topk(c.params) and not space.is_decode(c.params)]
+            if "op" not in c.params]
     assert grid == COMMITTED_GRID
     cases, _ = cases_under_filters(FAMILY, SweepOptions(examples=6, seed=0, filters={"op": ["logits"]}))
     drawn = [c.id for c in cases if c.origin == "hypothesis"]
@@ -66,9 +66,9 @@ def test_production_topk_grid():
 
 def test_extra_draws_every_op_interleaved_and_the_sweep_keeps_n():
     drawn = space.extra(8, 0)
-    assert [p.get("op", "logits") for p in drawn] == ["logits", "topk", "decode"] * 8
-    cases, _ = cases_under_filters(FAMILY, SweepOptions(examples=9, seed=0, grid=False))
-    assert len(cases) == 9 and sum(space.is_topk(c.params) for c in cases) == 3
+    assert [p.get("op", "logits") for p in drawn] == ["logits", "topk", "decode", "select"] * 8
+    cases, _ = cases_under_filters(FAMILY, SweepOptions(examples=12, seed=0, grid=False))
+    assert len(cases) == 12 and sum(space.is_topk(c.params) for c in cases) == 3
     topk, _ = cases_under_filters(FAMILY, SweepOptions(examples=8, seed=0, grid=False, filters=TOPK))
     assert len(topk) == 8 and all(space.is_topk(c.params) for c in topk)
 
@@ -139,11 +139,14 @@ def test_who_takes_a_topk_case():
     assert get_impl("indexer", "cutedsl").supports(Case("indexer", space.causal(4, 1)), "sm_100a") == SM90_ONLY
     reason = get_impl("indexer", "deepgemm").supports(case, "sm_90a")
     assert "DeepGEMM" in reason and "top-k" in reason and "torch.topk" in reason
-    variants = [i for i in impls("indexer", variants=True) if i.variant]
+    variants = [i for i in impls("indexer", variants=True) if i.variant and i.variant not in ("fused", "unfused")]
     assert variants
     for impl in variants:
         assert f"{impl.name} is a configuration of the logits kernel" in impl.supports(case, "sm_90a")
         assert impl.supports(Case("indexer", space.causal(300, 75)), "sm_90a") is None
+    for name in ("cutedsl:fused", "cutedsl:unfused"):  # the select op's two routes, nothing else
+        assert "route of a select case" in get_impl("indexer", name).supports(case, "sm_90a")
+        assert get_impl("indexer", name).supports(Case("indexer", space.paged_select(2, 300, 16)), "sm_90a") is None
 
 
 def test_outputs_tolerance_and_cost():
