@@ -64,8 +64,15 @@ class CompiledSelect:
     decode: object
     topk: object
 
+    @property
+    def kernels(self) -> dict:
+        """Every compiled function by name (what the harness's cubin readers walk:
+        dsv4bench/compile/artifacts.py `compiled_functions`)."""
+        own = {name: getattr(self, name) for name in ("sample", "bound", "collect", "repair", "finish", "decode")}
+        return {**own, **{f"topk-{name}": fn for name, fn in self.topk.kernels.items()}}
+
     def names(self) -> tuple:
-        return ("sample", "bound", "collect", "repair", "finish", "decode", *self.topk.names())
+        return tuple(self.kernels)
 
 
 def compile_select(cfg: DecodeConfig = DecodeConfig(), arch: str = "sm_90a") -> CompiledSelect:
