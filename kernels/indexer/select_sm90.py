@@ -49,7 +49,7 @@ class SelectStep(IndexerDecodeSm90):
     """The entry the three wgmma steps share (one parameter list, one grid of (n_parts, B) CTAs);
     each step's body is its `_select_cta`.
     Arguments: q, codes, scales, w, lens, table as IndexerDecodeSm90's; mL fp32 [B, X] (sample: the
-    sample rows, X = SAMPLE; repair: the logits rows, X = W; collect: unused); the buffers gKey, gIdx
+    sample rows, X = SELECT_SAMPLE; repair: the logits rows, X = W; collect: unused); the buffers gKey, gIdx
     int32 [B, C, CAP] and counts int32 [B, C + 1] (the top-k split form's workspace, C = n_parts);
     width W (the logits row a request would have), kk = min(k, W), part_pages, n_parts."""
 
