@@ -52,6 +52,12 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
     def __init__(self, cfg: Config):
         self.cfg = cfg
 
+    def _mbar_wait(self, bar, phase):
+        """The key split's stage waits (the consumers' full, the producer's empty): the library's
+        wait, whose try_wait carries a 10 ms suspend hint (NANOSLEEP.SYNCS in the SASS); a seam for
+        prefill_v11.SpinWait."""
+        cute.arch.mbarrier_wait(bar, phase)
+
     def tiled_mmas(self, dt):
         """Per warpgroup: S = Q K^T; O += P V with P from registers; and O += P V with the key split
         partner's P (64 x n, one per tile of the pair) as the shared-memory A operand."""

@@ -26,7 +26,7 @@ class KeySplit:
     def _qk_half(self, qk_mma, acc_S, tSrQ, tSrK, bars, stage: int, h: int, phase, zero: bool):
         """Wait for half h of d of the tile in `stage`, queue its k-blocks of S = Q K^T (no commit)."""
         n_kb = cute.size(tSrQ, mode=[2]) // 2
-        cute.arch.mbarrier_wait(bars + stage * 2 + h, phase)
+        self._mbar_wait(bars + stage * 2 + h, phase)
         cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
         if cutlass.const_expr(zero):
             acc_S.fill(0.0)

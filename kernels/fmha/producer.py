@@ -183,7 +183,7 @@ class Producer:
                 hb = stage * 2 + h
                 # the first wait also covers the indices: the owner's mask read them before it
                 # freed the half it multiplies locally (0-left, 1-right)
-                cute.arch.mbarrier_wait(bars + 4 + hb, phase)
+                self._mbar_wait(bars + 4 + hb, phase)
                 if cutlass.const_expr(k == 0):
                     sIdx[lt, stage] = mine
                     warp_plain = cutlass.Int32(cute.arch.vote_all_sync(plain))

@@ -35,7 +35,7 @@ from kernels.fmha.decode_fused import FusedDecodeSm90
 from kernels.fmha.decode_prefetch import FusedPackedLoop, FusedPrefetchLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
-from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst
+from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
 from kernels.probes import EmptyGridMixin
 
 
@@ -195,12 +195,16 @@ class FmhaGatherHint(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:gather-hint", "gather-hint", GatherHint
 
 
+class FmhaSpinWait(FmhaPrefillForm):
+    name, variant, kernel_class = "cutedsl:spin-wait", "spin-wait", SpinWait
+
+
 class FmhaV10(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:v10", "v10", GatherAttentionSm90
 
 
 # checked A/B forms of the sparse prefill (v10 and v10 + one of v11's changes), attention only
-PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint)
+PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWait)
 
 
 class FmhaFusedDecode(FmhaCuteDSL):
