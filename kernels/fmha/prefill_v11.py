@@ -15,6 +15,8 @@ DSV4 prefills at s_q 4096 and 16384 (docs/perf/fmha.md, "v11"); each change alon
                                      evict_last policy), src-size 0 (zero fill, no read) for invalid
                                      slots, one shared-memory base a thread plus immediates.
   V11        (`cutedsl`, the default) all three.
+  SpinWait   (`cutedsl:spin-wait`)   V11 with the key split's stage waits polled without a suspend
+                                     hint (measured: no change within the noise; docs/perf/fmha.md).
 
 Each applies where its preconditions hold at compile time and is v10's code elsewhere: per-token
 lists with the key split, in whole 64-head blocks of a kv group (hpg % 64 == 0: Flash 64, Pro 128;

@@ -178,6 +178,8 @@ class FmhaPrefillForm(AttentionOnly):
 
         dsv4bench sweep fmha --hd 512 --mask topk --op attention --bench \\
             --impl cutedsl,cutedsl:v10,cutedsl:q-first,cutedsl:epi-tma,cutedsl:gather-hint,flashmla
+
+    (and `cutedsl:spin-wait`: v11 with its stage waits polled, prefill_v11.SpinWait)
     """
 
     refusal = "a prefill A/B form: op attention only"
