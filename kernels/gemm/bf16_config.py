@@ -55,6 +55,7 @@ class Bf16Config:
     group_m: int = 8  # rasterisation: M-tiles per group (persistent_sm90.py's _tile_of)
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M and N give too few tiles)
     group_n: int = 0  # grouped mode (wo_a): output columns per weight group, a multiple of bn; 0 = plain
+    unroll: int = 1  # the producer's K-block loop unrolled by this factor (persistent_sm90.py)
 
     def __post_init__(self) -> None:
         if self.bm not in (64, 128):

@@ -382,7 +382,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         unscaled = c.ablate in ("no-promote", "const-scale")
         if cutlass.const_expr(unscaled):
             sc.fill(1.0)
-        for kb in cutlass.range(kb0, kb1, unroll=1):
+        for kb in cutlass.range(kb0, kb1, unroll=c.unroll):
             st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
             ring.consumer_wait(st)
             if cutlass.const_expr(not unscaled):

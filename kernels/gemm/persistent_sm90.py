@@ -104,7 +104,7 @@ class PersistentGemmSm90:
                 kb0 = ks * kb_per
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
                 where = locate(tm, tn)
-                for kb in cutlass.range(kb0, kb1, unroll=1):
+                for kb in cutlass.range(kb0, kb1, unroll=c.unroll):
                     ring.producer_acquire(state)
                     bar = ring.producer_get_barrier(state)
                     load(where, kb, state, bar)

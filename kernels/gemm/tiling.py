@@ -26,6 +26,9 @@ class GemmConfig:
     group_m: int = 8  # rasterisation: M-tiles per group
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M/N give too few tiles)
     epi_stages: int = 2
+    # the consumers' and the producer's K-block loops unrolled by this factor: 4 ran the 85 shapes
+    # of M 1-4096 3-5% faster than 1 (v7, docs/perf/gemm.md); 8 was level with 4
+    unroll: int = 4
     # per-warpgroup epilogue: each consumer warpgroup stores its own 64 rows (own smem buffers, a
     # 128-thread barrier, its own TMA store) instead of the two meeting at a CTA barrier per slice
     epi_per_wg: bool = False
@@ -58,6 +61,8 @@ class GemmConfig:
             raise ValueError(f"cluster_n must be 1 or 2, got {self.cluster_n}")
         if self.cluster_n == 2 and (self.waves != 2 or self.split_k > 1 or self.ablate == "half-a"):
             raise ValueError("a CTA pair multicasts one x wave each: bm 256, no split-K")
+        if self.unroll not in (1, 2, 4, 8):
+            raise ValueError(f"unroll must be 1, 2, 4 or 8, got {self.unroll}")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:

@@ -11,10 +11,12 @@ override makes an impossible configuration is UNSUPPORTED there.
     bmB / bnB       CTA tile rows B (64, 128, 256) / columns B (32, 64, 128) instead of the rule's;
                     bn192: 128 x 192 tiles
     gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
-    no-split        split-K off (decode shapes that the rule splits); bn64-no-split both
-    kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns
+    no-split        split-K off (decode shapes that the rule splits); bn64-no-split, bn32-no-split both
+    bm64-bnB-kS     64 x B tiles in S slices at any M (the rule takes bm 64 only up to M = 128)
+    kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
     sS              S smem ring stages instead of as many as fit
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
+    unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
     x1              no CTA pairs (GemmConfig.cluster_n 1) where the rule pairs bm 256 tiles
     pair            256 x 128 CTA pairs wherever they fit (the rule's prefill pick before bn 192)
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
@@ -45,9 +47,14 @@ KNOBS: dict[str, dict] = {
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
+    "bn32-no-split": {"bn": 32, "split_k": 1},
+    "bn32-k2": {"bn": 32, "split_k": 2},
+    # 64-row tiles past M = 64 (the rule takes 128 / 256 there): one consumer warpgroup, 4x the CTAs
+    **{f"bm64-bn{b}-k{s}": {"bm": 64, "bn": b, "split_k": s} for b in (32, 64, 128) for s in (1, 2)},
     **{f"k{s}": {"split_k": s} for s in (2, 4)},
     **{f"bn{b}-k{s}": {"bn": b, "split_k": s} for b in (64, 128) for s in (2, 4)},
     "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
+    **{f"unroll{u}": {"unroll": u} for u in (1, 2, 8)},  # the K-block loops' unroll (shipped: 4; v6: 1)
     "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
     "pair": {"bm": 256, "bn": 128, "cluster_n": 2},  # 256 x 128 CTA pairs wherever they fit
 }
