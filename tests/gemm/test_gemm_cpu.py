@@ -38,11 +38,23 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
 @pytest.mark.parametrize("fields, message", [
     ({"bm": 96}, "bm must be"), ({"bm": 256, "split_k": 2}, "split-K takes one wave"),
     ({"bm": 256, "bn": 128, "stages": 6}, "do not fit"), ({"bn": 96}, "bn must be"),
-    ({"bm": 256, "bn": 192}, "bn 192 takes one wave"),
+    ({"bm": 256, "bn": 192}, "bn 192 takes one wave"), ({"unroll": 3}, "unroll must be"),
 ])
 def test_config_rejects_impossible_tiles(fields, message):
     with pytest.raises(ValueError, match=message):
         GemmConfig(**fields)
+
+
+def test_rule_ships_the_unrolled_k_loop_and_the_unrolled_code_differs():
+    """v7: every rule configuration runs its K-block loops unrolled 4x (docs/perf/gemm.md); the
+    unroll reaches the compiled kernel (a different cubin from the v6 loop's, `cutedsl:unroll1`)."""
+    from dataclasses import replace
+
+    from dsv4bench.compile.artifacts import artifact
+
+    assert {choose_config(m, n, k, groups=g).unroll for _, _, n, k, g in LAYERS for m in TOKENS} == {4}
+    cfg = choose_config(8, 4096, 4096)
+    assert artifact(compile_gemm(cfg)) != artifact(compile_gemm(replace(cfg, unroll=1)))
 
 
 def _ops(m=16, n=256, k=256, groups=1):
