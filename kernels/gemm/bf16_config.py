@@ -55,7 +55,9 @@ class Bf16Config:
     group_m: int = 8  # rasterisation: M-tiles per group (persistent_sm90.py's _tile_of)
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M and N give too few tiles)
     group_n: int = 0  # grouped mode (wo_a): output columns per weight group, a multiple of bn; 0 = plain
-    unroll: int = 1  # the producer's K-block loop unrolled by this factor (persistent_sm90.py)
+    # the K-block loops (producer: persistent_sm90.py, consumers) unrolled by this factor (variants
+    # `cutedsl:unroll2`, `cutedsl:unroll4`; the FP8 kernel's v7 took 4: docs/lessons/gemm.md 12)
+    unroll: int = 1
 
     def __post_init__(self) -> None:
         if self.bm not in (64, 128):
@@ -64,6 +66,8 @@ class Bf16Config:
             raise ValueError(f"bn must be 64, 128 or 256, got {self.bn}")
         if not 1 <= self.split_k <= MAX_SPLIT:
             raise ValueError(f"split_k must be 1..{MAX_SPLIT}, got {self.split_k}")
+        if self.unroll not in (1, 2, 4):
+            raise ValueError(f"unroll must be 1, 2 or 4, got {self.unroll}")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
         if self.group_n < 0 or self.group_n % self.bn:

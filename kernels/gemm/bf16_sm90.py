@@ -164,7 +164,7 @@ class Bf16GemmSm90(PersistentGemmSm90):
         warp-specialised mainloop, with the accumulator pinned around each issue and wait."""
         S = self.cfg.n_stages
         fence_operand(acc)
-        for kb in cutlass.range(kb0, kb1, unroll=1):
+        for kb in cutlass.range(kb0, kb1, unroll=self.cfg.unroll):
             st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
             ring.consumer_wait(st)
             fence_operand(acc)

@@ -9,6 +9,7 @@ torch on the same inputs, to check the rule on the H100:
     bf16-no-split         split-K off; bf16-kS: S slices (2, 4, 8, 16)
     bf16-sS               S smem ring stages instead of as many as fit (2, 4, 8)
     bf16-gG               rasterisation groups of G M-tiles (1, 16; shipped 8)
+    bf16-unrollU          the K-block loops unrolled U = 2, 4 times (shipped 1; the FP8 kernel ships 4)
 
 Every one computes the real answer (it must pass the oracle); an override that makes an impossible
 configuration is UNSUPPORTED there, as are the FP8 cases (the FP8 kernel's variants: variants.py).
@@ -31,6 +32,7 @@ KNOBS: dict[str, dict] = {
     **{f"bf16-k{s}": {"split_k": s} for s in (2, 4, 8, 16)},
     **{f"bf16-s{s}": {"stages": s} for s in (2, 4, 8)},
     **{f"bf16-g{g}": {"group_m": g} for g in (1, 16)},
+    **{f"bf16-unroll{u}": {"unroll": u} for u in (2, 4)},
 }
 
 
