@@ -61,6 +61,15 @@ def compile_kernel(kernel, *fake_args, arch: str):
 
 
 @functools.cache
+def argument_check(op: str) -> Callable[[bool, str, str], None]:
+    """`need(ok, name, what)`: raise ValueError("{op}: {name} {what}") unless ok (the glues' input checks:
+    one clear error naming the argument, never a wrong answer)."""
+    def need(ok: bool, name: str, what: str) -> None:
+        if not ok:
+            raise ValueError(f"{op}: {name} {what}")
+    return need
+
+
 def sm_count(device) -> int:
     """CTAs of a persistent launch: one per SM."""
     return torch.cuda.get_device_properties(device).multi_processor_count

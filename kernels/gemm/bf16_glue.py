@@ -8,7 +8,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from kernels.common import compile_kernel, sm_count
+from kernels.common import argument_check, compile_kernel, sm_count
 from kernels.gemm.bf16_config import BK, Bf16Config, choose_bf16_config
 from kernels.gemm.bf16_sm90 import Bf16GemmSm90
 from kernels.gemm.glue import workspace
@@ -55,9 +55,7 @@ def check_bf16_operands(x, w, out=None, groups: int = 1) -> tuple[int, int, int]
     grouped: N / G rows a group, a multiple of GROUP_N_ALIGN, and K a multiple of BK, so that no x
     tile reaches into the next group's columns) and out fp32 or bf16 [M, N] (rows contiguous);
     ValueError naming the offending tensor. (M, N, K of one group)."""
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            raise ValueError(f"gemm bf16: {name} {what}")
+    need = argument_check("gemm bf16")
 
     for name, t in (("x", x), ("w", w)):
         need(isinstance(t, torch.Tensor) and t.dim() == 2, name, "must be a 2-D tensor")

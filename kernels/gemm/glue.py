@@ -8,7 +8,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from kernels.common import Prepared, compile_kernel, sm_count
+from kernels.common import Prepared, argument_check, compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
 from kernels.gemm.tiling import KBLOCK, SCALE_BOX, GemmConfig, straddles_groups
 from sweeps.gemm import QUANT_GEMM
@@ -49,9 +49,7 @@ def compile_gemm(cfg: GemmConfig, arch: str = "sm_90a"):
 def check_operands(x, sa, w, sw, out=None, groups: int = 1) -> tuple[int, int, int]:
     """Validate the DSV4 FP8 operands (x [M, G*K], sa [M, G*K/128], w [N, K] with N = G*Ng, sw
     [ceil(N/128), K/128], out [M, N]); raise ValueError naming the offending tensor. Returns (M, N, K)."""
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            raise ValueError(f"gemm: {name} {what}")
+    need = argument_check("gemm")
 
     need(isinstance(groups, int) and groups >= 1, "groups", f"must be a positive integer, got {groups!r}")
     for name, t in (("x", x), ("w", w)):

@@ -15,7 +15,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from kernels.common import compile_kernel, sm_count
+from kernels.common import argument_check, compile_kernel, sm_count
 from kernels.indexer.config import choose_parts
 from kernels.indexer.decode_sm90 import PAGE, PAGE_BYTES, DecodeConfig, IndexerDecodeSm90
 from kernels.indexer.logits_config import HEAD_DIM, HEADS
@@ -80,7 +80,7 @@ def check_decode(q, kv_cache, w, lens, table, out) -> tuple[int, int]:
     """Validate the paged decode operands; ValueError naming the offending tensor. Returns (B, W).
     Values are not checked (a device sync): lengths are clamped to [0, min(W, 64 * max_blocks)] by
     the kernel, a page id outside [0, pages) reads zeros, and scales must be >= 0."""
-    need = _need("indexer decode")
+    need = argument_check("indexer decode")
     need(isinstance(out, torch.Tensor), "out", f"must be a tensor, got {type(out).__name__}")
     need(out.dim() == 2, "out", f"must be 2-D, got shape {tuple(out.shape)}")
     need(out.dtype == torch.float32, "out", f"must be {torch.float32}, got {out.dtype}")
@@ -91,16 +91,9 @@ def check_decode(q, kv_cache, w, lens, table, out) -> tuple[int, int]:
     return n_req, width
 
 
-def _need(op: str):
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            raise ValueError(f"{op}: {name} {what}")
-    return need
-
-
 def check_paged_operands(q, kv_cache, w, lens, table, n_req: int, op: str) -> None:
     """The paged operands of n_req requests (check_decode's, for any op that reads them)."""
-    need = _need(op)
+    need = argument_check(op)
     for name, t, dim in (("q", q, 3), ("kv_cache", kv_cache, 4), ("w", w, 2), ("lens", lens, 1), ("table", table, 2)):
         need(isinstance(t, torch.Tensor), name, f"must be a tensor, got {type(t).__name__}")
         need(t.dim() == dim, name, f"must be {dim}-D, got shape {tuple(t.shape)}")

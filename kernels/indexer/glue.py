@@ -9,7 +9,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from kernels.common import compile_kernel, sm_count
+from kernels.common import argument_check, compile_kernel, sm_count
 from kernels.indexer.logits_sm90 import HEAD_DIM, HEADS, IndexerLogitsSm90, LogitsConfig
 
 CSA_RATIO = 4  # one compressed indexer entry per 4 tokens (spec §5, §6)
@@ -42,9 +42,7 @@ def check_operands(q, kv, sc, w, ks, ke, out=None) -> tuple[int, int]:
     fp32, w [T, 64] fp32, ks / ke [T] int32, out [T, S_kv] fp32); raise ValueError naming the
     offending tensor. Returns (T, S_kv). Values are not checked (that would cost a device sync):
     ks / ke are clamped to [0, S_kv] by the kernel, and sc must be >= 0."""
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            raise ValueError(f"indexer: {name} {what}")
+    need = argument_check("indexer")
 
     def dtype_of(t):
         return getattr(t, "dtype", type(t).__name__)

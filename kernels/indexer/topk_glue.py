@@ -8,7 +8,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from kernels.common import compile_kernel, sm_count
+from kernels.common import argument_check, compile_kernel, sm_count
 from kernels.indexer.topk_select import CAP, PER_THREAD, VEC
 from kernels.indexer.topk_sm90 import IndexerTopkSm90, IndexerTopkSplitSm90
 
@@ -100,9 +100,7 @@ def out_width(n_entries: int, k: int) -> int:
 def check_topk_args(logits, k, out=None) -> tuple[int, int, int]:
     """Validate (logits [T, S] float32, unit column stride; k a positive int; out [T, min(k, S)] int32);
     raise ValueError naming the offending argument. Returns (T, S, KK)."""
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            raise ValueError(f"indexer top-k: {name} {what}")
+    need = argument_check("indexer top-k")
 
     need(isinstance(logits, torch.Tensor), "logits", f"must be a tensor, got {type(logits).__name__}")
     need(logits.dim() == 2, "logits", f"must be 2-D [T, S], got shape {tuple(logits.shape)}")
@@ -116,9 +114,7 @@ def check_topk_args(logits, k, out=None) -> tuple[int, int, int]:
 def check_k_out(n_tok: int, n: int, k, out, device, op: str) -> int:
     """k (a positive int) and out (None, or int32 [T, min(k, S)] with contiguous rows on `device`) of a
     top-k over T rows of S entries; ValueError naming the argument. Returns KK = min(k, S)."""
-    def need(ok: bool, name: str, what: str):
-        if not ok:
-            raise ValueError(f"{op}: {name} {what}")
+    need = argument_check(op)
 
     need(isinstance(k, int) and not isinstance(k, bool), "k", f"must be an int, got {type(k).__name__}")
     need(0 < k <= MAX_K, "k", f"must be in 1..{MAX_K}, got {k}")
