@@ -60,7 +60,6 @@ def compile_kernel(kernel, *fake_args, arch: str):
     )
 
 
-@functools.cache
 def argument_check(op: str) -> Callable[[bool, str, str], None]:
     """`need(ok, name, what)`: raise ValueError("{op}: {name} {what}") unless ok (the glues' input checks:
     one clear error naming the argument, never a wrong answer)."""
@@ -70,6 +69,7 @@ def argument_check(op: str) -> Callable[[bool, str, str], None]:
     return need
 
 
+@functools.cache
 def sm_count(device) -> int:
     """CTAs of a persistent launch: one per SM."""
     return torch.cuda.get_device_properties(device).multi_processor_count
