@@ -129,17 +129,79 @@ def test_no_cache_env_turns_the_disk_off(monkeypatch, tmp_path):
     assert CompileCache().store is None
 
 
+# bundles of several compiles (a `kernels` dict beside other fields): (family, op)
+BUNDLES = (("indexer", "topk"), ("indexer", "select"), ("moe", "layer"))
+
+
+def first_case(family_name: str, op: str | None = None) -> Case:
+    from dsv4bench.core.registry import SweepOptions, get_family
+
+    cases = get_family(family_name).cases(SweepOptions(examples=0))
+    return next(c for c in cases if op is None or c.params.get("op") == op)
+
+
 def gpu_cases() -> list[tuple[str, Case]]:
-    """RMSNorm's weighted, weightless and ragged widths, and the first production case of every other
-    CuTeDSL family (mhc's pair of kernels and fmha included)."""
-    from dsv4bench.core.registry import SweepOptions, families, impls
+    """RMSNorm's weighted, weightless and ragged widths, the first production case of every other
+    CuTeDSL family (mhc's pair of kernels and fmha included), and the bundles' first cases."""
+    from dsv4bench.core.registry import families, impls
 
     out = [("rmsnorm", Case("rmsnorm", {"m": 1001, "n": n, "dtype": "bf16", "weight": w}))
            for n, w in ((7168, True), (512, False), (1000, True))]
-    for fam, family in sorted(families().items()):
+    for fam in sorted(families()):
         if fam != "rmsnorm" and any(i.name == "cutedsl" and i.compiles for i in impls(fam)):
-            out.append((fam, family.cases(SweepOptions(examples=0))[0]))
-    return out
+            out.append((fam, first_case(fam)))
+    return out + [(fam, first_case(fam, op)) for fam, op in BUNDLES if fam in families()]
+
+
+def test_a_bundle_is_stored_and_comes_back_with_its_fields_and_loaded_functions(tmp_path):
+    """The indexer's top-k (five compiles behind one dispatcher) and its fused select (six compiles and
+    the nested top-k bundle): the second process loads every function from disk, no JIT, and the
+    bundle's other fields as they were."""
+    from dsv4bench.compile.artifacts import BUNDLE, compiled_functions
+
+    store = DiskStore(tmp_path)
+    for op in ("topk", "select"):
+        impl, case = get_impl("indexer", "cutedsl"), first_case("indexer", op)
+        first, info = CompileCache(store=store, use_disk=True).get(impl, case, "sm_90a")
+        assert info.cache == "miss" and "not stored" not in info.note, info.note
+        cache = CompileCache(store=store, use_disk=True)
+        again, info2 = cache.get(impl, case, "sm_90a")
+        assert info2.cache == "disk" and cache.compiles == 0 and type(again) is type(first)
+        assert list(again.kernels) == list(first.kernels)
+        assert all(isinstance(f, LoadedKernel) for f in compiled_functions(again))
+        assert [f.__cubin__ for f in compiled_functions(again)] == [artifact_of(f) for f in compiled_functions(first)]
+        assert (info2.registers, info2.local_bytes) == (info.registers, info.local_bytes)
+        if op == "select":  # the nested bundle is the same object the outer one's kernels name
+            assert again.kernels["topk-direct"] is again.topk.kernels["direct"]
+    assert all((e / BUNDLE).is_file() for e, _ in store.entries())
+
+
+def artifact_of(fn):
+    from dsv4bench.compile.artifacts import artifact
+
+    return artifact(fn)
+
+
+class HalfBundleImpl(Impl):
+    """A bundle one of whose members is not a compiled function."""
+
+    family, name, backend, compiles = "halfbundle", "cutedsl", "cutedsl", True
+
+    def compile_key(self, case, arch):
+        return (self.family, self.name, arch)
+
+    def compile(self, case, arch):
+        return type("Bundle", (), {"kernels": {"a": object()}})()
+
+    def run(self, case, inputs, out, compiled):
+        raise AssertionError("never run")
+
+
+def test_a_bundle_with_a_member_that_is_not_a_kernel_stays_in_memory_only(tmp_path):
+    store = DiskStore(tmp_path)
+    _, info = CompileCache(store=store, use_disk=True).get(HalfBundleImpl(), Case("halfbundle", {}), "sm_90a")
+    assert info.cache == "miss" and info.note.startswith("not stored: TypeError")
+    assert list(store.entries()) == []
 
 
 @pytest.mark.gpu
