@@ -113,12 +113,13 @@ def load(paths: dict[str, Path], layout: dict):
     if "bundle" in layout:
         loaded = {name: _load_function(paths, part) for name, part in layout["parts"].items()}
         return _BundleUnpickler(io.BytesIO(paths[layout["bundle"]].read_bytes()), loaded).load()
-    return _load_function(paths, {**layout, "cubin": layout.get("cubin", CUBIN)})
+    return _load_function(paths, layout)
 
 
 def _load_function(paths: dict[str, Path], layout: dict) -> LoadedKernel:
     import cutlass.cute as cute
 
-    cubin = paths[layout["cubin"]].read_bytes() if layout.get("cubin") in paths else None
+    cubin_name = layout.get("cubin", CUBIN)  # entries written before bundles name no cubin: kernel.cubin
+    cubin = paths[cubin_name].read_bytes() if cubin_name in paths else None
     module = cute.runtime.load_module(str(paths[layout["object"]]), enable_tvm_ffi=True)
     return LoadedKernel(module, layout["function"], cubin)

@@ -52,17 +52,20 @@ class DeepGemm(Impl):
         return QUANTISED_ONLY if quantises(case) else None
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        import deep_gemm
-
-        x, sa, w, sw, y = inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"]
-        g = groups_of(case)
-        if g == 1:
-            deep_gemm.fp8_gemm_nt((x, sa), (w, sw), y)
-        else:
-            m, k = x.shape[0], w.shape[1]
-            deep_gemm.fp8_einsum("bhr,hdr->bhd", (x.view(m, g, k), sa.view(m, g, -1)),
-                                 (w.view(g, -1, k), sw.view(g, -1, sw.shape[1])), y.view(m, g, -1))
+        deepgemm_product(inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"], groups_of(case))
         return out
+
+
+def deepgemm_product(x, sa, w, sw, y, groups: int = 1) -> None:
+    """y = x . W^T by DeepGEMM: fp8_gemm_nt, or for G > 1 weight groups (wo_a) fp8_einsum."""
+    import deep_gemm
+
+    if groups == 1:
+        deep_gemm.fp8_gemm_nt((x, sa), (w, sw), y)
+        return
+    m, k = x.shape[0], w.shape[1]
+    deep_gemm.fp8_einsum("bhr,hdr->bhd", (x.view(m, groups, k), sa.view(m, groups, -1)),
+                         (w.view(groups, -1, k), sw.view(groups, -1, sw.shape[1])), y.view(m, groups, -1))
 
 
 class CublasLt(Impl):

@@ -157,7 +157,7 @@ def test_a_bundle_is_stored_and_comes_back_with_its_fields_and_loaded_functions(
     """The indexer's top-k (five compiles behind one dispatcher) and its fused select (six compiles and
     the nested top-k bundle): the second process loads every function from disk, no JIT, and the
     bundle's other fields as they were."""
-    from dsv4bench.compile.artifacts import BUNDLE, compiled_functions
+    from dsv4bench.compile.artifacts import BUNDLE, artifact, compiled_functions
 
     store = DiskStore(tmp_path)
     for op in ("topk", "select"):
@@ -169,39 +169,11 @@ def test_a_bundle_is_stored_and_comes_back_with_its_fields_and_loaded_functions(
         assert info2.cache == "disk" and cache.compiles == 0 and type(again) is type(first)
         assert list(again.kernels) == list(first.kernels)
         assert all(isinstance(f, LoadedKernel) for f in compiled_functions(again))
-        assert [f.__cubin__ for f in compiled_functions(again)] == [artifact_of(f) for f in compiled_functions(first)]
+        assert [f.__cubin__ for f in compiled_functions(again)] == [artifact(f) for f in compiled_functions(first)]
         assert (info2.registers, info2.local_bytes) == (info.registers, info.local_bytes)
         if op == "select":  # the nested bundle is the same object the outer one's kernels name
             assert again.kernels["topk-direct"] is again.topk.kernels["direct"]
     assert all((e / BUNDLE).is_file() for e, _ in store.entries())
-
-
-def artifact_of(fn):
-    from dsv4bench.compile.artifacts import artifact
-
-    return artifact(fn)
-
-
-class HalfBundleImpl(Impl):
-    """A bundle one of whose members is not a compiled function."""
-
-    family, name, backend, compiles = "halfbundle", "cutedsl", "cutedsl", True
-
-    def compile_key(self, case, arch):
-        return (self.family, self.name, arch)
-
-    def compile(self, case, arch):
-        return type("Bundle", (), {"kernels": {"a": object()}})()
-
-    def run(self, case, inputs, out, compiled):
-        raise AssertionError("never run")
-
-
-def test_a_bundle_with_a_member_that_is_not_a_kernel_stays_in_memory_only(tmp_path):
-    store = DiskStore(tmp_path)
-    _, info = CompileCache(store=store, use_disk=True).get(HalfBundleImpl(), Case("halfbundle", {}), "sm_90a")
-    assert info.cache == "miss" and info.note.startswith("not stored: TypeError")
-    assert list(store.entries()) == []
 
 
 @pytest.mark.gpu
@@ -270,4 +242,20 @@ def test_an_object_with_no_kernel_stays_in_memory_only(tmp_path):
     for _ in range(2):
         _, info = CompileCache(store=store, use_disk=True).get(NotAKernelImpl(), case, "sm_90a")
         assert info.cache == "miss" and info.note.startswith("not stored: TypeError")
+    assert list(store.entries()) == []
+
+
+class HalfBundleImpl(NotAKernelImpl):
+    """A bundle one of whose members is not a compiled function."""
+
+    family = "halfbundle"
+
+    def compile(self, case, arch):
+        return type("Bundle", (), {"kernels": {"a": object()}})()
+
+
+def test_a_bundle_with_a_member_that_is_not_a_kernel_stays_in_memory_only(tmp_path):
+    store = DiskStore(tmp_path)
+    _, info = CompileCache(store=store, use_disk=True).get(HalfBundleImpl(), Case("halfbundle", {}), "sm_90a")
+    assert info.cache == "miss" and info.note.startswith("not stored: TypeError")
     assert list(store.entries()) == []
