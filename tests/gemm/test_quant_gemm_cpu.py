@@ -20,7 +20,9 @@ from sweeps import gemm as space
 from tests.wgmma_checks import assert_compiles_clean
 
 REPO = Path(__file__).resolve().parents[2]
-PRODUCT_RUN = REPO / "benchmarks/results/gemm/2026-11-26-h100-216ad7c-product/results.jsonl.gz"
+# v7's runs: M 1-4096 and M 16384 (benchmarks/results/INDEX.md), together every production GEMM shape
+PRODUCT_RUNS = [REPO / f"benchmarks/results/gemm/2026-11-26-h100-b3cccec-{tag}/results.jsonl.gz"
+                for tag in ("unroll", "unroll-16384")]
 
 
 def _bf16(m=16, n=256, k=256, groups=1):
@@ -83,11 +85,13 @@ def test_every_shape_is_a_gemm_case_and_a_quant_gemm_case():
 
 
 def test_committed_case_ids_still_name_the_same_cases():
-    """The product run's grid records name cases the family still has, by id (its draws depend on
-    the hypothesis version that drew them; the plain draws are the first half of `extra`)."""
+    """The product runs' grid records name cases the family still has, by id (draws depend on the
+    hypothesis version that drew them)."""
     ids = {c.id for c in get_family("gemm").cases(SweepOptions(examples=0))}
-    with gzip.open(PRODUCT_RUN, "rt") as f:
-        grid = [r for r in map(json.loads, f) if r["origin"] == "grid"]
+    grid = []
+    for run in PRODUCT_RUNS:
+        with gzip.open(run, "rt") as f:
+            grid += [r for r in map(json.loads, f) if r["origin"] == "grid"]
     recorded = {r["case_id"] for r in grid}
     plain = {r["case_id"] for r in grid if "op" not in r["params"]}  # the GEMM alone (no quant+gemm)
     assert len(plain) == len(space.LAYERS) * len(space.TOKENS) and recorded <= ids, sorted(recorded - ids)[:5]
