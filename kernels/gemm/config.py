@@ -8,7 +8,7 @@ the time its busiest CTA needs, and the cheapest wins (ties: the larger tile, th
     active      = min(units, sms)                               (CTAs pulling at one time)
     per K block = max(tensor core: 2 * bm * bn * 128 / FP8_FLOPS_PER_CLK,
                       L2 -> SM:    (bm + bn) * 128 / L2_BYTES_PER_CLK,
-                      DRAM:        bn * 128 / min(pull(bm, bn), DRAM_BYTES_PER_CLK / active)
+                      DRAM:        bn * 128 / min(pull(bm, bn), DRAM_BYTES_PER_CLK / sms)
                                    (only when W is read once: one M tile))
     pull(bm, bn) = stages(bm, bn) * bn * 128 / DRAM_LATENCY_CLK   (one CTA's weight bytes in flight)
     cost        = rounds * (K blocks per slice * per K block + UNIT_CLK
@@ -19,14 +19,23 @@ waves of 128 rows, 3/4 of the L2 bytes per flop of 128 x 128) whenever the tiles
 falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle, or round up badly:
 pro.wq_a at M = 4096 has 192 tiles of 256 x 128, 1.45 waves, but 384 of 128 x 128, 2.9 waves).
 Decode (M <= 64) is bound by
-the weight stream from DRAM: bm = 64 and the (bn, split_k) that streams the weight fastest. One CTA
+the weight stream from DRAM: the smallest x tile holding M (16, 32 or 64 rows) and the (bn, split_k)
+that streams the weight fastest. One CTA
 pulls what its ring keeps in flight per DRAM round trip (Little's law: its stages' weight bytes over
 DRAM_LATENCY_CLK), so a wide tile pulls more per CTA and N fills the chip's bandwidth from fewer
 CTAs; fewer tiles than that take split-K, whose fix-up (red.global.add of a bm x bn fp32 partial per
 unit) is charged by its bytes, and at least MIN_KB_PER_SLICE K blocks per slice so that each
-slice's pipeline fills. bn = 32 is a candidate only where bn = 64 leaves fewer than
-BN32_MAX_TILES64 tiles (narrow layers: wkv, wq_a): in the decode study it never won where bn = 64
-fills the SMs.
+slice's pipeline fills. Since v8 (16 / 32-row x tiles and chained K blocks at decode) a CTA streams
+at most its SM's share of the chip's weight stream (DRAM_BYTES_PER_CLK / sms), however few CTAs
+pull: fewer, wider CTAs measured slower than the Little's-law pull promised (pro.shared_w2 at M 8:
+56 CTAs of 16 x 128, 12.2 us, against 112 of 64 x 64, 10.8). Refit on run
+gemm/2026-11-27-h100-v8-decode (17 layers x M 1 / 8 / 64 x 4 chained configurations): ranking each
+shape's measured configurations by this model picks one within 0.9% of the fastest (geomean; with
+the v5 constants, no cap: 2.7%); the cap binds before the pull for every ring the rule builds, so
+decode picks the (bn, split_k) that deals the weight most evenly over the SMs, net of the fix-up.
+Split-K takes only slices that keep one round (tiles x slices <= sms), and bn = 32 is a candidate
+everywhere (before v8 only where bn = 64 left fewer than 32 tiles: with chained K blocks, 128 CTAs of
+16 x 32 stream flash.wo_b / shared_w13 7-10% faster than 64 x 64 in two slices).
 
 Constants (H100 SXM, per clock at 1.83 GHz): 8192 dense e4m3 flops per SM (1979 TFLOP/s); 55 B
 per SM from L2 when every SM pulls (fitted: 128 x 128 tiles cost 1.16x the time per flop of 256 x
@@ -59,18 +68,19 @@ UNIT_CLK = 600
 MIN_KB_PER_SLICE = 4
 MAX_SPLIT = 16
 BN = (192, 128, 64, 32)
-BN32_MAX_TILES64 = 32
 PAIR_MIN_M_TILES = 4
+CHAIN = 8
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def row_tiles(m: int) -> tuple[int, ...]:
-    """The CTA heights that suit M: 64 for decode, 64/128 up to 128 rows, 128/256 beyond."""
+def row_tiles(m: int, min_rows: int = 16) -> tuple[int, ...]:
+    """The CTA heights that suit M: the smallest x tile of 16, 32 or 64 rows (at least min_rows)
+    holding M for decode, 64/128 up to 128 rows, 128/256 beyond."""
     if m <= 64:
-        return (64,)
+        return (next(r for r in (16, 32, 64) if r >= max(m, min_rows)),)
     return (128, 64) if m <= 128 else (256, 128)
 
 
@@ -79,7 +89,7 @@ def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_S
     kb = k // KBLOCK
     tiles_m = _cdiv(m, bm)
     units = tiles_m * _cdiv(n, bn) * split
-    dram = min(cta_pull(bm, bn), DRAM_BYTES_PER_CLK / min(units, sms))
+    dram = min(cta_pull(bm, bn), DRAM_BYTES_PER_CLK / sms)
     per_kb = max(2 * bm * bn * KBLOCK / FP8_FLOPS_PER_CLK, (bm + bn) * KBLOCK / L2_BYTES_PER_CLK,
                  bn * KBLOCK / dram if tiles_m == 1 else 0.0)
     fixup = bm * bn * 4 / SPLIT_BYTES_PER_CLK if split > 1 else 0.0
@@ -92,12 +102,10 @@ def cta_pull(bm: int, bn: int) -> float:
     return GemmConfig(bm=bm, bn=bn).n_stages * bn * KBLOCK / DRAM_LATENCY_CLK
 
 
-def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1):
+def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min_rows: int = 16):
     kb = k // KBLOCK
-    for bm in row_tiles(m):
+    for bm in row_tiles(m, min_rows):
         for bn in BN:
-            if bn == 32 and _cdiv(n, 64) >= BN32_MAX_TILES64:
-                continue
             # bn 192: one wave (bm <= 128), a grouped GEMM's tiles must not straddle groups, and x
             # re-read by several M tiles (the compute-bound prefill): with fewer, the weight stream
             # binds and bn 128's deeper ring pulls more (H100: 4-13% slower at M 256, where the
@@ -107,7 +115,7 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1):
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]
             if bm <= 128 and tiles < sms:  # split-K only to fill idle SMs, and one wave per tile
-                splits += [s for s in range(2, MAX_SPLIT + 1) if kb // s >= MIN_KB_PER_SLICE]
+                splits += [s for s in range(2, MAX_SPLIT + 1) if kb // s >= MIN_KB_PER_SLICE and tiles * s <= sms]
             for s in splits:
                 yield bm, bn, s
 
@@ -117,8 +125,9 @@ def _cheapest(m: int, n: int, k: int, sms: int, cands) -> tuple[int, int, int]:
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's host path: a dict lookup, not a 40 us search
-def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1) -> GemmConfig:
-    cands = list(candidates(m, n, k, sms, groups))
+def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min_rows: int = 16) -> GemmConfig:
+    """min_rows 64: the v7 rule, before the 16 / 32-row decode x tiles (variant `cutedsl:x64`)."""
+    cands = list(candidates(m, n, k, sms, groups, min_rows))
     best = _cheapest(m, n, k, sms, [c for c in cands if c[1] != 192])
     # bn 192 competes only where 256-row tiles do not win: the model prices 128 x 192 and 256 x 128
     # pairs alike per output, and the pairs were 2-5% faster on the four M 16384 layers where it
@@ -131,4 +140,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1) 
     # With few M tiles the weight's DRAM stream binds and a pair would only couple two CTAs' streams
     # (not measured: the rule takes bm 128 up to M = 256). The cost model does not price the pair.
     pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
-    return GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1)
+    # one consumer warpgroup: K blocks in chains of 8 (v8: 3-5% faster at M 1 / 8 / 64 than unchained,
+    # 1-3% than chains of 2 / 4; bn 192's three fragments would spill)
+    chain = CHAIN if bm <= 64 and bn <= 128 else 0
+    return GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, chain=chain)

@@ -116,6 +116,7 @@ class GemmCuteDSL(Impl):
     family, name, backend = "gemm", "cutedsl", "cutedsl"
     archs = ("sm_90a",)
     compiles = True
+    min_rows = 16  # the rule's least decode x tile (variant `cutedsl:x64`: the v7 rule's 64)
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if arch not in (None, "sm_90a"):
@@ -139,7 +140,7 @@ class GemmCuteDSL(Impl):
             if type(self).config is not GemmCuteDSL.config:  # a declared variant (ConfigKnobs: UNSUPPORTED)
                 raise ValueError("the declared variants override the FP8 kernel's tile rule; the bf16 op has its own")
             return choose_bf16_config(case["m"], case["n"], case["k"], groups=groups_of(case))
-        return choose_config(case["m"], case["n"], case["k"], groups=groups_of(case))
+        return choose_config(case["m"], case["n"], case["k"], groups=groups_of(case), min_rows=self.min_rows)
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         key = (self.family, "cutedsl", arch, self.config(case))

@@ -92,6 +92,9 @@ class Fp8GemmSm90(PersistentGemmSm90):
         tile = (c.wave_m, c.bn, KBLOCK)
         # A: one (wave_m x 128) buffer per wave and stage, index stage * waves + wave
         sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S * c.waves)
+        sA_tma_layout = sA_layout
+        if cutlass.const_expr(c.x_rows < c.wave_m):
+            sA_layout, sA_tma_layout = small_x_layouts(sA_layout, c.x_rows)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, mB.element_type, S)
         epi_tile = (c.epi_rows, EPI_N)  # buffer index: stage * epi_groups + group
         sC_layout = sm90_utils.make_smem_layout_epi(mC.element_type, LayoutEnum.ROW_MAJOR, epi_tile,
@@ -100,14 +103,15 @@ class Fp8GemmSm90(PersistentGemmSm90):
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         # a CTA pair (cluster_n 2) multicasts its x waves: rank r loads wave r into both CTAs
         g2s_a = cpasync.CopyBulkTensorTileG2SMulticastOp() if c.cluster_n > 1 else g2s
-        tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s_a, mA, cute.slice_(sA_layout, (None, None, 0)), (c.wave_m, KBLOCK))
+        tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s_a, mA, cute.slice_(sA_tma_layout, (None, None, 0)),
+                                                  (c.x_rows, KBLOCK))
         tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(sB_layout, (None, None, 0)), (c.bn, KBLOCK))
         tma_c, gC_t = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile
         )
         # scales ride in the stage: the tile's bm sa values of K block kb (one column of MN-major sa)
         # and the (1 x 4) box of the tile's sw row holding kb (and the next 3, unused); [stage] outermost
-        sSA_layout = cute.make_layout((c.bm, 1, S), stride=(1, c.bm, c.bm))
+        sSA_layout = cute.make_layout((c.bm, 1, S), stride=(1, c.bm, c.sa_slot))
         # (a TMA destination is 128-byte aligned: one 128-byte slot per stage and sw box; bn 192
         # spans two weight-scale blocks, whose rows come as two boxes: [block, stage] outermost)
         B = c.sw_blocks
@@ -123,7 +127,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
         grid = self._grid(mA, mB, n_ctas, c.cluster_n)
         self.kernel(
             tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, tma_sa, gSA_t, tma_sw, gSW_t, mWork, mCount, n_group,
-            tiled_mma, mma_acc, epi_mma, sA_layout, sB_layout, sC_layout, sSA_layout, sSW_layout, Storage,
+            tiled_mma, mma_acc, epi_mma, sA_layout, sA_tma_layout, sB_layout, sC_layout, sSA_layout, sSW_layout,
+            Storage,
         ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream,
                  # only pairs launch as clusters: single CTAs launched with a 1 x 1 x 1 cluster ran
                  # 128 x 128 tiles 27% slower (same SASS; docs/lessons/gemm.md)
@@ -149,6 +154,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         mma_acc: cute.TiledMma,
         epi_mma: cute.TiledMma,
         sA_layout: cute.ComposedLayout,
+        sA_tma_layout: cute.ComposedLayout,
         sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout,
         sSA_layout: cute.Layout,
@@ -181,15 +187,18 @@ class Fp8GemmSm90(PersistentGemmSm90):
             cpasync.prefetch_descriptor(tma_sw)
 
         st, ring, sA, sB = self._stages(Storage, sA_layout, sB_layout, CN)
+        sA_tma = sA  # the TMA's view of the x stages: the wgmma's, but for the small x tiles
+        if cutlass.const_expr(c.x_rows < c.wave_m):
+            sA_tma = st.sA.get_tensor(sA_tma_layout.outer, swizzle=sA_tma_layout.inner)
         sC = st.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
         sSA = st.sSA.get_tensor(sSA_layout)
         sSW = st.sSW.get_tensor(sSW_layout)
 
-        # (wave_m, 128, row tiles, G*kb), (bn, 128, tiles_n, kb), (wave_m, bn, row tiles, tiles_n)
-        gA = cute.local_tile(gA_t, (c.wave_m, KBLOCK), (None, None))
+        # (x_rows, 128, row tiles, G*kb), (bn, 128, tiles_n, kb), (epi_rows, bn, row tiles, tiles_n)
+        gA = cute.local_tile(gA_t, (c.x_rows, KBLOCK), (None, None))
         gB = cute.local_tile(gB_t, (c.bn, KBLOCK), (None, None))
         gC = cute.local_tile(gC_t, (c.epi_rows, c.bn), (None, None))
-        tAsA, tAgA = tma_slices(tma_a, sA, gA)
+        tAsA, tAgA = tma_slices(tma_a, sA_tma, gA)
         tBsB, tBgB = tma_slices(tma_b, sB, gB)
         # (bm, 1, M tiles, G*K blocks), (1, 4, N/128 blocks, K blocks / 4)
         gSA = cute.local_tile(gSA_t, (c.bm, 1), (None, None))
@@ -197,7 +206,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         tSAs, tSAg = tma_slices(tma_sa, sSA, gSA)
         tSWs, tSWg = tma_slices(tma_sw, sSW, gSW)
 
-        row_tiles = cute.size(gA, mode=[2])  # wave_m-row tiles of M
+        row_tiles = cute.size(gA, mode=[2])  # x_rows-row tiles of M
         tiles_m = (row_tiles + W - 1) // W
         tiles_n = cute.size(gB, mode=[2])
         steps_n = (tiles_n + CN - 1) // CN if cutlass.const_expr(CN > 1) else tiles_n
@@ -245,7 +254,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
             mtid, thr_mma, tCrA, tCrB = self._consumer(tiled_mma, sA, sB, tidx)
             acc_shape = thr_mma.partition_shape_C((c.wave_m, c.bn))
             accs = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(W)]
-            tmp = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+            tmps = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(2 if c.chain > 1 else 1)]
             cC_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.wave_m, c.bn))))
             n_rows = cute.size(cC_mn, mode=[0])
 
@@ -271,11 +280,14 @@ class Fp8GemmSm90(PersistentGemmSm90):
             )
             n_slices = c.bn // EPI_N
 
-            # the tile rows (in sSA) whose scales this thread applies: wave w, fragment row r
+            # the tile rows (in sSA) whose scales this thread applies: wave w, fragment row r (a small
+            # x tile's rows past bm are never stored: they take a row inside the stage's sa box)
             lrows = cute.make_rmem_tensor((W, n_rows), cutlass.Int32)
             for w in cutlass.range_constexpr(W):
                 for r in cutlass.range_constexpr(n_rows):
                     lrows[w, r] = w * c.wave_m + cC_mn[r, 0][0]
+                    if cutlass.const_expr(c.bm < 64):
+                        lrows[w, r] = lrows[w, r] % c.bm
 
             g_rd = cutlass.Int32(0)  # K blocks this CTA has consumed (its ring position)
             flag = st.flag.get_tensor(cute.make_layout((4,)))
@@ -290,8 +302,12 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
                 for w in cutlass.range_constexpr(W):
                     accs[w].fill(0.0)
-                g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd,
-                                      (tn % 2) == 1)
+                if cutlass.const_expr(c.chain > 1):
+                    g_rd = self._mainloop_overlapped(ring, mmas, tCrA, tCrB, accs[0], tmps, sSA, sSW, lrows,
+                                                     kb0, kb1, g_rd, (tn % 2) == 1)
+                else:
+                    g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmps[0], sSA, sSW, lrows, kb0, kb1, g_rd,
+                                          (tn % 2) == 1)
                 if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid):
                     for w in cutlass.range_constexpr(W):
                         row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
@@ -321,6 +337,11 @@ class Fp8GemmSm90(PersistentGemmSm90):
             cute.arch.cluster_wait()
 
     # ---------------- the mainloop (consumer warpgroups) ----------------
+    def _stage(self, g):
+        """The ring state of the CTA's g-th K block."""
+        S = self.cfg.n_stages
+        return pipeline.PipelineState(S, g, g % S, (g // S) % 2)
+
     @cute.jit
     def _issue(self, mmas, tmp, tCrA, tCrB, a_buf, b_buf):
         """The 4 wgmma (k = 32 each) of one 128-wide K block into tmp (overwritten), one group."""
@@ -383,7 +404,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         if cutlass.const_expr(unscaled):
             sc.fill(1.0)
         for kb in cutlass.range(kb0, kb1, unroll=c.unroll):
-            st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
+            st = self._stage(g_rd)
             ring.consumer_wait(st)
             if cutlass.const_expr(not unscaled):
                 self._read_scales(sc, sSA, sSW, lrows, kb, st.index, odd)
@@ -397,3 +418,64 @@ class Fp8GemmSm90(PersistentGemmSm90):
                     self._promote(accs[w], tmp, sc, w)
             g_rd = g_rd + 1
         return g_rd
+
+
+    @cute.jit
+    def _take(self, ring, mmas, tmp, tCrA, tCrB, sc, sSA, sSW, lrows, kb, g, odd):
+        """Wait for the g-th stage (K block kb), read its scales into sc and issue its wgmmas into tmp."""
+        st = self._stage(g)
+        ring.consumer_wait(st)
+        self._read_scales(sc, sSA, sSW, lrows, kb, st.index, odd)
+        self._issue(mmas, tmp, tCrA, tCrB, st.index, st.index)
+
+    @cute.jit
+    def _mainloop_overlapped(self, ring, mmas, tCrA, tCrB, acc, tmps, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
+        """One consumer warpgroup, K blocks in chains of `chain` (GemmConfig.chain): inside a chain,
+        block j + 1's wgmmas (into tmps[(j + 1) % 2]) are issued before block j is waited for
+        (wait_group(1)), released and promoted, so a block's wgmma latency hides behind the previous
+        block's promotion. Each chain ends in wait_group(0): a group in flight across the loop's back
+        edge, or a wgmma under a runtime branch, makes ptxas serialise every wgmma (docs/lessons/gemm.md
+        9, fmha.md 13). The K blocks past the last whole chain go one at a time."""
+        C = self.cfg.chain
+        scs = [cute.make_rmem_tensor((*lrows.shape, 3 if self.cfg.sw_blocks == 2 else 1), cutlass.Float32)
+               for _ in range(2)]
+        n = kb1 - kb0  # 0 for a split-K slice past the last K block
+        chains = n // C
+        for ch in cutlass.range(0, chains, unroll=1):
+            first = ch * C
+            self._take(ring, mmas, tmps[0], tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + first, g_rd + first, odd)
+            for j in cutlass.range_constexpr(C):
+                if cutlass.const_expr(j + 1 < C):
+                    nxt = first + j + 1
+                    self._take(ring, mmas, tmps[(j + 1) % 2], tCrA, tCrB, scs[(j + 1) % 2], sSA, sSW, lrows,
+                               kb0 + nxt, g_rd + nxt, odd)
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
+                ring.consumer_release(self._stage(g_rd + first + j))
+                self._promote(acc, tmps[j % 2], scs[j % 2], 0)
+        for i in cutlass.range(chains * C, n, unroll=1):
+            self._take(ring, mmas, tmps[0], tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + i, g_rd + i, odd)
+            warpgroup.wait_group(0)
+            ring.consumer_release(self._stage(g_rd + i))
+            self._promote(acc, tmps[0], scs[0], 0)
+        return g_rd + n
+
+def small_x_layouts(sA_layout: cute.ComposedLayout, x_rows: int):
+    """The x stages of a 16 / 32-row tile (DeepGEMM's decode trick): stage s begins x_rows * 128
+    bytes after stage s - 1, the TMA writes x_rows rows there, and the m64 wgmma reads 64 rows from
+    there, the rows past x_rows running on the stages that follow (garbage, never stored). Both views
+    keep the 128-byte swizzle atom (8 rows); every stage begins on a multiple of 1024 bytes, so the
+    swizzle (address bits 4-6 ^ 7-9) is the same in both. Returns (wgmma view, TMA view); the wgmma
+    view's cosize covers the last stage's 64 rows."""
+    outer = sA_layout.outer
+    (atom_rows, _atoms), k_mode, _stages = outer.shape
+    (row_stride, atom_stride), k_stride, (_, _) = outer.stride
+    stages = cute.size(outer, mode=[2])
+    stage = (0, x_rows * KBLOCK)
+
+    def view(rows):
+        return cute.make_composed_layout(sA_layout.inner, 0, cute.make_layout(
+            ((atom_rows, rows // atom_rows), k_mode, (1, stages)), stride=((row_stride, atom_stride), k_stride, stage)))
+
+    return view(64), view(x_rows)

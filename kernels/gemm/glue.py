@@ -89,7 +89,7 @@ _WORK: dict = {}
 def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K fp32 tile sums and per-tile counters (zeroed once; the kernel leaves them at zero)."""
     tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
-    need_w = tiles * cfg.bm * cfg.bn if cfg.split_k > 1 else 4
+    need_w = tiles * cfg.acc_rows * cfg.bn if cfg.split_k > 1 else 4
     key = (str(device),)
     work, count = _WORK.get(key, (None, None))
     if work is None or work.numel() < need_w:
@@ -145,6 +145,8 @@ def scales_for_tma(sa, sw, groups: int = 1):
 
 def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ctas: int | None = None):
     m, n = x.shape[0], w.shape[0]
+    if m > cfg.bm and cfg.bm < 64:
+        raise ValueError(f"gemm: {cfg} has a {cfg.bm}-row x tile, for M <= {cfg.bm} only (got M = {m})")
     check_pairs(cfg, n, groups)
     sa, sw = scales_for_tma(sa, sw, groups)
     work, count = workspace(cfg, m, n, x.device)

@@ -138,11 +138,16 @@ class PersistentGemmSm90:
         c = self.cfg
         per_thread = cute.size(acc)
         nthr = 128 * c.n_mma_wg
-        # workspace layout: [tile][element of the thread's fragment][thread] (coalesced)
-        base = t * (c.bm * c.bn) + mtid
-        for i in cutlass.range_constexpr(per_thread):
-            cute.arch.red(mWork.iterator + (base + i * nthr), acc[i], op="add", dtype=cutlass.Float32,
-                          sem="relaxed", scope="gpu")
+        # workspace layout: [tile][element of the thread's fragment][thread] (coalesced); a small x
+        # tile (bm 16 / 32) keeps the m64 fragment, whose warps past bm / 16 hold no row of the tile
+        base = t * (max(c.bm, 64) * c.bn) + mtid
+        holds_rows = True
+        if cutlass.const_expr(c.bm < 64):
+            holds_rows = mtid // 32 < c.bm // 16
+        if holds_rows:
+            for i in cutlass.range_constexpr(per_thread):
+                cute.arch.red(mWork.iterator + (base + i * nthr), acc[i], op="add", dtype=cutlass.Float32,
+                              sem="relaxed", scope="gpu")
         cute.arch.fence_acq_rel_gpu()
         epi_bar.arrive_and_wait()
         if mtid == 0:
@@ -153,7 +158,7 @@ class PersistentGemmSm90:
                 mCount[t] = cutlass.Int32(0)
         epi_bar.arrive_and_wait()
         last = flag[0] != 0
-        if last:
+        if last and holds_rows:
             cute.arch.fence_acq_rel_gpu()
             for i in cutlass.range_constexpr(per_thread):
                 acc[i] = mWork[base + i * nthr]

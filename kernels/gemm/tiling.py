@@ -8,7 +8,8 @@ from dataclasses import dataclass
 KBLOCK = 128  # the quantisation block along K: one promotion per 128 columns
 SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
 EPI_N = 32  # epilogue slice width (columns) per TMA store
-MAX_STAGES = 16
+MAX_STAGES = 16  # 64-row x tiles and taller
+MAX_STAGES_SMALL_X = 32  # 16 / 32-row x tiles (decode): the ring is the weight bytes in flight
 ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b")
 SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
 SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
@@ -18,7 +19,10 @@ SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned sh
 class GemmConfig:
     """Compile-time tile configuration (kernels/gemm/config.py picks one per problem)."""
 
-    bm: int = 128  # CTA rows: 64 (one consumer warpgroup), 128 or 256 (two; 256 in two waves)
+    # CTA rows: 64 (one consumer warpgroup), 128 or 256 (two; 256 in two waves); 16 or 32 (decode,
+    # M <= bm: one M tile): an x tile of bm rows a stage, read by the m64 wgmma, whose rows past bm
+    # run on whatever shared memory follows (the next stages) and are never stored
+    bm: int = 128
     # CTA columns: 32, 64 or 128 (divides the 128-wide weight-scale block), or 192 (spans two
     # weight-scale blocks: one wave only, its two accumulators need 2 x 96 registers a thread)
     bn: int = 128
@@ -29,6 +33,10 @@ class GemmConfig:
     # the consumers' and the producer's K-block loops unrolled by this factor: 4 ran the 85 shapes
     # of M 1-4096 3-5% faster than 1 (v7, docs/perf/gemm.md); 8 was level with 4
     unroll: int = 4
+    # one consumer warpgroup (bm <= 64): K blocks in chains of this many (0: off), inside which block
+    # kb + 1's wgmmas are issued before block kb is promoted (two temporary accumulators), so the
+    # tensor core's latency and the promotion overlap instead of adding up per K block
+    chain: int = 0
     # per-warpgroup epilogue: each consumer warpgroup stores its own 64 rows (own smem buffers, a
     # 128-thread barrier, its own TMA store) instead of the two meeting at a CTA barrier per slice
     epi_per_wg: bool = False
@@ -45,12 +53,14 @@ class GemmConfig:
     def __post_init__(self) -> None:
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
-        if self.bm not in (64, 128, 256):
-            raise ValueError(f"bm must be 64, 128 or 256, got {self.bm}")
+        if self.bm not in (16, 32, 64, 128, 256):
+            raise ValueError(f"bm must be 16, 32, 64, 128 or 256, got {self.bm}")
         if self.bn not in (32, 64, 128, 192):
             raise ValueError(f"bn must be 32, 64, 128 or 192, got {self.bn}")
         if self.bn == 192 and self.bm == 256:
             raise ValueError("bn 192 takes one wave (bm 64 or 128): two 64 x 192 accumulators fill the registers")
+        if self.bm < 64 and (self.cluster_n > 1 or self.ablate == "half-a"):
+            raise ValueError(f"bm {self.bm} (a small x tile) runs single CTAs, one wave")
         if self.split_k < 1:
             raise ValueError("split_k must be >= 1")
         if self.split_k > 1 and self.waves > 1:
@@ -63,6 +73,11 @@ class GemmConfig:
             raise ValueError("a CTA pair multicasts one x wave each: bm 256, no split-K")
         if self.unroll not in (1, 2, 4, 8):
             raise ValueError(f"unroll must be 1, 2, 4 or 8, got {self.unroll}")
+        if self.chain not in (0, 2, 4, 8):
+            raise ValueError(f"chain must be 0 (off), 2, 4 or 8, got {self.chain}")
+        if self.chain and (self.n_mma_wg != 1 or self.ablate or self.bn == 192):
+            # bn 192: three 96-register fragments (acc and two temporaries) spill
+            raise ValueError("K-block chains run one consumer warpgroup (bm <= 64), bn <= 128, no knock-out")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
@@ -72,7 +87,7 @@ class GemmConfig:
 
     @property
     def n_mma_wg(self) -> int:
-        return 1 if self.bm == 64 else 2
+        return 1 if self.bm <= 64 else 2
 
     @property
     def wave_m(self) -> int:
@@ -81,7 +96,17 @@ class GemmConfig:
 
     @property
     def waves(self) -> int:
-        return self.bm // self.wave_m
+        return max(1, self.bm // self.wave_m)
+
+    @property
+    def x_rows(self) -> int:
+        """Rows of x one wave's stage buffer holds: wave_m, or bm for the 16 / 32-row decode tiles."""
+        return min(self.bm, self.wave_m)
+
+    @property
+    def acc_rows(self) -> int:
+        """Rows of the accumulators (the m64 wgmma's rows for the small x tiles)."""
+        return self.waves * self.wave_m
 
     @property
     def epi_groups(self) -> int:
@@ -115,17 +140,25 @@ class GemmConfig:
     @property
     def stage_smem_bytes(self) -> int:
         """Shared memory per stage (the knock-outs keep every buffer): each sw box sits in a 128-byte slot."""
-        return self._stage_tma_bytes - self.sw_blocks * (SCALE_BOX - SW_SLOT) * 4
+        return self._stage_tma_bytes - self.sw_blocks * (SCALE_BOX - SW_SLOT) * 4 + (self.sa_slot - self.bm) * 4
+
+    @property
+    def sa_slot(self) -> int:
+        """fp32 per stage for the sa box (bm values): TMA writes to 128-byte aligned shared memory, so
+        a 16-row tile's 64-byte box takes a 32-value slot (a 64-byte stride faulted: misaligned address)."""
+        return max(self.bm, SW_SLOT)
 
     @property
     def fixed_bytes(self) -> int:
-        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048  # + barriers and alignment
+        # + barriers and alignment, + the rows past the last stage's small x tile its wgmma reads
+        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048 + (self.wave_m - self.x_rows) * KBLOCK
 
     @property
     def n_stages(self) -> int:
         if self.stages:
             return self.stages
-        return min(MAX_STAGES, (SMEM_BYTES - self.fixed_bytes) // self.stage_smem_bytes)
+        cap = MAX_STAGES_SMALL_X if self.bm < 64 else MAX_STAGES
+        return min(cap, (SMEM_BYTES - self.fixed_bytes) // self.stage_smem_bytes)
 
     @property
     def reg_split(self) -> tuple[int, int]:

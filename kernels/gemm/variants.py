@@ -16,6 +16,9 @@ override makes an impossible configuration is UNSUPPORTED there.
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
     sS              S smem ring stages instead of as many as fit
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
+    chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8 blocks
+                    (bm <= 64); chain4-bnB, chain4-bn32-no-split
+    x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
     unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
     x1              no CTA pairs (GemmConfig.cluster_n 1) where the rule pairs bm 256 tiles
     pair            256 x 128 CTA pairs wherever they fit (the rule's prefill pick before bn 192)
@@ -55,6 +58,10 @@ KNOBS: dict[str, dict] = {
     **{f"bn{b}-k{s}": {"bn": b, "split_k": s} for b in (64, 128) for s in (2, 4)},
     "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
     **{f"unroll{u}": {"unroll": u} for u in (1, 2, 8)},  # the K-block loops' unroll (shipped: 4; v6: 1)
+    # K block kb + 1 issued before kb is promoted, in chains of C blocks (one consumer warpgroup)
+    **{f"chain{c}": {"chain": c} for c in (2, 4, 8)},
+    **{f"chain4-bn{b}": {"chain": 4, "bn": b} for b in (32, 64, 128)},
+    "chain4-bn32-no-split": {"chain": 4, "bn": 32, "split_k": 1},
     "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
     "pair": {"bm": 256, "bn": 128, "cluster_n": 2},  # 256 x 128 CTA pairs wherever they fit
 }
@@ -77,11 +84,17 @@ class GemmKnob(ConfigKnobs, GemmCuteDSL):
         return cfg
 
 
+class GemmRowFloor(GemmKnob):
+    """`cutedsl:x64`: the v7 rule, 64-row x tiles at every decode M (GemmCuteDSL.min_rows)."""
+
+    min_rows = 64
+
+
 class GemmKnockOut(GemmKnob):
     checked = False  # the output is not an answer
 
 
 VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items()) + tuple(
-    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS)
+    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + (GemmRowFloor("x64", {}),)
 for _impl in VARIANTS:
     register_impl(_impl)

@@ -19,12 +19,15 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
     # prefill: tiles fill the SMs -> 256 x 128; too few wide tiles -> 128 x 128
     assert (choose_config(4096, 7168, 16384).bm, choose_config(4096, 7168, 16384).bn) == (256, 128)
     assert choose_config(4096, 512, 4096).bm == 128
-    # decode: one M tile; the weight is spread over every SM (split-K when N gives few tiles)
-    for m in (1, 8, 64):
+    # decode: one M tile, the smallest x tile holding M, K blocks chained; the weight is spread over
+    # the SMs in one round (split-K when N gives few tiles)
+    for m, bm in ((1, 16), (8, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
         cfg = choose_config(m, 1024, 4096)
-        assert cfg.bm == 64 and cfg.split_k > 1
-        tiles = -(-1024 // cfg.bn)
-        assert tiles * cfg.split_k >= H100_SMS * 0.9
+        assert cfg.bm == bm and cfg.split_k > 1 and cfg.chain == 8
+        assert choose_config(m, 1024, 4096, min_rows=64).bm == 64  # 64-row x tiles (`cutedsl:x64`)
+        units = -(-1024 // cfg.bn) * cfg.split_k
+        assert H100_SMS * 0.9 <= units <= H100_SMS
+    assert choose_config(4096, 7168, 16384).chain == 0  # two consumer warpgroups: no chains
 
 
 @pytest.mark.parametrize("m", TOKENS)
@@ -193,3 +196,50 @@ def test_bn192_is_taken_only_where_its_tiles_stay_inside_a_group():
         check_pairs(GemmConfig(128, 192), 3 * 256, 3)
     check_pairs(GemmConfig(128, 192), 3 * 384, 3)
 
+
+def test_small_x_tiles_are_single_m_tile_one_wave_with_a_deeper_ring():
+    for bm in (16, 32):
+        cfg = GemmConfig(bm=bm, bn=64)
+        assert (cfg.n_mma_wg, cfg.waves, cfg.x_rows, cfg.acc_rows) == (1, 1, bm, 64)
+        # the last stage's wgmma reads 64 - bm rows past its tile: room kept for them
+        assert cfg.fixed_bytes == GemmConfig(bm=64, bn=64).fixed_bytes + (64 - bm) * 128
+        assert cfg.n_stages > GemmConfig(bm=64, bn=64).n_stages
+        assert cfg.sa_slot * 4 % 128 == 0  # each stage's sa box lands 128-byte aligned (TMA)
+        with pytest.raises(ValueError, match="single CTAs"):
+            GemmConfig(bm=bm, bn=64, cluster_n=2)
+    for fields in ({"bm": 128, "chain": 4}, {"bm": 16, "bn": 192, "chain": 4}, {"bm": 16, "chain": 3}):
+        with pytest.raises(ValueError, match="chain"):
+            GemmConfig(**fields)
+    with pytest.raises(ValueError, match="for M <= 16 only"):
+        from kernels.gemm.glue import run_gemm
+        x, sa, w, sw = make_operands(17, 256, 256, 0)
+        run_gemm(None, GemmConfig(bm=16, bn=64), x, sa, w, sw, torch.empty(17, 256, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("x_rows", [16, 32])
+def test_small_x_views_run_the_wgmma_rows_onto_the_next_stages(x_rows):
+    """The wgmma's 64-row view of stage s is the TMA's x_rows-row tiles of stages s, s + 1, ...
+    (swizzle included), and the shared memory it spans covers the last stage's 64 rows."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.utils import LayoutEnum
+
+    from kernels.gemm.gemm_sm90 import small_x_layouts
+
+    stages = 5
+    seen = {}
+
+    @cute.jit
+    def trace():
+        std = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, 64, 128), cutlass.Float8E4M3FN, stages)
+        mma, tma = small_x_layouts(std, x_rows)
+        seen["cosize"] = cute.cosize(mma)
+        seen["pairs"] = [(mma((r, c, s)), tma((r % x_rows, c, s + r // x_rows)), std((r, c, 0)) + s * x_rows * 128)
+                         for s in range(stages) for r in range(64) for c in (0, 17, 64, 127)
+                         if s + r // x_rows < stages]
+
+    trace()
+    assert seen["cosize"] == (stages - 1) * x_rows * 128 + 64 * 128
+    for wgmma_at, tma_at, standard_at in seen["pairs"]:
+        assert wgmma_at == tma_at == standard_at  # the m64 operand as the standard layout's, shifted

@@ -1,5 +1,5 @@
 """The SM90 kernel against the oracle on the H100: production-like, ragged, multi-tile shapes and
-every code path (bm 64/128/256, bn 32/64/128, split-K, grouped)."""
+every code path (bm 16/32/64/128/256, bn 32/64/128/192, split-K, grouped)."""
 
 from __future__ import annotations
 
@@ -79,11 +79,50 @@ def test_grouped(cfg, m, groups):
     _run(m, groups * 256, 512, cfg, groups=groups)
 
 
+SMALL_X = [GemmConfig(16, 32), GemmConfig(16, 64, split_k=3), GemmConfig(16, 128, stages=2), GemmConfig(16, 192),
+           GemmConfig(32, 64), GemmConfig(32, 128, split_k=2), GemmConfig(32, 32, split_k=5, stages=3)]
+
+
+SMALL_X_SHAPES = [(1, 1000, 1024), (5, 7168, 640), (16, 2056, 2048), (17, 512, 384), (32, 136, 4096)]
+
+
+@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in SMALL_X for shape in SMALL_X_SHAPES if shape[0] <= c.bm],
+                         ids=str)
+def test_small_x_tiles(cfg, m, n, k):
+    """16 / 32-row x tiles (decode): the m64 wgmma's rows past bm run on the next stages' bytes and
+    must stay out of the output and the split-K sums; M up to bm, ragged N and K, ring wrap-around."""
+    _run(m, n, k, cfg)
+
+
+CHAINS = [GemmConfig(16, 64, chain=4), GemmConfig(16, 32, chain=2, split_k=3), GemmConfig(32, 128, chain=8, stages=3),
+          GemmConfig(64, 128, chain=4), GemmConfig(64, 64, chain=8, split_k=4, stages=2)]
+
+
+@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in CHAINS for shape in SMALL_X_SHAPES if shape[0] <= c.bm],
+                         ids=str)
+def test_k_block_chains(cfg, m, n, k):
+    """Chains of K blocks (one consumer warpgroup, two temporaries): K of 3, 5, 8, 16 and 32 blocks
+    end in partial chains and single blocks, split-K slices in empty ones; stages 2-3 hold both
+    blocks of a chain link while the producer waits."""
+    _run(m, n, k, cfg)
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(16, 64), GemmConfig(32, 128, split_k=2), GemmConfig(16, 64, chain=4)],
+                         ids=str)
+def test_small_x_tiles_grouped_and_few_ctas(cfg):
+    _run(8, 8 * 256, 512, cfg, groups=8)
+    x, sa, w, sw = make_operands(9, 2048, 1024, 4, "cuda")
+    y = torch.empty(9, 2048, dtype=torch.bfloat16, device="cuda")
+    run_gemm(compile_gemm(cfg), cfg, x, sa, w, sw, y, n_ctas=5)  # many units a CTA: the ring wraps
+    ref = oracle_of(x, sa, w, sw)
+    assert ((y.float() - ref).norm() / ref.norm()) < 4e-3
+
+
 def test_split_k_counters_reset():
     """The fix-up leaves the counters at zero: a second call with the same workspace is right too."""
-    cfg = GemmConfig(64, 64, split_k=4)
-    _run(64, 512, 4096, cfg, seed=1)
-    _run(64, 512, 4096, cfg, seed=2)
+    for cfg, m in ((GemmConfig(64, 64, split_k=4), 64), (GemmConfig(16, 64, split_k=4), 16)):
+        _run(m, 512, 4096, cfg, seed=1)
+        _run(m, 512, 4096, cfg, seed=2)
 
 
 @pytest.mark.parametrize("cfg", [GemmConfig(128, 128), GemmConfig(256, 128, cluster_n=2), GemmConfig(128, 192)],
