@@ -16,7 +16,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
     sS              S smem ring stages instead of as many as fit
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
-    chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8 blocks
+    chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8 blocks (0: off)
                     (bm <= 64); chain4-bnB, chain4-bn32-no-split
     x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
     unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
@@ -59,7 +59,7 @@ KNOBS: dict[str, dict] = {
     "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
     **{f"unroll{u}": {"unroll": u} for u in (1, 2, 8)},  # the K-block loops' unroll (shipped: 4; v6: 1)
     # K block kb + 1 issued before kb is promoted, in chains of C blocks (one consumer warpgroup)
-    **{f"chain{c}": {"chain": c} for c in (2, 4, 8)},
+    **{f"chain{c}": {"chain": c} for c in (0, 2, 4, 8)},  # 0: unchained (v7's loop)
     **{f"chain4-bn{b}": {"chain": 4, "bn": b} for b in (32, 64, 128)},
     "chain4-bn32-no-split": {"chain": 4, "bn": 32, "split_k": 1},
     "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
