@@ -10,6 +10,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import Prepared, argument_check, compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
+from kernels.gemm.persistent_sm90 import tile_sum_rows
 from kernels.gemm.tiling import KBLOCK, SCALE_BOX, GemmConfig, straddles_groups
 from sweeps.gemm import QUANT_GEMM
 
@@ -89,7 +90,7 @@ _WORK: dict = {}
 def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K fp32 tile sums and per-tile counters (zeroed once; the kernel leaves them at zero)."""
     tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
-    need_w = tiles * cfg.acc_rows * cfg.bn if cfg.split_k > 1 else 4
+    need_w = tiles * tile_sum_rows(cfg) * cfg.bn if cfg.split_k > 1 else 4
     key = (str(device),)
     work, count = _WORK.get(key, (None, None))
     if work is None or work.numel() < need_w:

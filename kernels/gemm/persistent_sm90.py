@@ -29,6 +29,12 @@ def tma_slices(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor):
                                  cute.group_modes(gmem, 0, 2))
 
 
+def tile_sum_rows(cfg) -> int:
+    """Rows of a tile's fp32 sum in the split-K workspace: the accumulators' (a 16 / 32-row x tile
+    keeps the m64 wgmma's 64)."""
+    return max(cfg.bm, 64)
+
+
 class PersistentGemmSm90:
     """Base of the two kernels. cfg (GemmConfig or Bf16Config) gives bm, bn, group_m, split_k,
     n_stages, stage_bytes, n_mma_wg and reg_split."""
@@ -140,7 +146,7 @@ class PersistentGemmSm90:
         nthr = 128 * c.n_mma_wg
         # workspace layout: [tile][element of the thread's fragment][thread] (coalesced); a small x
         # tile (bm 16 / 32) keeps the m64 fragment, whose warps past bm / 16 hold no row of the tile
-        base = t * (max(c.bm, 64) * c.bn) + mtid
+        base = t * (tile_sum_rows(c) * c.bn) + mtid
         holds_rows = True
         if cutlass.const_expr(c.bm < 64):
             holds_rows = mtid // 32 < c.bm // 16

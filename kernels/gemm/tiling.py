@@ -104,11 +104,6 @@ class GemmConfig:
         return min(self.bm, self.wave_m)
 
     @property
-    def acc_rows(self) -> int:
-        """Rows of the accumulators (the m64 wgmma's rows for the small x tiles)."""
-        return self.waves * self.wave_m
-
-    @property
     def epi_groups(self) -> int:
         """Warpgroups storing independently in the epilogue (1: the whole wave together)."""
         return self.n_mma_wg if self.epi_per_wg else 1

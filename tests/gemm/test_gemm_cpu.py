@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels.gemm.config import H100_SMS, choose_config, cost
+from kernels.gemm.persistent_sm90 import tile_sum_rows
 from kernels.gemm.tiling import SCALE_BOX, SMEM_BYTES, GemmConfig
 from kernels.gemm.glue import check_operands, compile_gemm, make_operands, oracle_of, scales_for_tma
 from oracles.linear import grouped_linear
@@ -200,7 +201,7 @@ def test_bn192_is_taken_only_where_its_tiles_stay_inside_a_group():
 def test_small_x_tiles_are_single_m_tile_one_wave_with_a_deeper_ring():
     for bm in (16, 32):
         cfg = GemmConfig(bm=bm, bn=64)
-        assert (cfg.n_mma_wg, cfg.waves, cfg.x_rows, cfg.acc_rows) == (1, 1, bm, 64)
+        assert (cfg.n_mma_wg, cfg.waves, cfg.x_rows, tile_sum_rows(cfg)) == (1, 1, bm, 64)
         # the last stage's wgmma reads 64 - bm rows past its tile: room kept for them
         assert cfg.fixed_bytes == GemmConfig(bm=64, bn=64).fixed_bytes + (64 - bm) * 128
         assert cfg.n_stages > GemmConfig(bm=64, bn=64).n_stages
