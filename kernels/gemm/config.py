@@ -28,8 +28,8 @@ unit) is charged by its bytes, and at least MIN_KB_PER_SLICE K blocks per slice 
 slice's pipeline fills. Since v8 (16 / 32-row x tiles and chained K blocks at decode) a CTA streams
 at most its SM's share of the chip's weight stream (DRAM_BYTES_PER_CLK / sms), however few CTAs
 pull: fewer, wider CTAs measured slower than the Little's-law pull promised (pro.shared_w2 at M 8:
-56 CTAs of 16 x 128, 12.2 us, against 112 of 64 x 64, 10.8). Refit on run
-gemm/2026-11-27-h100-v8-decode (17 layers x M 1 / 8 / 64 x 4 chained configurations): ranking each
+56 CTAs of 16 x 128, 12.2 us, against 112 of 64 x 64, 10.8). Refit on run gemm/2026-11-27-h100-161f842-chains
+(in git history at fb4f5cb; 17 layers x M 1 / 8 / 64 x 4 chained configurations): ranking each
 shape's measured configurations by this model picks one within 0.9% of the fastest (geomean; with
 the v5 constants, no cap: 2.7%); the cap binds before the pull for every ring the rule builds, so
 decode picks the (bn, split_k) that deals the weight most evenly over the SMs, net of the fix-up.
