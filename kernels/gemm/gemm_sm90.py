@@ -419,7 +419,6 @@ class Fp8GemmSm90(PersistentGemmSm90):
             g_rd = g_rd + 1
         return g_rd
 
-
     @cute.jit
     def _take(self, ring, mmas, tmp, tCrA, tCrB, sc, sSA, sSW, lrows, kb, g, odd):
         """Wait for the g-th stage (K block kb), read its scales into sc and issue its wgmmas into tmp."""
@@ -460,6 +459,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
             ring.consumer_release(self._stage(g_rd + i))
             self._promote(acc, tmps[0], scs[0], 0)
         return g_rd + n
+
 
 def small_x_layouts(sA_layout: cute.ComposedLayout, x_rows: int):
     """The x stages of a 16 / 32-row tile (DeepGEMM's decode trick): stage s begins x_rows * 128
