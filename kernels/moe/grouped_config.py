@@ -23,6 +23,9 @@ ABLATIONS = ("", "no-widen")
 WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
+CONSUMERS = (2, 4)  # consumer warpgroups a CTA may have
+REGISTER_FILE = 65536
+PRODUCER_REGS = {2: 40, 4: 24}  # setmaxnreg of the producer warpgroup (one TMA warp), by consumer warpgroups
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class GroupedConfig:
     # decode (one wave): the promotion's scales loaded and their row x column products formed while the
     # wgmmas run, so after the wait only the 64 FMAs remain (v1: 16 LDS.64 + 64 FMUL + 64 FFMA after it)
     early_scales: bool = True
+    # decode (v4): a consumer warp whose 16 accumulator rows of a wave hold no real row of the unit (masked: the
+    # expert's count; a 64-row wave holds 1-16 real rows at decode, so 3 of each warpgroup's 4 warps) skips the
+    # promotion's scale loads and FMAs (~half of v2's non-widening instructions a K block; ncu, Flash T = 8
+    # L1). Its rows are never stored. Off: v2 (`cutedsl:v2`, the A/B); on: v4 (`cutedsl:v4`)
+    skip_idle_warps: bool = False
     # the weight codes in load-time tiles (expert, n tile, K block, bn rows, 64 bytes): a stage's FP4 tile is
     # one contiguous 16 KB read instead of bn 64-byte pieces 2 KB (L1) / 1 KB (L2) apart (variant
     # `cutedsl:tiled-b`: the DRAM-locality A/B; kernels/moe/layer.tiled_codes)
@@ -65,6 +73,11 @@ class GroupedConfig:
     # v3's L1 epilogue (needs split_wg): silu's division by rcp.approx (v2: the IEEE division, ~8 instructions
     # and a slow-path branch an element) and one 2-byte store per e4m3 pair of h (v2: two 1-byte stores)
     fast_silu: bool = False
+    # consumer warpgroups (2: v2-v4, each 128 of the tile's 256 weight columns; 4: each 64, at 112 registers a
+    # thread instead of 232, variant `cutedsl:wg4`): twice the warps to widen a K block's tile and to hide
+    # the latency of the widening's dependent integer chains (at decode the K block's time is the consumer
+    # warps' issue-latency chain, ~1.4 us: docs/perf/moe.md "v4"). One 64-row wave only (decode).
+    consumers: int = 2
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -83,12 +96,35 @@ class GroupedConfig:
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
         if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile
             raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
+        if self.consumers not in CONSUMERS:
+            raise ValueError(f"consumers must be one of {CONSUMERS}, got {self.consumers}")
+        if self.consumers != 2 and (self.bm != 64 or self.split_wg or self.widen != "v2"):
+            raise ValueError("4 consumer warpgroups: one 64-row wave (bm 64) of the v2 kernel's widening only")
         if self.n_stages < 2:
             raise ValueError(f"bm={self.bm} leaves room for {self.n_stages} stage(s)")
 
     bn = BN
-    n_mma_wg = 2
-    threads = 384
+
+    @property
+    def n_mma_wg(self) -> int:
+        return self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)  # + the producer warpgroup
+
+    @property
+    def consumer_regs(self) -> int:
+        """setmaxnreg of a consumer thread. setmaxnreg moves registers within the CTA's launch allocation
+        (threads x L, L = the register file / threads down to a multiple of 8): the consumers may grow by what
+        the producer warpgroup gives up (to 40, or 24 beside 4 consumers), no more, or `setmaxnreg.inc` waits
+        forever (a hang: docs/lessons/moe.md). 2 consumers: L 168 -> 232; 4: L 96 -> 112."""
+        launch = REGISTER_FILE // self.threads // 8 * 8
+        return launch + (launch - self.producer_regs) // self.consumers // 8 * 8
+
+    @property
+    def producer_regs(self) -> int:
+        return PRODUCER_REGS[self.consumers]
 
     @property
     def waves(self) -> int:
@@ -103,7 +139,8 @@ class GroupedConfig:
     @property
     def fixed_bytes(self) -> int:
         """Two widened e4m3 B tiles, the epilogue's amax exchange, the widening table, the work list, barriers."""
-        return 2 * self.bn * KBLOCK + self.waves * 2 * 64 * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4 + 2048
+        return (2 * self.bn * KBLOCK + self.waves * self.consumers * 64 * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4
+                + 2048)
 
     @property
     def n_stages(self) -> int:
@@ -115,7 +152,8 @@ class GroupedConfig:
 # The kernel versions as GroupedConfig overrides (the declared variants `cutedsl:v2` / `cutedsl:v3` and the
 # v2 A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v3
 # kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame weights with L1's cheaper epilogue.
-V2 = {"split_wg": False, "row_frame": False, "fast_silu": False}
+V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False}
+V4 = {**V2, "skip_idle_warps": True}  # the decode pick since the H100 A/B (docs/perf/moe.md "v4")
 V3 = {"split_wg": True, "row_frame": True, "fast_silu": True}
 
 
@@ -127,5 +165,5 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     decode stays on v2, as it was (v3 was not built for one wave: v2's early scales are off in it). The
     variant `cutedsl:v2` keeps v2 at prefill for A/Bs."""
     if layout == "masked":
-        return GroupedConfig(layout=layout, epilogue=epilogue, bm=64)
+        return GroupedConfig(layout=layout, epilogue=epilogue, bm=64, skip_idle_warps=True)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V3)

@@ -122,9 +122,9 @@ class GroupedSm90(GroupedEpilogues):
         S, W = c.n_stages, c.waves
         fp8 = mA.element_type
         tiled_mma = sm90_utils.make_trivial_tiled_mma(fp8, fp8, warpgroup.OperandMajorMode.K,
-                                                      warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
+                                                      warpgroup.OperandMajorMode.K, Float32, (1, c.n_mma_wg, 1), (64, c.bn // c.n_mma_wg))
         mma_acc = sm90_utils.make_trivial_tiled_mma(fp8, fp8, warpgroup.OperandMajorMode.K,
-                                                    warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
+                                                    warpgroup.OperandMajorMode.K, Float32, (1, c.n_mma_wg, 1), (64, c.bn // c.n_mma_wg))
         tile = (64, c.bn, KBLOCK)
         sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S * W)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, 2)  # two widened tiles
@@ -144,7 +144,7 @@ class GroupedSm90(GroupedEpilogues):
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, S * 2]
             tab: cute.struct.Align[cute.struct.MemRange[Int32, WIDEN_TABLE_WORDS], 16]
-            red: cute.struct.Align[cute.struct.MemRange[Float32, W * 2 * 64], 16]
+            red: cute.struct.Align[cute.struct.MemRange[Float32, W * c.n_mma_wg * 64], 16]
             gtiles: cute.struct.Align[cute.struct.MemRange[Int32, MAX_GROUPS], 16]  # masked: tiles per group
             gfirst: cute.struct.Align[cute.struct.MemRange[Int32, MAX_GROUPS], 16]  # and the first tile of each
             sSA: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sSA_layout)], 128]
@@ -273,7 +273,7 @@ class GroupedSm90(GroupedEpilogues):
             cute.arch.griddepcontrol_launch_dependents()  # the next kernel's CTAs take SMs as ours exit
         units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
         if wg == 0:
-            cute.arch.setmaxregister_decrease(40)
+            cute.arch.setmaxregister_decrease(c.producer_regs)
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
                 for u in cutlass.range(bidx, units, gdim, unroll=1):
@@ -296,7 +296,7 @@ class GroupedSm90(GroupedEpilogues):
                         state.advance()
                 ring.producer_tail(state)
         else:
-            cute.arch.setmaxregister_increase(232)
+            cute.arch.setmaxregister_increase(c.consumer_regs)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
                           n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
 
@@ -318,7 +318,7 @@ class GroupedSm90(GroupedEpilogues):
                     self._prepare(ring, st, sSh, tab, g_rd, ctid)
                     bar.arrive_and_wait()
                 self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar,
-                             g_rd, kb + 1 < n_kb, ctid)
+                             g_rd, kb + 1 < n_kb, ctid, limit - mt * c.bm)
                 g_rd = g_rd + 1
             self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)
 
@@ -373,11 +373,14 @@ class GroupedSm90(GroupedEpilogues):
             self._widen_v2(st, sSh, tab, stage, buf, ctid)
 
     @cute.jit
-    def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, has_next, ctid):
+    def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, has_next, ctid,
+                live_rows):
         """K block g_rd, its tile widened and published: per wave 4 wgmma into tmp, wait, (last wave: free
         the stage), promote with the stage's scales. `overlap`: the next block's stage is waited for and
-        widened into the other B buffer while wave 0's wgmmas run. The closing barrier: every thread is
-        done with this block's B buffer and the next one is complete."""
+        widened into the other B buffer while wave 0's wgmmas run. `skip_idle_warps`: a warp whose 16
+        accumulator rows of the wave are all at or past `live_rows` (the tile's real rows) neither loads the
+        scales nor promotes (its rows are never stored); it still waits and frees the stage. The closing
+        barrier: every thread is done with this block's B buffer and the next one is complete."""
         c = self.cfg
         W = c.waves
         state = self._stage(g_rd)
@@ -385,32 +388,51 @@ class GroupedSm90(GroupedEpilogues):
         col_s = cute.make_rmem_tensor((n_c,), Float32)
         row_s = cute.make_rmem_tensor((W, n_r), Float32)
         prod = cute.make_rmem_tensor((n_r, n_c), Float32)
+        early = c.early_scales and W == 1
+        if cutlass.const_expr(c.skip_idle_warps):
+            warp_row = cute.arch.make_warp_uniform((ctid % 128) // 32) * 16  # the warp's first accumulator row
         for w in cutlass.range_constexpr(W):
             self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
             if cutlass.const_expr(c.overlap and w == 0):
                 if has_next:
                     self._prepare(ring, st, sSh, tab, g_rd + 1, ctid)
-            early = c.early_scales and W == 1
-            if cutlass.const_expr(early):  # decode: scales and their products while the wgmmas run
-                self._scales(col_s, row_s, cC, sSW, sSA, state.index)
-                for r in cutlass.range_constexpr(n_r):
-                    for cc in cutlass.range_constexpr(n_c):
-                        prod[r, cc] = row_s[0, r] * col_s[cc]
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(not early):
-                if w == 0:  # the promotion scales of every wave, from the stage (still held)
+            if cutlass.const_expr(c.skip_idle_warps):  # scales read after the wait, by live warps only
+                warpgroup.wait_group(0)
+                fence_operand(tmp)
+                if w * 64 + warp_row < live_rows:
+                    self._scales(col_s, row_s, cC, sSW, sSA, state.index)  # (only wave w's row scales used)
+                    self._promote(accs[w], tmp, col_s, row_s, w)
+                if w == W - 1:
+                    ring.consumer_release(state)
+            else:
+                if cutlass.const_expr(early):  # decode: scales and their products while the wgmmas run
                     self._scales(col_s, row_s, cC, sSW, sSA, state.index)
-            if w == W - 1:
-                ring.consumer_release(state)
-            fence_operand(tmp)
-            acc_mn, tmp_mn = mn_view(accs[w]), mn_view(tmp)
-            for r in cutlass.range_constexpr(n_r):
-                for cc in cutlass.range_constexpr(n_c):
-                    if cutlass.const_expr(early):
-                        acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[r, cc]
-                    else:
-                        acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * (row_s[w, r] * col_s[cc])
+                    for r in cutlass.range_constexpr(n_r):
+                        for cc in cutlass.range_constexpr(n_c):
+                            prod[r, cc] = row_s[0, r] * col_s[cc]
+                warpgroup.wait_group(0)
+                if cutlass.const_expr(not early):
+                    if w == 0:  # the promotion scales of every wave, from the stage (still held)
+                        self._scales(col_s, row_s, cC, sSW, sSA, state.index)
+                if w == W - 1:
+                    ring.consumer_release(state)
+                fence_operand(tmp)
+                if cutlass.const_expr(early):
+                    acc_mn, tmp_mn = mn_view(accs[w]), mn_view(tmp)
+                    for r in cutlass.range_constexpr(n_r):
+                        for cc in cutlass.range_constexpr(n_c):
+                            acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[r, cc]
+                else:
+                    self._promote(accs[w], tmp, col_s, row_s, w)
         bar.arrive_and_wait()
+
+    @cute.jit
+    def _promote(self, acc, tmp, col_s, row_s, w: cutlass.Constexpr):
+        """acc += tmp · sa[row] · col_scale[n], the scales read after the wait (v2 at prefill, v4's live warps)."""
+        acc_mn, tmp_mn = mn_view(acc), mn_view(tmp)
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            for cc in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * (row_s[w, r] * col_s[cc])
 
     @cute.jit
     def _issue_wave(self, mmas, tCrA, tCrB, tmp, state, g_rd, w):

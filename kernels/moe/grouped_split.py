@@ -59,7 +59,7 @@ class GroupedSplit(GroupedSm90):
             wg_bar.arrive_and_wait()
             for kb in cutlass.range(0, n_kb, unroll=1):
                 self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, wg_bar,
-                             g_rd, kb + 1 < n_kb, ctid)
+                             g_rd, kb + 1 < n_kb, ctid, limit - mt * c.bm)
                 g_rd = g_rd + 1
             self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)
             if cutlass.const_expr(c.epilogue == "swiglu" and c.waves == 1):
@@ -99,9 +99,11 @@ class GroupedSplitRow(GroupedSplit):
     the column scales multiply the accumulator once, in the tile's last K block."""
 
     @cute.jit
-    def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, has_next, ctid):
-        """K block g_rd: per wave 4 wgmma into tmp; the wave's 2 row scales read from the stage while they run
-        (wave 0 also waits for and widens the next block's tile); wait; (last wave: free the stage);
+    def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, has_next, ctid,
+                live_rows):
+        """K block g_rd (`live_rows` unused: v3 promotes every warp's rows): per wave 4 wgmma into tmp; the
+        wave's 2 row scales read from the stage while they run (wave 0 also waits for and widens the next
+        block's tile); wait; (last wave: free the stage);
         acc += tmp · row_scale; in the tile's last block (has_next false) then acc *= col_scale, the column
         scales read from the stage after tmp is dead and before the stage is freed. The closing barrier (the
         warpgroup's): its half of this block's B buffer is free and of the next one complete."""

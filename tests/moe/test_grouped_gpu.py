@@ -5,7 +5,7 @@
   ragged shapes in both layouts, empty experts, one hot expert, a token on one expert twice;
 - the whole layer (ours: dispatch -> L1 -> L2 -> combine) through the family's evaluation path
   (`gpu_check`: the tolerance rule against the low-precision reference), small drawn layers and the
-  Flash shape at T = 1, 8, 64 (masked: v2) and 4096 (contiguous: v3, the tile rule's prefill pick);
+  Flash shape at T = 1, 8, 64 (masked: v4) and 4096 (contiguous: v3, the tile rule's prefill pick);
 - a masked count past max_m: ValueError from the layer op (with its check; none without it), and no host
   sync inside the layer op without the check.
 """
@@ -19,7 +19,7 @@ from dsv4bench.core.case import Case
 from kernels.moe.expert_weights import KBLOCK
 from kernels.moe.glue import dispatch
 from kernels.moe.inputs import make_experts
-from kernels.moe.grouped_config import V2, V3
+from kernels.moe.grouped_config import V2, V3, V4
 from kernels.moe.layer import (compile_grouped, compile_layer, layer_weights, row_frame_weights, run_grouped,
                                run_layer, weight_frame)
 from sweeps import moe as space
@@ -61,16 +61,20 @@ def _masked_max_m(idx, e):
 
 KNOBS = {"rule": {}, "overlap": V2, "serial": {**V2, "overlap": False},
          "v1": {**V2, "widen": "v1", "early_scales": False}, "tiled-b": {**V2, "tiled_b": True},
-         "split-wg": {**V2, "split_wg": True}, "v3": V3}
+         "split-wg": {**V2, "split_wg": True}, "v3": V3, "v4": V4, "wg4": {**V4, "consumers": 4}}
 
 
 @pytest.mark.parametrize("knobs", list(KNOBS.values()), ids=list(KNOBS))
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
 def test_grouped_gemms_match_the_model(shape, layout, knobs):
-    """The tile rule's pick (rule: v2 at decode, v3 at prefill), v2 (overlap; serial), the v1 widening /
-    promotion order, the tiled weight codes (tiled-b) and v3 (split-wg; v3 = split-wg on row-frame weights)
-    against the model; each on the weights of its frame (layer.weight_frame)."""
+    """The tile rule's pick (rule: v4 at decode, v3 at prefill), v4 at both layouts, v2 (overlap; serial), the
+    v1 widening / promotion order, the tiled weight codes (tiled-b) and v3 (split-wg; v3 = split-wg on
+    row-frame weights) and four consumer warpgroups (wg4, masked only) against the model; each on the weights
+    of its frame (layer.weight_frame). The shapes' counts put 1-16, 17-64 and over 64 rows on an expert (v4:
+    one, several or every warp promotes; a tile past the first)."""
+    if knobs.get("consumers", 2) != 2 and layout == "contiguous":
+        pytest.skip("4 consumer warpgroups: decode (masked) tiles only")
     ex, x, idx, w = _problem(*shape)
     _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, layout, knobs)
 
