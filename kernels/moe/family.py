@@ -32,7 +32,7 @@ from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_g
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.moe.grouped_config import V2, V3, V4
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
-from kernels.moe.layer import SM90_ONLY, compile_layer, grouped_config, run_layer, run_layer_unplanned
+from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
 from sweeps import moe as space
 
@@ -217,13 +217,7 @@ class MoeLayerVariant(MoeCuteDSL):
         self.check_fits, self.planned = sync, planned
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
-        if case["op"] != "layer":
-            return "a variant of the layer's GEMMs only"
-        try:  # a knob this layout's tiles cannot take (cutedsl:wg4 at prefill: one 64-row wave only)
-            grouped_config(case["layout"], "swiglu", **{k: v for k, v in self.knobs.items() if k != "skip_padding"})
-        except ValueError as e:
-            return str(e)
-        return super().supports(case, arch)
+        return super().supports(case, arch) if case["op"] == "layer" else "a variant of the layer's GEMMs only"
 
 
 class MoeGemv(MoeCuteDSL):
@@ -280,8 +274,6 @@ register_impl(MoeLayerVariant("pdl", {**V2, "pdl": True}))
 register_impl(MoeLayerVariant("split-wg", {**V2, "split_wg": True}))
 register_impl(MoeLayerVariant("v3", V3))
 register_impl(MoeLayerVariant("v4", V4))
-register_impl(MoeLayerVariant("wg4", {**V4, "consumers": 4}))
-register_impl(MoeLayerVariant("wg4-ko-no-widen", {**V4, "consumers": 4, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v4-ko-no-widen", {**V4, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,

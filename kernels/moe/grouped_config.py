@@ -23,9 +23,6 @@ ABLATIONS = ("", "no-widen")
 WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
-CONSUMERS = (2, 4)  # consumer warpgroups a CTA may have
-REGISTER_FILE = 65536
-PRODUCER_REGS = {2: 40, 4: 24}  # setmaxnreg of the producer warpgroup (one TMA warp), by consumer warpgroups
 
 
 @dataclass(frozen=True)
@@ -50,8 +47,9 @@ class GroupedConfig:
     early_scales: bool = True
     # decode (v4): a consumer warp whose 16 accumulator rows of a wave hold no real row of the unit (masked: the
     # expert's count; a 64-row wave holds 1-16 real rows at decode, so 3 of each warpgroup's 4 warps) skips the
-    # promotion's scale loads and FMAs (~half of v2's non-widening instructions a K block; ncu, Flash T = 8
-    # L1). Its rows are never stored. Off: v2 (`cutedsl:v2`, the A/B); on: v4 (`cutedsl:v4`)
+    # promotion's scale loads and FMAs; its rows are never stored. 1% in CUPTI time, not the ~20% its share of
+    # the instructions suggested: the idle warps then wait at the K block's CTA barrier for the live ones
+    # (docs/perf/moe.md "v4"). Off: v2 (`cutedsl:v2`, the A/B); on: v4 (`cutedsl:v4`)
     skip_idle_warps: bool = False
     # the weight codes in load-time tiles (expert, n tile, K block, bn rows, 64 bytes): a stage's FP4 tile is
     # one contiguous 16 KB read instead of bn 64-byte pieces 2 KB (L1) / 1 KB (L2) apart (variant
@@ -73,11 +71,6 @@ class GroupedConfig:
     # v3's L1 epilogue (needs split_wg): silu's division by rcp.approx (v2: the IEEE division, ~8 instructions
     # and a slow-path branch an element) and one 2-byte store per e4m3 pair of h (v2: two 1-byte stores)
     fast_silu: bool = False
-    # consumer warpgroups (2: v2-v4, each 128 of the tile's 256 weight columns; 4: each 64, at 112 registers a
-    # thread instead of 232, variant `cutedsl:wg4`): twice the warps to widen a K block's tile and to hide
-    # the latency of the widening's dependent integer chains (at decode the K block's time is the consumer
-    # warps' issue-latency chain, ~1.4 us: docs/perf/moe.md "v4"). One 64-row wave only (decode).
-    consumers: int = 2
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -96,35 +89,12 @@ class GroupedConfig:
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
         if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile
             raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
-        if self.consumers not in CONSUMERS:
-            raise ValueError(f"consumers must be one of {CONSUMERS}, got {self.consumers}")
-        if self.consumers != 2 and (self.bm != 64 or self.split_wg or self.widen != "v2"):
-            raise ValueError("4 consumer warpgroups: one 64-row wave (bm 64) of the v2 kernel's widening only")
         if self.n_stages < 2:
             raise ValueError(f"bm={self.bm} leaves room for {self.n_stages} stage(s)")
 
     bn = BN
-
-    @property
-    def n_mma_wg(self) -> int:
-        return self.consumers
-
-    @property
-    def threads(self) -> int:
-        return 128 * (self.consumers + 1)  # + the producer warpgroup
-
-    @property
-    def consumer_regs(self) -> int:
-        """setmaxnreg of a consumer thread. setmaxnreg moves registers within the CTA's launch allocation
-        (threads x L, L = the register file / threads down to a multiple of 8): the consumers may grow by what
-        the producer warpgroup gives up (to 40, or 24 beside 4 consumers), no more, or `setmaxnreg.inc` waits
-        forever (a hang: docs/lessons/moe.md). 2 consumers: L 168 -> 232; 4: L 96 -> 112."""
-        launch = REGISTER_FILE // self.threads // 8 * 8
-        return launch + (launch - self.producer_regs) // self.consumers // 8 * 8
-
-    @property
-    def producer_regs(self) -> int:
-        return PRODUCER_REGS[self.consumers]
+    n_mma_wg = 2
+    threads = 384
 
     @property
     def waves(self) -> int:
@@ -139,8 +109,7 @@ class GroupedConfig:
     @property
     def fixed_bytes(self) -> int:
         """Two widened e4m3 B tiles, the epilogue's amax exchange, the widening table, the work list, barriers."""
-        return (2 * self.bn * KBLOCK + self.waves * self.consumers * 64 * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4
-                + 2048)
+        return 2 * self.bn * KBLOCK + self.waves * 2 * 64 * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4 + 2048
 
     @property
     def n_stages(self) -> int:
@@ -149,21 +118,22 @@ class GroupedConfig:
         return min(MAX_STAGES, (SMEM_BYTES - self.fixed_bytes) // self.stage_bytes)
 
 
-# The kernel versions as GroupedConfig overrides (the declared variants `cutedsl:v2` / `cutedsl:v3` and the
-# v2 A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v3
-# kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame weights with L1's cheaper epilogue.
+# The kernel versions as GroupedConfig overrides (the declared variants `cutedsl:v2` / `v3` / `v4` and the v2
+# A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
+# with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
+# weights with L1's cheaper epilogue.
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False}
-V4 = {**V2, "skip_idle_warps": True}  # the decode pick since the H100 A/B (docs/perf/moe.md "v4")
+V4 = {**V2, "skip_idle_warps": True}  # the decode pick (choose)
 V3 = {"split_wg": True, "row_frame": True, "fast_silu": True}
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:
-    """Decode (masked: a few rows per expert) takes one 64-row wave on v2; prefill (contiguous, 128-row
-    segments) two waves on v3, whose GEMMs read row-frame weights (expert_weights.prepare(frame="row"):
-    kernels/moe/layer.weight_frame). v3 at prefill since the H100 A/B in one process (docs/perf/moe.md "v3":
-    Flash T = 4096 0.75-0.78x v2's time, 0.94-0.99x DeepGEMM's speed; Pro T = 4096 0.77-0.81x);
-    decode stays on v2, as it was (v3 was not built for one wave: v2's early scales are off in it). The
-    variant `cutedsl:v2` keeps v2 at prefill for A/Bs."""
+    """Decode (masked: a few rows per expert) takes one 64-row wave on v4 (v2 whose warps holding no real
+    row skip the promotion: 1.011x v2 in CUPTI kernel time over the 16 masked sweep cases, 0.995-1.022x,
+    docs/perf/moe.md "v4"); prefill (contiguous, 128-row segments) two waves on v3, whose GEMMs read row-frame weights
+    (expert_weights.prepare(frame="row"): kernels/moe/layer.weight_frame). v3 at prefill since the H100 A/B
+    in one process (docs/perf/moe.md "v3": Flash T = 4096 0.75-0.78x v2's time, 0.94-0.99x DeepGEMM's
+    speed; Pro T = 4096 0.77-0.81x). The variant `cutedsl:v2` keeps v2 at both layouts for A/Bs."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=64, skip_idle_warps=True)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V3)

@@ -1,11 +1,10 @@
 """The epilogues of the grouped expert GEMM (kernels/moe/grouped_sm90.py, a mixin of GroupedSm90; `self.cfg`
-is its GroupedConfig), per 64-row wave of a 64 x 256 tile split by column between the consumer warpgroups (2, or
-4: GroupedConfig.consumers):
+is its GroupedConfig), per 64-row wave of a 64 x 256 tile split by column between two warpgroups:
 
 swiglu (layer 1): the tile's 256 interleaved columns are 128 intermediates (gate at column c, up at
     c + 8: kernels/moe/expert_weights.interleave). gate / up rounded to bf16 (the reference's w1 / w3
     outputs), silu(min(g, 10)) · clamp(u, ±10) · route weight in fp32, h rounded to bf16, then the
-    FP8 block of 128: amax over the quad that shares a row, exchanged between the warpgroups in
+    FP8 block of 128: amax over the quad that shares a row, exchanged between the two warpgroups in
     shared memory; e4m3 codes (2-byte pairs) into [rows, I] and one ue8m0 scale per row into the
     MN-major scales [G, I/128, Mg] (kernels/moe/dispatch.py's rule and layout).
 bf16 (layer 2): bf16 pairs of adjacent columns as int32 stores into [rows, N].
@@ -50,13 +49,12 @@ class GroupedEpilogues:
         fast = self.cfg.fast_silu
         acc_mn = mn_view(acc)
         n_r, n_c = cute.size(cC, mode=[0]), cute.size(cC, mode=[1])
-        n_wg = self.cfg.n_mma_wg
-        red = st.red.get_tensor(cute.make_layout((64, n_wg, self.cfg.waves)))
+        red = st.red.get_tensor(cute.make_layout((64, 2, self.cfg.waves)))
         if cutlass.const_expr(fast):  # h's codes as 2-byte e4m3 pairs
             out16 = cute.make_tensor(cute.recast_ptr(mOut.iterator, dtype=Uint16),
                                      cute.make_layout((mOut.shape[0], mOut.shape[1] // 2),
                                                       stride=(mOut.shape[1] // 2, 1)))
-        wgi = ctid // 128  # the warpgroup's 256 / n_wg columns: 128 / n_wg intermediates
+        half = ctid // 128  # the warpgroup's 128 columns: 64 intermediates
         h = cute.make_rmem_tensor((n_r, n_c // 2), Float32)
         for r in cutlass.range_constexpr(n_r):
             m = m0 + cC[r, 0][0]
@@ -83,15 +81,13 @@ class GroupedEpilogues:
                 amax = cute.arch.fmax(amax, cute.arch.fmax(cute_abs(h[r, 2 * q]), cute_abs(h[r, 2 * q + 1])))
             amax = quad_allreduce(amax, cute.arch.fmax)
             if ctid % 4 == 0:
-                red[cC[r, 0][0], wgi, w] = amax
+                red[cC[r, 0][0], half, w] = amax
         bar.arrive_and_wait()
         for r in cutlass.range_constexpr(n_r):
             row = cC[r, 0][0]
             m = m0 + row
             if m < limit:
-                amax = red[row, 0, w]
-                for j in cutlass.range_constexpr(1, n_wg):
-                    amax = cute.arch.fmax(amax, red[row, j, w])
+                amax = cute.arch.fmax(red[row, 0, w], red[row, 1, w])
                 exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)
                 inv = inv_pow2(exp)
                 for q in cutlass.range_constexpr(n_c // 4):
@@ -103,7 +99,7 @@ class GroupedEpilogues:
                     else:
                         mOut[g * mg + m, i] = Uint8(pair & 0xFF)
                         mOut[g * mg + m, i + 1] = Uint8((pair >> 8) & 0xFF)
-                if (wgi == 0) & (ctid % 4 == 0):
+                if (half == 0) & (ctid % 4 == 0):
                     mOutS[m, nt, g] = bits_f32(exp << 23)
 
     @cute.jit

@@ -122,9 +122,9 @@ class GroupedSm90(GroupedEpilogues):
         S, W = c.n_stages, c.waves
         fp8 = mA.element_type
         tiled_mma = sm90_utils.make_trivial_tiled_mma(fp8, fp8, warpgroup.OperandMajorMode.K,
-                                                      warpgroup.OperandMajorMode.K, Float32, (1, c.n_mma_wg, 1), (64, c.bn // c.n_mma_wg))
+                                                      warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
         mma_acc = sm90_utils.make_trivial_tiled_mma(fp8, fp8, warpgroup.OperandMajorMode.K,
-                                                    warpgroup.OperandMajorMode.K, Float32, (1, c.n_mma_wg, 1), (64, c.bn // c.n_mma_wg))
+                                                    warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
         tile = (64, c.bn, KBLOCK)
         sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S * W)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, 2)  # two widened tiles
@@ -144,7 +144,7 @@ class GroupedSm90(GroupedEpilogues):
         class Storage:
             bars: cute.struct.MemRange[cutlass.Int64, S * 2]
             tab: cute.struct.Align[cute.struct.MemRange[Int32, WIDEN_TABLE_WORDS], 16]
-            red: cute.struct.Align[cute.struct.MemRange[Float32, W * c.n_mma_wg * 64], 16]
+            red: cute.struct.Align[cute.struct.MemRange[Float32, W * 2 * 64], 16]
             gtiles: cute.struct.Align[cute.struct.MemRange[Int32, MAX_GROUPS], 16]  # masked: tiles per group
             gfirst: cute.struct.Align[cute.struct.MemRange[Int32, MAX_GROUPS], 16]  # and the first tile of each
             sSA: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sSA_layout)], 128]
@@ -273,7 +273,7 @@ class GroupedSm90(GroupedEpilogues):
             cute.arch.griddepcontrol_launch_dependents()  # the next kernel's CTAs take SMs as ours exit
         units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
         if wg == 0:
-            cute.arch.setmaxregister_decrease(c.producer_regs)
+            cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
                 for u in cutlass.range(bidx, units, gdim, unroll=1):
@@ -296,7 +296,7 @@ class GroupedSm90(GroupedEpilogues):
                         state.advance()
                 ring.producer_tail(state)
         else:
-            cute.arch.setmaxregister_increase(c.consumer_regs)
+            cute.arch.setmaxregister_increase(232)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
                           n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
 

@@ -156,13 +156,10 @@ def test_kernel_math_matches_the_reference(layout):
                                                    ("contiguous", "bf16", {**V2, "tiled_b": True}),
                                                    ("masked", "swiglu", {"pdl": True}),
                                                    ("masked", "swiglu", V2), ("masked", "bf16", V2),
-                                                   ("contiguous", "swiglu", V4),
-                                                   ("masked", "swiglu", {**V4, "consumers": 4}),
-                                                   ("masked", "bf16", {**V4, "consumers": 4})])
+                                                   ("contiguous", "swiglu", V4)])
 def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
     """v4 (the tile rule's decode pick: v2 whose idle warps skip the promotion), v2 (V2: `cutedsl:v2`, at
-    both layouts; the rule's prefill pick, v3, is compiled in test_grouped_v3_cpu.py), four consumer warpgroups
-    (`cutedsl:wg4`, decode) and their A/B knobs."""
+    both layouts; the rule's prefill pick, v3, is compiled in test_grouped_v3_cpu.py) and their A/B knobs."""
     compile_checked(layout, epilogue, knobs, monkeypatch)
 
 
@@ -226,28 +223,6 @@ def test_layer_variants_are_declared():
     assert get_impl("moe", "cutedsl:ko-no-widen").knobs == {**V2, "ablate": "no-widen"}
     assert get_impl("moe", "cutedsl:v4").knobs == V4 and V4 == {**V2, "skip_idle_warps": True}
     assert not get_impl("moe", "cutedsl:v4-ko-no-widen").checked
-
-
-def test_four_consumer_warpgroups_take_decode_tiles_only():
-    """consumers = 4 (`cutedsl:wg4`): 640 threads, 112 registers a consumer (the producer at 24); refused with a reason at prefill
-    (bm 128, the contiguous layout) and for counts other than 2 and 4; the variant says so in `supports`.
-    setmaxnreg only moves registers within the CTA's launch allocation (threads x 96 at 640 threads; 168 at
-    384): the consumers' growth must fit in what the producer gives up, or the kernel hangs (it did at 112
-    with the producer at 40)."""
-    from kernels.moe.grouped_config import GroupedConfig
-    for consumers, launch, regs in ((2, 168, 232), (4, 96, 112)):
-        cfg = GroupedConfig(consumers=consumers, skip_idle_warps=True)
-        assert (cfg.threads, cfg.consumer_regs, cfg.n_mma_wg) == (128 * (consumers + 1), regs, consumers)
-        assert launch * cfg.threads <= 65536 < (launch + 8) * cfg.threads
-        grown, freed = 128 * consumers * (regs - launch), 128 * (launch - cfg.producer_regs)
-        assert grown <= freed < grown + 128 * consumers * 8
-    for bad in ({"consumers": 3}, {"consumers": 4, "bm": 128}, {"consumers": 4, "split_wg": True}):
-        with pytest.raises(ValueError, match="consumers|consumer warpgroups"):
-            GroupedConfig(**bad)
-    wg4 = get_impl("moe", "cutedsl:wg4")
-    assert wg4.knobs == {**V4, "consumers": 4}
-    assert "64-row wave" in wg4.supports(Case("moe", space.case("layer", "flash", 4096)), "sm_90a")
-    assert wg4.supports(Case("moe", space.case("layer", "flash", 8)), "sm_90a") is None
 
 
 def test_decode_pick_is_v4_and_prefill_keeps_every_warp():

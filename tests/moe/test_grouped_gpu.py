@@ -61,7 +61,7 @@ def _masked_max_m(idx, e):
 
 KNOBS = {"rule": {}, "overlap": V2, "serial": {**V2, "overlap": False},
          "v1": {**V2, "widen": "v1", "early_scales": False}, "tiled-b": {**V2, "tiled_b": True},
-         "split-wg": {**V2, "split_wg": True}, "v3": V3, "v4": V4, "wg4": {**V4, "consumers": 4}}
+         "split-wg": {**V2, "split_wg": True}, "v3": V3, "v4": V4}
 
 
 @pytest.mark.parametrize("knobs", list(KNOBS.values()), ids=list(KNOBS))
@@ -70,11 +70,9 @@ KNOBS = {"rule": {}, "overlap": V2, "serial": {**V2, "overlap": False},
 def test_grouped_gemms_match_the_model(shape, layout, knobs):
     """The tile rule's pick (rule: v4 at decode, v3 at prefill), v4 at both layouts, v2 (overlap; serial), the
     v1 widening / promotion order, the tiled weight codes (tiled-b) and v3 (split-wg; v3 = split-wg on
-    row-frame weights) and four consumer warpgroups (wg4, masked only) against the model; each on the weights
-    of its frame (layer.weight_frame). The shapes' counts put 1-16, 17-64 and over 64 rows on an expert (v4:
-    one, several or every warp promotes; a tile past the first)."""
-    if knobs.get("consumers", 2) != 2 and layout == "contiguous":
-        pytest.skip("4 consumer warpgroups: decode (masked) tiles only")
+    row-frame weights) against the model; each on the weights of its frame (layer.weight_frame). The
+    shapes' counts put 1-16, 17-64 and over 64 rows on an expert (v4: one, several or every warp
+    promotes; a tile past the first)."""
     ex, x, idx, w = _problem(*shape)
     _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, layout, knobs)
 
