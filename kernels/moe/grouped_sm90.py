@@ -5,10 +5,11 @@ checkpoint's MXFP4 (kernels/moe/expert_weights.py: codes + load-time side data).
 SM90 has no FP4 MMA. The FP4 bytes come from HBM by TMA (half of FP8's bytes: the decode floor) and
 the consumer warpgroups widen them to e4m3 in shared memory (a `prmt` table lookup per 4 codes on the
 3-bit magnitude, the sign bit copied; the table is chosen per 32-wide sub-block by its load-time shift),
-then run SS wgmma on the widened tile. Widening in shared memory rather than in registers (RS wgmma)
-keeps the x tile on the A side with the gemm family's mainloop, its 64-row waves and its promotion;
-an RS kernel would put the weight on A (swap-AB) and the SwiGLU pairs and the h quantisation block
-across warps. Decode is bound by the weight stream, not by the 64-row wgmma (docs/perf/moe.md).
+then run SS wgmma on the widened tile (the widening: kernels/moe/grouped_widen.py). Widening in shared
+memory rather than in registers (RS wgmma) keeps the x tile on the A side with the gemm family's mainloop,
+its 64-row waves and its promotion; an RS kernel would put the weight on A (swap-AB) and the SwiGLU pairs
+and the h quantisation block across warps. At decode a K block takes ~1.4 us a CTA whatever the load: the
+CTA-wide chain widen -> fence -> barrier -> wgmma, not the weight stream (docs/perf/moe.md "v4 and wg4").
 
 The widening of K block kb + 1 runs while kb's wgmmas do (two widened B buffers; GroupedConfig.overlap,
 off in the variant `cutedsl:serial`). Per 128-K block: acc += tmp · sa[row] · col_scale[n] (col_scale = 2^(r − 127), the weight's
@@ -38,67 +39,18 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Uint8
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
 from kernels.gemm.tiling import KBLOCK, SMEM_BYTES
 from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig
 from kernels.moe.grouped_epilogue import GroupedEpilogues
+from kernels.moe.grouped_widen import GroupedWidening
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import tma_ring
 
-SUBS = KBLOCK // 32  # MXFP4 sub-blocks per K block
-
-
-@dsl_user_op
-def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
-    """`prmt.b32`: byte k of the result is byte (nibble k of sel) of the 8-byte pair {b:a}."""
-    return Int32(llvm.inline_asm(
-        T.i32(), [Int32(v).ir_value(loc=loc, ip=ip) for v in (a, b, sel)], "prmt.b32 $0, $1, $2, $3;",
-        "=r,r,r,r", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
-
-
-@cute.jit
-def widen4(nibbles: Int32, t0: Int32, t1: Int32) -> Int32:
-    """4 e2m1 codes (bits 0-15) -> 4 e4m3 bytes: the magnitude from the shift's table, the sign copied."""
-    mag = prmt(t0, t1, nibbles & 0x7777)
-    y = (nibbles | (nibbles << 8)) & 0x00FF00FF
-    y = (y | (y << 4)) & 0x0F0F0F0F  # one code per byte
-    return mag | ((y << 4) & Int32(-0x7F7F7F80))  # 0x80808080: each code's sign bit to its byte's bit 7
-
-
-SIGNS = -0x7F7F7F80  # 0x80808080: bit 7 of every byte
-
-
-@cute.jit
-def widen8(word: Int32, t0: Int32, t1: Int32):
-    """8 e2m1 codes (a 32-bit word; code 2b in the low nibble of byte b, 2b + 1 in the high one) -> 8 e4m3
-    bytes as two words (codes 0-3, codes 4-7): the magnitudes from the shift's table (`prmt` on the 3-bit
-    magnitudes; the selector is the low 16 bits), the signs by two more `prmt` on (word, word << 4) that
-    put code k's bit 3 at bit 7 of output byte k: even codes from word << 4, odd ones from word itself;
-    OR-ed in under the 0x80 mask (one LOP3). 9 integer ops for 8 codes (v1's widen4: ~20)."""
-    mag = word & 0x77777777
-    sgn = word << 4
-    lo = prmt(t0, t1, mag) | (prmt(word, sgn, 0x1504) & SIGNS)
-    hi = prmt(t0, t1, mag >> 16) | (prmt(word, sgn, 0x3726) & SIGNS)  # mag >= 0: the shift is logical
-    return lo, hi
-
-
-@cute.jit
-def widen_item(words, tabs, step, out):
-    """Item `step`'s 4 code words (32 codes) -> `out`, its 32 e4m3 bytes as two 16-byte chunks (columns 0, 1):
-    `widen8` on each word with the item's table pair."""
-    for wi in cutlass.range_constexpr(4):
-        lo, hi = widen8(words[wi, step], tabs[0, step], tabs[1, step])
-        out[(wi % 2) * 2, wi // 2] = lo
-        out[(wi % 2) * 2 + 1, wi // 2] = hi
-
-
-class GroupedSm90(GroupedEpilogues):
+class GroupedSm90(GroupedEpilogues, GroupedWidening):
     def __init__(self, cfg: GroupedConfig):
         self.cfg = cfg
 
@@ -364,15 +316,6 @@ class GroupedSm90(GroupedEpilogues):
         cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
-    def _widen_stage(self, st, sSh, tab, stage, buf, ctid):
-        """The stage's whole FP4 tile widened by both consumer warpgroups, v1's or v2's way (GroupedConfig.widen;
-        v3 overrides it: each warpgroup its own rows)."""
-        if cutlass.const_expr(self.cfg.widen == "v1"):
-            self._widen(st, sSh, tab, stage, buf, ctid)
-        else:
-            self._widen_v2(st, sSh, tab, stage, buf, ctid)
-
-    @cute.jit
     def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, has_next, ctid,
                 live_rows):
         """K block g_rd, its tile widened and published: per wave 4 wgmma into tmp, wait, (last wave: free
@@ -453,69 +396,6 @@ class GroupedSm90(GroupedEpilogues):
         for ww in cutlass.range_constexpr(self.cfg.waves):
             for r in cutlass.range_constexpr(cute.size(cC, mode=[0])):
                 row_s[ww, r] = sSA[ww * 64 + cC[r, 0][0], 0, stage]
-
-    @cute.jit
-    def _widen(self, st, sSh, tab, stage, buf, ctid):
-        """FP4 tile of the stage (bn rows x 64 bytes) -> e4m3 into the 128B-swizzled B buffer `buf`: one
-        (row, 32-wide sub-block) per thread and step, 16 bytes in, two 16-byte chunks out. The swizzle
-        (Swizzle<3,4,3> on byte offsets, rows of 128 bytes): chunk ch of row n lands at chunk ch ^ (n % 8)."""
-        c = self.cfg
-        # plain word views of the raw buffers (the swizzle is applied by hand below)
-        q32 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32), cute.make_layout((c.n_stages * c.bn * 16,)))
-        b32 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((2 * c.bn * 32,)))
-        for step in cutlass.range_constexpr(c.bn * SUBS // (128 * c.n_mma_wg)):
-            item = step * 128 * c.n_mma_wg + ctid
-            n = item // SUBS
-            j = item % SUBS
-            ti = (sSh[n, 0, stage] >> (8 * j)) & 0xFF
-            t0, t1 = tab[2 * ti], tab[2 * ti + 1]
-            src = stage * (c.bn * 16) + n * 16 + j * 4
-            dst = buf * (c.bn * 32) + n * 32
-            for wi in cutlass.range_constexpr(4):
-                word = q32[src + wi]
-                chunk = (2 * j + wi // 2) ^ (n % 8)
-                b32[dst + chunk * 4 + (wi % 2) * 2] = widen4(word & 0xFFFF, t0, t1)
-                b32[dst + chunk * 4 + (wi % 2) * 2 + 1] = widen4((word >> 16) & 0xFFFF, t0, t1)
-
-    @cute.jit
-    def _widen_v2(self, st, sSh, tab, stage, buf, ctid):
-        """`_widen`'s result, cheaper: every load of the thread's items first (a 16-byte vector of codes, the
-        shift word, the 8-byte table pair: loads issued together, none waiting behind a store), then per
-        item 4 `widen8` and two 16-byte stores (the two swizzled chunks; a quarter-warp's 8 stores cover the
-        32 banks: rows n, n + 1 take the even / odd chunks)."""
-        c = self.cfg
-        steps = c.bn * SUBS // (128 * c.n_mma_wg)
-        q4, b4, tab2, words, tabs, out = self._widen_views(st, tab, steps)
-        for step in cutlass.range_constexpr(steps):
-            item = step * 128 * c.n_mma_wg + ctid
-            n = item // SUBS
-            ti = (sSh[n, 0, stage] >> (8 * (item % SUBS))) & 0xFF
-            cute.autovec_copy(q4[None, stage * (c.bn * 4) + item], words[None, step])
-            cute.autovec_copy(tab2[None, ti], tabs[None, step])
-        for step in cutlass.range_constexpr(steps):
-            item = step * 128 * c.n_mma_wg + ctid
-            n = item // SUBS
-            j = item % SUBS
-            widen_item(words, tabs, step, out)
-            for h in cutlass.range_constexpr(2):
-                cute.autovec_copy(out[None, h], b4[None, buf * (c.bn * 8) + n * 8 + ((2 * j + h) ^ (n % 8))])
-
-    @cute.jit
-    def _widen_views(self, st, tab, steps):
-        """The v2 widening's operands (v3's too): 16-byte word vectors of the stages' FP4 tiles (q4) and of the
-        widened B buffers (b4), the table as 8-byte pairs (tab2), and the thread's registers for `steps`
-        items: their code words and table pairs (loaded first), one item's output (`widen_item`)."""
-        c = self.cfg
-        q4 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32),
-                              cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
-        b4 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((4, 2 * c.bn * 8),
-                                                                                                stride=(1, 4)))
-        tab2 = cute.make_tensor(tab.iterator, cute.make_layout((2, WIDEN_TABLE_WORDS // 2), stride=(1, 2)))
-        words = cute.make_rmem_tensor(cute.make_layout((4, steps), stride=(1, 4)), Int32)
-        tabs = cute.make_rmem_tensor(cute.make_layout((2, steps), stride=(1, 2)), Int32)
-        out = cute.make_rmem_tensor(cute.make_layout((4, 2), stride=(1, 4)), Int32)
-        return q4, b4, tab2, words, tabs, out
-
 
 class GroupedL1(GroupedSm90):
     """Layer 1 (swiglu epilogue): its own class so the profiler's kernel name (built from the instance)

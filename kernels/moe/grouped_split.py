@@ -15,7 +15,7 @@ L1 epilogue's amax exchange (once a tile) are what they share. Once they drift a
 two warpgroups complete one after the other), one warpgroup's promotion and widening overlap the other's
 wgmmas. The widening work, the promotion, the epilogues and every index of the v2 kernel stay as they are
 (`GroupedSplit` overrides `_consume` and `_widen_stage`; the rest, and the pieces of those two that v2 has too,
-are grouped_sm90's and grouped_epilogue's).
+are grouped_sm90's, grouped_widen's and grouped_epilogue's).
 
 The L1 epilogue's amax exchange buffer (`red`, one slot per (row, warpgroup, wave)) is written before and read
 after a 256-thread barrier. With one wave (bm 64) a warpgroup free to drift could write the next tile's slot
@@ -36,7 +36,8 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from kernels.moe.grouped_sm90 import SUBS, GroupedSm90, widen_item
+from kernels.moe.grouped_sm90 import GroupedSm90
+from kernels.moe.grouped_widen import SUBS, widen_item
 from kernels.regs import fence_operand, mn_view
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)

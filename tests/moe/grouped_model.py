@@ -28,7 +28,7 @@ def prmt(a: int, b: int, sel: int) -> int:
 
 
 def widen4(nibbles: int, t0: int, t1: int) -> int:
-    """kernels/moe/grouped_sm90.widen4 in Python: 4 codes (bits 0-15) -> 4 e4m3 bytes."""
+    """kernels/moe/grouped_widen.widen4 in Python: 4 codes (bits 0-15) -> 4 e4m3 bytes."""
     mag = prmt(t0, t1, nibbles & 0x7777)
     y = (nibbles | (nibbles << 8)) & 0x00FF00FF
     y = (y | (y << 4)) & 0x0F0F0F0F
@@ -36,7 +36,7 @@ def widen4(nibbles: int, t0: int, t1: int) -> int:
 
 
 def widen8(word: int, t0: int, t1: int) -> tuple[int, int]:
-    """kernels/moe/grouped_sm90.widen8 in Python: 8 codes (a 32-bit word) -> two words of 4 e4m3 bytes."""
+    """kernels/moe/grouped_widen.widen8 in Python: 8 codes (a 32-bit word) -> two words of 4 e4m3 bytes."""
     word &= 0xFFFFFFFF
     mag = word & 0x77777777
     sgn = (word << 4) & 0xFFFFFFFF

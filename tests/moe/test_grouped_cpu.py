@@ -13,7 +13,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
 from kernels.moe.expert_weights import (EXACT_SPAN, SHIFT_BIAS, SHIFTS, flush_stats, interleave, prepare,
                                         prepare_layer, widen_table, widened_dequant)
-from kernels.moe.grouped_config import V2, V4, choose
+from kernels.moe.grouped_config import V2, V4
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import SM90_ONLY, act_views, compile_grouped, weight_views
 from oracles.moe import dispatch_layout, gather_quant, routed_lowprec
@@ -67,7 +67,7 @@ def test_nan_scales_are_refused():
 
 
 def test_kernel_bit_widening_matches_the_table_on_every_input():
-    """grouped_sm90.widen4 (prmt on the 3-bit magnitude, sign copied) for all 2^16 four-code inputs, a
+    """grouped_widen.widen4 (prmt on the 3-bit magnitude, sign copied) for all 2^16 four-code inputs, a
     few shift tables, against the e4m3 encoding of grid · 2^shift with the sign."""
     table = widen_table().view(torch.uint8).view(SHIFTS, 8)
     words = widen_table()
@@ -85,7 +85,7 @@ def test_kernel_bit_widening_matches_the_table_on_every_input():
 
 
 def test_v2_widening_of_8_codes_matches_v1_on_every_word_pattern():
-    """grouped_sm90.widen8 (v2: magnitudes by prmt on the low / high 16 selector bits, signs by prmt on
+    """grouped_widen.widen8 (v2: magnitudes by prmt on the low / high 16 selector bits, signs by prmt on
     (word, word << 4)) equals two v1 widen4 calls (codes 0-3, 4-7) on every table and on words covering
     every nibble value in every position, the all-sign / no-sign words and random words."""
     import random
@@ -223,14 +223,6 @@ def test_layer_variants_are_declared():
     assert get_impl("moe", "cutedsl:ko-no-widen").knobs == {**V2, "ablate": "no-widen"}
     assert get_impl("moe", "cutedsl:v4").knobs == V4 and V4 == {**V2, "skip_idle_warps": True}
     assert not get_impl("moe", "cutedsl:v4-ko-no-widen").checked
-
-
-def test_decode_pick_is_v4_and_prefill_keeps_every_warp():
-    """The tile rule: masked (decode) GEMMs skip the idle warps' promotion (v4); contiguous ones are v3, which
-    promotes every warp's rows (its 128-row tiles are full but for a segment's tail)."""
-    for epilogue in ("swiglu", "bf16"):
-        assert choose("masked", epilogue).skip_idle_warps
-        assert not choose("contiguous", epilogue).skip_idle_warps and choose("contiguous", epilogue).split_wg
 
 
 def test_sm100a_is_unsupported_with_the_reason():

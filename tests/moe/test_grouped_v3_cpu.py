@@ -153,23 +153,24 @@ def test_v3_variants_are_declared_and_validated():
 
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
-def test_the_tile_rule_picks_v3_at_prefill_and_v2_at_decode(epilogue):
-    """Since the H100 A/B (docs/perf/moe.md "v3"): contiguous (prefill) -> v3 (split warpgroups,
-    row-frame weights, fast silu), masked (decode) -> exactly the v2 config it was."""
-    from kernels.moe.grouped_config import choose
+def test_the_tile_rule_picks_v3_at_prefill_and_v4_at_decode(epilogue):
+    """Since the H100 A/Bs (docs/perf/moe.md "v3", "v4 and wg4"): contiguous (prefill) -> v3 (split
+    warpgroups, row-frame weights, fast silu; every warp promotes), masked (decode) -> exactly the v2 config
+    with the idle warps' promotion skipped (v4)."""
+    from kernels.moe.grouped_config import V4, choose
     from kernels.moe.layer import grouped_config, weight_frame
     pre, dec = choose("contiguous", epilogue), choose("masked", epilogue)
-    assert (pre.split_wg, pre.row_frame, pre.fast_silu, pre.bm) == (True, True, True, 128)
-    assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=64)  # the v2 decode config, unchanged
-    assert not (dec.split_wg or dec.row_frame or dec.fast_silu)
+    assert (pre.split_wg, pre.row_frame, pre.fast_silu, pre.bm, pre.skip_idle_warps) == (True, True, True, 128, False)
+    assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=64, **V4)  # v2's decode config + the skip
+    assert dec.skip_idle_warps and not (dec.split_wg or dec.row_frame or dec.fast_silu)
     assert weight_frame("contiguous") == "row" and weight_frame("masked") == "block"
-    # cutedsl:v2 and every v2 A/B stay on v2 at prefill; cutedsl:v3 and split-wg are what they were
+    # cutedsl:v2 and every v2 A/B are v2 at both layouts (decode: the pick without the skip); v3, split-wg as were
     for name in ("v2", "serial", "ko-no-widen", "widen-v1", "tiled-b", "pdl", "v1"):
         knobs = {k: v for k, v in get_impl("moe", f"cutedsl:{name}").knobs.items() if k != "skip_padding"}
         cfg = grouped_config("contiguous", epilogue, **knobs)
         assert not (cfg.split_wg or cfg.row_frame or cfg.fast_silu), name
-        assert grouped_config("masked", epilogue, **knobs) == replace(dec, **{k: v for k, v in knobs.items()
-                                                                                if k not in V2}), name
+        assert grouped_config("masked", epilogue, **knobs) == replace(dec, skip_idle_warps=False, **{
+            k: v for k, v in knobs.items() if k not in V2}), name
         assert weight_frame("contiguous", **knobs) == "block"
     for layout in ("masked", "contiguous"):
         assert grouped_config(layout, epilogue, **V3).row_frame and weight_frame(layout, **V3) == "row"

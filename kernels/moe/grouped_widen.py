@@ -1,0 +1,139 @@
+"""The widening of the grouped expert GEMM (kernels/moe/grouped_sm90.py, a mixin of GroupedSm90; `self.cfg` is its
+GroupedConfig): a stage's FP4 weight tile (bn rows x 64 bytes, two e2m1 codes a byte) -> e4m3 in the
+128B-swizzled B buffer the wgmma reads. A `prmt` table lookup per 4 codes on the 3-bit magnitude, the sign bit
+copied; the table is chosen per 32-wide sub-block by its load-time shift (kernels/moe/expert_weights.py).
+v1 (`widen4`, `_widen`): 4 codes per 16 bits, scalar words. v2 (`widen8`, `_widen_v2`): 8 codes per 32-bit
+word in 9 integer ops, 16-byte loads and stores. The bit-level forms have torch twins in
+tests/moe/grouped_model.py, checked on every input pattern by tests/moe/test_grouped_cpu.py.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from kernels.gemm.tiling import KBLOCK
+from kernels.moe.grouped_config import WIDEN_TABLE_WORDS
+
+SUBS = KBLOCK // 32  # MXFP4 sub-blocks per K block
+
+
+@dsl_user_op
+def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
+    """`prmt.b32`: byte k of the result is byte (nibble k of sel) of the 8-byte pair {b:a}."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(v).ir_value(loc=loc, ip=ip) for v in (a, b, sel)], "prmt.b32 $0, $1, $2, $3;",
+        "=r,r,r,r", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@cute.jit
+def widen4(nibbles: Int32, t0: Int32, t1: Int32) -> Int32:
+    """4 e2m1 codes (bits 0-15) -> 4 e4m3 bytes: the magnitude from the shift's table, the sign copied."""
+    mag = prmt(t0, t1, nibbles & 0x7777)
+    y = (nibbles | (nibbles << 8)) & 0x00FF00FF
+    y = (y | (y << 4)) & 0x0F0F0F0F  # one code per byte
+    return mag | ((y << 4) & Int32(-0x7F7F7F80))  # 0x80808080: each code's sign bit to its byte's bit 7
+
+
+SIGNS = -0x7F7F7F80  # 0x80808080: bit 7 of every byte
+
+
+@cute.jit
+def widen8(word: Int32, t0: Int32, t1: Int32):
+    """8 e2m1 codes (a 32-bit word; code 2b in the low nibble of byte b, 2b + 1 in the high one) -> 8 e4m3
+    bytes as two words (codes 0-3, codes 4-7): the magnitudes from the shift's table (`prmt` on the 3-bit
+    magnitudes; the selector is the low 16 bits), the signs by two more `prmt` on (word, word << 4) that
+    put code k's bit 3 at bit 7 of output byte k: even codes from word << 4, odd ones from word itself;
+    OR-ed in under the 0x80 mask (one LOP3). 9 integer ops for 8 codes (v1's widen4: ~20)."""
+    mag = word & 0x77777777
+    sgn = word << 4
+    lo = prmt(t0, t1, mag) | (prmt(word, sgn, 0x1504) & SIGNS)
+    hi = prmt(t0, t1, mag >> 16) | (prmt(word, sgn, 0x3726) & SIGNS)  # mag >= 0: the shift is logical
+    return lo, hi
+
+
+@cute.jit
+def widen_item(words, tabs, step, out):
+    """Item `step`'s 4 code words (32 codes) -> `out`, its 32 e4m3 bytes as two 16-byte chunks (columns 0, 1):
+    `widen8` on each word with the item's table pair."""
+    for wi in cutlass.range_constexpr(4):
+        lo, hi = widen8(words[wi, step], tabs[0, step], tabs[1, step])
+        out[(wi % 2) * 2, wi // 2] = lo
+        out[(wi % 2) * 2 + 1, wi // 2] = hi
+
+
+class GroupedWidening:
+    @cute.jit
+    def _widen_stage(self, st, sSh, tab, stage, buf, ctid):
+        """The stage's whole FP4 tile widened by both consumer warpgroups, v1's or v2's way (GroupedConfig.widen;
+        v3 overrides it: each warpgroup its own rows)."""
+        if cutlass.const_expr(self.cfg.widen == "v1"):
+            self._widen(st, sSh, tab, stage, buf, ctid)
+        else:
+            self._widen_v2(st, sSh, tab, stage, buf, ctid)
+
+    @cute.jit
+    def _widen(self, st, sSh, tab, stage, buf, ctid):
+        """FP4 tile of the stage (bn rows x 64 bytes) -> e4m3 into the 128B-swizzled B buffer `buf`: one
+        (row, 32-wide sub-block) per thread and step, 16 bytes in, two 16-byte chunks out. The swizzle
+        (Swizzle<3,4,3> on byte offsets, rows of 128 bytes): chunk ch of row n lands at chunk ch ^ (n % 8)."""
+        c = self.cfg
+        # plain word views of the raw buffers (the swizzle is applied by hand below)
+        q32 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32), cute.make_layout((c.n_stages * c.bn * 16,)))
+        b32 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((2 * c.bn * 32,)))
+        for step in cutlass.range_constexpr(c.bn * SUBS // (128 * c.n_mma_wg)):
+            item = step * 128 * c.n_mma_wg + ctid
+            n = item // SUBS
+            j = item % SUBS
+            ti = (sSh[n, 0, stage] >> (8 * j)) & 0xFF
+            t0, t1 = tab[2 * ti], tab[2 * ti + 1]
+            src = stage * (c.bn * 16) + n * 16 + j * 4
+            dst = buf * (c.bn * 32) + n * 32
+            for wi in cutlass.range_constexpr(4):
+                word = q32[src + wi]
+                chunk = (2 * j + wi // 2) ^ (n % 8)
+                b32[dst + chunk * 4 + (wi % 2) * 2] = widen4(word & 0xFFFF, t0, t1)
+                b32[dst + chunk * 4 + (wi % 2) * 2 + 1] = widen4((word >> 16) & 0xFFFF, t0, t1)
+
+    @cute.jit
+    def _widen_v2(self, st, sSh, tab, stage, buf, ctid):
+        """`_widen`'s result, cheaper: every load of the thread's items first (a 16-byte vector of codes, the
+        shift word, the 8-byte table pair: loads issued together, none waiting behind a store), then per
+        item 4 `widen8` and two 16-byte stores (the two swizzled chunks; a quarter-warp's 8 stores cover the
+        32 banks: rows n, n + 1 take the even / odd chunks)."""
+        c = self.cfg
+        steps = c.bn * SUBS // (128 * c.n_mma_wg)
+        q4, b4, tab2, words, tabs, out = self._widen_views(st, tab, steps)
+        for step in cutlass.range_constexpr(steps):
+            item = step * 128 * c.n_mma_wg + ctid
+            n = item // SUBS
+            ti = (sSh[n, 0, stage] >> (8 * (item % SUBS))) & 0xFF
+            cute.autovec_copy(q4[None, stage * (c.bn * 4) + item], words[None, step])
+            cute.autovec_copy(tab2[None, ti], tabs[None, step])
+        for step in cutlass.range_constexpr(steps):
+            item = step * 128 * c.n_mma_wg + ctid
+            n = item // SUBS
+            j = item % SUBS
+            widen_item(words, tabs, step, out)
+            for h in cutlass.range_constexpr(2):
+                cute.autovec_copy(out[None, h], b4[None, buf * (c.bn * 8) + n * 8 + ((2 * j + h) ^ (n % 8))])
+
+    @cute.jit
+    def _widen_views(self, st, tab, steps):
+        """The v2 widening's operands (v3's too): 16-byte word vectors of the stages' FP4 tiles (q4) and of the
+        widened B buffers (b4), the table as 8-byte pairs (tab2), and the thread's registers for `steps`
+        items: their code words and table pairs (loaded first), one item's output (`widen_item`)."""
+        c = self.cfg
+        q4 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32),
+                              cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
+        b4 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((4, 2 * c.bn * 8),
+                                                                                                stride=(1, 4)))
+        tab2 = cute.make_tensor(tab.iterator, cute.make_layout((2, WIDEN_TABLE_WORDS // 2), stride=(1, 2)))
+        words = cute.make_rmem_tensor(cute.make_layout((4, steps), stride=(1, 4)), Int32)
+        tabs = cute.make_rmem_tensor(cute.make_layout((2, steps), stride=(1, 2)), Int32)
+        out = cute.make_rmem_tensor(cute.make_layout((4, 2), stride=(1, 4)), Int32)
+        return q4, b4, tab2, words, tabs, out
