@@ -1,4 +1,4 @@
-"""The TMA ring both wgmma kernels (gemm, indexer) feed their consumers through: one producer
+"""The TMA ring the wgmma kernels (gemm, moe, indexer) feed their consumers through: one producer
 thread, `consumer_warps` warps releasing each stage; a CTA of its own, or one of a cluster whose
 CTAs multicast into each other's stages (then a stage is free when every CTA's consumers released it)."""
 
@@ -23,3 +23,8 @@ def tma_ring(barriers, stages: int, consumer_warps: int, tx_bytes: int,
         cta_layout_vmnk=cute.make_layout((1, 1, cluster_n, 1)),
         defer_sync=True,
     )
+
+
+def consumer_state(stages: int, g):
+    """The consumer's ring state for the g-th stage it takes (slot g % stages, phase (g // stages) % 2)."""
+    return pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)

@@ -40,6 +40,7 @@ from cutlass.utils import LayoutEnum
 from kernels.gemm.bf16_config import BK, Bf16Config
 from kernels.gemm.persistent_sm90 import PersistentGemmSm90, tma_slices
 from kernels.regs import fence_operand, mn_view
+from kernels.rings import consumer_state
 
 
 class Bf16GemmSm90(PersistentGemmSm90):
@@ -165,7 +166,7 @@ class Bf16GemmSm90(PersistentGemmSm90):
         S = self.cfg.n_stages
         fence_operand(acc)
         for kb in cutlass.range(kb0, kb1, unroll=self.cfg.unroll):
-            st = pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
+            st = consumer_state(S, g_rd)
             ring.consumer_wait(st)
             fence_operand(acc)
             warpgroup.fence()
@@ -175,14 +176,12 @@ class Bf16GemmSm90(PersistentGemmSm90):
             warpgroup.wait_group(1)
             fence_operand(acc)
             if kb > kb0:
-                p = g_rd - 1
-                ring.consumer_release(pipeline.PipelineState(S, p, p % S, (p // S) % 2))
+                ring.consumer_release(consumer_state(S, g_rd - 1))
             g_rd = g_rd + 1
         warpgroup.wait_group(0)
         fence_operand(acc)
         if kb1 > kb0:
-            p = g_rd - 1
-            ring.consumer_release(pipeline.PipelineState(S, p, p % S, (p // S) % 2))
+            ring.consumer_release(consumer_state(S, g_rd - 1))
         return g_rd
 
     @cute.jit

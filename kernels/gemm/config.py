@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 from kernels.gemm.tiling import KBLOCK, GemmConfig, straddles_groups
 
@@ -140,7 +141,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # With few M tiles the weight's DRAM stream binds and a pair would only couple two CTAs' streams
     # (not measured: the rule takes bm 128 up to M = 256). The cost model does not price the pair.
     pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
-    # one consumer warpgroup: K blocks in chains of 8 (v8: 3-5% faster at M 1 / 8 / 64 than unchained,
-    # 1-3% than chains of 2 / 4; bn 192's three fragments would spill)
-    chain = CHAIN if bm <= 64 and bn <= 128 else 0
-    return GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, chain=chain)
+    # where the tile can (GemmConfig.chainable), K blocks in chains of 8 (v8: 3-5% faster at M 1 / 8 / 64
+    # than unchained, 1-3% than chains of 2 / 4)
+    cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1)
+    return replace(cfg, chain=CHAIN) if cfg.chainable else cfg

@@ -55,6 +55,7 @@ from cutlass.utils import LayoutEnum
 from kernels.gemm.persistent_sm90 import PersistentGemmSm90, tma_slices
 from kernels.gemm.tiling import EPI_N, KBLOCK, SCALE_BOX, SW_SLOT, GemmConfig
 from kernels.regs import fence_operand, mn_view
+from kernels.rings import consumer_state
 
 
 class Fp8GemmSm90(PersistentGemmSm90):
@@ -339,8 +340,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
     # ---------------- the mainloop (consumer warpgroups) ----------------
     def _stage(self, g):
         """The ring state of the CTA's g-th K block."""
-        S = self.cfg.n_stages
-        return pipeline.PipelineState(S, g, g % S, (g // S) % 2)
+        return consumer_state(self.cfg.n_stages, g)
 
     @cute.jit
     def _issue(self, mmas, tmp, tCrA, tCrB, a_buf, b_buf):

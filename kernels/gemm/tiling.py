@@ -75,8 +75,7 @@ class GemmConfig:
             raise ValueError(f"unroll must be 1, 2, 4 or 8, got {self.unroll}")
         if self.chain not in (0, 2, 4, 8):
             raise ValueError(f"chain must be 0 (off), 2, 4 or 8, got {self.chain}")
-        if self.chain and (self.n_mma_wg != 1 or self.ablate or self.bn == 192):
-            # bn 192: three 96-register fragments (acc and two temporaries) spill
+        if self.chain and not self.chainable:
             raise ValueError("K-block chains run one consumer warpgroup (bm <= 64), bn <= 128, no knock-out")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
@@ -84,6 +83,12 @@ class GemmConfig:
             raise ValueError(f"{self.stages} stages of {self.stage_smem_bytes} B do not fit shared memory")
         if self.n_stages < 2:
             raise ValueError(f"bm {self.bm} x bn {self.bn} leaves room for {self.n_stages} smem stage(s)")
+
+    @property
+    def chainable(self) -> bool:
+        """May `chain` be set: one consumer warpgroup, no knock-out, not bn 192 (three 96-register fragments
+        would spill)."""
+        return self.n_mma_wg == 1 and not self.ablate and self.bn != 192
 
     @property
     def n_mma_wg(self) -> int:

@@ -48,7 +48,7 @@ from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedCon
 from kernels.moe.grouped_epilogue import GroupedEpilogues
 from kernels.moe.grouped_widen import GroupedWidening
 from kernels.regs import fence_operand, mn_view
-from kernels.rings import tma_ring
+from kernels.rings import consumer_state, tma_ring
 
 class GroupedSm90(GroupedEpilogues, GroupedWidening):
     def __init__(self, cfg: GroupedConfig):
@@ -302,8 +302,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
 
     @cute.jit
     def _stage(self, g_rd):
-        S = self.cfg.n_stages
-        return pipeline.PipelineState(S, g_rd, g_rd % S, (g_rd // S) % 2)
+        return consumer_state(self.cfg.n_stages, g_rd)
 
     @cute.jit
     def _prepare(self, ring, st, sSh, tab, g_rd, ctid):
