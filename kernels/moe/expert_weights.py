@@ -140,6 +140,17 @@ def widened_dequant(w: GroupedWeight) -> torch.Tensor:
     return widened_codes(w).float() * col
 
 
+def rs_byte_order() -> torch.Tensor:
+    """int64 [64]: swap-AB's (v5, kernels/moe/grouped_rs.py) order of a weight row's 64 code bytes of one 128-K
+    block: new byte 16q + 4s + t is old byte 16s + 8(t // 2) + 2q + t % 2 (q < 4, s < 4, t < 4). In the RS wgmma's
+    A fragment (m64 x k32, e4m3) the thread of quad lane q holds, for k step s, the codes 32s + 4q .. + 3 and
+    32s + 16 + 4q .. + 3 of its row: old bytes 16s + 2q, + 1 and 16s + 8 + 2q, + 1. Reordered, the thread's 32
+    codes of a row are one 16-byte load, word s the 8 codes of step s (= MXFP4 sub-block s, one table), and
+    `widen8` turns word s into the fragment's two words of that row (codes 0-3: k 4q.., codes 4-7: k 16 + 4q..)."""
+    q, s, t = torch.meshgrid(torch.arange(4), torch.arange(4), torch.arange(4), indexing="ij")
+    return (16 * s + 8 * (t // 2) + 2 * q + t % 2).reshape(-1)
+
+
 def flush_stats(scales: torch.Tensor, frame: str = "block") -> tuple[int, int]:
     """(sub-blocks widened inexactly: more than EXACT_SPAN binades below their block's max (frame "row": their
     row's max), all sub-blocks)."""

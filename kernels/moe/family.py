@@ -30,7 +30,7 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.moe.grouped_config import V2, V3, V4
+from kernels.moe.grouped_config import V2, V3, V4, V5
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -210,14 +210,21 @@ class MoeLayerVariant(MoeCuteDSL):
     kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
     scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
     rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out
-    (what v3's widening still costs) (docs/perf/moe.md)."""
+    (what v3's widening still costs); `cutedsl:v5` (decode only) swap-AB with the weights widened in registers as
+    an RS wgmma's A (kernels/moe/grouped_rs.py; the rule's decode pick: a 16- and a 32-token tile compiled, a call
+    takes the smallest holding its largest count, v4 past 64; launched with PDL), `:v5-bm16` / `:v5-bm32` one tile
+    only, `:v5-no-pdl` the rule's pick without programmatic dependent launch (docs/perf/moe.md)."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False, planned: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
         self.check_fits, self.planned = sync, planned
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
-        return super().supports(case, arch) if case["op"] == "layer" else "a variant of the layer's GEMMs only"
+        if case["op"] != "layer":
+            return "a variant of the layer's GEMMs only"
+        if self.knobs.get("swap_ab") and case["layout"] != "masked":
+            return "v5 (swap-AB) is a decode kernel: masked layout only"
+        return super().supports(case, arch)
 
 
 class MoeGemv(MoeCuteDSL):
@@ -274,6 +281,10 @@ register_impl(MoeLayerVariant("pdl", {**V2, "pdl": True}))
 register_impl(MoeLayerVariant("split-wg", {**V2, "split_wg": True}))
 register_impl(MoeLayerVariant("v3", V3))
 register_impl(MoeLayerVariant("v4", V4))
+register_impl(MoeLayerVariant("v5", V5))
+register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))
+register_impl(MoeLayerVariant("v5-bm32", {**V5, "bm": 32}))
+register_impl(MoeLayerVariant("v5-no-pdl", {**V5, "pdl": False}))
 register_impl(MoeLayerVariant("v4-ko-no-widen", {**V4, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,

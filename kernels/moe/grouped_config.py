@@ -22,6 +22,8 @@ MAX_STAGES = 8
 ABLATIONS = ("", "no-widen")
 WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
+SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
+WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v4 past it
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 
 
@@ -71,6 +73,11 @@ class GroupedConfig:
     # v3's L1 epilogue (needs split_wg): silu's division by rcp.approx (v2: the IEEE division, ~8 instructions
     # and a slow-path branch an element) and one 2-byte store per e4m3 pair of h (v2: two 1-byte stores)
     fast_silu: bool = False
+    # v5 (decode; variant `cutedsl:v5`, kernels/moe/grouped_rs.py): swap-AB with the weights as an RS wgmma's A
+    # operand: each consumer thread widens its own A fragment in registers (codes in the load-time RS byte order,
+    # expert_weights.rs_byte_order), the tokens are the N side (bm = 16 or 32 a tile). No widened tile in shared
+    # memory, no fence, no CTA barrier a K block: a stage is freed by its warps' own wgmma waits
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -85,7 +92,13 @@ class GroupedConfig:
             raise ValueError("row_frame and fast_silu are modes of the split_wg kernel (v3)")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
-        if self.bm not in (64, 128):
+        if self.swap_ab:
+            if self.layout != "masked" or self.split_wg or self.tiled_b or self.widen != "v2" or self.ablate:
+                raise ValueError("swap_ab (v5) is a masked-layout kernel of its own: no split_wg, tiled_b, widen "
+                                 "or ablate knobs")
+            if self.bm not in SWAP_BM:
+                raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
+        elif self.bm not in (64, 128):
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
         if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile
             raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
@@ -101,6 +114,22 @@ class GroupedConfig:
         return self.bm // 64
 
     @property
+    def a_boxes(self) -> int:
+        """TMA boxes of x a stage: one per 64-row wave (swap_ab: one bm-row tile)."""
+        return 1 if self.swap_ab else self.waves
+
+    @property
+    def tiled_codes(self) -> bool:
+        """The weight codes come in load-time tiles (tiled_b's plain bytes, swap_ab's RS byte order)."""
+        return self.tiled_b or self.swap_ab
+
+    @property
+    def reduce_words(self) -> int:
+        """The L1 epilogue's amax exchange in shared memory: per wave 64 rows x the two warpgroups (swap_ab: per
+        token of the tile, one word per consumer warp)."""
+        return 8 * self.bm if self.swap_ab else self.waves * 2 * 64
+
+    @property
     def stage_bytes(self) -> int:
         """TMA bytes per stage: x tile (e4m3), packed FP4 weight tile, its shift bytes, its column
         scales, the x tile's row scales."""
@@ -108,8 +137,10 @@ class GroupedConfig:
 
     @property
     def fixed_bytes(self) -> int:
-        """Two widened e4m3 B tiles, the epilogue's amax exchange, the widening table, the work list, barriers."""
-        return 2 * self.bn * KBLOCK + self.waves * 2 * 64 * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4 + 2048
+        """Two widened e4m3 B tiles (none for swap_ab), the epilogue's amax exchange, the widening table, the work
+        list, barriers."""
+        widened = 0 if self.swap_ab else 2 * self.bn * KBLOCK
+        return widened + self.reduce_words * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4 + 2048
 
     @property
     def n_stages(self) -> int:
@@ -122,18 +153,22 @@ class GroupedConfig:
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
-V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False}
-V4 = {**V2, "skip_idle_warps": True}  # the decode pick (choose)
-V3 = {"split_wg": True, "row_frame": True, "fast_silu": True}
+V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False}
+V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
+V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False}
+V5 = {**V2, "swap_ab": True}  # the decode pick (choose: bm 16; layer.compile_layer adds bm 32 beside it)
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:
-    """Decode (masked: a few rows per expert) takes one 64-row wave on v4 (v2 whose warps holding no real
-    row skip the promotion: 1.011x v2 in CUPTI kernel time over the 16 masked sweep cases, 0.995-1.022x,
-    docs/perf/moe.md "v4"); prefill (contiguous, 128-row segments) two waves on v3, whose GEMMs read row-frame weights
-    (expert_weights.prepare(frame="row"): kernels/moe/layer.weight_frame). v3 at prefill since the H100 A/B
-    in one process (docs/perf/moe.md "v3": Flash T = 4096 0.75-0.78x v2's time, 0.94-0.99x DeepGEMM's
-    speed; Pro T = 4096 0.77-0.81x). The variant `cutedsl:v2` keeps v2 at both layouts for A/Bs."""
+    """Decode (masked: a few rows per expert) takes v5 (swap-AB, the weights widened in registers as an RS
+    wgmma's A; kernels/moe/grouped_rs.py) at 16 tokens a tile, launched with programmatic dependent launch
+    (the layer's four kernels: 1.00-1.05x in medians); layer.compile_layer compiles 32 and v4 beside it and a
+    call takes the smallest v5 tile holding its largest count, v4 past WIDE_M (docs/perf/moe.md "v5": 1.4-1.5x
+    v4 in CUPTI time wherever the counts fit a tile). Prefill (contiguous, 128-row segments) two waves on v3, whose
+    GEMMs read row-frame weights (expert_weights.prepare(frame="row"): kernels/moe/layer.weight_frame); v3
+    at prefill since the H100 A/B in one process (docs/perf/moe.md "v3": Flash T = 4096 0.75-0.78x v2's
+    time, 0.94-0.99x DeepGEMM's speed; Pro T = 4096 0.77-0.81x). The variants `cutedsl:v2` / `cutedsl:v4`
+    keep v2 / v4 at decode for A/Bs."""
     if layout == "masked":
-        return GroupedConfig(layout=layout, epilogue=epilogue, bm=64, skip_idle_warps=True)
+        return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V5)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V3)

@@ -27,6 +27,25 @@ LOG2E = 1.4426950408889634
 FP8_MAX, FP8_FLOOR = 448.0, 1e-4
 
 
+@cute.jit
+def bf16_half(pair: Int32, p: cutlass.Constexpr) -> Float32:
+    """Value p of a `bf16x2_bits` pair (0: its first argument, the low half) as fp32."""
+    return bits_f32((pair << 16) if p == 0 else (pair & Int32(-65536)))
+
+
+@cute.jit
+def swiglu(gate: Float32, up: Float32, rw: Float32, fast: cutlass.Constexpr) -> Float32:
+    """silu(min(gate, 10)) · clamp(up, ±10) · route weight in fp32 (gate, up: the bf16 w1 / w3 outputs). fast: silu's
+    division as g · rcp.approx(1 + 2^(−g·log2 e)) (MUFU.RCP + FMUL, within 1 ulp), else the IEEE division."""
+    gv = cute.arch.fmin(gate, Float32(LIMIT))
+    uv = cute.arch.fmax(cute.arch.fmin(up, Float32(LIMIT)), Float32(-LIMIT))
+    if cutlass.const_expr(fast):
+        silu = gv * cute.arch.rcp_approx(Float32(1.0) + cute.arch.exp2(gv * Float32(-LOG2E)))
+    else:
+        silu = gv / (Float32(1.0) + cute.arch.exp2(gv * Float32(-LOG2E)))
+    return silu * uv * rw
+
+
 class GroupedEpilogues:
     @cute.jit
     def _store_tile(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid):
@@ -66,18 +85,9 @@ class GroupedEpilogues:
                 gate = bf16x2_bits(acc_mn[r, 4 * q], acc_mn[r, 4 * q + 1])
                 up = bf16x2_bits(acc_mn[r, 4 * q + 2], acc_mn[r, 4 * q + 3])
                 for p in cutlass.range_constexpr(2):
-                    gv = bits_f32((gate << 16) if p == 0 else (gate & Int32(-65536)))
-                    uv = bits_f32((up << 16) if p == 0 else (up & Int32(-65536)))
-                    gv = cute.arch.fmin(gv, Float32(LIMIT))
-                    uv = cute.arch.fmax(cute.arch.fmin(uv, Float32(LIMIT)), Float32(-LIMIT))
-                    if cutlass.const_expr(fast):
-                        silu = gv * cute.arch.rcp_approx(Float32(1.0) + cute.arch.exp2(gv * Float32(-LOG2E)))
-                    else:
-                        silu = gv / (Float32(1.0) + cute.arch.exp2(gv * Float32(-LOG2E)))
-                    h[r, 2 * q + p] = silu * uv * rw
+                    h[r, 2 * q + p] = swiglu(bf16_half(gate, p), bf16_half(up, p), rw, fast)
                 hb = bf16x2_bits(h[r, 2 * q], h[r, 2 * q + 1])  # the reference's bf16 h
-                h[r, 2 * q] = bits_f32(hb << 16)
-                h[r, 2 * q + 1] = bits_f32(hb & Int32(-65536))
+                h[r, 2 * q], h[r, 2 * q + 1] = bf16_half(hb, 0), bf16_half(hb, 1)
                 amax = cute.arch.fmax(amax, cute.arch.fmax(cute_abs(h[r, 2 * q]), cute_abs(h[r, 2 * q + 1])))
             amax = quad_allreduce(amax, cute.arch.fmax)
             if ctid % 4 == 0:

@@ -50,6 +50,90 @@ from kernels.moe.grouped_widen import GroupedWidening
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import consumer_state, tma_ring
 
+TMA_SMEM_ALIGN = 128  # bytes: a TMA destination's alignment in shared memory (else a misaligned-address fault)
+
+
+@cute.jit
+def last_group(gf, n_groups, key, per_tile=None):
+    """The last group g with gf[g] (· per_tile) <= key (gf: the groups' first tiles, a prefix sum; a binary search of
+    MAX_GROUPS' bit length steps): the group owning tile `key` (per_tile = the n tiles: unit `key`); empty groups,
+    whose gf equals the next one's, are passed over."""
+    lo, hi = Int32(0), n_groups - 1
+    for _ in cutlass.range_constexpr(MAX_GROUPS.bit_length()):
+        if lo < hi:
+            mid = (lo + hi + 1) // 2
+            first = gf[mid]
+            if cutlass.const_expr(per_tile is not None):
+                first = first * per_tile
+            if first <= key:
+                lo = mid
+            else:
+                hi = mid - 1
+    return lo
+
+
+def ring_storage(c: GroupedConfig, fp8, sA_layout, ring: tuple, sB_layout=None):
+    """The kernels' shared memory (v2 / v4 and v5 alike): the stages' barriers, the widening table, the epilogue's
+    amax exchange, the work list, the ring (ring_layouts), the x tiles (sA) and, v2, the two widened tiles (sB).
+    A ValueError if it does not fit."""
+    sQ_layout, sSh_layout, sSW_layout, sSA_layout = ring
+    st, align, mem = cute.struct, cute.struct.Align, cute.struct.MemRange
+    fields = {"bars": mem[cutlass.Int64, c.n_stages * 2],
+              "tab": align[mem[Int32, WIDEN_TABLE_WORDS], 16],
+              "red": align[mem[Float32, c.reduce_words], 16],
+              "gtiles": align[mem[Int32, MAX_GROUPS], 16],  # masked: tiles per group
+              "gfirst": align[mem[Int32, MAX_GROUPS], 16],  # and the first tile of each
+              "sSA": align[mem[Float32, cute.cosize(sSA_layout)], 128],
+              "sSW": align[mem[Float32, cute.cosize(sSW_layout)], 128],
+              "sSh": align[mem[Int32, cute.cosize(sSh_layout)], 128],
+              "sQ": align[mem[Uint8, cute.cosize(sQ_layout)], 1024],
+              "sA": align[mem[fp8, cute.cosize(sA_layout)], 1024]}
+    if sB_layout is not None:
+        fields["sB"] = align[mem[fp8, cute.cosize(sB_layout)], 1024]
+    Storage = st(type("Storage", (), {"__annotations__": fields}))
+    if Storage.size_in_bytes() > SMEM_BYTES:
+        raise ValueError(f"{c}: {Storage.size_in_bytes()} B of shared memory, more than {SMEM_BYTES}")
+    return Storage
+
+
+def ring_layouts(c: GroupedConfig) -> tuple:
+    """Shared-memory layouts of a stage's FP4 weight tile (bn x 64 bytes), its shift words and column scales (bn
+    each) and x's row scales (bm; a stage's box starts on a 128-byte boundary: bm 16 takes 64 B of 128)."""
+    S = c.n_stages
+    sa_stage = max(c.bm, TMA_SMEM_ALIGN // 4)
+    return (cute.make_layout((c.bn, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2)),
+            cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)), cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)),
+            cute.make_layout((c.bm, 1, S), stride=(1, sa_stage, sa_stage)))
+
+
+def ring_atoms(c: GroupedConfig, tensors: tuple, layouts: tuple) -> list:
+    """The TMA atoms (and their global views) of the weight tile, shifts, column scales and x's row scales."""
+    boxes = ((c.bn, KBLOCK // 2), (c.bn, 1), (c.bn, 1), (c.bm, 1))
+    return [cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), t, cute.slice_(lay, (None, None, 0)), box)
+            for t, lay, box in zip(tensors, layouts, boxes)]
+
+
+def tma_pieces(atom, g_t, smem, box) -> tuple:
+    """(atom, its global tiles, its stage buffers) for the TMA warp: g_t tiled by `box`, both partitioned."""
+    g = cute.local_tile(g_t, box, (None, None, None))
+    s_part, g_part = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2),
+                                           cute.group_modes(g, 0, 2))
+    return atom, g_part, s_part
+
+
+def ring_extent(c: GroupedConfig, gSh_t) -> tuple:
+    """(n tiles, K blocks) of a weight: its side data (N, KB, E) in (bn, 1) tiles (the last n tile may be part)."""
+    g = cute.local_tile(gSh_t, (c.bn, 1), (None, None, None))
+    return cute.size(g, mode=[2]), cute.size(g, mode=[3])
+
+
+def ring_partitions(c: GroupedConfig, atoms: tuple, smem: tuple) -> list:
+    """tma_pieces of the weight tile (bn x 64: (bn, 64, N/bn, KB, E), or one tile of the load-time layout), the shifts
+    and column scales ((bn, 1, N/bn, KB, E)) and x's row scales ((bm, 1, Mg/bm, KB, G))."""
+    boxes = ((c.bn, KBLOCK // 2), (c.bn, 1), (c.bn, 1), (c.bm, 1))
+    return [tma_pieces(atom, g_t, s, box) for (atom, g_t), s, box in zip(atoms, smem, boxes)]
+
+
 class GroupedSm90(GroupedEpilogues, GroupedWidening):
     def __init__(self, cfg: GroupedConfig):
         self.cfg = cfg
@@ -80,35 +164,13 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         tile = (64, c.bn, KBLOCK)
         sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S * W)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, 2)  # two widened tiles
-        sQ_layout = cute.make_layout((c.bn, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2))
-        sSh_layout = cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn))
-        sSW_layout = cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn))
-        sSA_layout = cute.make_layout((c.bm, 1, S), stride=(1, c.bm, c.bm))
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(sA_layout, (None, None, 0)), (64, KBLOCK))
-        tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(sQ_layout, (None, None, 0)),
-                                                  (c.bn, KBLOCK // 2))
-        tma_sh, gSh_t = cpasync.make_tiled_tma_atom(g2s, mSh, cute.slice_(sSh_layout, (None, None, 0)), (c.bn, 1))
-        tma_sw, gSW_t = cpasync.make_tiled_tma_atom(g2s, mSW, cute.slice_(sSW_layout, (None, None, 0)), (c.bn, 1))
-        tma_sa, gSA_t = cpasync.make_tiled_tma_atom(g2s, mSA, cute.slice_(sSA_layout, (None, None, 0)), (c.bm, 1))
+        sQ_layout, sSh_layout, sSW_layout, sSA_layout = ring_layouts(c)
+        tma_a, gA_t = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mA,
+                                                  cute.slice_(sA_layout, (None, None, 0)), (64, KBLOCK))
+        (tma_b, gB_t), (tma_sh, gSh_t), (tma_sw, gSW_t), (tma_sa, gSA_t) = ring_atoms(
+            c, (mB, mSh, mSW, mSA), (sQ_layout, sSh_layout, sSW_layout, sSA_layout))
 
-        @cute.struct
-        class Storage:
-            bars: cute.struct.MemRange[cutlass.Int64, S * 2]
-            tab: cute.struct.Align[cute.struct.MemRange[Int32, WIDEN_TABLE_WORDS], 16]
-            red: cute.struct.Align[cute.struct.MemRange[Float32, W * 2 * 64], 16]
-            gtiles: cute.struct.Align[cute.struct.MemRange[Int32, MAX_GROUPS], 16]  # masked: tiles per group
-            gfirst: cute.struct.Align[cute.struct.MemRange[Int32, MAX_GROUPS], 16]  # and the first tile of each
-            sSA: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sSA_layout)], 128]
-            sSW: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sSW_layout)], 128]
-            sSh: cute.struct.Align[cute.struct.MemRange[Int32, cute.cosize(sSh_layout)], 128]
-            sQ: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(sQ_layout)], 1024]
-            sA: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sA_layout)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sB_layout)], 1024]
-
-        if cutlass.const_expr(Storage.size_in_bytes() > SMEM_BYTES):
-            raise ValueError(f"{c}: {Storage.size_in_bytes()} B of shared memory, more than {SMEM_BYTES}")
-
+        Storage = ring_storage(c, fp8, sA_layout, (sQ_layout, sSh_layout, sSW_layout, sSA_layout), sB_layout)
         units = cute.size(mA, mode=[2]) * ((cute.size(mA, mode=[0]) + c.bm - 1) // c.bm) * (
             (cute.size(mSh, mode=[0]) + c.bn - 1) // c.bn)
         self.kernel(tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
@@ -157,14 +219,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         limit = mg
         if cutlass.const_expr(self.cfg.layout == "masked"):
             gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
-            lo, hi = Int32(0), n_groups - 1  # the last group whose first tile is <= t: the one holding t
-            for _ in cutlass.range_constexpr(MAX_GROUPS.bit_length()):
-                if lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if gf[mid] <= t:
-                        lo = mid
-                    else:
-                        hi = mid - 1
+            lo = last_group(gf, n_groups, t)  # the last group whose first tile is <= t: the one holding t
             g = lo
             e = lo
             mt = t - gf[lo]
@@ -200,23 +255,13 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         sSW = st.sSW.get_tensor(sSW_layout)
         sSA = st.sSA.get_tensor(sSA_layout)
 
-        # (64, 128, Mg/64, KB, G), (bn, 64, N/bn, KB, E), (bn, 1, N/bn, KB, E) twice, (bm, 1, Mg/bm, KB, G)
-        gA = cute.local_tile(gA_t, (64, KBLOCK), (None, None, None))
-        gB = cute.local_tile(gB_t, (c.bn, KBLOCK // 2), (None, None, None))
-        gSh = cute.local_tile(gSh_t, (c.bn, 1), (None, None, None))
-        gSW = cute.local_tile(gSW_t, (c.bn, 1), (None, None, None))
-        gSA = cute.local_tile(gSA_t, (c.bm, 1), (None, None, None))
-        one = cute.make_layout(1)
-        tAs, tAg = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-        tBs, tBg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gB, 0, 2))
-        tHs, tHg = cpasync.tma_partition(tma_sh, 0, one, cute.group_modes(sSh, 0, 2), cute.group_modes(gSh, 0, 2))
-        tWs, tWg = cpasync.tma_partition(tma_sw, 0, one, cute.group_modes(sSW, 0, 2), cute.group_modes(gSW, 0, 2))
-        tSs, tSg = cpasync.tma_partition(tma_sa, 0, one, cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2))
-
+        # (64, 128, Mg/64, KB, G): x's 64-row boxes (v5: bm rows); the ring's other four as ring_partitions'
+        a = tma_pieces(tma_a, gA_t, sA, (64, KBLOCK))
+        b, sh, sw, sa = ring_partitions(c, ((tma_b, gB_t), (tma_sh, gSh_t), (tma_sw, gSW_t), (tma_sa, gSA_t)),
+                                        (sQ, sSh, sSW, sSA))
         mg = cute.size(gA_t, mode=[0])
         tiles_m = (mg + c.bm - 1) // c.bm
-        tiles_n = cute.size(gSh, mode=[2])  # (bn, 1, N/bn, KB, E): the side data has the weight's tiling
-        n_kb = cute.size(gSh, mode=[3])
+        tiles_n, n_kb = ring_extent(c, gSh_t)
         n_groups = cute.size(gA_t, mode=[2])
 
         pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -227,30 +272,39 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, S)
-                for u in cutlass.range(bidx, units, gdim, unroll=1):
-                    g, mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
-                    for kb in cutlass.range(0, n_kb, unroll=1):
-                        ring.producer_acquire(state)
-                        bar = ring.producer_get_barrier(state)
-                        for w in cutlass.range_constexpr(W):
-                            cute.copy(tma_a, tAg[(None, mt * W + w, kb, g)], tAs[(None, state.index * W + w)],
-                                      tma_bar_ptr=bar)
-                        if cutlass.const_expr(c.tiled_b):  # one contiguous 16 KB tile
-                            b_tile = (e * tiles_n + nt) * n_kb + kb
-                            cute.copy(tma_b, tBg[(None, 0, 0, b_tile)], tBs[(None, state.index)], tma_bar_ptr=bar)
-                        else:
-                            cute.copy(tma_b, tBg[(None, nt, kb, e)], tBs[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_sh, tHg[(None, nt, kb, e)], tHs[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_sw, tWg[(None, nt, kb, e)], tWs[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_sa, tSg[(None, mt, kb, g)], tSs[(None, state.index)], tma_bar_ptr=bar)
-                        ring.producer_commit(state)
-                        state.advance()
-                ring.producer_tail(state)
+                self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim)
         else:
             cute.arch.setmaxregister_increase(232)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
                           n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
+
+    @cute.jit
+    def _produce(self, ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim):
+        """The TMA warp (v2, v4 and v5's GroupedRs): per unit and K block one stage of x (`a_boxes` boxes: v2's
+        64-row waves, v5's one bm-row tile), the FP4 weight tile (tiled: one contiguous tile of the load-time
+        layout), its shift words and column scales, x's row scales. Each argument a (atom, global, shared)."""
+        c = self.cfg
+        boxes = c.a_boxes
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
+        for u in cutlass.range(bidx, units, gdim, unroll=1):
+            g, mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
+            for kb in cutlass.range(0, n_kb, unroll=1):
+                ring.producer_acquire(state)
+                bar = ring.producer_get_barrier(state)
+                for w in cutlass.range_constexpr(boxes):
+                    cute.copy(a[0], a[1][(None, mt * boxes + w, kb, g)], a[2][(None, state.index * boxes + w)],
+                              tma_bar_ptr=bar)
+                if cutlass.const_expr(c.tiled_codes):  # one contiguous 16 KB tile
+                    b_tile = (e * tiles_n + nt) * n_kb + kb
+                    cute.copy(b[0], b[1][(None, 0, 0, b_tile)], b[2][(None, state.index)], tma_bar_ptr=bar)
+                else:
+                    cute.copy(b[0], b[1][(None, nt, kb, e)], b[2][(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(sh[0], sh[1][(None, nt, kb, e)], sh[2][(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(sw[0], sw[1][(None, nt, kb, e)], sw[2][(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(sa[0], sa[1][(None, mt, kb, g)], sa[2][(None, state.index)], tma_bar_ptr=bar)
+                ring.producer_commit(state)
+                state.advance()
+        ring.producer_tail(state)
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
@@ -409,4 +463,7 @@ def grouped_kernel(cfg: GroupedConfig) -> GroupedSm90:
     if cfg.split_wg:  # v3 (prefill): its own classes, this module's code path untouched
         from kernels.moe.grouped_split import split_kernel
         return split_kernel(cfg)
+    if cfg.swap_ab:  # v5 (decode): RS wgmma with the weights as A
+        from kernels.moe.grouped_rs import GroupedL1Rs, GroupedL2Rs
+        return (GroupedL1Rs if cfg.epilogue == "swiglu" else GroupedL2Rs)(cfg)
     return (GroupedL1 if cfg.epilogue == "swiglu" else GroupedL2)(cfg)

@@ -20,11 +20,11 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.tiling import KBLOCK
-from kernels.moe.expert_weights import GroupedWeight, prepare_layer, widen_table
+from kernels.moe.expert_weights import GroupedWeight, prepare_layer, rs_byte_order, widen_table
 from kernels.moe.glue import (
     alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
-from kernels.moe.grouped_config import BN, MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig, choose
+from kernels.moe.grouped_config import BN, MAX_GROUPS, SWAP_BM, V4, WIDE_M, WIDEN_TABLE_WORDS, GroupedConfig, choose
 from kernels.moe.grouped_sm90 import grouped_kernel
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
@@ -37,7 +37,7 @@ def _sym64(div: int = 1):
 def fake_grouped(layout: str, epilogue: str, n: int, k: int, tiled_b: bool = False) -> tuple:
     """Fake operands of one grouped GEMM: N weight rows, K reduction (compile-time); rows, groups and
     experts at run time (masked: G = E groups of Mg = max_m rows; contiguous: G = 1). tiled_b: the codes
-    as (bn, 64, tiles) (`tiled_codes`)."""
+    as (bn, 64, tiles) (`tiled_codes`, or v5's `rs_codes`)."""
     kb = k // KBLOCK
     mg = cute.sym_int32(divisibility=4)
     g = cute.sym_int32() if layout == "masked" else 1
@@ -67,9 +67,13 @@ def fake_grouped(layout: str, epilogue: str, n: int, k: int, tiled_b: bool = Fal
 
 
 def grouped_config(layout: str, epilogue: str, **knobs) -> GroupedConfig:
-    """The tile rule's pick (grouped_config.choose: v2 at decode, v3 at prefill) with `knobs` overriding
-    GroupedConfig fields (the declared variants': grouped_config.V2 / V3, overlap, ablate, ...)."""
-    return replace(choose(layout, epilogue), **knobs)
+    """The tile rule's pick (grouped_config.choose: v5 at decode, v3 at prefill) with `knobs` overriding
+    GroupedConfig fields (the declared variants': grouped_config.V2 / V3 / V4, overlap, ablate, ...). Knobs that
+    turn v5 off at decode (swap_ab False: v2 / v3 / v4) start from v2's 64-row wave, without PDL."""
+    base = choose(layout, epilogue)
+    if base.swap_ab and not knobs.get("swap_ab", True):
+        base = replace(base, swap_ab=False, bm=64, pdl=False)
+    return replace(base, **knobs)
 
 
 def weight_frame(layout: str, **knobs) -> str:
@@ -86,21 +90,34 @@ def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_
     if n % (BN if epilogue == "swiglu" else KBLOCK) or k % KBLOCK:
         raise ValueError(f"N={n} must be a multiple of {BN} (L1) or {KBLOCK} (L2) and K={k} of {KBLOCK}")
     cfg = grouped_config(layout, epilogue, **knobs)
-    return compile_kernel(grouped_kernel(cfg), *fake_grouped(layout, epilogue, n, k, cfg.tiled_b), arch=arch)
+    return compile_kernel(grouped_kernel(cfg), *fake_grouped(layout, epilogue, n, k, cfg.tiled_codes), arch=arch)
 
 
 class CompiledLayer:
     """The four compiles of the layer (dispatch, l1, l2, combine): `kernels` is how the harness's
     compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions);
-    `tiled_b`: the GEMMs read the load-time tiled codes (`tiled_codes`); `row_frame`: the GEMMs (v3) read weights
-    prepared in the row frame (`row_frame_weights`)."""
+    `codes`: the order the GEMMs read the weight codes in (CODES: the checkpoint's, the load-time tiles
+    `tiled_codes`, v5's RS-ordered tiles `rs_codes`); `row_frame`: the GEMMs (v3) read weights prepared in the row
+    frame (`row_frame_weights`)."""
 
-    def __init__(self, kernels: dict, tiled_b: bool = False, row_frame: bool = False):
-        self.kernels, self.tiled_b, self.row_frame = kernels, tiled_b, row_frame
+    def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = ()):
+        self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
+
+    def gemms(self, max_m: int | None) -> tuple:
+        """(L1, L2, the codes order they read) for a call. The rule's decode pick (`token_tiles`: v5 at each tile,
+        v4 beside them) takes the smallest v5 tile holding max_m (the largest count, known on the host), v4
+        past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5"); otherwise the one pair."""
+        if not self.token_tiles or max_m is None:
+            return self.kernels["l1"], self.kernels["l2"], self.codes
+        if max_m > WIDE_M:
+            return self.kernels["l1@v4"], self.kernels["l2@v4"], "plain"
+        bm = next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])
+        suffix = "" if bm == self.token_tiles[0] else f"@{bm}"
+        return self.kernels["l1" + suffix], self.kernels["l2" + suffix], self.codes
 
     @property
     def frame(self) -> str:
-        """The frame of the weights the GEMMs read (expert_weights.prepare's): "row" (v3) or "block" (v2)."""
+        """The frame of the weights the GEMMs read (expert_weights.prepare's): "row" (v3) or "block" (v2, v4, v5)."""
         return "row" if self.row_frame else "block"
 
 
@@ -109,18 +126,26 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus skip_padding
     (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
     gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
-    CompiledLayer's tiled_b / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
+    CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
     the knobs): with no knobs the contiguous layout's GEMMs are v3, on row-frame weights."""
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     knobs = dict(knobs)
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
-    pdl = knobs.get("pdl", False)
     cfg = grouped_config(layout, "swiglu", **knobs)
-    return CompiledLayer({"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl),
-                          "l1": compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs),
-                          "l2": compile_grouped(layout, "bf16", d, i, arch, **knobs),
-                          "combine": compile_combine(d, topk, arch, pdl)}, cfg.tiled_b, cfg.row_frame)
+    pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
+    tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + v4's
+    kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl)}
+    for bm in tiles or (None,):
+        suffix, tile = ("", {}) if bm in (None, SWAP_BM[0]) else (f"@{bm}", {"bm": bm})
+        kernels["l1" + suffix] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs, **tile)
+        kernels["l2" + suffix] = compile_grouped(layout, "bf16", d, i, arch, **knobs, **tile)
+    if tiles:
+        wide = {**knobs, **V4, "pdl": pdl}
+        kernels["l1@v4"] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **wide)
+        kernels["l2@v4"] = compile_grouped(layout, "bf16", d, i, arch, **wide)
+    kernels["combine"] = compile_combine(d, topk, arch, pdl)
+    return CompiledLayer(kernels, codes_order(cfg), cfg.row_frame, tiles)
 
 
 # ---------------------------------------------------------------- views and calls
@@ -173,11 +198,33 @@ def tiled_codes(w: GroupedWeight) -> torch.Tensor:
     return _TILED.get((w.codes,), make)
 
 
-def weight_views(w: GroupedWeight, tiled: bool = False) -> tuple:
-    """(codes (N, K/2, E) or, tiled, (BN, 64, E·NT·KB), shift words int32 (N, KB, E), col_scale (N, KB, E)) as
+_RS = Prepared(size=2)
+
+
+def rs_codes(w: GroupedWeight) -> torch.Tensor:
+    """`tiled_codes` with each row's 64 bytes of a K block in the RS byte order (expert_weights.rs_byte_order), what
+    v5 (GroupedConfig.swap_ab) reads. Made once per codes buffer (the last two: L1 and L2)."""
+    return _RS.get((w.codes,), lambda: tiled_codes(w)[..., rs_byte_order().to(w.codes.device)].contiguous())
+
+
+CODES = ("plain", "tiled", "rs")
+
+
+def codes_order(cfg: GroupedConfig) -> str:
+    """The codes a configuration's GEMMs read (CODES)."""
+    return "rs" if cfg.swap_ab else "tiled" if cfg.tiled_b else "plain"
+
+
+def weight_views(w: GroupedWeight, codes: str = "plain") -> tuple:
+    """(codes (N, K/2, E) or, tiled / rs, (BN, 64, E·NT·KB), shift words int32 (N, KB, E), col_scale (N, KB, E)) as
     the kernel's TMA reads them."""
     e, n, k = w.shape
-    codes = tiled_codes(w).view(-1, BN, KBLOCK // 2).permute(1, 2, 0) if tiled else w.codes.permute(1, 2, 0)
+    if codes not in CODES:
+        raise ValueError(f"codes must be one of {CODES}, got {codes!r}")
+    if codes == "plain":
+        codes = w.codes.permute(1, 2, 0)
+    else:
+        codes = (rs_codes(w) if codes == "rs" else tiled_codes(w)).view(-1, BN, KBLOCK // 2).permute(1, 2, 0)
     return (codes, w.shift.view(torch.int32).view(e, k // KBLOCK, n).permute(2, 1, 0), w.col_scale.permute(2, 1, 0))
 
 
@@ -193,14 +240,14 @@ def act_views(codes: torch.Tensor, scales: torch.Tensor, max_m: int | None) -> t
 
 
 def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, out_s, max_m, swiglu: bool,
-                tiled: bool = False):
+                order: str = "plain"):
     """One grouped GEMM on dispatch-layout activations (codes, MN-major scales): swiglu (L1) writes h codes
-    and scales into out / out_s (dispatch's layout), else bf16 rows into out. `tiled`: compiled with
-    tiled_b (reads `tiled_codes`)."""
+    and scales into out / out_s (dispatch's layout), else bf16 rows into out. `order`: the codes the compile
+    reads (codes_order of its config)."""
     if max_m is not None and group.numel() > MAX_GROUPS:
         raise ValueError(f"{group.numel()} experts: the masked kernel's work list holds at most {MAX_GROUPS}")
     a, sa = act_views(codes, scales, max_m)
-    b, sh, sw = weight_views(w, tiled)
+    b, sh, sw = weight_views(w, order)
     if swiglu:
         o, os_ = out, act_views(out, out_s, max_m)[1]
     else:
@@ -208,12 +255,12 @@ def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, ou
     compiled(a, sa, b, sh, sw, _table(codes.device), group, row_w, o, os_, sm_count(codes.device))
 
 
-_VIEWS = {False: Prepared(size=2), True: Prepared(size=2)}  # weight views per (weight, tiled): L1 and L2
+_VIEWS = {order: Prepared(size=2) for order in CODES}  # weight views per (weight, codes order): L1 and L2
 _PLAN: dict = {}  # the last call's workspace and views (one key: a new shape or stream replaces it)
 
 
-def _weight_args(w: GroupedWeight, tiled: bool) -> tuple:
-    return _VIEWS[tiled].get((w.codes, w.shift, w.col_scale), lambda: weight_views(w, tiled))
+def _weight_args(w: GroupedWeight, order: str) -> tuple:
+    return _VIEWS[order].get((w.codes, w.shift, w.col_scale), lambda: weight_views(w, order))
 
 
 def _plan(t: int, topk: int, n_experts: int, d: int, i: int, max_m: int | None, device) -> dict:
@@ -251,10 +298,11 @@ def run_layer_unplanned(compiled: CompiledLayer, x, idx, weights, shared, expert
     h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
     h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
                       dtype=torch.float32, device=x.device)
-    run_grouped(k["l1"], lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True,
-                compiled.tiled_b)
+    l1_gemm, l2_gemm, order = compiled.gemms(max_m)
+    run_grouped(l1_gemm, lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True,
+                order)
     y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
-    run_grouped(k["l2"], h, h_s, l2w, group, lay["row_weight"], y_rows, None, max_m, False, compiled.tiled_b)
+    run_grouped(l2_gemm, h, h_s, l2w, group, lay["row_weight"], y_rows, None, max_m, False, order)
     out = run_combine(k["combine"], y_rows, lay["pos"], shared, torch.empty_like(shared) if y is None else y)
     if check and max_m is not None:
         check_fits(lay["counts"], max_m)
@@ -302,10 +350,9 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
     p = _plan(t, idx.shape[1], n_experts, d, i, max_m, x.device)
     table, n_sms = p["ctx"]
     k["dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
-    k["l1"](*p["l1_act"], *_weight_args(l1w, compiled.tiled_b), table, p["group"], p["lay"]["row_weight"],
-            *p["l1_out"], n_sms)
-    k["l2"](*p["l2_act"], *_weight_args(l2w, compiled.tiled_b), table, p["group"], p["lay"]["row_weight"],
-            *p["l2_out"], n_sms)
+    l1, l2, order = compiled.gemms(max_m)
+    l1(*p["l1_act"], *_weight_args(l1w, order), table, p["group"], p["lay"]["row_weight"], *p["l1_out"], n_sms)
+    l2(*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], n_sms)
     k["combine"](p["y_rows"], p["lay"]["pos"], shared, out)
     if check and max_m is not None:
         check_fits(p["lay"]["counts"], max_m)

@@ -12,15 +12,17 @@ Where each part runs:
                          quant+gemm
 
 The routed part is the family's `layer` op (kernels/moe/layer.py): its compiled pieces come from the
-family's impl (`run.compiled`: one compile per (E, k, D, I, layout); the tile rule's GEMMs: v2 at
-decode, v3 at prefill, grouped_config.choose), and this adapter calls them with the load-time weights it
+family's impl (`run.compiled`: one compile per (E, k, D, I, layout); the tile rule's GEMMs at prefill, v3,
+grouped_config.choose), at decode from `cutedsl:v4` (`decode_runner`: the rule's v5 reads the codes in a
+load-time RS order, a second copy of every routed expert's codes beside the plain ones v3 reads; the
+model keeps one copy until v3 reads that order too), and this adapter calls them with the load-time weights it
 prepared ONCE per weight set: the checkpoint's per-expert MXFP4 tensors stacked over experts, w1/w3
 interleaved into the L1 weight, and the widening side data (kernels/moe/expert_weights.py), cached on
 the source tensors (kernels.common.Prepared: weak references, remade if a source is replaced or written
 to). The side data comes in the frame the compiled GEMMs read (`CompiledLayer.frame`):
 
     frame  GEMMs             made                                  device bytes (beyond the checkpoint's)
-    block  v2 (decode)       at the layer's first call, any T      codes + shift + col_scale: ~1.06x the
+    block  v4 (decode)       at the layer's first call, any T      codes + shift + col_scale: ~1.06x the
                                                                    experts' bytes (72 B per 128 K a row
                                                                    against the checkpoint's 68)
     row    v3 (prefill)      at the layer's first prefill call     shift + col_scale only (the block
@@ -53,6 +55,8 @@ layer that does not fit in memory.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -273,6 +277,17 @@ def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch
     return gemm.fp8_linear(run, h, shared.w2)
 
 
+@functools.cache
+def decode_runner():
+    """`run` of the model's decode calls (masked layout): the family's layer with v4's GEMMs (`cutedsl:v4`), on
+    the block-frame weights this adapter keeps (see the module docstring for why not the rule's v5)."""
+    from dsv4bench.core.registry import get_family, get_impl
+    from dsv4bench.model.kernel_ops import KernelOp
+    op = KernelOp(get_family("moe"), "moe (decode: v4 GEMMs)", None)
+    op.impl = get_impl("moe", "cutedsl:v4")
+    return op.runner
+
+
 def routed_layer(run, params: dict, x, idx, weights, shared, prepared) -> torch.Tensor:
     """bf16 [T, D] = bf16(Σ_k expert_k(x) · w_k + shared) on the family's four kernels (layer.run_prepared,
     with the weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]; `prepared(frame)` ->
@@ -319,7 +334,7 @@ def moe(run, x, weights, idx, experts, shared: ExpertWeights, limit: float = LIM
     def prepared(frame: str) -> tuple[GroupedWeight, GroupedWeight]:  # decode: the pair in hand, no second lookup
         return (l1, l2) if frame == "block" else layer_weights(experts, d, frame, sources)
 
-    out = routed_layer(run, params, rows, idx2, w2, s, prepared)
+    out = routed_layer(decode_runner() if params["layout"] == "masked" else run, params, rows, idx2, w2, s, prepared)
     return out.float().reshape(*lead, d)
 
 

@@ -10,12 +10,12 @@ from kernels.common import POLICY
 from kernels.moe.layer import compile_grouped
 
 
-def compile_checked(layout: str, epilogue: str, knobs: dict, monkeypatch):
-    """compile_grouped (N = 512, K = 256, `knobs`) with its PTX kept: an sm_90 cubin, no local memory at
+def compile_checked(layout: str, epilogue: str, knobs: dict, monkeypatch, n: int = 512, k: int = 256):
+    """compile_grouped (N = 512, K = 256 unless given, `knobs`) with its PTX kept: an sm_90 cubin, no local memory at
     decode (masked: one 64-row wave, nothing spilled) and, where this machine has ptxas, PTX that assembles
     with no serialised wgmma. Returns the compile."""
     monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
-    compiled = compile_grouped(layout, epilogue, 512, 256, **knobs)
+    compiled = compile_grouped(layout, epilogue, n, k, **knobs)
     info = parse_cubin(artifact(compiled))
     assert info.sm == 90
     if layout == "masked":

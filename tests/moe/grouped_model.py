@@ -91,8 +91,10 @@ def layer2(layout: dict, h_codes, h_scales, w: GroupedWeight) -> torch.Tensor:
     return out
 
 
-def work_units(group: list[int], mg: int, bm: int, tiles_n: int, masked: bool, max_groups: int = 512):
-    """GroupedSm90._work / _unit in Python, step for step: the (group, m tile, n tile, expert) of every unit."""
+def work_units(group: list[int], mg: int, bm: int, tiles_n: int, masked: bool, max_groups: int = 512,
+               m_fastest: bool = False):
+    """GroupedSm90._work / _unit in Python, step for step: the (group, m tile, n tile, expert) of every unit
+    (m_fastest: v5's GroupedRs._unit, masked only)."""
     if masked:
         gt = [(min(c, mg) + bm - 1) // bm for c in group]
         gf = [sum(gt[:g]) for g in range(len(group))]
@@ -107,7 +109,15 @@ def work_units(group: list[int], mg: int, bm: int, tiles_n: int, masked: bool, m
     units = []
     for u in range(n_tiles * tiles_n):
         nt, t = u % tiles_n, u // tiles_n
-        if masked:
+        if m_fastest:
+            lo, hi = 0, len(group) - 1
+            for _ in range(max_groups.bit_length()):
+                if lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if gf[mid] * tiles_n <= u else (lo, mid - 1)
+            local = u - gf[lo] * tiles_n
+            units.append((lo, local % gt[lo], local // gt[lo], lo))
+        elif masked:
             lo, hi = 0, len(group) - 1
             for _ in range(max_groups.bit_length()):
                 if lo < hi:

@@ -146,20 +146,20 @@ def test_kernel_math_matches_the_reference(layout):
     assert rel < 2e-3, rel
 
 
-@pytest.mark.parametrize("layout,epilogue,knobs", [("masked", "swiglu", {}), ("masked", "bf16", {}),
+@pytest.mark.parametrize("layout,epilogue,knobs", [("masked", "swiglu", V4), ("masked", "bf16", V4),
                                                    ("contiguous", "swiglu", V2), ("contiguous", "bf16", V2),
-                                                   ("masked", "swiglu", {"overlap": False}),
-                                                   ("masked", "bf16", {"ablate": "no-widen"}),
-                                                   ("masked", "swiglu", {"widen": "v1"}),
-                                                   ("masked", "bf16", {"widen": "v1", "early_scales": False}),
-                                                   ("masked", "swiglu", {"tiled_b": True}),
+                                                   ("masked", "swiglu", {**V2, "overlap": False}),
+                                                   ("masked", "bf16", {**V2, "ablate": "no-widen"}),
+                                                   ("masked", "swiglu", {**V2, "widen": "v1"}),
+                                                   ("masked", "bf16", {**V2, "widen": "v1", "early_scales": False}),
+                                                   ("masked", "swiglu", {**V2, "tiled_b": True}),
                                                    ("contiguous", "bf16", {**V2, "tiled_b": True}),
-                                                   ("masked", "swiglu", {"pdl": True}),
+                                                   ("masked", "swiglu", {**V2, "pdl": True}),
                                                    ("masked", "swiglu", V2), ("masked", "bf16", V2),
                                                    ("contiguous", "swiglu", V4)])
 def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
-    """v4 (the tile rule's decode pick: v2 whose idle warps skip the promotion), v2 (V2: `cutedsl:v2`, at
-    both layouts; the rule's prefill pick, v3, is compiled in test_grouped_v3_cpu.py) and their A/B knobs."""
+    """v4 (v2 whose idle warps skip the promotion), v2 (V2: `cutedsl:v2`, at both layouts) and their A/B knobs;
+    the rule's picks, v5 at decode and v3 at prefill, compile in test_grouped_rs_cpu.py / test_grouped_v3_cpu.py."""
     compile_checked(layout, epilogue, knobs, monkeypatch)
 
 
@@ -194,7 +194,7 @@ def test_v2_widening_uses_16_byte_shared_memory_vectors():
     import re
 
     from dsv4bench.compile.sass import sass_of
-    sass = {w: sass_of(compile_grouped("masked", "swiglu", 512, 256, widen=w)) for w in ("v2", "v1")}
+    sass = {w: sass_of(compile_grouped("masked", "swiglu", 512, 256, **V2, widen=w)) for w in ("v2", "v1")}
     if sass["v2"] is None:
         pytest.skip("no nvdisasm")
     count = lambda s, op: len(re.findall(rf"\b{op}\b", s))  # noqa: E731
@@ -314,7 +314,7 @@ def test_tiled_codes_hold_each_fp4_tile_contiguously(n):
     g = torch.Generator().manual_seed(1)
     w = prepare(torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8),
                 torch.full((e, n, k // 32), 127, dtype=torch.uint8))
-    b, sh, _ = weight_views(w, tiled=True)
+    b, sh, _ = weight_views(w, "tiled")
     nt, kb = -(-n // BN), k // 128
     assert b.shape == (BN, 64, e * nt * kb) and b.stride() == (64, 1, BN * 64)
     assert sh.shape == (n, kb, e)

@@ -19,9 +19,9 @@ from dsv4bench.core.case import Case
 from kernels.moe.expert_weights import KBLOCK
 from kernels.moe.glue import dispatch
 from kernels.moe.inputs import make_experts
-from kernels.moe.grouped_config import V2, V3, V4
-from kernels.moe.layer import (compile_grouped, compile_layer, layer_weights, row_frame_weights, run_grouped,
-                               run_layer, weight_frame)
+from kernels.moe.grouped_config import V2, V3, V4, V5
+from kernels.moe.layer import (codes_order, compile_grouped, compile_layer, grouped_config, layer_weights,
+                               row_frame_weights, run_grouped, run_layer, weight_frame)
 from sweeps import moe as space
 from tests.moe import grouped_model as model
 
@@ -86,12 +86,12 @@ def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs):
     group = lay["counts"] if max_m else lay["expert"]
     h = torch.zeros(rows, i, dtype=torch.uint8, device="cuda")
     hs = torch.zeros((i // KBLOCK, rows) if max_m is None else (e, i // KBLOCK, max_m), device="cuda")
-    tiled = knobs.get("tiled_b", False)
+    order = codes_order(grouped_config(layout, "swiglu", **knobs))
     run_grouped(compile_grouped(layout, "swiglu", 2 * i, d, **knobs), lay["codes"], lay["scales"], l1w, group,
-                lay["row_weight"], h, hs, max_m, True, tiled)
+                lay["row_weight"], h, hs, max_m, True, order)
     y = torch.zeros(rows, d, dtype=torch.bfloat16, device="cuda")
     run_grouped(compile_grouped(layout, "bf16", d, i, **knobs), h, hs, l2w, group, lay["row_weight"], y, None, max_m,
-                False, tiled)
+                False, order)
     torch.cuda.synchronize()
 
     cpu = {k: v.cpu() for k, v in lay.items()}
@@ -112,6 +112,16 @@ def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs):
     assert rel < 5e-3, f"L2 rows: relative L2 {rel}"
     if max_m is not None:  # rows past each expert's count are never written
         assert (y.cpu()[~real] == 0).all() and (h.cpu()[~real] == 0).all()
+
+
+@pytest.mark.parametrize("knobs", [V5, {**V5, "bm": 32}, {**V5, "pdl": True}], ids=["v5", "v5-bm32", "v5-pdl"])
+@pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
+def test_v5_masked_gemms_match_the_model(shape, knobs):
+    """v5 (swap-AB, RS wgmma; masked only) at 16- and 32-token tiles: an expert's rows in one tile or several
+    (counts 1-200: tiles past the first, a last tile part real), K of 1-4 blocks (odd counts: the unpaired
+    last block), L2's N = 384 (the last 256-row tile half past N)."""
+    ex, x, idx, w = _problem(*shape)
+    _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "masked", knobs)
 
 
 @pytest.mark.parametrize("knobs", [V2, KNOBS["split-wg"], KNOBS["v3"]], ids=["v2", "split-wg", "v3"])
@@ -153,6 +163,17 @@ def test_layer_variants_pass_the_rule(case, variant, gpu_check):
     where `cutedsl` is v3) are correct layers too."""
     from dsv4bench.core.registry import get_impl
     gpu_check(case, get_impl("moe", variant))
+
+
+MASKED_CASES = [c for c in LAYER if c["layout"] == "masked"]
+
+
+@pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
+def test_v5_decode_layers_pass_the_rule(case, gpu_check):
+    """v5 (swap-AB, masked only) on every decode layer: Flash T = 1 / 8 / 64 (uniform, hot, sparse, hash), the
+    drawn ones."""
+    from dsv4bench.core.registry import get_impl
+    gpu_check(case, get_impl("moe", "cutedsl:v5"))
 
 
 V3_CASES = [LAYER[7], Case("moe", space.case("layer", "pro", 4096))]  # Flash T = 4096 hot, Pro T = 4096

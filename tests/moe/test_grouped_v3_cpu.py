@@ -153,29 +153,30 @@ def test_v3_variants_are_declared_and_validated():
 
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
-def test_the_tile_rule_picks_v3_at_prefill_and_v4_at_decode(epilogue):
-    """Since the H100 A/Bs (docs/perf/moe.md "v3", "v4 and wg4"): contiguous (prefill) -> v3 (split
-    warpgroups, row-frame weights, fast silu; every warp promotes), masked (decode) -> exactly the v2 config
-    with the idle warps' promotion skipped (v4)."""
-    from kernels.moe.grouped_config import V4, choose
+def test_the_tile_rule_picks_v3_at_prefill_and_v5_at_decode(epilogue):
+    """Since the H100 A/Bs (docs/perf/moe.md "v3", "v5"): contiguous (prefill) -> v3 (split warpgroups, row-frame
+    weights, fast silu), masked (decode) -> v5 (swap-AB, 16-token tiles; compile_layer adds 32). The v2 A/Bs and
+    cutedsl:v4 turn v5 off and get v2's 64-row decode wave."""
+    from kernels.moe.grouped_config import V4, V5, choose
     from kernels.moe.layer import grouped_config, weight_frame
     pre, dec = choose("contiguous", epilogue), choose("masked", epilogue)
-    assert (pre.split_wg, pre.row_frame, pre.fast_silu, pre.bm, pre.skip_idle_warps) == (True, True, True, 128, False)
-    assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=64, **V4)  # v2's decode config + the skip
-    assert dec.skip_idle_warps and not (dec.split_wg or dec.row_frame or dec.fast_silu)
+    assert (pre.split_wg, pre.row_frame, pre.fast_silu, pre.bm, pre.swap_ab) == (True, True, True, 128, False)
+    assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=16, pdl=True, **V5) and dec.swap_ab
     assert weight_frame("contiguous") == "row" and weight_frame("masked") == "block"
-    # cutedsl:v2 and every v2 A/B are v2 at both layouts (decode: the pick without the skip); v3, split-wg as were
+    v2_dec = GroupedConfig(layout="masked", epilogue=epilogue, bm=64, **V2)
+    assert grouped_config("masked", epilogue, **V4) == replace(v2_dec, skip_idle_warps=True)
+    # cutedsl:v2 and every v2 A/B are v2 at both layouts; v3, split-wg as were
     for name in ("v2", "serial", "ko-no-widen", "widen-v1", "tiled-b", "pdl", "v1"):
         knobs = {k: v for k, v in get_impl("moe", f"cutedsl:{name}").knobs.items() if k != "skip_padding"}
         cfg = grouped_config("contiguous", epilogue, **knobs)
-        assert not (cfg.split_wg or cfg.row_frame or cfg.fast_silu), name
-        assert grouped_config("masked", epilogue, **knobs) == replace(dec, skip_idle_warps=False, **{
+        assert not (cfg.split_wg or cfg.row_frame or cfg.fast_silu or cfg.swap_ab), name
+        assert grouped_config("masked", epilogue, **knobs) == replace(v2_dec, **{
             k: v for k, v in knobs.items() if k not in V2}), name
         assert weight_frame("contiguous", **knobs) == "block"
     for layout in ("masked", "contiguous"):
         assert grouped_config(layout, epilogue, **V3).row_frame and weight_frame(layout, **V3) == "row"
         split = grouped_config(layout, epilogue, **SPLIT)
-        assert split.split_wg and not split.row_frame and not split.fast_silu
+        assert split.split_wg and not split.row_frame and not split.fast_silu and not split.swap_ab
 
 
 @pytest.mark.parametrize("impl,layout,frame", [("cutedsl", "contiguous", "row"), ("cutedsl", "masked", "block"),
@@ -193,7 +194,9 @@ def test_the_family_impls_compile_the_frame_their_gemms_read(impl, layout, frame
     monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
     case = Case("moe", {**space.case("layer", "flash", 4096 if layout == "contiguous" else 8), "layout": layout})
     compiled = get_impl("moe", impl).compile(case, "sm_90a")
-    assert compiled.frame == frame and compiled.row_frame == (frame == "row") and not compiled.tiled_b
+    v5 = impl == "cutedsl" and layout == "masked"  # the rule's decode pick reads the RS-ordered codes
+    assert compiled.frame == frame and compiled.row_frame == (frame == "row")
+    assert compiled.codes == ("rs" if v5 else "plain")
     assert {cfg.row_frame for cfg in seen.values()} == {frame == "row"} and len(seen) == 2
 
 

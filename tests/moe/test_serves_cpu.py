@@ -41,7 +41,7 @@ def emulated_layer(calls: list):
         frame = layer.weight_frame(params["layout"])
         l1, l2 = prepared(frame)
         assert l1.frame == l2.frame == frame
-        calls.append({**params, "frame": frame})
+        calls.append({**params, "frame": frame, "run": run})
         assert x.dtype == torch.bfloat16 and idx.dtype == torch.int32 and weights.dtype == torch.float32
         assert shared.dtype == torch.bfloat16 and shared.shape == x.shape
         max_m = params.get("max_m")
@@ -139,7 +139,11 @@ def test_adapter_passes_the_family_rule(tokens, routing, layout, kernels):
     (params,) = kernels
     assert params["layout"] == layout and params["t"] == tokens and (params["e"], params["k"]) == (8, 6)
     assert (params["d"], params["i"]) == (256, 256)
-    assert params["frame"] == ("row" if layout == "contiguous" else "block")  # v3 at prefill, v2 at decode
+    assert params["frame"] == ("row" if layout == "contiguous" else "block")  # v3 at prefill, v4 at decode
+    # decode runs v4's GEMMs (serves.decode_runner: the rule's v5 would need a second copy of the codes)
+    assert (params["run"] is serves.decode_runner()) == (layout == "masked")
+    if layout == "masked":
+        assert params["run"].op.impl.name == "cutedsl:v4"
     if layout == "masked":
         assert params["max_m"] == serves.masked_rows(args[2], 8)
         if routing == "hot":

@@ -1,0 +1,150 @@
+"""v5 (kernels/moe/grouped_rs.py: swap-AB, the weights widened in registers as an RS wgmma's A) on the CPU: the
+load-time RS byte order and the thread's widening give each fragment byte the widened code of its (row, k), with
+the fragment layout the traced MMA declares; every configuration compiles for sm_90a with no local memory and no
+serialised wgmma; the family refuses v5 at prefill."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.registry import get_impl
+from kernels.moe.expert_weights import prepare, rs_byte_order, widen_table, widened_codes
+from kernels.moe.grouped_config import BN, V4, V5, GroupedConfig
+from kernels.moe.layer import rs_codes, weight_views
+from sweeps import moe as space
+from tests.moe import grouped_model as model
+from tests.moe.compile_checks import compile_checked
+
+
+def _fragment_coords(ctid: int, tile: int, word: int, byte: int) -> tuple[int, int]:
+    """(weight row in the 256-row tile, k within the k step) of a fragment byte: PTX's m64 x k32 8-bit A layout,
+    word rh + 2 kh (+ 4 s), byte v: row 16 warp + lane / 4 + 8 rh, k 4 (lane % 4) + v + 16 kh."""
+    wg, warp, lane = ctid // 128, (ctid % 128) // 32, ctid % 32
+    rh, kh = word % 2, word // 2
+    return wg * 128 + tile * 64 + 16 * warp + lane // 4 + 8 * rh, 4 * (lane % 4) + byte + 16 * kh
+
+
+def test_rs_byte_order_is_a_permutation_of_each_k_block_row():
+    order = rs_byte_order()
+    assert sorted(order.tolist()) == list(range(64))
+    assert order[:8].tolist() == [0, 1, 8, 9, 16, 17, 24, 25]  # quad 0: steps 0, 1 (bytes 2q, 2q + 1, 8 + 2q, ...)
+
+
+@pytest.mark.parametrize("n", [256, 384])
+def test_rs_fragments_hold_the_widened_codes(n):
+    """Every consumer thread's fragments, built as the kernel builds them (one 16-byte read of its row in the
+    RS-ordered tile, word s widened by `widen8` with sub-block s's table), hold byte for byte the e4m3 codes of
+    the v2 widening (expert_weights.widened_codes) at the (row, k) the fragment layout gives; K of 2 blocks,
+    shifts spanning the table."""
+    e, k = 1, 256
+    g = torch.Generator().manual_seed(3)
+    scales = torch.randint(118, 131, (e, n, k // 32), generator=g, dtype=torch.int32).to(torch.uint8)
+    w = prepare(torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8), scales)
+    want = widened_codes(w).view(torch.uint8)[0]  # [N, K]
+    tiles = rs_codes(w)  # [E, NT, KB, BN, 64]
+    b, _, _ = weight_views(w, "rs")
+    assert b.shape == (BN, 64, tiles.shape[1] * tiles.shape[2]) and b.stride() == (64, 1, BN * 64)
+    table = [[int(v) & 0xFFFFFFFF for v in pair] for pair in widen_table()]
+    shift = w.shift[0]  # [KB, N, 4]
+    for nt in range(tiles.shape[1]):
+        for kb in range(k // 128):
+            tile = tiles[0, nt, kb]
+            for ctid in range(0, 256, 7):
+                for j in range(2):
+                    for rh in range(2):
+                        row, _ = _fragment_coords(ctid, j, rh, 0)
+                        if nt * BN + row >= n:
+                            assert (tile[row] == 0).all()
+                            continue
+                        chunk = tile[row, 16 * (ctid % 4):16 * (ctid % 4) + 16].tolist()
+                        for s in range(4):
+                            word = int.from_bytes(bytes(chunk[4 * s:4 * s + 4]), "little")
+                            t0, t1 = table[int(shift[kb, nt * BN + row, s])]
+                            for kh, out in enumerate(model.widen8(word, t0, t1)):
+                                for v in range(4):
+                                    r, kk = _fragment_coords(ctid, j, rh + 2 * kh, v)
+                                    assert (out >> (8 * v)) & 0xFF == int(want[nt * BN + r, 128 * kb + 32 * s + kk])
+
+
+def test_rs_mma_declares_that_fragment_layout():
+    """The traced RS MMA's A layout (thread, value) -> (m, k) is the one _fragment_coords assumes."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import warpgroup
+    from kernels.common import compile_kernel
+
+    seen = []
+
+    @cute.jit
+    def probe(stream):
+        fp8, kmaj = cutlass.Float8E4M3FN, warpgroup.OperandMajorMode.K
+        mma = sm90_utils.make_trivial_tiled_mma(fp8, fp8, kmaj, kmaj, cutlass.Float32, (1, 1, 1), (64, 16),
+                                                warpgroup.OperandSource.RMEM)
+        seen.append(str(mma.tv_layout_A))
+
+    try:
+        compile_kernel(probe, arch="sm_90a")
+    except Exception:  # noqa: BLE001 (a kernel-less function need not compile; the trace is what is checked)
+        pass
+    assert seen == ["((4,8,4),(4,2,2)):((256,1,16),(64,8,1024))"]  # index m + 64 k, see _fragment_coords
+
+
+@pytest.mark.parametrize("epilogue,n,k,bm", [("swiglu", 512, 256, 16), ("bf16", 384, 384, 16),
+                                             ("swiglu", 512, 384, 32), ("bf16", 512, 256, 32)])
+def test_v5_compiles_for_sm90a(epilogue, n, k, bm, monkeypatch):
+    compile_checked("masked", epilogue, {**V5, "bm": bm}, monkeypatch, n, k)
+
+
+@pytest.mark.parametrize("counts", [[0, 5, 0, 0, 70, 1], [3], [0, 0, 129], [200, 0, 64, 65, 0], [0] * 511 + [2]])
+def test_v5_work_list_covers_every_real_tile_once_m_tile_fastest(counts):
+    """v5's unit order (GroupedRs._unit, modelled step for step): every (expert, m tile, n tile) holding rows
+    once, no unit of an empty expert, and an expert's m tiles of one n tile on consecutive units."""
+    mg, bm, tiles_n = 128, 16, 3
+    units = model.work_units(counts, mg, bm, tiles_n, True, m_fastest=True)
+    want = {(g, mt, nt, g) for g, c in enumerate(counts) for mt in range(-(-min(c, mg) // bm)) for nt in range(tiles_n)}
+    assert len(units) == len(want) and set(units) == want
+    for a, b in zip(units, units[1:]):
+        if a[0] == b[0] and a[2] == b[2]:
+            assert b[1] == a[1] + 1
+
+
+def test_v5_config_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="masked-layout kernel"):
+        GroupedConfig(**{**V5, "layout": "contiguous", "bm": 128})
+    with pytest.raises(ValueError, match="bm"):
+        GroupedConfig(**{**V5, "bm": 64})
+    cfg = GroupedConfig(bm=16, **V5)
+    assert cfg.n_stages >= 4 and cfg.a_boxes == 1 and cfg.tiled_codes
+
+
+def test_family_runs_v5_at_decode_only():
+    impl = get_impl("moe", "cutedsl:v5")
+    assert impl.supports(Case("moe", space.case("layer", "flash", 8))) is None
+    assert "masked layout only" in impl.supports(Case("moe", space.case("layer", "flash", 4096)))
+
+
+def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_smallest_that_holds_it(monkeypatch):
+    """compile_layer at decode (the rule: v5 with PDL) compiles L1 / L2 at 16 and 32 tokens a tile and v4's pair;
+    CompiledLayer.gemms takes 16 for max_m <= 16, 32 up to 64, v4 (plain codes) past it; a variant naming bm,
+    or v4, compiles one pair."""
+    from kernels.moe import layer
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: ("dispatch", pdl))
+    monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
+        epilogue, *(lambda c: (c.bm, c.swap_ab, c.pdl))(layer.grouped_config(layout, epilogue, **knobs))))
+    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    compiled = layer.compile_layer(8, 6, 512, 256, "masked")
+    assert compiled.codes == "rs" and compiled.token_tiles == (16, 32)
+    assert set(compiled.kernels) == {"dispatch", "l1", "l2", "l1@32", "l2@32", "l1@v4", "l2@v4", "combine"}
+    assert compiled.kernels["dispatch"] == ("dispatch", True)
+    for max_m, want in ((16, (16, True)), (32, (32, True)), (48, (32, True)), (64, (32, True)), (80, (64, False)),
+                        (256, (64, False))):  # v4's pair launched with PDL as the rest of the layer
+        l1, l2, order = compiled.gemms(max_m)
+        assert (l1, l2) == (("swiglu", *want, True), ("bf16", *want, True)) and order == ("rs" if want[1] else "plain")
+    assert layer.compile_layer(8, 6, 512, 256, "masked", **V5).token_tiles == (16, 32)  # cutedsl:v5: the rule's
+    one = layer.compile_layer(8, 6, 512, 256, "masked", **{**V5, "bm": 32})
+    assert one.token_tiles == () and one.gemms(16) == (("swiglu", 32, True, True), ("bf16", 32, True, True), "rs")
+    v4 = layer.compile_layer(8, 6, 512, 256, "masked", **V4)
+    assert v4.codes == "plain" and v4.gemms(16)[2] == "plain" and v4.gemms(16)[0] == ("swiglu", 64, False, False)
