@@ -15,7 +15,7 @@ promotes: acc += tmp · col_scale[row] · sa[token] (the weight's per-(row, K bl
 block) scale). Layer 1's 256 interleaved rows (kernels/moe/expert_weights.interleave) hold 128 intermediates,
 gate in accumulator row r and up in r + 8 of one thread: h's FP8 block of 128 is the CTA's, its amax a shuffle
 over the 8 lanes holding a token and one exchange between the 8 consumer warps. Layer 2 stores bf16 values.
-The work list, the units and the TMA warp are v2's (kernels/moe/grouped_sm90.py).
+The work list and the TMA warp are v2's (kernels/moe/grouped_sm90.py); units run m tile fastest (`_unit`).
 """
 
 from __future__ import annotations
