@@ -178,7 +178,8 @@ def start_sweep(tmp_path, mark: str, real_worker: bool) -> subprocess.Popen:
                   DSV4BENCH_CACHE_DIR=str(tmp_path / "cache"), **{MARK: mark})
     log = open(tmp_path / "sweep.log", "w")
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps({**spec, "out": str(tmp_path / "run")})],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # pytest under nohup
     deadline = time.monotonic() + 60
     while not any(pids.iterdir()):
         if proc.poll() is not None or time.monotonic() > deadline:
