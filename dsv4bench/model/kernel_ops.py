@@ -41,9 +41,9 @@ def _arch_of(device: int) -> str:
 class KernelOp:
     """One op served by one family's CuTeDSL impl."""
 
-    def __init__(self, family: Family, op: str, adapter: Callable):
+    def __init__(self, family: Family, op: str, adapter: Callable, impl: str = KERNEL):
         self.family, self.op, self.adapter = family, op, adapter
-        self.impl = get_impl(family.name, KERNEL)
+        self.impl = get_impl(family.name, impl)
         self._cache = None
         self._taken: dict = {}  # (params, arch) -> (case, compiled): the checks and lookups done once
         self.runner = Runner(self)

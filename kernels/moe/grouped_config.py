@@ -22,6 +22,7 @@ MAX_STAGES = 8
 ABLATIONS = ("", "no-widen")
 WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
+CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
 WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v4 past it
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
@@ -114,14 +115,25 @@ class GroupedConfig:
         return self.bm // 64
 
     @property
+    def x_rows(self) -> int:
+        """Rows of x's TMA box: a 64-row wave (swap_ab: the bm-token tile)."""
+        return self.bm if self.swap_ab else 64
+
+    @property
     def a_boxes(self) -> int:
         """TMA boxes of x a stage: one per 64-row wave (swap_ab: one bm-row tile)."""
         return 1 if self.swap_ab else self.waves
 
     @property
+    def codes(self) -> str:
+        """The order the GEMMs read the weight codes in (CODES): the checkpoint's, tiled_b's load-time tiles
+        (kernels/moe/layer.tiled_codes), swap_ab's RS-ordered tiles (layer.rs_codes)."""
+        return "rs" if self.swap_ab else "tiled" if self.tiled_b else "plain"
+
+    @property
     def tiled_codes(self) -> bool:
-        """The weight codes come in load-time tiles (tiled_b's plain bytes, swap_ab's RS byte order)."""
-        return self.tiled_b or self.swap_ab
+        """The weight codes come in load-time tiles (one contiguous tile a stage)."""
+        return self.codes != "plain"
 
     @property
     def reduce_words(self) -> int:

@@ -15,7 +15,8 @@ promotes: acc += tmp · col_scale[row] · sa[token] (the weight's per-(row, K bl
 block) scale). Layer 1's 256 interleaved rows (kernels/moe/expert_weights.interleave) hold 128 intermediates,
 gate in accumulator row r and up in r + 8 of one thread: h's FP8 block of 128 is the CTA's, its amax a shuffle
 over the 8 lanes holding a token and one exchange between the 8 consumer warps. Layer 2 stores bf16 values.
-The work list and the TMA warp are v2's (kernels/moe/grouped_sm90.py); units run m tile fastest (`_unit`).
+GroupedSm90 (kernels/moe/grouped_sm90.py) runs the launch, the work list and the TMA warp; this class gives its
+operands (`_operands`), the unit order (m tile fastest, `_unit`) and the consumers (`_consume`).
 """
 
 from __future__ import annotations
@@ -25,50 +26,33 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Uint8, Uint16
-from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.cute.nvgpu import warpgroup
 from cutlass.utils import LayoutEnum
 
 from kernels.bits import bits_f32
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS
 from kernels.moe.grouped_epilogue import FP8_FLOOR, FP8_MAX, bf16_half, swiglu
-from kernels.moe.grouped_sm90 import (GroupedSm90, last_group, ring_atoms, ring_extent, ring_layouts, ring_partitions,
-                                      ring_storage, tma_pieces)
+from kernels.moe.grouped_sm90 import GroupedSm90, last_group
 from kernels.moe.grouped_widen import SUBS, widen8
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
-from kernels.rings import consumer_state, tma_ring
+from kernels.rings import consumer_state
 
 TILES = 2  # m64 tiles of weight rows per consumer warpgroup
-CONSUMER_WARPS = 8
 
 
 class GroupedRs(GroupedSm90):
-    @cute.jit
-    def __call__(self, mA, mSA, mB, mSh, mSW, mTab, mGroup, mRowW, mOut, mOutS, n_ctas: Int32, stream):
-        """The operands of GroupedSm90.__call__; mB is the RS-ordered tiled codes (bn, 64, E·NT·KB)."""
+    def _operands(self, fp8) -> tuple:
+        """RS wgmma of 64 weight rows x bm tokens a warpgroup, x's bm-token tiles as its B operand (K-major,
+        128B-swizzled), no widened tiles (GroupedSm90.__call__ and .kernel run the rest: mB is the RS-ordered
+        tiled codes (bn, 64, E·NT·KB))."""
         c = self.cfg
-        S = c.n_stages
-        fp8 = mA.element_type
         kmaj = warpgroup.OperandMajorMode.K
-        rmem = warpgroup.OperandSource.RMEM
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(fp8, fp8, kmaj, kmaj, Float32, (1, 1, 1), (64, c.bm), rmem)
-        mma_acc = sm90_utils.make_trivial_tiled_mma(fp8, fp8, kmaj, kmaj, Float32, (1, 1, 1), (64, c.bm), rmem)
-        sX_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, c.bm, KBLOCK), fp8, S)
-        sQ_layout, sSh_layout, sSW_layout, sSA_layout = ring_layouts(c)
-        tma_a, gA_t = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mA,
-                                                  cute.slice_(sX_layout, (None, None, 0)), (c.bm, KBLOCK))
-        (tma_b, gB_t), (tma_sh, gSh_t), (tma_sw, gSW_t), (tma_sa, gSA_t) = ring_atoms(
-            c, (mB, mSh, mSW, mSA), (sQ_layout, sSh_layout, sSW_layout, sSA_layout))
-
-        Storage = ring_storage(c, fp8, sX_layout, (sQ_layout, sSh_layout, sSW_layout, sSA_layout))  # no widened tiles
-        units = cute.size(mA, mode=[2]) * ((cute.size(mA, mode=[0]) + c.bm - 1) // c.bm) * (
-            (cute.size(mSh, mode=[0]) + c.bn - 1) // c.bn)
-        self.kernel(tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
-                    mOut, mOutS, tiled_mma, mma_acc, sX_layout, sQ_layout, sSh_layout, sSW_layout, sSA_layout,
-                    Storage).launch(grid=(cutlass.min(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
-                                    min_blocks_per_mp=1, stream=stream, use_pdl=c.pdl)
+        mma = lambda: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
+            fp8, fp8, kmaj, kmaj, Float32, (1, 1, 1), (64, c.bm), warpgroup.OperandSource.RMEM)
+        return (mma(), mma(), sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, c.bm, KBLOCK), fp8,
+                                                              c.n_stages), None)
 
     @cute.jit
     def _unit(self, u, tiles_n, n_groups, mg, mGroup, st):
@@ -82,58 +66,13 @@ class GroupedRs(GroupedSm90):
         local = u - gf[lo] * tiles_n
         return lo, local % gt[lo], local // gt[lo], lo, cutlass.min(mGroup[lo], mg)
 
-    @cute.kernel
-    def kernel(self, tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
-               mOut, mOutS, tiled_mma, mma_acc, sX_layout, sQ_layout, sSh_layout, sSW_layout, sSA_layout,
-               Storage: cutlass.Constexpr):
-        c = self.cfg
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        gdim, _, _ = cute.arch.grid_dim()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        wg = cute.arch.make_warp_uniform(tidx // 128)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-        mma_acc.set(warpgroup.Field.ACCUMULATE, True)
-        if warp_idx == 0:
-            for atom in (tma_a, tma_b, tma_sh, tma_sw, tma_sa):
-                cpasync.prefetch_descriptor(atom)
-
-        st = cutlass.utils.SmemAllocator().allocate(Storage)
-        ring = tma_ring(st.bars.data_ptr(), c.n_stages, CONSUMER_WARPS, c.stage_bytes)
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
-        sX = st.sA.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
-        sQ = st.sQ.get_tensor(sQ_layout)
-        sSh = st.sSh.get_tensor(sSh_layout)
-        sSW = st.sSW.get_tensor(sSW_layout)
-        sSA = st.sSA.get_tensor(sSA_layout)
-
-        # (bm, 128, Mg/bm, KB, G): x's bm-row tiles; the ring's other four as v2's (the codes: one load-time tile)
-        a = tma_pieces(tma_a, gA_t, sX, (c.bm, KBLOCK))
-        b, sh, sw, sa = ring_partitions(c, ((tma_b, gB_t), (tma_sh, gSh_t), (tma_sw, gSW_t), (tma_sa, gSA_t)),
-                                        (sQ, sSh, sSW, sSA))
-        mg = cute.size(gA_t, mode=[0])
-        tiles_m = (mg + c.bm - 1) // c.bm
-        tiles_n, n_kb = ring_extent(c, gSh_t)
-        n_groups = cute.size(gA_t, mode=[2])
-
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
-        if cutlass.const_expr(c.pdl):
-            cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
-        units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
-        if wg == 0:
-            cute.arch.setmaxregister_decrease(40)
-            if warp_idx == 0:
-                self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim)
-        else:
-            cute.arch.setmaxregister_increase(232)
-            self._consume_rs(ring, tiled_mma, mma_acc, sX, sQ, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                             n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
-
     @cute.jit
-    def _consume_rs(self, ring, tiled_mma, mma_acc, sX, sQ, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                    n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
+    def _consume(self, ring, tiled_mma, mma_acc, sX, _sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
+                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
+        """The consumer warpgroups (GroupedSm90.kernel calls it): per unit, the K loop in pairs of blocks (the
+        fragment sets alternate), then the layer's epilogue. sX: x's stage tiles (the B operand)."""
         c = self.cfg
+        codes = st.sQ.data_ptr()  # the stages' FP4 tiles (RS byte order)
         tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
         if ctid < WIDEN_TABLE_WORDS:
             tab[ctid] = mTab[ctid]
@@ -154,14 +93,14 @@ class GroupedRs(GroupedSm90):
             g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
             for j in cutlass.range_constexpr(TILES):
                 accs[j].fill(0.0)
-            self._widen_a(ring, sQ, sSh, tab, frags[0], g_rd, wg_rows, ctid)
+            self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
             for p in cutlass.range(0, n_kb // 2, unroll=1):
-                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, sQ, sSh,
+                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
                                 sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid)
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[1], frags[0], 2 * p + 2 < n_kb, tCrB, accs, tmps,
-                                cC, sQ, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid)
+                                cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid)
             if n_kb % 2 == 1:
-                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], False, tCrB, accs, tmps, cC, sQ, sSh,
+                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
                                 sSW, sSA, tab, g_rd + n_kb - 1, wg_rows, ctid)
             g_rd = g_rd + n_kb
             if cutlass.const_expr(c.epilogue == "swiglu"):
@@ -170,14 +109,14 @@ class GroupedRs(GroupedSm90):
                 self._store_rows_rs(accs, cC, mOut, g, mt, nt, limit, mg, wg_rows)
 
     @cute.jit
-    def _widen_a(self, ring, sQ, sSh, tab, frag, g_rd, wg_rows, ctid):
+    def _widen_a(self, ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid):
         """Wait for K block g_rd's stage, then widen the thread's A fragments of it into `frag` (one per m64
         tile): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
         s) a table pair and `widen8`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
         c = self.cfg
         state = consumer_state(c.n_stages, g_rd)
         ring.consumer_wait(state)
-        q4 = cute.make_tensor(cute.recast_ptr(sQ.iterator, dtype=Int32),
+        q4 = cute.make_tensor(cute.recast_ptr(codes, dtype=Int32),
                               cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
         tab2 = cute.make_tensor(tab.iterator, cute.make_layout((2, WIDEN_TABLE_WORDS // 2), stride=(1, 2)))
         words = cute.make_rmem_tensor(cute.make_layout((4, 2 * TILES), stride=(1, 4)), Int32)
@@ -200,7 +139,7 @@ class GroupedRs(GroupedSm90):
                     out[rh + 2 + 4 * s] = hi
 
     @cute.jit
-    def _kblock_rs(self, ring, mmas, cur, nxt, has_next, tCrB, accs, tmps, cC, sQ, sSh, sSW, sSA, tab, g_rd,
+    def _kblock_rs(self, ring, mmas, cur, nxt, has_next, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab, g_rd,
                    wg_rows, ctid):
         """K block g_rd (its fragments widened into `cur`): 4 k steps x 2 tiles of RS wgmma into tmps, one group;
         the promotion's scale products read from the stage while they run, then (has_next) the next block's
@@ -224,7 +163,7 @@ class GroupedRs(GroupedSm90):
                 for cc in cutlass.range_constexpr(n_c):
                     prod[j, r, cc] = sw * sSA[cC[0, cc][1], 0, state.index]
         if has_next:
-            self._widen_a(ring, sQ, sSh, tab, nxt, g_rd + 1, wg_rows, ctid)
+            self._widen_a(ring, codes, sSh, tab, nxt, g_rd + 1, wg_rows, ctid)
         warpgroup.wait_group(0)
         ring.consumer_release(state)
         for j in cutlass.range_constexpr(TILES):
@@ -242,7 +181,8 @@ class GroupedRs(GroupedSm90):
         memory. Codes [rows, I] as single bytes, one ue8m0 scale per token (warp 0's lanes 0-3)."""
         fast = self.cfg.fast_silu
         n_c = cute.size(cC, mode=[1])
-        red = st.red.get_tensor(cute.make_layout((self.cfg.bm, CONSUMER_WARPS), stride=(CONSUMER_WARPS, 1)))
+        warps = 4 * self.cfg.n_mma_wg
+        red = st.red.get_tensor(cute.make_layout((self.cfg.bm, warps), stride=(warps, 1)))
         warp = ctid // 32
         h = cute.make_rmem_tensor((TILES, n_c), Float32)
         rws = cute.make_rmem_tensor((n_c,), Float32)
@@ -271,7 +211,7 @@ class GroupedRs(GroupedSm90):
             tok = cC[0, cc][1]
             m = mt * self.cfg.bm + tok
             amax = red[tok, 0]
-            for w in cutlass.range_constexpr(1, CONSUMER_WARPS):
+            for w in cutlass.range_constexpr(1, warps):
                 amax = cute.arch.fmax(amax, red[tok, w])
             if m < limit:
                 exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)

@@ -155,18 +155,11 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         stream,
     ):
         c = self.cfg
-        S, W = c.n_stages, c.waves
         fp8 = mA.element_type
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(fp8, fp8, warpgroup.OperandMajorMode.K,
-                                                      warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
-        mma_acc = sm90_utils.make_trivial_tiled_mma(fp8, fp8, warpgroup.OperandMajorMode.K,
-                                                    warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
-        tile = (64, c.bn, KBLOCK)
-        sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S * W)
-        sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, 2)  # two widened tiles
+        tiled_mma, mma_acc, sA_layout, sB_layout = self._operands(fp8)
         sQ_layout, sSh_layout, sSW_layout, sSA_layout = ring_layouts(c)
         tma_a, gA_t = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mA,
-                                                  cute.slice_(sA_layout, (None, None, 0)), (64, KBLOCK))
+                                                  cute.slice_(sA_layout, (None, None, 0)), (c.x_rows, KBLOCK))
         (tma_b, gB_t), (tma_sh, gSh_t), (tma_sw, gSW_t), (tma_sa, gSA_t) = ring_atoms(
             c, (mB, mSh, mSW, mSA), (sQ_layout, sSh_layout, sSW_layout, sSA_layout))
 
@@ -177,6 +170,16 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
                     mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout,
                     sSA_layout, Storage).launch(grid=(cutlass.min(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
                                                 min_blocks_per_mp=1, stream=stream, use_pdl=c.pdl)
+
+    def _operands(self, fp8) -> tuple:
+        """(the first K step's MMA, the accumulating one, x's stage buffers, the widened B tiles): SS wgmma over
+        two warpgroups of bn / 2 columns, x in 64-row waves (A), two widened weight tiles (B). v5 overrides it."""
+        c = self.cfg
+        tile = (64, c.bn, KBLOCK)
+        mma = lambda: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
+            fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
+        return (mma(), mma(), sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, c.n_stages * c.waves),
+                sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, 2))
 
     @cute.jit
     def _work(self, st, mGroup, n_groups, tiles_m, mg, tidx):
@@ -233,7 +236,6 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
                mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout, sSA_layout,
                Storage: cutlass.Constexpr):
         c = self.cfg
-        S, W = c.n_stages, c.waves
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
@@ -246,17 +248,19 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
                 cpasync.prefetch_descriptor(atom)
 
         st = cutlass.utils.SmemAllocator().allocate(Storage)
-        ring = tma_ring(st.bars.data_ptr(), S, c.n_mma_wg * 4, c.stage_bytes)
+        ring = tma_ring(st.bars.data_ptr(), c.n_stages, c.n_mma_wg * 4, c.stage_bytes)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
-        sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        sB = None  # v5: no widened tiles
+        if cutlass.const_expr(sB_layout is not None):
+            sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sQ = st.sQ.get_tensor(sQ_layout)
         sSh = st.sSh.get_tensor(sSh_layout)
         sSW = st.sSW.get_tensor(sSW_layout)
         sSA = st.sSA.get_tensor(sSA_layout)
 
-        # (64, 128, Mg/64, KB, G): x's 64-row boxes (v5: bm rows); the ring's other four as ring_partitions'
-        a = tma_pieces(tma_a, gA_t, sA, (64, KBLOCK))
+        # (x_rows, 128, Mg/x_rows, KB, G): x's 64-row waves (v5: bm-row tiles); the ring's other four
+        a = tma_pieces(tma_a, gA_t, sA, (c.x_rows, KBLOCK))
         b, sh, sw, sa = ring_partitions(c, ((tma_b, gB_t), (tma_sh, gSh_t), (tma_sw, gSW_t), (tma_sa, gSA_t)),
                                         (sQ, sSh, sSW, sSA))
         mg = cute.size(gA_t, mode=[0])

@@ -24,7 +24,7 @@ from kernels.moe.expert_weights import GroupedWeight, prepare_layer, rs_byte_ord
 from kernels.moe.glue import (
     alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
-from kernels.moe.grouped_config import BN, MAX_GROUPS, SWAP_BM, V4, WIDE_M, WIDEN_TABLE_WORDS, GroupedConfig, choose
+from kernels.moe.grouped_config import BN, CODES, MAX_GROUPS, SWAP_BM, V4, WIDE_M, WIDEN_TABLE_WORDS, GroupedConfig, choose
 from kernels.moe.grouped_sm90 import grouped_kernel
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
@@ -93,11 +93,17 @@ def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_
     return compile_kernel(grouped_kernel(cfg), *fake_grouped(layout, epilogue, n, k, cfg.tiled_codes), arch=arch)
 
 
+def gemm_names(tile=None) -> tuple[str, str]:
+    """A GEMM pair's names in CompiledLayer.kernels: "l1" / "l2" (the one pair, or v5's smallest token tile), else
+    "l1@<tile>" / "l2@<tile>" (v5's other tiles, "v4": its pair past WIDE_M)."""
+    suffix = "" if tile in (None, SWAP_BM[0]) else f"@{tile}"
+    return "l1" + suffix, "l2" + suffix
+
+
 class CompiledLayer:
     """The four compiles of the layer (dispatch, l1, l2, combine): `kernels` is how the harness's
     compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions);
-    `codes`: the order the GEMMs read the weight codes in (CODES: the checkpoint's, the load-time tiles
-    `tiled_codes`, v5's RS-ordered tiles `rs_codes`); `row_frame`: the GEMMs (v3) read weights prepared in the row
+    `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes); `row_frame`: the GEMMs (v3) read weights prepared in the row
     frame (`row_frame_weights`)."""
 
     def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = ()):
@@ -108,12 +114,12 @@ class CompiledLayer:
         v4 beside them) takes the smallest v5 tile holding max_m (the largest count, known on the host), v4
         past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5"); otherwise the one pair."""
         if not self.token_tiles or max_m is None:
-            return self.kernels["l1"], self.kernels["l2"], self.codes
-        if max_m > WIDE_M:
-            return self.kernels["l1@v4"], self.kernels["l2@v4"], "plain"
-        bm = next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])
-        suffix = "" if bm == self.token_tiles[0] else f"@{bm}"
-        return self.kernels["l1" + suffix], self.kernels["l2" + suffix], self.codes
+            pair, codes = gemm_names(), self.codes
+        elif max_m > WIDE_M:
+            pair, codes = gemm_names("v4"), "plain"
+        else:
+            pair, codes = gemm_names(next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])), self.codes
+        return self.kernels[pair[0]], self.kernels[pair[1]], codes
 
     @property
     def frame(self) -> str:
@@ -136,16 +142,13 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + v4's
     kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl)}
-    for bm in tiles or (None,):
-        suffix, tile = ("", {}) if bm in (None, SWAP_BM[0]) else (f"@{bm}", {"bm": bm})
-        kernels["l1" + suffix] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **knobs, **tile)
-        kernels["l2" + suffix] = compile_grouped(layout, "bf16", d, i, arch, **knobs, **tile)
-    if tiles:
-        wide = {**knobs, **V4, "pdl": pdl}
-        kernels["l1@v4"] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **wide)
-        kernels["l2@v4"] = compile_grouped(layout, "bf16", d, i, arch, **wide)
+    pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + ([("v4", {**knobs, **V4, "pdl": pdl})] if tiles else [])
+    for name, pair_knobs in pairs or [(None, knobs)]:
+        n1, n2 = gemm_names(name)
+        kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs)
+        kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs)
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
-    return CompiledLayer(kernels, codes_order(cfg), cfg.row_frame, tiles)
+    return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles)
 
 
 # ---------------------------------------------------------------- views and calls
@@ -207,14 +210,6 @@ def rs_codes(w: GroupedWeight) -> torch.Tensor:
     return _RS.get((w.codes,), lambda: tiled_codes(w)[..., rs_byte_order().to(w.codes.device)].contiguous())
 
 
-CODES = ("plain", "tiled", "rs")
-
-
-def codes_order(cfg: GroupedConfig) -> str:
-    """The codes a configuration's GEMMs read (CODES)."""
-    return "rs" if cfg.swap_ab else "tiled" if cfg.tiled_b else "plain"
-
-
 def weight_views(w: GroupedWeight, codes: str = "plain") -> tuple:
     """(codes (N, K/2, E) or, tiled / rs, (BN, 64, E·NT·KB), shift words int32 (N, KB, E), col_scale (N, KB, E)) as
     the kernel's TMA reads them."""
@@ -243,7 +238,7 @@ def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, ou
                 order: str = "plain"):
     """One grouped GEMM on dispatch-layout activations (codes, MN-major scales): swiglu (L1) writes h codes
     and scales into out / out_s (dispatch's layout), else bf16 rows into out. `order`: the codes the compile
-    reads (codes_order of its config)."""
+    reads (GroupedConfig.codes of its config)."""
     if max_m is not None and group.numel() > MAX_GROUPS:
         raise ValueError(f"{group.numel()} experts: the masked kernel's work list holds at most {MAX_GROUPS}")
     a, sa = act_views(codes, scales, max_m)

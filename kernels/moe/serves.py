@@ -281,11 +281,9 @@ def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch
 def decode_runner():
     """`run` of the model's decode calls (masked layout): the family's layer with v4's GEMMs (`cutedsl:v4`), on
     the block-frame weights this adapter keeps (see the module docstring for why not the rule's v5)."""
-    from dsv4bench.core.registry import get_family, get_impl
+    from dsv4bench.core.registry import get_family
     from dsv4bench.model.kernel_ops import KernelOp
-    op = KernelOp(get_family("moe"), "moe (decode: v4 GEMMs)", None)
-    op.impl = get_impl("moe", "cutedsl:v4")
-    return op.runner
+    return KernelOp(get_family("moe"), "moe (decode: v4 GEMMs)", None, impl="cutedsl:v4").runner
 
 
 def routed_layer(run, params: dict, x, idx, weights, shared, prepared) -> torch.Tensor:

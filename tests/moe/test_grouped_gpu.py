@@ -20,7 +20,7 @@ from kernels.moe.expert_weights import KBLOCK
 from kernels.moe.glue import dispatch
 from kernels.moe.inputs import make_experts
 from kernels.moe.grouped_config import V2, V3, V4, V5
-from kernels.moe.layer import (codes_order, compile_grouped, compile_layer, grouped_config, layer_weights,
+from kernels.moe.layer import (compile_grouped, compile_layer, grouped_config, layer_weights,
                                row_frame_weights, run_grouped, run_layer, weight_frame)
 from sweeps import moe as space
 from tests.moe import grouped_model as model
@@ -86,7 +86,7 @@ def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs):
     group = lay["counts"] if max_m else lay["expert"]
     h = torch.zeros(rows, i, dtype=torch.uint8, device="cuda")
     hs = torch.zeros((i // KBLOCK, rows) if max_m is None else (e, i // KBLOCK, max_m), device="cuda")
-    order = codes_order(grouped_config(layout, "swiglu", **knobs))
+    order = grouped_config(layout, "swiglu", **knobs).codes
     run_grouped(compile_grouped(layout, "swiglu", 2 * i, d, **knobs), lay["codes"], lay["scales"], l1w, group,
                 lay["row_weight"], h, hs, max_m, True, order)
     y = torch.zeros(rows, d, dtype=torch.bfloat16, device="cuda")

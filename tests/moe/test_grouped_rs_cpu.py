@@ -124,6 +124,10 @@ def test_family_runs_v5_at_decode_only():
     impl = get_impl("moe", "cutedsl:v5")
     assert impl.supports(Case("moe", space.case("layer", "flash", 8))) is None
     assert "masked layout only" in impl.supports(Case("moe", space.case("layer", "flash", 4096)))
+    from kernels.moe.layer import SM90_ONLY, compile_grouped
+    assert impl.supports(Case("moe", space.case("layer", "flash", 8)), "sm_100a") == SM90_ONLY  # wgmma: SM90 only
+    with pytest.raises(ValueError, match="SM90"):
+        compile_grouped("masked", "swiglu", 512, 256, arch="sm_100a", **V5)
 
 
 def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_smallest_that_holds_it(monkeypatch):
