@@ -11,7 +11,6 @@ nvdisasm comes from $DSV4BENCH_NVDISASM, else PATH, else the pip wheel `nvidia-c
 from __future__ import annotations
 
 import glob
-import re
 import os
 import shutil
 import subprocess
@@ -49,37 +48,3 @@ def sass_of(compiled) -> str | None:
         path.write_bytes(cubin)
         return subprocess.run([exe, "-c", str(path)], check=True, capture_output=True, text=True,
                               timeout=TIMEOUT_S).stdout
-
-
-_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*)")
-_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
-_BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
-
-
-def loop_spills(text: str, marker: str = "WARPGROUP.ARRIVE") -> list[str]:
-    """Local-memory instructions (LDL / STL) inside an innermost loop whose body holds `marker` (default: a wgmma
-    issue), i.e. the spills a K loop pays every block. A loop is a backward branch's range [its label, the branch];
-    innermost: holding no other such loop. Spills outside them (a value kept in local memory across the K loop and
-    reloaded once a tile) are not listed."""
-    labels, instrs, pending = {}, [], []
-    for line in text.splitlines():
-        m = _LABEL.match(line)
-        if m:
-            pending.append(m.group(1))
-            continue
-        m = _INSTR.search(line)
-        if m:
-            addr = int(m.group(1), 16)
-            for name in pending:
-                labels[name] = addr
-            pending = []
-            instrs.append((addr, m.group(2)))
-    # the out-of-line slow paths of waits (after the body's last unconditional EXIT) branch back into the body:
-    # not loops
-    end = max((a for a, op in instrs if op.strip().startswith("EXIT")), default=instrs[-1][0] if instrs else 0)
-    loops = [(labels[b.group(1)], addr) for addr, op in instrs
-             if addr <= end and (b := _BRANCH.search(op)) and labels.get(b.group(1), addr + 1) <= addr]
-    hot = [(lo, hi) for lo, hi in loops if any(lo <= a <= hi and marker in op for a, op in instrs)]
-    hot = [(lo, hi) for lo, hi in hot if not any((lo, hi) != (l2, h2) and lo <= l2 and h2 <= hi for l2, h2 in hot)]
-    return [f"{a:#06x} {op.strip()}" for a, op in instrs
-            if re.match(r"(@!?U?P\w+\s+)?(LDL|STL)\b", op.strip()) and any(lo <= a <= hi for lo, hi in hot)]

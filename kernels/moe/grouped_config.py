@@ -26,16 +26,6 @@ CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
 WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v4 past it
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
-# v5's K split (GroupedConfig.split_k, `split_count`): at most SPLIT_MAX slices a unit, SPLIT_ITEMS partial slots a CTA
-# in the workspace (kernels/moe/layer.split_workspace). The model's costs in half K blocks, fitted to the H100 A/B of
-# forced slice counts (docs/perf/moe.md "v5 K split"): SPLIT_FIX once a split launch (~7 us: a CTA's count-in after its
-# last item, the wait, the sums and epilogues of its units), SPLIT_ITEM an item (~2.5 us)
-SPLIT_MAX = 16
-SPLIT_ITEMS = 8
-SPLIT_FIX = 16
-SPLIT_ITEM = 6
-_SPLIT_BITS = 5  # split_count's key: (cost, slices) packed as cost << 5 | slices
-_SPLIT_INFEASIBLE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -89,16 +79,6 @@ class GroupedConfig:
     # expert_weights.rs_byte_order), the tokens are the N side (bm = 16 or 32 a tile). No widened tile in shared
     # memory, no fence, no CTA barrier a K block: a stage is freed by its warps' own wgmma waits
     swap_ab: bool = False
-    # v5 with its K split across CTAs where the units leave SMs idle (variant `cutedsl:v5-split`; not the rule's pick:
-    # docs/perf/moe.md "v5's K split"): a decode step's few units (one token: Flash 96 units of 256 rows for 132
-    # SMs, Pro 144 and 168) run one or two rounds of whole units. The kernel picks the slices a unit (`split_count`,
-    # on the counts it reads); each slice's partial goes to a workspace slot; after its last item each CTA counts its
-    # slices in, then finishes its share of the units (waits for their slices, sums the slots in slice order:
-    # deterministic, runs the epilogue; kernels/moe/grouped_rs.py)
-    split_k: bool = False
-    # split_k with this many K slices a unit whatever the model says (0: split_count's pick; variants
-    # `cutedsl:v5-split<n>`, the model's calibration), within the workspace and K blocks a unit
-    split_slices: int = 0
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -119,12 +99,8 @@ class GroupedConfig:
                                  "or ablate knobs")
             if self.bm not in SWAP_BM:
                 raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
-        elif self.split_k:
-            raise ValueError("split_k is a mode of the swap_ab kernel (v5)")
         elif self.bm not in (64, 128):
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
-        if self.split_slices and not self.split_k:
-            raise ValueError("split_slices forces split_k's slice count: it needs split_k")
         if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile
             raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
         if self.n_stages < 2:
@@ -189,27 +165,10 @@ class GroupedConfig:
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
-V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
-      "split_k": False}
+V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
-V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False, "split_k": False}
+V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False}
 V5 = {**V2, "swap_ab": True}  # the decode pick (choose: bm 16; layer.compile_layer adds bm 32 beside it)
-
-
-def split_count(units, n_kb: int, ctas, cap, lo=min, hi=max):
-    """K slices a unit for v5's split (GroupedConfig.split_k): the s in 1..SPLIT_MAX minimising the modelled time of a
-    CTA in half K blocks, rounds · (2 · K blocks a slice + SPLIT_ITEM) + SPLIT_FIX, rounds = ceil(units · s / ctas)
-    (s = 1: rounds · 2 · n_kb), with units · s <= cap (the workspace's slots); ties go to fewer slices, so every
-    slice holds K blocks. Branch-free (lo / hi: min and max), so the kernel runs the same function on its device
-    values (cutlass.min / max) as a test does on ints. One token, 132 CTAs: Pro L1's 144 units x 56 K blocks (two
-    rounds, the second 9% full) -> 4 slices (186 against 224); Flash L1 96 x 32, L2 96 x 16, Pro L2 168 x 24 -> 1."""
-    best = ((units + ctas - 1) // ctas * 2 * n_kb) << _SPLIT_BITS | 1
-    fits = cap // hi(units, 1)  # the most slices the workspace holds
-    for s in range(2, SPLIT_MAX + 1):
-        cost = (units * s + ctas - 1) // ctas * (2 * ((n_kb + s - 1) // s) + SPLIT_ITEM) + SPLIT_FIX
-        over = lo(1, hi(0, s - fits))  # 1: more slots than the workspace has
-        best = lo(best, (cost + over * _SPLIT_INFEASIBLE) << _SPLIT_BITS | s)
-    return best & ((1 << _SPLIT_BITS) - 1)
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:

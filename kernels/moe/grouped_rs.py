@@ -31,7 +31,7 @@ from cutlass.utils import LayoutEnum
 
 from kernels.bits import bits_f32
 from kernels.gemm.tiling import KBLOCK
-from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, split_count
+from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS
 from kernels.moe.grouped_epilogue import FP8_FLOOR, FP8_MAX, bf16_half, swiglu
 from kernels.moe.grouped_sm90 import GroupedSm90, last_group
 from kernels.moe.grouped_widen import SUBS, widen8
@@ -55,48 +55,23 @@ class GroupedRs(GroupedSm90):
                                                               c.n_stages), None)
 
     @cute.jit
-    def _schedule(self, units, n_kb, gdim, mCount):
-        """(work items, K slices a unit): with split_k the slices grouped_config.split_count picks for these units on
-        gdim CTAs (the counts, hence the units, are known only here), within the workspace's slots (mCount's size)."""
-        n_split = Int32(1)
-        if cutlass.const_expr(self.cfg.split_k):
-            cap = cute.size(mCount)
-            if cutlass.const_expr(self.cfg.split_slices > 0):
-                want = cutlass.min(cutlass.min(Int32(self.cfg.split_slices), cap // cutlass.max(units, 1)), n_kb)
-                n_split = (n_kb + (n_kb + want - 1) // want - 1) // ((n_kb + want - 1) // want)  # slices all non-empty
-            elif units * 2 <= cap:
-                n_split = split_count(units, n_kb, gdim, cap, cutlass.min, cutlass.max)
-        return units * n_split, n_split
-
-    @cute.jit
-    def _item(self, it, n_split, tiles_n, n_kb, n_groups, mg, mGroup, st):
-        """Item it -> (group, m tile, n tile, expert, real rows, unit, slice, first and end K block), v5's order:
-        (group, n tile, slice, m tile), m tile fastest (v2: n tile fastest). An expert's token tiles of one weight
-        tile (and slice) go to neighbouring CTAs, which run at the same time: one reads the weights from DRAM, the
-        others mostly from L2. The group holding it: the last whose first item gfirst · tiles_n · n_split is <= it
-        (empty groups own none). Slice s of a unit: K blocks [s · span, min((s + 1) · span, n_kb))."""
+    def _unit(self, u, tiles_n, n_groups, mg, mGroup, st):
+        """Unit u -> (group, m tile, n tile, expert, real rows), v5's order: (group, n tile, m tile), m tile fastest
+        (v2: n tile fastest). An expert's token tiles of one weight tile go to neighbouring CTAs, which run at
+        the same time: one reads the weight tile from DRAM, the others mostly from L2. The group holding u: the
+        last whose first unit gfirst · tiles_n is <= u (empty groups own no unit)."""
         gt = st.gtiles.get_tensor(cute.make_layout((MAX_GROUPS,)))
         gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
-        per_tile = tiles_n * n_split
-        lo = last_group(gf, n_groups, it, per_tile)
-        local = it - gf[lo] * per_tile
-        mt = local % gt[lo]
-        rest = local // gt[lo]
-        s, nt = rest % n_split, rest // n_split
-        span = (n_kb + n_split - 1) // n_split
-        kb0 = s * span
-        return (lo, mt, nt, lo, cutlass.min(mGroup[lo], mg), gf[lo] * tiles_n + nt * gt[lo] + mt, s, kb0,
-                cutlass.min(kb0 + span, n_kb))
+        lo = last_group(gf, n_groups, u, tiles_n)
+        local = u - gf[lo] * tiles_n
+        return lo, local % gt[lo], local // gt[lo], lo, cutlass.min(mGroup[lo], mg)
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sX, _sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                 n_groups, tiles_n, n_kb, items, mg, bidx, gdim, ctid, split):
-        """The consumer warpgroups (GroupedSm90.kernel calls it): per work item, the K loop over its slice in pairs of
-        blocks (the fragment sets alternate), then the layer's epilogue (split: each slice's partial into the
-        workspace; after the last item the CTA's share of the units' sums and epilogues, `_finish_split`).
-        sX: x's stage tiles (the B operand); split: (slices a unit, partial slots, arrival counters)."""
+                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
+        """The consumer warpgroups (GroupedSm90.kernel calls it): per unit, the K loop in pairs of blocks (the
+        fragment sets alternate), then the layer's epilogue. sX: x's stage tiles (the B operand)."""
         c = self.cfg
-        n_split, mWork, mCount = split
         codes = st.sQ.data_ptr()  # the stages' FP4 tiles (RS byte order)
         tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
         if ctid < WIDEN_TABLE_WORDS:
@@ -114,103 +89,24 @@ class GroupedRs(GroupedSm90):
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
         bar.arrive_and_wait()  # the table is in
         g_rd = Int32(0)
-        for it in cutlass.range(bidx, items, gdim, unroll=1):
-            g, mt, nt, _e, limit, _u, _s, kb0, kb1 = self._item(it, n_split, tiles_n, n_kb, n_groups, mg, mGroup, st)
-            n = kb1 - kb0
+        for u in cutlass.range(bidx, units, gdim, unroll=1):
+            g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
             for j in cutlass.range_constexpr(TILES):
                 accs[j].fill(0.0)
             self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
-            for p in cutlass.range(0, n // 2, unroll=1):
+            for p in cutlass.range(0, n_kb // 2, unroll=1):
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
                                 sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid)
-                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[1], frags[0], 2 * p + 2 < n, tCrB, accs, tmps,
+                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[1], frags[0], 2 * p + 2 < n_kb, tCrB, accs, tmps,
                                 cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid)
-            if n % 2 == 1:
+            if n_kb % 2 == 1:
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
-                                sSW, sSA, tab, g_rd + n - 1, wg_rows, ctid)
-            g_rd = g_rd + n
-            if n_split == 1:
-                self._epilogue(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
+                                sSW, sSA, tab, g_rd + n_kb - 1, wg_rows, ctid)
+            g_rd = g_rd + n_kb
+            if cutlass.const_expr(c.epilogue == "swiglu"):
+                self._store_h_rs(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
             else:
-                self._store_partial(accs, cC, mWork, it, mt * c.bm, limit, ctid)
-        if cutlass.const_expr(c.split_k):
-            if n_split > 1:
-                self._finish_split(accs, cC, st, bar, mWork, mCount, mRowW, mOut, mOutS, items, n_split, tiles_n,
-                                   n_kb, n_groups, mg, mGroup, wg_rows, ctid)
-
-    @cute.jit
-    def _epilogue(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
-        if cutlass.const_expr(self.cfg.epilogue == "swiglu"):
-            self._store_h_rs(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
-        else:
-            self._store_rows_rs(accs, cC, mOut, g, mt, nt, limit, mg, wg_rows)
-
-    @cute.jit
-    def _slot_offsets(self, cC, ctid):
-        """(floats a slot, the thread's first float): slot layout [element of the thread's fragments][consumer
-        thread], so each element is one coalesced row of 256 floats; element (j, r, cc) at ((j·2 + r)·n_c + cc)."""
-        n_c = cute.size(cC, mode=[1])
-        nthr = 128 * self.cfg.n_mma_wg
-        return nthr * TILES * 2 * n_c, ctid
-
-    @cute.jit
-    def _store_partial(self, accs, cC, mWork, slot, m0, limit, ctid):
-        """A K slice's fp32 partial (the real tokens' columns) into its workspace slot (its item's index), plain stores:
-        the CTA's release comes once, after its last item (`_finish_split`)."""
-        n_c = cute.size(cC, mode=[1])
-        nthr = 128 * self.cfg.n_mma_wg
-        per_slot, off = self._slot_offsets(cC, ctid)
-        base = slot * per_slot + off
-        for j in cutlass.range_constexpr(TILES):
-            acc_mn = mn_view(accs[j])
-            for r in cutlass.range_constexpr(2):
-                for cc in cutlass.range_constexpr(n_c):
-                    if m0 + cC[0, cc][1] < limit:
-                        mWork[base + ((j * 2 + r) * n_c + cc) * nthr] = acc_mn[r, cc]
-
-    @cute.jit
-    def _finish_split(self, accs, cC, st, bar, mWork, mCount, mRowW, mOut, mOutS, items, n_split, tiles_n, n_kb,
-                      n_groups, mg, mGroup, wg_rows, ctid):
-        """After the CTA's last item (its partials stored): consumer thread t < the CTA's items counts item t's slice in
-        (one fence, then a fire-and-forget red.add on mCount[unit]; the CTA barrier before orders every thread's
-        stores ahead of it). Then the CTA finishes units bidx, bidx + gdim, ... (one or two a CTA, whichever CTAs ran
-        their slices): it waits until all n_split slices of the unit have counted in (they all ran in the same round
-        of items, so the wait is short and no CTA waits on one that waits), resets the counter, sums the unit's slots
-        (its slices' items) in slice order, four slices' loads in flight at once (the same sum on every run), and runs
-        the epilogue. The fences and the slot round trips cost once a CTA, not once an item."""
-        bidx, _, _ = cute.arch.block_idx()  # read again, not kept live across the K loops
-        gdim, _, _ = cute.arch.grid_dim()
-        n_c = cute.size(cC, mode=[1])
-        nthr = 128 * self.cfg.n_mma_wg
-        bar.arrive_and_wait()
-        if ctid < (items - bidx + gdim - 1) // gdim:
-            u = self._item(bidx + ctid * gdim, n_split, tiles_n, n_kb, n_groups, mg, mGroup, st)[5]
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.red(mCount.iterator + u, Int32(1), op="add", dtype=Int32, sem="relaxed", scope="gpu")
-        gt = st.gtiles.get_tensor(cute.make_layout((MAX_GROUPS,)))
-        gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
-        per_slot, off = self._slot_offsets(cC, ctid)
-        for u in cutlass.range(bidx, items // n_split, gdim, unroll=1):
-            g, mt, nt, _e, limit, _u, _s, _kb0, _kb1 = self._item(u, 1, tiles_n, n_kb, n_groups, mg, mGroup, st)
-            if ctid == 0:
-                seen = cute.arch.atomic_add(mCount.iterator + u, Int32(0), sem="acquire", scope="gpu")
-                while seen < n_split:
-                    seen = cute.arch.atomic_add(mCount.iterator + u, Int32(0), sem="acquire", scope="gpu")
-                mCount[u] = Int32(0)  # every slice has counted in: the next launch counts from zero
-            bar.arrive_and_wait()
-            m0 = mt * self.cfg.bm
-            slice0 = gf[g] * tiles_n * n_split + nt * n_split * gt[g] + mt  # `_item`'s order: slices gt[g] apart
-            for j in cutlass.range_constexpr(TILES):
-                accs[j].fill(0.0)
-            for q in cutlass.range(n_split, unroll=4):
-                base = (slice0 + q * gt[g]) * per_slot + off
-                for j in cutlass.range_constexpr(TILES):
-                    acc_mn = mn_view(accs[j])
-                    for r in cutlass.range_constexpr(2):
-                        for cc in cutlass.range_constexpr(n_c):
-                            if m0 + cC[0, cc][1] < limit:
-                                acc_mn[r, cc] = acc_mn[r, cc] + mWork[base + ((j * 2 + r) * n_c + cc) * nthr]
-            self._epilogue(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
+                self._store_rows_rs(accs, cC, mOut, g, mt, nt, limit, mg, wg_rows)
 
     @cute.jit
     def _widen_a(self, ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid):

@@ -151,8 +151,6 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         mRowW: cute.Tensor,  # route weight of each row fp32 (G*Mg,) (swiglu only)
         mOut: cute.Tensor,  # swiglu: h codes uint8 (G*Mg, N/2); bf16: rows as int32 pairs (G*Mg, N/2)
         mOutS: cute.Tensor,  # swiglu: h scales fp32 (Mg, N/256, G), Mg contiguous; bf16: unused
-        mWork: cute.Tensor,  # v5's K split: fp32 partial slots (slots · 256 · bm,) (v2-v4: unused)
-        mCount: cute.Tensor,  # v5's K split: int32 arrivals a unit (slots,), zero between launches (v2-v4: unused)
         n_ctas: Int32,
         stream,
     ):
@@ -169,7 +167,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         units = cute.size(mA, mode=[2]) * ((cute.size(mA, mode=[0]) + c.bm - 1) // c.bm) * (
             (cute.size(mSh, mode=[0]) + c.bn - 1) // c.bn)
         self.kernel(tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
-                    mOut, mOutS, mWork, mCount, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout,
+                    mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout,
                     sSA_layout, Storage).launch(grid=(cutlass.min(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
                                                 min_blocks_per_mp=1, stream=stream, use_pdl=c.pdl)
 
@@ -235,7 +233,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
 
     @cute.kernel
     def kernel(self, tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
-               mOut, mOutS, mWork, mCount, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout, sSA_layout,
+               mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout, sSA_layout,
                Storage: cutlass.Constexpr):
         c = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
@@ -275,40 +273,26 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
             cute.arch.griddepcontrol_wait()  # before the first global access (counts, x, h, outputs)
             cute.arch.griddepcontrol_launch_dependents()  # the next kernel's CTAs take SMs as ours exit
         units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
-        items, n_split = self._schedule(units, n_kb, gdim, mCount)
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
-                self._produce(ring, a, b, sh, sw, sa, items, n_split, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx,
-                              gdim)
+                self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim)
         else:
             cute.arch.setmaxregister_increase(232)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                          n_groups, tiles_n, n_kb, items, mg, bidx, gdim, tidx - 128, (n_split, mWork, mCount))
+                          n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
 
     @cute.jit
-    def _schedule(self, units, n_kb, gdim, mCount):
-        """(work items, K slices a unit): one item a unit (v5's GroupedRs splits K where the units leave SMs idle)."""
-        return units, 1
-
-    @cute.jit
-    def _item(self, it, n_split, tiles_n, n_kb, n_groups, mg, mGroup, st):
-        """Work item it -> `_unit`'s (group, m tile, n tile, expert, real rows), then (unit, slice, first and end K
-        block): here the whole unit."""
-        g, mt, nt, e, limit = self._unit(it, tiles_n, n_groups, mg, mGroup, st)
-        return g, mt, nt, e, limit, it, 0, 0, n_kb
-
-    @cute.jit
-    def _produce(self, ring, a, b, sh, sw, sa, items, n_split, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim):
-        """The TMA warp (v2, v4 and v5's GroupedRs): per work item (`_item`) and K block one stage of x (`a_boxes` boxes: v2's
+    def _produce(self, ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim):
+        """The TMA warp (v2, v4 and v5's GroupedRs): per unit and K block one stage of x (`a_boxes` boxes: v2's
         64-row waves, v5's one bm-row tile), the FP4 weight tile (tiled: one contiguous tile of the load-time
         layout), its shift words and column scales, x's row scales. Each argument a (atom, global, shared)."""
         c = self.cfg
         boxes = c.a_boxes
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
-        for it in cutlass.range(bidx, items, gdim, unroll=1):
-            g, mt, nt, e, _limit, _u, _s, kb0, kb1 = self._item(it, n_split, tiles_n, n_kb, n_groups, mg, mGroup, st)
-            for kb in cutlass.range(kb0, kb1, unroll=1):
+        for u in cutlass.range(bidx, units, gdim, unroll=1):
+            g, mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
+            for kb in cutlass.range(0, n_kb, unroll=1):
                 ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
                 for w in cutlass.range_constexpr(boxes):
@@ -328,7 +312,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid, _split):
+                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
         c = self.cfg
         tab, tCrA, tCrB, accs, tmp, cC = self._consumer_state(tiled_mma, sA, sB, st, mTab, ctid)
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)

@@ -24,9 +24,7 @@ from kernels.moe.expert_weights import GroupedWeight, prepare_layer, rs_byte_ord
 from kernels.moe.glue import (
     alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
-from kernels.moe.grouped_config import (
-    BN, CODES, MAX_GROUPS, SPLIT_ITEMS, SWAP_BM, V4, WIDE_M, WIDEN_TABLE_WORDS, GroupedConfig, choose,
-)
+from kernels.moe.grouped_config import BN, CODES, MAX_GROUPS, SWAP_BM, V4, WIDE_M, WIDEN_TABLE_WORDS, GroupedConfig, choose
 from kernels.moe.grouped_sm90 import grouped_kernel
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
@@ -65,18 +63,16 @@ def fake_grouped(layout: str, epilogue: str, n: int, k: int, tiled_b: bool = Fal
     else:
         out = make_fake_tensor(i32, (rows, n // 2), (n // 2, 1), assumed_align=16)
         out_s = make_fake_tensor(f32, (1, 1, 1), (1, 1, 1), assumed_align=4)
-    work = make_fake_tensor(f32, (cute.sym_int32(),), (1,), assumed_align=16)
-    count = make_fake_tensor(i32, (cute.sym_int32(),), (1,), assumed_align=4)
-    return a, sa, b, sh, sw, tab, group, row_w, out, out_s, work, count, cutlass.Int32(132)
+    return a, sa, b, sh, sw, tab, group, row_w, out, out_s, cutlass.Int32(132)
 
 
 def grouped_config(layout: str, epilogue: str, **knobs) -> GroupedConfig:
     """The tile rule's pick (grouped_config.choose: v5 at decode, v3 at prefill) with `knobs` overriding
     GroupedConfig fields (the declared variants': grouped_config.V2 / V3 / V4, overlap, ablate, ...). Knobs that
-    turn v5 off at decode (swap_ab False: v2 / v3 / v4) start from v2's 64-row wave, without PDL or the K split."""
+    turn v5 off at decode (swap_ab False: v2 / v3 / v4) start from v2's 64-row wave, without PDL."""
     base = choose(layout, epilogue)
     if base.swap_ab and not knobs.get("swap_ab", True):
-        base = replace(base, swap_ab=False, split_k=False, bm=64, pdl=False)
+        base = replace(base, swap_ab=False, bm=64, pdl=False)
     return replace(base, **knobs)
 
 
@@ -190,19 +186,6 @@ def _unused_scales(device) -> torch.Tensor:
     return _TABLES[key]
 
 
-def split_workspace(device) -> tuple:
-    """v5's K split (GroupedConfig.split_k): SPLIT_ITEMS partial slots a CTA, each 256 weight rows x the largest token
-    tile of fp32 (grouped_rs.GroupedRs._merge), and an arrival counter a slot, zeroed once (the last slice of a unit
-    resets its counter). One pair per (device, stream): a GEMM touches them only after its griddepcontrol.wait,
-    so the GEMMs of one stream share them. v2-v4 take them unused."""
-    key = ("split", str(device), torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-    if key not in _TABLES:
-        slots = SPLIT_ITEMS * sm_count(device)
-        _TABLES[key] = (torch.empty(slots * BN * max(SWAP_BM), dtype=torch.float32, device=device),
-                        torch.zeros(slots, dtype=torch.int32, device=device))
-    return _TABLES[key]
-
-
 _TILED = Prepared(size=2)
 
 
@@ -264,8 +247,7 @@ def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, ou
         o, os_ = out, act_views(out, out_s, max_m)[1]
     else:
         o, os_ = out.view(torch.int32), _unused_scales(out.device)
-    compiled(a, sa, b, sh, sw, _table(codes.device), group, row_w, o, os_, *split_workspace(codes.device),
-             sm_count(codes.device))
+    compiled(a, sa, b, sh, sw, _table(codes.device), group, row_w, o, os_, sm_count(codes.device))
 
 
 _VIEWS = {order: Prepared(size=2) for order in CODES}  # weight views per (weight, codes order): L1 and L2
@@ -290,7 +272,7 @@ def _plan(t: int, topk: int, n_experts: int, d: int, i: int, max_m: int | None, 
                 "group": lay["counts"] if max_m is not None else lay["expert"],
                 "l1_act": act_views(lay["codes"], lay["scales"], max_m), "l1_out": (h, act_views(h, h_s, max_m)[1]),
                 "l2_act": act_views(h, h_s, max_m), "l2_out": (y_rows.view(torch.int32), _unused_scales(device)),
-                "ctx": (_table(device), sm_count(device)), "split": split_workspace(device)}
+                "ctx": (_table(device), sm_count(device))}
 
     return planned(_PLAN, make, t, topk, n_experts, d, i, max_m, device)
 
@@ -364,10 +346,8 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
     table, n_sms = p["ctx"]
     k["dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
     l1, l2, order = compiled.gemms(max_m)
-    l1(*p["l1_act"], *_weight_args(l1w, order), table, p["group"], p["lay"]["row_weight"], *p["l1_out"], *p["split"],
-       n_sms)
-    l2(*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], *p["split"],
-       n_sms)
+    l1(*p["l1_act"], *_weight_args(l1w, order), table, p["group"], p["lay"]["row_weight"], *p["l1_out"], n_sms)
+    l2(*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], n_sms)
     k["combine"](p["y_rows"], p["lay"]["pos"], shared, out)
     if check and max_m is not None:
         check_fits(p["lay"]["counts"], max_m)

@@ -6,22 +6,20 @@ from __future__ import annotations
 from dsv4bench.compile import ptxas
 from dsv4bench.compile.artifacts import artifact
 from dsv4bench.compile.cubin import parse_cubin
-from dsv4bench.compile.sass import loop_spills, sass_of
 from kernels.common import POLICY
 from kernels.moe.layer import compile_grouped
 
 
 def compile_checked(layout: str, epilogue: str, knobs: dict, monkeypatch, n: int = 512, k: int = 256):
-    """compile_grouped (N = 512, K = 256 unless given, `knobs`) with its PTX kept: an sm_90 cubin, no local memory in
-    a K loop at decode (masked; dsv4bench.compile.sass.loop_spills, or none at all without nvdisasm) and, where this
-    machine has ptxas, PTX that assembles with no serialised wgmma. Returns the compile."""
+    """compile_grouped (N = 512, K = 256 unless given, `knobs`) with its PTX kept: an sm_90 cubin, no local memory at
+    decode (masked: one 64-row wave, nothing spilled) and, where this machine has ptxas, PTX that assembles
+    with no serialised wgmma. Returns the compile."""
     monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
     compiled = compile_grouped(layout, epilogue, n, k, **knobs)
     info = parse_cubin(artifact(compiled))
     assert info.sm == 90
-    if layout == "masked":  # decode: nothing spilled in a K loop (v5's K split reloads a few words once a tile)
-        text = sass_of(compiled)
-        assert loop_spills(text) == [] if text is not None else info.local_bytes == 0
+    if layout == "masked":
+        assert info.local_bytes == 0
     exe = ptxas.find_ptxas()
     if exe is not None:
         rc, log = ptxas.run_ptxas(exe, artifact(compiled, "__ptx__"), "sm_90a")

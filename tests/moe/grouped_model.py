@@ -91,27 +91,6 @@ def layer2(layout: dict, h_codes, h_scales, w: GroupedWeight) -> torch.Tensor:
     return out
 
 
-def v5_items(group: list[int], mg: int, bm: int, tiles_n: int, n_kb: int, n_split: int, max_groups: int = 512):
-    """v5's work items (GroupedRs._item) in Python, step for step: (group, m tile, n tile, unit, slice, first K
-    block, end K block) of every item, masked layout, n_split K slices a unit."""
-    gt = [(min(c, mg) + bm - 1) // bm for c in group]
-    gf = [sum(gt[:g]) for g in range(len(group))]
-    per_tile = tiles_n * n_split
-    span = -(-n_kb // n_split)
-    items = []
-    for it in range((gf[-1] + gt[-1]) * per_tile):
-        lo, hi = 0, len(group) - 1
-        for _ in range(max_groups.bit_length()):
-            if lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if gf[mid] * per_tile <= it else (lo, mid - 1)
-        local = it - gf[lo] * per_tile
-        mt, rest = local % gt[lo], local // gt[lo]
-        s, nt = rest % n_split, rest // n_split
-        items.append((lo, mt, nt, gf[lo] * tiles_n + nt * gt[lo] + mt, s, s * span, min(s * span + span, n_kb)))
-    return items
-
-
 def work_units(group: list[int], mg: int, bm: int, tiles_n: int, masked: bool, max_groups: int = 512,
                m_fastest: bool = False):
     """GroupedSm90._work / _unit in Python, step for step: the (group, m tile, n tile, expert) of every unit
@@ -131,8 +110,14 @@ def work_units(group: list[int], mg: int, bm: int, tiles_n: int, masked: bool, m
     for u in range(n_tiles * tiles_n):
         nt, t = u % tiles_n, u // tiles_n
         if m_fastest:
-            return [(g, mt, nt, g) for g, mt, nt, *_ in v5_items(group, mg, bm, tiles_n, 1, 1, max_groups)]
-        if masked:
+            lo, hi = 0, len(group) - 1
+            for _ in range(max_groups.bit_length()):
+                if lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if gf[mid] * tiles_n <= u else (lo, mid - 1)
+            local = u - gf[lo] * tiles_n
+            units.append((lo, local % gt[lo], local // gt[lo], lo))
+        elif masked:
             lo, hi = 0, len(group) - 1
             for _ in range(max_groups.bit_length()):
                 if lo < hi:

@@ -19,10 +19,9 @@ from dsv4bench.core.case import Case
 from kernels.moe.expert_weights import KBLOCK
 from kernels.moe.glue import dispatch
 from kernels.moe.inputs import make_experts
-from kernels.common import sm_count
-from kernels.moe.grouped_config import SPLIT_ITEMS, V2, V3, V4, V5, split_count
+from kernels.moe.grouped_config import V2, V3, V4, V5
 from kernels.moe.layer import (compile_grouped, compile_layer, grouped_config, layer_weights,
-                               row_frame_weights, run_grouped, run_layer, split_workspace, weight_frame)
+                               row_frame_weights, run_grouped, run_layer, weight_frame)
 from sweeps import moe as space
 from tests.moe import grouped_model as model
 
@@ -123,58 +122,6 @@ def test_v5_masked_gemms_match_the_model(shape, knobs):
     last block), L2's N = 384 (the last 256-row tile half past N)."""
     ex, x, idx, w = _problem(*shape)
     _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "masked", knobs)
-
-
-SPLIT = [  # (E, D, I, T, load): few units, K of 8-11 blocks
-    (8, 1024, 512, 1, "uniform"), (6, 1408, 384, 3, "hash"), (6, 1024, 256, 40, "sparse"),
-]
-SPLIT_KNOBS = [{**V5, "split_k": True, "split_slices": 4}, {**V5, "split_k": True, "bm": 32, "split_slices": 3}]
-
-
-def _units(idx, e, max_m, n, bm):
-    counts = torch.bincount(idx.view(-1).long(), minlength=e).clamp(max=max_m)
-    return int(((counts + bm - 1) // bm).sum()) * -(-n // 256)
-
-
-@pytest.mark.parametrize("knobs", SPLIT_KNOBS, ids=["v5-split4", "v5-bm32-split3"])
-@pytest.mark.parametrize("shape", SPLIT, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SPLIT])
-def test_v5_split_k_gemms_match_the_model(shape, knobs):
-    """v5's K split (GroupedConfig.split_k, the slices forced: split_slices) on both GEMMs against the model: one token
-    on 6 experts, a token on one expert twice (hash) with 11 K blocks (slices of 3, 3, 3, 2 / 4, 4, 3), three token
-    tiles an expert (sparse, the last part real)."""
-    e, d, i, t, load = shape
-    ex, x, idx, w = _problem(*shape)
-    max_m = _masked_max_m(idx, e)
-    assert _units(idx, e, max_m, 2 * i, knobs.get("bm", 16)) * knobs["split_slices"] <= SPLIT_ITEMS * sm_count(torch.device("cuda"))
-    _check_gemms(e, d, i, ex, x, idx, w, "masked", knobs)
-
-
-def test_v5_split_k_is_deterministic_and_resets_its_counters():
-    """The unit's owner sums the partials in slice order: two calls give the same bits; every arrival counter is back
-    at zero after the launches (the next call's slices count from zero)."""
-    e, d, i, t, load = SPLIT[1]
-    ex, x, idx, w = _problem(e, d, i, t, load, seed=3)
-    max_m = _masked_max_m(idx, e)
-    compiled = compile_layer(e, 6, d, i, "masked", **SPLIT_KNOBS[0])
-    experts = (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2)
-    shared = torch.randn(x.shape, device="cuda").bfloat16()
-    first = run_layer(compiled, x, idx, w, shared, experts, e, max_m).clone()
-    second = run_layer(compiled, x, idx, w, shared, experts, e, max_m)
-    torch.cuda.synchronize()
-    assert torch.equal(first, second)
-    assert int(split_workspace(x.device)[1].abs().sum()) == 0
-
-
-def test_v5_splits_pro_layer_one_at_one_token():
-    """The K split's own pick (split_count) on Pro's widths at one token: L1's 144 units split (4 slices); both GEMMs
-    against the model."""
-    e, d, i = 8, 7168, 3072
-    ex, x, idx, w = _problem(e, d, i, 1, "uniform")
-    max_m = _masked_max_m(idx, e)
-    units = _units(idx, e, max_m, 2 * i, 16)
-    sms = sm_count(torch.device("cuda"))
-    assert split_count(units, d // KBLOCK, sms, SPLIT_ITEMS * sms) > 1
-    _check_gemms(e, d, i, ex, x, idx, w, "masked", {**V5, "split_k": True})
 
 
 @pytest.mark.parametrize("knobs", [V2, KNOBS["split-wg"], KNOBS["v3"]], ids=["v2", "split-wg", "v3"])

@@ -11,7 +11,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
 from kernels.moe.expert_weights import prepare, rs_byte_order, widen_table, widened_codes
-from kernels.moe.grouped_config import BN, SPLIT_FIX, SPLIT_ITEM, SPLIT_ITEMS, SPLIT_MAX, V4, V5, GroupedConfig, split_count
+from kernels.moe.grouped_config import BN, V4, V5, GroupedConfig
 from kernels.moe.layer import rs_codes, weight_views
 from sweeps import moe as space
 from tests.moe import grouped_model as model
@@ -92,16 +92,15 @@ def test_rs_mma_declares_that_fragment_layout():
     assert seen == ["((4,8,4),(4,2,2)):((256,1,16),(64,8,1024))"]  # index m + 64 k, see _fragment_coords
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["v5", "v5-split"])
 @pytest.mark.parametrize("epilogue,n,k,bm", [("swiglu", 512, 256, 16), ("bf16", 384, 384, 16),
                                              ("swiglu", 512, 384, 32), ("bf16", 512, 256, 32)])
-def test_v5_compiles_for_sm90a(epilogue, n, k, bm, split, monkeypatch):
-    compile_checked("masked", epilogue, {**V5, "bm": bm, "split_k": split}, monkeypatch, n, k)
+def test_v5_compiles_for_sm90a(epilogue, n, k, bm, monkeypatch):
+    compile_checked("masked", epilogue, {**V5, "bm": bm}, monkeypatch, n, k)
 
 
 @pytest.mark.parametrize("counts", [[0, 5, 0, 0, 70, 1], [3], [0, 0, 129], [200, 0, 64, 65, 0], [0] * 511 + [2]])
 def test_v5_work_list_covers_every_real_tile_once_m_tile_fastest(counts):
-    """v5's unit order (GroupedRs._item with one slice, modelled step for step): every (expert, m tile, n tile) holding rows
+    """v5's unit order (GroupedRs._unit, modelled step for step): every (expert, m tile, n tile) holding rows
     once, no unit of an empty expert, and an expert's m tiles of one n tile on consecutive units."""
     mg, bm, tiles_n = 128, 16, 3
     units = model.work_units(counts, mg, bm, tiles_n, True, m_fastest=True)
@@ -112,52 +111,11 @@ def test_v5_work_list_covers_every_real_tile_once_m_tile_fastest(counts):
             assert b[1] == a[1] + 1
 
 
-@pytest.mark.parametrize("counts", [[0, 5, 0, 0, 70, 1], [3], [200, 0, 64, 65, 0], [1] * 6 + [0] * 58])
-@pytest.mark.parametrize("n_kb,n_split", [(32, 4), (11, 4), (8, 3), (16, 1), (56, 7), (3, 2)])
-def test_v5_split_items_cover_every_k_block_of_every_unit_once(counts, n_kb, n_split):
-    """v5's K split (GroupedRs._item, modelled step for step): each unit's K blocks once over its n_split slices, no
-    empty slice, the unit ids a bijection onto the units, and an expert's m tiles of one (n tile, slice) on
-    consecutive items (one weight read, the rest from L2)."""
-    mg, bm, tiles_n = 128, 16, 3
-    items = model.v5_items(counts, mg, bm, tiles_n, n_kb, n_split)
-    units = model.work_units(counts, mg, bm, tiles_n, True, m_fastest=True)
-    assert sorted({it[3] for it in items}) == list(range(len(units)))
-    for u in range(len(units)):
-        blocks = sorted(kb for it in items if it[3] == u for kb in range(it[5], it[6]))
-        assert blocks == list(range(n_kb)) and sum(it[3] == u for it in items) == n_split
-    assert all(it[6] > it[5] for it in items)
-    for a, b in zip(items, items[1:]):
-        if (a[0], a[2], a[4]) == (b[0], b[2], b[4]):
-            assert b[1] == a[1] + 1
-
-
-def test_split_count_splits_only_where_a_round_would_idle():
-    """grouped_config.split_count (fitted to the H100's forced-slice A/B): at one token on 132 SMs Pro L1's 144 units
-    (two rounds, the second 9% full) split into 4 slices; Flash L1 / L2 and Pro L2, where the measured split lost,
-    and full rounds do not; the workspace bounds it; every pick's slices all hold K blocks and it never models
-    slower than whole units."""
-    cap = SPLIT_ITEMS * 132
-    assert [split_count(u, kb, 132, cap) for u, kb in [(144, 56), (96, 32), (96, 16), (168, 24)]] == [4, 1, 1, 1]
-    assert split_count(264, 32, 132, cap) == 1 and split_count(600, 56, 132, cap) == 1
-    assert split_count(144, 56, 132, 144) == 1  # no room for a second slot a unit
-    for units in range(1, 400, 7):
-        for n_kb in range(1, 60, 3):
-            s = split_count(units, n_kb, 132, cap)
-            span = -(-n_kb // s)
-            assert 1 <= s <= SPLIT_MAX and -(-n_kb // span) == s and (s == 1 or units * s <= cap)
-            whole = -(-units // 132) * 2 * n_kb
-            assert s == 1 or -(-units * s // 132) * (2 * span + SPLIT_ITEM) + SPLIT_FIX < whole
-
-
 def test_v5_config_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="masked-layout kernel"):
         GroupedConfig(**{**V5, "layout": "contiguous", "bm": 128})
     with pytest.raises(ValueError, match="bm"):
         GroupedConfig(**{**V5, "bm": 64})
-    with pytest.raises(ValueError, match="split_k"):
-        GroupedConfig(**{**V4, "split_k": True})
-    with pytest.raises(ValueError, match="needs split_k"):
-        GroupedConfig(**{**V5, "bm": 16, "split_slices": 4})
     cfg = GroupedConfig(bm=16, **V5)
     assert cfg.n_stages >= 4 and cfg.a_boxes == 1 and cfg.tiled_codes
 
