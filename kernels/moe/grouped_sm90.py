@@ -106,11 +106,15 @@ def ring_layouts(c: GroupedConfig) -> tuple:
             cute.make_layout((c.bm, 1, S), stride=(1, sa_stage, sa_stage)))
 
 
+def ring_boxes(c: GroupedConfig) -> tuple:
+    """TMA boxes of a stage's weight tile (bn x 64 bytes), shift words, column scales (bn each), x's row scales (bm)."""
+    return (c.bn, KBLOCK // 2), (c.bn, 1), (c.bn, 1), (c.bm, 1)
+
+
 def ring_atoms(c: GroupedConfig, tensors: tuple, layouts: tuple) -> list:
     """The TMA atoms (and their global views) of the weight tile, shifts, column scales and x's row scales."""
-    boxes = ((c.bn, KBLOCK // 2), (c.bn, 1), (c.bn, 1), (c.bm, 1))
     return [cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), t, cute.slice_(lay, (None, None, 0)), box)
-            for t, lay, box in zip(tensors, layouts, boxes)]
+            for t, lay, box in zip(tensors, layouts, ring_boxes(c))]
 
 
 def tma_pieces(atom, g_t, smem, box) -> tuple:
@@ -130,8 +134,7 @@ def ring_extent(c: GroupedConfig, gSh_t) -> tuple:
 def ring_partitions(c: GroupedConfig, atoms: tuple, smem: tuple) -> list:
     """tma_pieces of the weight tile (bn x 64: (bn, 64, N/bn, KB, E), or one tile of the load-time layout), the shifts
     and column scales ((bn, 1, N/bn, KB, E)) and x's row scales ((bm, 1, Mg/bm, KB, G))."""
-    boxes = ((c.bn, KBLOCK // 2), (c.bn, 1), (c.bn, 1), (c.bm, 1))
-    return [tma_pieces(atom, g_t, s, box) for (atom, g_t), s, box in zip(atoms, smem, boxes)]
+    return [tma_pieces(atom, g_t, s, box) for (atom, g_t), s, box in zip(atoms, smem, ring_boxes(c))]
 
 
 class GroupedSm90(GroupedEpilogues, GroupedWidening):

@@ -103,8 +103,8 @@ def gemm_names(tile=None) -> tuple[str, str]:
 class CompiledLayer:
     """The four compiles of the layer (dispatch, l1, l2, combine): `kernels` is how the harness's
     compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions);
-    `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes); `row_frame`: the GEMMs (v3) read weights prepared in the row
-    frame (`row_frame_weights`)."""
+    `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes); `row_frame`: the GEMMs (v3) read
+    weights prepared in the row frame (`row_frame_weights`)."""
 
     def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = ()):
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
