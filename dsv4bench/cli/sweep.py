@@ -29,7 +29,7 @@ from dsv4bench.core.regressions import RUN_FILE, record_failures, with_regressio
 from dsv4bench.core.registry import Family, SweepOptions, family_packages, impls, load_family
 from dsv4bench.core.results import RunDir
 from dsv4bench.core.resume import invocation_meta, resume_conflict
-from dsv4bench.core.runner import DEFAULT_TIMEOUT_S, Runner, plan
+from dsv4bench.core.runner import DEFAULT_TIMEOUT_S, TIMINGS, Runner, plan
 
 
 def parse_shard(shard: str | None) -> tuple[int, int] | None:
@@ -99,6 +99,9 @@ def sweep_family(
         help="check each case's low-precision torch reference against the FP32 oracle on the CPU (slow for large "
              "cases); default: on without a GPU, off with --compile-only or on a GPU"),
     bench: bool = typer.Option(False, "--bench", help="time every passing impl (GPU)"),
+    timing: str = typer.Option("events", help="how --bench times a call: events (CUDA events around each call) | "
+                                              "graph (the call captured once in a CUDA graph, its replays timed: no "
+                                              "host work between a call's kernels, as serving stacks run decode)"),
     impl: Optional[str] = typer.Option(None, help="only these impls, e.g. cutedsl,cutedsl:no-softmax "
                                                  "(declared variants run only when named; see `list`)"),
     baseline: Optional[str] = typer.Option(None, help="peers to run beside ours, e.g. torch,quack (default: all)"),
@@ -116,6 +119,10 @@ def sweep_family(
         filters = family.parse_filters(raw)
     except ValueError as e:
         fail(str(e))
+    if timing not in TIMINGS:
+        fail(f"--timing must be one of {', '.join(TIMINGS)}, got {timing!r}")
+    if timing != "events" and not bench:
+        fail("--timing sets how --bench times a call: add --bench")
     chosen = parse_impls(family, impl)
     archs = resolve_archs(arch)
     here = gpu_arch()
@@ -129,7 +136,8 @@ def sweep_family(
     checks = cpu_check if cpu_check is not None else not (gpu or compile_only)
     options = {"kernel": kernel, "filters": filters, "examples": examples, "seed": seed, "grid": grid,
                "archs": archs, "gpu": gpu, "compile_only": compile_only, "cpu_check": checks,
-               "bench": bench and gpu, "impl": chosen, "baseline": baselines, "shard": shard_ix}
+               "bench": bench and gpu, "impl": chosen, "baseline": baselines, "shard": shard_ix,
+               **({"timing": timing} if timing != "events" else {})}
     command = "dsv4bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
     run_dir = open_run_dir(out, kernel)
@@ -144,7 +152,7 @@ def sweep_family(
     if not cases:
         fail("no case matches the given options")
     tasks = plan(cases, archs, gpu=gpu, bench=bench and gpu, compile_only=compile_only, baselines=baselines,
-                 only=chosen, cpu_check=checks)
+                 only=chosen, cpu_check=checks, timing=timing)
     done = run_dir.done_tasks()
     todo = [t for t in tasks if t.key not in done]
     environment = describe_environment()

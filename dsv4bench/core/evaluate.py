@@ -9,7 +9,8 @@ declared variants all call it, so a guard added here holds everywhere:
 3. inputs snapshotted and checked unchanged after the call;
 4. the result compared with the FP32 oracle by the family's tolerance (core/compare.py), unless the
    impl is a knock-out (`checked = False`: status UNCHECKED);
-5. optionally timed (a `timer` with `.time(call)`), and the timed outputs validated again.
+5. optionally timed (a `timer` with `.time(call)`; with `graph`, the replays of the call captured in a CUDA
+   graph, its outputs poisoned again after the capture), and the timed outputs validated again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import ErrorMetrics, compare_outputs
+from dsv4bench.core.graphs import graph_replay
 from dsv4bench.core.registry import Family, Impl, Unsupported
 from dsv4bench.core.results import FAIL_NUMERIC, PASS, UNCHECKED, UNSUPPORTED
 
@@ -94,6 +96,7 @@ class Outcome:
     metrics: dict[str, ErrorMetrics] = field(default_factory=dict)
     result: dict = field(default_factory=dict)
     timing: Any = None  # the timer's stats, when timed
+    graph_error: str = ""  # why a call asked to be timed as a CUDA graph could not be captured
     call: Callable[[], Any] | None = None  # the timed call, for a per-kernel split afterwards
 
     @property
@@ -117,8 +120,10 @@ def _check(family: Family, impl: Impl, case: Case, data: CaseData, result: dict)
 
 
 def evaluate(family: Family, impl: Impl, case: Case, compiled: Any, *, device: str = "cuda",
-             data: CaseData | None = None, timer: Any = None) -> Outcome:
-    """Run `impl` once on the case's inputs and judge it; with `timer`, time it and judge again."""
+             data: CaseData | None = None, timer: Any = None, graph: bool = False) -> Outcome:
+    """Run `impl` once on the case's inputs and judge it; with `timer`, time it and judge again. `graph`: time
+    the replays of the call captured in a CUDA graph (core/graphs.py), its outputs poisoned after the capture;
+    a call that cannot be captured is timed by events (Outcome.graph_error says why)."""
     data = data or CaseData(family, case, device)
     guarded = GuardedOutputs.allocate(family, case, device)
     before = {k: v.clone() for k, v in data.inputs.items()}
@@ -140,7 +145,17 @@ def evaluate(family: Family, impl: Impl, case: Case, compiled: Any, *, device: s
     def call():
         holder["r"] = impl.run(case, data.inputs, guarded.views, compiled)
 
-    outcome.timing, outcome.call = timer.time(call), call
+    timed = call
+    if graph:
+        timed, outcome.graph_error = graph_replay(call)
+        if timed is None:
+            timed = call
+        else:  # only the replays can now make the outputs pass
+            held = {t.untyped_storage().data_ptr() for t in data.inputs.values() if isinstance(t, torch.Tensor)}
+            poison({k: t for k, t in holder["r"].items()
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in held})
+    outcome.timing, outcome.call = timer.time(timed), call
+    outcome.timing.mode = "graph" if timed is not call else "events"
     _synchronize(device)
     status, reason, metrics = _check(family, impl, case, data, holder["r"])
     if status == FAIL_NUMERIC:  # the timed outputs are validated too

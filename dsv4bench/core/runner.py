@@ -35,6 +35,7 @@ from dsv4bench.core.results import FAIL_RUNTIME, TIMEOUT, ResultRecord, RunDir, 
 CHECK_IMPL = "torch"  # the impl column of a CPU check record: the low-precision reference in torch
 WORKER_COMMAND = [sys.executable, "-m", "dsv4bench.core.worker"]
 KILL_GRACE_S = 3.0
+TIMINGS = ("events", "graph")  # `sweep --timing`: CUDA events around each call, or around a CUDA graph's replays
 DEFAULT_TIMEOUT_S = 300.0  # `sweep --timeout`: a TIMEOUT under a shorter one is not promoted by default
 # a worker's start is bounded by --timeout, but never below this: importing torch and the kernel
 # modules takes seconds, and a small --timeout must not fail every start
@@ -51,6 +52,7 @@ class Task:
     arch: str
     mode: str  # compile | check | run
     bench: bool = False
+    timing: str = "events"  # how a bench task is timed: TIMINGS
 
     @property
     def key(self) -> str:
@@ -58,11 +60,13 @@ class Task:
 
 
 def plan(cases: Iterable[Case], archs: list[str], gpu: bool, bench: bool, compile_only: bool,
-         baselines: list[str] | None = None, only: list[str] | None = None, cpu_check: bool = False) -> list[Task]:
+         baselines: list[str] | None = None, only: list[str] | None = None, cpu_check: bool = False,
+         timing: str = "events") -> list[Task]:
     """GPU: every impl runs (peers too, for ratios). No GPU or `compile_only`: CuTeDSL impls
     compile per arch, nothing runs. `cpu_check` adds, per case, the family's low-precision torch
     reference checked against its FP32 oracle on the CPU. `only` names the impls to run (declared
-    variants run only when named there); `baselines` narrows the peers."""
+    variants run only when named there); `baselines` narrows the peers; `timing` (TIMINGS) how bench tasks
+    are timed."""
     tasks: list[Task] = []
     for case in cases:
         for impl in impls(case.family, variants=only is not None):
@@ -72,7 +76,7 @@ def plan(cases: Iterable[Case], archs: list[str], gpu: bool, bench: bool, compil
                 continue
             if gpu and not compile_only:
                 arch = archs[0] if impl.compiles else "any"
-                tasks.append(Task(case, impl.name, arch, "run", bench))
+                tasks.append(Task(case, impl.name, arch, "run", bench, timing))
                 continue
             if impl.compiles:
                 tasks += [Task(case, impl.name, a, "compile") for a in archs if a in impl.archs]
@@ -358,7 +362,8 @@ class Runner:
         start = _log_size(worker.log_path)
         worker.send({
             "key": task.key, "run_id": self.run_dir.run_id, "case": task.case.to_json(), "impl": task.impl,
-            "arch": task.arch, "mode": task.mode, "bench": task.bench, "device": "cuda" if self.gpu else "cpu",
+            "arch": task.arch, "mode": task.mode, "bench": task.bench, "timing": task.timing,
+            "device": "cuda" if self.gpu else "cpu",
         })
         line = worker.read_line(time.monotonic() + self.timeout_s)
         if line is None:

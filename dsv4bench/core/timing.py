@@ -27,6 +27,7 @@ class TimingStats:
     n: int
     l2_flush: bool
     samples_ms: list[float] = field(default_factory=list)
+    mode: str = "events"  # "graph": the replays of the call captured in a CUDA graph (core/graphs.py)
 
     def to_json(self) -> dict:
         return asdict(self)

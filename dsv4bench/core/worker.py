@@ -118,7 +118,8 @@ class Worker:
                 return rec
         data = self.case_data(family, case, "cuda")
         outcome = evaluate(family, impl, case, compiled, device="cuda", data=data,
-                           timer=self.cuda_timer() if task.get("bench") else None)
+                           timer=self.cuda_timer() if task.get("bench") else None,
+                           graph=task.get("timing") == "graph")
         rec.status, rec.reason, rec.metrics = outcome.status, outcome.reason, outcome.metrics_json()
         if outcome.timing is not None:
             self.derive_perf(rec, family.cost(case), outcome)
@@ -151,6 +152,8 @@ class Worker:
             "gemm_tflops_measured": self.ceilings.gemm_bf16_tflops,
         }
         rec.perf.update(self.kernel_split(outcome.call))
+        if outcome.graph_error:
+            rec.perf["graph_error"] = outcome.graph_error  # timed by events instead
         if host_bound(stats.median_ms * 1e3, rec.perf.get("kernels_total_us")):
             rec.perf["host_bound"] = True  # the GPU waited for the host: the median times Python
 
