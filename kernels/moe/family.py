@@ -213,8 +213,7 @@ class MoeLayerVariant(MoeCuteDSL):
     (what v3's widening still costs); `cutedsl:v5` (decode only) swap-AB with the weights widened in registers as
     an RS wgmma's A (kernels/moe/grouped_rs.py; the rule's decode pick: a 16- and a 32-token tile compiled, a call
     takes the smallest holding its largest count, v4 past 64; launched with PDL), `:v5-bm16` / `:v5-bm32` one tile
-    only, `:v5-no-pdl` the rule's pick without programmatic dependent launch, `:v5-wg4` (and `:v5-wg4-no-pdl`) the
-    rule's tiles on four consumer warpgroups of one m64 tile each (docs/perf/moe.md)."""
+    only, `:v5-no-pdl` the rule's pick without programmatic dependent launch (docs/perf/moe.md)."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False, planned: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
@@ -286,8 +285,6 @@ register_impl(MoeLayerVariant("v5", V5))
 register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))
 register_impl(MoeLayerVariant("v5-bm32", {**V5, "bm": 32}))
 register_impl(MoeLayerVariant("v5-no-pdl", {**V5, "pdl": False}))
-register_impl(MoeLayerVariant("v5-wg4", {**V5, "wgs": 4}))
-register_impl(MoeLayerVariant("v5-wg4-no-pdl", {**V5, "wgs": 4, "pdl": False}))
 register_impl(MoeLayerVariant("v4-ko-no-widen", {**V4, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,

@@ -25,7 +25,6 @@ WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
 WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v4 past it
-REGISTER_FILE = 65536  # 32-bit registers an SM90 SM holds (one CTA of these kernels an SM)
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 
 
@@ -80,10 +79,6 @@ class GroupedConfig:
     # expert_weights.rs_byte_order), the tokens are the N side (bm = 16 or 32 a tile). No widened tile in shared
     # memory, no fence, no CTA barrier a K block: a stage is freed by its warps' own wgmma waits
     swap_ab: bool = False
-    # consumer warpgroups (v5 only: 4, variant `cutedsl:v5-wg4`): the tile's 256 weight rows as 4 x 64 rows, one m64
-    # tile a warpgroup, instead of 2 x 128 in two m64 tiles. v5's K block is latency-bound at two warps a scheduler
-    # (docs/perf/moe.md "v5"): four give each scheduler four independent K-block chains, at 112 registers a thread
-    wgs: int = 2
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -106,44 +101,14 @@ class GroupedConfig:
                 raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
         elif self.bm not in (64, 128):
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
-        if self.wgs not in (2, 4) or (self.wgs == 4 and not self.swap_ab):
-            raise ValueError(f"wgs (consumer warpgroups) is 2, or 4 with swap_ab (v5); got {self.wgs}")
         if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile
             raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
         if self.n_stages < 2:
             raise ValueError(f"bm={self.bm} leaves room for {self.n_stages} stage(s)")
 
     bn = BN
-
-    @property
-    def n_mma_wg(self) -> int:
-        return self.wgs
-
-    @property
-    def threads(self) -> int:
-        return 128 * (self.wgs + 1)
-
-    @property
-    def launch_regs(self) -> int:
-        """Registers a thread is launched with: the register file over the CTA's threads, in steps of 8."""
-        return REGISTER_FILE // self.threads // 8 * 8
-
-    @property
-    def producer_regs(self) -> int:
-        """Registers a thread of the TMA warpgroup keeps after setmaxnreg.dec (40; 24 with 4 consumer warpgroups)."""
-        return 40 if self.wgs == 2 else 24
-
-    @property
-    def consumer_regs(self) -> int:
-        """Registers a consumer thread takes by setmaxnreg.inc: its launch share plus its part of what the TMA
-        warpgroup's dec released, in steps of 8 (232 for 2 warpgroups, 112 for 4). An inc takes only registers
-        the CTA's own threads released: asking for more waits forever (docs/lessons/moe.md 13)."""
-        return (self.launch_regs + (self.launch_regs - self.producer_regs) // self.wgs) // 8 * 8
-
-    @property
-    def rs_tiles(self) -> int:
-        """v5: m64 tiles of weight rows a consumer warpgroup holds (2, or 1 with 4 warpgroups)."""
-        return self.bn // 64 // self.wgs
+    n_mma_wg = 2
+    threads = 384
 
     @property
     def waves(self) -> int:
@@ -174,7 +139,7 @@ class GroupedConfig:
     def reduce_words(self) -> int:
         """The L1 epilogue's amax exchange in shared memory: per wave 64 rows x the two warpgroups (swap_ab: per
         token of the tile, one word per consumer warp)."""
-        return 4 * self.wgs * self.bm if self.swap_ab else self.waves * 2 * 64
+        return 8 * self.bm if self.swap_ab else self.waves * 2 * 64
 
     @property
     def stage_bytes(self) -> int:
@@ -200,9 +165,9 @@ class GroupedConfig:
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
-V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False, "wgs": 2}
+V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
-V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False, "wgs": 2}
+V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False}
 V5 = {**V2, "swap_ab": True}  # the decode pick (choose: bm 16; layer.compile_layer adds bm 32 beside it)
 
 

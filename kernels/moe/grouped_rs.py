@@ -8,14 +8,13 @@ own wgmma reads: the codes come in the load-time RS byte order (expert_weights.r
 of a row are one 16-byte load), `widen8` turns each 4-byte word into the fragment's two words. No widened tile,
 no fence, no CTA barrier in the K loop; a warp frees a stage once its own wgmma of that stage has completed.
 
-Tile: 256 weight rows (two consumer warpgroups x two m64 tiles, or four x one: GroupedConfig.wgs) x bm tokens (16 or
-32: the wgmma's N; x is the B operand, K-major from the stage's 128B-swizzled tile). Per K block a thread widens its
-tiles (2 or 1) x 2 rows x 32 codes into one of two fragment sets (the next block's widening runs while this
-block's wgmmas do), then waits and
+Tile: 256 weight rows (two consumer warpgroups x two m64 tiles) x bm tokens (16 or 32: the wgmma's N; x is the
+B operand, K-major from the stage's 128B-swizzled tile). Per K block a thread widens 2 tiles x 2 rows x 32 codes
+into one of two fragment sets (the next block's widening runs while this block's 8 wgmmas do), then waits and
 promotes: acc += tmp · col_scale[row] · sa[token] (the weight's per-(row, K block) factor, x's per-(token, K
 block) scale). Layer 1's 256 interleaved rows (kernels/moe/expert_weights.interleave) hold 128 intermediates,
 gate in accumulator row r and up in r + 8 of one thread: h's FP8 block of 128 is the CTA's, its amax a shuffle
-over the 8 lanes holding a token and one exchange between the consumer warps. Layer 2 stores bf16 values.
+over the 8 lanes holding a token and one exchange between the 8 consumer warps. Layer 2 stores bf16 values.
 GroupedSm90 (kernels/moe/grouped_sm90.py) runs the launch, the work list and the TMA warp; this class gives its
 operands (`_operands`), the unit order (m tile fastest, `_unit`) and the consumers (`_consume`).
 """
@@ -39,6 +38,8 @@ from kernels.moe.grouped_widen import SUBS, widen8
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import consumer_state
+
+TILES = 2  # m64 tiles of weight rows per consumer warpgroup
 
 
 class GroupedRs(GroupedSm90):
@@ -71,7 +72,6 @@ class GroupedRs(GroupedSm90):
         """The consumer warpgroups (GroupedSm90.kernel calls it): per unit, the K loop in pairs of blocks (the
         fragment sets alternate), then the layer's epilogue. sX: x's stage tiles (the B operand)."""
         c = self.cfg
-        tiles = c.rs_tiles  # m64 tiles of weight rows a warpgroup
         codes = st.sQ.data_ptr()  # the stages' FP4 tiles (RS byte order)
         tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
         if ctid < WIDEN_TABLE_WORDS:
@@ -79,19 +79,19 @@ class GroupedRs(GroupedSm90):
         thr = tiled_mma.get_slice(ctid % 128)
         tCrB = tiled_mma.make_fragment_B(thr.partition_B(sX))  # (frag, 1, 4 k steps, stages)
         a_shape = thr.partition_shape_A((64, KBLOCK))  # ((4, 2, 2), 1, 4): 16 e4m3 bytes a k step
-        frags = [[cute.make_rmem_tensor(a_shape, sX.element_type) for _ in range(tiles)] for _ in range(2)]
+        frags = [[cute.make_rmem_tensor(a_shape, sX.element_type) for _ in range(TILES)] for _ in range(2)]
         acc_shape = thr.partition_shape_C((64, c.bm))
-        accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(tiles)]
-        tmps = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(tiles)]
+        accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
+        tmps = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
         cC = mn_view(thr.partition_C(cute.make_identity_tensor((64, c.bm))))
         # the thread's first weight row of tile j: wg_rows + 64 j (+ 8 for the fragment's second row)
-        wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (tiles * 64) + cC[0, 0][0]
+        wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (TILES * 64) + cC[0, 0][0]
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
         bar.arrive_and_wait()  # the table is in
         g_rd = Int32(0)
         for u in cutlass.range(bidx, units, gdim, unroll=1):
             g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
-            for j in cutlass.range_constexpr(tiles):
+            for j in cutlass.range_constexpr(TILES):
                 accs[j].fill(0.0)
             self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
             for p in cutlass.range(0, n_kb // 2, unroll=1):
@@ -114,21 +114,20 @@ class GroupedRs(GroupedSm90):
         tile): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
         s) a table pair and `widen8`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
         c = self.cfg
-        tiles = c.rs_tiles
         state = consumer_state(c.n_stages, g_rd)
         ring.consumer_wait(state)
         q4 = cute.make_tensor(cute.recast_ptr(codes, dtype=Int32),
                               cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
         tab2 = cute.make_tensor(tab.iterator, cute.make_layout((2, WIDEN_TABLE_WORDS // 2), stride=(1, 2)))
-        words = cute.make_rmem_tensor(cute.make_layout((4, 2 * tiles), stride=(1, 4)), Int32)
-        shifts = cute.make_rmem_tensor((2 * tiles,), Int32)
+        words = cute.make_rmem_tensor(cute.make_layout((4, 2 * TILES), stride=(1, 4)), Int32)
+        shifts = cute.make_rmem_tensor((2 * TILES,), Int32)
         quad = ctid % 4
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             for rh in cutlass.range_constexpr(2):
                 row = wg_rows + 64 * j + 8 * rh
                 cute.autovec_copy(q4[None, (state.index * c.bn + row) * 4 + quad], words[None, 2 * j + rh])
                 shifts[2 * j + rh] = sSh[row, 0, state.index]
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             out = cute.recast_tensor(frag[j], Int32)  # word rh + 2 kh + 4 s
             for rh in cutlass.range_constexpr(2):
                 for s in cutlass.range_constexpr(SUBS):
@@ -142,24 +141,23 @@ class GroupedRs(GroupedSm90):
     @cute.jit
     def _kblock_rs(self, ring, mmas, cur, nxt, has_next, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab, g_rd,
                    wg_rows, ctid):
-        """K block g_rd (its fragments widened into `cur`): 4 k steps x the tiles of RS wgmma into tmps, one group;
+        """K block g_rd (its fragments widened into `cur`): 4 k steps x 2 tiles of RS wgmma into tmps, one group;
         the promotion's scale products read from the stage while they run, then (has_next) the next block's
         stage widened into `nxt`; wait, free the stage, promote."""
         c = self.cfg
-        tiles = c.rs_tiles
         state = consumer_state(c.n_stages, g_rd)
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             fence_operand(tmps[j])
             fence_operand(cur[j])
         warpgroup.fence()
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             for k in cutlass.range_constexpr(SUBS):
                 cute.gemm(mmas[0] if k == 0 else mmas[1], tmps[j], cur[j][(None, None, k)],
                           tCrB[(None, None, k, state.index)], tmps[j])
         warpgroup.commit_group()
         n_c = cute.size(cC, mode=[1])
-        prod = cute.make_rmem_tensor((tiles, 2, n_c), Float32)
-        for j in cutlass.range_constexpr(tiles):
+        prod = cute.make_rmem_tensor((TILES, 2, n_c), Float32)
+        for j in cutlass.range_constexpr(TILES):
             for r in cutlass.range_constexpr(2):
                 sw = sSW[wg_rows + 64 * j + 8 * r, 0, state.index]
                 for cc in cutlass.range_constexpr(n_c):
@@ -168,7 +166,7 @@ class GroupedRs(GroupedSm90):
             self._widen_a(ring, codes, sSh, tab, nxt, g_rd + 1, wg_rows, ctid)
         warpgroup.wait_group(0)
         ring.consumer_release(state)
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             fence_operand(tmps[j])
             acc_mn, tmp_mn = mn_view(accs[j]), mn_view(tmps[j])
             for r in cutlass.range_constexpr(2):
@@ -177,24 +175,23 @@ class GroupedRs(GroupedSm90):
 
     @cute.jit
     def _store_h_rs(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
-        """Layer 1's epilogue (grouped_epilogue's math, transposed): per token column the thread's tiles give
-        h of one intermediate each (gate row r, up row r + 8); the token's amax over the CTA's 128 intermediates is
-        a shuffle over the 8 lanes of the token's quad position, then one word per consumer warp in shared
+        """Layer 1's epilogue (grouped_epilogue's math, transposed): per token column the thread's 2 tiles give
+        h of 2 intermediates (gate row r, up row r + 8); the token's amax over the CTA's 128 intermediates is a
+        shuffle over the 8 lanes of the token's quad position, then one word per consumer warp in shared
         memory. Codes [rows, I] as single bytes, one ue8m0 scale per token (warp 0's lanes 0-3)."""
         fast = self.cfg.fast_silu
-        tiles = self.cfg.rs_tiles
         n_c = cute.size(cC, mode=[1])
         warps = 4 * self.cfg.n_mma_wg
         red = st.red.get_tensor(cute.make_layout((self.cfg.bm, warps), stride=(warps, 1)))
         warp = ctid // 32
-        h = cute.make_rmem_tensor((tiles, n_c), Float32)
+        h = cute.make_rmem_tensor((TILES, n_c), Float32)
         rws = cute.make_rmem_tensor((n_c,), Float32)
         for cc in cutlass.range_constexpr(n_c):
             m = mt * self.cfg.bm + cC[0, cc][1]
             rws[cc] = Float32(0.0)
             if m < limit:
                 rws[cc] = mRowW[g * mg + m]
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             acc_mn = mn_view(accs[j])
             for q in cutlass.range_constexpr(n_c // 2):
                 gate = bf16x2_bits(acc_mn[0, 2 * q], acc_mn[0, 2 * q + 1])  # tokens 2q, 2q + 1 (columns)
@@ -204,9 +201,7 @@ class GroupedRs(GroupedSm90):
                 hb = bf16x2_bits(h[j, 2 * q], h[j, 2 * q + 1])  # the reference's bf16 h
                 h[j, 2 * q], h[j, 2 * q + 1] = bf16_half(hb, 0), bf16_half(hb, 1)
         for cc in cutlass.range_constexpr(n_c):
-            amax = cute_abs(h[0, cc])
-            for j in cutlass.range_constexpr(1, tiles):
-                amax = cute.arch.fmax(amax, cute_abs(h[j, cc]))
+            amax = cute.arch.fmax(cute_abs(h[0, cc]), cute_abs(h[1, cc]))
             for off in cutlass.range_constexpr(3):
                 amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=4 << off))
             if ctid % 32 < 4:
@@ -221,8 +216,8 @@ class GroupedRs(GroupedSm90):
             if m < limit:
                 exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)
                 inv = inv_pow2(exp)
-                pair = e4m3x2(h[0, cc] * inv, h[tiles - 1, cc] * inv)  # byte j: tile j's code
-                for j in cutlass.range_constexpr(tiles):
+                pair = e4m3x2(h[0, cc] * inv, h[1, cc] * inv)
+                for j in cutlass.range_constexpr(TILES):
                     tr = wg_rows + 64 * j  # gate row of intermediate 8 (tr // 16) + tr % 16 of the tile
                     i = nt * (self.cfg.bn // 2) + (tr // 16) * 8 + tr % 16
                     mOut[g * mg + m, i] = Uint8((pair >> (8 * j)) & 0xFF)
@@ -238,7 +233,7 @@ class GroupedRs(GroupedSm90):
         out16 = cute.make_tensor(cute.recast_ptr(mOut.iterator, dtype=Uint16),
                                  cute.make_layout((mOut.shape[0], n), stride=(n, 1)))
         n_c = cute.size(cC, mode=[1])
-        for j in cutlass.range_constexpr(self.cfg.rs_tiles):
+        for j in cutlass.range_constexpr(TILES):
             acc_mn = mn_view(accs[j])
             for r in cutlass.range_constexpr(2):
                 row = nt * self.cfg.bn + wg_rows + 64 * j + 8 * r

@@ -277,11 +277,11 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
             cute.arch.griddepcontrol_launch_dependents()  # the next kernel's CTAs take SMs as ours exit
         units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
         if wg == 0:
-            cute.arch.setmaxregister_decrease(c.producer_regs)
+            cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
                 self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim)
         else:
-            cute.arch.setmaxregister_increase(c.consumer_regs)
+            cute.arch.setmaxregister_increase(232)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
                           n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
 
