@@ -5,8 +5,10 @@ to token order, plus the shared expert's output (spec §8.3):
 
 pos [T, k] is the dispatch's (kernels/moe/dispatch.py). There are no weights here: the route weight
 multiplies the SwiGLU output before w2 (§8.2; it matters for w2's FP8 activation quantisation), so
-the rows come weighted. Memory-bound: `threads_per_row` threads a token, each 16-byte vectors of 8
-bf16; the k row loads of a vector are issued before they are summed (the rows are scattered).
+the rows come weighted. Memory-bound: `threads_per_row` threads a token, each CTA one of the row's `vecs`
+16-byte vector columns (grid y), so a thread's k + 1 scattered loads are issued together and are its one round
+trip. With the columns in a loop (one CTA a row pair) a decode token paid `vecs` round trips in series: Pro (7
+columns) 7.5 us at T = 1, 11 us at T = 8-64 (docs/perf/moe.md "combine").
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class CombineKernel(RowKernel):
     @cute.jit
     def __call__(self, mRows, mPos, mShared, mY, stream):
         self.kernel(mRows, mPos, mShared, mY).launch(
-            grid=[cute.ceil_div(mY.shape[0], self.rows_per_cta), 1, 1], block=[GATHER_CTA, 1, 1], stream=stream,
+            grid=[cute.ceil_div(mY.shape[0], self.rows_per_cta), self.vecs, 1], block=[GATHER_CTA, 1, 1], stream=stream,
             use_pdl=self.pdl)
 
     @cute.kernel
@@ -38,23 +40,23 @@ class CombineKernel(RowKernel):
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         t, lane = self.row_and_lane()
+        _, v, _ = cute.arch.block_idx()  # the vector column of the row
         if t < mY.shape[0]:
-            pos = [mPos[t, j] for j in range(self.topk)]
             r_tiles = cute.zipped_divide(mRows, (1, VEC))
             s_tiles = cute.zipped_divide(mShared, (1, VEC))
             y_tiles = cute.zipped_divide(mY, (1, VEC))
             parts = [cute.make_rmem_tensor((VEC,), mRows.element_type) for _ in range(self.topk + 1)]
             out = cute.make_rmem_tensor((VEC,), mY.element_type)
-            for v in cutlass.range_constexpr(self.vecs):
-                vec = v * self.tpr + lane
-                cute.autovec_copy(s_tiles[(0, None), (t, vec)], parts[self.topk])
-                for j in cutlass.range_constexpr(self.topk):
-                    parts[j].fill(0)
-                    if pos[j] >= 0:
-                        cute.autovec_copy(r_tiles[(0, None), (pos[j], vec)], parts[j])
-                acc = parts[0].load().to(Float32)
-                for j in cutlass.range_constexpr(1, self.topk + 1):
-                    acc = acc + parts[j].load().to(Float32)
-                out.store(acc.to(mY.element_type))
-                cute.autovec_copy(out, y_tiles[(0, None), (t, vec)])
+            vec = v * self.tpr + lane
+            cute.autovec_copy(s_tiles[(0, None), (t, vec)], parts[self.topk])
+            for j in cutlass.range_constexpr(self.topk):
+                pos = mPos[t, j]
+                parts[j].fill(0)
+                if pos >= 0:
+                    cute.autovec_copy(r_tiles[(0, None), (pos, vec)], parts[j])
+            acc = parts[0].load().to(Float32)
+            for j in cutlass.range_constexpr(1, self.topk + 1):
+                acc = acc + parts[j].load().to(Float32)
+            out.store(acc.to(mY.element_type))
+            cute.autovec_copy(out, y_tiles[(0, None), (t, vec)])
 
