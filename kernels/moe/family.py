@@ -8,10 +8,11 @@ layer: y = bf16( Σ_k expert_{idx_k}(x; w_k) + shared ), the routed experts in t
     the reference's path: FP8 e4m3 activations per 128 (ue8m0), fp32 accumulation over the
     dequantised MXFP4 weights, bf16 w1 / w3 outputs, SwiGLU and the route weight in fp32, bf16 h
     quantised again for w2, each expert's bf16 output summed in fp32 with the shared output.
-    Ours (sm_90a): dispatch -> the grouped MXFP4 x FP8 GEMMs (kernels/moe/grouped_sm90.py: L1 with the
-    SwiGLU x route weight and h's FP8 quantisation fused, L2; v2 at decode, v3 at prefill:
-    kernels/moe/grouped_split.py on row-frame weights) -> combine (kernels/moe/layer.py); the weights' side
-    data is made once per weight buffers. Peers: kernels/moe/peers.py.
+    Ours (sm_90a): dispatch -> the grouped MXFP4 x FP8 GEMMs (L1 with the SwiGLU x route weight and h's FP8
+    quantisation fused, L2; v5 at decode: kernels/moe/grouped_rs.py, v3 at prefill: kernels/moe/grouped_split.py
+    on row-frame weights) -> combine (kernels/moe/layer.py); a one-token step whose v5 L1 would take a second
+    round of the SMs (Pro) runs the GEMV path instead (kernels/moe/gemv_layer.py). The weights' side data is made
+    once per weight buffers. Peers: kernels/moe/peers.py.
 dispatch: the router's output -> the layout (contiguous or masked) with x gathered and FP8-quantised
     (kernels/moe/dispatch.py). Oracle = reference = oracles.moe `dispatch_layout` + `gather_quant`;
     every output compares exactly.
@@ -30,7 +31,8 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.moe.grouped_config import V2, V3, V4, V5
+from kernels.gemm.config import H100_SMS
+from kernels.moe.grouped_config import V2, V3, V4, V5, gemv_at_one_token
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -160,10 +162,16 @@ class MoeCuteDSL(Impl):
     check_fits = False  # the layer's count read-back (a host sync; variant `cutedsl:v1` keeps v1's)
     planned = True  # buffers and views made once per shape (variant `cutedsl:v1`: v1's per-call host path)
 
+    def one_token_gemv(self, case: Case) -> bool:
+        """The rule (no knobs) runs a one-token masked layer (every count <= 1) on the GEMV path where v5's L1 would
+        need a second round of units (grouped_config.gemv_at_one_token: Pro, not Flash)."""
+        return (not self.knobs and case["op"] == "layer" and case["layout"] == "masked" and refusal(case["d"], case["i"])
+                is None and int(counts(case).max()) <= 1 and gemv_at_one_token(case["k"], case["i"], H100_SMS))
+
     def compile_key(self, case: Case, arch: str) -> tuple:
         if case["op"] == "layer":
             return (self.family, self.name, arch, "layer", case["e"], case["k"], case["d"], case["i"], case["layout"],
-                    tuple(sorted(self.knobs.items())))
+                    tuple(sorted(self.knobs.items())), self.one_token_gemv(case))
         if case["op"] == "dispatch":
             return (self.family, self.name, arch, "dispatch", case["e"], case["k"], case["d"], case["layout"])
         return (self.family, self.name, arch, "combine", case["d"], case["k"])
@@ -173,9 +181,16 @@ class MoeCuteDSL(Impl):
             return compile_dispatch(case["e"], case["k"], case["d"], case["layout"], arch)
         if case["op"] == "combine":
             return compile_combine(case["d"], case["k"], arch)
+        if self.one_token_gemv(case):
+            return compile_gemv_layer(case["e"], case["k"], case["d"], case["i"], 1, arch, balance=True)
         return compile_layer(case["e"], case["k"], case["d"], case["i"], case["layout"], arch, **self.knobs)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
+        if case["op"] == "layer" and self.one_token_gemv(case):
+            experts = tuple(inputs[n] for n in WEIGHT_NAMES)
+            run_gemv_layer(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
+                           case_max_m(case), out["out"], check=self.check_fits)
+            return out
         if case["op"] == "layer":
             experts = tuple(inputs[n] for n in WEIGHT_NAMES)
             # max_m is the case's largest count (inputs.max_m): it fits by construction, so no read-back

@@ -171,6 +171,14 @@ V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False}
 V5 = {**V2, "swap_ab": True}  # the decode pick (choose: bm 16; layer.compile_layer adds bm 32 beside it)
 
 
+def gemv_at_one_token(topk: int, i: int, sms: int) -> bool:
+    """The rule's pick where every expert holds at most one token (a one-token decode step): the GEMV path
+    (kernels/moe/gemv_layer.py, units of 4-16 weight row pairs on CUDA cores) wherever v5's L1 units, k experts x
+    2I / 256 rows, take more than one round of the SMs. H100, graph-timed, one process (docs/perf/moe.md "one
+    token"): Pro (144 units on 132 SMs) 129.0 us against v5's 147.0; Flash (96 units) 59.4 against 55.6."""
+    return topk * (2 * i // BN) > sms
+
+
 def choose(layout: str, epilogue: str) -> GroupedConfig:
     """Decode (masked: a few rows per expert) takes v5 (swap-AB, the weights widened in registers as an RS
     wgmma's A; kernels/moe/grouped_rs.py) at 16 tokens a tile, launched with programmatic dependent launch

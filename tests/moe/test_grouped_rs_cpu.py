@@ -152,3 +152,17 @@ def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_small
     assert one.token_tiles == () and one.gemms(16) == (("swiglu", 32, True, True), ("bf16", 32, True, True), "rs")
     v4 = layer.compile_layer(8, 6, 512, 256, "masked", **V4)
     assert v4.codes == "plain" and v4.gemms(16)[2] == "plain" and v4.gemms(16)[0] == ("swiglu", 64, False, False)
+
+
+def test_the_rule_runs_a_one_token_pro_layer_on_the_gemv_path():
+    """Where v5's L1 units at one token take a second round of the SMs (Pro: 6 x 24 = 144 > 132) the rule runs the
+    GEMV path; Flash (96 units), two tokens an expert, or a variant keep the grouped GEMMs."""
+    from kernels.moe.gemv_layer import CompiledGemvLayer
+    from kernels.moe.grouped_config import gemv_at_one_token
+    assert gemv_at_one_token(6, 3072, 132) and not gemv_at_one_token(6, 2048, 132)
+    rule = get_impl("moe", "cutedsl")
+    pro1, flash1, pro8 = (Case("moe", space.case("layer", m, t)) for m, t in (("pro", 1), ("flash", 1), ("pro", 8)))
+    assert rule.one_token_gemv(pro1) and not rule.one_token_gemv(flash1) and not rule.one_token_gemv(pro8)
+    assert not get_impl("moe", "cutedsl:v5").one_token_gemv(pro1)
+    assert rule.compile_key(pro1, "sm_90a") != get_impl("moe", "cutedsl:v5").compile_key(pro1, "sm_90a")
+    assert isinstance(rule.compile(pro1, "sm_90a"), CompiledGemvLayer)
