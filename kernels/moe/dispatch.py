@@ -39,6 +39,7 @@ VEC = 8  # bf16 per 16-byte vector
 QBLOCK = 128  # FP8 activation block along K
 FP8_MAX, FP8_FLOOR = 448.0, 1e-4
 GATHER_CTA = 256
+WAVE_CTAS = 132 * (2048 // GATHER_CTA)  # gather CTAs an H100 holds at once (132 SMs, 2048 threads each)
 LAYOUTS = ("contiguous", "masked")
 
 
@@ -163,14 +164,19 @@ class RowKernel:
 class GatherQuantKernel(RowKernel):
     """Compile-time: D, skip_padding. Runtime: tokens, layout rows, scale groups. `skip_padding`: padding rows
     (src -1) are left unwritten (the layer's masked layout: the grouped GEMM never stores a row past its
-    expert's count, and a row's products depend on that row alone, so what its codes hold is never seen)."""
+    expert's count, and a row's products depend on that row alone, so what its codes hold is never seen).
+    `by_assignment` (the layer's masked layout): threads over the T·k assignments, writing row pos[t, j], not over
+    the E·max_m rows (mostly padding at decode); a row's vector columns in grid y while one wave holds them (past
+    it the PDL trigger fires late: docs/perf/moe.md "combine and gather")."""
 
-    def __init__(self, d: int, skip_padding: bool = False, pdl: bool = False, trigger: bool = False):
+    def __init__(self, d: int, skip_padding: bool = False, pdl: bool = False, trigger: bool = False,
+                 by_assignment: bool = False, topk: int = 1):
         super().__init__(d)
         self.skip_padding, self.pdl, self.trigger = skip_padding, pdl, trigger
+        self.by_assignment, self.topk = by_assignment, topk
 
     @cute.kernel
-    def kernel(self, mX, mSrc, mCodes, mScales):
+    def kernel(self, mX, mSrc, mPos, mCodes, mScales):
         if cutlass.const_expr(self.pdl):  # launched with PDL: the layout kernel's rows first
             cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.trigger):  # decode (under one wave): L1 may take SMs as these CTAs exit
@@ -179,36 +185,53 @@ class GatherQuantKernel(RowKernel):
         rows = mSrc.shape[0]
         per_group = rows // mScales.shape[0]
         t = Int32(-1)
-        if row < rows:
-            t = mSrc[row]
+        if cutlass.const_expr(self.by_assignment):
+            dst = Int32(0)
+            if row < mPos.shape[0]:
+                dst = mPos[row]
+                if dst >= 0:
+                    t = row // self.topk
+            _, col, _ = cute.arch.block_idx()
+            _, cols, _ = cute.arch.grid_dim()
+            for v in cutlass.range(col, self.vecs, cols, unroll=1):
+                self._vector(mX, mCodes, mScales, t, dst, v, lane, per_group, t >= 0)
+        else:
+            if row < rows:
+                t = mSrc[row]
+            store = row < rows
+            if cutlass.const_expr(self.skip_padding):
+                store = store & (t >= 0)
+            for v in cutlass.range_constexpr(self.vecs):
+                self._vector(mX, mCodes, mScales, t, row, v, lane, per_group, store)
+
+    @cute.jit
+    def _vector(self, mX, mCodes, mScales, t, row, v, lane, per_group, store):
+        """Vector column v of layout row `row` from x[t] (zeros where t < 0): FP8 codes and, on the block's first
+        lane, its ue8m0 scale (zero on padding)."""
         x_tiles = cute.zipped_divide(mX, (1, VEC))
         q_tiles = cute.zipped_divide(mCodes, (1, VEC))
         raw = cute.make_rmem_tensor((VEC,), mX.element_type)
         codes = cute.make_rmem_tensor((VEC,), Uint8)
-        for v in cutlass.range_constexpr(self.vecs):
-            vec = v * self.tpr + lane
-            raw.fill(0)
-            if t >= 0:
-                cute.autovec_copy(x_tiles[(0, None), (t, vec)], raw)
-            x = raw.load().to(Float32)
-            amax = cute_abs(x[0])
-            for i in cutlass.range_constexpr(1, VEC):
-                amax = cute.arch.fmax(amax, cute_abs(x[i]))
-            amax = cute.arch.warp_reduction_max(amax, threads_in_group=QBLOCK // VEC)
-            exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)
-            inv_s = inv_pow2(exp)
-            for i in cutlass.range_constexpr(VEC // 2):
-                pair = e4m3x2(x[2 * i] * inv_s, x[2 * i + 1] * inv_s)
-                codes[2 * i] = Uint8(pair & 0xFF)
-                codes[2 * i + 1] = Uint8(pair >> 8)
-            store = row < rows
-            if cutlass.const_expr(self.skip_padding):
-                store = store & (t >= 0)
-            if store:
-                cute.autovec_copy(codes, q_tiles[(0, None), (row, vec)])
-                if lane % (QBLOCK // VEC) == 0:
-                    scale = cutlass.select_(t >= 0, bits_f32(exp << 23), Float32(0.0))
-                    mScales[row // per_group, vec * VEC // QBLOCK, row % per_group] = scale
+        vec = v * self.tpr + lane
+        raw.fill(0)
+        if t >= 0:
+            cute.autovec_copy(x_tiles[(0, None), (t, vec)], raw)
+        x = raw.load().to(Float32)
+        amax = cute_abs(x[0])
+        for i in cutlass.range_constexpr(1, VEC):
+            amax = cute.arch.fmax(amax, cute_abs(x[i]))
+        amax = cute.arch.warp_reduction_max(amax, threads_in_group=QBLOCK // VEC)
+        exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)
+        inv_s = inv_pow2(exp)
+        for i in cutlass.range_constexpr(VEC // 2):
+            pair = e4m3x2(x[2 * i] * inv_s, x[2 * i + 1] * inv_s)
+            codes[2 * i] = Uint8(pair & 0xFF)
+            codes[2 * i + 1] = Uint8(pair >> 8)
+        if store:
+            cute.autovec_copy(codes, q_tiles[(0, None), (row, vec)])
+            if lane % (QBLOCK // VEC) == 0:
+                scale = cutlass.select_(t >= 0, bits_f32(exp << 23), Float32(0.0))
+                mScales[row // per_group, vec * VEC // QBLOCK, row % per_group] = scale
 
 
 class Dispatch:
@@ -222,13 +245,19 @@ class Dispatch:
         its later waves)."""
         self.layout = LayoutKernel(n_experts, topk, layout, tile)
         self.layout.pdl = pdl
-        self.gather = GatherQuantKernel(d, skip_padding, pdl, trigger=pdl and layout == "masked")
+        self.gather = GatherQuantKernel(d, skip_padding, pdl, trigger=pdl and layout == "masked",
+                                        by_assignment=skip_padding and layout == "masked", topk=topk)
 
     @cute.jit
     def __call__(self, mX, mIdx, mW, mCounts, mPos, mSrc, mExpert, mRowW, mCodes, mScales, stream):
         self.layout.kernel(mIdx, mW, mCounts, mPos, mSrc, mExpert, mRowW).launch(
             grid=[self.layout.n_experts, 1, 1], block=[THREADS, 1, 1], stream=stream)
         g = self.gather
-        self.gather.kernel(mX, mSrc, mCodes, mScales).launch(
-            grid=[cute.ceil_div(mSrc.shape[0], g.rows_per_cta), 1, 1], block=[g.rows_per_cta * g.tpr, 1, 1],
-            stream=stream, use_pdl=g.pdl)
+        ctas = cute.ceil_div(mSrc.shape[0], g.rows_per_cta)
+        cols = Int32(1)
+        if cutlass.const_expr(g.by_assignment):
+            ctas = cute.ceil_div(mPos.shape[0], g.rows_per_cta)
+            if ctas * g.vecs <= WAVE_CTAS:
+                cols = Int32(g.vecs)
+        g.kernel(mX, mSrc, mPos, mCodes, mScales).launch(grid=[ctas, cols, 1], block=[g.rows_per_cta * g.tpr, 1, 1],
+                                                         stream=stream, use_pdl=g.pdl)
