@@ -8,7 +8,7 @@ multiplies the SwiGLU output before w2 (§8.2; it matters for w2's FP8 activatio
 the rows come weighted. Memory-bound: `threads_per_row` threads a token, each CTA one of the row's `vecs`
 16-byte vector columns (grid y), so a thread's k + 1 scattered loads are issued together and are its one round
 trip. With the columns in a loop (one CTA a row pair) a decode token paid `vecs` round trips in series: Pro (7
-columns) 7.5 us at T = 1, 11 us at T = 8-64 (docs/perf/moe.md "combine").
+columns) 7.5 us at T = 1, 11 us at T = 8-64 (docs/perf/moe.md "combine and gather").
 """
 
 from __future__ import annotations

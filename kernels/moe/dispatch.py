@@ -16,7 +16,8 @@ for decode). One jitted call, two launches:
    Each CTA reads the T·k ids twice (393 KB at T = 16384: L2-resident after the first CTAs).
 2. `gather` (one row of the layout per `threads_per_row` threads): x[src] in bf16 -> FP8 e4m3 codes
    with one ue8m0 power-of-two fp32 scale per 128 (spec §2.3, bit-exact with oracles.quant); zero
-   codes and a zero scale on padding rows. Scales are written MN-major, as the grouped GEMM's TMA
+   codes and a zero scale on padding rows; the layer's masked layout (skip_padding) runs over the T·k
+   assignments instead, writing row pos[t, j], and leaves padding rows unwritten. Scales are written MN-major, as the grouped GEMM's TMA
    reads them (DeepGEMM SM90 and the gemm family's kernel): [G, D/128, rows/G], G = 1 (contiguous)
    or E (masked).
 """
@@ -31,6 +32,7 @@ from cutlass import Float32, Int32, Uint8
 from cutlass import memory
 
 from kernels.bits import bits_f32
+from kernels.gemm.config import H100_SMS
 from kernels.indexer.topk_select import THREADS, WARPS, TopkBlocks
 from kernels.quant.numerics import cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 
@@ -39,7 +41,7 @@ VEC = 8  # bf16 per 16-byte vector
 QBLOCK = 128  # FP8 activation block along K
 FP8_MAX, FP8_FLOOR = 448.0, 1e-4
 GATHER_CTA = 256
-WAVE_CTAS = 132 * (2048 // GATHER_CTA)  # gather CTAs an H100 holds at once (132 SMs, 2048 threads each)
+WAVE_CTAS = H100_SMS * (2048 // GATHER_CTA)  # gather CTAs an H100 holds at once (2048 threads an SM)
 LAYOUTS = ("contiguous", "masked")
 
 

@@ -29,7 +29,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.moe import peers
 from kernels.moe import serves as served
-from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
+from kernels.moe.gemv_layer import CompiledGemvLayer, compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.gemm.config import H100_SMS
 from kernels.moe.grouped_config import V2, V3, V4, V5, gemv_at_one_token
@@ -165,8 +165,9 @@ class MoeCuteDSL(Impl):
     def one_token_gemv(self, case: Case) -> bool:
         """The rule (no knobs) runs a one-token masked layer (every count <= 1) on the GEMV path where v5's L1 would
         need a second round of units (grouped_config.gemv_at_one_token: Pro, not Flash)."""
-        return (not self.knobs and case["op"] == "layer" and case["layout"] == "masked" and refusal(case["d"], case["i"])
-                is None and int(counts(case).max()) <= 1 and gemv_at_one_token(case["k"], case["i"], H100_SMS))
+        return (not self.knobs and case["op"] == "layer" and case["layout"] == "masked"
+                and refusal(case["d"], case["i"]) is None and int(counts(case).max()) <= 1
+                and gemv_at_one_token(case["k"], case["i"], H100_SMS))
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         if case["op"] == "layer":
@@ -186,15 +187,12 @@ class MoeCuteDSL(Impl):
         return compile_layer(case["e"], case["k"], case["d"], case["i"], case["layout"], arch, **self.knobs)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        if case["op"] == "layer" and self.one_token_gemv(case):
-            experts = tuple(inputs[n] for n in WEIGHT_NAMES)
-            run_gemv_layer(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
-                           case_max_m(case), out["out"], check=self.check_fits)
-            return out
         if case["op"] == "layer":
             experts = tuple(inputs[n] for n in WEIGHT_NAMES)
-            # max_m is the case's largest count (inputs.max_m): it fits by construction, so no read-back
-            run = run_layer if self.planned else run_layer_unplanned
+            # max_m is the case's largest count (inputs.max_m): it fits by construction, so no read-back.
+            # The compile says which path the rule took (one_token_gemv: the GEMV layer)
+            run = (run_gemv_layer if isinstance(compiled, CompiledGemvLayer)
+                   else run_layer if self.planned else run_layer_unplanned)
             run(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
                 case_max_m(case), out["out"], check=self.check_fits)
             return out
