@@ -71,6 +71,10 @@ MAX_SPLIT = 16
 BN = (192, 128, 64, 32)
 PAIR_MIN_M_TILES = 4
 CHAIN = 8
+# decode (M <= 64) tiles of bn <= 64: the ring holds at most this much weight, not as many stages as
+# fit (13-32). Deeper rings ran 2-8% slower on the large decode weights (H100, one process, M 1 / 64,
+# docs/perf/gemm.md v9; lesson 17); bn 128's rings (8-11 stages) were level with 4-6.
+DECODE_RING_BYTES = 64 * 1024
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -100,7 +104,16 @@ def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_S
 @functools.lru_cache(maxsize=None)
 def cta_pull(bm: int, bn: int) -> float:
     """Bytes per clock one CTA streams from DRAM: its ring's weight bytes in flight per round trip."""
-    return GemmConfig(bm=bm, bn=bn).n_stages * bn * KBLOCK / DRAM_LATENCY_CLK
+    return ring_stages(bm, bn) * bn * KBLOCK / DRAM_LATENCY_CLK
+
+
+def ring_stages(bm: int, bn: int) -> int:
+    """The rule's ring depth: as many stages as fit, but a decode tile of bn <= 64 holds at most
+    DECODE_RING_BYTES of weight (still above the SM's share of the stream: the cap never binds cost())."""
+    fit = GemmConfig(bm=bm, bn=bn).n_stages
+    if bm <= 64 and bn <= 64:
+        return min(fit, DECODE_RING_BYTES // (bn * KBLOCK))
+    return fit
 
 
 def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min_rows: int = 16):
@@ -144,4 +157,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # where the tile can (GemmConfig.chainable), K blocks in chains of 8 (v8: 3-5% faster at M 1 / 8 / 64
     # than unchained, 1-3% than chains of 2 / 4)
     cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1)
+    stages = ring_stages(bm, bn)
+    if stages < cfg.n_stages:
+        cfg = replace(cfg, stages=stages)
     return replace(cfg, chain=CHAIN) if cfg.chainable else cfg

@@ -14,7 +14,9 @@ override makes an impossible configuration is UNSUPPORTED there.
     no-split        split-K off (decode shapes that the rule splits); bn64-no-split, bn32-no-split both
     bm64-bnB-kS     64 x B tiles in S slices at any M (the rule takes bm 64 only up to M = 128)
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
-    sS              S smem ring stages instead of as many as fit
+    sS              S smem ring stages instead of the rule's
+    ring-full       as many stages as fit (v8's decode rings; the rule caps bn <= 64 decode rings at 64 KB of weight)
+    bn64-s8         64-column tiles with an 8-stage ring (64 KB of weight in flight)
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
     chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8 blocks (0: off)
                     (bm <= 64); chain4-bnB, chain4-bn32-no-split
@@ -49,6 +51,8 @@ KNOBS: dict[str, dict] = {
     "bn192": {"bm": 128, "bn": 192},  # two weight-scale blocks a tile (one wave; DeepGEMM's pro.wq_a pick)
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
+    "ring-full": {"stages": 0},
+    "bn64-s8": {"bn": 64, "stages": 8},  # the decode ring cap's 64 KB on bn 64 where the rule takes bn 128
     "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
     "bn32-no-split": {"bn": 32, "split_k": 1},
     "bn32-k2": {"bn": 32, "split_k": 2},

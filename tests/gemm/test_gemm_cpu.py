@@ -198,6 +198,20 @@ def test_bn192_is_taken_only_where_its_tiles_stay_inside_a_group():
     check_pairs(GemmConfig(128, 192), 3 * 384, 3)
 
 
+def test_decode_rings_of_narrow_tiles_hold_at_most_64_kb_of_weight():
+    from kernels.gemm.config import DECODE_RING_BYTES
+
+    for _, _, n, k, g in LAYERS:
+        for m in TOKENS:
+            cfg = choose_config(m, n, k, groups=g)
+            full = GemmConfig(bm=cfg.bm, bn=cfg.bn).n_stages
+            if m <= 64 and cfg.bn <= 64:
+                assert cfg.n_stages == min(full, DECODE_RING_BYTES // (cfg.bn * 128)), (m, n, k, cfg)
+            else:
+                assert cfg.n_stages == full, (m, n, k, cfg)  # bn 128 and prefill: as many as fit
+    assert choose_config(1, 4096, 8192).n_stages == 16 and choose_config(1, 6144, 7168).n_stages == 8
+
+
 def test_small_x_tiles_are_single_m_tile_one_wave_with_a_deeper_ring():
     for bm in (16, 32):
         cfg = GemmConfig(bm=bm, bn=64)
