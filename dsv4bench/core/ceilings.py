@@ -32,16 +32,26 @@ def _copy_gbps(timer: CudaTimer, device: str) -> float:
     return 2 * src.numel() / ms / 1e6  # bytes read + written
 
 
+COPY_GRAIN = 4096
+
+
 class SameTrafficCopy:
-    """Time of a device copy that reads and writes `nbytes` in all (nbytes / 2 each way), cached
-    per size: the floor a memory-bound op moving `nbytes` is judged against."""
+    """Time of a device copy that reads and writes `nbytes` in all (nbytes / 2 each way, up to 4 KiB
+    more), cached per size: the floor a memory-bound op moving `nbytes` is judged against."""
 
     def __init__(self, timer: CudaTimer, device: str):
         self.timer, self.device = timer, device
         self._ms: dict[int, float] = {}
 
+    @staticmethod
+    def half_bytes(nbytes: float) -> int:
+        """Bytes each way: half of nbytes rounded up to whole 4 KiB. torch's device copy of a byte count
+        that is not a multiple of 4 KiB ran ~3 us slower on the H100 at 2.3-59 MB (docs/lessons/harness.md
+        15), which made the floor of every op it judged that much too slow."""
+        return max(COPY_GRAIN, -(-int(nbytes) // 2 // COPY_GRAIN) * COPY_GRAIN)  # cost models count bytes as floats
+
     def ms(self, nbytes: int) -> float:
-        half = max(16, (int(nbytes) // 2 + 15) // 16 * 16)  # cost models count bytes as floats
+        half = self.half_bytes(nbytes)
         if half not in self._ms:
             src = torch.empty(half, dtype=torch.uint8, device=self.device)
             dst = torch.empty_like(src)

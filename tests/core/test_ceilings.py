@@ -24,3 +24,12 @@ def test_same_traffic_copy_grows_with_size_and_meets_the_streaming_bandwidth():
     assert (1 << 20) / small / 1e6 < 0.5 * streaming_gbps
     assert floor.ms(float(1 << 20)) == small  # cached per size (cost models give floats): one copy per size
 
+
+
+def test_same_traffic_floor_is_not_slowed_by_an_odd_byte_count():
+    """An op's exact bytes (33.6 MB: no whole 4 KiB) must not make its floor slower than the copy of a
+    larger, MiB-aligned size: torch's copy of an odd count ran ~3 us (20%) slower (lesson harness 15)."""
+    floor = ceilings.SameTrafficCopy(CudaTimer("cuda"), "cuda")
+    odd, aligned = floor.ms(33_600_000), floor.ms((1 << 25) + (1 << 20))
+    print(f"same-traffic copy: 33.6 MB {odd * 1e3:.2f} us, 34.6 MB (MiB-aligned) {aligned * 1e3:.2f} us")
+    assert odd <= 1.05 * aligned
