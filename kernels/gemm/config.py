@@ -73,7 +73,7 @@ PAIR_MIN_M_TILES = 4
 CHAIN = 8
 # decode (M <= 64) tiles of bn <= 64: the ring holds at most this much weight, not as many stages as
 # fit (13-32). Deeper rings ran 2-8% slower on the large decode weights (H100, one process, M 1 / 64,
-# docs/perf/gemm.md v9; lesson 17); bn 128's rings (8-11 stages) were level with 4-6.
+# docs/perf/gemm.md v9; lessons/gemm.md 15); bn 128's rings (8-11 stages) were level with 4-6.
 DECODE_RING_BYTES = 64 * 1024
 
 
