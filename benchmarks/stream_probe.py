@@ -2,7 +2,7 @@
 
 Decode GEMMs read their weight once, in 128-byte pieces of many rows at a time (a CTA owns bn rows
 and walks K). This times, in one process with the L2 flushed, for each weight shape:
-  copy       a device copy moving the same bytes (half read, half written): the harness's floor
+  copy       the harness's same-traffic floor: a device copy moving the weight's bytes (half each way)
   max        torch's read-only reduction over the weight (a plain sequential stream)
   rows-KC    a Triton kernel, one program per bn-row tile walking K in KC-byte pieces (the GEMM's order)
   linear     the same programs each reading one contiguous span of the same size
@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from dsv4bench.core.ceilings import SameTrafficCopy
 from dsv4bench.core.timing import CudaTimer
 
 LAYERS = {  # name: (N, K, groups) from docs/perf/gemm.md's roofline table
@@ -66,14 +67,12 @@ def probe(name, n, k, groups, timer, kernels):
     out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
     wbytes = w.numel()
     words = w.view(torch.int32)
-    src = torch.empty(wbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
     res = {"layer": name, "n": n, "k": k, "weight_mb": wbytes / 1e6, "bn": cfg.bn, "tiles": n // cfg.bn}
 
     def rate(fn):
         return round(wbytes / timer.time(fn, min_iters=30).median_ms / 1e9, 3)
 
-    res["copy"] = rate(lambda: dst.copy_(src))
+    res["copy"] = round(wbytes / SameTrafficCopy(timer, "cuda").ms(wbytes) / 1e9, 3)
     res["max"] = rate(lambda: words.max())
     compiled = compile_gemm(cfg)
     res["gemm"] = rate(lambda: run_gemm(compiled, cfg, x, sa, w, sw, out, groups))
@@ -121,9 +120,7 @@ def config_sweep(name, n, k, groups, m, timer, split_forms=False):
     base = choose_config(m, n, k, groups=groups)
     x, sa, w, sw = make_operands(m, n, k, seed=1, device="cuda", groups=groups)
     out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    src = torch.empty(w.numel() // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_us = timer.time(lambda: dst.copy_(src), min_iters=30).median_ms * 1e3
+    copy_us = SameTrafficCopy(timer, "cuda").ms(w.numel()) * 1e3
     res = {"layer": name, "m": m, "rule": str((base.bm, base.bn, base.split_k, base.n_stages)),
            "copy_us": round(copy_us, 2)}
     tiles = -(-m // base.bm) * -(-n // base.bn)
@@ -163,7 +160,6 @@ def config_sweep(name, n, k, groups, m, timer, split_forms=False):
 def copy_check():
     """The same-traffic copy's time in a fresh process, then after a torch.profiler session (as the
     sweep's per-kernel split runs one per case)."""
-    from dsv4bench.core.ceilings import SameTrafficCopy
     from dsv4bench.core.kernel_profile import kernel_times
 
     sizes = [4_600_000, 8_400_000, 33_600_000, 117_500_000]
