@@ -25,7 +25,6 @@ def test_same_traffic_copy_grows_with_size_and_meets_the_streaming_bandwidth():
     assert floor.ms(float(1 << 20)) == small  # cached per size (cost models give floats): one copy per size
 
 
-
 def test_same_traffic_floor_is_not_slowed_by_an_odd_byte_count():
     """An op's exact bytes (33.6 MB: no whole 4 KiB) must not make its floor slower than the copy of a
     larger, MiB-aligned size: torch's copy of an odd count ran ~3 us (20%) slower (lesson harness 15)."""
