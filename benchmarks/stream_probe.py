@@ -157,34 +157,11 @@ def config_sweep(name, n, k, groups, m, timer, split_forms=False):
     return res
 
 
-def copy_check():
-    """The same-traffic copy's time in a fresh process, then after a torch.profiler session (as the
-    sweep's per-kernel split runs one per case)."""
-    from dsv4bench.core.kernel_profile import kernel_times
-
-    sizes = [4_600_000, 8_400_000, 33_600_000, 117_500_000]
-    timer = CudaTimer("cuda")
-
-    def copies(tag):
-        fresh = SameTrafficCopy(timer, "cuda")  # its own cache: every size timed again
-        print(json.dumps({"when": tag, **{f"{b / 1e6:.1f}MB": round(fresh.ms(b) * 1e3, 2) for b in sizes}}),
-              flush=True)
-
-    copies("fresh process")
-    copies("again")
-    src = torch.empty(1 << 20, device="cuda")
-    dst = torch.empty_like(src)
-    kernel_times(lambda: dst.copy_(src), timer.flush)
-    copies("after a profiler session")
-    copies("again")
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--configs", default=None, help="M values: time ring depths against the rule")
     ap.add_argument("--split-forms", action="store_true", help="--configs times K-split forms instead")
-    ap.add_argument("--copy-check", action="store_true", help="the same-traffic copy before / after a profiler session")
     ap.add_argument("--ncu", default=None, help="run only this layer's GEMM three times (under ncu)")
     args = ap.parse_args()
     timer = CudaTimer("cuda")
@@ -193,8 +170,6 @@ def main():
     except Exception as e:  # noqa: BLE001 - the probe still times copy / max / gemm
         print(f"triton unavailable: {e}", file=sys.stderr)
         kernels = None
-    if args.copy_check:
-        return copy_check()
     if args.ncu:
         return gemm_only(*LAYERS[args.ncu])
     if args.configs:
