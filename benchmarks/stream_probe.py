@@ -58,13 +58,20 @@ def triton_kernels():
     return rows, linear
 
 
-def probe(name, n, k, groups, timer, kernels):
+def layer_gemm(m, n, k, groups):
+    """The rule's config for the layer at M rows, its operands (seed 1) and an output buffer."""
     from kernels.gemm.config import choose_config
-    from kernels.gemm.glue import compile_gemm, make_operands, run_gemm
+    from kernels.gemm.glue import make_operands
 
-    cfg = choose_config(1, n, k, groups=groups)
-    x, sa, w, sw = make_operands(1, n, k, seed=1, device="cuda", groups=groups)
-    out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+    cfg = choose_config(m, n, k, groups=groups)
+    return cfg, make_operands(m, n, k, seed=1, device="cuda", groups=groups), torch.empty(
+        m, n, dtype=torch.bfloat16, device="cuda")
+
+
+def probe(name, n, k, groups, timer, kernels):
+    from kernels.gemm.glue import compile_gemm, run_gemm
+
+    cfg, (x, sa, w, sw), out = layer_gemm(1, n, k, groups)
     wbytes = w.numel()
     words = w.view(torch.int32)
     res = {"layer": name, "n": n, "k": k, "weight_mb": wbytes / 1e6, "bn": cfg.bn, "tiles": n // cfg.bn}
@@ -96,12 +103,9 @@ def probe(name, n, k, groups, timer, kernels):
 
 
 def gemm_only(n, k, groups):
-    from kernels.gemm.config import choose_config
-    from kernels.gemm.glue import compile_gemm, make_operands, run_gemm
+    from kernels.gemm.glue import compile_gemm, run_gemm
 
-    cfg = choose_config(1, n, k, groups=groups)
-    x, sa, w, sw = make_operands(1, n, k, seed=1, device="cuda", groups=groups)
-    out = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+    cfg, (x, sa, w, sw), out = layer_gemm(1, n, k, groups)
     compiled = compile_gemm(cfg)
     for _ in range(3):
         run_gemm(compiled, cfg, x, sa, w, sw, out, groups)
@@ -114,12 +118,9 @@ def config_sweep(name, n, k, groups, m, timer, split_forms=False):
     `static` keeps the persistent grid of one CTA per SM."""
     from dataclasses import replace
 
-    from kernels.gemm.config import choose_config
-    from kernels.gemm.glue import compile_gemm, make_operands, run_gemm
+    from kernels.gemm.glue import compile_gemm, run_gemm
 
-    base = choose_config(m, n, k, groups=groups)
-    x, sa, w, sw = make_operands(m, n, k, seed=1, device="cuda", groups=groups)
-    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    base, (x, sa, w, sw), out = layer_gemm(m, n, k, groups)
     copy_us = SameTrafficCopy(timer, "cuda").ms(w.numel()) * 1e3
     res = {"layer": name, "m": m, "rule": str((base.bm, base.bn, base.split_k, base.n_stages)),
            "copy_us": round(copy_us, 2)}
@@ -135,14 +136,13 @@ def config_sweep(name, n, k, groups, m, timer, split_forms=False):
         for bn in sorted({base.bn, max(32, base.bn // 2), min(128, base.bn * 2)}):
             seen = set()
             for cap in (0, 32, 64, 96):
-                stages = max(4, cap * 1024 // (bn * 128)) if cap else 0
-                cfg = replace(base, bn=bn, stages=stages)
                 if (bn, cap) == (base.bn, 0) or groups > 1 and (n // groups) % bn:
                     continue
                 try:
-                    if cfg.stages > cfg.n_stages or cfg.n_stages in seen:
-                        continue
-                except ValueError:  # more stages than fit
+                    cfg = replace(base, bn=bn, stages=max(4, cap * 1024 // (bn * 128)) if cap else 0)
+                except ValueError:  # more stages than fit (the check that cost the first M = 64 run)
+                    continue
+                if cfg.n_stages in seen:
                     continue
                 seen.add(cfg.n_stages)
                 forms.append((f"bn{bn}-cap{cap}-st{cfg.n_stages}", cfg, None))

@@ -150,7 +150,8 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ct
         raise ValueError(f"gemm: {cfg} has a {cfg.bm}-row x tile, for M <= {cfg.bm} only (got M = {m})")
     check_pairs(cfg, n, groups)
     ctas = n_ctas or sm_count(x.device)
-    if cfg.lazy_merge and -(-(-(-m // cfg.bm) * -(-n // cfg.bn) * cfg.split_k) // ctas) > cfg.flag_slots:
+    units = -(-m // cfg.bm) * -(-n // cfg.bn) * cfg.split_k
+    if cfg.lazy_merge and -(-units // ctas) > cfg.flag_slots:
         raise ValueError(f"gemm: {cfg} would give a CTA more than {cfg.flag_slots} work units (M {m}, N {n}, "
                          f"{ctas} CTAs)")
     sa, sw = scales_for_tma(sa, sw, groups)

@@ -37,7 +37,7 @@ def tile_sum_rows(cfg) -> int:
 
 class PersistentGemmSm90:
     """Base of the two kernels. cfg (GemmConfig or Bf16Config) gives bm, bn, group_m, split_k,
-    n_stages, stage_bytes, n_mma_wg and reg_split."""
+    n_stages, stage_bytes, n_mma_wg, reg_split and flag_slots."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -47,7 +47,7 @@ class PersistentGemmSm90:
         `buffers` in order (name=(dtype, layout, alignment): cosize(layout) elements). The stage
         count comes from an estimate (cfg.n_stages); the compile proves the storage fits."""
         fields = {"bars": cute.struct.MemRange[cutlass.Int64, self.cfg.n_stages * 2],
-                  "flag": cute.struct.MemRange[cutlass.Int32, getattr(self.cfg, "flag_slots", 4)]}
+                  "flag": cute.struct.MemRange[cutlass.Int32, self.cfg.flag_slots]}
         for name, (dtype, layout, align) in buffers.items():
             fields[name] = cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], align]
 
