@@ -78,11 +78,6 @@ class Bf16Config:
             raise ValueError(f"bm {self.bm} x bn {self.bn} leaves room for {self.n_stages} smem stage(s)")
 
     @property
-    def flag_slots(self) -> int:
-        """Split-K arrival flags in shared memory (persistent_sm90.py): the merge of one unit at a time."""
-        return 4
-
-    @property
     def n_mma_wg(self) -> int:
         return self.bm // 64
 

@@ -291,59 +291,46 @@ class Fp8GemmSm90(PersistentGemmSm90):
                         lrows[w, r] = lrows[w, r] % c.bm
 
             g_rd = cutlass.Int32(0)  # K blocks this CTA has consumed (its ring position)
-            flag = st.flag.get_tensor(cute.make_layout((c.flag_slots,)))
+            flag = st.flag.get_tensor(cute.make_layout((4,)))
             slices_done = cutlass.Int32(0)
-            # lazy_merge: pass 0 runs every unit's mainloop and adds its partial to the workspace, without
-            # waiting; pass 1 claims the CTA's tiles at once and stores those it completed (_split_k_claims)
-            for p in cutlass.range_constexpr(2 if c.lazy_merge else 1):
-                if cutlass.const_expr(p == 1):
-                    self._split_k_claims(mCount, flag, epi_bar, step0, units, steps, tiles_m, steps_n, mtid)
-                for u in cutlass.range(step0, units, steps, unroll=1):
-                    tm, tn, ks, t = self._tile_of(u, tiles_m, steps_n)
-                    stores = True
-                    if cutlass.const_expr(CN > 1):
-                        tn = tn * CN + rank
-                        stores = tn < tiles_n  # a pair's second tile past N stores nothing
-                    done = False
-                    if cutlass.const_expr(p == 0):
-                        kb0 = ks * kb_per
-                        kb1 = cutlass.min(kb0 + kb_per, n_kb)
-                        for w in cutlass.range_constexpr(W):
-                            accs[w].fill(0.0)
-                        if cutlass.const_expr(c.chain > 1):
-                            g_rd = self._mainloop_overlapped(ring, mmas, tCrA, tCrB, accs[0], tmps, sSA, sSW, lrows,
-                                                             kb0, kb1, g_rd, (tn % 2) == 1)
-                        else:
-                            g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmps[0], sSA, sSW, lrows, kb0, kb1,
-                                                  g_rd, (tn % 2) == 1)
-                        if cutlass.const_expr(c.lazy_merge):
-                            self._split_k_add(accs[0], mWork, t, mtid)
-                        else:
-                            done = self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid)
-                    else:
-                        done = self._split_k_read(accs[0], mWork, flag[(u - step0) // steps] != 0, t, mtid)
-                    if done:
-                        for w in cutlass.range_constexpr(W):
-                            row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
-                            if row_tile < cute.size(gC, mode=[2]) and stores:  # rows wholly past M store nothing
-                                gC_tile = cute.zipped_divide(gC[(None, None, row_tile, tn)], (c.epi_rows, EPI_N))
-                                bSG_sC, bSG_gC = cpasync.tma_partition(
-                                    tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_tile)
-                                tRS_acc = r2s.retile(accs[w])
-                                for e in cutlass.range_constexpr(n_slices):
-                                    for v in cutlass.range_constexpr(per_slice):
-                                        tRS_f32[v] = tRS_acc[e * per_slice + v]
-                                    tRS_bf16.store(tRS_f32.load().to(cutlass.BFloat16))
-                                    buf = ((slices_done + e) % c.epi_stages) * c.epi_groups + egrp
-                                    cute.copy(r2s, tRS_bf16, tRS_sC[(None, None, None, buf)])
-                                    cute.arch.fence_proxy("async.shared", space="cta")
-                                    store_bar.arrive_and_wait()
-                                    if warp_idx == 4 + 4 * egrp:
-                                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
-                                        store_pipe.producer_commit()
-                                        store_pipe.producer_acquire()
-                                    store_bar.arrive_and_wait()
-                                slices_done = slices_done + n_slices
+            for u in cutlass.range(step0, units, steps, unroll=1):
+                tm, tn, ks, t = self._tile_of(u, tiles_m, steps_n)
+                stores = True
+                if cutlass.const_expr(CN > 1):
+                    tn = tn * CN + rank
+                    stores = tn < tiles_n  # a pair's second tile past N stores nothing
+                kb0 = ks * kb_per
+                kb1 = cutlass.min(kb0 + kb_per, n_kb)
+                for w in cutlass.range_constexpr(W):
+                    accs[w].fill(0.0)
+                if cutlass.const_expr(c.chain > 1):
+                    g_rd = self._mainloop_overlapped(ring, mmas, tCrA, tCrB, accs[0], tmps, sSA, sSW, lrows,
+                                                     kb0, kb1, g_rd, (tn % 2) == 1)
+                else:
+                    g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmps[0], sSA, sSW, lrows, kb0, kb1, g_rd,
+                                          (tn % 2) == 1)
+                if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid):
+                    for w in cutlass.range_constexpr(W):
+                        row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
+                        if row_tile < cute.size(gC, mode=[2]) and stores:  # rows wholly past M store nothing
+                            gC_tile = cute.zipped_divide(gC[(None, None, row_tile, tn)], (c.epi_rows, EPI_N))
+                            bSG_sC, bSG_gC = cpasync.tma_partition(
+                                tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_tile)
+                            tRS_acc = r2s.retile(accs[w])
+                            for e in cutlass.range_constexpr(n_slices):
+                                for v in cutlass.range_constexpr(per_slice):
+                                    tRS_f32[v] = tRS_acc[e * per_slice + v]
+                                tRS_bf16.store(tRS_f32.load().to(cutlass.BFloat16))
+                                buf = ((slices_done + e) % c.epi_stages) * c.epi_groups + egrp
+                                cute.copy(r2s, tRS_bf16, tRS_sC[(None, None, None, buf)])
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                store_bar.arrive_and_wait()
+                                if warp_idx == 4 + 4 * egrp:
+                                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, (0, e))])
+                                    store_pipe.producer_commit()
+                                    store_pipe.producer_acquire()
+                                store_bar.arrive_and_wait()
+                            slices_done = slices_done + n_slices
             store_pipe.producer_tail()
         if cutlass.const_expr(CN > 1):
             # no CTA leaves while its pair may still signal its barriers or write its stages

@@ -149,14 +149,9 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ct
     if m > cfg.bm and cfg.bm < 64:
         raise ValueError(f"gemm: {cfg} has a {cfg.bm}-row x tile, for M <= {cfg.bm} only (got M = {m})")
     check_pairs(cfg, n, groups)
-    ctas = n_ctas or sm_count(x.device)
-    units = -(-m // cfg.bm) * -(-n // cfg.bn) * cfg.split_k
-    if cfg.lazy_merge and -(-units // ctas) > cfg.flag_slots:
-        raise ValueError(f"gemm: {cfg} would give a CTA more than {cfg.flag_slots} work units (M {m}, N {n}, "
-                         f"{ctas} CTAs)")
     sa, sw = scales_for_tma(sa, sw, groups)
     work, count = workspace(cfg, m, n, x.device)
-    compiled(x, sa, w, sw, out, work, count, n // groups, ctas)
+    compiled(x, sa, w, sw, out, work, count, n // groups, n_ctas or sm_count(x.device))
     return out
 
 

@@ -37,7 +37,7 @@ def tile_sum_rows(cfg) -> int:
 
 class PersistentGemmSm90:
     """Base of the two kernels. cfg (GemmConfig or Bf16Config) gives bm, bn, group_m, split_k,
-    n_stages, stage_bytes, n_mma_wg, reg_split and flag_slots."""
+    n_stages, stage_bytes, n_mma_wg and reg_split."""
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -47,7 +47,7 @@ class PersistentGemmSm90:
         `buffers` in order (name=(dtype, layout, alignment): cosize(layout) elements). The stage
         count comes from an estimate (cfg.n_stages); the compile proves the storage fits."""
         fields = {"bars": cute.struct.MemRange[cutlass.Int64, self.cfg.n_stages * 2],
-                  "flag": cute.struct.MemRange[cutlass.Int32, self.cfg.flag_slots]}
+                  "flag": cute.struct.MemRange[cutlass.Int32, 4]}
         for name, (dtype, layout, align) in buffers.items():
             fields[name] = cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], align]
 
@@ -135,42 +135,6 @@ class PersistentGemmSm90:
             return True
         return self._split_k_merge(acc, mWork, mCount, flag, epi_bar, t, mtid)
 
-    def _holds_rows(self, mtid):
-        """Whether consumer thread mtid holds rows of the tile: a small x tile (bm 16 / 32) keeps the
-        m64 fragment, whose warps past bm / 16 hold none."""
-        if cutlass.const_expr(self.cfg.bm < 64):
-            return mtid // 32 < self.cfg.bm // 16
-        return True
-
-    def _work_base(self, t, mtid):
-        """Thread mtid's first element of tile t's fp32 sum in the split-K workspace, laid out
-        [tile][element of the thread's fragment][thread] (coalesced)."""
-        return t * (tile_sum_rows(self.cfg) * self.cfg.bn) + mtid
-
-    @cute.jit
-    def _split_k_add(self, acc, mWork, t, mtid):
-        """Add this slice's fp32 partial into tile t's workspace with red.global.add (fire and forget)."""
-        nthr = 128 * self.cfg.n_mma_wg
-        base = self._work_base(t, mtid)
-        if self._holds_rows(mtid):
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                cute.arch.red(mWork.iterator + (base + i * nthr), acc[i], op="add", dtype=cutlass.Float32,
-                              sem="relaxed", scope="gpu")
-
-    @cute.jit
-    def _split_k_read(self, acc, mWork, last, t, mtid) -> cutlass.Boolean:
-        """The last slice of tile t (`last`, after its arrival was counted) reads the sum back into acc
-        and zeroes the workspace for the next call. Returns last."""
-        nthr = 128 * self.cfg.n_mma_wg
-        base = self._work_base(t, mtid)
-        if last and self._holds_rows(mtid):
-            cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = mWork[base + i * nthr]
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                mWork[base + i * nthr] = cutlass.Float32(0.0)
-        return last
-
     @cute.jit
     def _split_k_merge(self, acc, mWork, mCount, flag, epi_bar, t, mtid) -> cutlass.Boolean:
         """Split-K fix-up: every slice adds its fp32 partial into the tile's zeroed workspace with
@@ -178,7 +142,18 @@ class PersistentGemmSm90:
         sum back (one pass, every load in flight at once), zeroes the workspace and the counter for
         the next call, and returns True (it stores the tile). Addition order varies run to run."""
         c = self.cfg
-        self._split_k_add(acc, mWork, t, mtid)
+        per_thread = cute.size(acc)
+        nthr = 128 * c.n_mma_wg
+        # workspace layout: [tile][element of the thread's fragment][thread] (coalesced); a small x
+        # tile (bm 16 / 32) keeps the m64 fragment, whose warps past bm / 16 hold no row of the tile
+        base = t * (tile_sum_rows(c) * c.bn) + mtid
+        holds_rows = True
+        if cutlass.const_expr(c.bm < 64):
+            holds_rows = mtid // 32 < c.bm // 16
+        if holds_rows:
+            for i in cutlass.range_constexpr(per_thread):
+                cute.arch.red(mWork.iterator + (base + i * nthr), acc[i], op="add", dtype=cutlass.Float32,
+                              sem="relaxed", scope="gpu")
         cute.arch.fence_acq_rel_gpu()
         epi_bar.arrive_and_wait()
         if mtid == 0:
@@ -188,26 +163,12 @@ class PersistentGemmSm90:
             if is_last:
                 mCount[t] = cutlass.Int32(0)
         epi_bar.arrive_and_wait()
-        last = self._split_k_read(acc, mWork, flag[0] != 0, t, mtid)
+        last = flag[0] != 0
+        if last and holds_rows:
+            cute.arch.fence_acq_rel_gpu()
+            for i in cutlass.range_constexpr(per_thread):
+                acc[i] = mWork[base + i * nthr]
+            for i in cutlass.range_constexpr(per_thread):
+                mWork[base + i * nthr] = cutlass.Float32(0.0)
         epi_bar.arrive_and_wait()
         return last
-
-    @cute.jit
-    def _split_k_claims(self, mCount, flag, epi_bar, step0, units, steps, tiles_m, tiles_n, mtid):
-        """Lazy merge (GemmConfig.lazy_merge), after every unit of the CTA has added its partial: one
-        fence for all of them, then consumer thread i counts the CTA's i-th unit in (all at once: one
-        round trip, not one a unit) and flag[i] says whether it was that tile's last slice."""
-        c = self.cfg
-        nthr = 128 * c.n_mma_wg
-        cute.arch.fence_acq_rel_gpu()
-        epi_bar.arrive_and_wait()
-        for i in cutlass.range(mtid, c.flag_slots, nthr, unroll=1):
-            u = step0 + i * steps
-            if u < units:
-                _tm, _tn, _ks, t = self._tile_of(u, tiles_m, tiles_n)
-                old = cute.arch.atomic_add(mCount.iterator + t, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-                is_last = old == c.split_k - 1
-                flag[i] = cutlass.Int32(1) if is_last else cutlass.Int32(0)
-                if is_last:
-                    mCount[t] = cutlass.Int32(0)
-        epi_bar.arrive_and_wait()

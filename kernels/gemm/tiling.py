@@ -13,7 +13,6 @@ MAX_STAGES_SMALL_X = 32  # 16 / 32-row x tiles (decode): the ring is the weight 
 ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b")
 SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
 SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
-FLAG_SLOTS = 256  # lazy_merge: the most work units one CTA may take
 
 
 @dataclass(frozen=True)
@@ -44,10 +43,6 @@ class GemmConfig:
     # 2: CTA pairs on adjacent N tiles of one M tile (a 1 x 2 cluster); rank r loads wave r of the
     # shared x tile and multicasts it to both, halving the x bytes each SM pulls from L2 (bm 256)
     cluster_n: int = 1
-    # split-K without a wait a unit: each unit adds its partial and moves on; the CTA counts all its units
-    # in at the end (one round trip) and stores the tiles whose last slice it ran (at most FLAG_SLOTS units
-    # a CTA). Many slices then cost no consumer stall each (the merge a unit costs ~3 us, lesson gemm 15)
-    lazy_merge: bool = False
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
@@ -82,20 +77,12 @@ class GemmConfig:
             raise ValueError(f"chain must be 0 (off), 2, 4 or 8, got {self.chain}")
         if self.chain and not self.chainable:
             raise ValueError("K-block chains run one consumer warpgroup (bm <= 64), bn <= 128, no knock-out")
-        if self.lazy_merge and (self.split_k < 2 or self.cluster_n > 1):
-            raise ValueError("lazy_merge is a split-K schedule (split_k >= 2, single CTAs)")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
             raise ValueError(f"{self.stages} stages of {self.stage_smem_bytes} B do not fit shared memory")
         if self.n_stages < 2:
             raise ValueError(f"bm {self.bm} x bn {self.bn} leaves room for {self.n_stages} smem stage(s)")
-
-    @property
-    def flag_slots(self) -> int:
-        """Split-K arrival flags in shared memory: one (the unit being merged), or one per unit of the
-        CTA under lazy_merge."""
-        return FLAG_SLOTS if self.lazy_merge else 4
 
     @property
     def chainable(self) -> bool:
@@ -163,10 +150,8 @@ class GemmConfig:
 
     @property
     def fixed_bytes(self) -> int:
-        # + barriers and alignment, + the rows past the last stage's small x tile its wgmma reads, + lazy
-        # merge's flags past the 4 the barriers' 2048 B hold
-        return (self.wave_m * EPI_N * 2 * self.epi_stages + 2048 + (self.wave_m - self.x_rows) * KBLOCK
-                + 4 * (self.flag_slots - 4))
+        # + barriers and alignment, + the rows past the last stage's small x tile its wgmma reads
+        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048 + (self.wave_m - self.x_rows) * KBLOCK
 
     @property
     def n_stages(self) -> int:

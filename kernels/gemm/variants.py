@@ -17,8 +17,6 @@ override makes an impossible configuration is UNSUPPORTED there.
     sS              S smem ring stages instead of the rule's
     ring-full       as many stages as fit (v8's decode rings; the rule caps bn <= 64 decode rings at 64 KB of weight)
     bn64-s8         64-column tiles with an 8-stage ring (64 KB of weight in flight)
-    lazy-kS         S K slices a tile with the lazy merge (each unit adds its partial and moves on; one
-                    count of all the CTA's units at the end): the K-split balance without ~3 us a unit
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
     chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8 blocks (0: off)
                     (bm <= 64); chain4-bnB, chain4-bn32-no-split
@@ -54,8 +52,6 @@ KNOBS: dict[str, dict] = {
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "ring-full": {"stages": 0},
-    # split-K without a wait a unit (GemmConfig.lazy_merge): S slices a tile, however many rounds
-    **{f"lazy-k{s}": {"split_k": s, "lazy_merge": True} for s in (2, 4, 8, 16)},
     "bn64-s8": {"bn": 64, "stages": 8},  # the decode ring cap's 64 KB on bn 64 where the rule takes bn 128
     "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
     "bn32-no-split": {"bn": 32, "split_k": 1},

@@ -198,32 +198,6 @@ def test_bn192_is_taken_only_where_its_tiles_stay_inside_a_group():
     check_pairs(GemmConfig(128, 192), 3 * 384, 3)
 
 
-LAZY_CONFIGS = [GemmConfig(16, 64, split_k=4, lazy_merge=True, chain=8, stages=8),
-                GemmConfig(64, 128, split_k=2, lazy_merge=True, chain=4), GemmConfig(128, 128, split_k=3, lazy_merge=True)]
-
-
-@pytest.mark.parametrize("cfg", LAZY_CONFIGS, ids=str)
-def test_lazy_merge_configs_compile_clean(cfg):
-    assert_compiles_clean(compile_gemm, cfg)
-
-
-def test_lazy_merge_is_a_split_k_schedule_with_a_flag_per_unit():
-    from kernels.gemm.glue import run_gemm
-    from kernels.gemm.tiling import FLAG_SLOTS
-
-    for fields in ({"lazy_merge": True}, {"bm": 256, "split_k": 2, "lazy_merge": True}):
-        with pytest.raises(ValueError, match="split"):
-            GemmConfig(**fields)
-    lazy = GemmConfig(16, 64, split_k=4, lazy_merge=True)
-    assert lazy.flag_slots == FLAG_SLOTS and GemmConfig(16, 64, split_k=4).flag_slots == 4
-    assert lazy.fixed_bytes == GemmConfig(16, 64, split_k=4).fixed_bytes + 4 * (FLAG_SLOTS - 4)
-    x, sa, w, sw = _ops(m=1, n=4096, k=512)
-    # 64 tiles x 16 slices on 2 CTAs: 512 units a CTA, more than its flags
-    many = GemmConfig(16, 64, split_k=16, lazy_merge=True)
-    with pytest.raises(ValueError, match="more than 256 work units"):
-        run_gemm(None, many, x, sa, w, sw, torch.empty(1, 4096, dtype=torch.bfloat16), n_ctas=2)
-
-
 def test_decode_rings_of_narrow_tiles_hold_at_most_64_kb_of_weight():
     from kernels.gemm.config import DECODE_RING_BYTES
 

@@ -134,30 +134,3 @@ def test_persistent_few_ctas(cfg):
     run_gemm(compile_gemm(cfg), cfg, x, sa, w, sw, y, n_ctas=8)
     ref = oracle_of(x, sa, w, sw)
     assert ((y.float() - ref).norm() / ref.norm()) < 4e-3
-
-
-LAZY = [GemmConfig(16, 64, split_k=4, lazy_merge=True, chain=8, stages=8), GemmConfig(16, 32, split_k=16, lazy_merge=True),
-        GemmConfig(64, 128, split_k=2, lazy_merge=True, chain=4), GemmConfig(128, 128, split_k=3, lazy_merge=True),
-        GemmConfig(32, 64, split_k=5, lazy_merge=True, stages=3, chain=2)]
-
-
-@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in LAZY for shape in
-                                       [(1, 7168, 2048), (5, 1000, 640), (16, 2056, 4096), (200, 1000, 1024)]
-                                       if shape[0] <= c.bm or c.bm >= 64], ids=str)
-def test_lazy_merge(cfg, m, n, k):
-    """Split-K with the lazy merge: a CTA takes many units (up to 16 slices a tile, several rounds),
-    slices past the last K block add zeros, ragged M / N, and the tile is stored by whichever CTA
-    counted its last slice in, at the end."""
-    _run(m, n, k, cfg)
-
-
-def test_lazy_merge_counters_reset_and_few_ctas():
-    """Two calls on one workspace (the counters and sums left at zero), and 5 CTAs taking every unit."""
-    cfg = GemmConfig(16, 64, split_k=8, lazy_merge=True, chain=8)
-    _run(9, 1024, 4096, cfg, seed=1)
-    _run(9, 1024, 4096, cfg, seed=2)
-    x, sa, w, sw = make_operands(9, 1024, 4096, 4, "cuda")
-    y = torch.empty(9, 1024, dtype=torch.bfloat16, device="cuda")
-    run_gemm(compile_gemm(cfg), cfg, x, sa, w, sw, y, n_ctas=5)  # 128 units a CTA
-    ref = oracle_of(x, sa, w, sw)
-    assert ((y.float() - ref).norm() / ref.norm()) < 4e-3
