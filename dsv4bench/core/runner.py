@@ -43,6 +43,13 @@ MIN_STARTUP_S = 10.0
 POLL_S = 0.25  # how often a wait for the result pipe also checks that the worker is still alive
 LOG_TAIL_BYTES = 2000
 ENV_RESULT_FD, ENV_SWEEP_PID = "DSV4BENCH_RESULT_FD", "DSV4BENCH_SWEEP_PID"
+# a task that failed with one of these left its worker's CUDA context unusable: the worker exits after
+# sending the record, and the runner waits for that exit before the next task goes to a fresh worker
+CUDA_FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "CUDA error", "cudaError")
+
+
+def cuda_context_lost(rec: ResultRecord) -> bool:
+    return rec.status == FAIL_RUNTIME and any(mark in rec.reason for mark in CUDA_FATAL_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -373,6 +380,9 @@ class Runner:
         rec = parse_result(line, task.key)
         if isinstance(rec, str):  # the pipe's framing is lost: this worker's next line cannot be trusted
             return self._give_up(task, FAIL_RUNTIME, rec + "; worker killed", start)
+        if cuda_context_lost(rec):  # it is exiting: the next task must not be sent to it
+            worker.wait_exit(KILL_GRACE_S)
+            self._drop_worker()
         return rec
 
     def _why_ended(self, worker: WorkerProcess) -> str:

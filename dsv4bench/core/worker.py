@@ -29,10 +29,9 @@ from dsv4bench.core.registry import get_family, get_impl
 from dsv4bench.core.results import (
     COMPILED, FAIL_COMPILE, FAIL_LINT, FAIL_NUMERIC, FAIL_RUNTIME, PASS, UNSUPPORTED, ResultRecord,
 )
-from dsv4bench.core.runner import ENV_RESULT_FD, bind_worker_to_sweep
+from dsv4bench.core.runner import ENV_RESULT_FD, bind_worker_to_sweep, cuda_context_lost
 
 CPU_CHECK_MAX_BYTES = 1 << 30
-CUDA_FATAL_MARKERS = ("illegal memory access", "unspecified launch failure", "CUDA error", "cudaError")
 
 
 HOST_BOUND_RATIO, HOST_BOUND_SLACK_US = 2.0, 5.0
@@ -183,7 +182,6 @@ def main() -> None:
             continue
         task = json.loads(line)
         print(f"=== task {task['key']}", flush=True)
-        fatal = False
         try:
             rec = worker.handle(task)
         except Exception as e:
@@ -194,10 +192,9 @@ def main() -> None:
                 params=dict(case.params), seed=case.seed, origin=case.origin, status=FAIL_RUNTIME,
                 reason=f"{type(e).__name__}: {str(e)[:300]}", log=traceback.format_exc()[-2000:],
             )
-            fatal = any(mark in str(e) for mark in CUDA_FATAL_MARKERS)
         out.write(json.dumps(rec.to_json(), default=str) + "\n")
         sys.stdout.flush()
-        if fatal:  # the CUDA context is gone; the parent starts a fresh worker
+        if cuda_context_lost(rec):  # the runner starts the next task in a fresh worker
             sys.exit(3)
 
 

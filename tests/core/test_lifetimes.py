@@ -32,6 +32,8 @@ MARK = "DSV4BENCH_TEST_MARK"  # every process a test starts inherits it: the pro
 #   ok          answer PASS              garbage     write a line that is not JSON
 #   other-task  answer for another task  close       close the result pipe, then hang
 #   hang        start children, hang     crash       start children, exit 7
+#   cuda-fault  answer FAIL_RUNTIME with a CUDA fault's reason, then exit 3 as the real worker does,
+#               after a slow teardown (a real context takes a while to go)
 # "children": a forked child that leaves the group (setsid) and a subprocess left in the group;
 # both inherit nothing that would end them, and never exit on their own.
 FAKE_WORKER = r'''
@@ -47,12 +49,12 @@ if sys.argv[1] == "hang":
 out.write('{"ready": true}\n')
 
 
-def record(task, key):
+def record(task, key, status="PASS", reason=""):
     case = Case.from_json(task["case"])
     return json.dumps(ResultRecord(
         run_id=task["run_id"], task=key, case_id=case.id, family=case.family, impl=task["impl"], backend="",
         arch=task["arch"], mode=task["mode"], device="cpu", params=dict(case.params), seed=case.seed,
-        origin=case.origin, status="PASS").to_json())
+        origin=case.origin, status=status, reason=reason).to_json())
 
 
 def start_children():
@@ -74,6 +76,10 @@ for line in sys.stdin:
         out.write(record(task, task["key"]) + "\n")
     elif behaviour == "other-task":
         out.write(record(task, "someone|else|cpu|check") + "\n")
+    elif behaviour == "cuda-fault":
+        out.write(record(task, task["key"], "FAIL_RUNTIME", "AcceleratorError: CUDA error: an illegal memory access") + "\n")
+        time.sleep(1.0)
+        sys.exit(3)
     elif behaviour == "garbage":
         out.write("Traceback (most recent call last): not a record\n")
     elif behaviour == "close":
@@ -232,6 +238,16 @@ def test_a_dead_worker_takes_its_children_along(tmp_path, mark, fake_worker):
     assert time.monotonic() - t0 < 15
     assert (crash.status, crash.reason) == ("FAIL_RUNTIME", "worker died (exit 7)")
     assert ok.status == "PASS"  # in a fresh worker
+    assert_none_left(mark)
+
+
+@pytest.mark.timeout(60)
+def test_a_cuda_fault_fails_its_task_only(tmp_path, mark, fake_worker):
+    """The worker answers a task that lost its CUDA context and then exits: the runner waits for that
+    exit instead of handing the next task to the dying worker (which recorded it "worker died (exit 3)")."""
+    fault, ok = sweep(tmp_path, ["cuda-fault", "ok"], timeout=30)
+    assert (fault.status, fault.reason) == ("FAIL_RUNTIME", "AcceleratorError: CUDA error: an illegal memory access")
+    assert (ok.status, ok.reason) == ("PASS", "")
     assert_none_left(mark)
 
 
