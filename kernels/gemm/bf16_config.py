@@ -78,6 +78,11 @@ class Bf16Config:
             raise ValueError(f"bm {self.bm} x bn {self.bn} leaves room for {self.n_stages} smem stage(s)")
 
     @property
+    def cluster_k(self) -> bool:
+        """Split-K clusters (GemmConfig.cluster_k) are the FP8 kernel's: the bf16 one merges in global memory."""
+        return False
+
+    @property
     def n_mma_wg(self) -> int:
         return self.bm // 64
 

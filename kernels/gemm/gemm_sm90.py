@@ -131,9 +131,10 @@ class Fp8GemmSm90(PersistentGemmSm90):
             tiled_mma, mma_acc, epi_mma, sA_layout, sA_tma_layout, sB_layout, sC_layout, sSA_layout, sSW_layout,
             Storage,
         ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream,
-                 # only pairs launch as clusters: single CTAs launched with a 1 x 1 x 1 cluster ran
-                 # 128 x 128 tiles 27% slower (same SASS; docs/lessons/gemm.md)
-                 **({"cluster": [c.cluster_n, 1, 1]} if c.cluster_n > 1 else {}))
+                 # only pairs and split-K clusters launch as clusters: single CTAs launched with a 1 x 1 x 1
+                 # cluster ran 128 x 128 tiles 27% slower (same SASS; docs/lessons/gemm.md)
+                 **({"cluster": [c.cluster_n, 1, 1]} if c.cluster_n > 1 else
+                    {"cluster": [c.split_k, 1, 1]} if c.cluster_k else {}))
 
     @cute.kernel
     def kernel(
@@ -215,7 +216,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         units = tiles_m * steps_n * c.split_k
         kb_per = (n_kb + c.split_k - 1) // c.split_k
 
-        pipeline_init_wait(cluster_shape_mn=(1, CN))
+        pipeline_init_wait(cluster_shape_mn=self.cluster_shape(CN))
 
         if wg == 0:
             # ---------------- producer: one warp issues the TMA loads ----------------
@@ -309,7 +310,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 else:
                     g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmps[0], sSA, sSW, lrows, kb0, kb1, g_rd,
                                           (tn % 2) == 1)
-                if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid):
+                if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid, st, ks):
                     for w in cutlass.range_constexpr(W):
                         row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
                         if row_tile < cute.size(gC, mode=[2]) and stores:  # rows wholly past M store nothing

@@ -90,7 +90,7 @@ _WORK: dict = {}
 def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K fp32 tile sums and per-tile counters (zeroed once; the kernel leaves them at zero)."""
     tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
-    need_w = tiles * tile_sum_rows(cfg) * cfg.bn if cfg.split_k > 1 else 4
+    need_w = tiles * tile_sum_rows(cfg) * cfg.bn if cfg.split_k > 1 and not cfg.cluster_k else 4
     key = (str(device),)
     work, count = _WORK.get(key, (None, None))
     if work is None or work.numel() < need_w:
@@ -149,10 +149,19 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ct
     if m > cfg.bm and cfg.bm < 64:
         raise ValueError(f"gemm: {cfg} has a {cfg.bm}-row x tile, for M <= {cfg.bm} only (got M = {m})")
     check_pairs(cfg, n, groups)
+    ctas = n_ctas or sm_count(x.device)
+    check_cluster_round(cfg, m, n, ctas)
     sa, sw = scales_for_tma(sa, sw, groups)
     work, count = workspace(cfg, m, n, x.device)
-    compiled(x, sa, w, sw, out, work, count, n // groups, n_ctas or sm_count(x.device))
+    compiled(x, sa, w, sw, out, work, count, n // groups, ctas)
     return out
+
+
+def check_cluster_round(cfg: GemmConfig, m: int, n: int, ctas: int) -> None:
+    """A split-K cluster merges once: every slice of every tile must be resident in one round."""
+    units = -(-m // cfg.bm) * -(-n // cfg.bn) * cfg.split_k
+    if cfg.cluster_k and units > ctas // cfg.split_k * cfg.split_k:
+        raise ValueError(f"gemm: {cfg} needs {units} CTAs in one round (M {m}, N {n}), more than {ctas}")
 
 
 def pairs_share_x(cfg: GemmConfig, n: int, groups: int = 1) -> bool:

@@ -48,6 +48,9 @@ class PersistentGemmSm90:
         count comes from an estimate (cfg.n_stages); the compile proves the storage fits."""
         fields = {"bars": cute.struct.MemRange[cutlass.Int64, self.cfg.n_stages * 2],
                   "flag": cute.struct.MemRange[cutlass.Int32, 4]}
+        if self.cfg.cluster_k:  # the split-K cluster's merge: its mbarrier and the partials it counts
+            fields["merge_bar"] = cute.struct.MemRange[cutlass.Int64, 1]
+            fields["parts"] = cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.cfg.partial_floats], 16]
         for name, (dtype, layout, align) in buffers.items():
             fields[name] = cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], align]
 
@@ -67,6 +70,8 @@ class PersistentGemmSm90:
         n = cute.size(mB, mode=[0])
         pairs_n = ((n + c.bn - 1) // c.bn + cluster_n - 1) // cluster_n  # N tiles per cluster step
         units = ((m + c.bm - 1) // c.bm) * pairs_n * c.split_k
+        if cutlass.const_expr(c.cluster_k):  # whole clusters of a tile's slices (run_gemm: one round)
+            return cutlass.min(units, n_ctas // c.split_k * c.split_k)
         return cutlass.min(units, n_ctas // cluster_n) * cluster_n
 
     def _stages(self, Storage, sA_layout, sB_layout, cluster_n: int = 1):
@@ -77,10 +82,18 @@ class PersistentGemmSm90:
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
         ring = tma_ring(st.bars.data_ptr(), c.n_stages, c.n_mma_wg * 4, c.stage_bytes, cluster_n=cluster_n)
-        pipeline_init_arrive(cluster_shape_mn=(1, cluster_n), is_relaxed=True)
+        if c.cluster_k:  # the cluster-wide arrive below publishes the init before any slice can send
+            self._init_merge_bar(st.merge_bar.data_ptr())
+        pipeline_init_arrive(cluster_shape_mn=self.cluster_shape(cluster_n), is_relaxed=True)
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         return st, ring, sA, sB
+
+    @cute.jit
+    def _init_merge_bar(self, bar):
+        """One arrive completes a split-K cluster's merge phase: the first slice's, with the partials' bytes."""
+        if cute.arch.thread_idx()[0] == 0:
+            cute.arch.mbarrier_init(bar, 1)
 
     @cute.jit
     def _tile_of(self, u, tiles_m, tiles_n):
@@ -128,12 +141,52 @@ class PersistentGemmSm90:
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         return mtid, thr_mma, tCrA, tCrB
 
-    def _tile_done(self, acc, mWork, mCount, flag, epi_bar, t, mtid):
-        """Whether this unit stores its tile: always without split-K; else after `_split_k_merge`,
-        the last slice to arrive (acc then holds the tile's sum)."""
+    def cluster_shape(self, cluster_n: int = 1) -> tuple[int, int]:
+        """The (m, n) cluster shape the pipeline init syncs over: a split-K cluster's slices, or a pair."""
+        return (self.cfg.split_k, 1) if self.cfg.cluster_k else (1, cluster_n)
+
+    def _tile_done(self, acc, mWork, mCount, flag, epi_bar, t, mtid, st=None, ks=None):
+        """Whether this unit stores its tile: always without split-K; else after the merge (acc then
+        holds the tile's sum): `_cluster_merge`'s first slice, or `_split_k_merge`'s last to arrive."""
         if self.cfg.split_k == 1:
             return True
+        if self.cfg.cluster_k:
+            return self._cluster_merge(acc, st, ks, mtid)
         return self._split_k_merge(acc, mWork, mCount, flag, epi_bar, t, mtid)
+
+    @cute.jit
+    def _cluster_merge(self, acc, st, ks, mtid) -> cutlass.Boolean:
+        """Split-K fix-up inside a cluster (GemmConfig.cluster_k): slice ks > 0 sends the fp32 partial
+        its threads hold into slot ks - 1 of the first slice's shared memory (st.async.shared::cluster,
+        16 bytes a store, each completing its bytes on the first slice's merge barrier) and is done;
+        the first slice arms that barrier with all the slots' bytes, waits for them and adds them in
+        slot order (the same order every run). Slot layout [4-value group][thread][4] (coalesced)."""
+        c = self.cfg
+        per_thread = cute.size(acc)
+        holders = c.bm * c.bn // per_thread  # threads holding rows of the tile (a 16 / 32-row x tile: bm / 16 warps)
+        slot = c.bm * c.bn
+        holds_rows = True
+        if cutlass.const_expr(c.bm < 64):
+            holds_rows = mtid // 32 < c.bm // 16
+        bar = st.merge_bar.data_ptr()
+        parts = st.parts.get_tensor(cute.make_layout((c.partial_floats,)))
+        first = ks == 0
+        if first:
+            if mtid == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(bar, c.partial_floats * 4)
+            cute.arch.mbarrier_wait(bar, 0)
+            if holds_rows:
+                for s in cutlass.range_constexpr(c.split_k - 1):
+                    for i in cutlass.range_constexpr(per_thread):
+                        acc[i] = acc[i] + parts[s * slot + (i // 4) * holders * 4 + mtid * 4 + i % 4]
+        elif holds_rows:
+            words = cute.recast_tensor(acc, cutlass.Int32)
+            base = (ks - 1) * slot + mtid * 4
+            for g in cutlass.range_constexpr(per_thread // 4):
+                dst = parts.iterator + cute.assume(base + g * holders * 4, divby=4)  # 16-byte stores
+                cute.arch.store_async_dsmem(dst, (words[4 * g], words[4 * g + 1], words[4 * g + 2], words[4 * g + 3]),
+                                            bar, 0)
+        return first
 
     @cute.jit
     def _split_k_merge(self, acc, mWork, mCount, flag, epi_bar, t, mtid) -> cutlass.Boolean:

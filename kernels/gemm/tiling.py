@@ -13,6 +13,7 @@ MAX_STAGES_SMALL_X = 32  # 16 / 32-row x tiles (decode): the ring is the weight 
 ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b")
 SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
 SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
+MAX_CLUSTER = 8  # the portable cluster size: a split-K cluster's slices
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,11 @@ class GemmConfig:
     # 2: CTA pairs on adjacent N tiles of one M tile (a 1 x 2 cluster); rank r loads wave r of the
     # shared x tile and multicasts it to both, halving the x bytes each SM pulls from L2 (bm 256)
     cluster_n: int = 1
+    # split-K slices of one tile launched as one cluster (split_k CTAs, 2-8): each slice but the first
+    # sends its fp32 partial into the first's shared memory (st.async over DSMEM, counted on an
+    # mbarrier there), which adds them and stores the tile; no global workspace, no counter round
+    # trips. One round only: the tiles x slices CTAs must all fit the grid (run_gemm checks)
+    cluster_k: bool = False
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
@@ -71,6 +77,9 @@ class GemmConfig:
             raise ValueError(f"cluster_n must be 1 or 2, got {self.cluster_n}")
         if self.cluster_n == 2 and (self.waves != 2 or self.split_k > 1 or self.ablate == "half-a"):
             raise ValueError("a CTA pair multicasts one x wave each: bm 256, no split-K")
+        if self.cluster_k and not (2 <= self.split_k <= MAX_CLUSTER and self.cluster_n == 1 and self.waves == 1):
+            raise ValueError(f"a split-K cluster takes 2-{MAX_CLUSTER} slices of a one-wave tile and no CTA pair, "
+                             f"got split_k {self.split_k}, bm {self.bm}, cluster_n {self.cluster_n}")
         if self.unroll not in (1, 2, 4, 8):
             raise ValueError(f"unroll must be 1, 2, 4 or 8, got {self.unroll}")
         if self.chain not in (0, 2, 4, 8):
@@ -150,8 +159,16 @@ class GemmConfig:
 
     @property
     def fixed_bytes(self) -> int:
-        # + barriers and alignment, + the rows past the last stage's small x tile its wgmma reads
-        return self.wave_m * EPI_N * 2 * self.epi_stages + 2048 + (self.wave_m - self.x_rows) * KBLOCK
+        # + barriers and alignment, + the rows past the last stage's small x tile its wgmma reads,
+        # + a split-K cluster's partials
+        return (self.wave_m * EPI_N * 2 * self.epi_stages + 2048 + (self.wave_m - self.x_rows) * KBLOCK
+                + self.partial_floats * 4)
+
+    @property
+    def partial_floats(self) -> int:
+        """fp32 a split-K cluster's first CTA receives: a bm x bn partial from each other slice (the
+        threads holding the tile's rows send their accumulator fragments)."""
+        return (self.split_k - 1) * self.bm * self.bn if self.cluster_k else 0
 
     @property
     def n_stages(self) -> int:

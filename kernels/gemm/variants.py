@@ -15,6 +15,8 @@ override makes an impossible configuration is UNSUPPORTED there.
     bm64-bnB-kS     64 x B tiles in S slices at any M (the rule takes bm 64 only up to M = 128)
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
     sS              S smem ring stages instead of the rule's
+    ck, ckS         split-K slices of a tile as one cluster merging in shared memory (GemmConfig.cluster_k):
+                    the rule's slices, or S = 2, 4, 8; bn64-ck8 / bn128-ck8 with those columns
     ring-full       as many stages as fit (v8's decode rings; the rule caps bn <= 64 decode rings at 64 KB of weight)
     bn64-s8         64-column tiles with an 8-stage ring (64 KB of weight in flight)
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
@@ -40,7 +42,8 @@ from dataclasses import replace
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import register_impl
 from kernels.gemm.family import GemmCuteDSL
-from kernels.gemm.glue import groups_of, pairs_share_x
+from kernels.gemm.config import H100_SMS
+from kernels.gemm.glue import check_cluster_round, groups_of, pairs_share_x
 from kernels.gemm.tiling import GemmConfig
 from kernels.knobs import ConfigKnobs
 
@@ -52,6 +55,10 @@ KNOBS: dict[str, dict] = {
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "ring-full": {"stages": 0},
+    "ck": {"cluster_k": True},
+    **{f"ck{s}": {"split_k": s, "cluster_k": True} for s in (2, 4, 8)},
+    "bn64-ck8": {"bn": 64, "split_k": 8, "cluster_k": True, "stages": 8},  # the 64 KB decode ring
+    "bn128-ck8": {"bn": 128, "split_k": 8, "cluster_k": True, "stages": 0},
     "bn64-s8": {"bn": 64, "stages": 8},  # the decode ring cap's 64 KB on bn 64 where the rule takes bn 128
     "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
     "bn32-no-split": {"bn": 32, "split_k": 1},
@@ -85,6 +92,7 @@ class GemmKnob(ConfigKnobs, GemmCuteDSL):
         cfg = replace(GemmCuteDSL.config(self, case), **knobs)
         if not pairs_share_x(cfg, case["n"], groups_of(case)):
             raise ValueError(f"a CTA pair's two N tiles would straddle a weight group of {case['n'] // groups_of(case)}")
+        check_cluster_round(cfg, case["m"], case["n"], H100_SMS)  # the rule's part
         return cfg
 
 

@@ -9,7 +9,7 @@ import torch
 from kernels.gemm.config import H100_SMS, choose_config, cost
 from kernels.gemm.persistent_sm90 import tile_sum_rows
 from kernels.gemm.tiling import SCALE_BOX, SMEM_BYTES, GemmConfig
-from kernels.gemm.glue import check_operands, compile_gemm, make_operands, oracle_of, scales_for_tma
+from kernels.gemm.glue import check_cluster_round, check_operands, compile_gemm, make_operands, oracle_of, scales_for_tma
 from oracles.linear import grouped_linear
 from sweeps.gemm import LAYERS, TOKENS
 from tests.gemm.tile_rule_checks import assert_no_worse_than_plain_tiles
@@ -43,6 +43,8 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     ({"bm": 96}, "bm must be"), ({"bm": 256, "split_k": 2}, "split-K takes one wave"),
     ({"bm": 256, "bn": 128, "stages": 6}, "do not fit"), ({"bn": 96}, "bn must be"),
     ({"bm": 256, "bn": 192}, "bn 192 takes one wave"), ({"unroll": 3}, "unroll must be"),
+    ({"cluster_k": True}, "split-K cluster takes 2-8 slices"), ({"cluster_k": True, "split_k": 9}, "2-8 slices"),
+    ({"bm": 64, "bn": 128, "split_k": 8, "cluster_k": True}, "do not fit|leaves room"),
 ])
 def test_config_rejects_impossible_tiles(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -114,6 +116,26 @@ RULE_CONFIGS = sorted({choose_config(m, n, k) for _, _, n, k, _ in LAYERS for m 
 @pytest.mark.parametrize("cfg", RULE_CONFIGS, ids=str)
 def test_every_rule_config_compiles_without_spills_or_serialised_wgmma(cfg):
     assert_compiles_clean(compile_gemm, cfg)
+
+
+CLUSTER_CONFIGS = [GemmConfig(16, 32, split_k=8, cluster_k=True, chain=8, stages=16),
+                   GemmConfig(64, 64, split_k=5, cluster_k=True, chain=8, stages=8),
+                   GemmConfig(128, 64, split_k=2, cluster_k=True)]
+
+
+@pytest.mark.parametrize("cfg", CLUSTER_CONFIGS, ids=str)
+def test_split_k_clusters_compile_without_spills_or_serialised_wgmma(cfg):
+    assert_compiles_clean(compile_gemm, cfg)
+
+
+def test_split_k_clusters_take_their_partials_from_shared_memory_and_one_round():
+    cfg = GemmConfig(16, 32, split_k=8, cluster_k=True)
+    assert cfg.partial_floats == 7 * 16 * 32 and cfg.fixed_bytes == GemmConfig(16, 32, split_k=8).fixed_bytes + 7 * 2048
+    check_cluster_round(cfg, 1, 512, 132)  # 16 tiles x 8 slices = 128 CTAs
+    with pytest.raises(ValueError, match="needs 136 CTAs in one round"):
+        check_cluster_round(cfg, 1, 544, 132)
+    with pytest.raises(ValueError, match="needs 128 CTAs in one round"):
+        check_cluster_round(cfg, 1, 512, 127)  # 15 whole clusters
 
 
 @pytest.mark.parametrize("k,groups", [(384, 1), (640, 3), (1024, 2)])

@@ -125,6 +125,27 @@ def test_split_k_counters_reset():
         _run(m, 512, 4096, cfg, seed=2)
 
 
+CLUSTERS = [GemmConfig(16, 32, split_k=8, cluster_k=True, chain=8), GemmConfig(16, 64, split_k=3, cluster_k=True),
+            GemmConfig(32, 128, split_k=2, cluster_k=True, chain=4), GemmConfig(64, 64, split_k=5, cluster_k=True, chain=8),
+            GemmConfig(64, 32, split_k=4, cluster_k=True), GemmConfig(128, 64, split_k=2, cluster_k=True)]
+CLUSTER_SHAPES = [(1, 512, 4096), (5, 136, 1024), (16, 1000, 640), (17, 512, 384), (64, 264, 7168), (100, 200, 2048)]
+
+
+def _fits(cfg, m, n) -> bool:
+    """A 16 / 32-row x tile holds M, and every slice of every tile runs in one round of the H100's 132 CTAs."""
+    return (m <= cfg.bm or cfg.bm >= 64) and -(-m // cfg.bm) * -(-n // cfg.bn) * cfg.split_k <= 132
+
+
+@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in CLUSTERS for shape in CLUSTER_SHAPES
+                                       if _fits(c, *shape[:2])], ids=str)
+def test_split_k_clusters(cfg, m, n, k):
+    """Split-K slices as one cluster, merged in the first slice's shared memory: 2-8 slices, slices
+    past the last K block (K of 3 / 5 blocks in 8 slices send zeros), ragged M / N, several M tiles,
+    16-row tiles whose idle warps send nothing, two consumer warpgroups (bm 128)."""
+    _run(m, n, k, cfg)
+    _run(m, n, k, cfg, seed=1)  # a second launch: the merge barrier starts afresh
+
+
 @pytest.mark.parametrize("cfg", [GemmConfig(128, 128), GemmConfig(256, 128, cluster_n=2), GemmConfig(128, 192)],
                          ids=str)
 def test_persistent_few_ctas(cfg):
