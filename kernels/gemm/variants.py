@@ -16,7 +16,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
     sS              S smem ring stages instead of the rule's
     ck, ckS         split-K slices of a tile as one cluster merging in shared memory (GemmConfig.cluster_k):
-                    the rule's slices, or S = 2, 4, 8; bn64-ck8 / bn128-ck8 with those columns
+                    the rule's slices, or S = 2, 3, 4, 8; bn32-ckS (S 2-4), bn64-ckS (2, 3, 4, 8), bn128-ck8
     ring-full       as many stages as fit (v8's decode rings; the rule caps bn <= 64 decode rings at 64 KB of weight)
     bn64-s8         64-column tiles with an 8-stage ring (64 KB of weight in flight)
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
@@ -56,8 +56,10 @@ KNOBS: dict[str, dict] = {
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "ring-full": {"stages": 0},
     "ck": {"cluster_k": True},
-    **{f"ck{s}": {"split_k": s, "cluster_k": True} for s in (2, 4, 8)},
-    "bn64-ck8": {"bn": 64, "split_k": 8, "cluster_k": True, "stages": 8},  # the 64 KB decode ring
+    **{f"ck{s}": {"split_k": s, "cluster_k": True} for s in (2, 3, 4, 8)},
+    **{f"bn32-ck{s}": {"bn": 32, "split_k": s, "cluster_k": True, "stages": 16} for s in (2, 3, 4)},
+    # the 64 KB decode ring (16 / 8 stages of bn 32 / 64)
+    **{f"bn64-ck{s}": {"bn": 64, "split_k": s, "cluster_k": True, "stages": 8} for s in (2, 3, 4, 8)},
     "bn128-ck8": {"bn": 128, "split_k": 8, "cluster_k": True, "stages": 0},
     "bn64-s8": {"bn": 64, "stages": 8},  # the decode ring cap's 64 KB on bn 64 where the rule takes bn 128
     "bn64-no-split": {"bn": 64, "split_k": 1},  # DeepGEMM's decode pick for the largest weights
