@@ -13,6 +13,8 @@ the time its busiest CTA needs, and the cheapest wins (ties: the larger tile, th
     pull(bm, bn) = stages(bm, bn) * bn * 128 / DRAM_LATENCY_CLK   (one CTA's weight bytes in flight)
     cost        = rounds * (K blocks per slice * per K block + UNIT_CLK
                             (+ bm * bn * 4 / SPLIT_BYTES_PER_CLK when split: the fp32 partial's fix-up))
+    clustered split (bm <= 64, v10): per K block + CLUSTER_KB_CLK, fix-up CLUSTER_SLOT_CLK * (slices - 1),
+                  at most MAX_CLUSTER_SPLIT slices and only as many clusters as stay resident
 
 Prefill (large M) is bound by the tensor core and the L2 in the model: it prefers bm = 256 (two
 waves of 128 rows, 3/4 of the L2 bytes per flop of 128 x 128) whenever the tiles fill the SMs, and
@@ -75,6 +77,20 @@ CHAIN = 8
 # fit (13-32). Deeper rings ran 2-8% slower on the large decode weights (H100, one process, M 1 / 64,
 # docs/perf/gemm.md v9; lessons/gemm.md 15); bn 128's rings (8-11 stages) were level with 4-6.
 DECODE_RING_BYTES = 64 * 1024
+# split-K of tiles up to 64 rows runs as clusters of its slices merging in shared memory
+# (GemmConfig.cluster_k): clusters of S CTAs that an H100 keeps resident at once (1 CTA an SM;
+# cudaOccupancyMaxActiveClusters on the lent H100 SXM, benchmarks/results/gemm/...-cluster-split:
+# S 8 takes 15, so 16 clusters of 8 ran a second wave, 1.1x slower than the global fix-up). The
+# merge costs the first slice a wait and a read per other slice: CLUSTER_SLOT_CLK each (fitted to
+# that run's 2-8-slice variants on the four split layers at M 1 / 8 / 64)
+CLUSTERS_RESIDENT = {2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15}
+CLUSTER_SLOT_CLK = 300
+# and each K block of a clustered slice CLUSTER_KB_CLK over the stream's share (fewer, wider slices won:
+# 64 x 4 beat 32 x 2 at pro.wq_a by 7-9%); any of 150-600 / 100-400 picks within 0.3% of the fastest
+# measured form on all 12 shapes. Clusters of more than 4 slices ran slower even where resident (bn 64,
+# 8 slices: 8% over 4)
+CLUSTER_KB_CLK = 200
+MAX_CLUSTER_SPLIT = 4
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -89,6 +105,12 @@ def row_tiles(m: int, min_rows: int = 16) -> tuple[int, ...]:
     return (128, 64) if m <= 128 else (256, 128)
 
 
+def clustered(bm: int, split: int) -> bool:
+    """Whether the rule runs a split as clusters merging in shared memory: tiles of up to 64 rows
+    (a bm x bn fp32 partial per slice fits beside the ring); taller tiles merge in global memory."""
+    return split > 1 and bm <= 64
+
+
 def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_SMS) -> float:
     """Modelled clocks of the busiest CTA (see the module docstring)."""
     kb = k // KBLOCK
@@ -97,8 +119,18 @@ def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_S
     dram = min(cta_pull(bm, bn), DRAM_BYTES_PER_CLK / sms)
     per_kb = max(2 * bm * bn * KBLOCK / FP8_FLOPS_PER_CLK, (bm + bn) * KBLOCK / L2_BYTES_PER_CLK,
                  bn * KBLOCK / dram if tiles_m == 1 else 0.0)
-    fixup = bm * bn * 4 / SPLIT_BYTES_PER_CLK if split > 1 else 0.0
+    fixup = 0.0
+    if clustered(bm, split):
+        fixup = CLUSTER_SLOT_CLK * (split - 1)
+        per_kb += CLUSTER_KB_CLK
+    elif split > 1:
+        fixup = bm * bn * 4 / SPLIT_BYTES_PER_CLK
     return _cdiv(units, sms) * (_cdiv(kb, split) * per_kb + UNIT_CLK + fixup)
+
+
+def clusters_fit(tiles: int, split: int, sms: int = H100_SMS) -> bool:
+    """A clustered split's tiles (one cluster each) all resident at once, and its config in shared memory."""
+    return split <= MAX_CLUSTER_SPLIT and tiles <= CLUSTERS_RESIDENT[split] * sms // H100_SMS
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,10 +139,18 @@ def cta_pull(bm: int, bn: int) -> float:
     return ring_stages(bm, bn) * bn * KBLOCK / DRAM_LATENCY_CLK
 
 
-def ring_stages(bm: int, bn: int) -> int:
-    """The rule's ring depth: as many stages as fit, but a decode tile of bn <= 64 holds at most
-    DECODE_RING_BYTES of weight (still above the SM's share of the stream: the cap never binds cost())."""
-    fit = GemmConfig(bm=bm, bn=bn).n_stages
+def _fits(bm: int, bn: int, split: int) -> bool:
+    try:
+        return GemmConfig(bm=bm, bn=bn, split_k=split, cluster_k=clustered(bm, split)).n_stages >= 4
+    except ValueError:
+        return False
+
+
+def ring_stages(bm: int, bn: int, split: int = 1) -> int:
+    """The rule's ring depth: as many stages as fit (beside a clustered split's partials), but a decode
+    tile of bn <= 64 holds at most DECODE_RING_BYTES of weight (still above the SM's share of the
+    stream: the cap never binds cost())."""
+    fit = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_k=clustered(bm, split)).n_stages
     if bm <= 64 and bn <= 64:
         return min(fit, DECODE_RING_BYTES // (bn * KBLOCK))
     return fit
@@ -129,7 +169,8 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]
             if bm <= 128 and tiles < sms:  # split-K only to fill idle SMs, and one wave per tile
-                splits += [s for s in range(2, MAX_SPLIT + 1) if kb // s >= MIN_KB_PER_SLICE and tiles * s <= sms]
+                splits += [s for s in range(2, MAX_SPLIT + 1) if kb // s >= MIN_KB_PER_SLICE and tiles * s <= sms
+                           and (not clustered(bm, s) or clusters_fit(tiles, s, sms) and _fits(bm, bn, s))]
             for s in splits:
                 yield bm, bn, s
 
@@ -156,8 +197,8 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
     # where the tile can (GemmConfig.chainable), K blocks in chains of 8 (v8: 3-5% faster at M 1 / 8 / 64
     # than unchained, 1-3% than chains of 2 / 4)
-    cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1)
-    stages = ring_stages(bm, bn)
+    cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, cluster_k=clustered(bm, split))
+    stages = ring_stages(bm, bn, split)
     if stages < cfg.n_stages:
         cfg = replace(cfg, stages=stages)
     return replace(cfg, chain=CHAIN) if cfg.chainable else cfg

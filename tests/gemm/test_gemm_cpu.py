@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.gemm.config import H100_SMS, choose_config, cost
+from kernels.gemm.config import CLUSTERS_RESIDENT, H100_SMS, choose_config, cost
 from kernels.gemm.persistent_sm90 import tile_sum_rows
 from kernels.gemm.tiling import SCALE_BOX, SMEM_BYTES, GemmConfig
 from kernels.gemm.glue import check_cluster_round, check_operands, compile_gemm, make_operands, oracle_of, scales_for_tma
@@ -20,14 +20,17 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
     # prefill: tiles fill the SMs -> 256 x 128; too few wide tiles -> 128 x 128
     assert (choose_config(4096, 7168, 16384).bm, choose_config(4096, 7168, 16384).bn) == (256, 128)
     assert choose_config(4096, 512, 4096).bm == 128
-    # decode: one M tile, the smallest x tile holding M, K blocks chained; the weight is spread over
-    # the SMs in one round (split-K when N gives few tiles)
+    # decode: one M tile, the smallest x tile holding M, K blocks chained; where N gives few tiles,
+    # split-K as clusters of 2-4 slices merging in shared memory, every cluster resident at once
     for m, bm in ((1, 16), (8, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
         cfg = choose_config(m, 1024, 4096)
-        assert cfg.bm == bm and cfg.split_k > 1 and cfg.chain == 8
+        assert cfg.bm == bm and 2 <= cfg.split_k <= 4 and cfg.cluster_k and cfg.chain == 8
         assert choose_config(m, 1024, 4096, min_rows=64).bm == 64  # 64-row x tiles (`cutedsl:x64`)
-        units = -(-1024 // cfg.bn) * cfg.split_k
-        assert H100_SMS * 0.9 <= units <= H100_SMS
+        assert -(-1024 // cfg.bn) <= CLUSTERS_RESIDENT[cfg.split_k]
+        assert H100_SMS * 0.7 <= -(-1024 // cfg.bn) * cfg.split_k <= H100_SMS
+    # taller tiles merge their slices in global memory (a 128 x 128 partial a slice does not fit beside the ring)
+    wide = choose_config(256, 512, 4096)
+    assert wide.bm == 128 and wide.split_k > 1 and not wide.cluster_k
     assert choose_config(4096, 7168, 16384).chain == 0  # two consumer warpgroups: no chains
 
 
@@ -226,7 +229,7 @@ def test_decode_rings_of_narrow_tiles_hold_at_most_64_kb_of_weight():
     for _, _, n, k, g in LAYERS:
         for m in TOKENS:
             cfg = choose_config(m, n, k, groups=g)
-            full = GemmConfig(bm=cfg.bm, bn=cfg.bn).n_stages
+            full = GemmConfig(bm=cfg.bm, bn=cfg.bn, split_k=cfg.split_k, cluster_k=cfg.cluster_k).n_stages  # beside partials
             if m <= 64 and cfg.bn <= 64:
                 assert cfg.n_stages == min(full, DECODE_RING_BYTES // (cfg.bn * 128)), (m, n, k, cfg)
             else:
