@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 # v8's product runs (M 1 / 8 / 64, M 256 / 4096) and v7's M 16384 run (the same cubins; benchmarks/results/INDEX.md):
 # together every production GEMM shape
 PRODUCT_RUNS = [REPO / f"benchmarks/results/gemm/{run}/results.jsonl.gz" for run in (
-    "2026-11-27-h100-1cc6f7c-ring-cap", "2026-11-27-h100-1d64d7e-v8-prefill", "2026-11-26-h100-b3cccec-unroll-16384")]
+    "2026-11-27-h100-2a580a0-v10-decode", "2026-11-27-h100-1d64d7e-v8-prefill", "2026-11-26-h100-b3cccec-unroll-16384")]
 
 
 def _bf16(m=16, n=256, k=256, groups=1):
