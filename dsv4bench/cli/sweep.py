@@ -85,6 +85,22 @@ def draw_cases(family: Family, opts: SweepOptions) -> list:
     return cases
 
 
+def grid_misses(family: Family, filters: dict) -> list[str]:
+    """Why filters select nothing from the grid: for each option asking only for values no grid case
+    has, '--opt v: the grid has a, b, ...' (the filters select, they do not add cases)."""
+    grid = family.cases(SweepOptions(examples=0, grid=True))
+    out = []
+    for opt, values in filters.items():
+        o = family.options[opt]
+        have = {c.get(o.param, o.default) for c in grid}
+        if not set(values) & have:
+            name = {v: k for k, v in o.aliases.items()}  # a case value as the CLI spells it ("gemm" for none)
+            numbers_first = sorted(have, key=lambda v: (0, v, "") if isinstance(v, int) else (1, 0, str(v)))
+            out.append(f"--{opt} {','.join(str(name.get(v, v)) for v in values)}: the grid has "
+                       + ", ".join(str(name.get(v, v)) for v in numbers_first))
+    return out
+
+
 def sweep_family(
     family: Family,
     shape: dict,
@@ -150,7 +166,9 @@ def sweep_family(
     if shard_ix:
         cases = cases[shard_ix[0]::shard_ix[1]]
     if not cases:
-        fail("no case matches the given options")
+        misses = grid_misses(family, filters) if grid else []
+        fail("no case matches the given options" + "".join(f"; {m}" for m in misses)
+             + ("; the options select from the grid and the drawn cases (--examples), they add none" if misses else ""))
     tasks = plan(cases, archs, gpu=gpu, bench=bench and gpu, compile_only=compile_only, baselines=baselines,
                  only=chosen, cpu_check=checks, timing=timing)
     done = run_dir.done_tasks()
