@@ -13,7 +13,7 @@ the time its busiest CTA needs, and the cheapest wins (ties: the larger tile, th
     pull(bm, bn) = stages(bm, bn) * bn * 128 / DRAM_LATENCY_CLK   (one CTA's weight bytes in flight)
     cost        = rounds * (K blocks per slice * per K block + UNIT_CLK
                             (+ bm * bn * 4 / SPLIT_BYTES_PER_CLK when split: the fp32 partial's fix-up))
-    clustered split (bm <= 64, v10): per K block + CLUSTER_KB_CLK, fix-up CLUSTER_SLOT_CLK * (slices - 1),
+    clustered split (M <= bm <= 64, v10): per K block + CLUSTER_KB_CLK, fix-up CLUSTER_SLOT_CLK * (slices - 1),
                   at most MAX_CLUSTER_SPLIT slices and only as many clusters as stay resident
 
 Prefill (large M) is bound by the tensor core and the L2 in the model: it prefers bm = 256 (two
@@ -106,10 +106,11 @@ def row_tiles(m: int, min_rows: int = 16) -> tuple[int, ...]:
     return (128, 64) if m <= 128 else (256, 128)
 
 
-def clustered(bm: int, split: int) -> bool:
-    """Whether the rule runs a split as clusters merging in shared memory: tiles of up to 64 rows
-    (a bm x bn fp32 partial per slice fits beside the ring); taller tiles merge in global memory."""
-    return split > 1 and bm <= 64
+def clustered(m: int, bm: int, split: int) -> bool:
+    """Whether the rule runs a split as clusters merging in shared memory: decode, one M tile of up to 64
+    rows (a bm x bn fp32 partial per slice fits beside the ring; the regime the cluster A/B measured).
+    Taller or several M tiles (M > 64) merge in global memory, as v9 did."""
+    return split > 1 and m <= bm <= 64
 
 
 def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_SMS) -> float:
@@ -121,7 +122,7 @@ def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_S
     per_kb = max(2 * bm * bn * KBLOCK / FP8_FLOPS_PER_CLK, (bm + bn) * KBLOCK / L2_BYTES_PER_CLK,
                  bn * KBLOCK / dram if tiles_m == 1 else 0.0)
     fixup = 0.0
-    if clustered(bm, split):
+    if clustered(m, bm, split):
         fixup = CLUSTER_SLOT_CLK * (split - 1)
         per_kb += CLUSTER_KB_CLK
     elif split > 1:
@@ -141,17 +142,18 @@ def cta_pull(bm: int, bn: int) -> float:
 
 
 def _fits(bm: int, bn: int, split: int) -> bool:
+    """A clustered split's config leaves room for a ring of 4 stages beside its partials."""
     try:
-        return GemmConfig(bm=bm, bn=bn, split_k=split, cluster_k=clustered(bm, split)).n_stages >= 4
+        return GemmConfig(bm=bm, bn=bn, split_k=split, cluster_k=True).n_stages >= 4
     except ValueError:
         return False
 
 
-def ring_stages(bm: int, bn: int, split: int = 1) -> int:
+def ring_stages(bm: int, bn: int, split: int = 1, cluster: bool = False) -> int:
     """The rule's ring depth: as many stages as fit (beside a clustered split's partials), but a decode
     tile of bn <= 64 holds at most DECODE_RING_BYTES of weight (still above the SM's share of the
     stream: the cap never binds cost())."""
-    fit = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_k=clustered(bm, split)).n_stages
+    fit = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_k=cluster).n_stages
     if bm <= 64 and bn <= 64:
         return min(fit, DECODE_RING_BYTES // (bn * KBLOCK))
     return fit
@@ -171,7 +173,7 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
             splits = [1]
             if bm <= 128 and tiles < sms:  # split-K only to fill idle SMs, and one wave per tile
                 splits += [s for s in range(2, MAX_SPLIT + 1) if kb // s >= MIN_KB_PER_SLICE and tiles * s <= sms
-                           and (not clustered(bm, s) or clusters_fit(tiles, s, sms) and _fits(bm, bn, s))]
+                           and (not clustered(m, bm, s) or clusters_fit(tiles, s, sms) and _fits(bm, bn, s))]
             for s in splits:
                 yield bm, bn, s
 
@@ -198,8 +200,8 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
     # where the tile can (GemmConfig.chainable), K blocks in chains of 8 (v8: 3-5% faster at M 1 / 8 / 64
     # than unchained, 1-3% than chains of 2 / 4)
-    cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, cluster_k=clustered(bm, split))
-    stages = ring_stages(bm, bn, split)
+    cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, cluster_k=clustered(m, bm, split))
+    stages = ring_stages(bm, bn, split, cfg.cluster_k)
     if stages < cfg.n_stages:
         cfg = replace(cfg, stages=stages)
     return replace(cfg, chain=CHAIN) if cfg.chainable else cfg

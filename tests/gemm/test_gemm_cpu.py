@@ -28,9 +28,11 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
         assert choose_config(m, 1024, 4096, min_rows=64).bm == 64  # 64-row x tiles (`cutedsl:x64`)
         assert -(-1024 // cfg.bn) <= CLUSTERS_RESIDENT[cfg.split_k]
         assert H100_SMS * 0.7 <= -(-1024 // cfg.bn) * cfg.split_k <= H100_SMS
-    # taller tiles merge their slices in global memory (a 128 x 128 partial a slice does not fit beside the ring)
-    wide = choose_config(256, 512, 4096)
-    assert wide.bm == 128 and wide.split_k > 1 and not wide.cluster_k
+    # several or taller M tiles merge their slices in global memory (v9's split: the cluster A/B measured
+    # one M tile; a 128 x 128 partial a slice does not fit beside the ring)
+    for m, bm in ((96, 64), (128, 64), (256, 128)):
+        cfg = choose_config(m, 512, 4096)
+        assert cfg.bm == bm and cfg.split_k > 1 and not cfg.cluster_k
     assert choose_config(4096, 7168, 16384).chain == 0  # two consumer warpgroups: no chains
 
 
