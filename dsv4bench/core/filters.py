@@ -42,6 +42,21 @@ def apply_filters(cases: list[Case], filters: dict, option_to_param: dict[str, s
     return out
 
 
+def grid_at_asked_values(grid: list[Case], filters: dict, options: dict) -> list[Case]:
+    """For each option that `extends` (Option.extends), the grid's cases with each asked value the grid
+    lacks put in, origin "cli" (`--rows 96`: every grid shape at M 96; two such options: their
+    combinations). The filters then select among grid, these and the draws as usual."""
+    base = list(grid)
+    for opt, values in filters.items():
+        o = options[opt]
+        if not o.extends:
+            continue
+        have = {c.get(o.param, o.default) for c in base}
+        base += [Case(c.family, {**c.params, o.param: v}, c.seed, "cli") for v in values if v not in have for c in base]
+    grid_ids = {c.id for c in grid}
+    return list({c.id: c for c in base if c.id not in grid_ids}.values())
+
+
 DRAW_GROWTH, MAX_DRAWS_PER_EXAMPLE, MIN_DRAW_BUDGET = 4, 50, 1000
 
 

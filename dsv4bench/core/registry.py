@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from dsv4bench.core.case import Case
-from dsv4bench.core.filters import apply_filters, parse_choice_list, parse_int_list
+from dsv4bench.core.filters import apply_filters, grid_at_asked_values, parse_choice_list, parse_int_list
 
 Tensors = dict  # name -> torch.Tensor
 
@@ -44,7 +44,7 @@ def family_packages() -> dict[str, str]:
 @dataclass(frozen=True)
 class Option:
     """One shape filter of a family's sweep command: `--<name> a,b` keeps the cases whose parameter
-    `param` is one of the values. The family declares it once; `dsv4bench sweep <family> --help`
+    `param` is one of the values (with `extends`, a value the grid lacks first adds the grid at it). The family declares it once; `dsv4bench sweep <family> --help`
     shows `help`, `unit` and `choices` as written here."""
 
     param: str  # the case parameter it selects
@@ -55,6 +55,9 @@ class Option:
     flag: bool = False  # a --x/--no-x switch selecting True or False
     aliases: Mapping[str, str] = field(default_factory=dict)  # CLI name -> case value ("topk": "sparse")
     default: Any = None  # the value of a case without the parameter (one added after cases were recorded)
+    # an asked value the grid lacks adds the grid's shapes at that value (origin "cli": `sweep gemm --rows 96`
+    # times every layer at M 96); off, such a value selects nothing. For parameters free of the others'
+    extends: bool = False
 
     def describe(self) -> str:
         unit = f", in {self.unit}" if self.unit else ""
@@ -124,10 +127,10 @@ class Family(ABC):
 
     def cases(self, opts: SweepOptions) -> list[Case]:
         """The case space (sweeps/): the production grid, then hypothesis draws; filtered."""
-        params = [(p, "grid") for p in self.space.production()] if opts.grid else []
-        params += [(p, "hypothesis") for p in self.space.extra(opts.examples, opts.seed)]
-        cases = [Case(self.name, p, opts.seed, origin) for p, origin in params]
-        return apply_filters(cases, opts.filters, {k: o.param for k, o in self.options.items()},
+        grid = [Case(self.name, p, opts.seed, "grid") for p in self.space.production()] if opts.grid else []
+        drawn = [Case(self.name, p, opts.seed, "hypothesis") for p in self.space.extra(opts.examples, opts.seed)]
+        asked = grid_at_asked_values(grid, opts.filters, self.options)
+        return apply_filters(grid + asked + drawn, opts.filters, {k: o.param for k, o in self.options.items()},
                              {o.param: o.default for o in self.options.values()})
 
     @abstractmethod

@@ -65,7 +65,7 @@ class GemmFamily(Family):
     space = space
     serves = {**served.OPS, **bf16_serves.OPS}  # the model ops it serves (serves.py: FP8; bf16_serves.py: bf16)
     options = {
-        "rows": Option("m", "token rows M of x", "tokens"),
+        "rows": Option("m", "token rows M of x (a value off the grid: every layer at that M)", "tokens", extends=True),
         "width": Option("n", "output features N (weight rows, all groups)", "features"),
         "depth": Option("k", "reduction length K of one group (a multiple of 128)", "elements"),
         "groups": Option("groups", "weight groups (1: a plain linear; 8 / 16: wo_a of Flash / Pro)", "groups"),

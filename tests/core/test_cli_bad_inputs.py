@@ -86,14 +86,14 @@ def run_model(*args: str):
     return lambda tmp: (["run-model", "--prompt", "hi", "--max-new-tokens", "2", *args], f"got {args[-1]}")
 
 
-def sweep_rows_off_the_grid(tmp: Path):
-    """A shape option selects from the grid (it adds no case): a value off it names the grid's values."""
-    return (["sweep", "gemm", "--rows", "96,128", "--examples", "0", "--compile-only", "--out", str(tmp / "run")],
-            "--rows 96,128: the grid has 1, 8, 64, 256, 4096, 16384")
+def sweep_width_off_the_grid(tmp: Path):
+    """A shape option that selects (no Option.extends) names the grid's values when it selects nothing."""
+    return (["sweep", "gemm", "--width", "5", "--examples", "0", "--compile-only", "--out", str(tmp / "run")],
+            "--width 5: the grid has 64, 128, 512, ")
 
 
 BAD_INPUTS = {
-    "sweep-rows-off-the-grid": sweep_rows_off_the_grid,
+    "sweep-width-off-the-grid": sweep_width_off_the_grid,
     "repro-corrupt-run-json": repro_corrupt_run_json,
     "report-run-json-list": report_run_json_is_a_list,
     "layouts-json-directory": layouts_json_to_a_directory,

@@ -61,6 +61,21 @@ def test_too_few_matching_draws_are_said_in_one_line(capsys):
     assert len(lines) == 1 and "only 0 drawn case(s) satisfy the filters" in lines[0]
 
 
+def test_an_extending_option_adds_the_grid_at_an_asked_value():
+    """`--rows 96` (gemm's M extends the grid): every grid shape at M 96, origin cli, beside the grid's
+    own values asked; the other options still select (only K 4096 and N 512 here); options that do not
+    extend (--width) keep selecting only."""
+    family = load_family("gemm")
+    pick = lambda **raw: family.cases(SweepOptions(examples=0, filters=family.parse_filters(raw)))  # noqa: E731
+    cases = pick(rows="96,1", op="gemm")
+    assert {(c["m"], c.origin) for c in cases} == {(96, "cli"), (1, "grid")}
+    at_96 = {c["layer"] for c in cases if c["m"] == 96}
+    assert at_96 == {c["layer"] for c in cases if c["m"] == 1} and len(at_96) == 17
+    assert {(c["layer"], c["n"], c["k"]) for c in pick(rows="96", width="512", depth="4096", op="gemm")} == {
+        ("flash.wkv", 512, 4096)}
+    assert pick(rows="1", width="5") == []
+
+
 # --- --baseline -----------------------------------------------------------------------------------
 
 def test_unknown_baseline_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
