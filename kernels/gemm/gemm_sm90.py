@@ -130,7 +130,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
             tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, tma_sa, gSA_t, tma_sw, gSW_t, mWork, mCount, n_group,
             tiled_mma, mma_acc, epi_mma, sA_layout, sA_tma_layout, sB_layout, sC_layout, sSA_layout, sSW_layout,
             Storage,
-        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream,
+        ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream, use_pdl=c.pdl,
                  # only pairs and split-K clusters launch as clusters: single CTAs launched with a 1 x 1 x 1
                  # cluster ran 128 x 128 tiles 27% slower (same SASS; docs/lessons/gemm.md)
                  **({"cluster": [c.cluster_n, 1, 1]} if c.cluster_n > 1 else
@@ -232,8 +232,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 sb_row = (tn * c.bn) // KBLOCK
                 return tm, tn, a_kb, sb_row
 
-            def load(where, kb, state, bar):
-                """K block kb's x waves, W tile and scale boxes into the stage."""
+            def load_x(where, kb, state, bar):
+                """K block kb's x waves into the stage."""
                 tm, tn, a_kb, sb_row = where
                 if cutlass.const_expr(CN > 1):
                     cute.copy(tma_a, tAgA[(None, tm * W + rank, a_kb + kb)],
@@ -243,14 +243,45 @@ class Fp8GemmSm90(PersistentGemmSm90):
                     for w in cutlass.range_constexpr(W - 1 if c.ablate == "half-a" else W):
                         cute.copy(tma_a, tAgA[(None, tm * W + w, a_kb + kb)],
                                   tAsA[(None, state.index * W + w)], tma_bar_ptr=bar)
+
+            def load_w(where, kb, state, bar):
+                """K block kb's W tile into the stage."""
+                tm, tn, a_kb, sb_row = where
                 if cutlass.const_expr(c.ablate != "no-b"):
                     cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+
+            def load_sa(where, kb, state, bar):
+                tm, tn, a_kb, sb_row = where
                 cute.copy(tma_sa, tSAg[(None, tm, a_kb + kb)], tSAs[(None, state.index)], tma_bar_ptr=bar)
+
+            def load_sw(where, kb, state, bar):
+                tm, tn, a_kb, sb_row = where
                 for b in cutlass.range_constexpr(c.sw_blocks):  # rows past N: zero-filled, never read
                     cute.copy(tma_sw, tSWg[(None, sb_row + b, kb // SCALE_BOX)],
                               tSWs[(None, b + c.sw_blocks * state.index)], tma_bar_ptr=bar)
 
-            self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate, load)
+            def load(where, kb, state, bar):
+                """K block kb's x waves, W tile and scale boxes into the stage."""
+                load_x(where, kb, state, bar)
+                load_w(where, kb, state, bar)
+                load_sa(where, kb, state, bar)
+                load_sw(where, kb, state, bar)
+
+            def load_weight(where, kb, state, bar):
+                """PDL: what does not depend on the previous kernel (the W tile and its scales)."""
+                load_w(where, kb, state, bar)
+                load_sw(where, kb, state, bar)
+
+            def load_activation(where, kb, state, bar):
+                """PDL: what the previous kernel writes (the x tile and its scales)."""
+                load_x(where, kb, state, bar)
+                load_sa(where, kb, state, bar)
+
+            if cutlass.const_expr(c.pdl):
+                self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate,
+                              load_weight, load_activation)
+            else:
+                self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate, load)
         else:
             # ---------------- consumers: wgmma + promotion + epilogue ----------------
             mtid, thr_mma, tCrA, tCrB = self._consumer(tiled_mma, sA, sB, tidx)

@@ -109,27 +109,62 @@ class PersistentGemmSm90:
         return first_m + local % gsize, local // gsize, ks, t
 
     @cute.jit
-    def _produce(self, warp_idx, ring, step0, units, steps, tiles_m, tiles_n, kb_per, n_kb, locate, load):
+    def _produce(self, warp_idx, ring, step0, units, steps, tiles_m, tiles_n, kb_per, n_kb, locate, load,
+                 load_x=None):
         """Warpgroup 0 gives its registers up; its warp 0 walks the units step0, step0 + steps, ...
         and fills one stage per K block of the unit's slice: `where = locate(m tile, n tile)` once
         per unit (where its operands lie), `load(where, kb, state, bar)` issues the stage's TMA
-        copies on its full barrier `bar`."""
+        copies on its full barrier `bar`. With `load_x` (a kernel launched with programmatic
+        dependent launch): `load` issues the weight's copies only and `load_x` the activation's, and
+        the first unit's first ring-full of weights is loaded before `griddepcontrol.wait`."""
         c = self.cfg
         cute.arch.setmaxregister_decrease(c.reg_split[0])
         if warp_idx == 0:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
+            early = 0
+            if cutlass.const_expr(load_x is not None):
+                early = self._weights_before_wait(ring, state, step0, tiles_m, tiles_n, kb_per, n_kb, locate, load,
+                                                  load_x)
             for u in cutlass.range(step0, units, steps, unroll=1):
                 tm, tn, ks, _t = self._tile_of(u, tiles_m, tiles_n)
                 kb0 = ks * kb_per
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
                 where = locate(tm, tn)
-                for kb in cutlass.range(kb0, kb1, unroll=c.unroll):
+                start = kb0
+                if cutlass.const_expr(load_x is not None):
+                    start = kb0 + cutlass.select_(u == step0, early, 0)  # those went before the wait
+                for kb in cutlass.range(start, kb1, unroll=c.unroll):
                     ring.producer_acquire(state)
                     bar = ring.producer_get_barrier(state)
                     load(where, kb, state, bar)
+                    if cutlass.const_expr(load_x is not None):
+                        load_x(where, kb, state, bar)
                     ring.producer_commit(state)
                     state.advance()
             ring.producer_tail(state)
+
+    @cute.jit
+    def _weights_before_wait(self, ring, state, step0, tiles_m, tiles_n, kb_per, n_kb, locate, load_w, load_x):
+        """PDL: the weight copies of the first unit's first K blocks (up to a ring-full: every stage is
+        free) go out while the previous kernel may still run; then `griddepcontrol.wait` (the previous
+        grid done, its writes visible) and those stages' activation copies on the same full barriers.
+        Every CTA of the grid has a first unit. Returns how many K blocks went so (state past them)."""
+        c = self.cfg
+        tm, tn, ks, _t = self._tile_of(step0, tiles_m, tiles_n)
+        kb0 = ks * kb_per
+        early = cutlass.max(cutlass.min(cutlass.min(kb0 + kb_per, n_kb) - kb0, c.n_stages), 0)
+        where = locate(tm, tn)
+        for i in cutlass.range(early, unroll=1):
+            ring.producer_acquire(state)
+            load_w(where, kb0 + i, state, ring.producer_get_barrier(state))
+            ring.producer_commit(state)
+            state.advance()
+        cute.arch.griddepcontrol_wait()
+        again = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)  # the same stages
+        for i in cutlass.range(early, unroll=1):
+            load_x(where, kb0 + i, again, ring.producer_get_barrier(again))
+            again.advance()
+        return early
 
     def _consumer(self, tiled_mma, sA, sB, tidx):
         """A consumer warpgroup's entry: it takes the registers warpgroup 0 gave up. Returns its

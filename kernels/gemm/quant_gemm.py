@@ -18,7 +18,9 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 
 from kernels.common import compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
-from kernels.gemm.glue import check_operands, check_pairs, fake_args, mn_major_buffer, scales_for_tma, workspace
+from kernels.gemm.glue import (
+    check_cluster_round, check_operands, check_pairs, fake_args, mn_major_buffer, scales_for_tma, workspace,
+)
 from kernels.gemm.tiling import KBLOCK, GemmConfig
 from kernels.quant.quant import QuantKernel
 
@@ -27,7 +29,8 @@ class QuantGemm:
     """Compile-time: the GEMM's tile configuration and the quantised width G*K."""
 
     def __init__(self, cfg: GemmConfig, width: int):
-        self.quant = QuantKernel("fp8", width, KBLOCK)
+        # cfg.pdl: the GEMM launches while the quant kernel runs and streams its first weights meanwhile
+        self.quant = QuantKernel("fp8", width, KBLOCK, trigger=cfg.pdl)
         self.gemm = Fp8GemmSm90(cfg)
 
     @cute.jit
@@ -69,8 +72,9 @@ def run_quant_gemm(compiled, cfg: GemmConfig, x, codes, sa, w, sw, out, groups: 
     """One call of a `compile_quant_gemm` kernel on `quant_operands`' buffers."""
     m, n = x.shape[0], w.shape[0]
     check_pairs(cfg, n, groups)
+    ctas = n_ctas or sm_count(x.device)
+    check_cluster_round(cfg, m, n, ctas)
     sa, sw = scales_for_tma(sa, sw, groups)
     work, count = workspace(cfg, m, n, x.device)
-    compiled(x, codes, codes.view(torch.float8_e4m3fn), sa, w, sw, out, work, count, n // groups,
-             n_ctas or sm_count(x.device))
+    compiled(x, codes, codes.view(torch.float8_e4m3fn), sa, w, sw, out, work, count, n // groups, ctas)
     return out

@@ -49,6 +49,9 @@ class GemmConfig:
     # mbarrier there), which adds them and stores the tile; no global workspace, no counter round
     # trips. One round only: the tiles x slices CTAs must all fit the grid (run_gemm checks)
     cluster_k: bool = False
+    # launched with programmatic dependent launch (the quant+gemm op's GEMM after its quant kernel): the
+    # first ring-full of weight loads goes out before griddepcontrol.wait, the activation's after
+    pdl: bool = False
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the

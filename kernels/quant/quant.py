@@ -114,8 +114,9 @@ class QuantKernel(HadamardMxfp4):
     docs/perf/quant.md (runs listed in benchmarks/results/INDEX.md).
     """
 
-    def __init__(self, fmt: str, n: int, block: int, rotate: bool = False):
+    def __init__(self, fmt: str, n: int, block: int, rotate: bool = False, trigger: bool = False):
         self.cfg = QuantConfig.make(fmt, n, block, rotate)
+        self.trigger = trigger  # let a dependent grid launched with PDL start now (it waits for this one's end)
 
     def e2m1(self, v: Float32) -> Int32:
         return e2m1_code(v)
@@ -139,6 +140,8 @@ class QuantKernel(HadamardMxfp4):
         bidx, bidy, _ = cute.arch.block_idx()
         lane_in_row = tidx % cfg.threads_per_row
         tile = (bidx, bidy) if cfg.col_tiles > 1 else (bidx, 0)  # (row block, column tile)
+        if cutlass.const_expr(self.trigger):
+            cute.arch.griddepcontrol_launch_dependents()
 
         x_tiler, q_tiler = cfg.tiler(VEC), cfg.tiler(cfg.code_vec)
         x_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), mX.element_type, num_bits_per_copy=VEC * 16)

@@ -133,6 +133,13 @@ def test_split_k_clusters_compile_without_spills_or_serialised_wgmma(cfg):
     assert_compiles_clean(compile_gemm, cfg)
 
 
+@pytest.mark.parametrize("cfg", [GemmConfig(16, 32, chain=8, pdl=True), GemmConfig(16, 32, split_k=4, cluster_k=True, pdl=True),
+                                 GemmConfig(256, 128, cluster_n=2, pdl=True)], ids=str)
+def test_pdl_configs_compile_without_spills_or_serialised_wgmma(cfg):
+    """The PDL producer (weights before griddepcontrol.wait) for one CTA, a split-K cluster and a CTA pair."""
+    assert_compiles_clean(compile_gemm, cfg)
+
+
 def test_split_k_clusters_take_their_partials_from_shared_memory_and_one_round():
     cfg = GemmConfig(16, 32, split_k=8, cluster_k=True)
     assert cfg.partial_floats == 7 * 16 * 32 and cfg.fixed_bytes == GemmConfig(16, 32, split_k=8).fixed_bytes + 7 * 2048

@@ -4,6 +4,8 @@ scales the quant kernel writes are the oracle's, so the GEMM sees the same opera
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -45,3 +47,31 @@ def test_quant_gemm_is_the_gemm_of_the_reference_act_quant(m, n, k, groups):
         assert torch.equal(y, ref)
     else:
         torch.testing.assert_close(y, ref, rtol=2**-7, atol=0)
+
+
+@pytest.mark.parametrize("m,n,k,groups", [(1, 4096, 8192, 1), (8, 512, 4096, 1), (64, 7168, 16384, 1),
+                                          (200, 1000, 1024, 1), (3, 8192, 4096, 8), (4096, 1536, 7168, 1),
+                                          (256, 512, 4096, 1), (4096, 7168, 4096, 1)])
+def test_pdl_quant_gemm_is_the_plain_one(m, n, k, groups):
+    """The GEMM launched with PDL after a triggering quant kernel (GemmConfig.pdl: the first ring-full of
+    weights loads before griddepcontrol.wait, x after) gives the plain pair's answer, bit for bit where the
+    sum has a fixed order (no split, or a split-K cluster). The codes and scales are poisoned before each
+    PDL call: a GEMM reading x before the quant kernel wrote it would see the poison."""
+    cfg = choose_config(m, n, k, groups=groups)
+    pdl = replace(cfg, pdl=True)
+    plain_kernel, pdl_kernel = compile_quant_gemm(cfg, groups * k), compile_quant_gemm(pdl, groups * k)
+    for seed in (1, 2):
+        x, w, sw = (t.cuda() for t in draw_operands(m, n, k, seed, groups))
+        xb = x.bfloat16()
+        ref = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        codes, sa = quant_operands(xb, w, sw, ref, groups)
+        run_quant_gemm(plain_kernel, cfg, xb, codes, sa, w, sw, ref, groups)
+        y = torch.full_like(ref, float("nan"))
+        codes.fill_(0x7E)  # e4m3 448, the largest code
+        sa.fill_(2.0 ** 20)
+        run_quant_gemm(pdl_kernel, pdl, xb, codes, sa, w, sw, y, groups)
+        torch.cuda.synchronize()
+        if cfg.split_k == 1 or cfg.cluster_k:
+            assert torch.equal(y, ref), (m, n, k, pdl)
+        else:
+            torch.testing.assert_close(y, ref, rtol=2**-7, atol=0)
