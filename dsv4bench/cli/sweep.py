@@ -86,12 +86,14 @@ def draw_cases(family: Family, opts: SweepOptions) -> list:
 
 
 def grid_misses(family: Family, filters: dict) -> list[str]:
-    """Why filters select nothing from the grid: for each option asking only for values no grid case
-    has, '--opt v: the grid has a, b, ...' (the filters select, they do not add cases)."""
+    """Why filters select nothing from the grid: for each option that only selects (no `extends`) and asks
+    only for values no grid case has, '--opt v: the grid has a, b, ...'."""
     grid = family.cases(SweepOptions(examples=0, grid=True))
     out = []
     for opt, values in filters.items():
         o = family.options[opt]
+        if o.extends:  # its asked values were added to the grid: not why nothing matched
+            continue
         have = {c.get(o.param, o.default) for c in grid}
         if not set(values) & have:
             name = {v: k for k, v in o.aliases.items()}  # a case value as the CLI spells it ("gemm" for none)
@@ -168,7 +170,7 @@ def sweep_family(
     if not cases:
         misses = grid_misses(family, filters) if grid else []
         fail("no case matches the given options" + "".join(f"; {m}" for m in misses)
-             + ("; the options select from the grid and the drawn cases (--examples), they add none" if misses else ""))
+             + ("; these options select from the grid and the drawn cases (--examples), they add none" if misses else ""))
     tasks = plan(cases, archs, gpu=gpu, bench=bench and gpu, compile_only=compile_only, baselines=baselines,
                  only=chosen, cpu_check=checks, timing=timing)
     done = run_dir.done_tasks()

@@ -44,8 +44,9 @@ def family_packages() -> dict[str, str]:
 @dataclass(frozen=True)
 class Option:
     """One shape filter of a family's sweep command: `--<name> a,b` keeps the cases whose parameter
-    `param` is one of the values (with `extends`, a value the grid lacks first adds the grid at it). The family declares it once; `dsv4bench sweep <family> --help`
-    shows `help`, `unit` and `choices` as written here."""
+    `param` is one of the values (with `extends`, a value the grid lacks first adds the grid at it). The
+    family declares it once; `dsv4bench sweep <family> --help` shows `help`, `unit` and `choices` as
+    written here."""
 
     param: str  # the case parameter it selects
     help: str  # in the family's own words
@@ -56,7 +57,8 @@ class Option:
     aliases: Mapping[str, str] = field(default_factory=dict)  # CLI name -> case value ("topk": "sparse")
     default: Any = None  # the value of a case without the parameter (one added after cases were recorded)
     # an asked value the grid lacks adds the grid's shapes at that value (origin "cli": `sweep gemm --rows 96`
-    # times every layer at M 96); off, such a value selects nothing. For parameters free of the others'
+    # times every layer at M 96); off, such a value selects nothing. Only for a parameter that any value of
+    # suits every grid shape (a GEMM's M does; a head dim tied to a kernel's choices does not)
     extends: bool = False
 
     def describe(self) -> str:

@@ -131,7 +131,7 @@ def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_S
 
 
 def clusters_fit(tiles: int, split: int, sms: int = H100_SMS) -> bool:
-    """A clustered split's tiles (one cluster each) all resident at once, and its config in shared memory."""
+    """A clustered split's tiles (one cluster each) all resident at once, in at most MAX_CLUSTER_SPLIT slices."""
     return split <= MAX_CLUSTER_SPLIT and tiles <= CLUSTERS_RESIDENT[split] * sms // H100_SMS
 
 
