@@ -79,12 +79,23 @@ class Prepared:
     """Derived values cached per source tensors (an operand layout or dtype a peer's API needs that a
     model would make once; a weight's padded scales): remade when a source is another object (weak
     references, so a new tensor at a freed one's address is not mistaken for it) or was written to.
-    Holds the last `size` sources' values."""
+    Holds the last `size` sources' values; a value whose sources are gone is dropped at the next `get` of any
+    Prepared, before anything is made (a sweep's next case would otherwise hold both cases' derived weights: a
+    Pro layer's are 10-25 GB an impl)."""
+
+    _instances: "weakref.WeakSet[Prepared]" = weakref.WeakSet()
 
     def __init__(self, size: int = 1):
         self.size, self._entries = size, {}
+        Prepared._instances.add(self)
+
+    def _drop_dead(self) -> None:
+        for key in [k for k, (refs, _, _) in self._entries.items() if any(r() is None for r in refs)]:
+            del self._entries[key]
 
     def get(self, sources: tuple, make):
+        for cache in list(Prepared._instances):
+            cache._drop_dead()
         key = tuple(id(t) for t in sources)
         hit = self._entries.get(key)
         versions = tuple(t._version for t in sources)

@@ -193,12 +193,20 @@ def tiled_codes(w: GroupedWeight) -> torch.Tensor:
     """The codes in load-time tiles, uint8 [E, NT, KB, BN, 64] (N padded with zero rows to NT · BN): the FP4
     tile of one (expert, n tile, K block) is 16 KB contiguous (GroupedConfig.tiled_b). Made once per codes
     buffer (the last two: L1 and L2)."""
-    def make():
-        e, n, k = w.shape
-        nt = -(-n // BN)
-        codes = torch.nn.functional.pad(w.codes, (0, 0, 0, nt * BN - n)) if nt * BN != n else w.codes
-        return codes.view(e, nt, BN, k // KBLOCK, KBLOCK // 2).permute(0, 1, 3, 2, 4).contiguous()
-    return _TILED.get((w.codes,), make)
+    return _TILED.get((w.codes,), lambda: _tiles(w.codes))
+
+
+def _tiles(codes: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 [E, NT, KB, BN, 64] of codes [E, N, K/2] (N padded to NT · BN), each row's 64 bytes in `order` if given,
+    made one expert at a time (a Pro layer's codes are 12.7 GB: no whole-stack intermediate)."""
+    e, n, half = codes.shape
+    nt = -(-n // BN)
+    out = torch.empty(e, nt, half // (KBLOCK // 2), BN, KBLOCK // 2, dtype=torch.uint8, device=codes.device)
+    for x in range(e):
+        c = torch.nn.functional.pad(codes[x], (0, 0, 0, nt * BN - n)) if nt * BN != n else codes[x]
+        t = c.view(nt, BN, -1, KBLOCK // 2).permute(0, 2, 1, 3)
+        out[x] = t if order is None else t[..., order]
+    return out
 
 
 _RS = Prepared(size=2)
@@ -207,7 +215,7 @@ _RS = Prepared(size=2)
 def rs_codes(w: GroupedWeight) -> torch.Tensor:
     """`tiled_codes` with each row's 64 bytes of a K block in the RS byte order (expert_weights.rs_byte_order), what
     v5 (GroupedConfig.swap_ab) reads. Made once per codes buffer (the last two: L1 and L2)."""
-    return _RS.get((w.codes,), lambda: tiled_codes(w)[..., rs_byte_order().to(w.codes.device)].contiguous())
+    return _RS.get((w.codes,), lambda: _tiles(w.codes, rs_byte_order().to(w.codes.device)))
 
 
 def weight_views(w: GroupedWeight, codes: str = "plain") -> tuple:

@@ -81,11 +81,16 @@ _FP8, _BF16 = Prepared(), Prepared()
 
 
 def fp8_weights(inputs: dict):
-    """((w13 e4m3 [E, 2I, D], scales), (w2 e4m3 [E, D, I], scales)), made once per weight buffers."""
+    """((w13 e4m3 [E, 2I, D], scales), (w2 e4m3 [E, D, I], scales)), made once per weight buffers, one expert at
+    a time (the blocks are per expert: the same codes as converting the stack, without its fp32 copy, 4x the FP8
+    bytes: 100 GB for Pro's 384 experts)."""
+    def convert(ex, names):
+        parts = [to_fp8_blocks(torch.cat([dequant(getattr(ex[e], n)) for n in names])[None]) for e in range(len(ex))]
+        return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
+
     def make():
         ex = _experts(inputs)
-        return (to_fp8_blocks(torch.cat([dequant_stack(ex, "w1"), dequant_stack(ex, "w3")], 1)),
-                to_fp8_blocks(dequant_stack(ex, "w2")))
+        return convert(ex, ("w1", "w3")), convert(ex, ("w2",))
     return _FP8.get(tuple(inputs[n] for n in ("w1", "w3", "w2")), make)
 
 
@@ -208,8 +213,22 @@ class DeepGemm(LayerPeer):
         return {"out": combine(d2, lay["pos"], inputs["shared"]).bfloat16()}
 
 
+BF16_PEER_BYTES = 24e9  # the bf16 peers' dequantised copy (4x the MXFP4 bytes) beside the case on an 80 GB part
+
+
+def bf16_refusal(case: Case) -> str | None:
+    """Why the bf16 peers cannot hold the case's experts (Pro's 384: 54 GB), or None."""
+    from kernels.moe.inputs import expert_bytes
+
+    need = 4 * case["e"] * expert_bytes(case["d"], case["i"])
+    return None if need <= BF16_PEER_BYTES else f"the bf16 copy of {case['e']} experts is {need / 1e9:.0f} GB (> 24 GB)"
+
+
 class TorchGroupedMM(LayerPeer):
     name = "torch_grouped_mm"
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        return super().supports(case, arch) or (bf16_refusal(case) if case["op"] == "layer" else None)
 
     def available(self) -> str | None:
         return None if hasattr(torch, "_grouped_mm") else f"torch {torch.__version__} has no torch._grouped_mm"
@@ -232,6 +251,9 @@ class TorchEager(Impl):
 
     family, name, backend = "moe", "torch", "torch"
     archs = ("any",)
+
+    def supports(self, case: Case, arch: str | None = None) -> str | None:
+        return bf16_refusal(case) if case["op"] == "layer" else None
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         from kernels.moe.family import FAMILY

@@ -41,3 +41,18 @@ def test_several_sources_are_held_up_to_the_size():
     vals = [cache.get((t,), lambda t=t: t.sum()) for t in ts]
     assert cache.get((ts[2],), lambda: "remade") is vals[2]  # still held
     assert cache.get((ts[0],), lambda: "remade") == "remade"  # the oldest went
+
+
+def test_values_of_freed_sources_are_dropped_before_anything_is_made():
+    """A sweep's next case must not hold the last case's derived weights beside its own: once a source is freed,
+    the next get of any cache drops the values made from it before making a new one."""
+    import weakref
+
+    weights, other = Prepared(), Prepared()
+    old = torch.ones(4)
+    value = weights.get((old,), lambda: torch.zeros(8))
+    alive = weakref.ref(value)
+    del value, old
+    assert alive() is not None  # held by the cache while no get runs
+    other.get((torch.ones(2),), lambda: torch.zeros(1))  # another cache's get
+    assert alive() is None
