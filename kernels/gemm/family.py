@@ -44,7 +44,7 @@ from kernels.gemm.bf16_glue import (
     K_ALIGN, bf16_oracle, check_bf16_operands, compile_bf16_gemm, draw_bf16_operands, grouped_refusal,
     run_bf16_gemm,
 )
-from kernels.gemm.config import choose_config
+from kernels.gemm.config import choose_config, choose_quant_gemm_config
 from kernels.gemm.tiling import KBLOCK, GemmConfig
 from kernels.gemm.glue import (
     check_operands, compile_gemm, draw_operands, groups_of, make_operands, oracle_of, quantises, run_gemm,
@@ -140,7 +140,8 @@ class GemmCuteDSL(Impl):
             if type(self).config is not GemmCuteDSL.config:  # a declared variant (ConfigKnobs: UNSUPPORTED)
                 raise ValueError("the declared variants override the FP8 kernel's tile rule; the bf16 op has its own")
             return choose_bf16_config(case["m"], case["n"], case["k"], groups=groups_of(case))
-        return choose_config(case["m"], case["n"], case["k"], groups=groups_of(case), min_rows=self.min_rows)
+        choose = choose_quant_gemm_config if quantises(case) else choose_config
+        return choose(case["m"], case["n"], case["k"], groups=groups_of(case), min_rows=self.min_rows)
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         key = (self.family, "cutedsl", arch, self.config(case))

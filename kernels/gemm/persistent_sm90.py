@@ -123,8 +123,9 @@ class PersistentGemmSm90:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
             early = 0
             if cutlass.const_expr(load_x is not None):
-                early = self._weights_before_wait(ring, state, step0, tiles_m, tiles_n, kb_per, n_kb, locate, load,
-                                                  load_x)
+                # the state comes back: a dynamic loop rebinds its carried names in the helper's scope only
+                early, state = self._weights_before_wait(ring, state, step0, tiles_m, tiles_n, kb_per, n_kb, locate,
+                                                         load, load_x)
             for u in cutlass.range(step0, units, steps, unroll=1):
                 tm, tn, ks, _t = self._tile_of(u, tiles_m, tiles_n)
                 kb0 = ks * kb_per
@@ -148,7 +149,8 @@ class PersistentGemmSm90:
         """PDL: the weight copies of the first unit's first K blocks (up to a ring-full: every stage is
         free) go out while the previous kernel may still run; then `griddepcontrol.wait` (the previous
         grid done, its writes visible) and those stages' activation copies on the same full barriers.
-        Every CTA of the grid has a first unit. Returns how many K blocks went so (state past them)."""
+        Every CTA of the grid has a first unit. Returns how many K blocks went so and the state past them (the
+        caller's `state` object is not advanced: docs/lessons/gemm.md 17)."""
         c = self.cfg
         tm, tn, ks, _t = self._tile_of(step0, tiles_m, tiles_n)
         kb0 = ks * kb_per
@@ -164,7 +166,7 @@ class PersistentGemmSm90:
         for i in cutlass.range(early, unroll=1):
             load_x(where, kb0 + i, again, ring.producer_get_barrier(again))
             again.advance()
-        return early
+        return early, state
 
     def _consumer(self, tiled_mma, sA, sB, tidx):
         """A consumer warpgroup's entry: it takes the registers warpgroup 0 gave up. Returns its

@@ -15,8 +15,9 @@ override makes an impossible configuration is UNSUPPORTED there.
     bm64-bnB-kS     64 x B tiles in S slices at any M (the rule takes bm 64 only up to M = 128)
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
     sS              S smem ring stages instead of the rule's
-    pdl             launched with programmatic dependent launch: in quant+gemm the GEMM starts while the quant
-                    kernel runs and loads its first ring-full of weights before griddepcontrol.wait
+    pdl, no-pdl     launched with (without) programmatic dependent launch: in quant+gemm the GEMM starts while
+                    the quant kernel runs and loads its first ring-full of weights before griddepcontrol.wait (the
+                    rule's quant+gemm at M <= 64: config.choose_quant_gemm_config)
     ck, ckS         split-K slices of a tile as one cluster merging in shared memory (GemmConfig.cluster_k):
                     the rule's slices, or S = 2, 3, 4, 8; bn32-ckS (S 2-4), bn64-ckS (2, 3, 4, 8), bn128-ck8
     ring-full       as many stages as fit (v8's decode rings; the rule caps bn <= 64 decode rings at 64 KB of weight)
@@ -58,6 +59,7 @@ KNOBS: dict[str, dict] = {
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "ring-full": {"stages": 0},
     "pdl": {"pdl": True},
+    "no-pdl": {"pdl": False},
     "ck": {"cluster_k": True},
     **{f"ck{s}": {"split_k": s, "cluster_k": True} for s in (2, 3, 4, 8)},
     **{f"bn32-ck{s}": {"bn": 32, "split_k": s, "cluster_k": True, "stages": 16} for s in (2, 3, 4)},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import SweepOptions, get_family, get_impl
-from kernels.gemm.config import choose_config
+from kernels.gemm.config import choose_config, choose_quant_gemm_config
 from kernels.gemm.glue import fake_args, is_mn_major, make_operands, scales_for_tma
 from kernels.gemm.quant_gemm import compile_quant_gemm, quant_operands
 from sweeps import gemm as space
@@ -107,7 +108,11 @@ def test_quant_gemm_cases_compile_with_their_own_key_and_peers_say_why_not():
     case = Case("gemm", {"m": 64, "n": 1024, "k": 4096, "groups": 1, "layer": "t", "op": space.QUANT_GEMM})
     plain = Case("gemm", {k: v for k, v in case.params.items() if k != "op"})
     ours = get_impl("gemm", "cutedsl")
-    assert ours.compile_key(case, "sm_90a") == ours.compile_key(plain, "sm_90a") + (space.QUANT_GEMM, 4096)
+    # the same tiles; at decode the quant+gemm GEMM is launched with PDL (config.choose_quant_gemm_config)
+    key, plain_key = ours.compile_key(case, "sm_90a"), ours.compile_key(plain, "sm_90a")
+    assert key[3] == replace(plain_key[3], pdl=True) and key[:3] + key[4:] == plain_key[:3] + (space.QUANT_GEMM, 4096)
+    prefill = Case("gemm", {**case.params, "m": 4096})
+    assert not ours.config(prefill).pdl and not ours.config(plain).pdl
     for peer in ("deepgemm", "cublaslt"):
         assert "takes quantised operands" in get_impl("gemm", peer).supports(case, "sm_90a")
         assert get_impl("gemm", "deepgemm").supports(plain, "sm_90a") is None
@@ -116,7 +121,8 @@ def test_quant_gemm_cases_compile_with_their_own_key_and_peers_say_why_not():
 # every distinct width of the production quant+gemm cases (the grouped wo_a rows are 32768 and 65536
 # wide: the quant kernel's column tiles), each with the rule's configuration at one token count
 LAYER_OF_WIDTH = {g * k: (n, k) for _, _, n, k, g in space.LAYERS}
-BUILDS = [(choose_config(m, n, k), width) for width, (n, k) in sorted(LAYER_OF_WIDTH.items()) for m in (64, 4096)]
+BUILDS = [(choose_quant_gemm_config(m, n, k), width) for width, (n, k) in sorted(LAYER_OF_WIDTH.items())
+          for m in (64, 4096)]
 
 
 @pytest.mark.parametrize("cfg,width", BUILDS, ids=[f"{c.bm}x{c.bn}s{c.split_k}-w{w}" for c, w in BUILDS])
