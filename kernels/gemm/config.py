@@ -80,7 +80,7 @@ DECODE_RING_BYTES = 64 * 1024
 # split-K of tiles up to 64 rows runs as clusters of its slices merging in shared memory
 # (GemmConfig.cluster_k): clusters of S CTAs that an H100 keeps resident at once (1 CTA an SM;
 # cudaOccupancyMaxActiveClusters on the lent H100 SXM, benchmarks/cluster_occupancy.cu, run
-# gemm/2026-11-27-h100-d81c9f5-cluster-split:
+# gemm/2026-11-27-h100-d81c9f5-cluster-split (in git history at ab46290):
 # S 8 takes 15, so 16 clusters of 8 ran a second wave, 1.1x slower than the global fix-up). The
 # merge costs the first slice a wait and a read per other slice: CLUSTER_SLOT_CLK each (fitted to
 # that run's 2-8-slice variants on the four split layers at M 1 / 8 / 64)

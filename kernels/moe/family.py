@@ -32,7 +32,7 @@ from kernels.moe import serves as served
 from kernels.moe.gemv_layer import CompiledGemvLayer, compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.gemm.config import H100_SMS
-from kernels.moe.grouped_config import V2, V3, V4, V5, V6, gemv_at_one_token
+from kernels.moe.grouped_config import V2, V3, V4, V5, gemv_at_one_token
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -230,8 +230,8 @@ class MoeLayerVariant(MoeCuteDSL):
     (what v3's widening still costs); `cutedsl:v5` (decode only) swap-AB with the weights widened in registers as
     an RS wgmma's A (kernels/moe/grouped_rs.py; the rule's decode pick: a 16- and a 32-token tile compiled, a call
     takes the smallest holding its largest count, v4 past 64; launched with PDL), `:v5-bm16` / `:v5-bm32` one tile
-    only, `:v5-no-pdl` the rule's pick without programmatic dependent launch; `cutedsl:v6` (prefill only) v5's kernel on
-    the contiguous layout with 64-token tiles on row-frame weights (docs/perf/moe.md)."""
+    only, `:v5-no-pdl` the rule's pick without programmatic dependent launch (docs/perf/moe.md; v6, v5's kernel at
+    prefill, was set aside after measuring: `git show 936ce77` restores it)."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False, planned: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
@@ -240,9 +240,8 @@ class MoeLayerVariant(MoeCuteDSL):
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case["op"] != "layer":
             return "a variant of the layer's GEMMs only"
-        if self.knobs.get("swap_ab") and case["layout"] != ("contiguous" if self.knobs.get("row_frame") else "masked"):
-            return ("v6 (swap-AB on row-frame weights) is a prefill kernel: contiguous layout only"
-                    if self.knobs.get("row_frame") else "v5 (swap-AB) is a decode kernel: masked layout only")
+        if self.knobs.get("swap_ab") and case["layout"] != "masked":
+            return "v5 (swap-AB) is a decode kernel: masked layout only"
         return super().supports(case, arch)
 
 
@@ -304,7 +303,6 @@ register_impl(MoeLayerVariant("v5", V5))
 register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))
 register_impl(MoeLayerVariant("v5-bm32", {**V5, "bm": 32}))
 register_impl(MoeLayerVariant("v5-no-pdl", {**V5, "pdl": False}))
-register_impl(MoeLayerVariant("v6", V6))
 register_impl(MoeLayerVariant("v4-ko-no-widen", {**V4, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,

@@ -24,7 +24,6 @@ WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
-SWAP_BM_CONTIGUOUS = 64  # v6's token tile: half a contiguous segment (64 x 256 accumulators + their partials fit)
 WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v4 past it
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 
@@ -75,8 +74,7 @@ class GroupedConfig:
     # v3's L1 epilogue (needs split_wg): silu's division by rcp.approx (v2: the IEEE division, ~8 instructions
     # and a slow-path branch an element) and one 2-byte store per e4m3 pair of h (v2: two 1-byte stores)
     fast_silu: bool = False
-    # v5 (decode; variant `cutedsl:v5`, kernels/moe/grouped_rs.py; v6 at prefill: the contiguous layout, 64-token
-    # tiles, row-frame weights): swap-AB with the weights as an RS wgmma's A
+    # v5 (decode; variant `cutedsl:v5`, kernels/moe/grouped_rs.py): swap-AB with the weights as an RS wgmma's A
     # operand: each consumer thread widens its own A fragment in registers (codes in the load-time RS byte order,
     # expert_weights.rs_byte_order), the tokens are the N side (bm = 16 or 32 a tile). No widened tile in shared
     # memory, no fence, no CTA barrier a K block: a stage is freed by its warps' own wgmma waits
@@ -91,20 +89,19 @@ class GroupedConfig:
             raise ValueError(f"widen must be one of {WIDENINGS}, got {self.widen!r}")
         if self.split_wg and self.widen != "v2":
             raise ValueError("split_wg widens with v2 only")
-        if (self.row_frame or self.fast_silu) and not (self.split_wg or self.swap_ab):
-            raise ValueError("row_frame and fast_silu are modes of the split_wg (v3) and swap_ab (v5, v6) kernels")
+        if (self.row_frame or self.fast_silu) and not self.split_wg:
+            raise ValueError("row_frame and fast_silu are modes of the split_wg kernel (v3)")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.swap_ab:
-            if self.split_wg or self.tiled_b or self.widen != "v2" or self.ablate:
-                raise ValueError("swap_ab (v5, v6) is a kernel of its own: no split_wg, tiled_b, widen or ablate knobs")
-            tiles = SWAP_BM if self.layout == "masked" else (SWAP_BM_CONTIGUOUS,)
-            if self.bm not in tiles:
-                raise ValueError(f"swap_ab takes bm (tokens a tile) in {tiles} ({self.layout}), got {self.bm}")
+            if self.layout != "masked" or self.split_wg or self.tiled_b or self.widen != "v2" or self.ablate:
+                raise ValueError("swap_ab (v5) is a masked-layout kernel of its own: no split_wg, tiled_b, widen "
+                                 "or ablate knobs")
+            if self.bm not in SWAP_BM:
+                raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
         elif self.bm not in (64, 128):
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
-        # the work list needs whole segments per tile (v6: two tiles a segment, the pair's expert its first row's)
-        if self.layout == "contiguous" and not self.swap_ab and self.bm != TILE_M:
+        if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile
             raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
         if self.n_stages < 2:
             raise ValueError(f"bm={self.bm} leaves room for {self.n_stages} stage(s)")
@@ -172,8 +169,6 @@ V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warp
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
 V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False}
 V5 = {**V2, "swap_ab": True}  # the decode pick (choose: bm 16; layer.compile_layer adds bm 32 beside it)
-# v6 (prefill candidate): v5's kernel on the contiguous layout, 64-token tiles, row-frame weights, v3's L1 epilogue
-V6 = {**V5, "bm": SWAP_BM_CONTIGUOUS, "row_frame": True, "fast_silu": True}
 
 
 def gemv_at_one_token(topk: int, i: int, sms: int) -> bool:

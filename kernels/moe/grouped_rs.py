@@ -38,10 +38,8 @@ from kernels.moe.grouped_widen import SUBS, widen8
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import consumer_state
-from oracles.moe import TILE_M  # the contiguous layout's segment alignment
 
 TILES = 2  # m64 tiles of weight rows per consumer warpgroup
-BAND = 8  # v6 (contiguous): n tiles a band of the unit order
 
 
 class GroupedRs(GroupedSm90):
@@ -58,47 +56,15 @@ class GroupedRs(GroupedSm90):
 
     @cute.jit
     def _unit(self, u, tiles_n, n_groups, mg, mGroup, st):
-        """Unit u -> (group, m tile, n tile, expert, real rows). Masked (v5): (group, n tile, m tile), m tile fastest
-        (v2: n tile fastest): an expert's token tiles of one weight tile go to neighbouring CTAs, which run at the
-        same time: one reads the weight tile from DRAM, the others mostly from L2. The group holding u: the last
-        whose first unit gfirst · tiles_n is <= u (empty groups own no unit). Contiguous (v6): bands of BAND n
-        tiles, (band, m tile, n tile) with n fastest: the SMs share a band's few weight tiles of the one or two
-        experts they are in (from L2), and x is read once a band (`_work` left the real tile count in gtiles[0])."""
+        """Unit u -> (group, m tile, n tile, expert, real rows), v5's order: (group, n tile, m tile), m tile fastest
+        (v2: n tile fastest). An expert's token tiles of one weight tile go to neighbouring CTAs, which run at
+        the same time: one reads the weight tile from DRAM, the others mostly from L2. The group holding u: the
+        last whose first unit gfirst · tiles_n is <= u (empty groups own no unit)."""
         gt = st.gtiles.get_tensor(cute.make_layout((MAX_GROUPS,)))
-        if cutlass.const_expr(self.cfg.layout == "contiguous"):
-            per_band = gt[0] * BAND
-            band = u // per_band
-            width = cutlass.min(tiles_n - band * BAND, BAND)
-            local = u - band * per_band
-            mt = local // width
-            seg = (mt * self.cfg.bm) // TILE_M * TILE_M  # the segment's first row: real (segments fill from the front)
-            return Int32(0), mt, band * BAND + local - mt * width, mGroup[seg], mg
         gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
         lo = last_group(gf, n_groups, u, tiles_n)
         local = u - gf[lo] * tiles_n
         return lo, local % gt[lo], local // gt[lo], lo, cutlass.min(mGroup[lo], mg)
-
-    @cute.jit
-    def _work(self, st, mGroup, n_groups, tiles_m, mg, tidx):
-        """Masked: GroupedSm90's. Contiguous (v6, bm = half a segment): the segments whose first row is real are a
-        prefix (binary search over TILE_M-row segments), each two tiles (a second half may be all padding: its
-        rows compute and store values no token reads); the count goes to gtiles[0] for `_unit`."""
-        if cutlass.const_expr(self.cfg.layout == "masked"):
-            return GroupedSm90._work(self, st, mGroup, n_groups, tiles_m, mg, tidx)
-        lo, hi = Int32(0), (mg + TILE_M - 1) // TILE_M
-        for _ in cutlass.range(32, unroll=1):
-            if lo < hi:
-                mid = (lo + hi) // 2
-                if mGroup[mid * TILE_M] >= 0:
-                    lo = mid + 1
-                else:
-                    hi = mid
-        tiles = lo * (TILE_M // self.cfg.bm)
-        gt = st.gtiles.get_tensor(cute.make_layout((MAX_GROUPS,)))
-        if tidx == 0:
-            gt[0] = tiles
-        cute.arch.barrier()
-        return tiles
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sX, _sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
@@ -153,27 +119,24 @@ class GroupedRs(GroupedSm90):
         q4 = cute.make_tensor(cute.recast_ptr(codes, dtype=Int32),
                               cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
         tab2 = cute.make_tensor(tab.iterator, cute.make_layout((2, WIDEN_TABLE_WORDS // 2), stride=(1, 2)))
-        # v5 loads every row's codes first; v6 (64-token tiles: 64 more accumulator registers) a tile's at a time
-        groups = [list(range(TILES))] if cutlass.const_expr(c.layout == "masked") else [[j] for j in range(TILES)]
+        words = cute.make_rmem_tensor(cute.make_layout((4, 2 * TILES), stride=(1, 4)), Int32)
+        shifts = cute.make_rmem_tensor((2 * TILES,), Int32)
         quad = ctid % 4
-        for tiles in groups:
-            words = cute.make_rmem_tensor(cute.make_layout((4, 2 * TILES), stride=(1, 4)), Int32)
-            shifts = cute.make_rmem_tensor((2 * TILES,), Int32)
-            for j in tiles:
-                for rh in cutlass.range_constexpr(2):
-                    row = wg_rows + 64 * j + 8 * rh
-                    cute.autovec_copy(q4[None, (state.index * c.bn + row) * 4 + quad], words[None, 2 * j + rh])
-                    shifts[2 * j + rh] = sSh[row, 0, state.index]
-            for j in tiles:
-                out = cute.recast_tensor(frag[j], Int32)  # word rh + 2 kh + 4 s
-                for rh in cutlass.range_constexpr(2):
-                    for s in cutlass.range_constexpr(SUBS):
-                        ti = (shifts[2 * j + rh] >> (8 * s)) & 0xFF
-                        pair = cute.make_rmem_tensor((2,), Int32)
-                        cute.autovec_copy(tab2[None, ti], pair)
-                        lo, hi = widen8(words[s, 2 * j + rh], pair[0], pair[1])
-                        out[rh + 4 * s] = lo
-                        out[rh + 2 + 4 * s] = hi
+        for j in cutlass.range_constexpr(TILES):
+            for rh in cutlass.range_constexpr(2):
+                row = wg_rows + 64 * j + 8 * rh
+                cute.autovec_copy(q4[None, (state.index * c.bn + row) * 4 + quad], words[None, 2 * j + rh])
+                shifts[2 * j + rh] = sSh[row, 0, state.index]
+        for j in cutlass.range_constexpr(TILES):
+            out = cute.recast_tensor(frag[j], Int32)  # word rh + 2 kh + 4 s
+            for rh in cutlass.range_constexpr(2):
+                for s in cutlass.range_constexpr(SUBS):
+                    ti = (shifts[2 * j + rh] >> (8 * s)) & 0xFF
+                    pair = cute.make_rmem_tensor((2,), Int32)
+                    cute.autovec_copy(tab2[None, ti], pair)
+                    lo, hi = widen8(words[s, 2 * j + rh], pair[0], pair[1])
+                    out[rh + 4 * s] = lo
+                    out[rh + 2 + 4 * s] = hi
 
     @cute.jit
     def _kblock_rs(self, ring, mmas, cur, nxt, has_next, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab, g_rd,
@@ -193,54 +156,22 @@ class GroupedRs(GroupedSm90):
                           tCrB[(None, None, k, state.index)], tmps[j])
         warpgroup.commit_group()
         n_c = cute.size(cC, mode=[1])
-        if cutlass.const_expr(c.row_frame):
-            self._promote_row_frame(ring, state, has_next, accs, tmps, cC, codes, sSh, sSW, sSA, tab, nxt, g_rd,
-                                    wg_rows, ctid)
-        else:
-            prod = cute.make_rmem_tensor((TILES, 2, n_c), Float32)
-            for j in cutlass.range_constexpr(TILES):
-                for r in cutlass.range_constexpr(2):
-                    sw = sSW[wg_rows + 64 * j + 8 * r, 0, state.index]
-                    for cc in cutlass.range_constexpr(n_c):
-                        prod[j, r, cc] = sw * sSA[cC[0, cc][1], 0, state.index]
-            if has_next:
-                self._widen_a(ring, codes, sSh, tab, nxt, g_rd + 1, wg_rows, ctid)
-            warpgroup.wait_group(0)
-            ring.consumer_release(state)
-            for j in cutlass.range_constexpr(TILES):
-                fence_operand(tmps[j])
-                acc_mn, tmp_mn = mn_view(accs[j]), mn_view(tmps[j])
-                for r in cutlass.range_constexpr(2):
-                    for cc in cutlass.range_constexpr(n_c):
-                        acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[j, r, cc]
-
-    @cute.jit
-    def _promote_row_frame(self, ring, state, has_next, accs, tmps, cC, codes, sSh, sSW, sSA, tab, nxt, g_rd, wg_rows,
-                           ctid):
-        """The promotion on row-frame weights (GroupedConfig.row_frame, v6): the weight's factor is one per weight
-        row, the same in every K block, so a block promotes with x's per-token scales alone (acc += tmp · sa[token],
-        one FFMA an element, the scales read after the wait: 64 accumulators more than v5 leave no registers to
-        hold them across the next block's widening); after the last block the rows take their
-        factor (acc *= col_scale[row], read from that block's stage before it is freed)."""
-        n_c = cute.size(cC, mode=[1])
+        prod = cute.make_rmem_tensor((TILES, 2, n_c), Float32)
+        for j in cutlass.range_constexpr(TILES):
+            for r in cutlass.range_constexpr(2):
+                sw = sSW[wg_rows + 64 * j + 8 * r, 0, state.index]
+                for cc in cutlass.range_constexpr(n_c):
+                    prod[j, r, cc] = sw * sSA[cC[0, cc][1], 0, state.index]
         if has_next:
             self._widen_a(ring, codes, sSh, tab, nxt, g_rd + 1, wg_rows, ctid)
         warpgroup.wait_group(0)
-        for cc in cutlass.range_constexpr(n_c):  # after the wait: no registers held across the widening
-            sa = sSA[cC[0, cc][1], 0, state.index]
-            for j in cutlass.range_constexpr(TILES):
-                fence_operand(tmps[j])
-                acc_mn, tmp_mn = mn_view(accs[j]), mn_view(tmps[j])
-                for r in cutlass.range_constexpr(2):
-                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sa
-        if not has_next:
-            for j in cutlass.range_constexpr(TILES):
-                acc_mn = mn_view(accs[j])
-                for r in cutlass.range_constexpr(2):
-                    sw = sSW[wg_rows + 64 * j + 8 * r, 0, state.index]
-                    for cc in cutlass.range_constexpr(n_c):
-                        acc_mn[r, cc] = acc_mn[r, cc] * sw
         ring.consumer_release(state)
+        for j in cutlass.range_constexpr(TILES):
+            fence_operand(tmps[j])
+            acc_mn, tmp_mn = mn_view(accs[j]), mn_view(tmps[j])
+            for r in cutlass.range_constexpr(2):
+                for cc in cutlass.range_constexpr(n_c):
+                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[j, r, cc]
 
     @cute.jit
     def _store_h_rs(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):

@@ -91,27 +91,6 @@ def layer2(layout: dict, h_codes, h_scales, w: GroupedWeight) -> torch.Tensor:
     return out
 
 
-def band_units(group: list[int], mg: int, bm: int, tiles_n: int, band: int, seg: int = 128):
-    """v6's work list (GroupedRs._work / _unit on the contiguous layout) in Python, step for step: the segments
-    whose first row is real are a prefix, each seg // bm tiles; units in bands of `band` n tiles, (band, m tile,
-    n tile) with n fastest; a tile's expert is its first row's (-1: the tile is all padding, and skipped). Returns
-    (m tile, n tile, expert) a unit."""
-    lo, hi = 0, (mg + seg - 1) // seg
-    for _ in range(32):
-        if lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (mid + 1, hi) if group[mid * seg] >= 0 else (lo, mid)
-    tiles = lo * (seg // bm)
-    units = []
-    for u in range(tiles * tiles_n):
-        b = u // (tiles * band)
-        width = min(tiles_n - b * band, band)
-        local = u - b * tiles * band
-        mt = local // width
-        units.append((mt, b * band + local - mt * width, group[mt * bm]))
-    return units
-
-
 def work_units(group: list[int], mg: int, bm: int, tiles_n: int, masked: bool, max_groups: int = 512,
                m_fastest: bool = False):
     """GroupedSm90._work / _unit in Python, step for step: the (group, m tile, n tile, expert) of every unit

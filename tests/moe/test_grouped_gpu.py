@@ -19,7 +19,7 @@ from dsv4bench.core.case import Case
 from kernels.moe.expert_weights import KBLOCK
 from kernels.moe.glue import dispatch
 from kernels.moe.inputs import make_experts
-from kernels.moe.grouped_config import V2, V3, V4, V5, V6
+from kernels.moe.grouped_config import V2, V3, V4, V5
 from kernels.moe.layer import (compile_grouped, compile_layer, grouped_config, layer_weights,
                                row_frame_weights, run_grouped, run_layer, weight_frame)
 from sweeps import moe as space
@@ -124,15 +124,7 @@ def test_v5_masked_gemms_match_the_model(shape, knobs):
     _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "masked", knobs)
 
 
-@pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
-def test_v6_contiguous_gemms_match_the_model(shape):
-    """v6 (v5's swap-AB kernel on the contiguous layout: 64-token tiles, two a segment, row-frame weights): ragged
-    segments whose second half is padding, K of 1-4 blocks, L2's N = 384 (the last 256-row tile half past N)."""
-    ex, x, idx, w = _problem(*shape)
-    _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "contiguous", V6)
-
-
-@pytest.mark.parametrize("knobs", [V2, KNOBS["split-wg"], KNOBS["v3"], V6], ids=["v2", "split-wg", "v3", "v6"])
+@pytest.mark.parametrize("knobs", [V2, KNOBS["split-wg"], KNOBS["v3"]], ids=["v2", "split-wg", "v3"])
 def test_prefill_gemms_at_4096_tokens_ragged_with_an_empty_expert(knobs):
     """Contiguous (prefill) GEMMs at T = 4096: 9 experts, skewed ragged counts (none a multiple of 128 but by
     chance), expert 8 never routed (0 tokens), K of 4 / 2 blocks; v2 and the v3 variants against the model."""
@@ -189,10 +181,10 @@ V3_CASES = [LAYER[7], Case("moe", space.case("layer", "pro", 4096))]  # Flash T 
 V3_CASES += [c for c in LAYER[8:] if c["layout"] == "contiguous"]  # drawn prefill layers: ragged, empty experts
 
 
-@pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3", "cutedsl:v6"])
+@pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3"])
 @pytest.mark.parametrize("case", V3_CASES, ids=[c.id for c in V3_CASES])
 def test_v3_prefill_layers_pass_the_rule(case, variant, gpu_check):
-    """v3 and v6 (prefill) on the prefill layers beyond VARIANT_CASES: a hot expert, Pro's widths, the drawn ones."""
+    """v3 (prefill) on the prefill layers beyond VARIANT_CASES: a hot expert, Pro's widths, the drawn ones."""
     from dsv4bench.core.registry import get_impl
     gpu_check(case, get_impl("moe", variant))
 

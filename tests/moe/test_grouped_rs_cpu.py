@@ -1,9 +1,7 @@
 """v5 (kernels/moe/grouped_rs.py: swap-AB, the weights widened in registers as an RS wgmma's A) on the CPU: the
 load-time RS byte order and the thread's widening give each fragment byte the widened code of its (row, k), with
 the fragment layout the traced MMA declares; every configuration compiles for sm_90a with no local memory and no
-serialised wgmma; the family refuses v5 at prefill. v6 (the same kernel on the contiguous layout, 64-token tiles,
-row-frame weights): it compiles with few spill refills in its K loop, its band order covers every tile once, and
-the family runs it at prefill only."""
+serialised wgmma; the family refuses v5 at prefill."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
 from kernels.moe.expert_weights import prepare, rs_byte_order, widen_table, widened_codes
-from kernels.moe.grouped_config import BN, V4, V5, V6, GroupedConfig
+from kernels.moe.grouped_config import BN, V4, V5, GroupedConfig
 from kernels.moe.layer import rs_codes, weight_views
 from sweeps import moe as space
 from tests.moe import grouped_model as model
@@ -113,46 +111,8 @@ def test_v5_work_list_covers_every_real_tile_once_m_tile_fastest(counts):
             assert b[1] == a[1] + 1
 
 
-@pytest.mark.parametrize("epilogue,n,k,max_refills", [("swiglu", 512, 384, 20), ("bf16", 384, 512, 4)])
-def test_v6_compiles_for_sm90a(epilogue, n, k, max_refills, monkeypatch):
-    """v6 holds 64 accumulators and their 64 partials a thread (v5 at 16 tokens: 16 + 16): its K loop refills a
-    few spilled values (L1 17 at the Pro shape, where the epilogue's pointers live across the loop; L2 2)."""
-    from tests.moe.test_grouped_v3_cpu import _loop_spills
-    compiled = compile_checked("contiguous", epilogue, V6, monkeypatch, n, k)
-    assert _loop_spills(compiled) <= max_refills
-
-
-@pytest.mark.parametrize("sizes", [[1, 130, 0, 64, 65], [128, 128], [5], [0, 0, 300, 7], [1] * 40])
-@pytest.mark.parametrize("tiles_n", [3, 8, 16, 28])
-def test_v6_band_order_covers_every_real_tile_once(sizes, tiles_n):
-    """v6's unit order (GroupedRs._unit on the contiguous layout, modelled step for step) on a layout of segments
-    (each expert's rows padded to 128, empty experts absent, padding rows past the last segment): every (64-row
-    tile, n tile) holding a real row once, with its segment's expert; a segment's second half that is all padding
-    as units of expert -1 (skipped: no K blocks, no store); whole bands of 8 n tiles and a part band."""
-    group = []
-    for e, c in enumerate(sizes):
-        if c:
-            group += [e] * c + [-1] * (-c % 128)
-    group += [-1] * 256
-    units = model.band_units(group, len(group), 64, tiles_n, 8)
-    halves = [h for s in range(0, len(group), 128) if group[s] >= 0 for h in (s, s + 64)]
-    want = {(h // 64, nt, group[h]) for h in halves for nt in range(tiles_n)}
-    assert len(units) == len(want) and set(units) == want
-    assert {u[0] for u in units if u[2] < 0} == {h // 64 for h in halves if group[h] < 0}
-
-
-def test_v6_config_and_family():
-    cfg = GroupedConfig(**{**V6, "layout": "contiguous"})
-    assert cfg.x_rows == 64 and cfg.row_frame and cfg.tiled_codes and cfg.n_stages >= 4
-    with pytest.raises(ValueError, match="bm"):
-        GroupedConfig(**{**V6, "layout": "contiguous", "bm": 128})
-    impl = get_impl("moe", "cutedsl:v6")
-    assert impl.supports(Case("moe", space.case("layer", "flash", 4096))) is None
-    assert "contiguous layout only" in impl.supports(Case("moe", space.case("layer", "flash", 8)))
-
-
 def test_v5_config_refuses_what_it_cannot_run():
-    with pytest.raises(ValueError, match="bm"):
+    with pytest.raises(ValueError, match="masked-layout kernel"):
         GroupedConfig(**{**V5, "layout": "contiguous", "bm": 128})
     with pytest.raises(ValueError, match="bm"):
         GroupedConfig(**{**V5, "bm": 64})
