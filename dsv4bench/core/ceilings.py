@@ -35,9 +35,14 @@ def _copy_gbps(timer: CudaTimer, device: str) -> float:
 COPY_GRAIN = 4096
 
 
+FLOOR_TIMINGS = 3  # timings of each floor copy; the floor is the fastest median (a transient must not inflate it)
+
+
 class SameTrafficCopy:
     """Time of a device copy that reads and writes `nbytes` in all (nbytes / 2 each way, up to 4 KiB
-    more), cached per size: the floor a memory-bound op moving `nbytes` is judged against."""
+    more), cached per size: the floor a memory-bound op moving `nbytes` is judged against. The least of
+    FLOOR_TIMINGS medians: one timing of a process once came out 5-6x its neighbours' (two quant sizes, 2026-11-27,
+    docs/lessons/harness.md 17), and a cached floor keeps what it first measured."""
 
     def __init__(self, timer: CudaTimer, device: str):
         self.timer, self.device = timer, device
@@ -55,7 +60,8 @@ class SameTrafficCopy:
         if half not in self._ms:
             src = torch.empty(half, dtype=torch.uint8, device=self.device)
             dst = torch.empty_like(src)
-            self._ms[half] = self.timer.time(lambda: dst.copy_(src), min_iters=20).median_ms
+            self._ms[half] = min(self.timer.time(lambda: dst.copy_(src), min_iters=20).median_ms
+                                 for _ in range(FLOOR_TIMINGS))
             del src, dst
         return self._ms[half]
 
