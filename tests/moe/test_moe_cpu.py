@@ -149,3 +149,16 @@ def test_dispatch_compiles_without_local_memory(n_experts, d, layout, skip):
 def test_combine_compiles_without_local_memory(d):
     info = parse_cubin(artifact(compile_combine(d, 6)))
     assert info.local_bytes == 0 and 0 < info.registers <= 128
+
+
+def test_experts_option_adds_the_real_layer_and_the_bf16_peers_refuse_what_they_cannot_hold():
+    """`sweep moe --model pro --tokens 4096 --experts 384`: the grid's capped case at the model's 384 experts
+    (origin cli); the bf16 peers refuse its 54 GB copy, DeepGEMM's kernels take it."""
+    from dsv4bench.core.registry import SweepOptions, get_family, get_impl
+
+    opts = SweepOptions(examples=0, filters={"op": ["layer"], "model": ["pro"], "tokens": [4096], "experts": [384]})
+    cases = get_family("moe").cases(opts)
+    assert [(c["e"], c["load"], c.origin) for c in cases] == [(384, load, "cli") for load in space.LOADS]
+    assert "54 GB" in get_impl("moe", "torch_grouped_mm").supports(cases[0]) and get_impl("moe", "torch").supports(cases[0])
+    assert get_impl("moe", "deepgemm-kernels").supports(cases[0], "sm_90a") is None
+    assert get_impl("moe", "torch").supports(Case("moe", space.case("layer", "pro", 4096))) is None  # 16 experts
