@@ -221,7 +221,7 @@ def bf16_refusal(case: Case) -> str | None:
     from kernels.moe.inputs import expert_bytes
 
     need = 4 * case["e"] * expert_bytes(case["d"], case["i"])
-    return None if need <= BF16_PEER_BYTES else f"the bf16 copy of {case['e']} experts is {need / 1e9:.0f} GB (> 24 GB)"
+    return None if need <= BF16_PEER_BYTES else f"the bf16 copy of {case['e']} experts is {need / 1e9:.0f} GB (> {BF16_PEER_BYTES / 1e9:.0f} GB)"
 
 
 class TorchGroupedMM(LayerPeer):
