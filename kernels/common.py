@@ -79,28 +79,26 @@ class Prepared:
     """Derived values cached per source tensors (an operand layout or dtype a peer's API needs that a
     model would make once; a weight's padded scales): remade when a source is another object (weak
     references, so a new tensor at a freed one's address is not mistaken for it) or was written to.
-    Holds the last `size` sources' values; a value whose sources are gone is dropped at the next `get` of any
-    Prepared, before anything is made (a sweep's next case would otherwise hold both cases' derived weights: a
-    Pro layer's are 10-25 GB an impl)."""
-
-    _instances: "weakref.WeakSet[Prepared]" = weakref.WeakSet()
+    Holds the last `size` sources' values; a value is dropped as soon as one of its sources is freed (the
+    weak reference's callback: a sweep's next case would otherwise hold both cases' derived weights, a Pro
+    layer's 10-25 GB an impl; no scan per call, which a model's thousands of cached weights could not afford)."""
 
     def __init__(self, size: int = 1):
         self.size, self._entries = size, {}
-        Prepared._instances.add(self)
-
-    def _drop_dead(self) -> None:
-        for key in [k for k, (refs, _, _) in self._entries.items() if any(r() is None for r in refs)]:
-            del self._entries[key]
 
     def get(self, sources: tuple, make):
-        for cache in list(Prepared._instances):
-            cache._drop_dead()
         key = tuple(id(t) for t in sources)
         hit = self._entries.get(key)
         versions = tuple(t._version for t in sources)
         if hit is None or any(r() is not t for r, t in zip(hit[0], sources)) or hit[1] != versions:
             if len(self._entries) >= self.size:
                 self._entries.pop(next(iter(self._entries)))
-            hit = self._entries[key] = (tuple(weakref.ref(t) for t in sources), versions, make())
+            cache = weakref.ref(self)
+
+            def forget(_ref, key=key):
+                owner = cache()
+                if owner is not None and owner._entries.get(key, ((),))[0] and _ref in owner._entries[key][0]:
+                    del owner._entries[key]
+
+            hit = self._entries[key] = (tuple(weakref.ref(t, forget) for t in sources), versions, make())
         return hit[2]

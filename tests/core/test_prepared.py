@@ -43,16 +43,20 @@ def test_several_sources_are_held_up_to_the_size():
     assert cache.get((ts[0],), lambda: "remade") == "remade"  # the oldest went
 
 
-def test_values_of_freed_sources_are_dropped_before_anything_is_made():
+def test_a_value_is_dropped_when_a_source_is_freed():
     """A sweep's next case must not hold the last case's derived weights beside its own: once a source is freed,
-    the next get of any cache drops the values made from it before making a new one."""
+    the values made from it go (a replaced entry's late callback does not drop its successor)."""
     import weakref
 
-    weights, other = Prepared(), Prepared()
-    old = torch.ones(4)
-    value = weights.get((old,), lambda: torch.zeros(8))
+    weights = Prepared(size=2)
+    old, kept = torch.ones(4), torch.ones(3)
+    value = weights.get((old, kept), lambda: torch.zeros(8))
     alive = weakref.ref(value)
-    del value, old
-    assert alive() is not None  # held by the cache while no get runs
-    other.get((torch.ones(2),), lambda: torch.zeros(1))  # another cache's get
-    assert alive() is None
+    del value
+    assert alive() is not None  # held while its sources live
+    del old
+    assert alive() is None and not weights._entries
+    first = weights.get((kept,), lambda: torch.zeros(1))
+    kept.add_(1)  # written: remade under the same key
+    second = weights.get((kept,), lambda: torch.zeros(2))
+    assert second is not first and weights.get((kept,), lambda: "remade") is second
