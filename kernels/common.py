@@ -79,9 +79,8 @@ class Prepared:
     """Derived values cached per source tensors (an operand layout or dtype a peer's API needs that a
     model would make once; a weight's padded scales): remade when a source is another object (weak
     references, so a new tensor at a freed one's address is not mistaken for it) or was written to.
-    Holds the last `size` sources' values; a value is dropped as soon as one of its sources is freed (the
-    weak reference's callback: a sweep's next case would otherwise hold both cases' derived weights, a Pro
-    layer's 10-25 GB an impl; no scan per call, which a model's thousands of cached weights could not afford)."""
+    Holds the last `size` sources' values; a value goes as soon as a source is freed (the weak reference's
+    callback: a sweep's next case would otherwise hold both cases' derived weights, 10-25 GB a Pro layer)."""
 
     def __init__(self, size: int = 1):
         self.size, self._entries = size, {}
