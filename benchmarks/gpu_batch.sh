@@ -8,8 +8,7 @@
 #   back here:                   tar -xzf PHASE.tar.gz -C benchmarks      # -> benchmarks/results/<family>/<run>/
 #                                git add benchmarks/results/<family>/<run> # + a line in benchmarks/results/INDEX.md
 #
-# The log, HTML reports, CSV and generated code are not committed (.gitignore); `dsv4bench report
-# benchmarks/results/<family>/<run>` re-renders a sweep's index.html and results.csv.
+# Runs are saved with --drop-samples (the tree's budget); `dsv4bench report <run>` re-renders a sweep's HTML and CSV.
 #
 # PHASE: tests  every @pytest.mark.gpu test (kernels against oracles, cache-loaded kernels);
 #               ARG, if given, is a pytest -k selection; one <family>/<date>-<device>-<commit>-gpu-tests
@@ -28,7 +27,9 @@ device=${DSV4BENCH_DEVICE:-h100}
 out=${OUT:?run on the device (OUT unset)}
 work=$(mktemp -d)
 log="$out/$phase.log"
-save() { python3 benchmarks/save_run.py "$@" --commit "$DSV4BENCH_COMMIT" --device "$device" --root "$work/results" 2>&1 | tee -a "$log"; }
+# the tarball is rewritten after every saved run, so an outer timeout keeps the runs finished before it
+pack() { mkdir -p "$work/results" && tar -C "$work" -czf "$out/$phase.tar.gz.part" results && mv "$out/$phase.tar.gz.part" "$out/$phase.tar.gz"; }
+save() { python3 benchmarks/save_run.py "$@" --commit "$DSV4BENCH_COMMIT" --device "$device" --root "$work/results" --drop-samples 2>&1 | tee -a "$log"; pack; }
 
 # pytest-xdist, where importable (the GPU site has none: carry its two wheels unpacked on PYTHONPATH), runs
 # the GPU tests in DSV4BENCH_WORKERS processes sharing the GPU: the CPU-bound compiles then overlap
@@ -62,7 +63,6 @@ case "$phase" in
     [ -s "$work/fmha-h100.json" ] && save "$work/fmha-h100.json" --json --family fmha --command "$cmd" ;;
   *) echo "unknown phase '$phase' (tests|conformance|bench|fmha)" >&2; exit 2 ;;
 esac
-mkdir -p "$work/results"
-tar -C "$work" -czf "$out/$phase.tar.gz" results
+pack
 echo "packed $(du -h "$out/$phase.tar.gz" | cut -f1) into $phase.tar.gz: $(cd "$work" && find results -mindepth 2 -maxdepth 2 -type d | tr '\n' ' ')" | tee -a "$log"
 exit "$status"  # the phase's own status (pytest's for tests), not the packer's
