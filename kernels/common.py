@@ -94,9 +94,10 @@ class Prepared:
                 self._entries.pop(next(iter(self._entries)))
             cache = weakref.ref(self)
 
-            def forget(_ref, key=key):
+            def forget(dead, key=key):  # one of this entry's sources was freed (not a later entry's at its key)
                 owner = cache()
-                if owner is not None and owner._entries.get(key, ((),))[0] and _ref in owner._entries[key][0]:
+                entry = owner._entries.get(key) if owner is not None else None
+                if entry is not None and dead in entry[0]:
                     del owner._entries[key]
 
             hit = self._entries[key] = (tuple(weakref.ref(t, forget) for t in sources), versions, make())

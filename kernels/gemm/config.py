@@ -209,7 +209,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
 
 # quant + gemm (the op a model calls) at decode: the GEMM launched with programmatic dependent launch, the quant
 # kernel letting it start at once, its first ring-full of weights loaded before griddepcontrol.wait
-# (GemmConfig.pdl). H100, graph-timed, one process (run gemm/2026-11-27-h100-6c1cd2d-pdl): 1.086x / 1.102x the
+# (GemmConfig.pdl). H100, graph-timed, one process (run gemm/2026-11-27-h100-ab46290-pdl): 1.086x / 1.102x the
 # plain pair at M 1 / 64 over the 17 layers (0.6-2.1 us a call). Not measured past M 64: off there.
 PDL_MAX_ROWS = 64
 

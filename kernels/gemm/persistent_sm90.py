@@ -191,6 +191,13 @@ class PersistentGemmSm90:
             return self._cluster_merge(acc, st, ks, mtid)
         return self._split_k_merge(acc, mWork, mCount, flag, epi_bar, t, mtid)
 
+    def _holds_rows(self, mtid):
+        """Whether consumer thread mtid holds rows of the tile: a small x tile (bm 16 / 32) keeps the m64
+        fragment, whose warps past bm / 16 hold none."""
+        if cutlass.const_expr(self.cfg.bm < 64):
+            return mtid // 32 < self.cfg.bm // 16
+        return True
+
     @cute.jit
     def _cluster_merge(self, acc, st, ks, mtid) -> cutlass.Boolean:
         """Split-K fix-up inside a cluster (GemmConfig.cluster_k): slice ks > 0 sends the fp32 partial
@@ -202,9 +209,7 @@ class PersistentGemmSm90:
         per_thread = cute.size(acc)
         holders = c.bm * c.bn // per_thread  # threads holding rows of the tile (a 16 / 32-row x tile: bm / 16 warps)
         slot = c.bm * c.bn
-        holds_rows = True
-        if cutlass.const_expr(c.bm < 64):
-            holds_rows = mtid // 32 < c.bm // 16
+        holds_rows = self._holds_rows(mtid)
         bar = st.merge_bar.data_ptr()
         parts = st.parts.get_tensor(cute.make_layout((c.partial_floats,)))
         first = ks == 0
@@ -234,12 +239,9 @@ class PersistentGemmSm90:
         c = self.cfg
         per_thread = cute.size(acc)
         nthr = 128 * c.n_mma_wg
-        # workspace layout: [tile][element of the thread's fragment][thread] (coalesced); a small x
-        # tile (bm 16 / 32) keeps the m64 fragment, whose warps past bm / 16 hold no row of the tile
+        # workspace layout: [tile][element of the thread's fragment][thread] (coalesced)
         base = t * (tile_sum_rows(c) * c.bn) + mtid
-        holds_rows = True
-        if cutlass.const_expr(c.bm < 64):
-            holds_rows = mtid // 32 < c.bm // 16
+        holds_rows = self._holds_rows(mtid)
         if holds_rows:
             for i in cutlass.range_constexpr(per_thread):
                 cute.arch.red(mWork.iterator + (base + i * nthr), acc[i], op="add", dtype=cutlass.Float32,

@@ -32,7 +32,7 @@ from kernels.moe import serves as served
 from kernels.moe.gemv_layer import CompiledGemvLayer, compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.gemm.config import H100_SMS
-from kernels.moe.grouped_config import V2, V3, V4, V5, gemv_at_one_token
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, gemv_at_one_token
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -160,6 +160,8 @@ class MoeCuteDSL(Impl):
             return None
         if arch not in (None, "sm_90a"):
             return SM90_ONLY
+        if case["layout"] == "masked" and case["e"] > MAX_GROUPS:  # `--experts` may ask for more
+            return f"{case['e']} experts: the masked layout's work list holds at most {MAX_GROUPS}"
         return None if case["i"] % 128 == 0 else f"I={case['i']} must be a multiple of 128 (L1's 256-row tile)"
 
     knobs: dict = {}  # GroupedConfig overrides (declared variants)

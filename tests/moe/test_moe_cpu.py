@@ -162,3 +162,7 @@ def test_experts_option_adds_the_real_layer_and_the_bf16_peers_refuse_what_they_
     assert "54 GB" in get_impl("moe", "torch_grouped_mm").supports(cases[0]) and get_impl("moe", "torch").supports(cases[0])
     assert get_impl("moe", "deepgemm-kernels").supports(cases[0], "sm_90a") is None
     assert get_impl("moe", "torch").supports(Case("moe", space.case("layer", "pro", 4096))) is None  # 16 experts
+    # past the masked work list's 512 experts a decode case is refused in one line, prefill still runs
+    decode = Case("moe", space.case("layer", "flash", 8, e=600))
+    assert "at most 512" in get_impl("moe", "cutedsl").supports(decode, "sm_90a")
+    assert get_impl("moe", "cutedsl").supports(Case("moe", space.case("layer", "flash", 4096, e=600)), "sm_90a") is None
