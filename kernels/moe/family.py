@@ -244,6 +244,8 @@ class MoeLayerVariant(MoeCuteDSL):
             return "a variant of the layer's GEMMs only"
         if self.knobs.get("swap_ab") and case["layout"] != "masked":
             return "v5 (swap-AB) is a decode kernel: masked layout only"
+        if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
+            return "skip_padding_wave is a prefill (contiguous layout) mode of v3"
         return super().supports(case, arch)
 
 
@@ -300,6 +302,7 @@ register_impl(MoeLayerVariant("tiled-b", {**V2, "tiled_b": True}))
 register_impl(MoeLayerVariant("pdl", {**V2, "pdl": True}))
 register_impl(MoeLayerVariant("split-wg", {**V2, "split_wg": True}))
 register_impl(MoeLayerVariant("v3", V3))
+register_impl(MoeLayerVariant("v3-skip-wave", {**V3, "skip_padding_wave": True}))
 register_impl(MoeLayerVariant("v4", V4))
 register_impl(MoeLayerVariant("v5", V5))
 register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))

@@ -74,6 +74,10 @@ class GroupedConfig:
     # v3's L1 epilogue (needs split_wg): silu's division by rcp.approx (v2: the IEEE division, ~8 instructions
     # and a slow-path branch an element) and one 2-byte store per e4m3 pair of h (v2: two 1-byte stores)
     fast_silu: bool = False
+    # v3 on the contiguous layout (variant `cutedsl:v3-skip-wave`): a tile whose second 64-row wave is all padding
+    # (its row 64 is padding: a segment of <= 64 rows) issues, waits for and promotes the first wave only. At the
+    # models' real expert counts (Pro: 64 rows an expert at T = 4096) about half the tiles
+    skip_padding_wave: bool = False
     # v5 (decode; variant `cutedsl:v5`, kernels/moe/grouped_rs.py): swap-AB with the weights as an RS wgmma's A
     # operand: each consumer thread widens its own A fragment in registers (codes in the load-time RS byte order,
     # expert_weights.rs_byte_order), the tokens are the N side (bm = 16 or 32 a tile). No widened tile in shared
@@ -89,6 +93,8 @@ class GroupedConfig:
             raise ValueError(f"widen must be one of {WIDENINGS}, got {self.widen!r}")
         if self.split_wg and self.widen != "v2":
             raise ValueError("split_wg widens with v2 only")
+        if self.skip_padding_wave and not (self.row_frame and self.layout == "contiguous" and self.bm == 128):
+            raise ValueError("skip_padding_wave is a mode of v3 (row_frame) on the contiguous layout")
         if (self.row_frame or self.fast_silu) and not self.split_wg:
             raise ValueError("row_frame and fast_silu are modes of the split_wg kernel (v3)")
         if self.ablate not in ABLATIONS:

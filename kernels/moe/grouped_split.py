@@ -58,9 +58,12 @@ class GroupedSplit(GroupedSm90):
             g, mt, nt, e, limit = self._start_tile(u, accs, tiles_n, n_groups, mg, mGroup, st)
             self._prepare(ring, st, sSh, tab, g_rd, ctid)
             wg_bar.arrive_and_wait()
+            live = limit - mt * c.bm
+            if cutlass.const_expr(c.skip_padding_wave):  # contiguous: rows 64.. padding iff row 64 is
+                live = cutlass.select_(mGroup[mt * c.bm + 64] >= 0, c.bm, 64)
             for kb in cutlass.range(0, n_kb, unroll=1):
                 self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, wg_bar,
-                             g_rd, kb + 1 < n_kb, ctid, limit - mt * c.bm)
+                             g_rd, kb + 1 < n_kb, ctid, live)
                 g_rd = g_rd + 1
             self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)
             if cutlass.const_expr(c.epilogue == "swiglu" and c.waves == 1):
@@ -111,37 +114,54 @@ class GroupedSplitRow(GroupedSplit):
         c = self.cfg
         W = c.waves
         state = self._stage(g_rd)
+        for w in cutlass.range_constexpr(W):
+            if cutlass.const_expr(c.skip_padding_wave and w == W - 1):
+                if live_rows > 64 * w:  # the last wave holds a real row (a tile-uniform branch)
+                    self._row_wave(ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd,
+                                   has_next, ctid, w, True)
+            else:
+                last = w == W - 1
+                if cutlass.const_expr(c.skip_padding_wave):
+                    last = live_rows <= 64 * (w + 1)  # the waves after this one are skipped: free the stage here
+                self._row_wave(ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd, has_next,
+                               ctid, w, last)
+        bar.arrive_and_wait()
+
+    @cute.jit
+    def _row_wave(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd, has_next, ctid,
+                  w: cutlass.Constexpr, release):
+        """Wave w of K block g_rd: 4 wgmma into tmp; its 2 row scales read while they run (wave 0 also waits for
+        and widens the next block's tile); wait; acc += tmp · row_scale; in the tile's last block then acc *=
+        col_scale (read from the stage after tmp is dead); `release`: this wave is the block's last, free the stage."""
         n_r, n_c = cute.size(cC, mode=[0]), cute.size(cC, mode=[1])
         row_s = cute.make_rmem_tensor((n_r,), Float32)
         col_s = cute.make_rmem_tensor((n_c,), Float32)
-        for w in cutlass.range_constexpr(W):
-            self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
-            if cutlass.const_expr(w == 0):
-                if has_next:
-                    self._prepare(ring, st, sSh, tab, g_rd + 1, ctid)
-            for r in cutlass.range_constexpr(n_r):
-                row_s[r] = sSA[w * 64 + cC[r, 0][0], 0, state.index]
-            warpgroup.wait_group(0)
-            fence_operand(tmp)
-            acc_mn, tmp_mn = mn_view(accs[w]), mn_view(tmp)
+        self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
+        if cutlass.const_expr(w == 0):
             if has_next:
-                if cutlass.const_expr(w == W - 1):
-                    ring.consumer_release(state)
-                for r in cutlass.range_constexpr(n_r):
-                    for cc in cutlass.range_constexpr(n_c):
-                        acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * row_s[r]
-            else:  # tmp dies before the column scales are loaded (acc + 32 scales, not acc + tmp + scales)
-                for r in cutlass.range_constexpr(n_r):
-                    for cc in cutlass.range_constexpr(n_c):
-                        acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * row_s[r]
+                self._prepare(ring, st, sSh, tab, g_rd + 1, ctid)
+        for r in cutlass.range_constexpr(n_r):
+            row_s[r] = sSA[w * 64 + cC[r, 0][0], 0, state.index]
+        warpgroup.wait_group(0)
+        fence_operand(tmp)
+        acc_mn, tmp_mn = mn_view(accs[w]), mn_view(tmp)
+        if has_next:
+            if release:
+                ring.consumer_release(state)
+            for r in cutlass.range_constexpr(n_r):
                 for cc in cutlass.range_constexpr(n_c):
-                    col_s[cc] = sSW[cC[0, cc][1], 0, state.index]
-                for r in cutlass.range_constexpr(n_r):
-                    for cc in cutlass.range_constexpr(n_c):
-                        acc_mn[r, cc] = acc_mn[r, cc] * col_s[cc]
-                if cutlass.const_expr(w == W - 1):
-                    ring.consumer_release(state)
-        bar.arrive_and_wait()
+                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * row_s[r]
+        else:  # tmp dies before the column scales are loaded (acc + 32 scales, not acc + tmp + scales)
+            for r in cutlass.range_constexpr(n_r):
+                for cc in cutlass.range_constexpr(n_c):
+                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * row_s[r]
+            for cc in cutlass.range_constexpr(n_c):
+                col_s[cc] = sSW[cC[0, cc][1], 0, state.index]
+            for r in cutlass.range_constexpr(n_r):
+                for cc in cutlass.range_constexpr(n_c):
+                    acc_mn[r, cc] = acc_mn[r, cc] * col_s[cc]
+            if release:
+                ring.consumer_release(state)
 
 
 class GroupedL1Split(GroupedSplit):

@@ -279,3 +279,16 @@ def test_v3_knockout_and_decode_compile_clean(layout, epilogue):
     from tests.wgmma_checks import assert_compiles_clean
     knobs = V3 if layout == "masked" else {**V3, "ablate": "no-widen"}
     assert_compiles_clean(lambda kn: compile_grouped(layout, epilogue, 512, 256, **kn), knobs)
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
+def test_v3_skip_wave_compiles_clean_and_is_refused_elsewhere(epilogue, monkeypatch):
+    """v3 with an all-padding second wave skipped (GroupedConfig.skip_padding_wave): sm_90a, no serialised wgmma, the
+    loop's spill refills as v3's; only v3 on the contiguous layout takes it; the family refuses it at decode."""
+    knobs = {**V3, "skip_padding_wave": True}
+    assert _loop_spills(compile_checked("contiguous", epilogue, knobs, monkeypatch)) <= 4
+    with pytest.raises(ValueError, match="skip_padding_wave"):
+        GroupedConfig(layout="masked", bm=64, **knobs)
+    impl = get_impl("moe", "cutedsl:v3-skip-wave")
+    assert "contiguous" in impl.supports(Case("moe", space.case("layer", "flash", 8)))
+    assert impl.supports(Case("moe", space.case("layer", "flash", 4096))) is None
