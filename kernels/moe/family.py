@@ -32,7 +32,7 @@ from kernels.moe import serves as served
 from kernels.moe.gemv_layer import CompiledGemvLayer, compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.gemm.config import H100_SMS
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, gemv_at_one_token
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, gemv_at_one_token
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -229,7 +229,7 @@ class MoeLayerVariant(MoeCuteDSL):
     kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
     scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
     rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out
-    (what v3's widening still costs); `cutedsl:v5` (decode only) swap-AB with the weights widened in registers as
+    (what v3's widening still costs); `cutedsl:v7` (the rule's prefill pick) v3 skipping a tile's all-padding second wave; `cutedsl:v5` (decode only) swap-AB with the weights widened in registers as
     an RS wgmma's A (kernels/moe/grouped_rs.py; the rule's decode pick: a 16- and a 32-token tile compiled, a call
     takes the smallest holding its largest count, v4 past 64; launched with PDL), `:v5-bm16` / `:v5-bm32` one tile
     only, `:v5-no-pdl` the rule's pick without programmatic dependent launch (docs/perf/moe.md; v6, v5's kernel at
@@ -245,7 +245,7 @@ class MoeLayerVariant(MoeCuteDSL):
         if self.knobs.get("swap_ab") and case["layout"] != "masked":
             return "v5 (swap-AB) is a decode kernel: masked layout only"
         if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
-            return "skip_padding_wave is a prefill (contiguous layout) mode of v3"
+            return "v7 (skip_padding_wave) is a prefill kernel: contiguous layout only"
         return super().supports(case, arch)
 
 
@@ -302,7 +302,7 @@ register_impl(MoeLayerVariant("tiled-b", {**V2, "tiled_b": True}))
 register_impl(MoeLayerVariant("pdl", {**V2, "pdl": True}))
 register_impl(MoeLayerVariant("split-wg", {**V2, "split_wg": True}))
 register_impl(MoeLayerVariant("v3", V3))
-register_impl(MoeLayerVariant("v3-skip-wave", {**V3, "skip_padding_wave": True}))
+register_impl(MoeLayerVariant("v7", V7))
 register_impl(MoeLayerVariant("v4", V4))
 register_impl(MoeLayerVariant("v5", V5))
 register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))

@@ -74,7 +74,7 @@ class GroupedConfig:
     # v3's L1 epilogue (needs split_wg): silu's division by rcp.approx (v2: the IEEE division, ~8 instructions
     # and a slow-path branch an element) and one 2-byte store per e4m3 pair of h (v2: two 1-byte stores)
     fast_silu: bool = False
-    # v3 on the contiguous layout (variant `cutedsl:v3-skip-wave`): a tile whose second 64-row wave is all padding
+    # v7 = v3 on the contiguous layout (the prefill pick): a tile whose second 64-row wave is all padding
     # (its row 64 is padding: a segment of <= 64 rows) issues, waits for and promotes the first wave only. At the
     # models' real expert counts (Pro: 64 rows an expert at T = 4096) about half the tiles
     skip_padding_wave: bool = False
@@ -171,9 +171,11 @@ class GroupedConfig:
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
-V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False}
+V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
+      "skip_padding_wave": False}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
-V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False}
+V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False, "skip_padding_wave": False}
+V7 = {**V3, "skip_padding_wave": True}  # the prefill pick: v3 without a tile's all-padding second wave
 V5 = {**V2, "swap_ab": True}  # the decode pick (choose: bm 16; layer.compile_layer adds bm 32 beside it)
 
 
@@ -193,8 +195,9 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     v4 in CUPTI time wherever the counts fit a tile). Prefill (contiguous, 128-row segments) two waves on v3, whose
     GEMMs read row-frame weights (expert_weights.prepare(frame="row"): kernels/moe/layer.weight_frame); v3
     at prefill since the H100 A/B in one process (docs/perf/moe.md "v3": Flash T = 4096 0.75-0.78x v2's
-    time, 0.94-0.99x DeepGEMM's speed; Pro T = 4096 0.77-0.81x). The variants `cutedsl:v2` / `cutedsl:v4`
-    keep v2 / v4 at decode for A/Bs."""
+    time, 0.94-0.99x DeepGEMM's speed; Pro T = 4096 0.77-0.81x), skipping a tile's all-padding second wave
+    (v7; Pro's 384 experts at T = 4096: 1.08-1.17x v3). The variants `cutedsl:v2` / `cutedsl:v3` / `cutedsl:v4`
+    keep the earlier kernels for A/Bs."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V5)
-    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V3)
+    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V7)

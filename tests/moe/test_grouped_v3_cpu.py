@@ -16,9 +16,9 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
 from kernels.moe.expert_weights import EXACT_SPAN, flush_stats, prepare, prepare_layer, widened_dequant
-from kernels.moe.grouped_config import V2, V3, GroupedConfig
+from kernels.moe.grouped_config import V2, V3, V7, GroupedConfig
 from kernels.moe.inputs import make_experts
-from kernels.moe.layer import compile_grouped
+from kernels.moe.layer import compile_grouped, grouped_config
 from oracles.moe import dispatch_layout, gather_quant
 from oracles.quant import mxfp4_dequant, unpack_fp4
 from sweeps import moe as space
@@ -153,14 +153,15 @@ def test_v3_variants_are_declared_and_validated():
 
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
-def test_the_tile_rule_picks_v3_at_prefill_and_v5_at_decode(epilogue):
-    """Since the H100 A/Bs (docs/perf/moe.md "v3", "v5"): contiguous (prefill) -> v3 (split warpgroups, row-frame
-    weights, fast silu), masked (decode) -> v5 (swap-AB, 16-token tiles; compile_layer adds 32). The v2 A/Bs and
+def test_the_tile_rule_picks_v7_at_prefill_and_v5_at_decode(epilogue):
+    """Since the H100 A/Bs (docs/perf/moe.md "v3", "v7", "v5"): contiguous (prefill) -> v7 (v3: split warpgroups,
+    row-frame weights, fast silu; with all-padding second waves skipped), masked (decode) -> v5 (swap-AB, 16-token tiles; compile_layer adds 32). The v2 A/Bs and
     cutedsl:v4 turn v5 off and get v2's 64-row decode wave."""
     from kernels.moe.grouped_config import V4, V5, choose
     from kernels.moe.layer import grouped_config, weight_frame
     pre, dec = choose("contiguous", epilogue), choose("masked", epilogue)
     assert (pre.split_wg, pre.row_frame, pre.fast_silu, pre.bm, pre.swap_ab) == (True, True, True, 128, False)
+    assert pre.skip_padding_wave and not grouped_config("contiguous", epilogue, **V3).skip_padding_wave
     assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=16, pdl=True, **V5) and dec.swap_ab
     assert weight_frame("contiguous") == "row" and weight_frame("masked") == "block"
     v2_dec = GroupedConfig(layout="masked", epilogue=epilogue, bm=64, **V2)
@@ -282,13 +283,15 @@ def test_v3_knockout_and_decode_compile_clean(layout, epilogue):
 
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
-def test_v3_skip_wave_compiles_clean_and_is_refused_elsewhere(epilogue, monkeypatch):
-    """v3 with an all-padding second wave skipped (GroupedConfig.skip_padding_wave): sm_90a, no serialised wgmma, the
-    loop's spill refills as v3's; only v3 on the contiguous layout takes it; the family refuses it at decode."""
-    knobs = {**V3, "skip_padding_wave": True}
+def test_v7_compiles_clean_is_the_prefill_pick_and_is_refused_elsewhere(epilogue, monkeypatch):
+    """v7, v3 with an all-padding second wave skipped (GroupedConfig.skip_padding_wave): sm_90a, no serialised wgmma, the
+    loop's spill refills as v3's; the rule's prefill pick; only v3 on the contiguous layout takes it; the family
+    refuses it at decode."""
+    knobs = V7
+    assert grouped_config("contiguous", epilogue) == GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **V7)
     assert _loop_spills(compile_checked("contiguous", epilogue, knobs, monkeypatch)) <= 4
     with pytest.raises(ValueError, match="skip_padding_wave"):
         GroupedConfig(layout="masked", bm=64, **knobs)
-    impl = get_impl("moe", "cutedsl:v3-skip-wave")
+    impl = get_impl("moe", "cutedsl:v7")
     assert "contiguous" in impl.supports(Case("moe", space.case("layer", "flash", 8)))
     assert impl.supports(Case("moe", space.case("layer", "flash", 4096))) is None
