@@ -29,7 +29,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
     unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
     x1              no CTA pairs (GemmConfig.cluster_n 1) where the rule pairs bm 256 tiles
-    pair            256 x 128 CTA pairs wherever they fit (the rule's prefill pick before bn 192)
+    pair            256 x 128 CTA pairs wherever they fit (the rule's prefill pick before bn 192); pair-bn32 / -bn64
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
     ko-const-scale  GEMM), promotion without the scale loads; the gap to the shipped kernel is what
     ko-half-a       that part costs. half-a: the second wave's x tile is not loaded (bm 256), no-b:
@@ -87,6 +87,7 @@ KNOBS: dict[str, dict] = {
     "chain4-bn32-no-split": {"chain": 4, "bn": 32, "split_k": 1},
     "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
     "pair": {"bm": 256, "bn": 128, "cluster_n": 2},  # 256 x 128 CTA pairs wherever they fit
+    **{f"pair-bn{b}": {"bm": 256, "bn": b, "cluster_n": 2, "split_k": 1, "stages": 0, "chain": 0} for b in (32, 64)},
 }
 # knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
 KNOCKOUTS = ("no-promote", "const-scale", "half-a", "no-b")
