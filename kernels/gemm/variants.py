@@ -13,7 +13,8 @@ override makes an impossible configuration is UNSUPPORTED there.
     gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
     no-split        split-K off (decode shapes that the rule splits); bn64-no-split, bn32-no-split both
     bm64-bnB-kS     64 x B tiles in S slices at any M (the rule takes bm 64 only up to M = 128)
-    bm128-bnB-kS    128 x B tiles in S slices (1, 2, 4), bm256-bnB 256 x B: one M tile at M 65-256, full rings
+    bm128-bnB-kS    128 x B tiles in S slices (1, 2, 4), bm256-bnB 256 x B: one M tile at M 65-256, full rings;
+    bm128-bnB-ckS   128 x B tiles in S = 2-4 slices as one cluster merging in shared memory
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
     sS              S smem ring stages instead of the rule's
     pdl, no-pdl     launched with (without) programmatic dependent launch: in quant+gemm the GEMM starts while
@@ -77,6 +78,8 @@ KNOBS: dict[str, dict] = {
     **{f"bm128-bn{b}-k{s}": {"bm": 128, "bn": b, "split_k": s, "stages": 0, "chain": 0}
        for b in (32, 64, 128) for s in (1, 2, 4)},
     **{f"bm256-bn{b}": {"bm": 256, "bn": b, "split_k": 1, "stages": 0, "chain": 0} for b in (32, 64, 128)},
+    **{f"bm128-bn{b}-ck{s}": {"bm": 128, "bn": b, "split_k": s, "cluster_k": True, "stages": 0, "chain": 0}
+       for b in (32, 64, 128) for s in (2, 3, 4)},
     **{f"k{s}": {"split_k": s} for s in (2, 4)},
     **{f"bn{b}-k{s}": {"bn": b, "split_k": s} for b in (64, 128) for s in (2, 4)},
     "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
