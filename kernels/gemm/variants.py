@@ -12,7 +12,7 @@ override makes an impossible configuration is UNSUPPORTED there.
                     bn192: 128 x 192 tiles
     gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
     no-split        split-K off (decode shapes that the rule splits); bn64-no-split, bn32-no-split both
-    bm64-bnB-kS     64 x B tiles in S slices at any M (the rule takes bm 64 only up to M = 128)
+    bm64-bnB-kS     64 x B tiles in S slices at any M, K blocks chained as the rule chains bm 64
     bm128-bnB-kS    128 x B tiles in S slices (1, 2, 4), bm256-bnB 256 x B: one M tile at M 65-256, full rings;
     bm128-bnB-ckS   128 x B tiles in S = 2-4 slices as one cluster merging in shared memory
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
@@ -47,7 +47,7 @@ from dataclasses import replace
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import register_impl
 from kernels.gemm.family import GemmCuteDSL
-from kernels.gemm.config import H100_SMS
+from kernels.gemm.config import CHAIN, H100_SMS
 from kernels.gemm.glue import check_cluster_round, groups_of, pairs_share_x
 from kernels.gemm.tiling import GemmConfig
 from kernels.knobs import ConfigKnobs
@@ -73,7 +73,7 @@ KNOBS: dict[str, dict] = {
     "bn32-no-split": {"bn": 32, "split_k": 1},
     "bn32-k2": {"bn": 32, "split_k": 2},
     # 64-row tiles past M = 64 (the rule takes 128 / 256 there): one consumer warpgroup, 4x the CTAs
-    **{f"bm64-bn{b}-k{s}": {"bm": 64, "bn": b, "split_k": s} for b in (32, 64, 128) for s in (1, 2)},
+    **{f"bm64-bn{b}-k{s}": {"bm": 64, "bn": b, "split_k": s, "chain": CHAIN} for b in (32, 64, 128) for s in (1, 2)},
     # one M tile of 128 / 256 rows past M = 64 (the weight read once; the rule's bm 64 / 128 read it twice), full rings
     **{f"bm128-bn{b}-k{s}": {"bm": 128, "bn": b, "split_k": s, "stages": 0, "chain": 0}
        for b in (32, 64, 128) for s in (1, 2, 4)},
