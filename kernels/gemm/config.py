@@ -20,7 +20,8 @@ Prefill (large M) is bound by the tensor core and the L2 in the model: it prefer
 waves of 128 rows, 3/4 of the L2 bytes per flop of 128 x 128) whenever the tiles fill the SMs, and
 falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle, or round up badly:
 pro.wq_a at M = 4096 has 192 tiles of 256 x 128, 1.45 waves, but 384 of 128 x 128, 2.9 waves).
-Decode (M <= 64) is bound by
+Between them (M 129-256: serving batches, chunked prefill) 64- and 128-row tiles in one K slice
+(SMALL_M, measured). Decode (M <= 64) is bound by
 the weight stream from DRAM: the smallest x tile holding M (16, 32 or 64 rows) and the (bn, split_k)
 that streams the weight fastest. One CTA
 pulls what its ring keeps in flight per DRAM round trip (Little's law: its stages' weight bytes over
@@ -92,6 +93,13 @@ CLUSTER_SLOT_CLK = 300
 # 8 slices: 8% over 4)
 CLUSTER_KB_CLK = 200
 MAX_CLUSTER_SPLIT = 4
+# M 129-256 (serving batches, chunked prefill): 64- and 128-row tiles, one K slice. H100, graph-timed, one process
+# (run gemm/2026-11-27-h100-6eec401-m256-probe): at M 256 the rule's earlier picks (128 / 256-row tiles, split-K
+# in global memory up to 8 slices) ran at 0.93x DeepGEMM; 64-row tiles in one slice, DeepGEMM's own pick there, won
+# where they fill the SMs in one round (flash.wo_b 26.5 -> 20.1 us, pro.wq_a 17.2 -> 13.4), and every split form
+# lost to a one-slice form (a slice's fp32 partial is bm x bn rows however few SMs idle); their rings were full
+# (no DECODE_RING_BYTES cap). Past 256 rows: not measured, the earlier rule
+SMALL_M = range(129, 257)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -100,10 +108,11 @@ def _cdiv(a: int, b: int) -> int:
 
 def row_tiles(m: int, min_rows: int = 16) -> tuple[int, ...]:
     """The CTA heights that suit M: the smallest x tile of 16, 32 or 64 rows (at least min_rows)
-    holding M for decode, 64/128 up to 128 rows, 128/256 beyond."""
+    holding M for decode, 64 / 128 up to 256 rows (SMALL_M), 128 / 256 beyond (64-row tiles, chained,
+    first: equal-cost ties go to them)."""
     if m <= 64:
         return (next(r for r in (16, 32, 64) if r >= max(m, min_rows)),)
-    return (128, 64) if m <= 128 else (256, 128)
+    return (64, 128) if m <= SMALL_M.stop - 1 else (256, 128)
 
 
 def clustered(m: int, bm: int, split: int) -> bool:
@@ -171,7 +180,8 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
                 continue
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]
-            if bm <= 128 and tiles < sms:  # split-K only to fill idle SMs, and one wave per tile
+            # split-K only to fill idle SMs, one wave a tile, and not at M 129-256 (SMALL_M)
+            if bm <= 128 and tiles < sms and m not in SMALL_M:
                 splits += [s for s in range(2, MAX_SPLIT + 1) if kb // s >= MIN_KB_PER_SLICE and tiles * s <= sms
                            and (not clustered(m, bm, s) or clusters_fit(tiles, s, sms) and _fits(bm, bn, s))]
             for s in splits:
@@ -202,7 +212,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # than unchained, 1-3% than chains of 2 / 4)
     cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, cluster_k=clustered(m, bm, split))
     stages = ring_stages(bm, bn, split, cfg.cluster_k)
-    if stages < cfg.n_stages:
+    if stages < cfg.n_stages and m not in SMALL_M:
         cfg = replace(cfg, stages=stages)
     return replace(cfg, chain=CHAIN) if cfg.chainable else cfg
 

@@ -30,9 +30,14 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
         assert H100_SMS * 0.7 <= -(-1024 // cfg.bn) * cfg.split_k <= H100_SMS
     # several or taller M tiles merge their slices in global memory (v9's split: the cluster A/B measured
     # one M tile; a 128 x 128 partial a slice does not fit beside the ring)
-    for m, bm in ((96, 64), (128, 64), (256, 128)):
+    for m, bm in ((96, 64), (128, 64), (320, 128)):
         cfg = choose_config(m, 512, 4096)
         assert cfg.bm == bm and cfg.split_k > 1 and not cfg.cluster_k
+    # M 129-256 (SMALL_M_ROWS): 64- or 128-row tiles in one K slice, chained at 64 rows (DeepGEMM's pick at M 256)
+    for m in (129, 192, 256):
+        for n, k, bm, bn in ((512, 4096, 64, 32), (1536, 7168, 64, 64), (4096, 8192, 64, 128), (7168, 16384, 128, 128)):
+            cfg = choose_config(m, n, k)
+            assert (cfg.bm, cfg.bn, cfg.split_k) == (bm, bn, 1) and cfg.chain == (8 if bm == 64 else 0), (m, n, k)
     assert choose_config(4096, 7168, 16384).chain == 0  # two consumer warpgroups: no chains
 
 
@@ -239,7 +244,7 @@ def test_decode_rings_of_narrow_tiles_hold_at_most_64_kb_of_weight():
         for m in TOKENS:
             cfg = choose_config(m, n, k, groups=g)
             full = GemmConfig(bm=cfg.bm, bn=cfg.bn, split_k=cfg.split_k, cluster_k=cfg.cluster_k).n_stages  # beside partials
-            if m <= 64 and cfg.bn <= 64:
+            if m <= 64 and cfg.bn <= 64:  # (M 65-128 capped too; M 129-256, SMALL_M, full rings)
                 assert cfg.n_stages == min(full, DECODE_RING_BYTES // (cfg.bn * 128)), (m, n, k, cfg)
             else:
                 assert cfg.n_stages == full, (m, n, k, cfg)  # bn 128 and prefill: as many as fit

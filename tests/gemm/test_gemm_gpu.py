@@ -42,6 +42,8 @@ SHAPES = [
     (300, 2048, 512), (1000, 8192, 256),
     # decode batches of 65-128 rows (64-row tiles, two M tiles, split-K merged in global memory)
     (96, 1024, 4096), (128, 512, 7168), (100, 1536, 7168),
+    # M 129-256 (config.SMALL_M): 64-row tiles in one slice, chained, 3-4 M tiles; full rings; ragged M
+    (256, 512, 4096), (192, 4096, 8192), (250, 1536, 7168), (129, 1024, 4096),
 ]
 
 
