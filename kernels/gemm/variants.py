@@ -14,7 +14,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     no-split        split-K off (decode shapes that the rule splits); bn64-no-split, bn32-no-split both
     bm64-bnB-kS     64 x B tiles in S slices at any M, K blocks chained as the rule chains bm 64
     bm128-bnB-kS    128 x B tiles in S slices (1, 2, 4), bm256-bnB 256 x B: one M tile at M 65-256, full rings;
-    bm128-bnB-ckS   128 x B tiles in S = 2-4 slices as one cluster merging in shared memory
+    bm128-bnB-ckS   128 x B tiles in S = 2-4 slices as one cluster merging in shared memory; bm64-bn192 64 x 192
     kS, bnB-kS      split-K in S slices (2, 4), with the rule's or B columns (bn32-k2 too)
     sS              S smem ring stages instead of the rule's
     pdl, no-pdl     launched with (without) programmatic dependent launch: in quant+gemm the GEMM starts while
@@ -49,7 +49,7 @@ from dsv4bench.core.registry import register_impl
 from kernels.gemm.family import GemmCuteDSL
 from kernels.gemm.config import CHAIN, H100_SMS
 from kernels.gemm.glue import check_cluster_round, groups_of, pairs_share_x
-from kernels.gemm.tiling import GemmConfig
+from kernels.gemm.tiling import GemmConfig, straddles_groups
 from kernels.knobs import ConfigKnobs
 
 KNOBS: dict[str, dict] = {
@@ -78,6 +78,7 @@ KNOBS: dict[str, dict] = {
     **{f"bm128-bn{b}-k{s}": {"bm": 128, "bn": b, "split_k": s, "stages": 0, "chain": 0}
        for b in (32, 64, 128) for s in (1, 2, 4)},
     **{f"bm256-bn{b}": {"bm": 256, "bn": b, "split_k": 1, "stages": 0, "chain": 0} for b in (32, 64, 128)},
+    "bm64-bn192": {"bm": 64, "bn": 192, "split_k": 1, "stages": 0, "chain": 0},
     **{f"bm128-bn{b}-ck{s}": {"bm": 128, "bn": b, "split_k": s, "cluster_k": True, "stages": 0, "chain": 0}
        for b in (32, 64, 128) for s in (2, 3, 4)},
     **{f"k{s}": {"split_k": s} for s in (2, 4)},
@@ -106,6 +107,8 @@ class GemmKnob(ConfigKnobs, GemmCuteDSL):
         if knobs.get("bm", 256) < 256 or knobs.get("split_k", 1) > 1 or knobs.get("ablate") == "half-a":
             knobs.setdefault("cluster_n", 1)  # pairs need bm 256 without split-K
         cfg = replace(GemmCuteDSL.config(self, case), **knobs)
+        if straddles_groups(cfg.bn, case["n"], groups_of(case)):
+            raise ValueError(f"{cfg.bn}-column tiles would straddle a weight group of {case['n'] // groups_of(case)}")
         if not pairs_share_x(cfg, case["n"], groups_of(case)):
             raise ValueError(f"a CTA pair's two N tiles would straddle a weight group of {case['n'] // groups_of(case)}")
         check_cluster_round(cfg, case["m"], case["n"], H100_SMS)  # the rule's part
