@@ -176,7 +176,9 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
             # re-read by several M tiles (the compute-bound prefill): with fewer, the weight stream
             # binds and bn 128's deeper ring pulls more (H100: 4-13% slower at M 256, where the
             # model has no DRAM term)
-            if bn == 192 and (bm == 256 or _cdiv(m, bm) < PAIR_MIN_M_TILES or straddles_groups(bn, n, groups)):
+            # (M 129-256, SMALL_M: 64 x 192 only, measured; three M tiles suffice there)
+            if bn == 192 and (bm == 256 or straddles_groups(bn, n, groups) or (
+                    bm != 64 if m in SMALL_M else _cdiv(m, bm) < PAIR_MIN_M_TILES)):
                 continue
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]
@@ -189,7 +191,11 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
 
 
 def _cheapest(m: int, n: int, k: int, sms: int, cands) -> tuple[int, int, int]:
-    return min(cands, key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), -c[0] * c[1], c[2]))
+    """Ties: at M 129-256 (SMALL_M) the fewer padded rows (M 192: three 64-row tiles, not two of 128), then the
+    larger tile, then fewer slices."""
+    def padded(bm: int) -> int:
+        return _cdiv(m, bm) * bm - m if m in SMALL_M else 0
+    return min(cands, key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), padded(c[0]), -c[0] * c[1], c[2]))
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's host path: a dict lookup, not a 40 us search

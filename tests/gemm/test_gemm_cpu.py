@@ -35,9 +35,12 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
         assert cfg.bm == bm and cfg.split_k > 1 and not cfg.cluster_k
     # M 129-256 (SMALL_M_ROWS): 64- or 128-row tiles in one K slice, chained at 64 rows (DeepGEMM's pick at M 256)
     for m in (129, 192, 256):
-        for n, k, bm, bn in ((512, 4096, 64, 32), (1536, 7168, 64, 64), (4096, 8192, 64, 128), (7168, 16384, 128, 128)):
+        for n, k, bm, bn in ((512, 4096, 64, 32), (1536, 7168, 64, 64), (4096, 8192, 64, 128)):
             cfg = choose_config(m, n, k)
             assert (cfg.bm, cfg.bn, cfg.split_k) == (bm, bn, 1) and cfg.chain == (8 if bm == 64 else 0), (m, n, k)
+    # ... where 64 x 192 and 128 x 128 tie in the model, the fewer padded rows: 64 x 192 at M 192, 128 x 128 at 256
+    assert (choose_config(192, 7168, 16384).bm, choose_config(192, 7168, 16384).bn) == (64, 192)
+    assert (choose_config(256, 7168, 16384).bm, choose_config(256, 7168, 16384).bn) == (128, 128)
     assert choose_config(4096, 7168, 16384).chain == 0  # two consumer warpgroups: no chains
 
 
@@ -120,7 +123,7 @@ def test_grouped_oracle_is_one_product_per_group():
     torch.testing.assert_close(grouped_linear(xd[:, :256], wd, 1), xd[:, :256] @ wd.T)
 
 
-RULE_CONFIGS = sorted({choose_config(m, n, k) for _, _, n, k, _ in LAYERS for m in TOKENS}, key=str)
+RULE_CONFIGS = sorted({choose_config(m, n, k) for _, _, n, k, _ in LAYERS for m in TOKENS + (192,)}, key=str)
 
 
 @pytest.mark.parametrize("cfg", RULE_CONFIGS, ids=str)
