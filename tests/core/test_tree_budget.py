@@ -1,0 +1,19 @@
+"""The tracked tree stays under its budget (README: the device tool carries at most 64 MiB, CuTeDSL + tvm-ffi and
+every peer bundle take 61 MB of it)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+TREE_BUDGET_BYTES = 3_500_000
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_tracked_tree_fits_its_budget():
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    total = sum((ROOT / n.decode()).stat().st_size for n in names if n and (ROOT / n.decode()).is_file())
+    assert 0 < total <= TREE_BUDGET_BYTES, f"tracked tree {total:,} B over {TREE_BUDGET_BYTES:,} B: move superseded runs to git history"
