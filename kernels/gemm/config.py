@@ -94,11 +94,12 @@ CLUSTER_SLOT_CLK = 300
 CLUSTER_KB_CLK = 200
 MAX_CLUSTER_SPLIT = 4
 # M 129-256 (serving batches, chunked prefill): 64- and 128-row tiles, one K slice. H100, graph-timed, one process
-# (run gemm/2026-11-27-h100-6eec401-m256-probe): at M 256 the rule's earlier picks (128 / 256-row tiles, split-K
+# (run gemm/2026-11-27-h100-9894e1b-m256-bm64): at M 256 the rule's earlier picks (128 / 256-row tiles, split-K
 # in global memory up to 8 slices) ran at 0.93x DeepGEMM; 64-row tiles in one slice, DeepGEMM's own pick there, won
 # where they fill the SMs in one round (flash.wo_b 26.5 -> 20.1 us, pro.wq_a 17.2 -> 13.4), and every split form
 # lost to a one-slice form (a slice's fp32 partial is bm x bn rows however few SMs idle); their rings were full
-# (no DECODE_RING_BYTES cap). Past 256 rows: not measured, the earlier rule
+# (no DECODE_RING_BYTES cap). At M 192 64 x 192 tiles beat the 128 x 128 the model ties them with (half its second
+# tile is padding; run ...-9c86000-m192-bn192). The rule: ...-1115245-m129-256. Past 256 rows: the earlier rule
 SMALL_M = range(129, 257)
 
 
@@ -108,11 +109,11 @@ def _cdiv(a: int, b: int) -> int:
 
 def row_tiles(m: int, min_rows: int = 16) -> tuple[int, ...]:
     """The CTA heights that suit M: the smallest x tile of 16, 32 or 64 rows (at least min_rows)
-    holding M for decode, 64 / 128 up to 256 rows (SMALL_M), 128 / 256 beyond (64-row tiles, chained,
-    first: equal-cost ties go to them)."""
+    holding M for decode, 64 / 128 up to 256 rows (SMALL_M), 128 / 256 beyond (64 first: a complete tie in
+    `_cheapest` goes to the chained 64-row tile)."""
     if m <= 64:
         return (next(r for r in (16, 32, 64) if r >= max(m, min_rows)),)
-    return (64, 128) if m <= SMALL_M.stop - 1 else (256, 128)
+    return (64, 128) if m <= SMALL_M[-1] else (256, 128)
 
 
 def clustered(m: int, bm: int, split: int) -> bool:
