@@ -80,7 +80,7 @@ def perf_rows(records: list[ResultRecord]) -> list[dict]:
         rows.append({
             "case_id": r.case_id, "shape": shape(r.params), "impl": r.impl, "arch": r.arch, "ours": r.backend == OURS,
             "median_ms": t["median_ms"], "p10_ms": t.get("p10_ms"), "p90_ms": t.get("p90_ms"), "cv": t.get("cv"),
-            "iters": t.get("n"), "l2_flush": t.get("l2_flush"), "roof": roof,
+            "iters": t.get("n"), "retimed": t.get("retimed") or 0, "l2_flush": t.get("l2_flush"), "roof": roof,
             "ratio": vs_ours.get((r.case_id, r.impl)) if r.backend != OURS else None, "noisy": is_noisy(r),
             "pct_same_traffic_copy": p.get("pct_same_traffic_copy"), "kernels_us": p.get("kernels_us") or {},
             "kernels_total_us": p.get("kernels_total_us"), "host_bound": p.get("host_bound"),

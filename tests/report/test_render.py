@@ -125,3 +125,19 @@ def test_unsupported_reasons_are_text(tmp_path):
     rows = find(parse(write_report(run.path).index.read_text()), "tr", "unsupported")
     assert len(rows) == 2  # one row per impl x reason, the reason as text (not only a tooltip)
     assert all("head_dim > 256 is not supported" in r.text for r in rows)
+
+
+def test_a_retimed_row_says_how_many_sample_sets_were_retaken(tmp_path):
+    """core/timing.steady drops transient sample sets; the perf table says so beside the iterations."""
+    run, cases = report_synth.make_run(tmp_path / "run", 4, failing=())
+    lines = run.results.read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["timing"]["retimed"] = 2
+    run.results.write_text("\n".join([json.dumps(rec)] + lines[1:]) + "\n")
+    html = write_report(tmp_path / "run").index.read_text()
+    perf = html[html.index('<table class="perf">'):]
+    rows = {r.split(">", 1)[0]: r for r in perf.split("<tr")[1:]}
+    marked = [head for head, row in rows.items() if "retaken" in row.split("</tr>")[0]]
+    assert len(marked) == 1 and f'data-case-id="{rec["case_id"]}" data-impl="{rec["impl"]}"' in marked[0]
+    assert "+2 retaken" in rows[marked[0]]
+
