@@ -6,7 +6,7 @@ import inspect
 from collections import Counter
 
 from dsv4bench.core.results import ResultRecord
-from dsv4bench.core.timing import FLUSH_MIN_BYTES, CudaTimer
+from dsv4bench.core.timing import FLUSH_MIN_BYTES, TRANSIENT_RATIO, TRANSIENT_RETRIES, CudaTimer
 
 CORRECTNESS = (
     "A case passes when the output has no NaN/Inf where the FP32 oracle has none, "
@@ -27,7 +27,9 @@ def timing_protocol(records: list[ResultRecord]) -> list[str]:
         f"{defaults['warmup']} warm-up calls first (compilation and module load stay out).",
         f"L2 flushed before every iteration by a memset of max(2 x L2, {FLUSH_MIN_BYTES >> 20} MiB).",
         f"At least {defaults['min_iters']} iterations, more while the coefficient of variation exceeds "
-        f"{defaults['target_cv']:.0%}, at most {defaults['max_iters']}; median, p10, p90 and CV recorded.",
+        f"{defaults['target_cv']:.0%}, at most {defaults['max_iters']}; median, p10, p90 and CV recorded; a set "
+        f"whose median is above {TRANSIENT_RATIO}x its p10 is taken again (at most {TRANSIENT_RETRIES} times), "
+        "the lowest median kept.",
         "TFLOP/s and GB/s from the family's cost model (flops, minimum bytes); % of limit against the "
         "ceilings measured in the same run (device-to-device copy, dense bf16 GEMM), never datasheet peaks.",
         "Peers run in the same process on the same device; speed is stated as a ratio to ours.",
