@@ -94,12 +94,12 @@ CLUSTER_SLOT_CLK = 300
 CLUSTER_KB_CLK = 200
 MAX_CLUSTER_SPLIT = 4
 # M 129-256 (serving batches, chunked prefill): 64- and 128-row tiles, one K slice. H100, graph-timed, one process
-# (run gemm/2026-11-27-h100-9894e1b-m256-bm64): at M 256 the rule's earlier picks (128 / 256-row tiles, split-K
+# (run gemm/2026-11-27-h100-9894e1b-m256-bm64, in git history at a4535c5): at M 256 the rule's earlier picks (128 / 256-row tiles, split-K
 # in global memory up to 8 slices) ran at 0.93x DeepGEMM; 64-row tiles in one slice, DeepGEMM's own pick there, won
 # where they fill the SMs in one round (flash.wo_b 26.5 -> 20.1 us, pro.wq_a 17.2 -> 13.4), and every split form
 # lost to a one-slice form (a slice's fp32 partial is bm x bn rows however few SMs idle); their rings were full
 # (no DECODE_RING_BYTES cap). At M 192 64 x 192 tiles beat the 128 x 128 the model ties them with (half its second
-# tile is padding; run ...-9c86000-m192-bn192). The rule: ...-1115245-m129-256. Past 256 rows: the earlier rule
+# tile is padding; run ...-9c86000-m192-bn192, in git history at a4535c5). The rule: ...-1115245-m129-256. Past 256 rows: the earlier rule
 SMALL_M = range(129, 257)
 
 

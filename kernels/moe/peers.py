@@ -34,7 +34,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Impl, import_reason, register_impl
 from kernels.common import Prepared
-from kernels.moe.inputs import StackedExperts
+from kernels.moe.inputs import StackedExperts, expert_bytes
 from oracles.linear import dequant
 from oracles.moe import combine, contiguous_rows, dispatch_layout, gather_quant, swiglu
 from oracles.quant import fp8_block_quant, ue8m0_scale
@@ -218,8 +218,6 @@ BF16_PEER_BYTES = 24e9  # the bf16 peers' dequantised copy (4x the MXFP4 bytes) 
 
 def bf16_refusal(case: Case) -> str | None:
     """Why the bf16 peers cannot hold the case's experts (Pro's 384: 54 GB), or None."""
-    from kernels.moe.inputs import expert_bytes
-
     need = 4 * case["e"] * expert_bytes(case["d"], case["i"])
     return None if need <= BF16_PEER_BYTES else f"the bf16 copy of {case['e']} experts is {need / 1e9:.0f} GB (> {BF16_PEER_BYTES / 1e9:.0f} GB)"
 
