@@ -101,6 +101,12 @@ MAX_CLUSTER_SPLIT = 4
 # (no DECODE_RING_BYTES cap). At M 192 64 x 192 tiles beat the 128 x 128 the model ties them with (half its second
 # tile is padding; run ...-9c86000-m192-bn192, in git history at a4535c5). The rule: ...-1115245-m129-256. Past 256 rows: the earlier rule
 SMALL_M = range(129, 257)
+# M 65-128 (two 64-row tiles or one of 128): the rings full, as at SMALL_M, and split-K (merged in global memory)
+# only where even 64 x 32 tiles fill under 1 / SPLIT_FILL of the SMs. H100, graph-timed, one process (M 128, the 17 layers, probe
+# run not kept; docs/perf/gemm.md "M 65-128"): one-slice forms beat the split picks wherever their tiles filled a
+# quarter of the SMs (flash.wo_b 22.2 -> 18.6 us, pro.wq_a 14.8 -> 13.5) and full rings the 64 KB cap
+# (flash.shared_w13 13.6 -> 12.8); pro.wkv's 32 tiles of 64 x 32 kept the split (10.9 against 13.0 in one slice).
+SPLIT_FILL = 4
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -171,6 +177,7 @@ def ring_stages(bm: int, bn: int, split: int = 1, cluster: bool = False) -> int:
 
 def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min_rows: int = 16):
     kb = k // KBLOCK
+    few_fine_tiles = _cdiv(m, 64) * _cdiv(n, BN[-1]) * SPLIT_FILL < sms
     for bm in row_tiles(m, min_rows):
         for bn in BN:
             # bn 192: one wave (bm <= 128), a grouped GEMM's tiles must not straddle groups, and x
@@ -183,8 +190,9 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
                 continue
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]
-            # split-K only to fill idle SMs, one wave a tile, and not at M 129-256 (SMALL_M)
-            if bm <= 128 and tiles < sms and m not in SMALL_M:
+            # split-K only to fill idle SMs, one wave a tile, not at M 129-256 (SMALL_M), at M 65-128 only where the
+            # finest tiles leave most SMs idle (SPLIT_FILL)
+            if bm <= 128 and tiles < sms and m not in SMALL_M and (m <= 64 or m > 128 or few_fine_tiles):
                 splits += [s for s in range(2, MAX_SPLIT + 1) if kb // s >= MIN_KB_PER_SLICE and tiles * s <= sms
                            and (not clustered(m, bm, s) or clusters_fit(tiles, s, sms) and _fits(bm, bn, s))]
             for s in splits:
@@ -219,7 +227,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # than unchained, 1-3% than chains of 2 / 4)
     cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, cluster_k=clustered(m, bm, split))
     stages = ring_stages(bm, bn, split, cfg.cluster_k)
-    if stages < cfg.n_stages and m not in SMALL_M:
+    if stages < cfg.n_stages and m <= 64:  # the decode ring cap (M 65-128: SPLIT_FILL's run)
         cfg = replace(cfg, stages=stages)
     return replace(cfg, chain=CHAIN) if cfg.chainable else cfg
 

@@ -3,6 +3,8 @@ every configuration the rule picks for the DSV4 shapes (sm_90a from fake tensors
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -33,6 +35,11 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
     for m, bm in ((96, 64), (128, 64), (320, 128)):
         cfg = choose_config(m, 512, 4096)
         assert cfg.bm == bm and cfg.split_k > 1 and not cfg.cluster_k
+    # ... but at M 65-128 only where even 64 x 32 tiles leave 3/4 of the SMs idle: one slice, full ring otherwise
+    for m in (65, 96, 128):
+        for n, k, bn in ((1536, 7168, 32), (4096, 8192, 64)):
+            cfg = choose_config(m, n, k)
+            assert (cfg.bm, cfg.bn, cfg.split_k) == (64, bn, 1) and cfg.n_stages == replace(cfg, stages=0).n_stages
     # M 129-256 (SMALL_M_ROWS): 64- or 128-row tiles in one K slice, chained at 64 rows (DeepGEMM's pick at M 256)
     for m in (129, 192, 256):
         for n, k, bm, bn in ((512, 4096, 64, 32), (1536, 7168, 64, 64), (4096, 8192, 64, 128)):
@@ -244,10 +251,10 @@ def test_decode_rings_of_narrow_tiles_hold_at_most_64_kb_of_weight():
     from kernels.gemm.config import DECODE_RING_BYTES
 
     for _, _, n, k, g in LAYERS:
-        for m in TOKENS:
+        for m in (*TOKENS, 96, 128):
             cfg = choose_config(m, n, k, groups=g)
             full = GemmConfig(bm=cfg.bm, bn=cfg.bn, split_k=cfg.split_k, cluster_k=cfg.cluster_k).n_stages  # beside partials
-            if m <= 64 and cfg.bn <= 64:  # (M 65-128 capped too; M 129-256, SMALL_M, full rings)
+            if m <= 64 and cfg.bn <= 64:  # (M 65-256 full rings: SMALL_M, SPLIT_FILL)
                 assert cfg.n_stages == min(full, DECODE_RING_BYTES // (cfg.bn * 128)), (m, n, k, cfg)
             else:
                 assert cfg.n_stages == full, (m, n, k, cfg)  # bn 128 and prefill: as many as fit

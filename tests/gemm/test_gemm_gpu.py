@@ -40,8 +40,9 @@ SHAPES = [
     (4096, 1536, 7168), (64, 1000, 7168), (1, 7168, 128), (200, 7168, 7168), (300, 4096, 1024),
     (8, 512, 4096), (4096, 1000, 1024), (129, 136, 384), (64, 7168, 16384), (4097, 4104, 1024),
     (300, 2048, 512), (1000, 8192, 256),
-    # decode batches of 65-128 rows (64-row tiles, two M tiles, split-K merged in global memory)
-    (96, 1024, 4096), (128, 512, 7168), (100, 1536, 7168),
+    # batches of 65-128 rows (64-row tiles, two M tiles, full rings): one slice, split-K merged in global memory
+    # where few tiles (N 512)
+    (96, 1024, 4096), (128, 512, 7168), (100, 1536, 7168), (128, 4096, 8192),
     # M 129-256 (config.SMALL_M): 64-row tiles in one slice, chained, 3-4 M tiles; full rings; ragged M
     (256, 512, 4096), (192, 4096, 8192), (250, 1536, 7168), (129, 1024, 4096),
     (192, 7168, 2048), (150, 3000, 1024),  # 64 x 192 tiles (N 7168: a partial last tile); ragged N
