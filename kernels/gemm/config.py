@@ -102,10 +102,11 @@ MAX_CLUSTER_SPLIT = 4
 # tile is padding; run ...-9c86000-m192-bn192, in git history at a4535c5). The rule: ...-1115245-m129-256. Past 256 rows: the earlier rule
 SMALL_M = range(129, 257)
 # M 65-128 (two 64-row tiles or one of 128): the rings full, as at SMALL_M, and split-K (merged in global memory)
-# only where even 64 x 32 tiles fill under 1 / SPLIT_FILL of the SMs. H100, graph-timed, one process (M 128, the 17 layers, probe
-# run not kept; docs/perf/gemm.md "M 65-128"): one-slice forms beat the split picks wherever their tiles filled a
+# only where even 64 x 32 tiles fill under 1 / SPLIT_FILL of the SMs. H100, graph-timed, one process (an M 128 probe of
+# the 17 layers, not kept; docs/perf/gemm.md "v12"): one-slice forms beat the split picks wherever their tiles filled a
 # quarter of the SMs (flash.wo_b 22.2 -> 18.6 us, pro.wq_a 14.8 -> 13.5) and full rings the 64 KB cap
 # (flash.shared_w13 13.6 -> 12.8); pro.wkv's 32 tiles of 64 x 32 kept the split (10.9 against 13.0 in one slice).
+# The rule: run gemm/2026-11-27-h100-2ef64b3-m65-128.
 SPLIT_FILL = 4
 
 
@@ -234,8 +235,8 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
 
 # quant + gemm (the op a model calls) at decode: the GEMM launched with programmatic dependent launch, the quant
 # kernel letting it start at once, its first ring-full of weights loaded before griddepcontrol.wait
-# (GemmConfig.pdl). H100, graph-timed, one process (run gemm/2026-11-27-h100-ab46290-pdl): 1.086x / 1.102x the
-# plain pair at M 1 / 64 over the 17 layers (0.6-2.1 us a call). Not measured past M 64: off there.
+# (GemmConfig.pdl). H100, graph-timed, one process (run gemm/2026-11-27-h100-ab46290-pdl, in git history at 2ef64b3):
+# 1.086x / 1.102x the plain pair at M 1 / 64 over the 17 layers (0.6-2.1 us a call). Not measured past M 64: off there.
 PDL_MAX_ROWS = 64
 
 
