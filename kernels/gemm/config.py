@@ -20,8 +20,8 @@ Prefill (large M) is bound by the tensor core and the L2 in the model: it prefer
 waves of 128 rows, 3/4 of the L2 bytes per flop of 128 x 128) whenever the tiles fill the SMs, and
 falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle, or round up badly:
 pro.wq_a at M = 4096 has 192 tiles of 256 x 128, 1.45 waves, but 384 of 128 x 128, 2.9 waves).
-Between them (M 129-256: serving batches, chunked prefill) 64- and 128-row tiles in one K slice
-(SMALL_M, measured). Decode (M <= 64) is bound by
+Between them (M 65-256) 64- and 128-row tiles, full rings, split-K only as `splits_k` allows (measured).
+Decode (M <= 64) is bound by
 the weight stream from DRAM: the smallest x tile holding M (16, 32 or 64 rows) and the (bn, split_k)
 that streams the weight fastest. One CTA
 pulls what its ring keeps in flight per DRAM round trip (Little's law: its stages' weight bytes over
@@ -94,16 +94,17 @@ CLUSTER_SLOT_CLK = 300
 CLUSTER_KB_CLK = 200
 MAX_CLUSTER_SPLIT = 4
 # M 129-256 (serving batches, chunked prefill): 64- and 128-row tiles, one K slice. H100, graph-timed, one process
-# (run gemm/2026-11-27-h100-9894e1b-m256-bm64, in git history at a4535c5): at M 256 the rule's earlier picks (128 / 256-row tiles, split-K
-# in global memory up to 8 slices) ran at 0.93x DeepGEMM; 64-row tiles in one slice, DeepGEMM's own pick there, won
-# where they fill the SMs in one round (flash.wo_b 26.5 -> 20.1 us, pro.wq_a 17.2 -> 13.4), and every split form
-# lost to a one-slice form (a slice's fp32 partial is bm x bn rows however few SMs idle); their rings were full
-# (no DECODE_RING_BYTES cap). At M 192 64 x 192 tiles beat the 128 x 128 the model ties them with (half its second
-# tile is padding; run ...-9c86000-m192-bn192, in git history at a4535c5). The rule: ...-1115245-m129-256. Past 256 rows: the earlier rule
+# (run gemm/2026-11-27-h100-9894e1b-m256-bm64, in git history at a4535c5): at M 256 the rule's earlier picks
+# (128 / 256-row tiles, split-K in global memory up to 8 slices) ran at 0.93x DeepGEMM; 64-row tiles in one slice,
+# DeepGEMM's own pick there, won where they fill the SMs in one round (flash.wo_b 26.5 -> 20.1 us, pro.wq_a 17.2 ->
+# 13.4), and every split form lost to a one-slice form (a slice's fp32 partial is bm x bn rows however few SMs idle);
+# their rings were full (no DECODE_RING_BYTES cap). At M 192 64 x 192 tiles beat the 128 x 128 the model ties them
+# with (half its second tile is padding; run ...-9c86000-m192-bn192, in git history at a4535c5). The rule:
+# ...-1115245-m129-256.
 SMALL_M = range(129, 257)
 # M 65-128 (two 64-row tiles or one of 128): the rings full, as at SMALL_M, and split-K (merged in global memory)
-# only where even 64 x 32 tiles fill under 1 / SPLIT_FILL of the SMs. H100, graph-timed, one process (an M 128 probe of
-# the 17 layers, not kept; docs/perf/gemm.md "v12"): one-slice forms beat the split picks wherever their tiles filled a
+# only where even 64 x 32 tiles fill under 1 / SPLIT_FILL of the SMs. H100, graph-timed, one process (an M 128 probe,
+# docs/perf/gemm.md "v12"): one-slice forms beat the split picks wherever their tiles filled a
 # quarter of the SMs (flash.wo_b 22.2 -> 18.6 us, pro.wq_a 14.8 -> 13.5) and full rings the 64 KB cap
 # (flash.shared_w13 13.6 -> 12.8); pro.wkv's 32 tiles of 64 x 32 kept the split (10.9 against 13.0 in one slice).
 # The rule: run gemm/2026-11-27-h100-2ef64b3-m65-128.
@@ -176,9 +177,18 @@ def ring_stages(bm: int, bn: int, split: int = 1, cluster: bool = False) -> int:
     return fit
 
 
+def splits_k(m: int, n: int, sms: int = H100_SMS) -> bool:
+    """Whether split-K competes at this M (SMALL_M, SPLIT_FILL)."""
+    if m in SMALL_M:
+        return False
+    if 64 < m <= 128:
+        return _cdiv(m, 64) * _cdiv(n, BN[-1]) * SPLIT_FILL < sms
+    return True
+
+
 def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min_rows: int = 16):
     kb = k // KBLOCK
-    few_fine_tiles = _cdiv(m, 64) * _cdiv(n, BN[-1]) * SPLIT_FILL < sms
+    may_split = splits_k(m, n, sms)
     for bm in row_tiles(m, min_rows):
         for bn in BN:
             # bn 192: one wave (bm <= 128), a grouped GEMM's tiles must not straddle groups, and x
@@ -191,9 +201,8 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
                 continue
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]
-            # split-K only to fill idle SMs, one wave a tile, not at M 129-256 (SMALL_M), at M 65-128 only where the
-            # finest tiles leave most SMs idle (SPLIT_FILL)
-            if bm <= 128 and tiles < sms and m not in SMALL_M and (m <= 64 or m > 128 or few_fine_tiles):
+            # split-K only to fill idle SMs, one wave a tile, where this M allows it (`splits_k`)
+            if bm <= 128 and tiles < sms and may_split:
                 splits += [s for s in range(2, MAX_SPLIT + 1) if kb // s >= MIN_KB_PER_SLICE and tiles * s <= sms
                            and (not clustered(m, bm, s) or clusters_fit(tiles, s, sms) and _fits(bm, bn, s))]
             for s in splits:
@@ -220,7 +229,8 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
         best = _cheapest(m, n, k, sms, cands)
     bm, bn, split = best
     # bm 256 runs as CTA pairs multicasting x where x is re-read by several M tiles, the L2-bound
-    # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2) (in git history at e18977f).
+    # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2, in git
+    # history at e18977f).
     # With few M tiles the weight's DRAM stream binds and a pair would only couple two CTAs' streams
     # (not measured: the rule takes bm 128 up to M = 256). The cost model does not price the pair.
     pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
