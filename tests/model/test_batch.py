@@ -55,25 +55,32 @@ def test_each_prompt_of_a_batch_gets_the_tokens_it_gets_alone(engine, temperatur
 
 
 def test_a_sequence_stops_at_eos_while_the_batch_goes_on(engine):
-    """Force EOS on one sequence through the sampler: it keeps EOS as its last token and no more."""
+    """Force EOS on one sequence through the sampler: it keeps EOS as its last token and no more.
+    Every other draw masks EOS: a random checkpoint's greedy pick is EOS now and then."""
     eos = TINY.eos_token_id
     prompts = [torch.randint(2, TINY.vocab_size, (n,)).tolist() for n in (3, 9)]
-    first = [t for t, _ in engine.generate(prompts[0], 3, 0.0, stop_at_eos=False)]
-    real_sample = engine.ops.sample
-    calls = []
+    real_sample, calls = engine.ops.sample, []
+
+    def never_eos(logits, temperature, gen):
+        logits = logits.clone()
+        logits[..., eos] = float("-inf")
+        return real_sample(logits, temperature, gen)
 
     def sample(logits, temperature, gen):
         calls.append(1)
-        return torch.tensor(eos) if len(calls) == 2 else real_sample(logits, temperature, gen)
+        return torch.tensor(eos) if len(calls) == 2 else never_eos(logits, temperature, gen)
 
-    engine.ops.sample = sample  # shadows the table's op on this instance
+    engine.ops.sample = never_eos  # shadows the table's op on this instance
     try:
+        first = [t for t, _ in engine.generate(prompts[0], 3, 0.0)]
+        engine.ops.sample = sample
         got = [[], []]
         for b, tok, _ in engine.generate_batch(prompts, 5, 0.0):
             got[b].append(tok)
     finally:
         del engine.ops.sample
-    assert got[0] == first[:1] + [eos] and len(got[1]) == 5
+    assert len(first) == 3 and eos not in first
+    assert got[0] == first[:1] + [eos] and len(got[1]) == 5 and eos not in got[1]
 
 
 def test_feed_refuses_ids_that_do_not_fit_the_caches(engine):
