@@ -182,7 +182,7 @@ def splits_k(m: int, n: int, sms: int = H100_SMS) -> bool:
     if m in SMALL_M:
         return False
     if 64 < m <= 128:
-        return _cdiv(m, 64) * _cdiv(n, BN[-1]) * SPLIT_FILL < sms
+        return _cdiv(m, 64) * _cdiv(n, min(BN)) * SPLIT_FILL < sms  # the most tiles any form has
     return True
 
 

@@ -40,7 +40,7 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
         for n, k, bn in ((1536, 7168, 32), (4096, 8192, 64)):
             cfg = choose_config(m, n, k)
             assert (cfg.bm, cfg.bn, cfg.split_k) == (64, bn, 1) and cfg.n_stages == replace(cfg, stages=0).n_stages
-    # M 129-256 (SMALL_M_ROWS): 64- or 128-row tiles in one K slice, chained at 64 rows (DeepGEMM's pick at M 256)
+    # M 129-256 (config.SMALL_M): 64- or 128-row tiles in one K slice, chained at 64 rows (DeepGEMM's pick at M 256)
     for m in (129, 192, 256):
         for n, k, bm, bn in ((512, 4096, 64, 32), (1536, 7168, 64, 64), (4096, 8192, 64, 128)):
             cfg = choose_config(m, n, k)

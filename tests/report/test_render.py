@@ -140,4 +140,3 @@ def test_a_retimed_row_says_how_many_sample_sets_were_retaken(tmp_path):
     marked = [head for head, row in rows.items() if "retaken" in row.split("</tr>")[0]]
     assert len(marked) == 1 and f'data-case-id="{rec["case_id"]}" data-impl="{rec["impl"]}"' in marked[0]
     assert "+2 retaken" in rows[marked[0]]
-
