@@ -1,4 +1,4 @@
-"""FP8 sparse decode v2 (issue #25): one attention launch whose producer reads FlashMLA's FP8 rows
+"""FP8 sparse decode (issue #25): one attention launch whose producer reads FlashMLA's FP8 rows
 straight from the two paged caches (oracles/fmha_cache.py: the MODEL1 layout) and dequantises them
 into the bf16 K tile in shared memory that the key-split consumers read: no bf16 W round trip.
 
@@ -13,15 +13,15 @@ cache 0's slot j, else cache 1's slot j - k0; a slot is read when it is below it
 its index is in [0, tokens). mLen[s, r] = chunk (a multiple of 128: whole pairs of 64-key tiles).
 
 Producer (128 threads, the key split's two halves: threads 0-63 tile 2p in stage 0, 64-127 tile
-2p + 1 in stage 1). Thread lt of a half owns rows lt // 8 + 8 q (q < 8) of its tile and 16-byte
-chunk lt % 8 of each 64-value segment of d (a segment is one ue8m0 scale tile; segment 7 the RoPE).
-Per half of d (4 segments): the rows' codes are loaded into registers in batches (8 e4m3 bytes per
-row and segment, the 4 scale bytes of the half in one 32-bit load, RoPE 16 bytes), the first batch
-before the wait for the half's empty barrier (its latency under the consumers' use of that half),
-then converted (code * 2^(e - 127), exact in bf16) and stored as 16 bytes into the swizzled tile;
-a slot not read stores zeros (its P is 0 and V must be finite). The full barrier of a half counts
-the 64 threads once each (st.shared + fence.proxy.async + arrive), not the cp.async arrivals of the
-bf16 producer.
+2p + 1 in stage 1): decode_prefetch.py. Thread lt of a half owns rows lt // 8 + 8 q (q < 8) of its
+tile and 16-byte chunk lt % 8 of each 64-value segment of d (a segment is one ue8m0 scale tile;
+segment 7 the RoPE); a half's rows are loaded into registers in batches (8 e4m3 bytes per row and
+segment, the half's 4 scale bytes in one 32-bit load, RoPE 16 bytes), converted by prmt + mul.bf16x2
+(code * 2^(e - 127), exact in bf16) and stored as 16 bytes into the swizzled tile; a slot not read
+stores zeros (its P is 0 and V must be finite). The full barrier of a half counts the 64 threads
+once each (st.shared + fence.proxy.async + arrive), not the cp.async arrivals of the bf16 producer.
+The set-aside v2 forms (f32 conversion, 2-row batches, a producer copy per cache, the no-dequant
+knock-out, v3's unpacked pf-loop) are in git history at 1cdb2f1 (docs/perf/fmha.md).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_fake_tensor
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from kernels.bits import bits_f32
 from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.config import Config
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.regs import pin
 from kernels.trace import record
+
 
 @dsl_user_op
 def e4m3x2_to_bf16x2(w, sel: int, scale2, *, loc=None, ip=None) -> Int32:
@@ -67,20 +67,9 @@ REG_SPLIT = (88, 208)  # setmaxnreg (producer, consumer): the consumers spill at
 class FusedDecodeSm90(GatherAttentionSm90):
     """The key-split attention kernel (d = dv = 512, V = K) with the FP8-gathering producer."""
 
-    def __init__(self, cfg: Config, rows_per_batch: int = ROWS_PER_BATCH, reg_split: tuple = REG_SPLIT,
-                 fast_cvt: bool = False, one_path: bool = False):
-        """fast_cvt: the codes' conversion by `e4m3x2_to_bf16x2` (2 instructions a value, zero-fill on
-        the codes' 2 registers) instead of e4m3 -> f16 -> f32, x 2^(e - 127), -> bf16 (3, zero-fill on
-        the 4 outputs). one_path: a tile's cache as tensors over selected base addresses and sizes
-        (`_select_cache`) instead of a branch with a copy of the producer code per cache: ~6.5k instead
-        of ~12k producer instructions (cubin ~190 KB instead of ~280 KB) for a few spilled 64-bit values
-        (with fast_cvt; the f32 conversion spills 216 B with it)."""
+    def __init__(self, cfg: Config):
         assert cfg.key_split and cfg.d == 512, cfg
         super().__init__(cfg)
-        self.rows_per_batch = rows_per_batch
-        self.fused_regs = reg_split
-        self.fast_cvt = fast_cvt
-        self.one_path = one_path
 
     @cute.jit
     def __call__(
@@ -100,8 +89,8 @@ class FusedDecodeSm90(GatherAttentionSm90):
         n = c.n_block
         qk_mma, pv_mma, pv_ss_mma = self.tiled_mmas(dt)
         sQ_layout, sK_layout, _, sP_layout = self.smem_layouts(dt)  # V is K
-        record("config", f"fused FP8 decode {c} n_block={n} threads={c.threads} rows/batch={self.rows_per_batch} "
-               f"setmaxnreg={self.fused_regs}")
+        record("config", f"fused FP8 decode {c} n_block={n} threads={c.threads} rows/batch={ROWS_PER_BATCH} "
+               f"setmaxnreg={REG_SPLIT}")
         record("smem K stages (keys, d, stage) K-major", sK_layout)
         n_bars = 4 * c.stages + 2
 
@@ -117,9 +106,10 @@ class FusedDecodeSm90(GatherAttentionSm90):
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
 
         grid = (cute.size(mLen, mode=[0]), c.n_hblk, cute.size(mQ, mode=[3]))
+        io = self._io_tma(mQ, mO, sQ_layout)  # a form's O store by TMA (FusedEpiTma), else None
         self.kernel(
             mQ, codes0, rope0, sc0, idx0, len0, codes1, rope1, sc1, idx1, len1, mLen, mSink, mO, mLse, scale_log2,
-            qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sP_layout, Storage,
+            qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sP_layout, Storage, io,
         ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream)
 
     @cute.kernel
@@ -140,6 +130,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         sK_layout: cute.ComposedLayout,
         sP_layout: cute.ComposedLayout,
         Storage: cutlass.Constexpr,
+        io,
     ):
         c = self.cfg
         S = c.stages
@@ -163,7 +154,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         self._init_barriers(tidx, bars, (64,) * (2 * S) + (128,) * (2 * S), q_full, q_empty)
 
         if wg == c.n_consumer_wg:
-            cute.arch.setmaxregister_decrease(self.fused_regs[0])
+            cute.arch.setmaxregister_decrease(REG_SPLIT[0])
             ptid = tidx - 128 * c.n_consumer_wg
             atom = self.row_copy_atom(mQ.element_type)
             blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(Int32(0), mLen, mLen, mQ, mLen)
@@ -179,11 +170,11 @@ class FusedDecodeSm90(GatherAttentionSm90):
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
-            cute.arch.setmaxregister_increase(self.fused_regs[1])
+            cute.arch.setmaxregister_increase(REG_SPLIT[1])
             self._consume(
                 mQ, mLen, mLen, mLen, mO, mLse, mSink, scale_log2, Int32(0), Int32(1 << 30), qk_mma, pv_mma,
                 pv_ss_mma, sQ, sK, sVt, sIdx, sMaskFlag, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
-                bars, wg, tidx % 128,
+                bars, wg, tidx % 128, io,
             )
 
     # ------------------------------------------------------------------ producer
@@ -219,35 +210,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
         ok1 = (j1 >= 0) & (j1 < cute.size(idx1, mode=[1])) & (j1 < len1[bidx])
         ok1 = ok1 & (v < cute.size(codes1, mode=[0]) * cute.size(codes1, mode=[1]))
         return cutlass.select_((ok | ok1) & (v >= 0), v, Int32(-1))
-
-    @cute.jit
-    def _produce_fp8_tiles(self, caches, sK, sRows, sIdx, sMaskFlag, bars, lt, blk, bidx, n_idx, n_tiles,
-                           stage: cutlass.Constexpr):
-        """Tile 2p + stage of every pair p into `stage` by 64 threads (see the module docstring).
-        The tiles' raw tokens go through smem: thread lt copies slot lt's (cp.async, a pair ahead,
-        into the other of two buffers) and, after a barrier of the 64, reads its 8 rows' from there:
-        no register holds a token between pairs."""
-        n = self.cfg.n_block
-        base = blk * n_idx  # the row's first slot in the request's list
-        self._copy_slot(caches, sRows[None, 0], bidx, base + stage * n + lt, lt)
-        cute.arch.cp_async_commit_group()
-        for pair in cutlass.range((n_tiles + 1) // 2, unroll=1):
-            buf = pair & 1
-            j0 = base + (2 * pair + stage) * n
-            t, mine = self._pair_tokens(caches, sRows, bidx, lt, j0, buf, stage)
-            phase = (pair & 1) ^ 1
-            if cutlass.const_expr(self.one_path):  # the tile's cache as run-time tensors: one copy of the code
-                cache = self._select_cache(caches, j0 >= self._k0_padded(caches[3]))
-                self._dequant_tile(cache, caches, sK[None, None, stage], sRows[None, buf], sIdx, sMaskFlag, mine,
-                                   bidx, j0, t, bars, phase, stage)
-            else:
-                codes0, rope0, sc0, idx0, _, codes1, rope1, sc1, _, _ = caches
-                if j0 < self._k0_padded(idx0):  # the whole tile is cache 0's
-                    self._dequant_tile((codes0, rope0, sc0), caches, sK[None, None, stage], sRows[None, buf], sIdx,
-                                       sMaskFlag, mine, bidx, j0, t, bars, phase, stage)
-                else:
-                    self._dequant_tile((codes1, rope1, sc1), caches, sK[None, None, stage], sRows[None, buf], sIdx,
-                                       sMaskFlag, mine, bidx, j0, t, bars, phase, stage)
 
     @cute.jit
     def _pair_tokens(self, caches, sRows, bidx, lt, j0, buf, stage: cutlass.Constexpr):
@@ -289,35 +251,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
                                bars + 4 + hb, phase, stage, k == 0)
 
     @cute.jit
-    def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr, full,
-                      empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
-        """Half h of d of this thread's rows t // 8 + 8 q into dst (keys, d): batches of loads, the
-        first issued before the wait for the half to be free; publishes the tile's slot validity
-        with the first half (the owner's mask read the previous indices before it freed that half)."""
-        codes, rope, sc = cache
-        br = self.rows_per_batch
-        n_rows = self.cfg.n_block // 8
-        n_code = 4 if h == 0 else 3  # code segments of this half (segment 7 is the RoPE)
-        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        for b in cutlass.range_constexpr(n_rows // br):
-            raw = cute.make_rmem_tensor((8, 4, br), cutlass.Float8E4M3FN)
-            scl = cute.make_rmem_tensor((4, br), cutlass.Uint8)
-            rp = cute.make_rmem_tensor((8, br), BFloat16)
-            vs = cute.make_rmem_tensor((br,), Int32)
-            for i in cutlass.range_constexpr(br):
-                r = t // 8 + 8 * (b * br + i)
-                v = self._valid_token(caches, bidx, j0 + r, rows[r])
-                vs[i] = v
-                # a slot not read loads its cache's token 0 (its values are replaced by zeros)
-                self._load_row(codes, rope, sc, cutlass.max(v, 0), raw, scl, rp, i, h, n_code, t % 8)
-            if cutlass.const_expr(b == 0):
-                self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
-            for i in cutlass.range_constexpr(br):
-                self._store_row(dst, raw, scl, rp, vs, i, t // 8 + 8 * (b * br + i), h, n_code, t % 8, st_atom)
-        cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
-        cute.arch.mbarrier_arrive(full)
-
-    @cute.jit
     def _wait_and_publish(self, empty, phase, sIdx, sMaskFlag, mine, t, stage: cutlass.Constexpr,
                           publish: cutlass.Constexpr):
         """Wait for the half to be free; with the tile's first half, publish its slot validity."""
@@ -335,7 +268,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         not read) and stored as the 16-byte chunk c8 of each segment into the swizzled tile."""
         for sg in cutlass.range_constexpr(4):
             vals = cute.make_rmem_tensor((8,), BFloat16)
-            if cutlass.const_expr(sg < n_code and self.fast_cvt):
+            if cutlass.const_expr(sg < n_code):
                 e = Int32(scl[sg, i])
                 half = (e + 120) << 7  # bf16 bits of 2^(e - 7)
                 scale2 = half | (half << 16)
@@ -346,29 +279,17 @@ class FusedDecodeSm90(GatherAttentionSm90):
                     out[2 * wd] = e4m3x2_to_bf16x2(w, 0x9180, scale2)
                     out[2 * wd + 1] = e4m3x2_to_bf16x2(w, 0xB3A2, scale2)
             else:
-                if cutlass.const_expr(sg < n_code):
-                    s = bits_f32(Int32(scl[sg, i]) << 23)  # ue8m0: 2^(e - 127)
-                    vals.store((raw[None, sg, i].load().to(Float32) * s).to(BFloat16))
-                else:
-                    vals.store(rp[None, i].load())
+                vals.store(rp[None, i].load())
                 if vs[i] < 0:
                     vals.fill(0.0)
             chunk = (h * 4 + sg) * 8 + c8
             cute.copy(st_atom, vals, cute.local_tile(dst[r, None], (8,), (chunk,)))
 
     @cute.jit
-    def _load_row(self, codes, rope, sc, v, raw, scl, rp, i: cutlass.Constexpr, h: cutlass.Constexpr,
-                  n_code: cutlass.Constexpr, c8):
-        """Token v's code chunks of half h (8 bytes per segment), the half's 4 scale bytes and, in
-        the right half, its RoPE chunk (16 bytes), into batch slot i."""
-        bs = cute.size(codes, mode=[1])
-        blk = v // bs
-        self._load_row_at(codes, rope, sc, blk, v - blk * bs, raw, scl, rp, i, h, n_code, c8)
-
-    @cute.jit
     def _load_row_at(self, codes, rope, sc, blk, tok, raw, scl, rp, i: cutlass.Constexpr, h: cutlass.Constexpr,
                      n_code: cutlass.Constexpr, c8):
-        """_load_row of a row given as (block, token in block)."""
+        """Token (blk, tok)'s code chunks of half h (8 bytes per segment), the half's 4 scale bytes and,
+        in the right half, its RoPE chunk (16 bytes), into batch slot i."""
         src = codes[blk, tok, None]
         for sg in cutlass.range_constexpr(n_code):
             cute.autovec_copy(cute.local_tile(src, (8,), ((h * 4 + sg) * 8 + c8,)), raw[None, sg, i])

@@ -1,7 +1,7 @@
 """FP8 sparse decode over FlashMLA's two paged FP8 caches (oracles/fmha_cache.py: the layout), as
 three launches:
 
-v1 (`run_decode`, the impl `cutedsl`):
+v1 (`run_decode`, the impl `cutedsl:decode-v1`):
 1. decode_fp8.DequantGather: each request's selected tokens of both caches -> bf16 W [b, n_pad, 512]
    and its index list Widx (j, or -1 where the slot is not read).
 2. the gathered-key attention kernel (kernel_sm90.py, unchanged) over W. Split-KV: the request's
@@ -11,8 +11,8 @@ v1 (`run_decode`, the impl `cutedsl`):
 3. decode_combine.DecodeCombine (n_split > 1 only): the log-sum-exp merge and the sink. With one
    split the attention kernel applies the sink and writes the outputs directly.
 
-v2 (`run_fused`, the impl `cutedsl:fused`): decode_fused.FusedDecodeSm90, the attention kernel whose
-producer gathers and dequantises the FP8 rows itself (no W), + the same combine.
+The fused forms (`run_fused`, the impl `cutedsl`): a decode_fused.FusedDecodeSm90 form, the attention
+kernel whose producer gathers and dequantises the FP8 rows itself (no W), + the same combine.
 
 The split count (`plan`): CTAs = n_split x (h_q / 64) x b, chunks of whole 128-key pairs (the
 key-split consumers take tiles in pairs), the count that minimises a wave model of the kernel.
@@ -129,19 +129,13 @@ def run_decode(compiled: CompiledDecode, ws: Workspace, q, caches, indices, lens
 
 
 # ---------------------------------------------------------------- v2: the fused kernel (decode_fused.py)
-def compile_fused(h_q: int, arch: str, rows_per_batch: int | None = None, fast_cvt: bool = False,
-                  kernel_class: type | None = None, one_path: bool = False) -> CompiledDecode:
-    """The fused attention kernel (FP8 gather + dequantisation in its producer; a knock-out's subclass
-    of it) and the combine. The form's knobs: decode_fused.FusedDecodeSm90."""
-    from kernels.fmha.decode_fused import REG_SPLIT, ROWS_PER_BATCH, FusedDecodeSm90
+def compile_fused(h_q: int, arch: str, kernel_class: type) -> CompiledDecode:
+    """The fused attention kernel (a decode_fused.FusedDecodeSm90 form: FP8 gather + dequantisation in its
+    producer) and the combine."""
     from kernels.fmha.decode_fused import fake_args as fused_fake_args
 
-    kernel = (kernel_class or FusedDecodeSm90)(attention_config(h_q), rows_per_batch or ROWS_PER_BATCH, REG_SPLIT,
-                                               fast_cvt, one_path)
-    compiled = CompiledDecode({"fused": compile_kernel(kernel, *fused_fake_args(), arch=arch),
-                               "combine": compile_kernel(DecodeCombine(), *combine_fake_args(), arch=arch)})
-    compiled.packed_slots = getattr(kernel, "packed", False)  # decode_prefetch: block << 10 | token in an int32
-    return compiled
+    return CompiledDecode({"fused": compile_kernel(kernel_class(attention_config(h_q)), *fused_fake_args(), arch=arch),
+                           "combine": compile_kernel(DecodeCombine(), *combine_fake_args(), arch=arch)})
 
 
 class FusedWorkspace:
@@ -195,11 +189,10 @@ def run_fused(compiled: CompiledDecode, ws: FusedWorkspace, q, caches, indices, 
               split: tuple | None = None) -> None:
     """As run_decode, in one attention launch (+ the combine when split); `split` forces (n_split, chunk)."""
     fused, combine = compiled.kernels["fused"], compiled.kernels["combine"]
-    if getattr(compiled, "packed_slots", False):
-        for i, c in enumerate(caches):
-            if c.shape[1] > PACKED_MAX_BLOCK or c.shape[0] >= PACKED_MAX_BLOCKS:
-                raise ValueError(f"cache{i}: the packed-slot decode holds block << 10 | token in an int32: blocks of "
-                                 f"<= {PACKED_MAX_BLOCK} tokens and < {PACKED_MAX_BLOCKS} blocks, got {tuple(c.shape[:2])}")
+    for i, c in enumerate(caches):  # decode_prefetch packs a slot as block << 10 | token in an int32
+        if c.shape[1] > PACKED_MAX_BLOCK or c.shape[0] >= PACKED_MAX_BLOCKS:
+            raise ValueError(f"cache{i}: the packed-slot decode holds block << 10 | token in an int32: blocks of "
+                             f"<= {PACKED_MAX_BLOCK} tokens and < {PACKED_MAX_BLOCKS} blocks, got {tuple(c.shape[:2])}")
     b, h_q, _ = q.shape
     n_split, chunk = split or plan(b, h_q, fused_slots(indices[0].shape[1], indices[1].shape[1]), sms)
     o_part, l_part, row_lens, no_sink = ws.get(b, h_q, n_split, chunk, q.device)

@@ -1,37 +1,28 @@
-"""FP8 sparse decode v3 candidates (issue #25): the fused kernel (decode_fused.py, one producer path
-+ prmt conversion = `cutedsl:fused-small`) with a producer that keeps a pair's raw rows in flight
-without registers or shared memory (L2 / L1 prefetches), runs its row batches as a loop (one copy
-of the conversion code) and, last, decodes each slot once a pair instead of once per row and half.
+"""The FP8 decode's producer (issue #25, v3 `fused-pk-loop`, the default; decode_fused.py is the kernel's
+frame): a pair's raw rows kept in flight by L2 prefetches (no registers, no shared memory), each half's
+row batches as a run-time loop (one copy of the conversion code), and each slot decoded once a pair.
 
-Why (the v2 run, docs/perf/fmha.md): fused-small's kernel fits ~37 us fixed + ~9.3 us a 128-key pair
-a CTA where its knock-out without FP8 loads fits ~17 + ~2.9: the producer's fill is serialised
-behind the consumers' release of the stages it fills (both K stages belong to one pair; a half of d
-is freed only after its PV), and it is ~2-3 dependent DRAM round trips (4-row register batches, 88
-registers) plus ~3.3k instructions a thread from ~100 KB of straight-line producer code (more than
-the instruction cache holds beside the consumers'). Shared memory cannot stage raw rows (15 KB free
-< one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB a CTA, ~10 MB for 132 CTAs.
+Why (the v2 run, docs/perf/fmha.md): v2's kernel fit ~37 us fixed + ~9.3 us a 128-key pair a CTA where
+its knock-out without FP8 loads fit ~17 + ~2.9: the fill is serialised behind the consumers' release
+of the stages it fills, and it was ~2-3 dependent DRAM round trips (4-row register batches, 88
+registers) plus ~3.3k instructions a thread of straight-line code. Shared memory cannot stage raw
+rows (15 KB free < one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB a CTA.
 
-- `FusedPrefetchLoop` (`cutedsl:fused-pf-loop`): each producer thread owns one slot of its tile (lt);
-  once it knows that slot's token it issues `prefetch.global.L2` for each line of the token's
-  contiguous 576-byte row (448 codes + 128 bytes of RoPE: 5 lines, 6 at most) and one for its scale
-  row: no registers held, nothing to wait for. Pair 0's rows at the start of pair 0 (after the slot
-  barrier); pair p + 1's at the end of pair p, from the token its own cp.async brought
-  (`cp.async.wait_group 0`: a thread's own cp.async is visible to it; no barrier), a whole consumer
-  pair (~3-4.5 us) before the register loads ask. Each half's row batches run in a run-time loop,
-  the batch's registers local to an iteration (registers carried across the loop went to local
-  memory: 1.7k STL), after the empty wait: one copy of the loads and conversion per (stage, half):
-  cubin 158 KB instead of fused-small's 193.
-- `FusedPackedLoop` (`-pk-loop`, the default decode): after the pair's slot barrier each thread decodes
-  its own slot once (the slot rule, the division by the block size) into `block << 10 | token` or -1,
-  writes it over its raw token and a second 64-thread barrier publishes the words; a row's loads then
-  need a shift and a mask instead of ~50 instructions (block size <= 1024, < 2^21 blocks: run_fused
-  checks).
+- Prefetch: each producer thread owns one slot of its tile (lt); once it knows that slot's token it
+  issues `prefetch.global.L2` for each line of the token's contiguous 576-byte row (5 lines, 6 at
+  most) and one for its scale row. Pair 0's rows after the slot barrier of pair 0; pair p + 1's at the
+  end of pair p, from the token its own cp.async brought (`cp.async.wait_group 0`: a thread's own
+  cp.async is visible to it), a whole consumer pair before the register loads ask.
+- Loop: each half's row batches in a run-time loop, the batch's registers local to an iteration
+  (registers carried across the loop went to local memory: 1.7k STL).
+- Packed slots: after the pair's slot barrier each thread decodes its own slot once (the slot rule,
+  the division by the block size) into `block << 10 | token` or -1, writes it over its raw token and a
+  second 64-thread barrier publishes the words; a row's loads then need a shift and a mask instead of
+  ~50 instructions (block size <= 1024, < 2^21 blocks: run_fused checks).
 
-Removed (the code is in git history at e18977f; docs/perf/fmha.md "v3 measured"): the L1 prefetches of
-the next batches (`-pk-loop-l1`, `-pk-loop2-l1`: measured 4-10% slower than pk-loop at 64-128 requests),
-and, never timed, the L2 prefetch without the loop (`fused-pf`) and 2-row batches (`-pf-loop2`), both
-predicted below pf-loop, which measured below pk-loop. `cp.async.bulk.prefetch.L2` of a whole row is a
-uniform-datapath instruction that ptxas wraps in a loop over the warp's 32 addresses.
+Measured and removed (git history at e18977f): L1 prefetches of the next batches (4-10% slower at
+64-128 requests). `cp.async.bulk.prefetch.L2` of a whole row is a uniform-datapath instruction that
+ptxas wraps in a loop over the warp's 32 addresses.
 """
 
 from __future__ import annotations
@@ -43,7 +34,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from kernels.fmha.barriers import NamedBarrier
-from kernels.fmha.decode_fused import FusedDecodeSm90
+from kernels.fmha.decode_fused import ROWS_PER_BATCH, FusedDecodeSm90
 
 ROW_BYTES = 576  # a token's codes + RoPE, contiguous (oracles/fmha_cache.py)
 PACK_BITS = 10  # packed slots: block size <= 1024, blocks < 2^21 (decode_glue.run_fused checks)
@@ -56,18 +47,8 @@ def prefetch_l2(addr, *, loc=None, ip=None) -> None:
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-class FusedPrefetchLoop(FusedDecodeSm90):
-    """v2 (one producer path, prmt conversion) + L2 prefetch of each pair's rows + the row batches in
-    a run-time loop (module docstring)."""
-
-    # each thread turns its own slot's token into (block << PACK_BITS | token in block), or -1, once a
-    # pair (a second 64-thread barrier publishes it), so a row's loads need neither the slot rule
-    # (`_valid_token`) nor a division by the block size (~50 instructions a row in the SASS)
-    packed = False
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        assert self.one_path and self.fast_cvt, "the v3 producers are fused-small's (one path, prmt conversion)"
+class FusedPackedLoop(FusedDecodeSm90):
+    """The fused FP8 decode with the prefetching, looping, packed-slot producer (module docstring)."""
 
     @cute.jit
     def _prefetch_row(self, caches, second, v):
@@ -88,10 +69,10 @@ class FusedPrefetchLoop(FusedDecodeSm90):
     @cute.jit
     def _produce_fp8_tiles(self, caches, sK, sRows, sIdx, sMaskFlag, bars, lt, blk, bidx, n_idx, n_tiles,
                            stage: cutlass.Constexpr):
-        """decode_fused's loop (one_path) with the prefetches: pair 0's rows at its start, pair p + 1's
-        at the end of pair p. The loop's frame stays a copy of decode_fused's: this one counts the pairs
-        before the first slot copy, that one at the loop, and one shared frame moves the count in one of
-        them, which changes that form's cubin."""
+        """Tile 2p + stage of every pair p into `stage` by 64 threads. The tiles' raw tokens go through
+        smem: thread lt copies slot lt's (cp.async, a pair ahead, into the other of two buffers) and,
+        after a barrier of the 64, packs its own; prefetches: pair 0's rows at its start, pair p + 1's
+        at the end of pair p."""
         n = self.cfg.n_block
         base = blk * n_idx
         n_pairs = (n_tiles + 1) // 2
@@ -105,13 +86,12 @@ class FusedPrefetchLoop(FusedDecodeSm90):
             if pair == 0:
                 self._prefetch_row(caches, j0 >= k0p, mine)
             cache = self._select_cache(caches, j0 >= k0p)
-            if cutlass.const_expr(self.packed):
-                bs = cute.size(cache[0], mode=[1])
-                mm = cutlass.max(mine, 0)
-                blk_m = mm // bs
-                packed = (blk_m << PACK_BITS) | (mm - blk_m * bs)
-                sRows[t, buf] = cutlass.select_(mine >= 0, packed, Int32(-1))  # every raw read of buf is done
-                cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
+            bs = cute.size(cache[0], mode=[1])
+            mm = cutlass.max(mine, 0)
+            blk_m = mm // bs
+            packed = (blk_m << PACK_BITS) | (mm - blk_m * bs)
+            sRows[t, buf] = cutlass.select_(mine >= 0, packed, Int32(-1))  # every raw read of buf is done
+            cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
             self._dequant_tile(cache, caches, sK[None, None, stage], sRows[None, buf], sIdx, sMaskFlag, mine,
                                bidx, j0, t, bars, (pair & 1) ^ 1, stage)
             if pair + 1 < n_pairs:
@@ -125,7 +105,7 @@ class FusedPrefetchLoop(FusedDecodeSm90):
         """Batch b's rows (t // 8 + 8 (b br + i)) into the registers; a slot not read loads its cache's
         token 0 and is marked -1 in vs."""
         codes, rope, sc = cache
-        br = self.rows_per_batch
+        br = ROWS_PER_BATCH
         n_code = 4 if h == 0 else 3
         for i in cutlass.range_constexpr(br):
             r = t // 8 + 8 * (b * br + i)
@@ -135,28 +115,20 @@ class FusedPrefetchLoop(FusedDecodeSm90):
 
     @cute.jit
     def _row_of(self, cache, caches, rows, bidx, j0, r):
-        """Row r of the tile: (v, block, token in block), v < 0 for a slot not read (then block and
-        token are its cache's token 0). Packed: decoded from the owner's word; else the slot rule and
-        a division."""
-        if cutlass.const_expr(self.packed):
-            e = rows[r]
-            ee = cutlass.max(e, 0)
-            return e, ee >> PACK_BITS, ee & ((1 << PACK_BITS) - 1)
-        else:
-            bs = cute.size(cache[0], mode=[1])
-            v = self._valid_token(caches, bidx, j0 + r, rows[r])
-            vv = cutlass.max(v, 0)
-            blk = vv // bs
-            return v, blk, vv - blk * bs
+        """Row r of the tile: (v, block, token in block) from the owner's packed word, v < 0 for a slot
+        not read (then block and token are its cache's token 0)."""
+        e = rows[r]
+        ee = cutlass.max(e, 0)
+        return e, ee >> PACK_BITS, ee & ((1 << PACK_BITS) - 1)
 
     @cute.jit
     def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr, full,
                       empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
-        """decode_fused._dequant_half (prmt conversion) with the batches in a run-time loop, each
-        batch's registers local to its iteration (registers carried across a run-time loop went to
-        local memory: 1.7k STL): one copy of the loads and the conversion; the empty wait comes first,
-        so every batch's loads wait one (L2, after the prefetch) round trip."""
-        br = self.rows_per_batch
+        """Half h of d of this thread's rows t // 8 + 8 q into dst (keys, d), the batches in a run-time
+        loop; the empty wait comes first, so every batch's loads wait one (L2, after the prefetch) round
+        trip; publishes the tile's slot validity with the first half (the owner's mask read the previous
+        indices before it freed that half)."""
+        br = ROWS_PER_BATCH
         n_batches = self.cfg.n_block // 8 // br
         n_code = 4 if h == 0 else 3
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
@@ -172,8 +144,3 @@ class FusedPrefetchLoop(FusedDecodeSm90):
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
         cute.arch.mbarrier_arrive(full)
 
-
-class FusedPackedLoop(FusedPrefetchLoop):
-    """fused-pf-loop with packed slots: no slot rule and no division a row."""
-
-    packed = True

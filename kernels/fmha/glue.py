@@ -64,11 +64,10 @@ class FmhaCuteDSL(Impl):
     # s_q 4096 and 16384, 0.97-0.99x FlashMLA in interleaved rounds (docs/perf/fmha.md, "v11").
     kernel_class: type = V11
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
-    # (rows per batch, prmt conversion[, kernel class, one producer path]) = the fused kernel
-    # (decode_fused.py, decode_glue.compile_fused / run_fused). The default is v3, fused-pk-loop
-    # (decode_prefetch.FusedPackedLoop): on the H100 it is at or above v1 on all 16 sweep cases, 1.31x
-    # v1 in geomean (run fmha/2026-11-26-h100-84b09bf-decode-fp8-v3); the cutedsl:fused* variants A/B others.
-    decode_form: tuple | None = (4, True, FusedPackedLoop, True)
+    # else the fused kernel's class (decode_fused.py, decode_glue.compile_fused / run_fused). The default
+    # is v3, fused-pk-loop (decode_prefetch.FusedPackedLoop): on the H100 at or above v1 on all 16 sweep
+    # cases, 1.31x v1 in geomean (run fmha/2026-11-26-h100-84b09bf-decode-fp8-v3); cutedsl:fused-* A/B others.
+    decode_form: type | None = FusedPackedLoop
 
     def __init__(self, persistent_ctas: int | None = None):
         """persistent_ctas: CTAs of a persistent launch (d <= 256), default one per SM; the tests
@@ -95,9 +94,7 @@ class FmhaCuteDSL(Impl):
 
     def _packed_limits(self, case: Case) -> str | None:
         """The packed-slot producers hold a slot as block << 10 | token in an int32 (decode_prefetch)."""
-        packed = self.decode_form is not None and len(self.decode_form) > 2 and \
-            getattr(self.decode_form[2], "packed", False)
-        if packed and case["block"] > PACKED_MAX_BLOCK:
+        if self.decode_form is not None and case["block"] > PACKED_MAX_BLOCK:
             return f"the packed-slot decode takes cache blocks of <= {PACKED_MAX_BLOCK} tokens, not {case['block']}"
         return None
 
@@ -109,7 +106,7 @@ class FmhaCuteDSL(Impl):
     def compile(self, case: Case, arch: str):
         if case.get("op", "attention") == "decode_fp8":
             if self.decode_form is not None:
-                return compile_fused(case["h_q"], arch, *self.decode_form)
+                return compile_fused(case["h_q"], arch, self.decode_form)
             return compile_decode(case["h_q"], arch)
         return compile_config(config_for(case), arch, self.kernel_class)
 

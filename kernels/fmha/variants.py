@@ -31,8 +31,8 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
-from kernels.fmha.decode_fused import FusedDecodeSm90
-from kernels.fmha.decode_prefetch import FusedPackedLoop, FusedPrefetchLoop
+from kernels.fmha.decode_forms import FusedEpiTma
+from kernels.fmha.decode_prefetch import FusedPackedLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
@@ -210,15 +210,10 @@ PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWai
 
 
 class FmhaFusedDecode(FmhaCuteDSL):
-    """`op: decode_fp8` by the fused kernel (v2: decode_fused.py, one attention launch whose producer
-    dequantises the FP8 rows, + the combine) instead of v1's three launches: a real answer, checked.
-    `cutedsl:fused-b2`: the same with 2 rows per load batch instead of 4 (fewer registers, less in flight);
-    `cutedsl:fused-cvt`: the codes converted by prmt + mul.bf16x2 (decode_fused.e4m3x2_to_bf16x2);
-    `cutedsl:fused-small`: fused-cvt with one copy of the producer code for both caches.
-    The default form is `FmhaCuteDSL.decode_form` (glue.py: fused-pk-loop); `cutedsl:decode-v1` keeps v1."""
+    """`op: decode_fp8` by the fused kernel (decode_fused.py: one attention launch whose producer dequantises
+    the FP8 rows, + the combine) in a named form; `cutedsl` runs the default (`FmhaCuteDSL.decode_form`)."""
 
-    name, variant = "cutedsl:fused", "fused"
-    decode_form = (4, False)  # (rows per load batch, prmt conversion)
+    name, variant, decode_form = "cutedsl:fused-pk-loop", "fused-pk-loop", FusedPackedLoop
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case.get("op", "attention") != "decode_fp8":
@@ -233,53 +228,12 @@ class FmhaDecodeV1(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-v1", "decode-v1", None
 
 
-class FmhaFusedDecodeB2(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:fused-b2", "fused-b2", (2, False)
+class FmhaFusedEpiTma(FmhaFusedDecode):
+    """fused-pk-loop with v11's stmatrix + TMA epilogue (decode_forms.FusedEpiTma)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-epi", "fused-pk-epi", FusedEpiTma
 
 
-class FmhaFusedDecodeCvt(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:fused-cvt", "fused-cvt", (4, True)
-
-
-class FmhaFusedDecodeSmall(FmhaFusedDecode):
-    """fused-cvt with one copy of the producer code for both caches (decode_fused `one_path`)."""
-
-    name, variant, decode_form = "cutedsl:fused-small", "fused-small", (4, True, None, True)
-
-
-class FusedNoDequant(FusedDecodeSm90):
-    """The fused FP8 decode kernel whose producer only hands the stages over (waits, publishes the
-    indices, arrives): no code loads, no conversion, no stores; the K tiles hold whatever smem held."""
-
-    @cute.jit
-    def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr,
-                      full, empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
-        self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
-        cute.arch.mbarrier_arrive(full)
-
-
-class FmhaFusedNoDequant(FmhaFusedDecode):
-    """Knock-out of v2 (unchecked): the kernel minus its FP8 loads and conversion. fused ~ this: the
-    consumers are the bound; fused >> this: the producer is."""
-
-    name, variant, decode_form = "cutedsl:fused-no-dequant", "fused-no-dequant", (4, False, FusedNoDequant)
-    checked = False
-
-
-class FmhaFusedDecodePrefetchLoop(FmhaFusedDecode):
-    """fused-small + an L2 prefetch of each pair's rows and each half's 4-row batches in a run-time loop:
-    one copy of the loads and conversion per (stage, half) (decode_prefetch.FusedPrefetchLoop)."""
-
-    name, variant, decode_form = "cutedsl:fused-pf-loop", "fused-pf-loop", (4, True, FusedPrefetchLoop, True)
-
-
-class FmhaFusedDecodePackedLoop(FmhaFusedDecode):
-    """fused-pf-loop with each slot's (block, token) packed once a pair by its owner
-    (decode_prefetch.FusedPackedLoop)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-loop", "fused-pk-loop", (4, True, FusedPackedLoop, True)
-
-
-# checked variants (real answers) and knock-outs of the FP8 decode, decode_fp8 only
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedDecodeB2, FmhaFusedDecodeCvt, FmhaFusedDecodeSmall,
-                   FmhaFusedNoDequant, FmhaFusedDecodePrefetchLoop, FmhaFusedDecodePackedLoop)
+# checked forms of the FP8 decode (real answers), decode_fp8 only; the v2 forms and knock-out are in git
+# history at 1cdb2f1
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma)

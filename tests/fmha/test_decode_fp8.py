@@ -253,42 +253,45 @@ def test_fused_slot_rule_reproduces_the_oracle(kw, sms):
     assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
 
 
-@pytest.mark.parametrize("form", [(4, False, False, 128), (2, False, False, 32), (4, True, False, 16),
-                                  (4, True, True, 48)], ids=["fused", "b2", "cvt", "small"])
+# impl: (TMA stores of O, 16-bit shared stores: the scalar epilogue's 128 a thread)
+FORMS = {"cutedsl:fused-pk-loop": (0, 128), "cutedsl:fused-pk-epi": (4, 0)}
+
+
+@pytest.mark.parametrize("impl", list(FORMS))
 @pytest.mark.parametrize("h_q", [64, 128])
-def test_fused_decode_compiles_for_sm90a_without_gpu(h_q, form):
-    """v2 and its variants compile (setmaxnreg 88 / 208). Local memory is bounded per form: the default
-    conversion spills ~100 B of per-pair producer scalars at 4 rows a batch, the 2-row form ~16 B, the
-    prmt conversion none in the producer, one producer path a few 64-bit values; the consumers' 16 B
-    are epilogue values (once per CTA)."""
-    rows, fast, one, bound = form
-    compiled = compile_fused(h_q, "sm_90a", rows, fast, None, one).kernels
-    for name, k in compiled.items():
-        info = parse_cubin(k.__cubin__)
-        print(name, form, info)
-        assert info.cubin_bytes > 0 and info.local_bytes <= (bound if name == "fused" else 0), info
-
-
-def test_fused_knock_out_compiles_and_loads_no_codes():
+def test_fused_decode_forms_compile_for_sm90a_without_gpu(h_q, impl):
+    """Each fused form compiles (setmaxnreg 88 / 208) without local memory, issues the producer's L2
+    prefetches (6 lines + the scale line, at two places a stage), keeps one copy of the prmt conversion
+    per (stage, half) (224 HMUL2), no L1 prefetch, the packed slots' second named barrier a stage; the
+    epilogue form stores O by stmatrix + 4 TMA boxes and no scalar shared stores."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
-    from kernels.fmha.variants import FusedNoDequant
-
-    k = compile_fused(64, "sm_90a", 4, False, FusedNoDequant).kernels["fused"]
-    assert parse_cubin(k.__cubin__).cubin_bytes > 0
-    if find_nvdisasm() is not None:
-        assert "LDG.E.64" not in sass_of(k) and "LDG.E.64" in sass_of(compile_fused(64, "sm_90a").kernels["fused"])
-
-
-def test_fused_impl_is_a_checked_decode_variant():
     from dsv4bench.core.registry import get_impl
 
-    impl = get_impl("fmha", "cutedsl:fused")
+    k = compile_fused(h_q, "sm_90a", get_impl("fmha", impl).decode_form).kernels["fused"]
+    info = parse_cubin(k.__cubin__)
+    print(impl, h_q, info)
+    assert info.cubin_bytes > 0 and info.local_bytes == 0, info
+    if find_nvdisasm() is not None:
+        sass = sass_of(k)
+        counts = {op: sass.count(op) for op in ("CCTL.E.PF2", "HMUL2", "CCTL.E.PF1", "UTMASTG", "STS.U16",
+                                                "BAR.SYNC.DEFER_BLOCKING 0xc, 0x40")}
+        print(counts)
+        assert (counts["CCTL.E.PF2"], counts["HMUL2"], counts["CCTL.E.PF1"]) == (28, 224, 0), counts
+        assert (counts["UTMASTG"], counts["STS.U16"]) == FORMS[impl], counts
+        assert counts["BAR.SYNC.DEFER_BLOCKING 0xc, 0x40"] == 2, counts
+
+
+def test_fused_forms_are_checked_decode_variants():
+    from dsv4bench.core.registry import get_impl
+    from kernels.fmha.decode_forms import FusedEpiTma
+
     case = Case("fmha", space._decode(h_q=128, b=64))
-    assert impl.checked and impl.variant == "fused" and impl.supports(case) is None
-    assert get_impl("fmha", "cutedsl:fused-cvt").decode_form == (4, True)
-    assert get_impl("fmha", "cutedsl:fused-b2").decode_form == (2, False)
-    assert impl.supports(Case("fmha", space._sparse())) is not None
-    assert impl.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
+    for name in FORMS:
+        impl = get_impl("fmha", name)
+        assert impl.checked and impl.supports(case) is None
+        assert impl.supports(Case("fmha", space._sparse())) is not None
+    epi = get_impl("fmha", "cutedsl:fused-pk-epi")
+    assert epi.decode_form is FusedEpiTma and epi.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
 
 
 def test_the_default_decode_is_fused_pk_loop_and_v1_stays_reachable():
@@ -296,8 +299,7 @@ def test_the_default_decode_is_fused_pk_loop_and_v1_stays_reachable():
     from dsv4bench.core.registry import get_impl
     from kernels.fmha.decode_prefetch import FusedPackedLoop
 
-    assert FmhaCuteDSL().decode_form == get_impl("fmha", "cutedsl:fused-pk-loop").decode_form
-    assert FmhaCuteDSL().decode_form[2] is FusedPackedLoop
+    assert FmhaCuteDSL().decode_form is get_impl("fmha", "cutedsl:fused-pk-loop").decode_form is FusedPackedLoop
     v1 = get_impl("fmha", "cutedsl:decode-v1")
     case = Case("fmha", space._decode(h_q=64, b=1))
     assert v1.decode_form is None and v1.checked and v1.supports(case) is None
@@ -347,40 +349,11 @@ def test_fast_e4m3_conversion_is_exact(e):
     assert int(hi[0]) == ((0xCD & 0x7F) << 20 | (0xCD >> 7) << 31 | (0xAB & 0x7F) << 4 | (0xAB >> 7) << 15)
 
 
-# ---------------------------------------------------------------- v3 candidates (decode_prefetch.py)
-V3 = {"cutedsl:fused-pf-loop": (16, 224), "cutedsl:fused-pk-loop": (0, 224)}  # impl: (local bytes at most, HMUL2)
-
-
-@pytest.mark.parametrize("impl", list(V3))
-@pytest.mark.parametrize("h_q", [64, 128])
-def test_v3_producers_compile_for_sm90a_without_gpu(h_q, impl):
-    """The v3 producers compile (setmaxnreg 88 / 208) with at most fused-small's local memory (the
-    batch loop: 16 B; packed slots: none), issue their L2 prefetches (6 lines + the scale line, at two
-    places a stage), with the loop keep one copy of the conversion per (stage, half) (half or a quarter
-    of fused-small's 448 HMUL2), and no L1 prefetch; packed slots: one more named barrier a stage."""
-    from dsv4bench.compile.sass import find_nvdisasm, sass_of
-    from dsv4bench.core.registry import get_impl
-
-    form = get_impl("fmha", impl).decode_form
-    bound, mul = V3[impl]
-    k = compile_fused(h_q, "sm_90a", *form).kernels["fused"]
-    info = parse_cubin(k.__cubin__)
-    print(impl, h_q, info)
-    assert info.cubin_bytes > 0 and info.local_bytes <= bound, info
-    if find_nvdisasm() is not None:
-        sass = sass_of(k)
-        assert sass.count("CCTL.E.PF2") == 28 and sass.count("HMUL2") == mul, (sass.count("CCTL.E.PF2"),
-                                                                               sass.count("HMUL2"))
-        assert sass.count("CCTL.E.PF1") == 0
-        assert sass.count("BAR.SYNC.DEFER_BLOCKING 0xc, 0x40") == (2 if form[2].packed else 1)
-
-
 def test_packed_slots_are_checked_on_the_host():
     """run_fused refuses caches whose block size or block count does not fit the packed word."""
-    from dsv4bench.core.registry import get_impl
+    from kernels.fmha.decode_prefetch import FusedPackedLoop
 
-    compiled = compile_fused(64, "sm_90a", *get_impl("fmha", "cutedsl:fused-pk-loop").decode_form)
-    assert compiled.packed_slots and not getattr(compile_fused(64, "sm_90a", 4, True, None, True), "packed_slots")
+    compiled = compile_fused(64, "sm_90a", FusedPackedLoop)
     big = torch.empty(2, 2048, 1, 584, dtype=torch.uint8)
     with pytest.raises(ValueError, match="cache0: the packed-slot decode"):
         run_fused(compiled, None, torch.empty(1, 64, 512), (big, big), (None, None), (None, None), None, None, None,

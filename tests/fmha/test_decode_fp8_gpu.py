@@ -1,6 +1,5 @@
 """FP8-cache sparse decode on a GPU: our three launches (v1, kernels/fmha/decode_glue.py) and the fused
-kernel (v2, decode_fused.py: `cutedsl:fused`, `-cvt`, `-b2`, `-small`; its v3 candidates,
-decode_prefetch.py: `-pf`, `-pf-loop`, `-pf-loop2`, `-pk-loop`, `-pk-loop-l1`, `-pk-loop2-l1`) against the
+kernel's forms (decode_fused.py; the default `-pk-loop`, decode_prefetch.py; decode_forms.py) against the
 dequantised FP32 oracle by the harness rule (docs/benchmarking.md), on the issue's grid (Flash and
 Pro, 1-128 requests; the 128K contexts at 1 and 128 requests) and hypothesis draws (ragged
 lengths, -1 indices, fewer valid keys than top-k, duplicates, pages of 61); the split-KV path and
@@ -28,11 +27,8 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
-# v3 (decode_prefetch.py): L2 prefetch of each pair's rows and a run-time batch loop, + packed slots (the default)
-PF = ("cutedsl:fused-pf-loop", "cutedsl:fused-pk-loop")
-IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name)  # the default; v1; v2 (decode_fused.py)'s forms
-         for name in ("cutedsl", "cutedsl:decode-v1", "cutedsl:fused", "cutedsl:fused-b2", "cutedsl:fused-cvt",
-                      "cutedsl:fused-small", "cutedsl:fused-no-dequant", *PF)}
+FORMS = ("cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi")  # the fused kernel's forms (variants.py)
+IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in ("cutedsl", "cutedsl:decode-v1", *FORMS)}
 _compiled: dict = {}
 
 
@@ -56,8 +52,7 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-v1", "cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small",
-                                  *PF])
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-v1", *FORMS[1:]])
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
@@ -67,26 +62,7 @@ def test_decode_matches_dequantised_oracle(case, impl):
     _check(case, x, res, impl)
 
 
-@pytest.mark.parametrize("case", GRID[:4], ids=[c.id for c in GRID[:4]])
-def test_fused_knock_out_returns(case):
-    """The unchecked knock-out still balances its barriers (it returns)."""
-    x = _inputs(case)
-    out = FAMILY.alloc_outputs(case, "cuda")
-    IMPLS["cutedsl:fused-no-dequant"].run(case, x, out, _compiled_for(case, "cutedsl:fused-no-dequant"))
-    torch.cuda.synchronize()
-
-
-@pytest.mark.parametrize("case", GRID[:4], ids=[c.id for c in GRID[:4]])
-def test_fused_b2_matches_dequantised_oracle(case):
-    x = _inputs(case)
-    out = FAMILY.alloc_outputs(case, "cuda")
-    poison(out)
-    res = IMPLS["cutedsl:fused-b2"].run(case, x, out, _compiled_for(case, "cutedsl:fused-b2"))
-    torch.cuda.synchronize()
-    _check(case, x, res, "cutedsl:fused-b2")
-
-
-@pytest.mark.parametrize("impl", ["cutedsl:fused", "cutedsl:fused-cvt", "cutedsl:fused-small", *PF])
+@pytest.mark.parametrize("impl", FORMS)
 @pytest.mark.parametrize("split", [(1, None), (2, None), (None, 128)])
 @pytest.mark.parametrize("k0", [128, 100])
 def test_fused_splits_and_unaligned_window(split, k0, impl):
