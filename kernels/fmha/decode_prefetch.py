@@ -1,4 +1,4 @@
-"""The FP8 decode's producer (issue #25, v3 `fused-pk-loop`, the default; decode_fused.py is the kernel's
+"""The FP8 decode's producer (issue #25, v3 `fused-pk-loop`; decode_fused.py is the kernel's
 frame): a pair's raw rows kept in flight by L2 prefetches (no registers, no shared memory), each half's
 row batches as a run-time loop (one copy of the conversion code), and each slot decoded once a pair.
 

@@ -291,15 +291,16 @@ def test_fused_forms_are_checked_decode_variants():
         assert impl.checked and impl.supports(case) is None
         assert impl.supports(Case("fmha", space._sparse())) is not None
     epi = get_impl("fmha", "cutedsl:fused-pk-epi")
-    assert epi.decode_form is FusedEpiTma and epi.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
+    loop = get_impl("fmha", "cutedsl:fused-pk-loop")
+    assert epi.decode_form is FusedEpiTma and loop.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
 
 
-def test_the_default_decode_is_fused_pk_loop_and_v1_stays_reachable():
+def test_the_default_decode_is_fused_pk_epi_and_v1_stays_reachable():
     """The measured-faster form is the default (glue.py decode_form); v1 is `cutedsl:decode-v1`."""
     from dsv4bench.core.registry import get_impl
-    from kernels.fmha.decode_prefetch import FusedPackedLoop
+    from kernels.fmha.decode_forms import FusedEpiTma
 
-    assert FmhaCuteDSL().decode_form is get_impl("fmha", "cutedsl:fused-pk-loop").decode_form is FusedPackedLoop
+    assert FmhaCuteDSL().decode_form is get_impl("fmha", "cutedsl:fused-pk-epi").decode_form is FusedEpiTma
     v1 = get_impl("fmha", "cutedsl:decode-v1")
     case = Case("fmha", space._decode(h_q=64, b=1))
     assert v1.decode_form is None and v1.checked and v1.supports(case) is None
