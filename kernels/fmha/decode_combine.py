@@ -22,16 +22,25 @@ THREADS, PER_THREAD = 128, 4
 
 
 class DecodeCombine:
+    def __init__(self, pdl: bool = False):
+        """pdl: launched with programmatic dependent launch after an attention kernel that lets it start
+        early (decode_forms.FusedPdl): its CTAs take idle SMs and wait in griddepcontrol.wait for the
+        partials, instead of the launch starting after the attention kernel's end."""
+        self.pdl = pdl
+
     @cute.jit
     def __call__(self, mOp: cute.Tensor, mLp: cute.Tensor, mSink: cute.Tensor, mO: cute.Tensor,
                  mLse: cute.Tensor, stream):
         self.kernel(mOp, mLp, mSink, mO, mLse).launch(
-            grid=[mO.shape[1], mO.shape[0], 1], block=[THREADS, 1, 1], stream=stream)
+            grid=[mO.shape[1], mO.shape[0], 1], block=[THREADS, 1, 1], stream=stream,
+            **({"use_pdl": True} if self.pdl else {}))
 
     @cute.kernel
     def kernel(self, mOp: cute.Tensor, mLp: cute.Tensor, mSink: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         h, r, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()  # the attention kernel's partials are complete and visible
         n_split = mLp.shape[1]
         m = -Float32.inf
         for s in cutlass.range(n_split, unroll=1):

@@ -7,6 +7,9 @@ FusedPackedLoop) with one seam overridden, A/B'd as `cutedsl:fused-*` variants (
         scalar epilogue (128 STS.U16 a thread, two CTA-wide barriers, then 16-byte row stores) at
         ~23k of ~40k cycles. Applies where v11's does (64-head blocks: h_q 64 and 128); the default's
         epilogue elsewhere.
+  FusedEpiPdl (`cutedsl:fused-pk-pdl`)  FusedEpiTma + the combine launched with programmatic dependent
+        launch (decode_combine `pdl`), this kernel letting it start at once: the combine's launch and
+        ramp overlap the attention kernel where it leaves SMs idle (1-32 requests: 5-80 CTAs).
 """
 
 from __future__ import annotations
@@ -20,3 +23,9 @@ class FusedEpiTma(FusedPackedLoop, EpiTma):
     then EpiTma's `_epilogue` and V11Base's `_io_tma`)."""
 
     o_by_tma = True
+
+
+class FusedEpiPdl(FusedEpiTma):
+    """fused-pk-epi with the combine launched by PDL (module docstring)."""
+
+    pdl_combine = True

@@ -67,6 +67,8 @@ REG_SPLIT = (88, 208)  # setmaxnreg (producer, consumer): the consumers spill at
 class FusedDecodeSm90(GatherAttentionSm90):
     """The key-split attention kernel (d = dv = 512, V = K) with the FP8-gathering producer."""
 
+    pdl_combine = False  # the combine launched with PDL, this kernel letting it start at once (decode_forms)
+
     def __init__(self, cfg: Config):
         assert cfg.key_split and cfg.d == 512, cfg
         super().__init__(cfg)
@@ -110,7 +112,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         self.kernel(
             mQ, codes0, rope0, sc0, idx0, len0, codes1, rope1, sc1, idx1, len1, mLen, mSink, mO, mLse, scale_log2,
             qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sP_layout, Storage, io,
-        ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream)
+        ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream, **self._cluster_launch())
 
     @cute.kernel
     def kernel(
@@ -138,6 +140,8 @@ class FusedDecodeSm90(GatherAttentionSm90):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         s_q = cute.size(mQ, mode=[0])
 
+        if cutlass.const_expr(self.pdl_combine):
+            cute.arch.griddepcontrol_launch_dependents()  # the combine may launch (it waits for this grid's end)
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(Storage)
         bars = st.bars.data_ptr()  # full[stage, half] = bars + 2 stage + half, empty = + 4; q full, q empty
@@ -151,7 +155,8 @@ class FusedDecodeSm90(GatherAttentionSm90):
         sVt = cute.make_tensor(sK.iterator, cute.select(sK.layout, mode=[1, 0, 2]))
         record("mbarrier full (per stage and half of d): arrive count",
                "64 = the producer threads of that stage (st.shared + fence.proxy.async + arrive)")
-        self._init_barriers(tidx, bars, (64,) * (2 * S) + (128,) * (2 * S), q_full, q_empty)
+        self._init_barriers(tidx, bars, (64,) * (2 * S) + (self._empty_count(),) * (2 * S), q_full, q_empty)
+        self._cluster_sync(False)
 
         if wg == c.n_consumer_wg:
             cute.arch.setmaxregister_decrease(REG_SPLIT[0])
@@ -176,6 +181,21 @@ class FusedDecodeSm90(GatherAttentionSm90):
                 pv_ss_mma, sQ, sK, sVt, sIdx, sMaskFlag, sX, st.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner),
                 bars, wg, tidx % 128, io,
             )
+        self._cluster_sync(True)
+
+    # Seams of a clustered form (decode_pair.py); a CTA of its own here: no cluster, the empty barrier of a
+    # K half counts one warpgroup's 128 consumer threads, a row stored into this CTA only.
+    def _cluster_launch(self) -> dict:
+        return {}
+
+    def _empty_count(self) -> int:
+        return 128
+
+    def _cluster_sync(self, at_exit: bool):
+        pass
+
+    def _store_peer(self, vals, dst, r, chunk, full):
+        pass
 
     # ------------------------------------------------------------------ producer
     @cute.jit
@@ -263,9 +283,10 @@ class FusedDecodeSm90(GatherAttentionSm90):
 
     @cute.jit
     def _store_row(self, dst, raw, scl, rp, vs, i: cutlass.Constexpr, r, h: cutlass.Constexpr,
-                   n_code: cutlass.Constexpr, c8, st_atom):
+                   n_code: cutlass.Constexpr, c8, st_atom, full):
         """Batch slot i (tile row r) of half h converted to bf16 (code x 2^(e - 127); zeros for a slot
-        not read) and stored as the 16-byte chunk c8 of each segment into the swizzled tile."""
+        not read) and stored as the 16-byte chunk c8 of each segment into the swizzled tile (and, paired,
+        the peer's: `full` is the half's full barrier)."""
         for sg in cutlass.range_constexpr(4):
             vals = cute.make_rmem_tensor((8,), BFloat16)
             if cutlass.const_expr(sg < n_code):
@@ -284,6 +305,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
                     vals.fill(0.0)
             chunk = (h * 4 + sg) * 8 + c8
             cute.copy(st_atom, vals, cute.local_tile(dst[r, None], (8,), (chunk,)))
+            self._store_peer(vals, dst, r, chunk, full)
 
     @cute.jit
     def _load_row_at(self, codes, rope, sc, blk, tok, raw, scl, rp, i: cutlass.Constexpr, h: cutlass.Constexpr,

@@ -133,14 +133,23 @@ class FusedPackedLoop(FusedDecodeSm90):
         n_code = 4 if h == 0 else 3
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
-        for b in cutlass.range(n_batches, unroll=1):
+        first, stop = self._batch_range(n_batches)
+        for b in cutlass.range(first, stop, unroll=1):
             raw = cute.make_rmem_tensor((8, 4, br), cutlass.Float8E4M3FN)
             scl = cute.make_rmem_tensor((4, br), cutlass.Uint8)
             rp = cute.make_rmem_tensor((8, br), BFloat16)
             vs = cute.make_rmem_tensor((br,), Int32)
             self._load_batch(cache, caches, rows, bidx, j0, t, b, raw, scl, rp, vs, h)
             for i in cutlass.range_constexpr(br):
-                self._store_row(dst, raw, scl, rp, vs, i, t // 8 + 8 * (b * br + i), h, n_code, t % 8, st_atom)
+                self._store_row(dst, raw, scl, rp, vs, i, t // 8 + 8 * (b * br + i), h, n_code, t % 8, st_atom, full)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
+        self._arrive_full(full, t)
+
+    def _batch_range(self, n_batches: int):
+        """The row batches of a half this CTA converts: all (a seam: decode_pair.py splits them)."""
+        return 0, n_batches
+
+    def _arrive_full(self, full, t):
+        """Thread t's stores of the half are done (a seam: decode_pair.py adds the peer's bytes)."""
         cute.arch.mbarrier_arrive(full)
 

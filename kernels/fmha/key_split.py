@@ -34,6 +34,11 @@ class KeySplit:
         for kb in cutlass.range_constexpr(n_kb):
             cute.gemm(qk_mma, acc_S, tSrQ[None, None, h * n_kb + kb], tSrK[None, None, h * n_kb + kb, stage], acc_S)
 
+    def _release(self, bar):
+        """A consumer thread frees a K half: its last wgmma read of it is done (a seam: decode_pair.py
+        also frees the peer CTA's)."""
+        cute.arch.mbarrier_arrive(bar)
+
     @cute.jit
     def _softmax_tile(self, S_mn, P_mn, corr, cS_mn, row_max, row_sum, sM, wtid, r: int, m_new, scale_log2):
         """Row r with the new running max: P = exp2(S * scale - m_new) (fp32 kept in S, bf16 in P), rescale
@@ -85,7 +90,7 @@ class KeySplit:
             scale_rows(O_mn, corr)
         self._pv(pv_mma, acc_O, tOrP, tOrV, 0, True)
         warpgroup.wait_group(0)
-        cute.arch.mbarrier_arrive(empty + 0)  # 0-left: its last reader was this PV
+        self._release(empty + 0)  # 0-left: its last reader was this PV
         cute.arch.barrier(barrier_id=NamedBarrier.MAX1, number_of_threads=256)
         for r in cutlass.range_constexpr(n_r):  # move P, O and the sum onto WG1's final max
             final = sX[cS_mn[r, 0][0]]
@@ -102,12 +107,12 @@ class KeySplit:
         self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 1], tOrV, 1, False)
         if cutlass.const_expr(last):
             warpgroup.wait_group(0)
-            cute.arch.mbarrier_arrive(empty + 2)  # 1-left
+            self._release(empty + 2)  # 1-left
         else:  # queue the next tile's S behind it
             self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, (pair + 1) & 1, True)
             warpgroup.commit_group()
             warpgroup.wait_group(1)
-            cute.arch.mbarrier_arrive(empty + 2)
+            self._release(empty + 2)
             self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, (pair + 1) & 1, False)
             warpgroup.commit_group()
 
@@ -142,9 +147,9 @@ class KeySplit:
             self._pv(pv_ss_mma, acc_O, tOsP[None, None, None, 0], tOrV, 0, False)
             cute.arch.barrier_arrive(barrier_id=NamedBarrier.P1, number_of_threads=256)
             warpgroup.wait_group(1)
-            cute.arch.mbarrier_arrive(empty + 3)  # 1-right
+            self._release(empty + 3)  # 1-right
             warpgroup.wait_group(0)
-            cute.arch.mbarrier_arrive(empty + 1)  # 0-right
+            self._release(empty + 1)  # 0-right
 
     @cute.jit
     def _merge_row_sums(self, row_sum, sX, wg, wtid):

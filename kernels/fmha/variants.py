@@ -31,7 +31,8 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
-from kernels.fmha.decode_forms import FusedEpiTma
+from kernels.fmha.decode_forms import FusedEpiPdl, FusedEpiTma
+from kernels.fmha.decode_pair import FusedHeadPair, FusedHeadPairPdl
 from kernels.fmha.decode_prefetch import FusedPackedLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
@@ -234,6 +235,26 @@ class FmhaFusedEpiTma(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-pk-epi", "fused-pk-epi", FusedEpiTma
 
 
+class FmhaFusedHeadPair(FmhaFusedDecode):
+    """fused-pk-epi with h_q 128's two head blocks as a 2-CTA cluster sharing the dequantisation
+    (decode_pair.FusedHeadPair; v4's code at h_q 64)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-pair", "fused-pk-pair", FusedHeadPair
+
+
+class FmhaFusedEpiPdl(FmhaFusedDecode):
+    """fused-pk-epi with the combine launched by PDL (decode_forms.FusedEpiPdl)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-pdl", "fused-pk-pdl", FusedEpiPdl
+
+
+class FmhaFusedHeadPairPdl(FmhaFusedDecode):
+    """fused-pk-pair with the combine launched by PDL (decode_pair.FusedHeadPairPdl)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-pair-pdl", "fused-pk-pair-pdl", FusedHeadPairPdl
+
+
 # checked forms of the FP8 decode (real answers), decode_fp8 only; the v2 forms and knock-out are in git
 # history at 1cdb2f1
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma, FmhaFusedHeadPair, FmhaFusedEpiPdl,
+                   FmhaFusedHeadPairPdl)

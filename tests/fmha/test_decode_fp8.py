@@ -254,7 +254,8 @@ def test_fused_slot_rule_reproduces_the_oracle(kw, sms):
 
 
 # impl: (TMA stores of O, 16-bit shared stores: the scalar epilogue's 128 a thread)
-FORMS = {"cutedsl:fused-pk-loop": (0, 128), "cutedsl:fused-pk-epi": (4, 0)}
+FORMS = {"cutedsl:fused-pk-loop": (0, 128), "cutedsl:fused-pk-epi": (4, 0), "cutedsl:fused-pk-pair": (4, 0),
+         "cutedsl:fused-pk-pdl": (4, 0), "cutedsl:fused-pk-pair-pdl": (4, 0)}
 
 
 @pytest.mark.parametrize("impl", list(FORMS))
@@ -267,7 +268,9 @@ def test_fused_decode_forms_compile_for_sm90a_without_gpu(h_q, impl):
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
     from dsv4bench.core.registry import get_impl
 
-    k = compile_fused(h_q, "sm_90a", get_impl("fmha", impl).decode_form).kernels["fused"]
+    form = get_impl("fmha", impl).decode_form
+    compiled = compile_fused(h_q, "sm_90a", form).kernels
+    k = compiled["fused"]
     info = parse_cubin(k.__cubin__)
     print(impl, h_q, info)
     assert info.cubin_bytes > 0 and info.local_bytes == 0, info
@@ -279,6 +282,36 @@ def test_fused_decode_forms_compile_for_sm90a_without_gpu(h_q, impl):
         assert (counts["CCTL.E.PF2"], counts["HMUL2"], counts["CCTL.E.PF1"]) == (28, 224, 0), counts
         assert (counts["UTMASTG"], counts["STS.U16"]) == FORMS[impl], counts
         assert counts["BAR.SYNC.DEFER_BLOCKING 0xc, 0x40"] == 2, counts
+        # PDL: the attention kernel lets the combine launch (one PREEXIT), the combine waits (ACQBULK)
+        assert sass.count("PREEXIT") == int(form.pdl_combine), sass.count("PREEXIT")
+        assert sass_of(compiled["combine"]).count("ACQBULK") == int(form.pdl_combine)
+
+
+def test_head_pair_shares_the_rows_at_h_q_128_and_is_v4_at_64():
+    """fused-pk-pair: at h_q 128 each CTA stores its 16-byte chunks into the peer too (4 rows x 4 chunks x
+    2 halves x 2 stages = 64 STAS.128 sites), frees the peer's halves by remote arrives at CTA scope and
+    meets it at two cluster barriers (one MEMBAR.ALL.GPU: the exit's release); at h_q 64 its SASS is
+    fused-pk-epi's but for the kernel's name."""
+    import re
+
+    from dsv4bench.compile.sass import find_nvdisasm, sass_of
+    from kernels.fmha.decode_forms import FusedEpiTma
+    from kernels.fmha.decode_pair import FusedHeadPair
+
+    if find_nvdisasm() is None:
+        pytest.skip("no nvdisasm")
+
+    def body(cls, h_q):
+        sass = sass_of(compile_fused(h_q, "sm_90a", cls).kernels["fused"])
+        return [re.sub(r"/\*[0-9a-f]+\*/", "", ln).strip() for ln in sass.splitlines() if "kernel_cutlass" not in ln]
+
+    assert body(FusedHeadPair, 64) == body(FusedEpiTma, 64)
+    pair = "\n".join(body(FusedHeadPair, 128))
+    counts = {op: pair.count(op) for op in ("STAS.128", "SYNCS.ARRIVE.TRANS64.RED", "UCGABAR_ARV", "UCGABAR_WAIT",
+                                            "MEMBAR.ALL.GPU")}
+    print(counts)
+    assert counts["STAS.128"] == 64 and counts["SYNCS.ARRIVE.TRANS64.RED"] >= 5, counts
+    assert (counts["UCGABAR_ARV"], counts["UCGABAR_WAIT"], counts["MEMBAR.ALL.GPU"]) == (2, 2, 1), counts
 
 
 def test_fused_forms_are_checked_decode_variants():

@@ -27,7 +27,8 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
-FORMS = ("cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi")  # the fused kernel's forms (variants.py)
+FORMS = ("cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi", "cutedsl:fused-pk-pair", "cutedsl:fused-pk-pdl",
+         "cutedsl:fused-pk-pair-pdl")  # the fused kernel's forms (variants.py)
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in ("cutedsl", "cutedsl:decode-v1", *FORMS)}
 _compiled: dict = {}
 
@@ -52,7 +53,7 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-v1", FORMS[0]])
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-v1", FORMS[0], *FORMS[2:]])
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")

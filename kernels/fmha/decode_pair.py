@@ -1,0 +1,94 @@
+"""A 2-CTA cluster form of the fused FP8 decode at h_q 128 (issue #25, `cutedsl:fused-pk-pair`): the two
+64-head blocks of one (split, request) read the same key rows, and each CTA of the pair dequantised all
+of them (v4: ~8 us a 128-key pair a CTA at h_q 128 as at 64, the tensor cores needing ~2.2). Paired,
+each CTA converts half of every tile's rows (batch `rank` of the half's two 4-row batches: rows
+t // 8 + 8 q, q in [4 rank, 4 rank + 4)) and stores each 16-byte chunk twice: into its own stage and,
+by `st.async` with `complete_tx`, into the peer's (FlashMLA's SM90 FP8 decode shares a tile the same way).
+
+Barriers of a K half (stage s, half h), per CTA:
+  full   64 arrivals (its own producer threads, after their local stores), one of them an
+         arrive.expect_tx of the peer's bytes (64 threads x 4 rows x 4 chunks x 16 B = 16 KB); the
+         peer's st.async complete those bytes (a complete_tx may land before the expect: the count
+         is signed, and the phase still waits for the 64 local arrivals).
+  empty  256 arrivals: its own consumer warpgroup's 128 threads and the peer's 128 (a remote
+         arrive at the default CTA scope: no MEMBAR, lesson 41). A producer writes into both CTAs'
+         stages, so it waits until both have read them.
+A cluster barrier after the barriers' init (no remote arrive or store reaches an uninitialised
+barrier) and one at exit (no CTA leaves while its peer may still store into it or arrive on it).
+The slot hand-off, packing, prefetch, the mask's indices and the consumers are per CTA, unchanged.
+Where there is one head block (h_q 64) the form compiles to v4's code.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+from kernels.fmha.decode_forms import FusedEpiTma
+from kernels.fmha.decode_fused import ROWS_PER_BATCH
+
+PEER_BYTES = 64 * ROWS_PER_BATCH * 4 * 16  # what the peer stores into a K half of this CTA a tile
+
+
+class FusedHeadPair(FusedEpiTma):
+    """v4 (fused-pk-epi) with the two head blocks of a (split, request) as a (1, 2, 1) cluster sharing
+    the dequantisation (module docstring)."""
+
+    def _paired(self) -> bool:
+        return self.cfg.n_hblk == 2
+
+    def _cluster_launch(self) -> dict:
+        return {"cluster": [1, 2, 1]} if self._paired() else {}
+
+    def _empty_count(self) -> int:
+        return 256 if self._paired() else 128
+
+    def _cluster_sync(self, at_exit: bool):
+        """At init relaxed (fence.mbarrier_init already released the barriers); at exit a release, so
+        this CTA's remote stores and arrives are ordered before the peer may leave."""
+        if cutlass.const_expr(self._paired()):
+            if cutlass.const_expr(at_exit):
+                cute.arch.cluster_arrive()
+            else:
+                cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+
+    def _batch_range(self, n_batches: int):
+        if cutlass.const_expr(self._paired()):
+            assert n_batches == 2, n_batches
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            return rank, rank + 1
+        return 0, n_batches
+
+    def _store_peer(self, vals, dst, r, chunk, full):
+        """The same 16 bytes into the peer's stage at the same (swizzled) offset: the tile's pointer
+        gives the address before the 128-byte swizzle (lesson 41), applied here from the 1024-aligned
+        stage base."""
+        if cutlass.const_expr(self._paired()):
+            a = cute.local_tile(dst[r, None], (8,), (chunk,)).iterator.toint()
+            ptr = cute.make_ptr(Int32, a ^ (((a >> 7) & 7) << 4), cute.AddressSpace.smem, assumed_align=16)
+            w = cute.recast_tensor(vals, Int32)
+            peer = 1 - cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            cute.arch.store_async_dsmem(ptr, (w[0], w[1], w[2], w[3]), full, peer)
+
+    @cute.jit
+    def _arrive_full(self, full, t):
+        if cutlass.const_expr(self._paired()):
+            if t == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(full, PEER_BYTES)
+            else:
+                cute.arch.mbarrier_arrive(full)
+        else:
+            cute.arch.mbarrier_arrive(full)
+
+    def _release(self, bar):
+        cute.arch.mbarrier_arrive(bar)
+        if cutlass.const_expr(self._paired()):
+            cute.arch.mbarrier_arrive(bar, 1 - cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()))
+
+
+class FusedHeadPairPdl(FusedHeadPair):
+    """fused-pk-pair with the combine launched by PDL (decode_forms.FusedEpiPdl)."""
+
+    pdl_combine = True
