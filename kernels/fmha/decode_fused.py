@@ -163,8 +163,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
             ptid = tidx - 128 * c.n_consumer_wg
             atom = self.row_copy_atom(mQ.element_type)
             blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(Int32(0), mLen, mLen, mQ, mLen)
-            self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
-            cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
+            self._fetch_q(atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full)
             caches = (codes0, rope0, sc0, idx0, len0, codes1, rope1, sc1, idx1, len1)
             if ptid < c.n_block:
                 self._produce_fp8_tiles(caches, sK, sRows[None, None, 0], sIdx, sMaskFlag, bars, ptid, blk, bidx,
@@ -196,6 +195,12 @@ class FusedDecodeSm90(GatherAttentionSm90):
 
     def _store_peer(self, vals, dst, r, chunk, full):
         pass
+
+    def _fetch_q(self, atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full):
+        """Producer: the CTA's 64 heads of Q by 32 cp.async a thread, counted on q_full (a seam:
+        decode_forms.FusedQTma loads it by TMA)."""
+        self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
+        cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
 
     # ------------------------------------------------------------------ producer
     @cute.jit

@@ -25,7 +25,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from kernels.fmha.decode_forms import FusedEpiTma
+from kernels.fmha.decode_forms import FusedEpiTma, QByTma
 from kernels.fmha.decode_fused import ROWS_PER_BATCH
 
 PEER_BYTES = 64 * ROWS_PER_BATCH * 4 * 16  # what the peer stores into a K half of this CTA a tile
@@ -57,8 +57,7 @@ class FusedHeadPair(FusedEpiTma):
     def _batch_range(self, n_batches: int):
         if cutlass.const_expr(self._paired()):
             assert n_batches == 2, n_batches
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            return rank, rank + 1
+            return cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()), 1
         return 0, n_batches
 
     def _store_peer(self, vals, dst, r, chunk, full):
@@ -89,6 +88,23 @@ class FusedHeadPair(FusedEpiTma):
 
 
 class FusedHeadPairPdl(FusedHeadPair):
-    """fused-pk-pair with the combine launched by PDL (decode_forms.FusedEpiPdl)."""
+    """fused-pk-pair with the combine launched by programmatic dependent launch (decode_combine `pdl`),
+    this kernel letting it start at once: the combine's launch and ramp overlap the attention kernel
+    where it leaves SMs idle (1-32 requests: 5-128 CTAs)."""
 
     pdl_combine = True
+
+
+class FusedPeel(FusedHeadPairPdl):
+    """fused-pk-pair-pdl with each half's first row batch loaded before the wait for the half (paired:
+    the CTA's only batch, so a half's loads all go out before it waits)."""
+
+    peel_first = True
+
+
+class FusedQTma(QByTma, FusedHeadPairPdl):
+    """fused-pk-pair-pdl with Q by TMA (decode_forms.QByTma)."""
+
+
+class FusedPeelQTma(QByTma, FusedPeel):
+    """fused-pk-peel with Q by TMA."""

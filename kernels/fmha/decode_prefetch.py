@@ -50,6 +50,8 @@ def prefetch_l2(addr, *, loc=None, ip=None) -> None:
 class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot producer (module docstring)."""
 
+    peel_first = False  # a half's first batch loaded before the wait for the half (decode_forms.FusedPeel)
+
     @cute.jit
     def _prefetch_row(self, caches, second, v):
         """L2 prefetch of token v's row and scale row in cache 1 if `second` else cache 0; nothing for
@@ -125,28 +127,52 @@ class FusedPackedLoop(FusedDecodeSm90):
     def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr, full,
                       empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
         """Half h of d of this thread's rows t // 8 + 8 q into dst (keys, d), the batches in a run-time
-        loop; the empty wait comes first, so every batch's loads wait one (L2, after the prefetch) round
-        trip; publishes the tile's slot validity with the first half (the owner's mask read the previous
-        indices before it freed that half)."""
-        br = ROWS_PER_BATCH
-        n_batches = self.cfg.n_block // 8 // br
-        n_code = 4 if h == 0 else 3
-        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
-        first, stop = self._batch_range(n_batches)
-        for b in cutlass.range(first, stop, unroll=1):
-            raw = cute.make_rmem_tensor((8, 4, br), cutlass.Float8E4M3FN)
-            scl = cute.make_rmem_tensor((4, br), cutlass.Uint8)
-            rp = cute.make_rmem_tensor((8, br), BFloat16)
-            vs = cute.make_rmem_tensor((br,), Int32)
-            self._load_batch(cache, caches, rows, bidx, j0, t, b, raw, scl, rp, vs, h)
-            for i in cutlass.range_constexpr(br):
-                self._store_row(dst, raw, scl, rp, vs, i, t // 8 + 8 * (b * br + i), h, n_code, t % 8, st_atom, full)
+        loop; publishes the tile's slot validity with the first half (the owner's mask read the previous
+        indices before it freed that half). The empty wait comes first, so every batch's loads wait one
+        (L2, after the prefetch) round trip; with `peel_first` the first batch's loads go out before it."""
+        n_batches = self.cfg.n_block // 8 // ROWS_PER_BATCH
+        batch = (cache, caches, dst, rows, bidx, j0, t, h, full)
+        if cutlass.const_expr(self.peel_first):
+            first, count = self._batch_range(n_batches)
+            regs = self._batch_regs()
+            self._load_batch(cache, caches, rows, bidx, j0, t, first, *regs, h)
+            self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
+            self._store_batch(dst, regs, first, t, h, full)
+            if cutlass.const_expr(count > 1):
+                self._batch_loop(*batch, first + 1, count - 1)
+        else:
+            self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
+            first, count = self._batch_range(n_batches)
+            self._batch_loop(*batch, first, count)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
         self._arrive_full(full, t)
 
+    @cute.jit
+    def _batch_loop(self, cache, caches, dst, rows, bidx, j0, t, h: cutlass.Constexpr, full, first, count: int):
+        """Batches first .. first + count - 1, each loaded, converted and stored, its registers local to an
+        iteration (registers carried across a run-time loop went to local memory: 1.7k STL)."""
+        for b in cutlass.range(first, first + count, unroll=1):
+            regs = self._batch_regs()
+            self._load_batch(cache, caches, rows, bidx, j0, t, b, *regs, h)
+            self._store_batch(dst, regs, b, t, h, full)
+
+    @staticmethod
+    def _batch_regs():
+        """A batch's registers: codes (8 a segment, 4 segments), the half's scale bytes, RoPE, tokens."""
+        br = ROWS_PER_BATCH
+        return (cute.make_rmem_tensor((8, 4, br), cutlass.Float8E4M3FN), cute.make_rmem_tensor((4, br), cutlass.Uint8),
+                cute.make_rmem_tensor((8, br), BFloat16), cute.make_rmem_tensor((br,), Int32))
+
+    @cute.jit
+    def _store_batch(self, dst, regs, b, t, h: cutlass.Constexpr, full):
+        br = ROWS_PER_BATCH
+        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        for i in cutlass.range_constexpr(br):
+            self._store_row(dst, *regs, i, t // 8 + 8 * (b * br + i), h, 4 if h == 0 else 3, t % 8, st_atom, full)
+
     def _batch_range(self, n_batches: int):
-        """The row batches of a half this CTA converts: all (a seam: decode_pair.py splits them)."""
+        """(first, count) of the row batches of a half this CTA converts: all (a seam: decode_pair.py splits
+        them; count is a trace-time constant)."""
         return 0, n_batches
 
     def _arrive_full(self, full, t):

@@ -31,8 +31,8 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
-from kernels.fmha.decode_forms import FusedEpiPdl, FusedEpiTma
-from kernels.fmha.decode_pair import FusedHeadPair, FusedHeadPairPdl
+from kernels.fmha.decode_forms import FusedEpiTma
+from kernels.fmha.decode_pair import FusedHeadPair, FusedHeadPairPdl, FusedPeel, FusedPeelQTma, FusedQTma
 from kernels.fmha.decode_prefetch import FusedPackedLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
@@ -242,19 +242,31 @@ class FmhaFusedHeadPair(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-pk-pair", "fused-pk-pair", FusedHeadPair
 
 
-class FmhaFusedEpiPdl(FmhaFusedDecode):
-    """fused-pk-epi with the combine launched by PDL (decode_forms.FusedEpiPdl)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-pdl", "fused-pk-pdl", FusedEpiPdl
-
-
 class FmhaFusedHeadPairPdl(FmhaFusedDecode):
     """fused-pk-pair with the combine launched by PDL (decode_pair.FusedHeadPairPdl)."""
 
     name, variant, decode_form = "cutedsl:fused-pk-pair-pdl", "fused-pk-pair-pdl", FusedHeadPairPdl
 
 
+class FmhaFusedPeel(FmhaFusedDecode):
+    """fused-pk-pair-pdl with a half's first row batch loaded before the wait for it (decode_pair.FusedPeel)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-peel", "fused-pk-peel", FusedPeel
+
+
+class FmhaFusedQTma(FmhaFusedDecode):
+    """fused-pk-pair-pdl with Q by TMA (decode_pair.FusedQTma)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-qtma", "fused-pk-qtma", FusedQTma
+
+
+class FmhaFusedPeelQTma(FmhaFusedDecode):
+    """fused-pk-peel with Q by TMA (decode_pair.FusedPeelQTma)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-peel-qtma", "fused-pk-peel-qtma", FusedPeelQTma
+
+
 # checked forms of the FP8 decode (real answers), decode_fp8 only; the v2 forms and knock-out are in git
 # history at 1cdb2f1
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma, FmhaFusedHeadPair, FmhaFusedEpiPdl,
-                   FmhaFusedHeadPairPdl)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma, FmhaFusedHeadPair, FmhaFusedHeadPairPdl,
+                   FmhaFusedPeel, FmhaFusedQTma, FmhaFusedPeelQTma)

@@ -253,9 +253,10 @@ def test_fused_slot_rule_reproduces_the_oracle(kw, sms):
     assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
 
 
-# impl: (TMA stores of O, 16-bit shared stores: the scalar epilogue's 128 a thread)
-FORMS = {"cutedsl:fused-pk-loop": (0, 128), "cutedsl:fused-pk-epi": (4, 0), "cutedsl:fused-pk-pair": (4, 0),
-         "cutedsl:fused-pk-pdl": (4, 0), "cutedsl:fused-pk-pair-pdl": (4, 0)}
+# impl: (TMA stores of O, 16-bit shared stores: the scalar epilogue's 128 a thread, TMA loads of Q)
+FORMS = {"cutedsl:fused-pk-loop": (0, 128, 0), "cutedsl:fused-pk-epi": (4, 0, 0), "cutedsl:fused-pk-pair": (4, 0, 0),
+         "cutedsl:fused-pk-pair-pdl": (4, 0, 0), "cutedsl:fused-pk-peel": (4, 0, 0), "cutedsl:fused-pk-qtma": (4, 0, 8),
+         "cutedsl:fused-pk-peel-qtma": (4, 0, 8)}
 
 
 @pytest.mark.parametrize("impl", list(FORMS))
@@ -263,8 +264,9 @@ FORMS = {"cutedsl:fused-pk-loop": (0, 128), "cutedsl:fused-pk-epi": (4, 0), "cut
 def test_fused_decode_forms_compile_for_sm90a_without_gpu(h_q, impl):
     """Each fused form compiles (setmaxnreg 88 / 208) without local memory, issues the producer's L2
     prefetches (6 lines + the scale line, at two places a stage), keeps one copy of the prmt conversion
-    per (stage, half) (224 HMUL2), no L1 prefetch, the packed slots' second named barrier a stage; the
-    epilogue form stores O by stmatrix + 4 TMA boxes and no scalar shared stores."""
+    per (stage, half) (224 HMUL2; a peeled first batch at h_q 64 a second), no L1 prefetch, the packed
+    slots' second named barrier a stage; the epilogue forms store O by stmatrix + 4 TMA boxes and no
+    scalar shared stores; Q by TMA is 8 boxes of 64 x 64."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
     from dsv4bench.core.registry import get_impl
 
@@ -276,11 +278,12 @@ def test_fused_decode_forms_compile_for_sm90a_without_gpu(h_q, impl):
     assert info.cubin_bytes > 0 and info.local_bytes == 0, info
     if find_nvdisasm() is not None:
         sass = sass_of(k)
-        counts = {op: sass.count(op) for op in ("CCTL.E.PF2", "HMUL2", "CCTL.E.PF1", "UTMASTG", "STS.U16",
+        counts = {op: sass.count(op) for op in ("CCTL.E.PF2", "HMUL2", "CCTL.E.PF1", "UTMASTG", "STS.U16", "UTMALDG",
                                                 "BAR.SYNC.DEFER_BLOCKING 0xc, 0x40")}
         print(counts)
-        assert (counts["CCTL.E.PF2"], counts["HMUL2"], counts["CCTL.E.PF1"]) == (28, 224, 0), counts
-        assert (counts["UTMASTG"], counts["STS.U16"]) == FORMS[impl], counts
+        peeled = form.peel_first and h_q == 64  # paired (h_q 128) the peeled batch is the CTA's only one
+        assert (counts["CCTL.E.PF2"], counts["HMUL2"], counts["CCTL.E.PF1"]) == (28, 448 if peeled else 224, 0), counts
+        assert (counts["UTMASTG"], counts["STS.U16"], counts["UTMALDG"]) == FORMS[impl], counts
         assert counts["BAR.SYNC.DEFER_BLOCKING 0xc, 0x40"] == 2, counts
         # PDL: the attention kernel lets the combine launch (one PREEXIT), the combine waits (ACQBULK)
         assert sass.count("PREEXIT") == int(form.pdl_combine), sass.count("PREEXIT")

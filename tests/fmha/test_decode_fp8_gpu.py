@@ -27,8 +27,8 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
-FORMS = ("cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi", "cutedsl:fused-pk-pair", "cutedsl:fused-pk-pdl",
-         "cutedsl:fused-pk-pair-pdl")  # the fused kernel's forms (variants.py)
+FORMS = ("cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi", "cutedsl:fused-pk-pair", "cutedsl:fused-pk-pair-pdl",
+         "cutedsl:fused-pk-peel", "cutedsl:fused-pk-qtma", "cutedsl:fused-pk-peel-qtma")  # the forms (variants.py)
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in ("cutedsl", "cutedsl:decode-v1", *FORMS)}
 _compiled: dict = {}
 
