@@ -95,16 +95,6 @@ class FusedHeadPairPdl(FusedHeadPair):
     pdl_combine = True
 
 
-class FusedPeel(FusedHeadPairPdl):
-    """fused-pk-pair-pdl with each half's first row batch loaded before the wait for the half (paired:
-    the CTA's only batch, so a half's loads all go out before it waits)."""
-
-    peel_first = True
-
-
 class FusedQTma(QByTma, FusedHeadPairPdl):
     """fused-pk-pair-pdl with Q by TMA (decode_forms.QByTma)."""
 
-
-class FusedPeelQTma(QByTma, FusedPeel):
-    """fused-pk-peel with Q by TMA."""

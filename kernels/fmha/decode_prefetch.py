@@ -50,8 +50,6 @@ def prefetch_l2(addr, *, loc=None, ip=None) -> None:
 class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot producer (module docstring)."""
 
-    peel_first = False  # a half's first batch loaded before the wait for the half (decode_forms.FusedPeel)
-
     @cute.jit
     def _prefetch_row(self, caches, second, v):
         """L2 prefetch of token v's row and scale row in cache 1 if `second` else cache 0; nothing for
@@ -129,21 +127,12 @@ class FusedPackedLoop(FusedDecodeSm90):
         """Half h of d of this thread's rows t // 8 + 8 q into dst (keys, d), the batches in a run-time
         loop; publishes the tile's slot validity with the first half (the owner's mask read the previous
         indices before it freed that half). The empty wait comes first, so every batch's loads wait one
-        (L2, after the prefetch) round trip; with `peel_first` the first batch's loads go out before it."""
+        (L2, after the prefetch) round trip (loading the first batch before it measured 35% slower at
+        h_q 64: docs/lessons/fmha.md 43)."""
         n_batches = self.cfg.n_block // 8 // ROWS_PER_BATCH
-        batch = (cache, caches, dst, rows, bidx, j0, t, h, full)
-        if cutlass.const_expr(self.peel_first):
-            first, count = self._batch_range(n_batches)
-            regs = self._batch_regs()
-            self._load_batch(cache, caches, rows, bidx, j0, t, first, *regs, h)
-            self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
-            self._store_batch(dst, regs, first, t, h, full)
-            if cutlass.const_expr(count > 1):
-                self._batch_loop(*batch, first + 1, count - 1)
-        else:
-            self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
-            first, count = self._batch_range(n_batches)
-            self._batch_loop(*batch, first, count)
+        self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
+        first, count = self._batch_range(n_batches)
+        self._batch_loop(cache, caches, dst, rows, bidx, j0, t, h, full, first, count)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
         self._arrive_full(full, t)
 

@@ -16,7 +16,7 @@ from dsv4bench.core.registry import Impl
 from kernels.common import Prepared, sm_count
 from kernels.fmha.compiling import NO_WINDOW, compile_config
 from kernels.fmha.config import LOG2E, Config
-from kernels.fmha.decode_forms import FusedEpiTma
+from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.decode_glue import PACKED_MAX_BLOCK, FusedWorkspace, Workspace, compile_decode, compile_fused, run_decode, run_fused
 from kernels.fmha.prefill_v11 import V11
 
@@ -65,10 +65,11 @@ class FmhaCuteDSL(Impl):
     kernel_class: type = V11
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
     # else the fused kernel's class (decode_fused.py, decode_glue.compile_fused / run_fused). The default
-    # is v4, fused-pk-epi (decode_forms.FusedEpiTma): on the H100, graph-timed, 0.920x FlashMLA's FP8 decode
-    # in geomean over the 16 sweep cases where v3 (fused-pk-loop) was 0.708x, faster on every case (run
-    # fmha/2026-11-28-h100-10df414-decode-fp8-epi); cutedsl:fused-* A/B the forms.
-    decode_form: type | None = FusedEpiTma
+    # is v5 (decode_pair.FusedQTma: v4's TMA epilogue, h_q 128's head blocks as a 2-CTA cluster sharing the
+    # dequantisation, the combine by PDL, Q by TMA): on the H100, graph-timed, one process, 0.989x FlashMLA's
+    # FP8 decode geomean over the 16 sweep cases, faster than v4 (0.921x) on every case (run
+    # fmha/2026-11-28-h100-c3d8253-decode-fp8-forms); cutedsl:fused-* A/B the earlier forms.
+    decode_form: type | None = FusedQTma
 
     def __init__(self, persistent_ctas: int | None = None):
         """persistent_ctas: CTAs of a persistent launch (d <= 256), default one per SM; the tests

@@ -32,7 +32,7 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_forms import FusedEpiTma
-from kernels.fmha.decode_pair import FusedHeadPair, FusedHeadPairPdl, FusedPeel, FusedPeelQTma, FusedQTma
+from kernels.fmha.decode_pair import FusedHeadPairPdl, FusedQTma
 from kernels.fmha.decode_prefetch import FusedPackedLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
@@ -70,7 +70,33 @@ class NoSoftmax(V11):
         corr.fill(1.0)
 
 
-class NoMath(V11):
+class PairsHandOff:
+    """Mixin: the key split's two schedules reduced to their stage hand-off (wait for each half, free it)."""
+
+    @cute.jit
+    def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                   causal_off, window, n_pairs):
+        for pair in cutlass.range(n_pairs, unroll=1):  # full[stage, half] = bars + 2 stage + half, empty = + 4
+            for hb in cutlass.range_constexpr(2):
+                cute.arch.mbarrier_wait(bars + hb, pair & 1)
+            self._release(bars + 4 + 0)  # 0-left
+            cute.arch.mbarrier_wait(bars + 2, pair & 1)
+            self._release(bars + 4 + 2)  # 1-left
+
+    @cute.jit
+    def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
+                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
+                   causal_off, window, n_pairs):
+        for pair in cutlass.range(n_pairs, unroll=1):
+            for hb in cutlass.range_constexpr(2):
+                cute.arch.mbarrier_wait(bars + 3 - hb, pair & 1)
+            self._release(bars + 4 + 3)  # 1-right
+            cute.arch.mbarrier_wait(bars + 1, pair & 1)
+            self._release(bars + 4 + 1)  # 0-right
+
+
+class NoMath(PairsHandOff, V11):
     """Each schedule reduced to its stage hand-off: wait for every tile, free it."""
 
     @cute.jit
@@ -91,28 +117,6 @@ class NoMath(V11):
             self._release_k(bars, kt)
             self._wait_v(bars, kt)
             self._release_v(bars, kt)
-
-    @cute.jit
-    def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
-                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
-                   causal_off, window, n_pairs):
-        for pair in cutlass.range(n_pairs, unroll=1):  # full[stage, half] = bars + 2 stage + half, empty = + 4
-            for hb in cutlass.range_constexpr(2):
-                cute.arch.mbarrier_wait(bars + hb, pair & 1)
-            cute.arch.mbarrier_arrive(bars + 4 + 0)  # 0-left
-            cute.arch.mbarrier_wait(bars + 2, pair & 1)
-            cute.arch.mbarrier_arrive(bars + 4 + 2)  # 1-left
-
-    @cute.jit
-    def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
-                   S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
-                   causal_off, window, n_pairs):
-        for pair in cutlass.range(n_pairs, unroll=1):
-            for hb in cutlass.range_constexpr(2):
-                cute.arch.mbarrier_wait(bars + 3 - hb, pair & 1)
-            cute.arch.mbarrier_arrive(bars + 4 + 3)  # 1-right
-            cute.arch.mbarrier_wait(bars + 1, pair & 1)
-            cute.arch.mbarrier_arrive(bars + 4 + 1)  # 0-right
 
 
 class NoMufu(V11):
@@ -235,38 +239,38 @@ class FmhaFusedEpiTma(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-pk-epi", "fused-pk-epi", FusedEpiTma
 
 
-class FmhaFusedHeadPair(FmhaFusedDecode):
-    """fused-pk-epi with h_q 128's two head blocks as a 2-CTA cluster sharing the dequantisation
-    (decode_pair.FusedHeadPair; v4's code at h_q 64)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-pair", "fused-pk-pair", FusedHeadPair
-
-
 class FmhaFusedHeadPairPdl(FmhaFusedDecode):
-    """fused-pk-pair with the combine launched by PDL (decode_pair.FusedHeadPairPdl)."""
+    """fused-pk-epi with h_q 128's two head blocks as a 2-CTA cluster sharing the dequantisation and the
+    combine launched by PDL (decode_pair.FusedHeadPairPdl; v4's code + PDL at h_q 64)."""
 
     name, variant, decode_form = "cutedsl:fused-pk-pair-pdl", "fused-pk-pair-pdl", FusedHeadPairPdl
 
 
-class FmhaFusedPeel(FmhaFusedDecode):
-    """fused-pk-pair-pdl with a half's first row batch loaded before the wait for it (decode_pair.FusedPeel)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-peel", "fused-pk-peel", FusedPeel
-
-
-class FmhaFusedQTma(FmhaFusedDecode):
-    """fused-pk-pair-pdl with Q by TMA (decode_pair.FusedQTma)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-qtma", "fused-pk-qtma", FusedQTma
+class DecodeNoMath(PairsHandOff, FusedQTma):
+    """The default FP8 decode whose consumers only wait for each K half and free it (the epilogue stores
+    whatever O holds): the producer's time alone."""
 
 
-class FmhaFusedPeelQTma(FmhaFusedDecode):
-    """fused-pk-peel with Q by TMA (decode_pair.FusedPeelQTma)."""
+class DecodeNoDequant(FusedQTma):
+    """The default FP8 decode whose producer only hands the halves over (waits, publishes the indices,
+    arrives: no row loads, no conversion, no stores): the consumers' time alone."""
 
-    name, variant, decode_form = "cutedsl:fused-pk-peel-qtma", "fused-pk-peel-qtma", FusedPeelQTma
+    @cute.jit
+    def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr, full,
+                      empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
+        self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
+        cute.arch.mbarrier_arrive(full)
 
 
-# checked forms of the FP8 decode (real answers), decode_fp8 only; the v2 forms and knock-out are in git
-# history at 1cdb2f1
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma, FmhaFusedHeadPair, FmhaFusedHeadPairPdl,
-                   FmhaFusedPeel, FmhaFusedQTma, FmhaFusedPeelQTma)
+class FmhaDecodeNoMath(FmhaFusedDecode):
+    name, variant, decode_form, checked = "cutedsl:decode-no-math", "decode-no-math", DecodeNoMath, False
+
+
+class FmhaDecodeNoDequant(FmhaFusedDecode):
+    name, variant, decode_form, checked = "cutedsl:decode-no-dequant", "decode-no-dequant", DecodeNoDequant, False
+
+
+# forms of the FP8 decode (checked: real answers) and its knock-outs (unchecked), decode_fp8 only; the
+# default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2 forms in git history at 1cdb2f1
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma, FmhaFusedHeadPairPdl, FmhaDecodeNoMath,
+                   FmhaDecodeNoDequant)

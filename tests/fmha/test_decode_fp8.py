@@ -254,9 +254,8 @@ def test_fused_slot_rule_reproduces_the_oracle(kw, sms):
 
 
 # impl: (TMA stores of O, 16-bit shared stores: the scalar epilogue's 128 a thread, TMA loads of Q)
-FORMS = {"cutedsl:fused-pk-loop": (0, 128, 0), "cutedsl:fused-pk-epi": (4, 0, 0), "cutedsl:fused-pk-pair": (4, 0, 0),
-         "cutedsl:fused-pk-pair-pdl": (4, 0, 0), "cutedsl:fused-pk-peel": (4, 0, 0), "cutedsl:fused-pk-qtma": (4, 0, 8),
-         "cutedsl:fused-pk-peel-qtma": (4, 0, 8)}
+FORMS = {"cutedsl:fused-pk-loop": (0, 128, 0), "cutedsl:fused-pk-epi": (4, 0, 0), "cutedsl:fused-pk-pair-pdl": (4, 0, 0),
+         "cutedsl": (4, 0, 8)}
 
 
 @pytest.mark.parametrize("impl", list(FORMS))
@@ -264,7 +263,7 @@ FORMS = {"cutedsl:fused-pk-loop": (0, 128, 0), "cutedsl:fused-pk-epi": (4, 0, 0)
 def test_fused_decode_forms_compile_for_sm90a_without_gpu(h_q, impl):
     """Each fused form compiles (setmaxnreg 88 / 208) without local memory, issues the producer's L2
     prefetches (6 lines + the scale line, at two places a stage), keeps one copy of the prmt conversion
-    per (stage, half) (224 HMUL2; a peeled first batch at h_q 64 a second), no L1 prefetch, the packed
+    per (stage, half) (224 HMUL2), no L1 prefetch, the packed
     slots' second named barrier a stage; the epilogue forms store O by stmatrix + 4 TMA boxes and no
     scalar shared stores; Q by TMA is 8 boxes of 64 x 64."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
@@ -281,8 +280,7 @@ def test_fused_decode_forms_compile_for_sm90a_without_gpu(h_q, impl):
         counts = {op: sass.count(op) for op in ("CCTL.E.PF2", "HMUL2", "CCTL.E.PF1", "UTMASTG", "STS.U16", "UTMALDG",
                                                 "BAR.SYNC.DEFER_BLOCKING 0xc, 0x40")}
         print(counts)
-        peeled = form.peel_first and h_q == 64  # paired (h_q 128) the peeled batch is the CTA's only one
-        assert (counts["CCTL.E.PF2"], counts["HMUL2"], counts["CCTL.E.PF1"]) == (28, 448 if peeled else 224, 0), counts
+        assert (counts["CCTL.E.PF2"], counts["HMUL2"], counts["CCTL.E.PF1"]) == (28, 224, 0), counts
         assert (counts["UTMASTG"], counts["STS.U16"], counts["UTMALDG"]) == FORMS[impl], counts
         assert counts["BAR.SYNC.DEFER_BLOCKING 0xc, 0x40"] == 2, counts
         # PDL: the attention kernel lets the combine launch (one PREEXIT), the combine waits (ACQBULK)
@@ -317,6 +315,22 @@ def test_head_pair_shares_the_rows_at_h_q_128_and_is_v4_at_64():
     assert (counts["UCGABAR_ARV"], counts["UCGABAR_WAIT"], counts["MEMBAR.ALL.GPU"]) == (2, 2, 1), counts
 
 
+def test_decode_knock_outs_compile_without_their_part():
+    """decode-no-dequant loads no rows (no 64-bit code loads, no prmt conversion); decode-no-math issues
+    no wgmma; both unchecked."""
+    from dsv4bench.compile.sass import find_nvdisasm, sass_of
+    from dsv4bench.core.registry import get_impl
+
+    for name, absent in (("cutedsl:decode-no-dequant", ("LDG.E.64", "HMUL2")), ("cutedsl:decode-no-math", ("HGMMA",))):
+        impl = get_impl("fmha", name)
+        assert not impl.checked
+        k = compile_fused(128, "sm_90a", impl.decode_form).kernels["fused"]
+        assert parse_cubin(k.__cubin__).local_bytes == 0
+        if find_nvdisasm() is not None:
+            sass = sass_of(k)
+            assert all(op not in sass for op in absent), [op for op in absent if op in sass]
+
+
 def test_fused_forms_are_checked_decode_variants():
     from dsv4bench.core.registry import get_impl
     from kernels.fmha.decode_forms import FusedEpiTma
@@ -325,18 +339,18 @@ def test_fused_forms_are_checked_decode_variants():
     for name in FORMS:
         impl = get_impl("fmha", name)
         assert impl.checked and impl.supports(case) is None
-        assert impl.supports(Case("fmha", space._sparse())) is not None
+        assert name == "cutedsl" or impl.supports(Case("fmha", space._sparse())) is not None  # forms: decode only
     epi = get_impl("fmha", "cutedsl:fused-pk-epi")
     loop = get_impl("fmha", "cutedsl:fused-pk-loop")
     assert epi.decode_form is FusedEpiTma and loop.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
 
 
-def test_the_default_decode_is_fused_pk_epi_and_v1_stays_reachable():
+def test_the_default_decode_is_v5_and_v1_stays_reachable():
     """The measured-faster form is the default (glue.py decode_form); v1 is `cutedsl:decode-v1`."""
     from dsv4bench.core.registry import get_impl
-    from kernels.fmha.decode_forms import FusedEpiTma
+    from kernels.fmha.decode_pair import FusedQTma
 
-    assert FmhaCuteDSL().decode_form is get_impl("fmha", "cutedsl:fused-pk-epi").decode_form is FusedEpiTma
+    assert FmhaCuteDSL().decode_form is get_impl("fmha", "cutedsl").decode_form is FusedQTma
     v1 = get_impl("fmha", "cutedsl:decode-v1")
     case = Case("fmha", space._decode(h_q=64, b=1))
     assert v1.decode_form is None and v1.checked and v1.supports(case) is None

@@ -27,9 +27,9 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
-FORMS = ("cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi", "cutedsl:fused-pk-pair", "cutedsl:fused-pk-pair-pdl",
-         "cutedsl:fused-pk-peel", "cutedsl:fused-pk-qtma", "cutedsl:fused-pk-peel-qtma")  # the forms (variants.py)
-IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in ("cutedsl", "cutedsl:decode-v1", *FORMS)}
+FORMS = ("cutedsl", "cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi", "cutedsl:fused-pk-pair-pdl")  # variants.py
+KNOCK_OUTS = ("cutedsl:decode-no-math", "cutedsl:decode-no-dequant")  # unchecked: they must return
+IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in ("cutedsl:decode-v1", *FORMS, *KNOCK_OUTS)}
 _compiled: dict = {}
 
 
@@ -53,7 +53,7 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-v1", FORMS[0], *FORMS[2:]])
+@pytest.mark.parametrize("impl", ["cutedsl:decode-v1", *FORMS])
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
@@ -61,6 +61,16 @@ def test_decode_matches_dequantised_oracle(case, impl):
     res = IMPLS[impl].run(case, x, out, _compiled_for(case, impl))
     torch.cuda.synchronize()
     _check(case, x, res, impl)
+
+
+@pytest.mark.parametrize("case", GRID[:4] + GRID[-4:], ids=[c.id for c in GRID[:4] + GRID[-4:]])
+@pytest.mark.parametrize("impl", KNOCK_OUTS)
+def test_decode_knock_outs_return(case, impl):
+    """The unchecked knock-outs balance their barriers (they return; h_q 64 and 128)."""
+    x = _inputs(case)
+    out = FAMILY.alloc_outputs(case, "cuda")
+    IMPLS[impl].run(case, x, out, _compiled_for(case, impl))
+    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("impl", FORMS)
