@@ -165,12 +165,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
             blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(Int32(0), mLen, mLen, mQ, mLen)
             self._fetch_q(atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full)
             caches = (codes0, rope0, sc0, idx0, len0, codes1, rope1, sc1, idx1, len1)
-            if ptid < c.n_block:
-                self._produce_fp8_tiles(caches, sK, sRows[None, None, 0], sIdx, sMaskFlag, bars, ptid, blk, bidx,
-                                        n_idx, n_tiles, 0)
-            else:
-                self._produce_fp8_tiles(caches, sK, sRows[None, None, 1], sIdx, sMaskFlag, bars, ptid - c.n_block,
-                                        blk, bidx, n_idx, n_tiles, 1)
+            self._produce(caches, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
@@ -203,6 +198,18 @@ class FusedDecodeSm90(GatherAttentionSm90):
         cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
 
     # ------------------------------------------------------------------ producer
+    @cute.jit
+    def _produce(self, caches, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles):
+        """Threads 0-63 fill stage 0 (tiles 2p), 64-127 stage 1 (tiles 2p + 1): a copy of the producer's
+        code per stage (decode_onecopy.py: one copy, the stage at run time)."""
+        n = self.cfg.n_block
+        if ptid < n:
+            self._produce_fp8_tiles(caches, sK, sRows[None, None, 0], sIdx, sMaskFlag, bars, ptid, blk, bidx,
+                                    n_idx, n_tiles, 0)
+        else:
+            self._produce_fp8_tiles(caches, sK, sRows[None, None, 1], sIdx, sMaskFlag, bars, ptid - n, blk, bidx,
+                                    n_idx, n_tiles, 1)
+
     @cute.jit
     def _k0_padded(self, idx0):
         """Slots of cache 0 in the request's list: its list width rounded up to whole tiles, so that

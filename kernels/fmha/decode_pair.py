@@ -27,6 +27,7 @@ from cutlass import Int32
 
 from kernels.fmha.decode_forms import FusedEpiTma, QByTma
 from kernels.fmha.decode_fused import ROWS_PER_BATCH
+from kernels.fmha.decode_onecopy import OneCopyProducer
 
 PEER_BYTES = 64 * ROWS_PER_BATCH * 4 * 16  # what the peer stores into a K half of this CTA a tile
 
@@ -98,3 +99,7 @@ class FusedHeadPairPdl(FusedHeadPair):
 class FusedQTma(QByTma, FusedHeadPairPdl):
     """fused-pk-pair-pdl with Q by TMA (decode_forms.QByTma)."""
 
+
+
+class FusedOneCopy(OneCopyProducer, FusedQTma):
+    """v5 with the one-copy producer (decode_onecopy.py)."""

@@ -32,7 +32,7 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_forms import FusedEpiTma
-from kernels.fmha.decode_pair import FusedHeadPairPdl, FusedQTma
+from kernels.fmha.decode_pair import FusedHeadPairPdl, FusedOneCopy, FusedQTma
 from kernels.fmha.decode_prefetch import FusedPackedLoop
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
@@ -246,6 +246,12 @@ class FmhaFusedHeadPairPdl(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:fused-pk-pair-pdl", "fused-pk-pair-pdl", FusedHeadPairPdl
 
 
+class FmhaFusedOneCopy(FmhaFusedDecode):
+    """v5 with the one-copy producer (decode_pair.FusedOneCopy: stage and half at run time)."""
+
+    name, variant, decode_form = "cutedsl:fused-pk-onecopy", "fused-pk-onecopy", FusedOneCopy
+
+
 class DecodeNoMath(PairsHandOff, FusedQTma):
     """The default FP8 decode whose consumers only wait for each K half and free it (the epilogue stores
     whatever O holds): the producer's time alone."""
@@ -272,5 +278,5 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
 
 # forms of the FP8 decode (checked: real answers) and its knock-outs (unchecked), decode_fp8 only; the
 # default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2 forms in git history at 1cdb2f1
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma, FmhaFusedHeadPairPdl, FmhaDecodeNoMath,
-                   FmhaDecodeNoDequant)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma, FmhaFusedHeadPairPdl, FmhaFusedOneCopy,
+                   FmhaDecodeNoMath, FmhaDecodeNoDequant)

@@ -27,7 +27,8 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
-FORMS = ("cutedsl", "cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi", "cutedsl:fused-pk-pair-pdl")  # variants.py
+FORMS = ("cutedsl", "cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi", "cutedsl:fused-pk-pair-pdl",
+         "cutedsl:fused-pk-onecopy")  # variants.py
 KNOCK_OUTS = ("cutedsl:decode-no-math", "cutedsl:decode-no-dequant")  # unchecked: they must return
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in ("cutedsl:decode-v1", *FORMS, *KNOCK_OUTS)}
 _compiled: dict = {}
