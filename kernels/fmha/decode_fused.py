@@ -36,10 +36,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_fake_tensor
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.config import Config
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
-from kernels.regs import pin
 from kernels.trace import record
 
 
@@ -193,23 +191,11 @@ class FusedDecodeSm90(GatherAttentionSm90):
 
     def _fetch_q(self, atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full):
         """Producer: the CTA's 64 heads of Q by 32 cp.async a thread, counted on q_full (a seam:
-        decode_forms.FusedQTma loads it by TMA)."""
+        decode_forms.QByTma loads it by TMA)."""
         self._copy_q(atom, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx)
         cute.arch.cp_async_mbarrier_arrive_noinc(q_full)
 
-    # ------------------------------------------------------------------ producer
-    @cute.jit
-    def _produce(self, caches, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles):
-        """Threads 0-63 fill stage 0 (tiles 2p), 64-127 stage 1 (tiles 2p + 1): a copy of the producer's
-        code per stage (decode_onecopy.py: one copy, the stage at run time)."""
-        n = self.cfg.n_block
-        if ptid < n:
-            self._produce_fp8_tiles(caches, sK, sRows[None, None, 0], sIdx, sMaskFlag, bars, ptid, blk, bidx,
-                                    n_idx, n_tiles, 0)
-        else:
-            self._produce_fp8_tiles(caches, sK, sRows[None, None, 1], sIdx, sMaskFlag, bars, ptid - n, blk, bidx,
-                                    n_idx, n_tiles, 1)
-
+    # ------------------------------------------------------------------ the slot rule (producer: decode_prefetch.py)
     @cute.jit
     def _k0_padded(self, idx0):
         """Slots of cache 0 in the request's list: its list width rounded up to whole tiles, so that
@@ -244,19 +230,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
         return cutlass.select_((ok | ok1) & (v >= 0), v, Int32(-1))
 
     @cute.jit
-    def _pair_tokens(self, caches, sRows, bidx, lt, j0, buf, stage: cutlass.Constexpr):
-        """The pair's hand-off of slot tokens (first slot j0, buffer buf): once every thread's copy has
-        landed, start the next pair's into the other buffer; (t, mine): this thread's row index (pinned)
-        and its own slot's token if the slot is read, else -1."""
-        cute.arch.cp_async_wait_group(0)
-        # every thread's copy of this pair landed; every read of the other buffer (last pair) is done
-        cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
-        self._copy_slot(caches, sRows[None, 1 - buf], bidx, j0 + 2 * self.cfg.n_block + lt, lt)
-        cute.arch.cp_async_commit_group()
-        t = pin(lt)
-        return t, self._valid_token(caches, bidx, j0 + t, sRows[t, buf])
-
-    @cute.jit
     def _select_cache(self, caches, second):
         """(codes, rope, scales) of cache 1 if `second` else cache 0, as tensors over a selected base
         address, block count, block size and block stride (the token strides are the layout's: 576 B,
@@ -272,64 +245,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
             blk = cutlass.select_(second, t1.layout.stride[0] // div, t0.layout.stride[0] // div) * div
             out.append(cute.make_tensor(ptr, cute.make_layout((nb, bs, n_last), stride=(blk, row, 1))))
         return tuple(out)
-
-    @cute.jit
-    def _dequant_tile(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, bars, phase,
-                      stage: cutlass.Constexpr):
-        for k in cutlass.range_constexpr(2):
-            h = (stage + k) % 2  # stage 0 fills left first, stage 1 right first (the order they are read)
-            hb = stage * 2 + h
-            self._dequant_half(cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h, bars + hb,
-                               bars + 4 + hb, phase, stage, k == 0)
-
-    @cute.jit
-    def _wait_and_publish(self, empty, phase, sIdx, sMaskFlag, mine, t, stage: cutlass.Constexpr,
-                          publish: cutlass.Constexpr):
-        """Wait for the half to be free; with the tile's first half, publish its slot validity."""
-        cute.arch.mbarrier_wait(empty, phase)
-        if cutlass.const_expr(publish):
-            sIdx[t, stage] = mine
-            warp_plain = Int32(cute.arch.vote_all_sync(mine >= 0))
-            if t % 32 == 0:
-                sMaskFlag[t // 32, stage] = warp_plain
-
-    @cute.jit
-    def _store_row(self, dst, raw, scl, rp, vs, i: cutlass.Constexpr, r, h: cutlass.Constexpr,
-                   n_code: cutlass.Constexpr, c8, st_atom, full):
-        """Batch slot i (tile row r) of half h converted to bf16 (code x 2^(e - 127); zeros for a slot
-        not read) and stored as the 16-byte chunk c8 of each segment into the swizzled tile (and, paired,
-        the peer's: `full` is the half's full barrier)."""
-        for sg in cutlass.range_constexpr(4):
-            vals = cute.make_rmem_tensor((8,), BFloat16)
-            if cutlass.const_expr(sg < n_code):
-                e = Int32(scl[sg, i])
-                half = (e + 120) << 7  # bf16 bits of 2^(e - 7)
-                scale2 = half | (half << 16)
-                words = cute.recast_tensor(raw, Int32)  # (2, 4, br): 4 codes a word
-                out = cute.recast_tensor(vals, Int32)  # (4,): 2 bf16 a word
-                for wd in cutlass.range_constexpr(2):
-                    w = cutlass.select_(vs[i] >= 0, words[wd, sg, i], Int32(0))
-                    out[2 * wd] = e4m3x2_to_bf16x2(w, 0x9180, scale2)
-                    out[2 * wd + 1] = e4m3x2_to_bf16x2(w, 0xB3A2, scale2)
-            else:
-                vals.store(rp[None, i].load())
-                if vs[i] < 0:
-                    vals.fill(0.0)
-            chunk = (h * 4 + sg) * 8 + c8
-            cute.copy(st_atom, vals, cute.local_tile(dst[r, None], (8,), (chunk,)))
-            self._store_peer(vals, dst, r, chunk, full)
-
-    @cute.jit
-    def _load_row_at(self, codes, rope, sc, blk, tok, raw, scl, rp, i: cutlass.Constexpr, h: cutlass.Constexpr,
-                     n_code: cutlass.Constexpr, c8):
-        """Token (blk, tok)'s code chunks of half h (8 bytes per segment), the half's 4 scale bytes and,
-        in the right half, its RoPE chunk (16 bytes), into batch slot i."""
-        src = codes[blk, tok, None]
-        for sg in cutlass.range_constexpr(n_code):
-            cute.autovec_copy(cute.local_tile(src, (8,), ((h * 4 + sg) * 8 + c8,)), raw[None, sg, i])
-        cute.autovec_copy(cute.local_tile(sc[blk, tok, None], (4,), (h,)), scl[None, i])
-        if cutlass.const_expr(h == 1):
-            cute.autovec_copy(cute.local_tile(rope[blk, tok, None], (8,), (c8,)), rp[None, i])
 
 
 def fake_args() -> tuple:

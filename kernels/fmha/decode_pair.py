@@ -1,4 +1,4 @@
-"""A 2-CTA cluster form of the fused FP8 decode at h_q 128 (issue #25, `cutedsl:fused-pk-pair`): the two
+"""A 2-CTA cluster form of the fused FP8 decode at h_q 128 (issue #25, part of v5 and the default): the two
 64-head blocks of one (split, request) read the same key rows, and each CTA of the pair dequantised all
 of them (v4: ~8 us a 128-key pair a CTA at h_q 128 as at 64, the tensor cores needing ~2.2). Paired,
 each CTA converts half of every tile's rows (batch `rank` of the half's two 4-row batches: rows
@@ -27,7 +27,6 @@ from cutlass import Int32
 
 from kernels.fmha.decode_forms import FusedEpiTma, QByTma
 from kernels.fmha.decode_fused import ROWS_PER_BATCH
-from kernels.fmha.decode_onecopy import OneCopyProducer
 
 PEER_BYTES = 64 * ROWS_PER_BATCH * 4 * 16  # what the peer stores into a K half of this CTA a tile
 
@@ -97,9 +96,7 @@ class FusedHeadPairPdl(FusedHeadPair):
 
 
 class FusedQTma(QByTma, FusedHeadPairPdl):
-    """fused-pk-pair-pdl with Q by TMA (decode_forms.QByTma)."""
+    """The default FP8 decode (glue.py): the producer (decode_prefetch.py: one copy since v6), v4's TMA
+    epilogue, the head pair, the combine by PDL, Q by TMA (decode_forms.QByTma)."""
 
 
-
-class FusedOneCopy(OneCopyProducer, FusedQTma):
-    """v5 with the one-copy producer (decode_onecopy.py)."""

@@ -65,10 +65,10 @@ class FmhaCuteDSL(Impl):
     kernel_class: type = V11
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
     # else the fused kernel's class (decode_fused.py, decode_glue.compile_fused / run_fused). The default
-    # is v5 (decode_pair.FusedQTma: v4's TMA epilogue, h_q 128's head blocks as a 2-CTA cluster sharing the
-    # dequantisation, the combine by PDL, Q by TMA): on the H100, graph-timed, one process, 0.989x FlashMLA's
-    # FP8 decode geomean over the 16 sweep cases, faster than v4 (0.921x) on every case (run
-    # fmha/2026-11-28-h100-c3d8253-decode-fp8-forms); cutedsl:fused-* A/B the earlier forms.
+    # is v6 (decode_pair.FusedQTma: a one-copy producer, v4's TMA epilogue, h_q 128's head blocks as a 2-CTA
+    # cluster sharing the dequantisation, the combine by PDL, Q by TMA): on the H100, graph-timed, one
+    # process, FlashMLA's FP8 decode / ours 1.034x geomean over the 16 sweep cases, v5 0.988x (run
+    # fmha/2026-11-28-h100-1c17d89-decode-fp8-onecopy; docs/perf/fmha.md).
     decode_form: type | None = FusedQTma
 
     def __init__(self, persistent_ctas: int | None = None):

@@ -31,9 +31,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
-from kernels.fmha.decode_forms import FusedEpiTma
-from kernels.fmha.decode_pair import FusedHeadPairPdl, FusedOneCopy, FusedQTma
-from kernels.fmha.decode_prefetch import FusedPackedLoop
+from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
@@ -215,10 +213,8 @@ PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWai
 
 
 class FmhaFusedDecode(FmhaCuteDSL):
-    """`op: decode_fp8` by the fused kernel (decode_fused.py: one attention launch whose producer dequantises
-    the FP8 rows, + the combine) in a named form; `cutedsl` runs the default (`FmhaCuteDSL.decode_form`)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-loop", "fused-pk-loop", FusedPackedLoop
+    """`op: decode_fp8` by another form of the fused kernel (decode_fused.py) than the default
+    (`FmhaCuteDSL.decode_form`, which `cutedsl` runs): v1 and the knock-outs below."""
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case.get("op", "attention") != "decode_fp8":
@@ -233,25 +229,6 @@ class FmhaDecodeV1(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-v1", "decode-v1", None
 
 
-class FmhaFusedEpiTma(FmhaFusedDecode):
-    """fused-pk-loop with v11's stmatrix + TMA epilogue (decode_forms.FusedEpiTma)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-epi", "fused-pk-epi", FusedEpiTma
-
-
-class FmhaFusedHeadPairPdl(FmhaFusedDecode):
-    """fused-pk-epi with h_q 128's two head blocks as a 2-CTA cluster sharing the dequantisation and the
-    combine launched by PDL (decode_pair.FusedHeadPairPdl; v4's code + PDL at h_q 64)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-pair-pdl", "fused-pk-pair-pdl", FusedHeadPairPdl
-
-
-class FmhaFusedOneCopy(FmhaFusedDecode):
-    """v5 with the one-copy producer (decode_pair.FusedOneCopy: stage and half at run time)."""
-
-    name, variant, decode_form = "cutedsl:fused-pk-onecopy", "fused-pk-onecopy", FusedOneCopy
-
-
 class DecodeNoMath(PairsHandOff, FusedQTma):
     """The default FP8 decode whose consumers only wait for each K half and free it (the epilogue stores
     whatever O holds): the producer's time alone."""
@@ -262,9 +239,10 @@ class DecodeNoDequant(FusedQTma):
     arrives: no row loads, no conversion, no stores): the consumers' time alone."""
 
     @cute.jit
-    def _dequant_half(self, cache, caches, dst, rows, sIdx, sMaskFlag, mine, bidx, j0, t, h: cutlass.Constexpr, full,
-                      empty, phase, stage: cutlass.Constexpr, publish: cutlass.Constexpr):
-        self._wait_and_publish(empty, phase, sIdx, sMaskFlag, mine, t, stage, publish)
+    def _half(self, cache, dst, rows, sIdx, sMaskFlag, mine, t, h, k, full, empty, phase, stage):
+        cute.arch.mbarrier_wait(empty, phase)
+        if k == 0:
+            self._publish(sIdx, sMaskFlag, mine, t, stage)
         cute.arch.mbarrier_arrive(full)
 
 
@@ -276,7 +254,6 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
     name, variant, decode_form, checked = "cutedsl:decode-no-dequant", "decode-no-dequant", DecodeNoDequant, False
 
 
-# forms of the FP8 decode (checked: real answers) and its knock-outs (unchecked), decode_fp8 only; the
-# default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2 forms in git history at 1cdb2f1
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaFusedDecode, FmhaFusedEpiTma, FmhaFusedHeadPairPdl, FmhaFusedOneCopy,
-                   FmhaDecodeNoMath, FmhaDecodeNoDequant)
+# v1 of the FP8 decode (checked) and the knock-outs of the default (unchecked), decode_fp8 only; the default
+# is `cutedsl` (glue.py: decode_pair.FusedQTma); the earlier forms (v2-v5) are in git history at 1c17d89
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoMath, FmhaDecodeNoDequant)

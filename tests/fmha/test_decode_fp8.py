@@ -253,48 +253,35 @@ def test_fused_slot_rule_reproduces_the_oracle(kw, sms):
     assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5)
 
 
-# impl: (TMA stores of O, 16-bit shared stores: the scalar epilogue's 128 a thread, TMA loads of Q)
-FORMS = {"cutedsl:fused-pk-loop": (0, 128, 0), "cutedsl:fused-pk-epi": (4, 0, 0), "cutedsl:fused-pk-pair-pdl": (4, 0, 0),
-         "cutedsl": (4, 0, 8), "cutedsl:fused-pk-onecopy": (4, 0, 8)}
-
-
-@pytest.mark.parametrize("impl", list(FORMS))
 @pytest.mark.parametrize("h_q", [64, 128])
-def test_fused_decode_forms_compile_for_sm90a_without_gpu(h_q, impl):
-    """Each fused form compiles (setmaxnreg 88 / 208) without local memory, issues the producer's L2
-    prefetches (6 lines + the scale line, at two places a stage), keeps one copy of the prmt conversion
-    per (stage, half) (224 HMUL2), no L1 prefetch, the packed
-    slots' second named barrier a stage; the epilogue forms store O by stmatrix + 4 TMA boxes and no
-    scalar shared stores; Q by TMA is 8 boxes of 64 x 64."""
+def test_fused_decode_compiles_for_sm90a_without_gpu(h_q):
+    """The default (v6) compiles (setmaxnreg 88 / 208) without local memory; one copy of the producer: 64
+    HMUL2 (4 segments x 4 rows x 2 words x 2), its L2 prefetches at two sites (6 lines + the scale line
+    each), no L1 prefetch, the slot barrier's id in a register; O by stmatrix + 4 TMA boxes, no scalar
+    shared stores; Q by 8 TMA boxes of 64 x 64; PDL: the attention kernel lets the combine launch (one
+    PREEXIT), the combine waits (ACQBULK)."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
-    from dsv4bench.core.registry import get_impl
 
-    form = get_impl("fmha", impl).decode_form
-    compiled = compile_fused(h_q, "sm_90a", form).kernels
+    compiled = compile_fused(h_q, "sm_90a", FmhaCuteDSL().decode_form).kernels
     k = compiled["fused"]
     info = parse_cubin(k.__cubin__)
-    print(impl, h_q, info)
+    print(h_q, info)
     assert info.cubin_bytes > 0 and info.local_bytes == 0, info
     if find_nvdisasm() is not None:
         sass = sass_of(k)
         counts = {op: sass.count(op) for op in ("CCTL.E.PF2", "HMUL2", "CCTL.E.PF1", "UTMASTG", "STS.U16", "UTMALDG",
-                                                "BAR.SYNC.DEFER_BLOCKING 0xc, 0x40")}
+                                                "BAR.SYNC.DEFER_BLOCKING 0xc, 0x40", "PREEXIT")}
         print(counts)
-        # one copy of the producer (decode_onecopy): a quarter of the conversion, half the prefetch sites
-        one = impl.endswith("onecopy")
-        assert (counts["CCTL.E.PF2"], counts["HMUL2"], counts["CCTL.E.PF1"]) == ((14, 64, 0) if one else (28, 224, 0)), counts
-        assert (counts["UTMASTG"], counts["STS.U16"], counts["UTMALDG"]) == FORMS[impl], counts
-        assert counts["BAR.SYNC.DEFER_BLOCKING 0xc, 0x40"] == (0 if one else 2), counts  # one: the id in a register
-        # PDL: the attention kernel lets the combine launch (one PREEXIT), the combine waits (ACQBULK)
-        assert sass.count("PREEXIT") == int(form.pdl_combine), sass.count("PREEXIT")
-        assert sass_of(compiled["combine"]).count("ACQBULK") == int(form.pdl_combine)
+        assert counts == {"CCTL.E.PF2": 14, "HMUL2": 64, "CCTL.E.PF1": 0, "UTMASTG": 4, "STS.U16": 0, "UTMALDG": 8,
+                          "BAR.SYNC.DEFER_BLOCKING 0xc, 0x40": 0, "PREEXIT": 1}, counts
+        assert sass_of(compiled["combine"]).count("ACQBULK") == 1
 
 
 def test_head_pair_shares_the_rows_at_h_q_128_and_is_v4_at_64():
-    """fused-pk-pair: at h_q 128 each CTA stores its 16-byte chunks into the peer too (4 rows x 4 chunks x
-    2 halves x 2 stages = 64 STAS.128 sites), frees the peer's halves by remote arrives at CTA scope and
+    """The head pair: at h_q 128 each CTA stores its 16-byte chunks into the peer too (4 rows x 4 chunks,
+    one copy of the producer: 16 STAS.128 sites), frees the peer's halves by remote arrives at CTA scope and
     meets it at two cluster barriers (one MEMBAR.ALL.GPU: the exit's release); at h_q 64 its SASS is
-    fused-pk-epi's but for the kernel's name."""
+    v4's (FusedEpiTma) but for the kernel's name."""
     import re
 
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
@@ -313,7 +300,7 @@ def test_head_pair_shares_the_rows_at_h_q_128_and_is_v4_at_64():
     counts = {op: pair.count(op) for op in ("STAS.128", "SYNCS.ARRIVE.TRANS64.RED", "UCGABAR_ARV", "UCGABAR_WAIT",
                                             "MEMBAR.ALL.GPU")}
     print(counts)
-    assert counts["STAS.128"] == 64 and counts["SYNCS.ARRIVE.TRANS64.RED"] >= 5, counts
+    assert counts["STAS.128"] == 16 and counts["SYNCS.ARRIVE.TRANS64.RED"] >= 5, counts
     assert (counts["UCGABAR_ARV"], counts["UCGABAR_WAIT"], counts["MEMBAR.ALL.GPU"]) == (2, 2, 1), counts
 
 
@@ -333,21 +320,7 @@ def test_decode_knock_outs_compile_without_their_part():
             assert all(op not in sass for op in absent), [op for op in absent if op in sass]
 
 
-def test_fused_forms_are_checked_decode_variants():
-    from dsv4bench.core.registry import get_impl
-    from kernels.fmha.decode_forms import FusedEpiTma
-
-    case = Case("fmha", space._decode(h_q=128, b=64))
-    for name in FORMS:
-        impl = get_impl("fmha", name)
-        assert impl.checked and impl.supports(case) is None
-        assert name == "cutedsl" or impl.supports(Case("fmha", space._sparse())) is not None  # forms: decode only
-    epi = get_impl("fmha", "cutedsl:fused-pk-epi")
-    loop = get_impl("fmha", "cutedsl:fused-pk-loop")
-    assert epi.decode_form is FusedEpiTma and loop.compile_key(case, "sm_90a") != FmhaCuteDSL().compile_key(case, "sm_90a")
-
-
-def test_the_default_decode_is_v5_and_v1_stays_reachable():
+def test_the_default_decode_is_v6_and_v1_stays_reachable():
     """The measured-faster form is the default (glue.py decode_form); v1 is `cutedsl:decode-v1`."""
     from dsv4bench.core.registry import get_impl
     from kernels.fmha.decode_pair import FusedQTma

@@ -1,6 +1,6 @@
 """FP8-cache sparse decode on a GPU: our three launches (v1, kernels/fmha/decode_glue.py) and the fused
-kernel's forms (decode_fused.py: `-pk-loop`, decode_prefetch.py; the default `-pk-epi`, decode_forms.py)
-against the dequantised FP32 oracle by the harness rule (docs/benchmarking.md), on the issue's grid (Flash and
+kernel (the default `cutedsl`: decode_fused.py, decode_prefetch.py, decode_forms.py, decode_pair.py) and
+its knock-outs against the dequantised FP32 oracle by the harness rule (docs/benchmarking.md), on the issue's grid (Flash and
 Pro, 1-128 requests; the 128K contexts at 1 and 128 requests) and hypothesis draws (ragged
 lengths, -1 indices, fewer valid keys than top-k, duplicates, pages of 61); the split-KV path and
 the one-split path (sink in the attention kernel) forced on the same inputs; and against FlashMLA's
@@ -27,10 +27,8 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
          if c.origin == "hypothesis"]
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
-FORMS = ("cutedsl", "cutedsl:fused-pk-loop", "cutedsl:fused-pk-epi", "cutedsl:fused-pk-pair-pdl",
-         "cutedsl:fused-pk-onecopy")  # variants.py
 KNOCK_OUTS = ("cutedsl:decode-no-math", "cutedsl:decode-no-dequant")  # unchecked: they must return
-IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in ("cutedsl:decode-v1", *FORMS, *KNOCK_OUTS)}
+IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in ("cutedsl", "cutedsl:decode-v1", *KNOCK_OUTS)}
 _compiled: dict = {}
 
 
@@ -54,7 +52,7 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-@pytest.mark.parametrize("impl", ["cutedsl:decode-v1", *FORMS])
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-v1"])
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
@@ -74,7 +72,7 @@ def test_decode_knock_outs_return(case, impl):
     torch.cuda.synchronize()
 
 
-@pytest.mark.parametrize("impl", FORMS)
+@pytest.mark.parametrize("impl", ["cutedsl"])
 @pytest.mark.parametrize("split", [(1, None), (2, None), (None, 128)])
 @pytest.mark.parametrize("k0", [128, 100])
 def test_fused_splits_and_unaligned_window(split, k0, impl):
