@@ -95,8 +95,7 @@ class FusedPackedLoop(FusedDecodeSm90):
             cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
             self._copy_slot(caches, rows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
             cute.arch.cp_async_commit_group()
-            t = lt
-            mine = self._valid_token(caches, bidx, j0 + t, rows[t, buf])
+            mine = self._valid_token(caches, bidx, j0 + lt, rows[lt, buf])
             k0p = self._k0_padded(caches[3])
             if pair == 0:
                 self._prefetch_row(caches, j0 >= k0p, mine)
@@ -105,17 +104,17 @@ class FusedPackedLoop(FusedDecodeSm90):
             mm = cutlass.max(mine, 0)
             blk_m = mm // bs
             packed = (blk_m << PACK_BITS) | (mm - blk_m * bs)
-            rows[t, buf] = cutlass.select_(mine >= 0, packed, Int32(-1))
+            rows[lt, buf] = cutlass.select_(mine >= 0, packed, Int32(-1))
             cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
             for k in cutlass.range(2, unroll=1):
                 h = (stage + k) % 2  # stage 0 fills left first, stage 1 right first (the order they are freed)
                 hb = stage * 2 + h
-                self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, t, h, k,
-                              bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
+                self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, lt, h, k,
+                           bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
             if pair + 1 < n_pairs:
                 cute.arch.cp_async_wait_group(0)
                 j1 = j0 + 2 * n
-                nxt = self._valid_token(caches, bidx, j1 + t, rows[t, 1 - buf])
+                nxt = self._valid_token(caches, bidx, j1 + lt, rows[lt, 1 - buf])
                 self._prefetch_row(caches, j1 >= self._k0_padded(caches[3]), nxt)
 
     @cute.jit
