@@ -246,6 +246,17 @@ class DecodeNoDequant(FusedQTma):
         cute.arch.mbarrier_arrive(full)
 
 
+class DecodeNoPrefetch(FusedQTma):
+    """The default FP8 decode without the producer's L2 prefetches (a real answer): what they still buy."""
+
+    def _prefetch_row(self, caches, second, v):
+        pass
+
+
+class FmhaDecodeNoPrefetch(FmhaFusedDecode):
+    name, variant, decode_form = "cutedsl:decode-no-prefetch", "decode-no-prefetch", DecodeNoPrefetch
+
+
 class FmhaDecodeNoMath(FmhaFusedDecode):
     name, variant, decode_form, checked = "cutedsl:decode-no-math", "decode-no-math", DecodeNoMath, False
 
@@ -254,6 +265,7 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
     name, variant, decode_form, checked = "cutedsl:decode-no-dequant", "decode-no-dequant", DecodeNoDequant, False
 
 
-# v1 of the FP8 decode (checked) and the knock-outs of the default (unchecked), decode_fp8 only; the default
+# v1 of the FP8 decode and the default without its prefetches (checked), the default's knock-outs (unchecked),
+# decode_fp8 only; the default
 # is `cutedsl` (glue.py: decode_pair.FusedQTma); the earlier forms (v2-v5) are in git history at 1c17d89
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoMath, FmhaDecodeNoDequant)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant)

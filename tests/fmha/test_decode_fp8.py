@@ -305,14 +305,15 @@ def test_head_pair_shares_the_rows_at_h_q_128_and_is_v4_at_64():
 
 
 def test_decode_knock_outs_compile_without_their_part():
-    """decode-no-dequant loads no rows (no 64-bit code loads, no prmt conversion); decode-no-math issues
-    no wgmma; both unchecked."""
+    """decode-no-dequant loads no rows (no 64-bit code loads, no prmt conversion) and decode-no-math issues
+    no wgmma, both unchecked; decode-no-prefetch (checked) issues no L2 prefetch."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
     from dsv4bench.core.registry import get_impl
 
-    for name, absent in (("cutedsl:decode-no-dequant", ("LDG.E.64", "HMUL2")), ("cutedsl:decode-no-math", ("HGMMA",))):
+    for name, absent in (("cutedsl:decode-no-dequant", ("LDG.E.64", "HMUL2")), ("cutedsl:decode-no-math", ("HGMMA",)),
+                         ("cutedsl:decode-no-prefetch", ("CCTL.E.PF2",))):
         impl = get_impl("fmha", name)
-        assert not impl.checked
+        assert impl.checked == name.endswith("prefetch")
         k = compile_fused(128, "sm_90a", impl.decode_form).kernels["fused"]
         assert parse_cubin(k.__cubin__).local_bytes == 0
         if find_nvdisasm() is not None:

@@ -28,7 +28,8 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
 KNOCK_OUTS = ("cutedsl:decode-no-math", "cutedsl:decode-no-dequant")  # unchecked: they must return
-IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in ("cutedsl", "cutedsl:decode-v1", *KNOCK_OUTS)}
+CHECKED = ("cutedsl", "cutedsl:decode-v1", "cutedsl:decode-no-prefetch")  # the default, v1, the default unprefetched
+IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in (*CHECKED, *KNOCK_OUTS)}
 _compiled: dict = {}
 
 
@@ -52,7 +53,7 @@ def _check(case, x, res, who="cutedsl"):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-v1"])
+@pytest.mark.parametrize("impl", CHECKED)
 def test_decode_matches_dequantised_oracle(case, impl):
     x = _inputs(case)
     out = FAMILY.alloc_outputs(case, "cuda")
