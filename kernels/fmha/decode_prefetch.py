@@ -16,13 +16,10 @@ rows (15 KB free < one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB 
 - Loop: each half's row batches in a run-time loop, the batch's registers local to an iteration
   (registers carried across the loop went to local memory: 1.7k STL).
 - One copy (v6): the stage (which 64 threads) and the half of d (left: code segments 0-3; right: 4-6 +
-  the RoPE) are run-time values, so the SASS holds one copy of the row loads, the conversion and the
-  stores instead of four (64 HMUL2, not 224): 1.034x FlashMLA against v5's 0.988 in one process, b = 1
-  2.3 us faster (lesson 43: the producer's instruction footprint, beside two 208-register consumer
-  warpgroups, is a bound). A half's fourth segment is converted and then replaced by the RoPE chunk in
-  the right half (a select a word); its 16 bytes of registers hold segment 3's codes or the RoPE, by two
-  unconditional 8-byte loads from selected addresses (loads under a branch into one register array went
-  to local memory).
+  the RoPE) are run-time values: one copy of the loads, conversion and stores instead of four (64 HMUL2,
+  not 224; 1.034x FlashMLA against v5's 0.988: lesson 43). The right half's fourth segment is converted,
+  then replaced by the RoPE (a select a word); its registers take segment 3's codes or the RoPE by two
+  unconditional 8-byte loads from selected addresses (loads under a branch went to local memory).
 - Packed slots: after the pair's slot barrier each thread decodes its own slot once (the slot rule,
   the division by the block size) into `block << 10 | token` or -1, writes it over its raw token and a
   second 64-thread barrier publishes the words; a row's loads then need a shift and a mask instead of
