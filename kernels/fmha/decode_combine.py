@@ -24,7 +24,7 @@ THREADS, PER_THREAD = 128, 4
 class DecodeCombine:
     def __init__(self, pdl: bool = False):
         """pdl: launched with programmatic dependent launch after an attention kernel that lets it start
-        early (decode_forms.FusedPdl): its CTAs take idle SMs and wait in griddepcontrol.wait for the
+        early (decode_pair.FusedHeadPairPdl): its CTAs take idle SMs and wait in griddepcontrol.wait for the
         partials, instead of the launch starting after the attention kernel's end."""
         self.pdl = pdl
 

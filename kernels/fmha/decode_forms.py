@@ -2,12 +2,9 @@
 FusedPackedLoop), each overriding one seam; the default stacks them (decode_pair.FusedQTma). Each was
 A/B'd as a `cutedsl:fused-*` variant (runs and variants in git history at 1c17d89; docs/perf/fmha.md).
 
-  FusedEpiTma (v4, `fused-pk-epi`)  v11's epilogue (prefill_v11.EpiTma): each consumer warpgroup
-        normalises its 64 x 256 of O in registers, stmatrix into its half of the Q buffer, one TMA
-        store of the half. Why: `%clock` stamps in a one-request CTA (H100, session 21) put the
-        scalar epilogue (128 STS.U16 a thread, two CTA-wide barriers, then 16-byte row stores) at
-        ~23k of ~40k cycles. Applies where v11's does (64-head blocks: h_q 64 and 128); the default's
-        epilogue elsewhere.
+  FusedEpiTma (v4, `fused-pk-epi`)  v11's epilogue (prefill_v11.EpiTma): O normalised in registers,
+        stmatrix into the Q buffer, one TMA store per warpgroup, instead of 128 STS.U16 a thread and two
+        CTA-wide barriers (~23k of a one-request CTA's ~40k cycles); where v11's applies (64-head blocks).
   QByTma (v5, `fused-pk-qtma`, over decode_pair's head pair)  Q by one TMA load issued by
         producer warp 0 (arrive.expect_tx on q_full) instead of 32 cp.async a producer thread queued ahead
         of the slot tokens' copies (v11's q-first for the decode: the rows mode of q has stride 0, so the

@@ -63,7 +63,8 @@ REG_SPLIT = (88, 208)  # setmaxnreg (producer, consumer): the consumers spill at
 
 
 class FusedDecodeSm90(GatherAttentionSm90):
-    """The key-split attention kernel (d = dv = 512, V = K) with the FP8-gathering producer."""
+    """The key-split attention kernel (d = dv = 512, V = K), its FP8-gathering producer a subclass's
+    `_produce` (decode_prefetch.FusedPackedLoop)."""
 
     pdl_combine = False  # the combine launched with PDL, this kernel letting it start at once (decode_forms)
 

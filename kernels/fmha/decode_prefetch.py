@@ -89,6 +89,7 @@ class FusedPackedLoop(FusedDecodeSm90):
             buf = pair & 1
             j0 = base + (2 * pair + stage) * n
             cute.arch.cp_async_wait_group(0)
+            # every thread's copy of this pair landed; every read of the other buffer (last pair) is done
             cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
             self._copy_slot(caches, rows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
             cute.arch.cp_async_commit_group()
@@ -109,7 +110,7 @@ class FusedPackedLoop(FusedDecodeSm90):
                 self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, lt, h, k,
                            bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
             if pair + 1 < n_pairs:
-                cute.arch.cp_async_wait_group(0)
+                cute.arch.cp_async_wait_group(0)  # this thread's own copy of its next slot's token
                 j1 = j0 + 2 * n
                 nxt = self._valid_token(caches, bidx, j1 + lt, rows[lt, 1 - buf])
                 self._prefetch_row(caches, j1 >= self._k0_padded(caches[3]), nxt)
@@ -120,9 +121,7 @@ class FusedPackedLoop(FusedDecodeSm90):
         be free; with the tile's first half (k = 0) its slot validity is published (the owner's mask read
         the previous indices before it freed that half). Every batch's loads wait one round trip (L2,
         after the prefetch): loading the first before the wait measured 35% slower (lesson 43)."""
-        cute.arch.mbarrier_wait(empty, phase)
-        if k == 0:
-            self._publish(sIdx, sMaskFlag, mine, t, stage)
+        self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
         first, count = self._batch_range(self.cfg.n_block // 8 // ROWS_PER_BATCH)
         for b in cutlass.range(first, first + count, unroll=1):
             regs = self._batch_regs()
@@ -142,9 +141,15 @@ class FusedPackedLoop(FusedDecodeSm90):
                 cute.make_rmem_tensor((8, br), BFloat16), cute.make_rmem_tensor((br,), Int32))
 
     @cute.jit
+    def _claim_half(self, sIdx, sMaskFlag, mine, t, k, empty, phase, stage):
+        """Wait for the half to be free; with the tile's first half (k = 0) publish its slot validity
+        for the consumers' mask: each slot's token (or -1), per warp whether all 32 slots are read."""
+        cute.arch.mbarrier_wait(empty, phase)
+        if k == 0:
+            self._publish(sIdx, sMaskFlag, mine, t, stage)
+
+    @cute.jit
     def _publish(self, sIdx, sMaskFlag, mine, t, stage):
-        """The tile's slot validity for the consumers' mask: each slot's token (or -1), and per warp
-        whether all of its 32 slots are read."""
         sIdx[t, stage] = mine
         warp_plain = Int32(cute.arch.vote_all_sync(mine >= 0))
         if t % 32 == 0:

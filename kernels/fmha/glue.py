@@ -65,11 +65,8 @@ class FmhaCuteDSL(Impl):
     kernel_class: type = V11
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
     # else the fused kernel's class (decode_fused.py, decode_glue.compile_fused / run_fused). The default
-    # is v6 (decode_pair.FusedQTma: a one-copy producer, v4's TMA epilogue, h_q 128's head blocks as a 2-CTA
-    # cluster sharing the dequantisation, the combine by PDL, Q by TMA): on the H100, graph-timed, one
-    # process, FlashMLA's FP8 decode / ours 1.034x geomean over the 16 sweep cases, v5 0.988x (run
-    # fmha/2026-11-28-h100-1c17d89-decode-fp8-onecopy, in git history at d62d9d4); standing 1.041x (run
-    # fmha/2026-11-28-h100-d62d9d4-decode-fp8-v6; docs/perf/fmha.md).
+    # is v6 (decode_pair.FusedQTma): on the H100, graph-timed, FlashMLA's FP8 decode / ours 1.041x geomean
+    # over the 16 sweep cases (run fmha/2026-11-28-h100-d62d9d4-decode-fp8-v6; v5 0.988x: docs/perf/fmha.md).
     decode_form: type | None = FusedQTma
 
     def __init__(self, persistent_ctas: int | None = None):

@@ -240,9 +240,7 @@ class DecodeNoDequant(FusedQTma):
 
     @cute.jit
     def _half(self, cache, dst, rows, sIdx, sMaskFlag, mine, t, h, k, full, empty, phase, stage):
-        cute.arch.mbarrier_wait(empty, phase)
-        if k == 0:
-            self._publish(sIdx, sMaskFlag, mine, t, stage)
+        self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
         cute.arch.mbarrier_arrive(full)
 
 
@@ -265,7 +263,6 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
     name, variant, decode_form, checked = "cutedsl:decode-no-dequant", "decode-no-dequant", DecodeNoDequant, False
 
 
-# v1 of the FP8 decode and the default without its prefetches (checked), the default's knock-outs (unchecked),
-# decode_fp8 only; the default
-# is `cutedsl` (glue.py: decode_pair.FusedQTma); the earlier forms (v2-v5) are in git history at 1c17d89
+# v1 and the default without its prefetches (checked), the default's knock-outs (unchecked), decode_fp8 only;
+# the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are in git history at 1c17d89
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant)
