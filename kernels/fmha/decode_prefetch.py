@@ -36,13 +36,22 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Int32, Int64
 from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.decode_fused import ROWS_PER_BATCH, FusedDecodeSm90, e4m3x2_to_bf16x2
 
 ROW_BYTES = 576  # a token's codes + RoPE, contiguous (oracles/fmha_cache.py)
 PACK_BITS = 10  # packed slots: block size <= 1024, blocks < 2^21 (decode_glue.run_fused checks)
+
+
+@dsl_user_op
+def ld_hinted(addr, bits: int, qual: str, *, loc=None, ip=None):
+    """ld.global{qual}.b{bits} (32 or 64) of `addr`, kept in place (volatile)."""
+    ty, c = (T.i64(), "l") if bits == 64 else (T.i32(), "r")
+    v = llvm.inline_asm(ty, [Int64(addr).ir_value(loc=loc, ip=ip)], f"ld.global{qual}.b{bits} $0, [$1];", f"={c},l",
+                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Int64(v) if bits == 64 else Int32(v)
 
 
 @dsl_user_op
@@ -54,6 +63,9 @@ def prefetch_l2(addr, *, loc=None, ip=None) -> None:
 
 class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot, one-copy producer (module docstring)."""
+
+    load_before_claim = False  # a half's batch loads issued before its empty wait (in the loop: one copy)
+    load_hint = ""  # "": plain loads (autovec); else the qualifiers of ld.global (e.g. ".nc.L2::256B")
 
     @cute.jit
     def _prefetch_row(self, caches, second, v):
@@ -121,11 +133,15 @@ class FusedPackedLoop(FusedDecodeSm90):
         be free; with the tile's first half (k = 0) its slot validity is published (the owner's mask read
         the previous indices before it freed that half). Every batch's loads wait one round trip (L2,
         after the prefetch): loading the first before the wait measured 35% slower (lesson 43)."""
-        self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
+        if cutlass.const_expr(not self.load_before_claim):
+            self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
         first, count = self._batch_range(self.cfg.n_block // 8 // ROWS_PER_BATCH)
         for b in cutlass.range(first, first + count, unroll=1):
             regs = self._batch_regs()
             self._load_batch(cache, rows, t, b, h, *regs)
+            if cutlass.const_expr(self.load_before_claim):
+                if b == first:
+                    self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
             for i in cutlass.range_constexpr(ROWS_PER_BATCH):
                 self._store_row(dst, *regs, i, t // 8 + 8 * (b * ROWS_PER_BATCH + i), h, t % 8, full)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
@@ -168,7 +184,7 @@ class FusedPackedLoop(FusedDecodeSm90):
             vs[i] = e
             src = codes[blk, tok, None]
             for sg in cutlass.range_constexpr(3):
-                cute.autovec_copy(cute.local_tile(src, (8,), ((h * 4 + sg) * 8 + c8,)), raw[None, sg, i])
+                self._load8(cute.local_tile(src, (8,), ((h * 4 + sg) * 8 + c8,)), raw[None, sg, i])
             # the fourth 16 bytes of registers: segment 3's 8 codes (left) or the RoPE chunk (right), by two
             # unconditional 8-byte loads from selected addresses (loads under a branch into one register
             # array sent it to local memory)
@@ -178,8 +194,23 @@ class FusedPackedLoop(FusedDecodeSm90):
             for part, addr in ((0, lo), (1, rope_at + 8)):
                 g = cute.make_tensor(cute.make_ptr(cutlass.Float8E4M3FN, addr, cute.AddressSpace.gmem, assumed_align=8),
                                      cute.make_layout((8,)))
-                cute.autovec_copy(g, cute.local_tile(e8, (8,), (part,)))
-            cute.autovec_copy(cute.local_tile(sc[blk, tok, None], (4,), (h,)), scl[None, i])
+                self._load8(g, cute.local_tile(e8, (8,), (part,)))
+            scale = cute.local_tile(sc[blk, tok, None], (4,), (h,))
+            if cutlass.const_expr(self.load_hint == ""):
+                cute.autovec_copy(scale, scl[None, i])
+            else:
+                cute.recast_tensor(scl, Int32)[i] = ld_hinted(scale.iterator.toint(), 32, self.load_hint)
+
+    @cute.jit
+    def _load8(self, src, dst):
+        """8 bytes of codes (or RoPE) from global src into registers dst (8 e4m3)."""
+        if cutlass.const_expr(self.load_hint == ""):
+            cute.autovec_copy(src, dst)
+        else:
+            v = ld_hinted(src.iterator.toint(), 64, self.load_hint)
+            w = cute.recast_tensor(dst, Int32)
+            w[0] = Int32(v)
+            w[1] = Int32(v >> 32)
 
     @cute.jit
     def _store_row(self, dst, raw, scl, ext, vs, i: cutlass.Constexpr, r, h, c8, full):
