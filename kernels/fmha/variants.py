@@ -31,6 +31,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
+from kernels.fmha.decode_lean import FusedLean
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
@@ -267,6 +268,10 @@ class DecodeEarlyHint(DecodeEarly):
     load_hint = ".nc.L2::256B"
 
 
+class FmhaDecodeLean(FmhaFusedDecode):
+    name, variant, decode_form = "cutedsl:decode-lean", "decode-lean", FusedLean
+
+
 class FmhaDecodeEarly(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-early", "decode-early", DecodeEarly
 
@@ -294,4 +299,4 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
 # v1 and the default without its prefetches (checked), the default's knock-outs (unchecked), decode_fp8 only;
 # the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are in git history at 1c17d89
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodeEarly,
-                   FmhaDecodeHint, FmhaDecodeEarlyHint)
+                   FmhaDecodeHint, FmhaDecodeEarlyHint, FmhaDecodeLean)
