@@ -41,23 +41,6 @@ from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.trace import record
 
 
-@dsl_user_op
-def e4m3x2_to_bf16x2(w, sel: int, scale2, *, loc=None, ip=None) -> Int32:
-    """Two e4m3 codes (bytes of w picked by the prmt selector `sel`: 0x9180 bytes 0-1, 0xB3A2 bytes
-    2-3) -> bf16x2 of code * 2^(e - 127), scale2 = bf16x2 of 2^(e - 7): prmt puts each byte under a
-    copy of its sign (0xSSbb), << 4 and the mask 0x87f0 leave sign | exponent-and-mantissa << 4, which
-    read as a bf16 is the code * 2^-120 for every e4m3 value (subnormals and zero included), then one
-    mul.rn.bf16x2. Exact while e <= 134 (2^(e - 7) a finite bf16; a scale above 2^7 is an amax above
-    57344); the bf16 product of a code subnormal at 2^-120 relies on bf16 mul keeping subnormals."""
-    return Int32(llvm.inline_asm(
-        T.i32(), [Int32(w).ir_value(loc=loc, ip=ip), Int32(scale2).ir_value(loc=loc, ip=ip)],
-        "{\n.reg .b32 t;\n"
-        f"prmt.b32 t, $1, 0, {sel:#x};\n"
-        "shl.b32 t, t, 4;\nand.b32 t, t, 0x87f087f0;\nmul.rn.bf16x2 $0, t, $2;\n}",
-        "=r,r,r", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
-
-
 ROWS_PER_BATCH = 4  # rows of a thread whose loads are in flight together (registers: ~9 per row)
 REG_SPLIT = (88, 208)  # setmaxnreg (producer, consumer): the consumers spill at 200; 3 x 128 x (88 + 2 x 208) <= 64K
 
@@ -187,7 +170,11 @@ class FusedDecodeSm90(GatherAttentionSm90):
     def _cluster_sync(self, at_exit: bool):
         pass
 
-    def _store_peer(self, vals, dst, r, chunk, full):
+    def _peer_addresses(self, local, full):
+        """(the peer's address of `local`, of the barrier `full`) for a paired form's stores."""
+        return local, Int32(0)
+
+    def _store_peer(self, vals, peer, imm, peer_bar):
         pass
 
     def _fetch_q(self, atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full):

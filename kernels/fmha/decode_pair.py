@@ -27,6 +27,7 @@ from cutlass import Int32
 
 from kernels.fmha.decode_forms import FusedEpiTma, QByTma
 from kernels.fmha.decode_fused import ROWS_PER_BATCH
+from kernels.fmha.decode_ptx import mapa_u32, st_async_v4
 
 PEER_BYTES = 64 * ROWS_PER_BATCH * 4 * 16  # what the peer stores into a K half of this CTA a tile
 
@@ -60,16 +61,18 @@ class FusedHeadPair(FusedEpiTma):
             return cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()), 1
         return 0, n_batches
 
-    def _store_peer(self, vals, dst, r, chunk, full):
-        """The same 16 bytes into the peer's stage at the same (swizzled) offset: the tile's pointer
-        gives the address before the 128-byte swizzle (lesson 41), applied here from the 1024-aligned
-        stage base."""
+    def _peer_addresses(self, local, full):
+        """The peer's shared::cluster addresses of this thread's store base and of the half's full barrier:
+        the same offsets in the peer (`mapa`), so each store keeps its immediate offset."""
         if cutlass.const_expr(self._paired()):
-            a = cute.local_tile(dst[r, None], (8,), (chunk,)).iterator.toint()
-            ptr = cute.make_ptr(Int32, a ^ (((a >> 7) & 7) << 4), cute.AddressSpace.smem, assumed_align=16)
-            w = cute.recast_tensor(vals, Int32)
             peer = 1 - cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            cute.arch.store_async_dsmem(ptr, (w[0], w[1], w[2], w[3]), full, peer)
+            return mapa_u32(local, peer), mapa_u32(full.toint(), peer)
+        return local, Int32(0)
+
+    def _store_peer(self, vals, peer, imm, peer_bar):
+        """The same 16 bytes into the peer's stage, completing on its full barrier (st.async)."""
+        if cutlass.const_expr(self._paired()):
+            st_async_v4(peer, imm, vals, peer_bar)
 
     @cute.jit
     def _arrive_full(self, full, t):

@@ -34,38 +34,19 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Int32, Int64
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass import Int32, Int64, Uint32, Uint64
 
 from kernels.fmha.barriers import NamedBarrier
-from kernels.fmha.decode_fused import ROWS_PER_BATCH, FusedDecodeSm90, e4m3x2_to_bf16x2
+from kernels.fmha.decode_fused import ROWS_PER_BATCH, FusedDecodeSm90
+from kernels.fmha.decode_ptx import e4m3x2_to_bf16x2, ld_b32, ld_b64, prefetch_l2, prmt, st_shared_v4
 
 ROW_BYTES = 576  # a token's codes + RoPE, contiguous (oracles/fmha_cache.py)
 PACK_BITS = 10  # packed slots: block size <= 1024, blocks < 2^21 (decode_glue.run_fused checks)
-
-
-@dsl_user_op
-def ld_hinted(addr, bits: int, qual: str, *, loc=None, ip=None):
-    """ld.global{qual}.b{bits} (32 or 64) of `addr`, kept in place (volatile)."""
-    ty, c = (T.i64(), "l") if bits == 64 else (T.i32(), "r")
-    v = llvm.inline_asm(ty, [Int64(addr).ir_value(loc=loc, ip=ip)], f"ld.global{qual}.b{bits} $0, [$1];", f"={c},l",
-                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return Int64(v) if bits == 64 else Int32(v)
-
-
-@dsl_user_op
-def prefetch_l2(addr, *, loc=None, ip=None) -> None:
-    """prefetch.global.L2 of the line holding `addr`."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+SEG_BYTES = 64 * 128  # one 64-column block of the K tile: 64 keys x 128 B
 
 
 class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot, one-copy producer (module docstring)."""
-
-    load_before_claim = False  # a half's batch loads issued before its empty wait (in the loop: one copy)
-    load_hint = ""  # "": plain loads (autovec); else the qualifiers of ld.global (e.g. ".nc.L2::256B")
 
     @cute.jit
     def _prefetch_row(self, caches, second, v):
@@ -132,29 +113,42 @@ class FusedPackedLoop(FusedDecodeSm90):
         """Half h of d of this thread's rows t // 8 + 8 q into dst (keys, d) after the wait for the half to
         be free; with the tile's first half (k = 0) its slot validity is published (the owner's mask read
         the previous indices before it freed that half). Every batch's loads wait one round trip (L2,
-        after the prefetch): loading the first before the wait measured 35% slower (lesson 43)."""
-        if cutlass.const_expr(not self.load_before_claim):
-            self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
+        after the prefetch): loading the first before the wait measured 35% slower (lesson 43), and no
+        faster in one copy (session 24). Addresses (v7): the thread's rows share their swizzled 16-byte
+        chunk `c8 ^ (t // 8)` (row t // 8 + 8 q is t // 8 modulo 8), so its stores are one base a half
+        plus immediates (segment x 8 KB + row x 1 KB); its loads are three per-half bases (the codes of
+        segments 0-2; the fourth chunk: segment 3's codes at 192 + 8 c8, or the RoPE at 448 + 16 c8, and
+        the 8 bytes after it; the scales) plus two 32 x 32-bit products a row."""
+        self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
+        codes, _, sc = cache
+        r0, c8 = t // 8, t % 8
+        local = dst.iterator.toint() + h * (4 * SEG_BYTES) + r0 * 128 + ((c8 ^ r0) << 4)  # stage base: 1 KB aligned
+        peer, peer_bar = self._peer_addresses(local, full)
+        g_codes = codes.iterator.toint() + Int64(h * 256 + c8 * 8)
+        g_ext = codes.iterator.toint() + Int64(cutlass.select_(h == 0, 192 + c8 * 8, 448 + c8 * 16))
+        g_sc = sc.iterator.toint() + Int64(h * 4)
+        stride = Uint64(Uint32(codes.layout.stride[0]))  # a block's bytes (< 2^32: run_fused's block limit)
         first, count = self._batch_range(self.cfg.n_block // 8 // ROWS_PER_BATCH)
         for b in cutlass.range(first, first + count, unroll=1):
-            regs = self._batch_regs()
-            self._load_batch(cache, rows, t, b, h, *regs)
-            if cutlass.const_expr(self.load_before_claim):
-                if b == first:
-                    self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
+            words = cute.make_rmem_tensor((10, ROWS_PER_BATCH), Int32)  # segments 0-2: 2 words each; 4th chunk: 4
+            scl = cute.make_rmem_tensor((ROWS_PER_BATCH,), Int32)
+            oks = cute.make_rmem_tensor((ROWS_PER_BATCH,), cutlass.Boolean)
             for i in cutlass.range_constexpr(ROWS_PER_BATCH):
-                self._store_row(dst, *regs, i, t // 8 + 8 * (b * ROWS_PER_BATCH + i), h, t % 8, full)
+                e = rows[t // 8 + 8 * (b * ROWS_PER_BATCH + i)]
+                ee = cutlass.max(e, 0)  # a slot not read loads its cache's token 0 (zeroed below)
+                blk = Uint64(Uint32(ee >> PACK_BITS)) * stride
+                tok = Uint32(ee & ((1 << PACK_BITS) - 1))
+                row = blk + Uint64(tok * ROW_BYTES)
+                for w0, g, imm in ((0, g_codes, 0), (2, g_codes, 64), (4, g_codes, 128), (6, g_ext, 0), (8, g_ext, 8)):
+                    v = ld_b64(Int64(row) + g, imm)
+                    words[w0, i], words[w0 + 1, i] = Int32(v), Int32(v >> 32)
+                scl[i] = ld_b32(Int64(blk + Uint64(tok * 8)) + g_sc, 0)
+                oks[i] = e >= 0
+            at = b * (ROWS_PER_BATCH * 8 * 128)
+            for i in cutlass.range_constexpr(ROWS_PER_BATCH):
+                self._store_row(words, scl[i], oks[i], i, h, local + at, peer + at, peer_bar)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
         self._arrive_full(full, t)
-
-    @staticmethod
-    def _batch_regs():
-        """A batch's registers: segments 0-2 (8 codes each), the half's scale bytes, `ext` (16 bytes a row:
-        segment 3's 8 codes in the left half, the RoPE chunk in the right: one set of registers for
-        both), the tokens."""
-        br = ROWS_PER_BATCH
-        return (cute.make_rmem_tensor((8, 3, br), cutlass.Float8E4M3FN), cute.make_rmem_tensor((4, br), cutlass.Uint8),
-                cute.make_rmem_tensor((8, br), BFloat16), cute.make_rmem_tensor((br,), Int32))
 
     @cute.jit
     def _claim_half(self, sIdx, sMaskFlag, mine, t, k, empty, phase, stage):
@@ -172,72 +166,23 @@ class FusedPackedLoop(FusedDecodeSm90):
             sMaskFlag[t // 32, stage] = warp_plain
 
     @cute.jit
-    def _load_batch(self, cache, rows, t, b, h, raw, scl, ext, vs):
-        """Batch b's rows (t // 8 + 8 (b br + i)) of half h into the registers; a slot not read (-1) loads
-        its cache's token 0 (its values are replaced by zeros)."""
-        codes, rope, sc = cache
-        c8 = t % 8
-        for i in cutlass.range_constexpr(ROWS_PER_BATCH):
-            e = rows[t // 8 + 8 * (b * ROWS_PER_BATCH + i)]
-            ee = cutlass.max(e, 0)
-            blk, tok = ee >> PACK_BITS, ee & ((1 << PACK_BITS) - 1)
-            vs[i] = e
-            src = codes[blk, tok, None]
-            for sg in cutlass.range_constexpr(3):
-                self._load8(cute.local_tile(src, (8,), ((h * 4 + sg) * 8 + c8,)), raw[None, sg, i])
-            # the fourth 16 bytes of registers: segment 3's 8 codes (left) or the RoPE chunk (right), by two
-            # unconditional 8-byte loads from selected addresses (loads under a branch into one register
-            # array sent it to local memory)
-            rope_at = cute.local_tile(rope[blk, tok, None], (8,), (c8,)).iterator.toint()
-            lo = cutlass.select_(h == 0, cute.local_tile(src, (8,), (3 * 8 + c8,)).iterator.toint(), rope_at)
-            e8 = cute.recast_tensor(ext[None, i], cutlass.Float8E4M3FN)  # (16,)
-            for part, addr in ((0, lo), (1, rope_at + 8)):
-                g = cute.make_tensor(cute.make_ptr(cutlass.Float8E4M3FN, addr, cute.AddressSpace.gmem, assumed_align=8),
-                                     cute.make_layout((8,)))
-                self._load8(g, cute.local_tile(e8, (8,), (part,)))
-            scale = cute.local_tile(sc[blk, tok, None], (4,), (h,))
-            if cutlass.const_expr(self.load_hint == ""):
-                cute.autovec_copy(scale, scl[None, i])
-            else:
-                cute.recast_tensor(scl, Int32)[i] = ld_hinted(scale.iterator.toint(), 32, self.load_hint)
-
-    @cute.jit
-    def _load8(self, src, dst):
-        """8 bytes of codes (or RoPE) from global src into registers dst (8 e4m3)."""
-        if cutlass.const_expr(self.load_hint == ""):
-            cute.autovec_copy(src, dst)
-        else:
-            v = ld_hinted(src.iterator.toint(), 64, self.load_hint)
-            w = cute.recast_tensor(dst, Int32)
-            w[0] = Int32(v)
-            w[1] = Int32(v >> 32)
-
-    @cute.jit
-    def _store_row(self, dst, raw, scl, ext, vs, i: cutlass.Constexpr, r, h, c8, full):
-        """Batch slot i (tile row r) of half h converted to bf16 (code x 2^(e - 127), the fourth segment
-        replaced by the RoPE chunk in the right half; zeros for a slot not read) and stored as the 16-byte
-        chunk c8 of each segment into the swizzled tile (and, paired, the peer's: `full` is the half's
-        full barrier)."""
-        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        words = cute.recast_tensor(raw, Int32)  # (2, 3, br)
-        extw = cute.recast_tensor(ext, Int32)  # (4, br): segment 3's codes in words 0-1, or the RoPE
-        ok = vs[i] >= 0
+    def _store_row(self, words, sw, ok, i: cutlass.Constexpr, h, local, peer, peer_bar):
+        """Batch row i: each segment's 8 codes x 2^(e - 127) as 16 bytes at its immediate offset, here and
+        (paired) in the peer; segment 3 of the right half is the RoPE chunk. A slot not read (not ok)
+        gets scale 0, which zeroes its codes (the bit conversion makes every code finite), and RoPE 0."""
+        w2 = cutlass.select_(ok, sw + 0x78787878, Int32(0))  # e + 120 a byte: no carries while e <= 135
         for sg in cutlass.range_constexpr(4):
-            vals = cute.make_rmem_tensor((8,), BFloat16)
-            out = cute.recast_tensor(vals, Int32)
-            e = Int32(scl[sg, i])
-            half = (e + 120) << 7  # bf16 bits of 2^(e - 7)
-            scale2 = half | (half << 16)
+            s2 = prmt(w2, Int32(0), 0x4040 + 0x101 * sg) << 7  # bf16x2 of 2^(e - 7)
+            out = cute.make_rmem_tensor((4,), Int32)
             for wd in cutlass.range_constexpr(2):
-                w = cutlass.select_(ok, words[wd, sg, i] if sg < 3 else extw[wd, i], Int32(0))
-                out[2 * wd] = e4m3x2_to_bf16x2(w, 0x9180, scale2)
-                out[2 * wd + 1] = e4m3x2_to_bf16x2(w, 0xB3A2, scale2)
+                out[2 * wd] = e4m3x2_to_bf16x2(words[2 * sg + wd, i], 0x9180, s2)
+                out[2 * wd + 1] = e4m3x2_to_bf16x2(words[2 * sg + wd, i], 0xB3A2, s2)
             if cutlass.const_expr(sg == 3):
                 for q in cutlass.range_constexpr(4):
-                    out[q] = cutlass.select_(h == 1, cutlass.select_(ok, extw[q, i], Int32(0)), out[q])
-            chunk = (h * 4 + sg) * 8 + c8
-            cute.copy(st_atom, vals, cute.local_tile(dst[r, None], (8,), (chunk,)))
-            self._store_peer(vals, dst, r, chunk, full)
+                    out[q] = cutlass.select_(h == 1, cutlass.select_(ok, words[6 + q, i], Int32(0)), out[q])
+            vals = (out[0], out[1], out[2], out[3])
+            st_shared_v4(local, sg * SEG_BYTES + i * 1024, vals)
+            self._store_peer(vals, peer, sg * SEG_BYTES + i * 1024, peer_bar)
 
     def _batch_range(self, n_batches: int):
         """(first, count) of the row batches of a half this CTA converts: all (a seam: decode_pair.py splits

@@ -31,7 +31,6 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
-from kernels.fmha.decode_lean import FusedLean
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
@@ -252,38 +251,6 @@ class DecodeNoPrefetch(FusedQTma):
         pass
 
 
-class DecodeEarly(FusedQTma):
-    """Candidate: a half's batch loads before its empty wait (one copy: the claim inside the loop)."""
-
-    load_before_claim = True
-
-
-class DecodeHint(FusedQTma):
-    """Candidate: the row loads as ld.global.nc.L2::256B (a real load that pulls the rest of its row)."""
-
-    load_hint = ".nc.L2::256B"
-
-
-class DecodeEarlyHint(DecodeEarly):
-    load_hint = ".nc.L2::256B"
-
-
-class FmhaDecodeLean(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-lean", "decode-lean", FusedLean
-
-
-class FmhaDecodeEarly(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-early", "decode-early", DecodeEarly
-
-
-class FmhaDecodeHint(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-hint", "decode-hint", DecodeHint
-
-
-class FmhaDecodeEarlyHint(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-early-hint", "decode-early-hint", DecodeEarlyHint
-
-
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-no-prefetch", "decode-no-prefetch", DecodeNoPrefetch
 
@@ -298,5 +265,4 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
 
 # v1 and the default without its prefetches (checked), the default's knock-outs (unchecked), decode_fp8 only;
 # the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are in git history at 1c17d89
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodeEarly,
-                   FmhaDecodeHint, FmhaDecodeEarlyHint, FmhaDecodeLean)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant)

@@ -310,7 +310,7 @@ def test_decode_knock_outs_compile_without_their_part():
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
     from dsv4bench.core.registry import get_impl
 
-    for name, absent in (("cutedsl:decode-no-dequant", ("LDG.E.64", "HMUL2")), ("cutedsl:decode-no-math", ("HGMMA",)),
+    for name, absent in (("cutedsl:decode-no-dequant", ("LTC256B", "HMUL2")), ("cutedsl:decode-no-math", ("HGMMA",)),
                          ("cutedsl:decode-no-prefetch", ("CCTL.E.PF2",))):
         impl = get_impl("fmha", name)
         assert impl.checked == name.endswith("prefetch")
@@ -360,7 +360,7 @@ def _prmt_sign_rep(w: torch.Tensor, sel: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("e", [1, 60, 110, 120, 127, 134])
 def test_fast_e4m3_conversion_is_exact(e):
-    """decode_fused.e4m3x2_to_bf16x2's bit recipe, emulated: every finite e4m3 code (subnormals and zero
+    """decode_ptx.e4m3x2_to_bf16x2's bit recipe, emulated: every finite e4m3 code (subnormals and zero
     included) times 2^(e - 127) exactly, for ue8m0 exponents up to 134."""
     codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.int64)
     pairs = codes.view(-1, 2)  # two codes a bf16x2 (bytes 0 and 1 of the word)
