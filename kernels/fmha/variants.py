@@ -32,6 +32,7 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
+from kernels.fmha.decode_whole import WholeTile
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
@@ -251,6 +252,10 @@ class DecodeNoPrefetch(FusedQTma):
         pass
 
 
+class FmhaDecodeWhole(FmhaFusedDecode):
+    name, variant, decode_form = "cutedsl:decode-whole", "decode-whole", WholeTile
+
+
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-no-prefetch", "decode-no-prefetch", DecodeNoPrefetch
 
@@ -265,4 +270,4 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
 
 # v1 and the default without its prefetches (checked), the default's knock-outs (unchecked), decode_fp8 only;
 # the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are in git history at 1c17d89
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodeWhole)
