@@ -50,7 +50,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
     `_produce` (decode_prefetch.FusedPackedLoop)."""
 
     pdl_combine = False  # the combine launched with PDL, this kernel letting it start at once (decode_forms)
-    tile_threads = 64  # producer threads filling one tile (the other 64 fill the other stage's)
 
     def __init__(self, cfg: Config):
         assert cfg.key_split and cfg.d == 512, cfg
@@ -137,9 +136,8 @@ class FusedDecodeSm90(GatherAttentionSm90):
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sVt = cute.make_tensor(sK.iterator, cute.select(sK.layout, mode=[1, 0, 2]))
         record("mbarrier full (per stage and half of d): arrive count",
-               f"{self.tile_threads} = the producer threads filling a tile (st.shared + fence.proxy.async + arrive)")
-        counts = (self.tile_threads,) * (2 * S) + (self._empty_count(),) * (2 * S)
-        self._init_barriers(tidx, bars, counts, q_full, q_empty)
+               "64 = the producer threads of that stage (st.shared + fence.proxy.async + arrive)")
+        self._init_barriers(tidx, bars, (64,) * (2 * S) + (self._empty_count(),) * (2 * S), q_full, q_empty)
         self._cluster_sync(False)
 
         if wg == c.n_consumer_wg:

@@ -57,12 +57,9 @@ class FusedHeadPair(FusedEpiTma):
 
     def _batch_range(self, n_batches: int):
         if cutlass.const_expr(self._paired()):
-            assert n_batches % 2 == 0, n_batches
-            return cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) * (n_batches // 2), n_batches // 2
+            assert n_batches == 2, n_batches
+            return cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()), 1
         return 0, n_batches
-
-    def _pair_ways(self) -> int:
-        return 2 if self._paired() else 1
 
     def _peer_addresses(self, local, full):
         """The peer's shared::cluster addresses of this thread's store base and of the half's full barrier:

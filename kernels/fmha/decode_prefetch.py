@@ -48,6 +48,9 @@ SEG_BYTES = 64 * 128  # one 64-column block of the K tile: 64 keys x 128 B
 class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot, one-copy producer (module docstring)."""
 
+    load_before_claim = False  # candidate: a half's first batch loaded before its empty wait
+    prefetch_row_lines = True  # every line of a row prefetched; False (candidate): its first line only
+
     @cute.jit
     def _prefetch_row(self, caches, second, v):
         """L2 prefetch of token v's row and scale row in cache 1 if `second` else cache 0; nothing for
@@ -58,10 +61,13 @@ class FusedPackedLoop(FusedDecodeSm90):
             blk = v // bs
             tok = v - blk * bs
             row = codes[blk, tok, None].iterator.toint()
-            # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
-            for k in cutlass.range_constexpr(5):
-                prefetch_l2(row + k * 128)
-            prefetch_l2(row + (ROW_BYTES - 1))
+            if cutlass.const_expr(self.prefetch_row_lines):
+                # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
+                for k in cutlass.range_constexpr(5):
+                    prefetch_l2(row + k * 128)
+                prefetch_l2(row + (ROW_BYTES - 1))
+            else:
+                prefetch_l2(row)
             prefetch_l2(sc[blk, tok, None].iterator.toint())
 
     @cute.jit
@@ -119,26 +125,23 @@ class FusedPackedLoop(FusedDecodeSm90):
         plus immediates (segment x 8 KB + row x 1 KB); its loads are three per-half bases (the codes of
         segments 0-2; the fourth chunk: segment 3's codes at 192 + 8 c8, or the RoPE at 448 + 16 c8, and
         the 8 bytes after it; the scales) plus two 32 x 32-bit products a row."""
-        self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
+        if cutlass.const_expr(not self.load_before_claim):
+            self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
         codes, _, sc = cache
-        groups = self.tile_threads // 8  # rows t // 8 + groups x q; each row's chunk c8 is thread c8's
-        rows_pt = self.cfg.n_block // groups
-        br = min(ROWS_PER_BATCH, rows_pt // self._pair_ways())
         r0, c8 = t // 8, t % 8
-        swz = c8 ^ (r0 if cutlass.const_expr(groups == 8) else r0 % 8)  # the rows' swizzled chunk
-        local = dst.iterator.toint() + h * (4 * SEG_BYTES) + r0 * 128 + (swz << 4)  # stage base: 1 KB aligned
+        local = dst.iterator.toint() + h * (4 * SEG_BYTES) + r0 * 128 + ((c8 ^ r0) << 4)  # stage base: 1 KB aligned
         peer, peer_bar = self._peer_addresses(local, full)
         g_codes = codes.iterator.toint() + Int64(h * 256 + c8 * 8)
         g_ext = codes.iterator.toint() + Int64(cutlass.select_(h == 0, 192 + c8 * 8, 448 + c8 * 16))
         g_sc = sc.iterator.toint() + Int64(h * 4)
         stride = Uint64(Uint32(codes.layout.stride[0]))  # a block's bytes (< 2^32: run_fused's block limit)
-        first, count = self._batch_range(rows_pt // br)
+        first, count = self._batch_range(self.cfg.n_block // 8 // ROWS_PER_BATCH)
         for b in cutlass.range(first, first + count, unroll=1):
-            words = cute.make_rmem_tensor((10, br), Int32)  # segments 0-2: 2 words each; 4th chunk: 4
-            scl = cute.make_rmem_tensor((br,), Int32)
-            oks = cute.make_rmem_tensor((br,), cutlass.Boolean)
-            for i in cutlass.range_constexpr(br):
-                e = rows[r0 + groups * (b * br + i)]
+            words = cute.make_rmem_tensor((10, ROWS_PER_BATCH), Int32)  # segments 0-2: 2 words each; 4th chunk: 4
+            scl = cute.make_rmem_tensor((ROWS_PER_BATCH,), Int32)
+            oks = cute.make_rmem_tensor((ROWS_PER_BATCH,), cutlass.Boolean)
+            for i in cutlass.range_constexpr(ROWS_PER_BATCH):
+                e = rows[t // 8 + 8 * (b * ROWS_PER_BATCH + i)]
                 ee = cutlass.max(e, 0)  # a slot not read loads its cache's token 0 (zeroed below)
                 blk = Uint64(Uint32(ee >> PACK_BITS)) * stride
                 tok = Uint32(ee & ((1 << PACK_BITS) - 1))
@@ -148,9 +151,12 @@ class FusedPackedLoop(FusedDecodeSm90):
                     words[w0, i], words[w0 + 1, i] = Int32(v), Int32(v >> 32)
                 scl[i] = ld_b32(Int64(blk + Uint64(tok * 8)) + g_sc, 0)
                 oks[i] = e >= 0
-            at = b * (br * groups * 128)
-            for i in cutlass.range_constexpr(br):
-                self._store_row(words, scl[i], oks[i], i, i * groups * 128, h, local + at, peer + at, peer_bar)
+            if cutlass.const_expr(self.load_before_claim):
+                if b == first:
+                    self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
+            at = b * (ROWS_PER_BATCH * 8 * 128)
+            for i in cutlass.range_constexpr(ROWS_PER_BATCH):
+                self._store_row(words, scl[i], oks[i], i, h, local + at, peer + at, peer_bar)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
         self._arrive_full(full, t)
 
@@ -160,10 +166,7 @@ class FusedPackedLoop(FusedDecodeSm90):
         for the consumers' mask: each slot's token (or -1), per warp whether all 32 slots are read."""
         cute.arch.mbarrier_wait(empty, phase)
         if k == 0:
-            if cutlass.const_expr(self.tile_threads == 64):
-                self._publish(sIdx, sMaskFlag, mine, t, stage)
-            elif t // 64 == stage:  # a whole-warpgroup producer: the tile's slot owners
-                self._publish(sIdx, sMaskFlag, mine, t % 64, stage)
+            self._publish(sIdx, sMaskFlag, mine, t, stage)
 
     @cute.jit
     def _publish(self, sIdx, sMaskFlag, mine, t, stage):
@@ -173,8 +176,8 @@ class FusedPackedLoop(FusedDecodeSm90):
             sMaskFlag[t // 32, stage] = warp_plain
 
     @cute.jit
-    def _store_row(self, words, sw, ok, i: cutlass.Constexpr, row_at: cutlass.Constexpr, h, local, peer, peer_bar):
-        """Batch row i (row_at bytes past the base): each segment's 8 codes x 2^(e - 127) as 16 bytes, here and
+    def _store_row(self, words, sw, ok, i: cutlass.Constexpr, h, local, peer, peer_bar):
+        """Batch row i: each segment's 8 codes x 2^(e - 127) as 16 bytes at its immediate offset, here and
         (paired) in the peer; segment 3 of the right half is the RoPE chunk. A slot not read (not ok)
         gets scale 0, which zeroes its codes (the bit conversion makes every code finite), and RoPE 0."""
         w2 = cutlass.select_(ok, sw + 0x78787878, Int32(0))  # e + 120 a byte: no carries while e <= 135
@@ -188,17 +191,13 @@ class FusedPackedLoop(FusedDecodeSm90):
                 for q in cutlass.range_constexpr(4):
                     out[q] = cutlass.select_(h == 1, cutlass.select_(ok, words[6 + q, i], Int32(0)), out[q])
             vals = (out[0], out[1], out[2], out[3])
-            st_shared_v4(local, sg * SEG_BYTES + row_at, vals)
-            self._store_peer(vals, peer, sg * SEG_BYTES + row_at, peer_bar)
+            st_shared_v4(local, sg * SEG_BYTES + i * 1024, vals)
+            self._store_peer(vals, peer, sg * SEG_BYTES + i * 1024, peer_bar)
 
     def _batch_range(self, n_batches: int):
         """(first, count) of the row batches of a half this CTA converts: all (a seam: decode_pair.py splits
         them; count is a trace-time constant)."""
         return 0, n_batches
-
-    def _pair_ways(self) -> int:
-        """CTAs sharing each tile's conversion (decode_pair.py: 2 at h_q 128)."""
-        return 1
 
     def _arrive_full(self, full, t):
         """Thread t's stores of the half are done (a seam: decode_pair.py adds the peer's bytes)."""

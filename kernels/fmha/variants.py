@@ -32,7 +32,6 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
-from kernels.fmha.decode_whole import WholeTile
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
@@ -252,8 +251,20 @@ class DecodeNoPrefetch(FusedQTma):
         pass
 
 
-class FmhaDecodeWhole(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-whole", "decode-whole", WholeTile
+class DecodeEarly(FusedQTma):
+    load_before_claim = True
+
+
+class DecodePf1(FusedQTma):
+    prefetch_row_lines = False
+
+
+class FmhaDecodeEarly(FmhaFusedDecode):
+    name, variant, decode_form = "cutedsl:decode-early", "decode-early", DecodeEarly
+
+
+class FmhaDecodePf1(FmhaFusedDecode):
+    name, variant, decode_form = "cutedsl:decode-pf1", "decode-pf1", DecodePf1
 
 
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):
@@ -270,4 +281,5 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
 
 # v1 and the default without its prefetches (checked), the default's knock-outs (unchecked), decode_fp8 only;
 # the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are in git history at 1c17d89
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodeWhole)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodeEarly,
+                   FmhaDecodePf1)
