@@ -48,9 +48,6 @@ SEG_BYTES = 64 * 128  # one 64-column block of the K tile: 64 keys x 128 B
 class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot, one-copy producer (module docstring)."""
 
-    load_before_claim = False  # candidate: a half's first batch loaded before its empty wait
-    prefetch_row_lines = True  # every line of a row prefetched; False (candidate): its first line only
-
     @cute.jit
     def _prefetch_row(self, caches, second, v):
         """L2 prefetch of token v's row and scale row in cache 1 if `second` else cache 0; nothing for
@@ -61,13 +58,10 @@ class FusedPackedLoop(FusedDecodeSm90):
             blk = v // bs
             tok = v - blk * bs
             row = codes[blk, tok, None].iterator.toint()
-            if cutlass.const_expr(self.prefetch_row_lines):
-                # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
-                for k in cutlass.range_constexpr(5):
-                    prefetch_l2(row + k * 128)
-                prefetch_l2(row + (ROW_BYTES - 1))
-            else:
-                prefetch_l2(row)
+            # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
+            for k in cutlass.range_constexpr(5):
+                prefetch_l2(row + k * 128)
+            prefetch_l2(row + (ROW_BYTES - 1))
             prefetch_l2(sc[blk, tok, None].iterator.toint())
 
     @cute.jit
@@ -125,8 +119,7 @@ class FusedPackedLoop(FusedDecodeSm90):
         plus immediates (segment x 8 KB + row x 1 KB); its loads are three per-half bases (the codes of
         segments 0-2; the fourth chunk: segment 3's codes at 192 + 8 c8, or the RoPE at 448 + 16 c8, and
         the 8 bytes after it; the scales) plus two 32 x 32-bit products a row."""
-        if cutlass.const_expr(not self.load_before_claim):
-            self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
+        self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
         codes, _, sc = cache
         r0, c8 = t // 8, t % 8
         local = dst.iterator.toint() + h * (4 * SEG_BYTES) + r0 * 128 + ((c8 ^ r0) << 4)  # stage base: 1 KB aligned
@@ -151,9 +144,6 @@ class FusedPackedLoop(FusedDecodeSm90):
                     words[w0, i], words[w0 + 1, i] = Int32(v), Int32(v >> 32)
                 scl[i] = ld_b32(Int64(blk + Uint64(tok * 8)) + g_sc, 0)
                 oks[i] = e >= 0
-            if cutlass.const_expr(self.load_before_claim):
-                if b == first:
-                    self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
             at = b * (ROWS_PER_BATCH * 8 * 128)
             for i in cutlass.range_constexpr(ROWS_PER_BATCH):
                 self._store_row(words, scl[i], oks[i], i, h, local + at, peer + at, peer_bar)

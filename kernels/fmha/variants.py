@@ -251,22 +251,6 @@ class DecodeNoPrefetch(FusedQTma):
         pass
 
 
-class DecodeEarly(FusedQTma):
-    load_before_claim = True
-
-
-class DecodePf1(FusedQTma):
-    prefetch_row_lines = False
-
-
-class FmhaDecodeEarly(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-early", "decode-early", DecodeEarly
-
-
-class FmhaDecodePf1(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-pf1", "decode-pf1", DecodePf1
-
-
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-no-prefetch", "decode-no-prefetch", DecodeNoPrefetch
 
@@ -281,5 +265,4 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
 
 # v1 and the default without its prefetches (checked), the default's knock-outs (unchecked), decode_fp8 only;
 # the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are in git history at 1c17d89
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodeEarly,
-                   FmhaDecodePf1)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant)
