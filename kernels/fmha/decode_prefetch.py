@@ -19,7 +19,9 @@ rows (15 KB free < one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB 
   the RoPE) are run-time values: one copy of the loads, conversion and stores instead of four (64 HMUL2,
   not 224; 1.034x FlashMLA against v5's 0.988: lesson 43). The right half's fourth segment is converted,
   then replaced by the RoPE (a select a word); its registers take segment 3's codes or the RoPE by two
-  unconditional 8-byte loads from selected addresses (loads under a branch went to local memory).
+  unconditional 8-byte loads from a per-half base (loads under a branch went to local memory).
+- Addresses (v7, `_half`): 816 -> 504 instructions a half-unit at h_q 128 (lesson 44); 1.126x FlashMLA
+  against v6's 1.042x in one process.
 - Packed slots: after the pair's slot barrier each thread decodes its own slot once (the slot rule,
   the division by the block size) into `block << 10 | token` or -1, writes it over its raw token and a
   second 64-thread barrier publishes the words; a row's loads then need a shift and a mask instead of
@@ -114,7 +116,7 @@ class FusedPackedLoop(FusedDecodeSm90):
         be free; with the tile's first half (k = 0) its slot validity is published (the owner's mask read
         the previous indices before it freed that half). Every batch's loads wait one round trip (L2,
         after the prefetch): loading the first before the wait measured 35% slower (lesson 43), and no
-        faster in one copy (session 24). Addresses (v7): the thread's rows share their swizzled 16-byte
+        faster in one copy (v6 and v7). Addresses (v7): the thread's rows share their swizzled 16-byte
         chunk `c8 ^ (t // 8)` (row t // 8 + 8 q is t // 8 modulo 8), so its stores are one base a half
         plus immediates (segment x 8 KB + row x 1 KB); its loads are three per-half bases (the codes of
         segments 0-2; the fourth chunk: segment 3's codes at 192 + 8 c8, or the RoPE at 448 + 16 c8, and
