@@ -9,7 +9,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 # a real load that pulls the rest of its 256-byte block into L2 (FlashMLA's hint; +3-7% at h_q 64 over
-# plain loads, session 24); .nc: the caches are read-only for the kernel's life
+# plain loads in one process, docs/perf/fmha.md); .nc: the caches are read-only for the kernel's life
 LOAD_HINT = ".nc.L2::256B"
 
 
