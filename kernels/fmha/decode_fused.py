@@ -48,7 +48,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
     `_produce` (decode_prefetch.FusedPackedLoop)."""
 
     pdl_combine = False  # the combine launched with PDL, this kernel letting it start at once (decode_forms)
-    serial_combine = False  # candidate A/B: the combine's split loop one split at a time (decode_combine)
 
     def __init__(self, cfg: Config):
         assert cfg.key_split and cfg.d == 512, cfg

@@ -251,16 +251,6 @@ class DecodeNoPrefetch(FusedQTma):
         pass
 
 
-class DecodeSerialCombine(FusedQTma):
-    """The default FP8 decode with the combine loading one split at a time (before the candidate)."""
-
-    serial_combine = True
-
-
-class FmhaDecodeSerialCombine(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-serial-combine", "decode-serial-combine", DecodeSerialCombine
-
-
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-no-prefetch", "decode-no-prefetch", DecodeNoPrefetch
 
@@ -275,5 +265,4 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
 
 # v1 and the default without its prefetches (checked), the default's knock-outs (unchecked), decode_fp8 only;
 # the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are in git history at 1c17d89
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant,
-                   FmhaDecodeSerialCombine)
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant)
