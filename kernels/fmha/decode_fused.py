@@ -217,15 +217,15 @@ class FusedDecodeSm90(GatherAttentionSm90):
 
     @cute.jit
     def _select_cache(self, caches, second):
-        """(codes, rope, scales) of cache 1 if `second` else cache 0, as tensors over a selected base
-        address, block count, block size and block stride (the token strides are the layout's: 576 B,
-        288 bf16, 8 B), with the alignments the fake tensors promise."""
-        codes0, rope0, sc0, _, _, codes1, rope1, sc1, _, _ = caches
+        """(codes, scales) of cache 1 if `second` else cache 0, as tensors over a selected base address,
+        block count, block size and block stride (the token strides are the layout's: 576 B, 8 B), with the
+        alignments the fake tensors promise. The producer reads a row's RoPE as bytes 448-575 of its codes
+        row (v7), so the kernel's rope views are not read (kept in its signature, which the glue fills)."""
+        codes0, _, sc0, _, _, codes1, _, sc1, _, _ = caches
         nb = cutlass.select_(second, cute.size(codes1, mode=[0]), cute.size(codes0, mode=[0]))
         bs = cutlass.select_(second, cute.size(codes1, mode=[1]), cute.size(codes0, mode=[1]))
         out = []
-        for t0, t1, n_last, row, align, div in ((codes0, codes1, 448, 576, 16, 16), (rope0, rope1, 64, 288, 16, 8),
-                                                 (sc0, sc1, 8, 8, 8, 8)):
+        for t0, t1, n_last, row, align, div in ((codes0, codes1, 448, 576, 16, 16), (sc0, sc1, 8, 8, 8, 8)):
             addr = cutlass.select_(second, t1.iterator.toint(), t0.iterator.toint())
             ptr = cute.make_ptr(t0.element_type, addr, cute.AddressSpace.gmem, assumed_align=align)
             blk = cutlass.select_(second, t1.layout.stride[0] // div, t0.layout.stride[0] // div) * div

@@ -55,7 +55,7 @@ class FusedPackedLoop(FusedDecodeSm90):
         """L2 prefetch of token v's row and scale row in cache 1 if `second` else cache 0; nothing for
         v < 0 (a slot not read)."""
         if v >= 0:
-            codes, _, sc = self._select_cache(caches, second)
+            codes, sc = self._select_cache(caches, second)
             bs = cute.size(codes, mode=[1])
             blk = v // bs
             tok = v - blk * bs
@@ -122,14 +122,14 @@ class FusedPackedLoop(FusedDecodeSm90):
         segments 0-2; the fourth chunk: segment 3's codes at 192 + 8 c8, or the RoPE at 448 + 16 c8, and
         the 8 bytes after it; the scales) plus two 32 x 32-bit products a row."""
         self._claim_half(sIdx, sMaskFlag, mine, t, k, empty, phase, stage)
-        codes, _, sc = cache
+        codes, sc = cache
         r0, c8 = t // 8, t % 8
         local = dst.iterator.toint() + h * (4 * SEG_BYTES) + r0 * 128 + ((c8 ^ r0) << 4)  # stage base: 1 KB aligned
         peer, peer_bar = self._peer_addresses(local, full)
         g_codes = codes.iterator.toint() + Int64(h * 256 + c8 * 8)
         g_ext = codes.iterator.toint() + Int64(cutlass.select_(h == 0, 192 + c8 * 8, 448 + c8 * 16))
         g_sc = sc.iterator.toint() + Int64(h * 4)
-        stride = Uint64(Uint32(codes.layout.stride[0]))  # a block's bytes (< 2^32: run_fused's block limit)
+        stride = Uint64(Uint32(codes.layout.stride[0]))  # a block's bytes, scales too (< 2^32)
         first, count = self._batch_range(self.cfg.n_block // 8 // ROWS_PER_BATCH)
         for b in cutlass.range(first, first + count, unroll=1):
             words = cute.make_rmem_tensor((10, ROWS_PER_BATCH), Int32)  # segments 0-2: 2 words each; 4th chunk: 4
