@@ -50,6 +50,8 @@ SEG_BYTES = 64 * 128  # one 64-column block of the K tile: 64 keys x 128 B
 class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot, one-copy producer (module docstring)."""
 
+    prefetch_mid = False  # the next pair's prefetch after the tile's first half, not its second (an A/B)
+
     @cute.jit
     def _prefetch_row(self, caches, second, v):
         """L2 prefetch of token v's row and scale row in cache 1 if `second` else cache 0; nothing for
@@ -104,11 +106,21 @@ class FusedPackedLoop(FusedDecodeSm90):
                 hb = stage * 2 + h
                 self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, lt, h, k,
                            bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
-            if pair + 1 < n_pairs:
-                cute.arch.cp_async_wait_group(0)  # this thread's own copy of its next slot's token
-                j1 = j0 + 2 * n
-                nxt = self._valid_token(caches, bidx, j1 + lt, rows[lt, 1 - buf])
-                self._prefetch_row(caches, j1 >= self._k0_padded(caches[3]), nxt)
+                if cutlass.const_expr(self.prefetch_mid):
+                    if (k == 0) & (pair + 1 < n_pairs):
+                        self._prefetch_next(caches, rows, bidx, j0, lt, buf)
+            if cutlass.const_expr(not self.prefetch_mid):
+                if pair + 1 < n_pairs:
+                    self._prefetch_next(caches, rows, bidx, j0, lt, buf)
+
+    @cute.jit
+    def _prefetch_next(self, caches, rows, bidx, j0, lt, buf):
+        """The next pair's row of this thread's slot into L2, from the token its own cp.async brought."""
+        n = self.cfg.n_block
+        cute.arch.cp_async_wait_group(0)  # this thread's own copy of its next slot's token
+        j1 = j0 + 2 * n
+        nxt = self._valid_token(caches, bidx, j1 + lt, rows[lt, 1 - buf])
+        self._prefetch_row(caches, j1 >= self._k0_padded(caches[3]), nxt)
 
     @cute.jit
     def _half(self, cache, dst, rows, sIdx, sMaskFlag, mine, t, h, k, full, empty, phase, stage):
@@ -150,6 +162,7 @@ class FusedPackedLoop(FusedDecodeSm90):
             for i in cutlass.range_constexpr(ROWS_PER_BATCH):
                 self._store_row(words, scl[i], oks[i], i, h, local + at, peer + at, peer_bar)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
+        self._share(dst, h, full, t, stage)
         self._arrive_full(full, t)
 
     @cute.jit
@@ -190,6 +203,9 @@ class FusedPackedLoop(FusedDecodeSm90):
         """(first, count) of the row batches of a half this CTA converts: all (a seam: decode_pair.py splits
         them; count is a trace-time constant)."""
         return 0, n_batches
+
+    def _share(self, dst, h, full, t, stage):
+        """After the half's stores and fence: hand them to a peer CTA (a seam: a paired form's bulk copy)."""
 
     def _arrive_full(self, full, t):
         """Thread t's stores of the half are done (a seam: decode_pair.py adds the peer's bytes)."""
