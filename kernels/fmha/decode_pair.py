@@ -122,12 +122,12 @@ class BulkShareWarp(FusedQTma):
     @cute.jit
     def _share(self, dst, h, full, t, stage):
         if cutlass.const_expr(self._paired()):
+            # uniform values before the branch: a warp-wide shuffle inside lane 0's branch is an illegal instruction
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            base = cute.arch.make_warp_uniform(dst.iterator.toint() + h * (4 * SEG_BYTES) + (32 * rank + 4 * (t // 32)) * 128)
+            peer, peer_bar = mapa_u32(base, 1 - rank), mapa_u32(full.toint(), 1 - rank)
             cute.arch.sync_warp()
             if cute.arch.lane_idx() == 0:
-                rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-                base = cute.arch.make_warp_uniform(
-                    dst.iterator.toint() + h * (4 * SEG_BYTES) + (32 * rank + 4 * (t // 32)) * 128)
-                peer, peer_bar = mapa_u32(base, 1 - rank), mapa_u32(full.toint(), 1 - rank)
                 for sg in cutlass.range_constexpr(4):
                     for q in cutlass.range_constexpr(ROWS_PER_BATCH):
                         bulk_copy_to_peer(peer, base, sg * SEG_BYTES + q * 1024, 512, peer_bar)
@@ -140,17 +140,11 @@ class BulkShareGroup(BulkShareWarp):
     @cute.jit
     def _share(self, dst, h, full, t, stage):
         if cutlass.const_expr(self._paired()):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            base = cute.arch.make_warp_uniform(dst.iterator.toint() + h * (4 * SEG_BYTES) + 32 * rank * 128)
+            peer, peer_bar = mapa_u32(base, 1 - rank), mapa_u32(full.toint(), 1 - rank)
             cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
             if t == 0:
-                rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-                base = cute.arch.make_warp_uniform(dst.iterator.toint() + h * (4 * SEG_BYTES) + 32 * rank * 128)
-                peer, peer_bar = mapa_u32(base, 1 - rank), mapa_u32(full.toint(), 1 - rank)
                 for sg in cutlass.range_constexpr(4):
                     bulk_copy_to_peer(peer, base, sg * SEG_BYTES, 4096, peer_bar)
 
-
-class PrefetchMid(FusedQTma):
-    """Candidate (to be measured): the next pair's L2 prefetches after a tile's first half instead of its
-    second: half a pair more lead, and a 128K context's TLB misses on them before the second half's wait."""
-
-    prefetch_mid = True

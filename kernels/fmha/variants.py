@@ -31,7 +31,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
-from kernels.fmha.decode_pair import BulkShareGroup, BulkShareWarp, FusedQTma, PrefetchMid
+from kernels.fmha.decode_pair import BulkShareGroup, BulkShareWarp, FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
@@ -271,12 +271,8 @@ class FmhaDecodeBulkGroup(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-bulk-group", "decode-bulk-group", BulkShareGroup
 
 
-class FmhaDecodePfMid(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-pf-mid", "decode-pf-mid", PrefetchMid
-
-
 # v1 and the default without its prefetches (checked), the default's knock-outs (unchecked), the candidates
 # (checked), decode_fp8 only; the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are
 # in git history at 1c17d89
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodeBulkWarp,
-                   FmhaDecodeBulkGroup, FmhaDecodePfMid)
+                   FmhaDecodeBulkGroup)
