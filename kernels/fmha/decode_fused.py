@@ -57,13 +57,14 @@ class FusedDecodeSm90(GatherAttentionSm90):
     def __call__(
         self,
         mQ: cute.Tensor,  # (rows, h_q, d, B) bf16, rows of one request = its splits (stride 0)
-        codes0: cute.Tensor, rope0: cute.Tensor, sc0: cute.Tensor, idx0: cute.Tensor, len0: cute.Tensor,
-        codes1: cute.Tensor, rope1: cute.Tensor, sc1: cute.Tensor, idx1: cute.Tensor, len1: cute.Tensor,
+        codes0: cute.Tensor, sc0: cute.Tensor, idx0: cute.Tensor, len0: cute.Tensor,
+        codes1: cute.Tensor, sc1: cute.Tensor, idx1: cute.Tensor, len1: cute.Tensor,
         mLen: cute.Tensor,  # (rows, B) int32: the chunk (slots per row)
         mSink: cute.Tensor,  # (h_q,) fp32
         mO: cute.Tensor,  # (rows, h_q, dv, B) bf16
         mLse: cute.Tensor,  # (rows, h_q, B) fp32
         scale_log2: cutlass.Float32,
+        all_lines: Int32,  # nonzero: the L2 prefetch of a row takes all its lines, else its first (decode_glue)
         stream: cuda.CUstream,
     ):
         c = self.cfg
@@ -90,7 +91,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         grid = (cute.size(mLen, mode=[0]), c.n_hblk, cute.size(mQ, mode=[3]))
         io = self._io_tma(mQ, mO, sQ_layout)  # a form's O store by TMA (FusedEpiTma), else None
         self.kernel(
-            mQ, codes0, rope0, sc0, idx0, len0, codes1, rope1, sc1, idx1, len1, mLen, mSink, mO, mLse, scale_log2,
+            mQ, codes0, sc0, idx0, len0, codes1, sc1, idx1, len1, mLen, mSink, mO, mLse, scale_log2, all_lines,
             qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sP_layout, Storage, io,
         ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream, **self._cluster_launch())
 
@@ -98,13 +99,14 @@ class FusedDecodeSm90(GatherAttentionSm90):
     def kernel(
         self,
         mQ: cute.Tensor,
-        codes0: cute.Tensor, rope0: cute.Tensor, sc0: cute.Tensor, idx0: cute.Tensor, len0: cute.Tensor,
-        codes1: cute.Tensor, rope1: cute.Tensor, sc1: cute.Tensor, idx1: cute.Tensor, len1: cute.Tensor,
+        codes0: cute.Tensor, sc0: cute.Tensor, idx0: cute.Tensor, len0: cute.Tensor,
+        codes1: cute.Tensor, sc1: cute.Tensor, idx1: cute.Tensor, len1: cute.Tensor,
         mLen: cute.Tensor,
         mSink: cute.Tensor,
         mO: cute.Tensor,
         mLse: cute.Tensor,
         scale_log2: cutlass.Float32,
+        all_lines: Int32,
         qk_mma: cute.TiledMma,
         pv_mma: cute.TiledMma,
         pv_ss_mma: cute.TiledMma,
@@ -144,8 +146,8 @@ class FusedDecodeSm90(GatherAttentionSm90):
             atom = self.row_copy_atom(mQ.element_type)
             blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(Int32(0), mLen, mLen, mQ, mLen)
             self._fetch_q(atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full)
-            caches = (codes0, rope0, sc0, idx0, len0, codes1, rope1, sc1, idx1, len1)
-            self._produce(caches, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles)
+            caches = (codes0, sc0, idx0, len0, codes1, sc1, idx1, len1)
+            self._produce(caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
@@ -193,7 +195,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
     def _copy_slot(self, caches, sRows, bidx, j, t):
         """cp.async (4 bytes) of slot j's raw token from its list into sRows[t]; nothing where the
         slot is in neither list (it is invalid whatever sRows holds)."""
-        _, _, _, idx0, _, _, _, _, idx1, _ = caches
+        _, _, idx0, _, _, _, idx1, _ = caches
         k0p = self._k0_padded(idx0)
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.ALWAYS), Int32, num_bits_per_copy=32)
         dst = cute.local_tile(sRows, (1,), (t,))
@@ -206,7 +208,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
     def _valid_token(self, caches, bidx, j, v):
         """Slot j's token v if the slot is read (in its list, below the list's length, v in
         [0, tokens)), else -1."""
-        codes0, _, _, idx0, len0, codes1, _, _, idx1, len1 = caches
+        codes0, _, idx0, len0, codes1, _, idx1, len1 = caches
         k0p = self._k0_padded(idx0)
         ok = (j < cute.size(idx0, mode=[1])) & (j < len0[bidx])
         ok = ok & (v < cute.size(codes0, mode=[0]) * cute.size(codes0, mode=[1]))
@@ -220,8 +222,8 @@ class FusedDecodeSm90(GatherAttentionSm90):
         """(codes, scales) of cache 1 if `second` else cache 0, as tensors over a selected base address,
         block count, block size and block stride (the token strides are the layout's: 576 B, 8 B), with the
         alignments the fake tensors promise. The producer reads a row's RoPE as bytes 448-575 of its codes
-        row (v7), so the kernel's rope views are not read (kept in its signature, which the glue fills)."""
-        codes0, _, sc0, _, _, codes1, _, sc1, _, _ = caches
+        row (v7): the kernel takes no rope view."""
+        codes0, sc0, _, _, codes1, sc1, _, _ = caches
         nb = cutlass.select_(second, cute.size(codes1, mode=[0]), cute.size(codes0, mode=[0]))
         bs = cutlass.select_(second, cute.size(codes1, mode=[1]), cute.size(codes0, mode=[1]))
         out = []
@@ -239,7 +241,7 @@ def fake_args() -> tuple:
     from kernels.fmha.decode_fp8 import fake_args as gather_fake_args
 
     g = gather_fake_args()
-    caches = g[:10]
+    caches = g[0], *g[2:5], g[5], *g[7:10]  # (codes, scales, list, lengths) a cache: no rope view
     rows, h, b = (cute.sym_int32() for _ in range(3))
 
     def s8():
@@ -252,4 +254,4 @@ def fake_args() -> tuple:
     o = make_fake_tensor(bf, (rows, h, 512, b), (s8(), s8(), 1, s8()), assumed_align=16)
     lse = make_fake_tensor(Float32, (rows, h, b), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()),
                            assumed_align=4)
-    return (q, *caches, lens, sink, o, lse, Float32(1.0))
+    return (q, *caches, lens, sink, o, lse, Float32(1.0), Int32(1))

@@ -26,10 +26,8 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from kernels.fmha.decode_forms import FusedEpiTma, QByTma
-from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.decode_fused import ROWS_PER_BATCH
-from kernels.fmha.decode_prefetch import SEG_BYTES
-from kernels.fmha.decode_ptx import bulk_copy_to_peer, mapa_u32, st_async_v4
+from kernels.fmha.decode_ptx import mapa_u32, st_async_v4
 
 PEER_BYTES = 64 * ROWS_PER_BATCH * 4 * 16  # what the peer stores into a K half of this CTA a tile
 
@@ -105,46 +103,4 @@ class FusedQTma(QByTma, FusedHeadPairPdl):
     epilogue, the head pair, the combine by PDL, Q by TMA (decode_forms.QByTma)."""
 
 
-
-
-class BulkShareWarp(FusedQTma):
-    """Candidate (to be measured): the peer's copy of a half's rows by the TMA unit, not by 16 st.async a
-    thread (each an address add, a barrier move and a remote store: ~48 of the half-unit's ~504 issued
-    instructions, ncu at h_q 128). After its fence each warp syncs and its lane 0 sends the warp's rows
-    (4 rows t // 8 + 8 q, one 512-byte run a segment and q) as 16 bulk copies on the peer's full barrier."""
-
-    def _peer_addresses(self, local, full):
-        return local, Int32(0)
-
-    def _store_peer(self, vals, peer, imm, peer_bar):
-        pass
-
-    @cute.jit
-    def _share(self, dst, h, full, t, stage):
-        if cutlass.const_expr(self._paired()):
-            # uniform values before the branch: a warp-wide shuffle inside lane 0's branch is an illegal instruction
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            base = cute.arch.make_warp_uniform(dst.iterator.toint() + h * (4 * SEG_BYTES) + (32 * rank + 4 * (t // 32)) * 128)
-            peer, peer_bar = mapa_u32(base, 1 - rank), mapa_u32(full.toint(), 1 - rank)
-            cute.arch.sync_warp()
-            if cute.arch.lane_idx() == 0:
-                for sg in cutlass.range_constexpr(4):
-                    for q in cutlass.range_constexpr(ROWS_PER_BATCH):
-                        bulk_copy_to_peer(peer, base, sg * SEG_BYTES + q * 1024, 512, peer_bar)
-
-
-class BulkShareGroup(BulkShareWarp):
-    """Candidate (to be measured): as BulkShareWarp, with the stage's 64 producer threads synced by their
-    named barrier and the CTA's 32 rows of a segment (contiguous: 4 KB) sent as 4 bulk copies by one thread."""
-
-    @cute.jit
-    def _share(self, dst, h, full, t, stage):
-        if cutlass.const_expr(self._paired()):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            base = cute.arch.make_warp_uniform(dst.iterator.toint() + h * (4 * SEG_BYTES) + 32 * rank * 128)
-            peer, peer_bar = mapa_u32(base, 1 - rank), mapa_u32(full.toint(), 1 - rank)
-            cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
-            if t == 0:
-                for sg in cutlass.range_constexpr(4):
-                    bulk_copy_to_peer(peer, base, sg * SEG_BYTES, 4096, peer_bar)
 

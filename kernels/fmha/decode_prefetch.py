@@ -51,23 +51,25 @@ class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot, one-copy producer (module docstring)."""
 
     @cute.jit
-    def _prefetch_row(self, caches, second, v):
-        """L2 prefetch of token v's row and scale row in cache 1 if `second` else cache 0; nothing for
-        v < 0 (a slot not read)."""
+    def _prefetch_row(self, caches, all_lines, second, v):
+        """L2 prefetch of token v's row (every line if `all_lines`, else its first) and its scale row in
+        cache 1 if `second` else cache 0; nothing for v < 0 (a slot not read)."""
         if v >= 0:
             codes, sc = self._select_cache(caches, second)
             bs = cute.size(codes, mode=[1])
             blk = v // bs
             tok = v - blk * bs
             row = codes[blk, tok, None].iterator.toint()
-            # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
-            for k in cutlass.range_constexpr(5):
-                prefetch_l2(row + k * 128)
-            prefetch_l2(row + (ROW_BYTES - 1))
+            prefetch_l2(row)
+            if all_lines != 0:
+                # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
+                for k in cutlass.range_constexpr(1, 5):
+                    prefetch_l2(row + k * 128)
+                prefetch_l2(row + (ROW_BYTES - 1))
             prefetch_l2(sc[blk, tok, None].iterator.toint())
 
     @cute.jit
-    def _produce(self, caches, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles):
+    def _produce(self, caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles):
         """Threads 0-63 fill stage 0 (tiles 2p), 64-127 stage 1 (tiles 2p + 1), the stage a run-time value.
         The tiles' raw tokens go through smem: thread lt copies slot lt's (cp.async, a pair ahead, into
         the other of two buffers) and, after a barrier of the 64, packs its own; prefetches: pair 0's rows
@@ -89,9 +91,9 @@ class FusedPackedLoop(FusedDecodeSm90):
             self._copy_slot(caches, rows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
             cute.arch.cp_async_commit_group()
             mine = self._valid_token(caches, bidx, j0 + lt, rows[lt, buf])
-            k0p = self._k0_padded(caches[3])
+            k0p = self._k0_padded(caches[2])
             if pair == 0:
-                self._prefetch_row(caches, j0 >= k0p, mine)
+                self._prefetch_row(caches, all_lines, j0 >= k0p, mine)
             cache = self._select_cache(caches, j0 >= k0p)
             bs = cute.size(cache[0], mode=[1])
             mm = cutlass.max(mine, 0)
@@ -105,16 +107,16 @@ class FusedPackedLoop(FusedDecodeSm90):
                 self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, lt, h, k,
                            bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
             if pair + 1 < n_pairs:  # after the second half (after the first: 1.116x vs 1.159x, run at f43230f)
-                self._prefetch_next(caches, rows, bidx, j0, lt, buf)
+                self._prefetch_next(caches, all_lines, rows, bidx, j0, lt, buf)
 
     @cute.jit
-    def _prefetch_next(self, caches, rows, bidx, j0, lt, buf):
+    def _prefetch_next(self, caches, all_lines, rows, bidx, j0, lt, buf):
         """The next pair's row of this thread's slot into L2, from the token its own cp.async brought."""
         n = self.cfg.n_block
         cute.arch.cp_async_wait_group(0)  # this thread's own copy of its next slot's token
         j1 = j0 + 2 * n
         nxt = self._valid_token(caches, bidx, j1 + lt, rows[lt, 1 - buf])
-        self._prefetch_row(caches, j1 >= self._k0_padded(caches[3]), nxt)
+        self._prefetch_row(caches, all_lines, j1 >= self._k0_padded(caches[2]), nxt)
 
     @cute.jit
     def _half(self, cache, dst, rows, sIdx, sMaskFlag, mine, t, h, k, full, empty, phase, stage):
@@ -156,7 +158,6 @@ class FusedPackedLoop(FusedDecodeSm90):
             for i in cutlass.range_constexpr(ROWS_PER_BATCH):
                 self._store_row(words, scl[i], oks[i], i, h, local + at, peer + at, peer_bar)
         cute.arch.fence_proxy("async.shared", space="cta")  # st.shared -> the consumers' wgmma
-        self._share(dst, h, full, t, stage)
         self._arrive_full(full, t)
 
     @cute.jit
@@ -197,9 +198,6 @@ class FusedPackedLoop(FusedDecodeSm90):
         """(first, count) of the row batches of a half this CTA converts: all (a seam: decode_pair.py splits
         them; count is a trace-time constant)."""
         return 0, n_batches
-
-    def _share(self, dst, h, full, t, stage):
-        """After the half's stores and fence: hand them to a peer CTA (a seam: a paired form's bulk copy)."""
 
     def _arrive_full(self, full, t):
         """Thread t's stores of the half are done (a seam: decode_pair.py adds the peer's bytes)."""

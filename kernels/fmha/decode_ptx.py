@@ -1,7 +1,6 @@
 """The inline PTX of the FP8 decode's producer (decode_prefetch.py): the e4m3 -> bf16 bit conversion,
 hinted row loads, L2 prefetches and 16-byte shared stores (local, and into the peer CTA) whose
-immediate offsets stay in the instruction (a computed address per store cost ~8 instructions), and a
-bulk shared-to-peer copy."""
+immediate offsets stay in the instruction (a computed address per store cost ~8 instructions)."""
 
 from __future__ import annotations
 
@@ -80,11 +79,3 @@ def st_async_v4(addr, imm: int, w, bar, *, loc=None, ip=None) -> None:
          f"st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$0+{imm}], {{$1, $2, $3, $4}}, [$5];",
          "r,r,r,r,r,r")
 
-
-@dsl_user_op
-def bulk_copy_to_peer(dst, src, imm: int, size: int, bar, *, loc=None, ip=None) -> None:
-    """`size` bytes from this CTA's shared address src + imm to the peer's shared::cluster address
-    dst + imm by the TMA unit, completing them on the peer's barrier `bar` (complete_tx)."""
-    _asm(None, [_v(dst, Int32, loc, ip), _v(src, Int32, loc, ip), _v(bar, Int32, loc, ip)],
-         "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
-         f"[$0+{imm}], [$1+{imm}], {size}, [$2];", "r,r,r")

@@ -65,9 +65,11 @@ class FmhaCuteDSL(Impl):
     kernel_class: type = V11
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
     # else the fused kernel's class (decode_fused.py, decode_glue.compile_fused / run_fused). The default
-    # is v6 (decode_pair.FusedQTma): on the H100, graph-timed, FlashMLA's FP8 decode / ours 1.041x geomean
-    # over the 16 sweep cases (run fmha/2026-11-28-h100-d62d9d4-decode-fp8-v6; v5 0.988x: docs/perf/fmha.md).
+    # is v7 (decode_pair.FusedQTma): on the H100, graph-timed, FlashMLA's FP8 decode / ours 1.16x geomean
+    # over the 16 sweep cases (docs/perf/fmha.md). decode_all_lines: the fused producer's prefetch form,
+    # None = decode_glue's rule (variants.py forces either form for A/Bs).
     decode_form: type | None = FusedQTma
+    decode_all_lines: bool | None = None
 
     def __init__(self, persistent_ctas: int | None = None):
         """persistent_ctas: CTAs of a persistent launch (d <= 256), default one per SM; the tests
@@ -160,5 +162,5 @@ class FmhaCuteDSL(Impl):
         (run_fused if fused else run_decode)(
             compiled, self._decode_ws, inputs["q"], (inputs["cache0"], inputs["cache1"]),
             (inputs["idx0"], inputs["idx1"]), (inputs["len0"], inputs["len1"]), sink, out["out"], out["lse"],
-            sm_count(inputs["q"].device))
+            sm_count(inputs["q"].device), **({"all_lines": self.decode_all_lines} if fused else {}))
         return out

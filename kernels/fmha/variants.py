@@ -31,7 +31,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
-from kernels.fmha.decode_pair import BulkShareGroup, BulkShareWarp, FusedQTma
+from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
@@ -247,7 +247,7 @@ class DecodeNoDequant(FusedQTma):
 class DecodeNoPrefetch(FusedQTma):
     """The default FP8 decode without the producer's L2 prefetches (a real answer): what they still buy."""
 
-    def _prefetch_row(self, caches, second, v):
+    def _prefetch_row(self, caches, all_lines, second, v):
         pass
 
 
@@ -263,16 +263,20 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
     name, variant, decode_form, checked = "cutedsl:decode-no-dequant", "decode-no-dequant", DecodeNoDequant, False
 
 
-class FmhaDecodeBulkWarp(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-bulk-warp", "decode-bulk-warp", BulkShareWarp
+class FmhaDecodePfAll(FmhaFusedDecode):
+    """The default with every line of a row prefetched whatever the caches' size (the rule's small-cache form)."""
+
+    name, variant, decode_all_lines = "cutedsl:decode-pf-all", "decode-pf-all", True
 
 
-class FmhaDecodeBulkGroup(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-bulk-group", "decode-bulk-group", BulkShareGroup
+class FmhaDecodePfFirst(FmhaFusedDecode):
+    """The default with only a row's first line prefetched whatever the caches' size (the large-cache form)."""
+
+    name, variant, decode_all_lines = "cutedsl:decode-pf-first", "decode-pf-first", False
 
 
-# v1 and the default without its prefetches (checked), the default's knock-outs (unchecked), the candidates
-# (checked), decode_fp8 only; the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are
-# in git history at 1c17d89
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodeBulkWarp,
-                   FmhaDecodeBulkGroup)
+# v1, the default without its prefetches and with either prefetch form forced (checked), the default's
+# knock-outs (unchecked), decode_fp8 only; the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5
+# forms are in git history at 1c17d89, the bulk-copy candidates at f43230f
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
+                   FmhaDecodePfFirst)

@@ -410,3 +410,19 @@ def test_packed_slots_are_checked_on_the_host():
     with pytest.raises(ValueError, match="cache0: the packed-slot decode"):
         run_fused(compiled, None, torch.empty(1, 64, 512), (big, big), (None, None), (None, None), None, None, None,
                   132)
+
+
+def test_the_prefetch_rule_takes_every_line_only_over_small_caches():
+    """decode_glue's rule: every line of a row while both caches hold <= 256 MiB (the measured 8K-context
+    caches: 153 MB at 128 requests), the first line past it (the 128K ones: 612 MB at 32 requests)."""
+    from kernels.fmha.decode_glue import PREFETCH_ALL_MAX_BYTES, prefetch_all_lines
+
+    def cache(tokens):  # FlashMLA's layout: blocks of 64 tokens, 584 bytes a token
+        return torch.empty(-(-tokens // 64), 64, 1, 584, dtype=torch.uint8, device="meta")
+
+    window = cache(128 * 128)
+    assert prefetch_all_lines((window, cache(128 * 2048)))  # 8K contexts (compressed 4x), 128 requests
+    assert prefetch_all_lines((cache(128), cache(32768)))  # one request, 128K
+    assert not prefetch_all_lines((cache(32 * 128), cache(32 * 32768)))  # 128K, 32 requests
+    edge = PREFETCH_ALL_MAX_BYTES // (64 * 584) * 64
+    assert prefetch_all_lines((cache(edge),)) and not prefetch_all_lines((cache(edge + 64 * 8),))
