@@ -10,9 +10,9 @@ Barriers of a K half (stage s, half h), per CTA:
          arrive.expect_tx of the peer's bytes (64 threads x 4 rows x 4 chunks x 16 B = 16 KB); the
          peer's st.async complete those bytes (a complete_tx may land before the expect: the count
          is signed, and the phase still waits for the 64 local arrivals).
-  empty  256 arrivals: its own consumer warpgroup's 128 threads and the peer's 128 (a remote
-         arrive at the default CTA scope: no MEMBAR, lesson 41). A producer writes into both CTAs'
-         stages, so it waits until both have read them.
+  empty  8 arrivals: one a warp of its own consumer warpgroup and of the peer's (a remote arrive at the
+         default CTA scope: no MEMBAR, lesson 41; 256, one a thread, until v8). A producer writes into
+         both CTAs' stages, so it waits until both have read them.
 A cluster barrier after the barriers' init (no remote arrive or store reaches an uninitialised
 barrier) and one at exit (no CTA leaves while its peer may still store into it or arrive on it).
 The slot hand-off, packing, prefetch, the mask's indices and the consumers are per CTA, unchanged.
@@ -43,7 +43,7 @@ class FusedHeadPair(FusedEpiTma):
         return {"cluster": [1, 2, 1]} if self._paired() else {}
 
     def _empty_count(self) -> int:
-        return 256 if self._paired() else 128
+        return 8 if self._paired() else 128
 
     def _cluster_sync(self, at_exit: bool):
         """At init relaxed (fence.mbarrier_init already released the barriers); at exit a release, so
@@ -84,10 +84,20 @@ class FusedHeadPair(FusedEpiTma):
         else:
             cute.arch.mbarrier_arrive(full)
 
+    @cute.jit
     def _release(self, bar):
-        cute.arch.mbarrier_arrive(bar)
+        """Paired, a consumer warp frees a K half with one arrive here and one in the peer (lane 0, after a warp
+        sync; the wgmma wait before it is the warpgroup's, so every read of the half is done), not 128 + 128 a
+        warpgroup (v8: h_q 128 +0.3-1.8% in 13 of 16 comparisons over two processes; one arrive a warp
+        unpaired measured 0.3-2% slower, so h_q 64 keeps the per-thread arrive)."""
         if cutlass.const_expr(self._paired()):
-            cute.arch.mbarrier_arrive(bar, 1 - cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()))
+            peer = 1 - cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())  # before lane 0's branch
+            cute.arch.sync_warp()
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_arrive(bar)
+                cute.arch.mbarrier_arrive(bar, peer)
+        else:
+            cute.arch.mbarrier_arrive(bar)
 
 
 class FusedHeadPairPdl(FusedHeadPair):
@@ -105,24 +115,3 @@ class FusedQTma(QByTma, FusedHeadPairPdl):
 
 
 
-
-class ReleaseByWarp(FusedQTma):
-    """Candidate (to be measured): where paired (h_q 128), a consumer warp frees a K half with one arrive
-    (lane 0, after a warp sync) here and one in the peer, not 128 + 128 a warpgroup: the empty barrier
-    counts 8 arrivals, and the producer's wait (20% of its time, ncu) ends on the last of 8 messages, not
-    of 256. The wgmma wait before each release is the warpgroup's: every read of the half is done.
-    Unpaired (h_q 64) the default's per-thread arrives stay (one per warp there measured 0.3-2% slower)."""
-
-    def _empty_count(self) -> int:
-        return 8 if self._paired() else 128
-
-    @cute.jit
-    def _release(self, bar):
-        if cutlass.const_expr(self._paired()):
-            peer = 1 - cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())  # before lane 0's branch
-            cute.arch.sync_warp()
-            if cute.arch.lane_idx() == 0:
-                cute.arch.mbarrier_arrive(bar)
-                cute.arch.mbarrier_arrive(bar, peer)
-        else:
-            cute.arch.mbarrier_arrive(bar)
