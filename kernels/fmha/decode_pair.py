@@ -115,3 +115,9 @@ class FusedQTma(QByTma, FusedHeadPairPdl):
 
 
 
+
+
+class LengthsOnce(FusedQTma):
+    """Candidate (to be measured): the producer loads the request's two list lengths once, not twice a pair."""
+
+    lengths_once = True

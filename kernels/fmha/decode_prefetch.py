@@ -50,6 +50,8 @@ SEG_BYTES = 64 * 128  # one 64-column block of the K tile: 64 keys x 128 B
 class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot, one-copy producer (module docstring)."""
 
+    lengths_once = False  # candidate: the list lengths loaded once before the pair loop
+
     @cute.jit
     def _prefetch_row(self, caches, all_lines, second, v):
         """L2 prefetch of token v's row (every line if `all_lines`, else its first) and its scale row in
@@ -80,6 +82,9 @@ class FusedPackedLoop(FusedDecodeSm90):
         rows = sRows[None, None, stage]
         base = blk * n_idx
         n_pairs = (n_tiles + 1) // 2
+        # the request's list lengths: once here (candidate), or a dependent global load twice a pair (~5% of
+        # the producer's samples, ncu: the loop's barriers keep the compiler from hoisting them)
+        lens = (caches[3][bidx], caches[7][bidx]) if cutlass.const_expr(self.lengths_once) else None
         self._copy_slot(caches, rows[None, 0], bidx, base + stage * n + lt, lt)
         cute.arch.cp_async_commit_group()
         for pair in cutlass.range(n_pairs, unroll=1):
@@ -90,7 +95,7 @@ class FusedPackedLoop(FusedDecodeSm90):
             cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
             self._copy_slot(caches, rows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
             cute.arch.cp_async_commit_group()
-            mine = self._valid_token(caches, bidx, j0 + lt, rows[lt, buf])
+            mine = self._valid_token(caches, bidx, j0 + lt, rows[lt, buf], lens)
             k0p = self._k0_padded(caches[2])
             if pair == 0:
                 self._prefetch_row(caches, all_lines, j0 >= k0p, mine)
@@ -107,15 +112,15 @@ class FusedPackedLoop(FusedDecodeSm90):
                 self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, lt, h, k,
                            bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
             if pair + 1 < n_pairs:  # after the second half (after the first: 1.116x vs 1.159x, run at f43230f)
-                self._prefetch_next(caches, all_lines, rows, bidx, j0, lt, buf)
+                self._prefetch_next(caches, all_lines, rows, bidx, j0, lt, buf, lens)
 
     @cute.jit
-    def _prefetch_next(self, caches, all_lines, rows, bidx, j0, lt, buf):
+    def _prefetch_next(self, caches, all_lines, rows, bidx, j0, lt, buf, lens):
         """The next pair's row of this thread's slot into L2, from the token its own cp.async brought."""
         n = self.cfg.n_block
         cute.arch.cp_async_wait_group(0)  # this thread's own copy of its next slot's token
         j1 = j0 + 2 * n
-        nxt = self._valid_token(caches, bidx, j1 + lt, rows[lt, 1 - buf])
+        nxt = self._valid_token(caches, bidx, j1 + lt, rows[lt, 1 - buf], lens)
         self._prefetch_row(caches, all_lines, j1 >= self._k0_padded(caches[2]), nxt)
 
     @cute.jit
