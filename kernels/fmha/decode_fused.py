@@ -205,16 +205,15 @@ class FusedDecodeSm90(GatherAttentionSm90):
             cute.copy(atom, cute.local_tile(idx1[bidx, None], (1,), (j - k0p,)), dst)
 
     @cute.jit
-    def _valid_token(self, caches, bidx, j, v, lens=None):
-        """Slot j's token v if the slot is read (in its list, below the list's length, v in
-        [0, tokens)), else -1. `lens`: the request's two list lengths if the caller loaded them."""
-        codes0, _, idx0, len0, codes1, _, idx1, len1 = caches
+    def _valid_token(self, caches, lens, j, v):
+        """Slot j's token v if the slot is read (in its list, below the list's length `lens` of its cache,
+        v in [0, tokens)), else -1."""
+        codes0, _, idx0, _, codes1, _, idx1, _ = caches
         k0p = self._k0_padded(idx0)
-        ok = (j < cute.size(idx0, mode=[1])) & (j < (len0[bidx] if cutlass.const_expr(lens is None) else lens[0]))
+        ok = (j < cute.size(idx0, mode=[1])) & (j < lens[0])
         ok = ok & (v < cute.size(codes0, mode=[0]) * cute.size(codes0, mode=[1]))
         j1 = j - k0p
-        ok1 = (j1 >= 0) & (j1 < cute.size(idx1, mode=[1]))
-        ok1 = ok1 & (j1 < (len1[bidx] if cutlass.const_expr(lens is None) else lens[1]))
+        ok1 = (j1 >= 0) & (j1 < cute.size(idx1, mode=[1])) & (j1 < lens[1])
         ok1 = ok1 & (v < cute.size(codes1, mode=[0]) * cute.size(codes1, mode=[1]))
         return cutlass.select_((ok | ok1) & (v >= 0), v, Int32(-1))
 

@@ -116,8 +116,3 @@ class FusedQTma(QByTma, FusedHeadPairPdl):
 
 
 
-
-class LengthsOnce(FusedQTma):
-    """Candidate (to be measured): the producer loads the request's two list lengths once, not twice a pair."""
-
-    lengths_once = True

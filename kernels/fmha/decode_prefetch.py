@@ -50,8 +50,6 @@ SEG_BYTES = 64 * 128  # one 64-column block of the K tile: 64 keys x 128 B
 class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot, one-copy producer (module docstring)."""
 
-    lengths_once = False  # candidate: the list lengths loaded once before the pair loop
-
     @cute.jit
     def _prefetch_row(self, caches, all_lines, second, v):
         """L2 prefetch of token v's row (every line if `all_lines`, else its first) and its scale row in
@@ -82,9 +80,10 @@ class FusedPackedLoop(FusedDecodeSm90):
         rows = sRows[None, None, stage]
         base = blk * n_idx
         n_pairs = (n_tiles + 1) // 2
-        # the request's list lengths: once here (candidate), or a dependent global load twice a pair (~5% of
-        # the producer's samples, ncu: the loop's barriers keep the compiler from hoisting them)
-        lens = (caches[3][bidx], caches[7][bidx]) if cutlass.const_expr(self.lengths_once) else None
+        # the request's list lengths, loaded once: read in the loop they were a dependent global load twice a
+        # pair that its barriers kept the compiler from hoisting (~5% of the producer's ncu samples; once:
+        # 1.177x FlashMLA against 1.163x in one process, run at d597124)
+        lens = (caches[3][bidx], caches[7][bidx])
         self._copy_slot(caches, rows[None, 0], bidx, base + stage * n + lt, lt)
         cute.arch.cp_async_commit_group()
         for pair in cutlass.range(n_pairs, unroll=1):
@@ -95,7 +94,7 @@ class FusedPackedLoop(FusedDecodeSm90):
             cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
             self._copy_slot(caches, rows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
             cute.arch.cp_async_commit_group()
-            mine = self._valid_token(caches, bidx, j0 + lt, rows[lt, buf], lens)
+            mine = self._valid_token(caches, lens, j0 + lt, rows[lt, buf])
             k0p = self._k0_padded(caches[2])
             if pair == 0:
                 self._prefetch_row(caches, all_lines, j0 >= k0p, mine)
@@ -120,7 +119,7 @@ class FusedPackedLoop(FusedDecodeSm90):
         n = self.cfg.n_block
         cute.arch.cp_async_wait_group(0)  # this thread's own copy of its next slot's token
         j1 = j0 + 2 * n
-        nxt = self._valid_token(caches, bidx, j1 + lt, rows[lt, 1 - buf], lens)
+        nxt = self._valid_token(caches, lens, j1 + lt, rows[lt, 1 - buf])
         self._prefetch_row(caches, all_lines, j1 >= self._k0_padded(caches[2]), nxt)
 
     @cute.jit
