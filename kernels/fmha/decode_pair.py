@@ -25,10 +25,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.decode_forms import FusedEpiTma, QByTma
 from kernels.fmha.decode_fused import ROWS_PER_BATCH
-from kernels.fmha.decode_prefetch import PACK_BITS
 from kernels.fmha.decode_ptx import mapa_u32, st_async_v4
 
 PEER_BYTES = 64 * ROWS_PER_BATCH * 4 * 16  # what the peer stores into a K half of this CTA a tile
@@ -119,51 +117,3 @@ class FusedQTma(QByTma, FusedHeadPairPdl):
 
 
 
-
-class PackAhead(FusedQTma):
-    """Candidate (to be measured): each producer thread decodes and packs its slot of pair p + 1 at the end
-    of pair p, where it already reads that token for the L2 prefetch (one division, not two), so a pair
-    starts with one 64-thread barrier instead of two (the "pre" region: ~16% of the producer's samples)."""
-
-    @cute.jit
-    def _produce(self, caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles):
-        n = self.cfg.n_block
-        stage = cute.arch.make_warp_uniform(ptid // n)
-        lt = ptid - stage * n
-        rows = sRows[None, None, stage]
-        base = blk * n_idx
-        n_pairs = (n_tiles + 1) // 2
-        lens = (caches[3][bidx], caches[7][bidx])
-        k0p = self._k0_padded(caches[2])
-        self._copy_slot(caches, rows[None, 0], bidx, base + stage * n + lt, lt)
-        cute.arch.cp_async_commit_group()
-        mine = self._own_slot(caches, all_lines, lens, rows, k0p, base + stage * n, lt, 0)
-        for pair in cutlass.range(n_pairs, unroll=1):
-            buf = pair & 1
-            j0 = base + (2 * pair + stage) * n
-            # every thread's packed slot of this pair is in; every read of the other buffer (last pair) is done
-            cute.arch.barrier(barrier_id=NamedBarrier.ROWS0 + stage, number_of_threads=64)
-            self._copy_slot(caches, rows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
-            cute.arch.cp_async_commit_group()
-            cache = self._select_cache(caches, j0 >= k0p)
-            for k in cutlass.range(2, unroll=1):
-                h = (stage + k) % 2  # stage 0 fills left first, stage 1 right first (the order they are freed)
-                hb = stage * 2 + h
-                self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, lt, h, k,
-                           bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
-            if pair + 1 < n_pairs:
-                mine = self._own_slot(caches, all_lines, lens, rows, k0p, j0 + 2 * n, lt, 1 - buf)
-
-    @cute.jit
-    def _own_slot(self, caches, all_lines, lens, rows, k0p, j_tile, lt, b):
-        """Slot j_tile + lt once this thread's cp.async of its raw token landed: its token (or -1, returned),
-        the L2 prefetch of its row, and its packed word (`block << 10 | token` or -1) over the raw token."""
-        cute.arch.cp_async_wait_group(0)
-        v = self._valid_token(caches, lens, j_tile + lt, rows[lt, b])
-        second = j_tile >= k0p  # a tile reads one cache
-        self._prefetch_row(caches, all_lines, second, v)
-        bs = cute.size(self._select_cache(caches, second)[0], mode=[1])
-        mm = cutlass.max(v, 0)
-        blk_m = mm // bs
-        rows[lt, b] = cutlass.select_(v >= 0, (blk_m << PACK_BITS) | (mm - blk_m * bs), Int32(-1))
-        return v
