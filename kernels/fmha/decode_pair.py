@@ -111,9 +111,3 @@ class FusedHeadPairPdl(FusedHeadPair):
 class FusedQTma(QByTma, FusedHeadPairPdl):
     """The default FP8 decode (glue.py): the producer (decode_prefetch.py: one copy since v6), v4's TMA
     epilogue, the head pair, the combine by PDL, Q by TMA (decode_forms.QByTma)."""
-
-
-
-
-
-

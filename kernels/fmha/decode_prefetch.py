@@ -206,4 +206,3 @@ class FusedPackedLoop(FusedDecodeSm90):
     def _arrive_full(self, full, t):
         """Thread t's stores of the half are done (a seam: decode_pair.py adds the peer's bytes)."""
         cute.arch.mbarrier_arrive(full)
-

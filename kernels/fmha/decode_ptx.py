@@ -78,4 +78,3 @@ def st_async_v4(addr, imm: int, w, bar, *, loc=None, ip=None) -> None:
     _asm(None, [_v(addr, Int32, loc, ip)] + [_v(x, Int32, loc, ip) for x in w] + [_v(bar, Int32, loc, ip)],
          f"st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$0+{imm}], {{$1, $2, $3, $4}}, [$5];",
          "r,r,r,r,r,r")
-
