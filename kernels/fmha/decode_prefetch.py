@@ -9,8 +9,8 @@ registers) plus ~3.3k instructions a thread of straight-line code. Shared memory
 rows (15 KB free < one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB a CTA.
 
 - Prefetch: each producer thread owns one slot of its tile (lt); once it knows that slot's token it
-  issues `prefetch.global.L2` for each line of the token's contiguous 576-byte row (5 lines, 6 at
-  most) and one for its scale row. Pair 0's rows after the slot barrier of pair 0; pair p + 1's at the
+  issues `prefetch.global.L2` for each line of the token's 576-byte row (5-6; its first only over
+  large caches: decode_glue's rule) and one for its scale row. Pair 0's rows after the slot barrier of pair 0; pair p + 1's at the
   end of pair p, from the token its own cp.async brought (`cp.async.wait_group 0`: a thread's own
   cp.async is visible to it), a whole consumer pair before the register loads ask.
 - Loop: each half's row batches in a run-time loop, the batch's registers local to an iteration
@@ -111,10 +111,10 @@ class FusedPackedLoop(FusedDecodeSm90):
                 self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, lt, h, k,
                            bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
             if pair + 1 < n_pairs:  # after the second half (after the first: 1.116x vs 1.159x, run at f43230f)
-                self._prefetch_next(caches, all_lines, rows, bidx, j0, lt, buf, lens)
+                self._prefetch_next(caches, all_lines, rows, j0, lt, buf, lens)
 
     @cute.jit
-    def _prefetch_next(self, caches, all_lines, rows, bidx, j0, lt, buf, lens):
+    def _prefetch_next(self, caches, all_lines, rows, j0, lt, buf, lens):
         """The next pair's row of this thread's slot into L2, from the token its own cp.async brought."""
         n = self.cfg.n_block
         cute.arch.cp_async_wait_group(0)  # this thread's own copy of its next slot's token
