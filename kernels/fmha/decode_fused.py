@@ -48,7 +48,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
     `_produce` (decode_prefetch.FusedPackedLoop)."""
 
     pdl_combine = False  # the combine launched with PDL, this kernel letting it start at once (decode_forms)
-    staging_words = 0  # 32-bit words of shared memory a form's producer stages raw rows in (decode_staged)
 
     def __init__(self, cfg: Config):
         assert cfg.key_split and cfg.d == 512, cfg
@@ -84,7 +83,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
             sIdx: cute.struct.MemRange[cutlass.Int32, c.stages * n]
             sMaskFlag: cute.struct.MemRange[cutlass.Int32, c.stages * 4]
             sRows: cute.struct.MemRange[cutlass.Int32, n * 2 * c.stages]  # raw tokens (slot, buffer, stage)
-            sStage: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, self.staging_words], 16]
             sX: cute.struct.MemRange[cutlass.Float32, c.xchg_floats(n)]
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sP_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
@@ -139,8 +137,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         sVt = cute.make_tensor(sK.iterator, cute.select(sK.layout, mode=[1, 0, 2]))
         record("mbarrier full (per stage and half of d): arrive count",
                "64 = the producer threads of that stage (st.shared + fence.proxy.async + arrive)")
-        self._init_barriers(tidx, bars, (self._full_count(),) * (2 * S) + (self._empty_count(),) * (2 * S), q_full,
-                            q_empty)
+        self._init_barriers(tidx, bars, (64,) * (2 * S) + (self._empty_count(),) * (2 * S), q_full, q_empty)
         self._cluster_sync(False)
 
         if wg == c.n_consumer_wg:
@@ -150,8 +147,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
             blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(Int32(0), mLen, mLen, mQ, mLen)
             self._fetch_q(atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full)
             caches = (codes0, sc0, idx0, len0, codes1, sc1, idx1, len1)
-            self._produce(caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles,
-                          st.sStage.data_ptr())
+            self._produce(caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
@@ -170,10 +166,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
 
     def _empty_count(self) -> int:
         return 128
-
-    def _full_count(self) -> int:
-        """Arrivals that complete a K half: the 64 producer threads of its stage (a seam: decode_staged.py)."""
-        return 64
 
     def _cluster_sync(self, at_exit: bool):
         pass

@@ -69,7 +69,7 @@ class FusedPackedLoop(FusedDecodeSm90):
             prefetch_l2(sc[blk, tok, None].iterator.toint())
 
     @cute.jit
-    def _produce(self, caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles, staging):
+    def _produce(self, caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles):
         """Threads 0-63 fill stage 0 (tiles 2p), 64-127 stage 1 (tiles 2p + 1), the stage a run-time value.
         The tiles' raw tokens go through smem: thread lt copies slot lt's (cp.async, a pair ahead, into
         the other of two buffers) and, after a barrier of the 64, packs its own; prefetches: pair 0's rows
@@ -180,10 +180,9 @@ class FusedPackedLoop(FusedDecodeSm90):
             sMaskFlag[t // 32, stage] = warp_plain
 
     @cute.jit
-    def _store_row(self, words, sw, ok, i: cutlass.Constexpr, h, local, peer, peer_bar,
-                   row_step: cutlass.Constexpr = 1024):
-        """Batch row i (`row_step` bytes after row i - 1): each segment's 8 codes x 2^(e - 127) as 16 bytes at
-        its immediate offset, here and (paired) in the peer; segment 3 of the right half is the RoPE chunk. A slot not read (not ok)
+    def _store_row(self, words, sw, ok, i: cutlass.Constexpr, h, local, peer, peer_bar):
+        """Batch row i: each segment's 8 codes x 2^(e - 127) as 16 bytes at its immediate offset, here and
+        (paired) in the peer; segment 3 of the right half is the RoPE chunk. A slot not read (not ok)
         gets scale 0, which zeroes its codes (the bit conversion makes every code finite), and RoPE 0."""
         w2 = cutlass.select_(ok, sw + 0x78787878, Int32(0))  # e + 120 a byte: no carries while e <= 135
         for sg in cutlass.range_constexpr(4):
@@ -196,8 +195,8 @@ class FusedPackedLoop(FusedDecodeSm90):
                 for q in cutlass.range_constexpr(4):
                     out[q] = cutlass.select_(h == 1, cutlass.select_(ok, words[6 + q, i], Int32(0)), out[q])
             vals = (out[0], out[1], out[2], out[3])
-            st_shared_v4(local, sg * SEG_BYTES + i * row_step, vals)
-            self._store_peer(vals, peer, sg * SEG_BYTES + i * row_step, peer_bar)
+            st_shared_v4(local, sg * SEG_BYTES + i * 1024, vals)
+            self._store_peer(vals, peer, sg * SEG_BYTES + i * 1024, peer_bar)
 
     def _batch_range(self, n_batches: int):
         """(first, count) of the row batches of a half this CTA converts: all (a seam: decode_pair.py splits

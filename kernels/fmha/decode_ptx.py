@@ -78,25 +78,3 @@ def st_async_v4(addr, imm: int, w, bar, *, loc=None, ip=None) -> None:
     _asm(None, [_v(addr, Int32, loc, ip)] + [_v(x, Int32, loc, ip) for x in w] + [_v(bar, Int32, loc, ip)],
          f"st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$0+{imm}], {{$1, $2, $3, $4}}, [$5];",
          "r,r,r,r,r,r")
-
-
-@dsl_user_op
-def cp_async_16(dst, src, *, loc=None, ip=None) -> None:
-    """16 bytes global -> shared (a shared address `dst`), L2 only, pulling the rest of the 256-byte block into L2."""
-    _asm(None, [_v(dst, Int32, loc, ip), _v(src, Int64, loc, ip)],
-         "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;", "r,l")
-
-
-@dsl_user_op
-def cp_async_4(dst, src, *, loc=None, ip=None) -> None:
-    _asm(None, [_v(dst, Int32, loc, ip), _v(src, Int64, loc, ip)], "cp.async.ca.shared.global [$0], [$1], 4;", "r,l")
-
-
-@dsl_user_op
-def ld_shared_b64(addr, imm: int, *, loc=None, ip=None) -> Int64:
-    return Int64(_asm(T.i64(), [_v(addr, Int32, loc, ip)], f"ld.shared.b64 $0, [$1+{imm}];", "=l,r"))
-
-
-@dsl_user_op
-def ld_shared_b32(addr, imm: int, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm(T.i32(), [_v(addr, Int32, loc, ip)], f"ld.shared.b32 $0, [$1+{imm}];", "=r,r"))

@@ -32,7 +32,6 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
-from kernels.fmha.decode_staged import FusedTwoPath
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
@@ -276,14 +275,8 @@ class FmhaDecodePfFirst(FmhaFusedDecode):
     name, variant, decode_all_lines = "cutedsl:decode-pf-first", "decode-pf-first", False
 
 
-class FmhaDecodeTwoPath(FmhaFusedDecode):
-    """Candidate v9b: at h_q 128 the staged producer with a second register path in flight (decode_staged.py)."""
-
-    name, variant, decode_form = "cutedsl:decode-twopath", "decode-twopath", FusedTwoPath
-
-
 # v1, the default without its prefetches and with either prefetch form forced (checked), the default's
 # knock-outs (unchecked), decode_fp8 only; the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5
-# forms are in git history at 1c17d89, the bulk-copy candidates at f43230f, the staged producer (v9) at ba41610
+# forms are in git history at 1c17d89, the bulk-copy candidates at f43230f
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
-                   FmhaDecodePfFirst, FmhaDecodeTwoPath)
+                   FmhaDecodePfFirst)
