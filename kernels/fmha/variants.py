@@ -277,6 +277,7 @@ class FmhaDecodePfFirst(FmhaFusedDecode):
 
 # v1, the default without its prefetches and with either prefetch form forced (checked), the default's
 # knock-outs (unchecked), decode_fp8 only; the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5
-# forms are in git history at 1c17d89, the bulk-copy candidates at f43230f, the staged producers (v9, v9b) at ba41610, d5a0608
+# forms are in git history at 1c17d89, the bulk-copy candidates at f43230f, the staged producers (v9, v9b) at
+# ba41610, d5a0608
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
                    FmhaDecodePfFirst)
