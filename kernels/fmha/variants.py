@@ -33,7 +33,6 @@ from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
-from kernels.fmha.key_split_free import FreeMaxKeySplit
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
 from kernels.probes import EmptyGridMixin
@@ -276,19 +275,9 @@ class FmhaDecodePfFirst(FmhaFusedDecode):
     name, variant, decode_all_lines = "cutedsl:decode-pf-first", "decode-pf-first", False
 
 
-class DecodeFreeMax(FreeMaxKeySplit, FusedQTma):
-    """The default FP8 decode with the key split's consumers free of the max hand-off (key_split_free.py)."""
-
-
-class FmhaDecodeFreeMax(FmhaFusedDecode):
-    """Candidate v10: each consumer warpgroup on its own running max, the partner's P rescaled in registers."""
-
-    name, variant, decode_form = "cutedsl:decode-freemax", "decode-freemax", DecodeFreeMax
-
-
 # v1, the default without its prefetches and with either prefetch form forced (checked), the default's
 # knock-outs (unchecked), decode_fp8 only; the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5
 # forms are in git history at 1c17d89, the bulk-copy candidates at f43230f, the staged producers (v9, v9b) at
-# ba41610, d5a0608
+# ba41610, d5a0608, the consumers without the max hand-off (v10) at da750ad
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
-                   FmhaDecodePfFirst, FmhaDecodeFreeMax)
+                   FmhaDecodePfFirst)
