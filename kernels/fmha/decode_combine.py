@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32
+from cutlass import BFloat16, Float32
 from cutlass.cute.runtime import make_fake_tensor
 
-from kernels.bits import bits_f32
 from kernels.fmha.config import LN2, LOG2E
-from kernels.fmha.decode_ptx import ld_volatile_b32, ld_volatile_b64
 
 THREADS, PER_THREAD = 128, 4
 
@@ -71,68 +69,6 @@ class DecodeCombine:
                 lse = m + cute.math.log2(tot, fastmath=False) * LN2
             mLse[r, h] = lse
 
-
-CHUNK = 16  # splits whose LSE and O a thread loads together (the plan's splits: 2-9 on the sweep's shapes)
-
-
-def _bf16_of(bits, j: int) -> Float32:
-    """bf16 value j of four packed little-endian in 64 bits, as fp32."""
-    w = Int32(bits >> (32 * (j // 2)))
-    return bits_f32(w << 16 if j % 2 == 0 else w & Int32(-65536))
-
-
-class DecodeCombineOnePass(DecodeCombine):
-    """The combine with every load of up to CHUNK splits issued before any is used: one round trip to L2 for
-    the partials instead of one for the LSEs and then ~n_split / 4 for O (the plan's 9 splits at one h_q 128
-    request: 4). A running max across chunks (a chunk's w rescales what came before), so any split count
-    is taken; a split with no valid key (lse -inf) has w = 0 and its O unread, as before."""
-
-    @cute.kernel
-    def kernel(self, mOp: cute.Tensor, mLp: cute.Tensor, mSink: cute.Tensor, mO: cute.Tensor, mLse: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        h, r, _ = cute.arch.block_idx()
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-        n_split = mLp.shape[1]
-        m = -Float32.inf
-        acc = cute.make_rmem_tensor((PER_THREAD,), Float32)
-        acc.fill(0.0)
-        tot = Float32(0.0)
-        base = tidx * PER_THREAD
-        for c0 in cutlass.range(0, n_split, CHUNK, unroll=1):
-            # volatile loads keep their order: all 2 x CHUNK are issued before the first is used (plain and .nc
-            # loads were interleaved with the max by ptxas, 5-16 of O's behind the LSEs' round trip)
-            lp, o = [], []
-            for i in cutlass.range_constexpr(CHUNK):  # past the last split: the last split again (unused)
-                s = cutlass.min(c0 + i, n_split - 1)
-                o.append(ld_volatile_b64(cute.local_tile(mOp[r, s, h, None], (PER_THREAD,), (tidx,)).iterator.toint()))
-                lp.append(ld_volatile_b32(cute.local_tile(mLp[r, s, None], (1,), (h,)).iterator.toint()))
-            lp = [bits_f32(x) for x in lp]
-            m_new = m
-            for i in reversed(range(CHUNK)):  # the last load first: no use moves up between the loads
-                m_new = cute.arch.fmax(m_new, cutlass.select_(c0 + i < n_split, lp[i], -Float32.inf))
-            # no branch on m_new: a branch let the compiler sink O's loads behind the LSEs' round trip
-            m_safe = cutlass.select_(m_new > -Float32.inf, m_new, Float32(0.0))  # all -inf so far: w = keep = 0
-            keep = cute.arch.exp2((m - m_safe) * LOG2E)  # 0 while m is -inf (acc and tot are 0)
-            tot = tot * keep
-            for j in cutlass.range_constexpr(PER_THREAD):
-                acc[j] = acc[j] * keep
-            for i in cutlass.range_constexpr(CHUNK):
-                w = cutlass.select_(c0 + i < n_split, cute.arch.exp2((lp[i] - m_safe) * LOG2E), Float32(0.0))
-                tot = tot + w
-                for j in cutlass.range_constexpr(PER_THREAD):
-                    acc[j] = acc[j] + cutlass.select_(w > Float32(0.0), w * _bf16_of(o[i], j), Float32(0.0))
-            m = m_new
-        inv = Float32(0.0)  # no valid key: O = 0
-        if tot > Float32(0.0):
-            inv = Float32(1.0) / (tot + cute.arch.exp2((mSink[h] - m) * LOG2E))
-        for i in cutlass.range_constexpr(PER_THREAD):
-            mO[r, h, base + i] = (acc[i] * inv).to(BFloat16)
-        if tidx == 0:
-            lse = -Float32.inf
-            if tot > Float32(0.0):
-                lse = m + cute.math.log2(tot, fastmath=False) * LN2
-            mLse[r, h] = lse
 
 def fake_args() -> tuple:
     """Partial O (b, splits, h, 512) and lse (b, splits, h), the sink (h,), O (b, h, 512) with any

@@ -35,7 +35,6 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.fmha.config import Config
-from kernels.fmha.decode_combine import DecodeCombine
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.trace import record
 
@@ -49,7 +48,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
     `_produce` (decode_prefetch.FusedPackedLoop)."""
 
     pdl_combine = False  # the combine launched with PDL, this kernel letting it start at once (decode_forms)
-    combine_class = DecodeCombine  # the split-KV merge kernel (decode_combine.py)
 
     def __init__(self, cfg: Config):
         assert cfg.key_split and cfg.d == 512, cfg

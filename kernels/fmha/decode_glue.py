@@ -143,7 +143,7 @@ def compile_fused(h_q: int, arch: str, kernel_class: type) -> CompiledDecode:
     from kernels.fmha.decode_fused import fake_args as fused_fake_args
 
     return CompiledDecode({"fused": compile_kernel(kernel_class(attention_config(h_q)), *fused_fake_args(), arch=arch),
-                           "combine": compile_kernel(kernel_class.combine_class(kernel_class.pdl_combine), *combine_fake_args(),
+                           "combine": compile_kernel(DecodeCombine(kernel_class.pdl_combine), *combine_fake_args(),
                                                      arch=arch)})
 
 

@@ -78,15 +78,3 @@ def st_async_v4(addr, imm: int, w, bar, *, loc=None, ip=None) -> None:
     _asm(None, [_v(addr, Int32, loc, ip)] + [_v(x, Int32, loc, ip) for x in w] + [_v(bar, Int32, loc, ip)],
          f"st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$0+{imm}], {{$1, $2, $3, $4}}, [$5];",
          "r,r,r,r,r,r")
-
-
-@dsl_user_op
-def ld_volatile_b64(addr, *, loc=None, ip=None) -> Int64:
-    """A load ptxas keeps in program order among volatile loads (decode_combine: all of a chunk's loads issued
-    before the first is used)."""
-    return Int64(_asm(T.i64(), [_v(addr, Int64, loc, ip)], "ld.volatile.global.b64 $0, [$1];", "=l,l"))
-
-
-@dsl_user_op
-def ld_volatile_b32(addr, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm(T.i32(), [_v(addr, Int64, loc, ip)], "ld.volatile.global.b32 $0, [$1];", "=r,l"))
