@@ -346,7 +346,7 @@ def test_decode_knock_outs_compile_without_their_part():
             assert all(op not in sass for op in absent), [op for op in absent if op in sass]
 
 
-def test_the_default_decode_is_v6_and_v1_stays_reachable():
+def test_the_default_decode_is_the_fused_head_pair_and_v1_stays_reachable():
     """The measured-faster form is the default (glue.py decode_form); v1 is `cutedsl:decode-v1`."""
     from dsv4bench.core.registry import get_impl
     from kernels.fmha.decode_pair import FusedQTma
