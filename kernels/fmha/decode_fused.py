@@ -48,7 +48,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
     `_produce` (decode_prefetch.FusedPackedLoop)."""
 
     pdl_combine = False  # the combine launched with PDL, this kernel letting it start at once (decode_forms)
-    token_buffers = 2  # pairs of raw slot tokens a producer thread keeps in shared memory
 
     def __init__(self, cfg: Config):
         assert cfg.key_split and cfg.d == 512, cfg
@@ -83,7 +82,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
             bars: cute.struct.MemRange[cutlass.Int64, n_bars]
             sIdx: cute.struct.MemRange[cutlass.Int32, c.stages * n]
             sMaskFlag: cute.struct.MemRange[cutlass.Int32, c.stages * 4]
-            sRows: cute.struct.MemRange[cutlass.Int32, n * self.token_buffers * c.stages]  # tokens (slot, buffer, stage)
+            sRows: cute.struct.MemRange[cutlass.Int32, n * 2 * c.stages]  # raw tokens (slot, buffer, stage)
             sX: cute.struct.MemRange[cutlass.Float32, c.xchg_floats(n)]
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sP_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
@@ -131,7 +130,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         q_full, q_empty = bars + 4 * S, bars + 4 * S + 1
         sIdx = st.sIdx.get_tensor(cute.make_layout((c.n_block, S)))
         sMaskFlag = st.sMaskFlag.get_tensor(cute.make_layout((4, S)))
-        sRows = st.sRows.get_tensor(cute.make_layout((c.n_block, self.token_buffers, S)))
+        sRows = st.sRows.get_tensor(cute.make_layout((c.n_block, 2, S)))
         sX = st.sX.get_tensor(cute.make_layout((c.xchg_floats(c.n_block),)))
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
