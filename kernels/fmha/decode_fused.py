@@ -83,7 +83,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
             sIdx: cute.struct.MemRange[cutlass.Int32, c.stages * n]
             sMaskFlag: cute.struct.MemRange[cutlass.Int32, c.stages * 4]
             sRows: cute.struct.MemRange[cutlass.Int32, n * 2 * c.stages]  # raw tokens (slot, buffer, stage)
-            sX: cute.struct.MemRange[cutlass.Float32, self._xchg_floats()]
+            sX: cute.struct.MemRange[cutlass.Float32, c.xchg_floats(n)]
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sP_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
@@ -131,7 +131,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         sIdx = st.sIdx.get_tensor(cute.make_layout((c.n_block, S)))
         sMaskFlag = st.sMaskFlag.get_tensor(cute.make_layout((4, S)))
         sRows = st.sRows.get_tensor(cute.make_layout((c.n_block, 2, S)))
-        sX = st.sX.get_tensor(cute.make_layout((self._xchg_floats(),)))
+        sX = st.sX.get_tensor(cute.make_layout((c.xchg_floats(c.n_block),)))
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)[None, None, 0]
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sVt = cute.make_tensor(sK.iterator, cute.select(sK.layout, mode=[1, 0, 2]))
@@ -166,10 +166,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
 
     def _empty_count(self) -> int:
         return 128
-
-    def _xchg_floats(self) -> int:
-        """fp32 words the consumer warpgroups exchange through (a seam: decode_dsplit.py)."""
-        return self.cfg.xchg_floats(self.cfg.n_block)
 
     def _cluster_sync(self, at_exit: bool):
         pass

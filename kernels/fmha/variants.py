@@ -31,7 +31,6 @@ import torch
 
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
-from kernels.fmha.decode_dsplit import DSplitConsumers
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
@@ -276,20 +275,11 @@ class FmhaDecodePfFirst(FmhaFusedDecode):
     name, variant, decode_all_lines = "cutedsl:decode-pf-first", "decode-pf-first", False
 
 
-class DecodeDSplit(DSplitConsumers, FusedQTma):
-    """The default FP8 decode with its consumers split over d, tile by tile (decode_dsplit.py)."""
-
-
-class FmhaDecodeDSplit(FmhaFusedDecode):
-    """Candidate: the consumers split over d, so the producer fills one stage while they take the other."""
-
-    name, variant, decode_form = "cutedsl:decode-dsplit", "decode-dsplit", DecodeDSplit
-
-
 # v1, the default without its prefetches and with either prefetch form forced (checked), the default's
 # knock-outs (unchecked), decode_fp8 only; the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5
 # forms are in git history at 1c17d89, the bulk-copy candidates at f43230f, the staged producers (v9, v9b) at
 # ba41610, d5a0608, the consumers without the max hand-off (v10) at da750ad, the
-# one-round-trip combine at 9a1293b, the prefetch two pairs ahead at 94f4045
+# one-round-trip combine at 9a1293b, the prefetch two pairs ahead at 94f4045,
+# the consumers split over d at 72989cd
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
-                   FmhaDecodePfFirst, FmhaDecodeDSplit)
+                   FmhaDecodePfFirst)

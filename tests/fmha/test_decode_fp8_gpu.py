@@ -29,8 +29,7 @@ CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
 KNOCK_OUTS = ("cutedsl:decode-no-math", "cutedsl:decode-no-dequant")  # unchecked: they must return
 CHECKED = ("cutedsl", "cutedsl:decode-v1", "cutedsl:decode-no-prefetch",  # the default, v1, the default unprefetched
-           "cutedsl:decode-pf-all", "cutedsl:decode-pf-first",  # the prefetch forms forced
-           "cutedsl:decode-dsplit")  # candidate: consumers split over d
+           "cutedsl:decode-pf-all", "cutedsl:decode-pf-first")  # the prefetch forms forced
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in (*CHECKED, *KNOCK_OUTS)}
 _compiled: dict = {}
 
@@ -75,7 +74,7 @@ def test_decode_knock_outs_return(case, impl):
     torch.cuda.synchronize()
 
 
-@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:decode-dsplit"])
+@pytest.mark.parametrize("impl", ["cutedsl"])
 @pytest.mark.parametrize("split", [(1, None), (2, None), (None, 128)])
 @pytest.mark.parametrize("k0", [128, 100])
 def test_fused_splits_and_unaligned_window(split, k0, impl):
