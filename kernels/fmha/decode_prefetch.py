@@ -10,9 +10,10 @@ rows (15 KB free < one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB 
 
 - Prefetch: each producer thread owns one slot of its tile (lt); once it knows that slot's token it
   issues `prefetch.global.L2` for each line of the token's 576-byte row (5-6; its first only over
-  large caches: decode_glue's rule) and one for its scale row. Pair 0's rows after the slot barrier of pair 0; pair p + 1's at the
-  end of pair p, from the token its own cp.async brought (`cp.async.wait_group 0`: a thread's own
-  cp.async is visible to it), a whole consumer pair before the register loads ask.
+  large caches: decode_glue's rule) and one for its scale row. Pair 0's rows after the slot barrier
+  of pair 0; pair p + 1's at the end of pair p, from the token its own cp.async brought
+  (`cp.async.wait_group 0`: a thread's own cp.async is visible to it), a whole consumer pair before
+  the register loads ask.
 - Loop: each half's row batches in a run-time loop, the batch's registers local to an iteration
   (registers carried across the loop went to local memory: 1.7k STL).
 - One copy (v6): the stage (which 64 threads) and the half of d (left: code segments 0-3; right: 4-6 +
@@ -84,6 +85,7 @@ class FusedPackedLoop(FusedDecodeSm90):
         # pair that its barriers kept the compiler from hoisting (~5% of the producer's ncu samples; once:
         # 1.177x FlashMLA against 1.163x in one process, run at d597124)
         lens = (caches[3][bidx], caches[7][bidx])
+        k0p = self._k0_padded(caches[2])
         self._copy_slot(caches, rows[None, 0], bidx, base + stage * n + lt, lt)
         cute.arch.cp_async_commit_group()
         for pair in cutlass.range(n_pairs, unroll=1):
@@ -95,7 +97,6 @@ class FusedPackedLoop(FusedDecodeSm90):
             self._copy_slot(caches, rows[None, 1 - buf], bidx, j0 + 2 * n + lt, lt)
             cute.arch.cp_async_commit_group()
             mine = self._valid_token(caches, lens, j0 + lt, rows[lt, buf])
-            k0p = self._k0_padded(caches[2])
             if pair == 0:
                 self._prefetch_row(caches, all_lines, j0 >= k0p, mine)
             cache = self._select_cache(caches, j0 >= k0p)
@@ -111,16 +112,16 @@ class FusedPackedLoop(FusedDecodeSm90):
                 self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, lt, h, k,
                            bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
             if pair + 1 < n_pairs:  # after the second half (after the first: 1.116x vs 1.159x, run at f43230f)
-                self._prefetch_next(caches, all_lines, rows, j0, lt, buf, lens)
+                self._prefetch_next(caches, all_lines, rows, j0, lt, buf, lens, k0p)
 
     @cute.jit
-    def _prefetch_next(self, caches, all_lines, rows, j0, lt, buf, lens):
+    def _prefetch_next(self, caches, all_lines, rows, j0, lt, buf, lens, k0p):
         """The next pair's row of this thread's slot into L2, from the token its own cp.async brought."""
         n = self.cfg.n_block
         cute.arch.cp_async_wait_group(0)  # this thread's own copy of its next slot's token
         j1 = j0 + 2 * n
         nxt = self._valid_token(caches, lens, j1 + lt, rows[lt, 1 - buf])
-        self._prefetch_row(caches, all_lines, j1 >= self._k0_padded(caches[2]), nxt)
+        self._prefetch_row(caches, all_lines, j1 >= k0p, nxt)
 
     @cute.jit
     def _half(self, cache, dst, rows, sIdx, sMaskFlag, mine, t, h, k, full, empty, phase, stage):
