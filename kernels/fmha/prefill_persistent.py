@@ -19,7 +19,7 @@ import cutlass
 import cutlass.cute as cute
 
 from kernels.fmha.config import Config
-from kernels.fmha.prefill_v11 import V11
+from kernels.fmha.prefill_v11 import V11, bulk_prefetch_l2
 
 
 class PersistentKeySplitConfig(Config):
@@ -48,3 +48,28 @@ class PersistentV11(V11):
                 cute.arch.sync_warp()
                 if wtid == 0:
                     cute.arch.mbarrier_arrive(q_empty)
+
+
+class PersistentQPrefetch(PersistentV11):
+    """cutedsl:persistent whose producer, as it loads an item's Q, pulls the CTA's next item's Q tile into L2
+    (one bulk prefetch): at an item boundary Q then comes from L2 after the Q buffer is handed back."""
+
+    @cute.jit
+    def _load_q(self, atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full):
+        V11._load_q(self, atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full)
+        if cutlass.const_expr(self._persistent_key_split()):
+            if ptid == 32:
+                c = self.cfg
+                n_hblk_all = cute.size(mQ, mode=[1]) // c.hb  # whole 64-head blocks (v11's shapes)
+                g, _, _ = cute.arch.grid_dim()
+                cta, _, _ = cute.arch.block_idx()
+                hblk = kvh * c.n_hblk + (head0 - kvh * c.hpg) // c.hb
+                i = (bidx * n_hblk_all + hblk) * s_q + (s_q - 1 - tok0)  # this item in the snake order
+                w = i // g + 1
+                nxt = w * g + cutlass.select_(w % 2 == 0, cta, g - 1 - cta)  # scheduler._item's order
+                if nxt < s_q * n_hblk_all * cute.size(mQ, mode=[3]):
+                    hb2 = (nxt // s_q) % n_hblk_all
+                    kvh2 = hb2 // c.n_hblk
+                    head2 = kvh2 * c.hpg + (hb2 % c.n_hblk) * c.hb
+                    q2 = mQ[s_q - 1 - nxt % s_q, head2, None, nxt // (s_q * n_hblk_all)].iterator.toint()
+                    bulk_prefetch_l2(q2, c.m_cta * c.d * 2)

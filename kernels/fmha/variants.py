@@ -34,7 +34,7 @@ from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
-from kernels.fmha.prefill_persistent import PersistentV11
+from kernels.fmha.prefill_persistent import PersistentQPrefetch, PersistentV11
 from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, NextPrefetch, QFirst, SpinWait
 from kernels.probes import EmptyGridMixin
 
@@ -214,13 +214,17 @@ class FmhaPersistent(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:persistent", "persistent", PersistentV11
 
 
+class FmhaPersistentQPrefetch(FmhaPrefillForm):
+    name, variant, kernel_class = "cutedsl:persistent-pf", "persistent-pf", PersistentQPrefetch
+
+
 class FmhaV10(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:v10", "v10", GatherAttentionSm90
 
 
 # checked A/B forms of the sparse prefill (v10 and v10 + one of v11's changes), attention only
 PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWait, FmhaNextPrefetch,
-                    FmhaPersistent)
+                    FmhaPersistent, FmhaPersistentQPrefetch)
 
 
 class FmhaFusedDecode(FmhaCuteDSL):

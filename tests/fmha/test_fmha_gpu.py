@@ -74,11 +74,12 @@ PERSISTENT_KS_CASES = [c for c in V11_CASES if config_for(c).key_split and confi
 
 
 @pytest.mark.parametrize("case", PERSISTENT_KS_CASES, ids=[c.id for c in PERSISTENT_KS_CASES])
-def test_persistent_key_split_walks_many_items(case):
+@pytest.mark.parametrize("impl_class", [variants.FmhaPersistent, variants.FmhaPersistentQPrefetch])
+def test_persistent_key_split_walks_many_items(case, impl_class):
     """The persistent key split on 3 CTAs: each walks many (token, head block) items of both snake directions,
     ragged and empty lists among them, its stage phases running on across items, and hands the Q buffer (O's
     staging) back before the next item's Q lands in it."""
-    _check(case, variants.FmhaPersistent(persistent_ctas=3))
+    _check(case, impl_class(persistent_ctas=3))
 
 
 def _check(case, impl):
