@@ -17,10 +17,6 @@ from kernels.trace import record
 class Consumer:
     """Mixin of `GatherAttentionSm90` (kernel_sm90.py); `self.cfg` is its Config."""
 
-    def _item_done(self, q_empty, wtid):
-        """After an item's epilogue: nothing here (the ping-pong frees the Q buffer after its last S; one item
-        per CTA needs no freeing). A seam for prefill_persistent.py, whose O is staged in the Q buffer."""
-
     @cute.jit
     def _consume(
         self, mQ, mK, mIdx, mLen, mO, mLse, mSink, scale_log2, causal_off, window, qk_mma, pv_mma, pv_ss_mma,
@@ -82,7 +78,6 @@ class Consumer:
             if wg == 1:
                 cute.arch.barrier_arrive(barrier_id=NamedBarrier.TURN0, number_of_threads=256)  # warpgroup 0 goes first
         base = cutlass.Int32(0)  # key tiles of the earlier items (the producer counts alike)
-        pbase = cutlass.Int32(0)  # key split: pairs of the earlier items
         for w in cutlass.range(self._items_of_cta(mIdx, mK, mQ), unroll=1):
             _, bidx, kvh, head0, _, n_tiles, tok0 = self._item(w, mIdx, mK, mQ, mLen)
             acc_O.fill(0.0)
@@ -96,13 +91,12 @@ class Consumer:
             if cutlass.const_expr(c.key_split):
                 args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn,
                         P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
-                        causal_off, window, (n_tiles + 1) // 2, self._pair_base(pbase))
+                        causal_off, window, (n_tiles + 1) // 2)
                 if wg == 0:
                     self._pairs_wg0(*args)
                 else:
                     self._pairs_wg1(*args)
                 self._merge_row_sums(row_sum, sX, wg, wtid)
-                pbase = pbase + (n_tiles + 1) // 2
             else:
                 args = (qk_mma, pv_mma, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, rP, S_mn, O_mn, cS_mn, row_max,
                         row_sum, row_tok, sIdx, sMaskFlag, bars, scale_log2, causal_off, window, n_tiles, n_kb)
@@ -112,7 +106,6 @@ class Consumer:
                     self._split_d(*args, sX, dsplit, wtid)
             self._epilogue(mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
                            kvh, s_q, bidx, io)
-            self._item_done(q_empty, wtid)
             base = base + n_tiles
         if cutlass.const_expr(c.n_dsplit == 1):
             if wg == 0:

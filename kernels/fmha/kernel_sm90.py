@@ -99,15 +99,6 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
         constant)."""
         return 128
 
-    def _q_empty_arrivals(self) -> int:
-        """Arrivals that free the Q buffer for the next item (persistent): every consumer thread."""
-        return 128 * self.cfg.n_consumer_wg
-
-    def _pair_base(self, pbase):
-        """The key split's stage phases run on over a persistent CTA's items (`pbase`: its earlier
-        items' pairs); one item per CTA: 0, a constant."""
-        return pbase if self.cfg.persistent else 0
-
     @cute.jit
     def _init_barriers(self, tidx, bars, counts, q_full, q_empty):
         """Thread 0 sets the arrive counts of the stage mbarriers (`counts`, from `bars` on: barriers.py)
@@ -117,7 +108,7 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
             for i in cutlass.range_constexpr(len(counts)):
                 cute.arch.mbarrier_init(bars + i, counts[i])
             cute.arch.mbarrier_init(q_full, self._q_full_arrivals())
-            cute.arch.mbarrier_init(q_empty, self._q_empty_arrivals())
+            cute.arch.mbarrier_init(q_empty, 128 * self.cfg.n_consumer_wg)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -267,15 +258,13 @@ class GatherAttentionSm90(Consumer, PingPong, SplitD, KeySplit, Softmax, Mma, Pr
             ptid = tidx - 128 * c.n_consumer_wg
             atom = self.row_copy_atom(mQ.element_type)
             base = cutlass.Int32(0)  # key tiles of the earlier items: stages and phases run on across items
-            pbase = cutlass.Int32(0)  # key split: pairs of the earlier items
             for w in cutlass.range(self._items_of_cta(mIdx, mK, mQ), unroll=1):
                 blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(w, mIdx, mK, mQ, mLen)
                 cute.arch.mbarrier_wait(q_empty, (w & 1) ^ 1)  # the previous item's last QK is done
                 self._load_q(atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full)
                 if cutlass.const_expr(c.key_split):
                     self._produce_pairs(atom, mIdx, mK, sK, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh,
-                                        bidx, tok0, causal_off, window, self._pair_base(pbase))
-                    pbase = pbase + (n_tiles + 1) // 2
+                                        bidx, tok0, causal_off, window)
                 else:
                     self._produce_tiles(atom, tma, mIdx, mK, mV, sK, sVt, sIdx, sMaskFlag, bars, ptid, blk, n_idx,
                                         n_tiles, s_kv, kvh, bidx, tok0, causal_off, window, base)

@@ -59,19 +59,18 @@ class KeySplit:
     @cute.jit
     def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
                    S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
-                   causal_off, window, n_pairs, pair_base=0):
+                   causal_off, window, n_pairs):
         """Warpgroup 0: tiles 2p in stage 0, O[:, :256]; frees 0-left and 1-left. The last pair is
         peeled off: a wgmma under a runtime branch (queue the next S or not) makes ptxas serialize
-        every wgmma of the kernel (C7520, docs/lessons/fmha.md). pair_base: pairs of the CTA's earlier
-        items (persistent), whose stage phases run on."""
+        every wgmma of the kernel (C7520, docs/lessons/fmha.md)."""
         args = (qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP, S_mn, P_mn,
                 O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2, causal_off, window)
-        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, pair_base & 1, True)
-        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, pair_base & 1, False)
+        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 0, 0, True)
+        self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 0, 1, 0, False)
         warpgroup.commit_group()
         for pair in cutlass.range(n_pairs - 1, unroll=1):
-            self._wg0_pair(*args, pair_base + pair, False)
-        self._wg0_pair(*args, pair_base + n_pairs - 1, True)
+            self._wg0_pair(*args, pair, False)
+        self._wg0_pair(*args, n_pairs - 1, True)
 
     @cute.jit
     def _wg0_pair(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
@@ -120,15 +119,15 @@ class KeySplit:
     @cute.jit
     def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
                    S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
-                   causal_off, window, n_pairs, pair_base=0):
+                   causal_off, window, n_pairs):
         """Warpgroup 1: tiles 2p + 1 in stage 1, O[:, 256:]; frees 1-right and 0-right."""
         empty = bars + 4
         n_r = cute.size(S_mn, mode=[0])
         tile_max = cute.make_rmem_tensor((n_r,), cutlass.Float32)
         corr = cute.make_rmem_tensor((n_r,), cutlass.Float32)
         for pair in cutlass.range(n_pairs, unroll=1):
-            self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 1, (pair_base + pair) & 1, True)
-            self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 0, (pair_base + pair) & 1, False)
+            self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 1, pair & 1, True)
+            self._qk_half(qk_mma, acc_S, tSrQ, tSrK, bars, 1, 0, pair & 1, False)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             self._mask_tile(S_mn, cS_mn, sIdx, sMaskFlag, 1, row_tok, causal_off, window)

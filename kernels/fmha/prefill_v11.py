@@ -17,8 +17,6 @@ DSV4 prefills at s_q 4096 and 16384 (docs/perf/fmha.md, "v11"); each change alon
   V11        (`cutedsl`, the default) all three.
   SpinWait   (`cutedsl:spin-wait`)   V11 with the key split's stage waits polled without a suspend
                                      hint (measured: no change within the noise; docs/perf/fmha.md).
-  NextPrefetch (`cutedsl:next-prefetch`) V11 whose producer pulls into L2 the Q tile and index row of
-                                     the item one wave ahead (the CTA `%nsmid` blocks later).
 
 Each applies where its preconditions hold at compile time and is v10's code elsewhere: per-token
 lists with the key split, in whole 64-head blocks of a kv group (hpg % 64 == 0: Flash 64, Pro 128;
@@ -37,7 +35,6 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.config import LN2, LOG2E
-from kernels.fmha.decode_ptx import prefetch_l2
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.softmax import quad_allreduce
 from kernels.regs import mn_view
@@ -74,15 +71,6 @@ def cp_async_16_hint(smem_addr, gmem_addr, src_bytes, policy, smem_imm: int, gme
          Int32(src_bytes).ir_value(loc=loc, ip=ip), Int64(policy).ir_value(loc=loc, ip=ip)],
         f"cp.async.cg.shared.global.L2::cache_hint [$0+{smem_imm}], [$1+{gmem_imm}], 16, $2, $3;",
         "r,l,r,l", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-
-
-@dsl_user_op
-def bulk_prefetch_l2(gmem_addr, n_bytes: int, *, loc=None, ip=None) -> None:
-    """cp.async.bulk.prefetch.L2 of n_bytes (a multiple of 16) from a 16-byte aligned global address."""
-    llvm.inline_asm(
-        None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip)], f"cp.async.bulk.prefetch.L2.global [$0], {n_bytes};", "l",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
     )
 
 
@@ -271,34 +259,3 @@ class SpinWait(V11):
         while not done:
             done = cute.arch.mbarrier_try_wait(bar, phase)
 
-
-
-class NextPrefetch(V11):
-    """v11 whose producer, as an item starts, pulls into L2 what the item one wave later will read first
-    from DRAM: its Q tile (one bulk prefetch of 64 heads x d) and its index row (warp 1, a line a lane).
-    Each CTA's start is a DRAM round trip for its indices before the first gather, and Q's 64 KB
-    beside it; one CTA per SM, launched in block order, so the CTA `%nsmid` blocks later (same head
-    block) is about the one that follows on some SM a wave later."""
-
-    @cute.jit
-    def _load_q(self, atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full):
-        V11._load_q(self, atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full)
-        if cutlass.const_expr(self._v11_applies()):
-            nxt = tok0 + cute.arch.nsmid()
-            if (ptid == 32) & (nxt < s_q):
-                bulk_prefetch_l2(mQ[nxt, head0, None, bidx].iterator.toint(), self.cfg.m_cta * self.cfg.d * 2)
-
-    @cute.jit
-    def _produce_pairs(self, atom, mIdx, mK, sK, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx,
-                       tok0, causal_off, window):
-        if cutlass.const_expr(self._v11_applies()):
-            nxt = blk + cute.arch.nsmid()
-            if (ptid >= 32) & (ptid < 64) & (nxt < cute.size(mIdx, mode=[0])):
-                row = mIdx[nxt, None, bidx].iterator.toint()
-                last = row + (cute.size(mIdx, mode=[1]) - 1) * 4  # the row's last slot: no line past it
-                for line in cutlass.range(ptid - 32, (cute.size(mIdx, mode=[1]) + 31) // 32, 32, unroll=1):
-                    prefetch_l2(cutlass.min(row + line * 128, last))
-                if ptid == 32:
-                    prefetch_l2(last)
-        V11._produce_pairs(self, atom, mIdx, mK, sK, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh,
-                           bidx, tok0, causal_off, window)

@@ -132,22 +132,21 @@ class Producer:
 
     @cute.jit
     def _produce_pairs(self, atom, mIdx, mK, sK, sIdx, sMaskFlag, bars, ptid, blk, n_idx, n_tiles, s_kv, kvh, bidx,
-                       tok0, causal_off, window, pair_base=0):
+                       tok0, causal_off, window):
         """Producer of a key split: each half of the producer warpgroup owns one tile of every pair,
         threads 0-63 tile 2p (warpgroup 0's, stage 0: left then right half of d), threads 64-127
         tile 2p + 1 (warpgroup 1's, stage 1: right then left), so the half of d freed last in one
-        tile never holds up the other tile's gather (v9, docs/perf/fmha.md). pair_base: pairs of the
-        CTA's earlier items (persistent), whose stage phases run on."""
+        tile never holds up the other tile's gather (v9, docs/perf/fmha.md)."""
         args = (atom, mIdx, mK, sK, sIdx, sMaskFlag, bars)
         tail = (blk, n_idx, n_tiles, s_kv, kvh, bidx, tok0, causal_off, window)
         if ptid < self.cfg.n_block:
-            self._produce_tile_of_pairs(*args, ptid, *tail, 0, pair_base)
+            self._produce_tile_of_pairs(*args, ptid, *tail, 0)
         else:
-            self._produce_tile_of_pairs(*args, ptid - self.cfg.n_block, *tail, 1, pair_base)
+            self._produce_tile_of_pairs(*args, ptid - self.cfg.n_block, *tail, 1)
 
     @cute.jit
     def _produce_tile_of_pairs(self, atom, mIdx, mK, sK, sIdx, sMaskFlag, bars, lt, blk, n_idx, n_tiles, s_kv, kvh,
-                               bidx, tok0, causal_off, window, stage: cutlass.Constexpr, pair_base=0):
+                               bidx, tok0, causal_off, window, stage: cutlass.Constexpr):
         """Tile 2p + stage of every pair p into `stage`, by 64 threads. Thread lt publishes slot lt's
         index for the mask (and each warp whether all its keys pass it) and copies 16-byte chunk
         lt % 8 of each 128-byte segment of rows lt // 8 + 8 q; the row indices of the next pair are
@@ -178,7 +177,7 @@ class Producer:
             # pinned each pair: the 2 x n_rows x segs swizzled smem addresses derive from it inside
             # the loop instead of being hoisted out of it into the producer's registers
             t = pin(lt)
-            phase = ((pair_base + pair) & 1) ^ 1
+            phase = (pair & 1) ^ 1
             for k in cutlass.range_constexpr(2):
                 h = (stage + k) % 2  # stage 0 reads left first, stage 1 right first
                 hb = stage * 2 + h

@@ -34,8 +34,7 @@ from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
-from kernels.fmha.prefill_persistent import PersistentQPrefetch, PersistentV11
-from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, NextPrefetch, QFirst, SpinWait
+from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
 from kernels.probes import EmptyGridMixin
 
 
@@ -75,23 +74,23 @@ class PairsHandOff:
     @cute.jit
     def _pairs_wg0(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
                    S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
-                   causal_off, window, n_pairs, pair_base=0):
+                   causal_off, window, n_pairs):
         for pair in cutlass.range(n_pairs, unroll=1):  # full[stage, half] = bars + 2 stage + half, empty = + 4
             for hb in cutlass.range_constexpr(2):
-                cute.arch.mbarrier_wait(bars + hb, (pair_base + pair) & 1)
+                cute.arch.mbarrier_wait(bars + hb, pair & 1)
             self._release(bars + 4 + 0)  # 0-left
-            cute.arch.mbarrier_wait(bars + 2, (pair_base + pair) & 1)
+            cute.arch.mbarrier_wait(bars + 2, pair & 1)
             self._release(bars + 4 + 2)  # 1-left
 
     @cute.jit
     def _pairs_wg1(self, qk_mma, pv_mma, pv_ss_mma, store_P, acc_S, acc_O, tSrQ, tSrK, tOrP, tOrV, tOsP, tPsP, rP,
                    S_mn, P_mn, O_mn, cS_mn, row_max, row_sum, row_tok, sIdx, sMaskFlag, sX, bars, wtid, scale_log2,
-                   causal_off, window, n_pairs, pair_base=0):
+                   causal_off, window, n_pairs):
         for pair in cutlass.range(n_pairs, unroll=1):
             for hb in cutlass.range_constexpr(2):
-                cute.arch.mbarrier_wait(bars + 3 - hb, (pair_base + pair) & 1)
+                cute.arch.mbarrier_wait(bars + 3 - hb, pair & 1)
             self._release(bars + 4 + 3)  # 1-right
-            cute.arch.mbarrier_wait(bars + 1, (pair_base + pair) & 1)
+            cute.arch.mbarrier_wait(bars + 1, pair & 1)
             self._release(bars + 4 + 1)  # 0-right
 
 
@@ -183,8 +182,7 @@ class FmhaPrefillForm(AttentionOnly):
         dsv4bench sweep fmha --hd 512 --mask topk --op attention --bench \\
             --impl cutedsl,cutedsl:v10,cutedsl:q-first,cutedsl:epi-tma,cutedsl:gather-hint,flashmla
 
-    (and `cutedsl:spin-wait`: v11 with its stage waits polled, prefill_v11.SpinWait; `cutedsl:next-prefetch`:
-    v11 pulling the next wave's Q and indices into L2, prefill_v11.NextPrefetch)
+    (and `cutedsl:spin-wait`: v11 with its stage waits polled, prefill_v11.SpinWait)
     """
 
     refusal = "a prefill A/B form: op attention only"
@@ -206,25 +204,12 @@ class FmhaSpinWait(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:spin-wait", "spin-wait", SpinWait
 
 
-class FmhaNextPrefetch(FmhaPrefillForm):
-    name, variant, kernel_class = "cutedsl:next-prefetch", "next-prefetch", NextPrefetch
-
-
-class FmhaPersistent(FmhaPrefillForm):
-    name, variant, kernel_class = "cutedsl:persistent", "persistent", PersistentV11
-
-
-class FmhaPersistentQPrefetch(FmhaPrefillForm):
-    name, variant, kernel_class = "cutedsl:persistent-pf", "persistent-pf", PersistentQPrefetch
-
-
 class FmhaV10(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:v10", "v10", GatherAttentionSm90
 
 
 # checked A/B forms of the sparse prefill (v10 and v10 + one of v11's changes), attention only
-PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWait, FmhaNextPrefetch,
-                    FmhaPersistent, FmhaPersistentQPrefetch)
+PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWait)
 
 
 class FmhaFusedDecode(FmhaCuteDSL):

@@ -69,19 +69,6 @@ def test_prefill_forms_match_fp32_oracle(case, impl_name):
     _check(case, get_impl("fmha", impl_name))
 
 
-# cutedsl:persistent (kernels/fmha/prefill_persistent.py) where it is persistent: v11's key-split shapes
-PERSISTENT_KS_CASES = [c for c in V11_CASES if config_for(c).key_split and config_for(c).hpg % 64 == 0]
-
-
-@pytest.mark.parametrize("case", PERSISTENT_KS_CASES, ids=[c.id for c in PERSISTENT_KS_CASES])
-@pytest.mark.parametrize("impl_class", [variants.FmhaPersistent, variants.FmhaPersistentQPrefetch])
-def test_persistent_key_split_walks_many_items(case, impl_class):
-    """The persistent key split on 3 CTAs: each walks many (token, head block) items of both snake directions,
-    ragged and empty lists among them, its stage phases running on across items, and hands the Q buffer (O's
-    staging) back before the next item's Q lands in it."""
-    _check(case, impl_class(persistent_ctas=3))
-
-
 def _check(case, impl):
     print(case)
     x, res = _run(case, impl)
