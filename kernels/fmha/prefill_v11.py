@@ -149,6 +149,7 @@ class QFirst(V11Base):
 
 class EpiTma(V11Base):
     o_by_tma = True
+    o_wait_read = True  # warp 0 waits until its TMA store has read O out of smem (EpiNoWait: not)
 
     @cute.jit
     def _epilogue(self, mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
@@ -189,21 +190,28 @@ class EpiTma(V11Base):
                     if tot > 0.0:
                         lse = (m_base + cute.math.log2(tot, fastmath=False)) * LN2
                     mLse[tok0, head, bidx] = lse
-            sO = cute.local_tile(sQ, (c.m_cta, c.dv_wg), (0, dsplit))
             store_O = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dt), pv_mma,
             ).get_slice(wtid)
-            cute.copy(store_O, store_O.retile(rO), store_O.partition_D(sO))
-            cute.arch.fence_proxy("async.shared", space="cta")  # st.shared (stmatrix) -> the TMA's reads
-            cute.arch.barrier(barrier_id=EPI_WG0 + dsplit, number_of_threads=128)
-            if wtid < 32:
-                tma_o, mO_c = io[2], io[3]
-                g = cute.local_tile(cute.domain_offset((head0, 0), mO_c[None, None, tok0, bidx]), (c.m_cta, c.dv_wg),
-                                    (0, dsplit))
-                t_s, t_g = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
-                                                 cute.group_modes(g, 0, 2))
-                cute.copy(tma_o, t_s, t_g)
-                cute.arch.cp_async_bulk_commit_group()
+            self._store_o(io, store_O, rO, sQ, dsplit, wtid, tok0, head0, bidx)
+
+    @cute.jit
+    def _store_o(self, io, store_O, rO, sQ, dsplit, wtid, tok0, head0, bidx):
+        """The warpgroup's normalised bf16 O (rO) into its half of d of the Q buffer, then out by TMA (warp 0)."""
+        c = self.cfg
+        sO = cute.local_tile(sQ, (c.m_cta, c.dv_wg), (0, dsplit))
+        cute.copy(store_O, store_O.retile(rO), store_O.partition_D(sO))
+        cute.arch.fence_proxy("async.shared", space="cta")  # st.shared (stmatrix) -> the TMA's reads
+        cute.arch.barrier(barrier_id=EPI_WG0 + dsplit, number_of_threads=128)
+        if wtid < 32:
+            tma_o, mO_c = io[2], io[3]
+            g = cute.local_tile(cute.domain_offset((head0, 0), mO_c[None, None, tok0, bidx]), (c.m_cta, c.dv_wg),
+                                (0, dsplit))
+            t_s, t_g = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                             cute.group_modes(g, 0, 2))
+            cute.copy(tma_o, t_s, t_g)
+            cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(self.o_wait_read):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
@@ -246,6 +254,7 @@ class V11(QFirst, EpiTma, GatherHint):
 
     q_by_tma = True
     o_by_tma = True
+    o_wait_read = True
 
 
 class SpinWait(V11):
@@ -259,3 +268,52 @@ class SpinWait(V11):
         while not done:
             done = cute.arch.mbarrier_try_wait(bar, phase)
 
+
+
+class EpiNoWait(V11):
+    """v11 whose CTA exits without waiting for its O stores to read shared memory (FlashMLA's SM90 sparse
+    prefill commits its TMA stores and exits; the CTA's shared memory outlives its outstanding bulk reads)."""
+
+    o_wait_read = False
+
+
+class EpiPipelined(V11):
+    """v11 storing O a 64-column tile at a time (FlashMLA's order): tile t's stmatrix, fence, the warpgroup's
+    barrier and its one TMA box, while tile t + 1 is written; no wait for the reads, as EpiNoWait."""
+
+    o_wait_read = False
+
+    def _io_tma(self, mQ, mO, sQ_layout):
+        """v11's atoms, the O store's box one 64 x 64 tile of the Q buffer's layout."""
+        atoms = V11._io_tma(self, mQ, mO, sQ_layout)
+        if atoms is None or not self._o_tma():
+            return atoms
+        c = self.cfg
+        mO_t = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[1, 2, 0, 3]))
+        sO_tile = cute.slice_(cute.zipped_divide(cute.slice_(sQ_layout, (None, None, 0)), (c.m_cta, 64)),
+                              ((None, None), (0, 0)))
+        return (atoms[0], atoms[1], *cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, sO_tile,
+                                                                 (c.m_cta, 64)))
+
+    @cute.jit
+    def _store_o(self, io, store_O, rO, sQ, dsplit, wtid, tok0, head0, bidx):
+        c = self.cfg
+        sO = cute.local_tile(sQ, (c.m_cta, c.dv_wg), (0, dsplit))
+        src, dst = store_O.retile(rO), store_O.partition_D(sO)
+        per_tile = cute.size(src, mode=[0, 1]) // (c.dv_wg // 64)  # stmatrix ops a 64-column tile (4)
+        for t in cutlass.range_constexpr(c.dv_wg // 64):
+            for j in cutlass.range_constexpr(t * per_tile, (t + 1) * per_tile):  # op j writes column tile j // 4
+                cute.copy(store_O, src[(None, j), None, None], dst[(None, j), None, None])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=EPI_WG0 + dsplit, number_of_threads=128)
+            if wtid < 32:
+                tma_o, mO_c = io[2], io[3]
+                col = dsplit * (c.dv_wg // 64) + t
+                g = cute.local_tile(cute.domain_offset((head0, 0), mO_c[None, None, tok0, bidx]), (c.m_cta, 64),
+                                    (0, col))
+                s_t = cute.local_tile(sQ, (c.m_cta, 64), (0, col))
+                t_s, t_g = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(s_t, 0, 2),
+                                                 cute.group_modes(g, 0, 2))
+                cute.copy(tma_o, t_s, t_g)
+        if wtid < 32:
+            cute.arch.cp_async_bulk_commit_group()

@@ -34,7 +34,7 @@ from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
-from kernels.fmha.prefill_v11 import V11, EpiTma, GatherHint, QFirst, SpinWait
+from kernels.fmha.prefill_v11 import V11, EpiNoWait, EpiPipelined, EpiTma, GatherHint, QFirst, SpinWait
 from kernels.probes import EmptyGridMixin
 
 
@@ -182,7 +182,8 @@ class FmhaPrefillForm(AttentionOnly):
         dsv4bench sweep fmha --hd 512 --mask topk --op attention --bench \\
             --impl cutedsl,cutedsl:v10,cutedsl:q-first,cutedsl:epi-tma,cutedsl:gather-hint,flashmla
 
-    (and `cutedsl:spin-wait`: v11 with its stage waits polled, prefill_v11.SpinWait)
+    (and `cutedsl:spin-wait`: v11 with its stage waits polled, prefill_v11.SpinWait; `cutedsl:epi-nowait` /
+    `cutedsl:epi-pipe`: v11 exiting without waiting for O's TMA reads / storing O a 64-column tile at a time)
     """
 
     refusal = "a prefill A/B form: op attention only"
@@ -204,12 +205,20 @@ class FmhaSpinWait(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:spin-wait", "spin-wait", SpinWait
 
 
+class FmhaEpiNoWait(FmhaPrefillForm):
+    name, variant, kernel_class = "cutedsl:epi-nowait", "epi-nowait", EpiNoWait
+
+
+class FmhaEpiPipelined(FmhaPrefillForm):
+    name, variant, kernel_class = "cutedsl:epi-pipe", "epi-pipe", EpiPipelined
+
+
 class FmhaV10(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:v10", "v10", GatherAttentionSm90
 
 
 # checked A/B forms of the sparse prefill (v10 and v10 + one of v11's changes), attention only
-PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWait)
+PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWait, FmhaEpiNoWait, FmhaEpiPipelined)
 
 
 class FmhaFusedDecode(FmhaCuteDSL):

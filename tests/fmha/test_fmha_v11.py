@@ -55,7 +55,8 @@ def _count(ops: collections.Counter, op: str) -> int:
 def test_v11_is_the_default_and_the_forms_are_checked_variants():
     plain = {i.name for i in impls("fmha")}
     declared = {i.name: i for i in impls("fmha", variants=True)}
-    assert [cls.name for cls in variants.PREFILL_VARIANTS] == ["cutedsl:v10", *list(NAMES)[:-1], "cutedsl:spin-wait"]
+    assert [cls.name for cls in variants.PREFILL_VARIANTS] == ["cutedsl:v10", *list(NAMES)[:-1], "cutedsl:spin-wait",
+                                                                    "cutedsl:epi-nowait", "cutedsl:epi-pipe"]
     assert declared["cutedsl:spin-wait"].kernel_class is prefill_v11.SpinWait
     assert declared["cutedsl:v10"].kernel_class is GatherAttentionSm90
     for name, cls in NAMES.items():
