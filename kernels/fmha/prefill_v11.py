@@ -279,7 +279,8 @@ class EpiNoWait(V11):
 
 class EpiPipelined(V11):
     """v11 storing O a 64-column tile at a time (FlashMLA's order): tile t's stmatrix, fence, the warpgroup's
-    barrier and its one TMA box, while tile t + 1 is written; no wait for the reads, as EpiNoWait."""
+    barrier and its one TMA box, while tile t + 1 is written; no wait for the reads, as EpiNoWait. On the
+    H100 1.005-1.040x v11 at the four bar shapes in one process (docs/perf/fmha.md, "v11's epilogue")."""
 
     o_wait_read = False
 
@@ -317,3 +318,12 @@ class EpiPipelined(V11):
                 cute.copy(tma_o, t_s, t_g)
         if wtid < 32:
             cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(self.o_wait_read):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+class EpiPipelinedWait(EpiPipelined):
+    """EpiPipelined whose warp 0 still waits for the reads before the CTA exits (v11's rule): what the
+    tile order buys alone."""
+
+    o_wait_read = True

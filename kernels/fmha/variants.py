@@ -34,7 +34,8 @@ from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
-from kernels.fmha.prefill_v11 import V11, EpiNoWait, EpiPipelined, EpiTma, GatherHint, QFirst, SpinWait
+from kernels.fmha.prefill_v11 import (V11, EpiNoWait, EpiPipelined, EpiPipelinedWait, EpiTma, GatherHint, QFirst,
+                                      SpinWait)
 from kernels.probes import EmptyGridMixin
 
 
@@ -183,7 +184,8 @@ class FmhaPrefillForm(AttentionOnly):
             --impl cutedsl,cutedsl:v10,cutedsl:q-first,cutedsl:epi-tma,cutedsl:gather-hint,flashmla
 
     (and `cutedsl:spin-wait`: v11 with its stage waits polled, prefill_v11.SpinWait; `cutedsl:epi-nowait` /
-    `cutedsl:epi-pipe`: v11 exiting without waiting for O's TMA reads / storing O a 64-column tile at a time)
+    `cutedsl:epi-pipe`: v11 exiting without waiting for O's TMA reads / storing O a 64-column tile at a time;
+    `cutedsl:epi-pipe-wait`: the tile order with v11's wait)
     """
 
     refusal = "a prefill A/B form: op attention only"
@@ -213,12 +215,17 @@ class FmhaEpiPipelined(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:epi-pipe", "epi-pipe", EpiPipelined
 
 
+class FmhaEpiPipelinedWait(FmhaPrefillForm):
+    name, variant, kernel_class = "cutedsl:epi-pipe-wait", "epi-pipe-wait", EpiPipelinedWait
+
+
 class FmhaV10(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:v10", "v10", GatherAttentionSm90
 
 
 # checked A/B forms of the sparse prefill (v10 and v10 + one of v11's changes), attention only
-PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWait, FmhaEpiNoWait, FmhaEpiPipelined)
+PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWait, FmhaEpiNoWait, FmhaEpiPipelined,
+                    FmhaEpiPipelinedWait)
 
 
 class FmhaFusedDecode(FmhaCuteDSL):

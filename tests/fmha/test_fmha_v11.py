@@ -56,7 +56,8 @@ def test_v11_is_the_default_and_the_forms_are_checked_variants():
     plain = {i.name for i in impls("fmha")}
     declared = {i.name: i for i in impls("fmha", variants=True)}
     assert [cls.name for cls in variants.PREFILL_VARIANTS] == ["cutedsl:v10", *list(NAMES)[:-1], "cutedsl:spin-wait",
-                                                                    "cutedsl:epi-nowait", "cutedsl:epi-pipe"]
+                                                                    "cutedsl:epi-nowait", "cutedsl:epi-pipe",
+                                                                    "cutedsl:epi-pipe-wait"]
     assert declared["cutedsl:spin-wait"].kernel_class is prefill_v11.SpinWait
     assert declared["cutedsl:v10"].kernel_class is GatherAttentionSm90
     for name, cls in NAMES.items():
@@ -141,3 +142,23 @@ def test_candidate_is_the_shipped_code_elsewhere(name):
         return re.sub(r"kernel_cutlass_kernel_\w+", "KERNEL", _ops(cls, cfg)[1])
 
     assert norm(NAMES[name]) == norm(GatherAttentionSm90)
+
+
+@needs_sass
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_epilogue_forms_show_their_change(shape):
+    """Against v11's SASS: epi-pipe stores O's 4 boxes a warpgroup each behind its own barrier (3 bar.sync more, the
+    same 16 stmatrix.x4 a thread); epi-nowait and epi-pipe drop the wait for the TMA store's reads (one
+    `DEPBAR.LE SB0` fewer); epi-pipe-wait keeps it."""
+    cfg = _cfg(SHAPES[shape])
+    base, base_text = _ops(prefill_v11.V11, cfg)
+    forms = {"nowait": prefill_v11.EpiNoWait, "pipe": prefill_v11.EpiPipelined,
+             "pipe-wait": prefill_v11.EpiPipelinedWait}
+    for name, cls in forms.items():
+        ops, text = _ops(cls, cfg)
+        pipelined = name.startswith("pipe")
+        assert _count(ops, "UTMASTG") == _count(base, "UTMASTG") == 4
+        assert _count(ops, "STSM") == _count(base, "STSM")
+        assert _count(ops, "BAR.SYNC") == _count(base, "BAR.SYNC") + (3 if pipelined else 0)
+        dropped = 0 if name == "pipe-wait" else 1
+        assert text.count("DEPBAR.LE SB0") == base_text.count("DEPBAR.LE SB0") - dropped, name
