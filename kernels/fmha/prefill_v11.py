@@ -17,6 +17,9 @@ DSV4 prefills at s_q 4096 and 16384 (docs/perf/fmha.md, "v11"); each change alon
   V11        (`cutedsl`, the default) all three.
   SpinWait   (`cutedsl:spin-wait`)   V11 with the key split's stage waits polled without a suspend
                                      hint (measured: no change within the noise; docs/perf/fmha.md).
+  EpiNoWait, EpiPipelined, EpiPipelinedWait (`cutedsl:epi-nowait`, `epi-pipe`, `epi-pipe-wait`): V11's
+                                     O store without the wait for its reads, a 64-column tile at a time
+                                     (FlashMLA's order, no wait), the tile order with the wait.
 
 Each applies where its preconditions hold at compile time and is v10's code elsewhere: per-token
 lists with the key split, in whole 64-head blocks of a kv group (hpg % 64 == 0: Flash 64, Pro 128;
@@ -269,10 +272,9 @@ class SpinWait(V11):
             done = cute.arch.mbarrier_try_wait(bar, phase)
 
 
-
 class EpiNoWait(V11):
-    """v11 whose CTA exits without waiting for its O stores to read shared memory (FlashMLA's SM90 sparse
-    prefill commits its TMA stores and exits; the CTA's shared memory outlives its outstanding bulk reads)."""
+    """v11 whose CTA exits without waiting for its O stores to read shared memory, as FlashMLA's SM90 sparse
+    prefill does (commit, exit); whether that is safe on every part is not settled here (docs/perf/fmha.md)."""
 
     o_wait_read = False
 
@@ -280,7 +282,7 @@ class EpiNoWait(V11):
 class EpiPipelined(V11):
     """v11 storing O a 64-column tile at a time (FlashMLA's order): tile t's stmatrix, fence, the warpgroup's
     barrier and its one TMA box, while tile t + 1 is written; no wait for the reads, as EpiNoWait. On the
-    H100 1.005-1.040x v11 at the four bar shapes in one process (docs/perf/fmha.md, "v11's epilogue")."""
+    H100 1.005-1.040x v11 at the four bar shapes in one process (docs/perf/fmha.md, "Open gaps")."""
 
     o_wait_read = False
 

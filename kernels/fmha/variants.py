@@ -223,7 +223,7 @@ class FmhaV10(FmhaPrefillForm):
     name, variant, kernel_class = "cutedsl:v10", "v10", GatherAttentionSm90
 
 
-# checked A/B forms of the sparse prefill (v10 and v10 + one of v11's changes), attention only
+# checked A/B forms of the sparse prefill (v10, v10 + one of v11's changes, v11's epilogue forms): attention only
 PREFILL_VARIANTS = (FmhaV10, FmhaQFirst, FmhaEpiTma, FmhaGatherHint, FmhaSpinWait, FmhaEpiNoWait, FmhaEpiPipelined,
                     FmhaEpiPipelinedWait)
 
