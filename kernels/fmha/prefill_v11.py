@@ -279,16 +279,14 @@ class EpiNoWait(V11):
     o_wait_read = False
 
 
-class EpiPipelined(V11):
-    """v11 storing O a 64-column tile at a time (FlashMLA's order): tile t's stmatrix, fence, the warpgroup's
-    barrier and its one TMA box, while tile t + 1 is written; no wait for the reads, as EpiNoWait. On the
-    H100 1.005-1.040x v11 at the four bar shapes in one process (docs/perf/fmha.md, "Open gaps")."""
-
-    o_wait_read = False
+class TiledOStore:
+    """Mixin (before an EpiTma form in the bases): O stored a 64-column tile at a time (FlashMLA's order): tile
+    t's stmatrix, fence, the warpgroup's barrier and its one TMA box, while tile t + 1 is written; the wait for
+    the reads at the end as the form's `o_wait_read` says."""
 
     def _io_tma(self, mQ, mO, sQ_layout):
-        """v11's atoms, the O store's box one 64 x 64 tile of the Q buffer's layout."""
-        atoms = V11._io_tma(self, mQ, mO, sQ_layout)
+        """The form's atoms, the O store's box one 64 x 64 tile of the Q buffer's layout."""
+        atoms = super()._io_tma(mQ, mO, sQ_layout)
         if atoms is None or not self._o_tma():
             return atoms
         c = self.cfg
@@ -322,6 +320,13 @@ class EpiPipelined(V11):
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.o_wait_read):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+class EpiPipelined(TiledOStore, V11):
+    """v11 with the tiled O store and no wait for the reads, as EpiNoWait. On the H100 1.005-1.040x v11 at the
+    four bar shapes in one process (docs/perf/fmha.md, "Open gaps")."""
+
+    o_wait_read = False
 
 
 class EpiPipelinedWait(EpiPipelined):

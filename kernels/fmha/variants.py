@@ -35,7 +35,7 @@ from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import (V11, EpiNoWait, EpiPipelined, EpiPipelinedWait, EpiTma, GatherHint, QFirst,
-                                      SpinWait)
+                                      SpinWait, TiledOStore)
 from kernels.probes import EmptyGridMixin
 
 
@@ -267,6 +267,14 @@ class DecodeNoPrefetch(FusedQTma):
         pass
 
 
+class DecodeTiledO(TiledOStore, FusedQTma):
+    """The default FP8 decode with the sparse prefill's candidate O store (prefill_v11.TiledOStore: a 64-column tile
+    at a time, no wait for the reads; 1.005-1.040x v11 there): a one-request CTA spends most of its time outside
+    the key loop."""
+
+    o_wait_read = False
+
+
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-no-prefetch", "decode-no-prefetch", DecodeNoPrefetch
 
@@ -277,6 +285,10 @@ class FmhaDecodeNoMath(FmhaFusedDecode):
 
 class FmhaDecodeNoDequant(FmhaFusedDecode):
     name, variant, decode_form, checked = "cutedsl:decode-no-dequant", "decode-no-dequant", DecodeNoDequant, False
+
+
+class FmhaDecodeEpiPipe(FmhaFusedDecode):
+    name, variant, decode_form = "cutedsl:decode-epi-pipe", "decode-epi-pipe", DecodeTiledO
 
 
 class FmhaDecodePfAll(FmhaFusedDecode):
@@ -298,4 +310,4 @@ class FmhaDecodePfFirst(FmhaFusedDecode):
 # one-round-trip combine at 9a1293b, the prefetch two pairs ahead at 94f4045,
 # the consumers split over d at 72989cd
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
-                   FmhaDecodePfFirst)
+                   FmhaDecodePfFirst, FmhaDecodeEpiPipe)
