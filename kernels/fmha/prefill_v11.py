@@ -90,6 +90,7 @@ class V11Base(GatherAttentionSm90):
 
     q_by_tma = False
     o_by_tma = False
+    o_tile_cols = 0  # the O store's tile width; 0: a warpgroup's half of d at once (EpiPipelined: 64)
 
     def _v11_applies(self) -> bool:
         """Per-token lists with the key split, in whole 64-head blocks of a kv group (hpg % 64 == 0: Flash
@@ -102,6 +103,10 @@ class V11Base(GatherAttentionSm90):
 
     def _o_tma(self) -> bool:
         return self.o_by_tma and self._v11_applies()
+
+    def _o_cols(self) -> int:
+        """Columns of O a TMA store tile takes: a warpgroup's half of d in one (v11), or `o_tile_cols` a tile."""
+        return self.o_tile_cols or self.cfg.dv_wg
 
     def _io_tma(self, mQ, mO, sQ_layout):
         """(Q load atom, Q coordinates, O store atom, O coordinates), the unused pair None; or None.
@@ -117,9 +122,10 @@ class V11Base(GatherAttentionSm90):
             q = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mQ_t, sQ_2d, (c.m_cta, c.d))
         if self._o_tma():
             mO_t = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[1, 2, 0, 3]))
-            # one warpgroup's half of d: the (64, dv / 2) slice of the Q buffer's layout
-            sO_half = cute.slice_(cute.zipped_divide(sQ_2d, (c.m_cta, c.dv_wg)), ((None, None), (0, 0)))
-            o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, sO_half, (c.m_cta, c.dv_wg))
+            # one O store tile: the (64, `_o_cols`) slice of the Q buffer's layout (v11: a warpgroup's half of d)
+            cols = self._o_cols()
+            sO_tile = cute.slice_(cute.zipped_divide(sQ_2d, (c.m_cta, cols)), ((None, None), (0, 0)))
+            o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, sO_tile, (c.m_cta, cols))
         return (*q, *o)
 
 
@@ -161,9 +167,9 @@ class EpiTma(V11Base):
         it as bf16 into its half of d of the Q buffer by stmatrix (16 x4 a thread instead of 128 scalar
         stores), fences the writes for the async proxy, meets its own 128 threads at one named barrier,
         and warp 0 stores the half by TMA (4 boxes of 64 x 64) and waits until the boxes have read smem
-        (the CTA must not exit under them). No CTA-wide barrier: `_merge_row_sums`' SUMS barrier
-        (bar.sync, both warpgroups) comes after each warpgroup's last wgmma wait, so every QK read of
-        sQ is done before either writes O there; the halves are disjoint."""
+        (`_store_o`: the forms store a tile at a time or skip the wait). No CTA-wide barrier:
+        `_merge_row_sums`' SUMS barrier (bar.sync, both warpgroups) comes after each warpgroup's last wgmma
+        wait, so every QK read of sQ is done before either writes O there; the halves are disjoint."""
         if cutlass.const_expr(not self._o_tma()):
             GatherAttentionSm90._epilogue(self, mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit,
                                           wtid, tok0, head0, kvh, s_q, bidx, io)
@@ -200,19 +206,32 @@ class EpiTma(V11Base):
 
     @cute.jit
     def _store_o(self, io, store_O, rO, sQ, dsplit, wtid, tok0, head0, bidx):
-        """The warpgroup's normalised bf16 O (rO) into its half of d of the Q buffer, then out by TMA (warp 0)."""
+        """The warpgroup's normalised bf16 O (rO) into its half of d of the Q buffer and out by TMA (warp 0), a
+        store tile (`_o_cols`) at a time: its stmatrix ops, fence, the warpgroup's barrier, its TMA box, while
+        the next tile is written (one tile: v11); then, per `o_wait_read`, the wait for the boxes' reads."""
         c = self.cfg
+        cols = self._o_cols()
+        n_tiles = c.dv_wg // cols
         sO = cute.local_tile(sQ, (c.m_cta, c.dv_wg), (0, dsplit))
-        cute.copy(store_O, store_O.retile(rO), store_O.partition_D(sO))
-        cute.arch.fence_proxy("async.shared", space="cta")  # st.shared (stmatrix) -> the TMA's reads
-        cute.arch.barrier(barrier_id=EPI_WG0 + dsplit, number_of_threads=128)
+        src, dst = store_O.retile(rO), store_O.partition_D(sO)
+        per_tile = cute.size(src, mode=[0, 1]) // n_tiles  # stmatrix op j writes the (j // per_tile)-th tile
+        for t in cutlass.range_constexpr(n_tiles):
+            if cutlass.const_expr(n_tiles == 1):
+                cute.copy(store_O, src, dst)
+            else:
+                for j in cutlass.range_constexpr(t * per_tile, (t + 1) * per_tile):
+                    cute.copy(store_O, src[(None, j), None, None], dst[(None, j), None, None])
+            cute.arch.fence_proxy("async.shared", space="cta")  # st.shared (stmatrix) -> the TMA's reads
+            cute.arch.barrier(barrier_id=EPI_WG0 + dsplit, number_of_threads=128)
+            if wtid < 32:
+                tma_o, mO_c = io[2], io[3]
+                g = cute.local_tile(cute.domain_offset((head0, 0), mO_c[None, None, tok0, bidx]), (c.m_cta, c.dv_wg),
+                                    (0, dsplit))
+                t_s, t_g = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
+                                                 cute.group_modes(cute.local_tile(sO, (c.m_cta, cols), (0, t)), 0, 2),
+                                                 cute.group_modes(cute.local_tile(g, (c.m_cta, cols), (0, t)), 0, 2))
+                cute.copy(tma_o, t_s, t_g)
         if wtid < 32:
-            tma_o, mO_c = io[2], io[3]
-            g = cute.local_tile(cute.domain_offset((head0, 0), mO_c[None, None, tok0, bidx]), (c.m_cta, c.dv_wg),
-                                (0, dsplit))
-            t_s, t_g = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
-                                             cute.group_modes(g, 0, 2))
-            cute.copy(tma_o, t_s, t_g)
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.o_wait_read):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -279,53 +298,11 @@ class EpiNoWait(V11):
     o_wait_read = False
 
 
-class TiledOStore:
-    """Mixin (before an EpiTma form in the bases): O stored a 64-column tile at a time (FlashMLA's order): tile
-    t's stmatrix, fence, the warpgroup's barrier and its one TMA box, while tile t + 1 is written; the wait for
-    the reads at the end as the form's `o_wait_read` says."""
+class EpiPipelined(V11):
+    """v11 storing O a 64-column tile at a time (FlashMLA's order) with no wait for the reads, as EpiNoWait. On the
+    H100 1.005-1.040x v11 at the four bar shapes in one process (docs/perf/fmha.md, "Open gaps")."""
 
-    def _io_tma(self, mQ, mO, sQ_layout):
-        """The form's atoms, the O store's box one 64 x 64 tile of the Q buffer's layout."""
-        atoms = super()._io_tma(mQ, mO, sQ_layout)
-        if atoms is None or not self._o_tma():
-            return atoms
-        c = self.cfg
-        mO_t = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[1, 2, 0, 3]))
-        sO_tile = cute.slice_(cute.zipped_divide(cute.slice_(sQ_layout, (None, None, 0)), (c.m_cta, 64)),
-                              ((None, None), (0, 0)))
-        return (atoms[0], atoms[1], *cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, sO_tile,
-                                                                 (c.m_cta, 64)))
-
-    @cute.jit
-    def _store_o(self, io, store_O, rO, sQ, dsplit, wtid, tok0, head0, bidx):
-        c = self.cfg
-        sO = cute.local_tile(sQ, (c.m_cta, c.dv_wg), (0, dsplit))
-        src, dst = store_O.retile(rO), store_O.partition_D(sO)
-        per_tile = cute.size(src, mode=[0, 1]) // (c.dv_wg // 64)  # stmatrix ops a 64-column tile (4)
-        for t in cutlass.range_constexpr(c.dv_wg // 64):
-            for j in cutlass.range_constexpr(t * per_tile, (t + 1) * per_tile):  # op j writes column tile j // 4
-                cute.copy(store_O, src[(None, j), None, None], dst[(None, j), None, None])
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=EPI_WG0 + dsplit, number_of_threads=128)
-            if wtid < 32:
-                tma_o, mO_c = io[2], io[3]
-                col = dsplit * (c.dv_wg // 64) + t
-                g = cute.local_tile(cute.domain_offset((head0, 0), mO_c[None, None, tok0, bidx]), (c.m_cta, 64),
-                                    (0, col))
-                s_t = cute.local_tile(sQ, (c.m_cta, 64), (0, col))
-                t_s, t_g = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(s_t, 0, 2),
-                                                 cute.group_modes(g, 0, 2))
-                cute.copy(tma_o, t_s, t_g)
-        if wtid < 32:
-            cute.arch.cp_async_bulk_commit_group()
-            if cutlass.const_expr(self.o_wait_read):
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-
-class EpiPipelined(TiledOStore, V11):
-    """v11 with the tiled O store and no wait for the reads, as EpiNoWait. On the H100 1.005-1.040x v11 at the
-    four bar shapes in one process (docs/perf/fmha.md, "Open gaps")."""
-
+    o_tile_cols = 64
     o_wait_read = False
 
 

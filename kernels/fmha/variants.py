@@ -35,7 +35,7 @@ from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import (V11, EpiNoWait, EpiPipelined, EpiPipelinedWait, EpiTma, GatherHint, QFirst,
-                                      SpinWait, TiledOStore)
+                                      SpinWait)
 from kernels.probes import EmptyGridMixin
 
 
@@ -267,12 +267,13 @@ class DecodeNoPrefetch(FusedQTma):
         pass
 
 
-class DecodeTiledO(TiledOStore, FusedQTma):
-    """The default FP8 decode with the sparse prefill's candidate O store (prefill_v11.TiledOStore: a 64-column tile
+class DecodeTiledO(FusedQTma):
+    """The default FP8 decode with the sparse prefill's candidate O store (prefill_v11.EpiPipelined: a 64-column tile
     at a time, no wait for the reads; 1.005-1.040x v11 there): a one-request CTA spends most of its time outside
     the key loop."""
 
-    o_wait_read = False
+    o_tile_cols = EpiPipelined.o_tile_cols
+    o_wait_read = EpiPipelined.o_wait_read
 
 
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):

@@ -429,7 +429,7 @@ def test_the_prefetch_rule_takes_every_line_only_over_small_caches():
 
 
 def test_decode_epi_pipe_stores_o_a_tile_at_a_time():
-    """cutedsl:decode-epi-pipe (checked) is the default with prefill_v11.TiledOStore: the same 4 TMA boxes a
+    """cutedsl:decode-epi-pipe (checked) is the default with prefill_v11.EpiPipelined's O store: the same 4 TMA boxes a
     warpgroup, each behind its own barrier (3 bar.sync more), one read wait (`DEPBAR.LE SB0`) fewer; no local
     memory."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
