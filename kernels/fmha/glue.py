@@ -18,7 +18,7 @@ from kernels.fmha.compiling import NO_WINDOW, compile_config
 from kernels.fmha.config import LOG2E, Config
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.decode_glue import PACKED_MAX_BLOCK, FusedWorkspace, Workspace, compile_decode, compile_fused, run_decode, run_fused
-from kernels.fmha.prefill_v11 import V11
+from kernels.fmha.prefill_v11 import V12
 
 
 def config_for(case: Case) -> Config:
@@ -58,11 +58,11 @@ class FmhaCuteDSL(Impl):
     family, name, backend = "fmha", "cutedsl", "cutedsl"
     archs = ("sm_90a",)
     compiles = True
-    # The attention kernel (a declared variant compiles its own subclass, variants.py): v11 (prefill_v11.py:
-    # Q by TMA, O by stmatrix + TMA store, the hinted gather), the shipped code wherever its preconditions
-    # fail. On the H100: 1.19-1.29x v10 (`cutedsl:v10`, GatherAttentionSm90) on the DSV4 prefills at
-    # s_q 4096 and 16384, 0.97-0.99x FlashMLA in interleaved rounds (docs/perf/fmha.md, "v11").
-    kernel_class: type = V11
+    # The attention kernel (a declared variant compiles its own subclass, variants.py): v12 (prefill_v11.py:
+    # Q by TMA, O by stmatrix + TMA stores a 64-column tile at a time, the hinted gather), the shipped code
+    # wherever its preconditions fail. v11 was 1.19-1.29x v10 (`cutedsl:v10`) on the H100; v12 1.00-1.02x
+    # v11 (`cutedsl:v11`) on the H200 (docs/perf/fmha.md, "Current standing").
+    kernel_class: type = V12
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
     # else the fused kernel's class (decode_fused.py, decode_glue.compile_fused / run_fused). The default
     # is v8 (decode_pair.FusedQTma): H100, graph-timed, FlashMLA's FP8 decode / ours 1.177x geomean over

@@ -1,7 +1,7 @@
-"""v11, the default sparse prefill (`cutedsl`; the key split, dv = 512, V = K: every DSV4 shape), issue
+"""v12, the default sparse prefill (`cutedsl`; the key split, dv = 512, V = K: every DSV4 shape), issue
 #25: the fixed cost per CTA (Q's load, the epilogue) and the gather's per-tile cost, each a subclass of
-v10 (GatherAttentionSm90, `cutedsl:v10`) that overrides one seam. On the H100, 1.19-1.29x v10 on the
-DSV4 prefills at s_q 4096 and 16384 (docs/perf/fmha.md, "v11"); each change alone is an A/B form:
+v10 (GatherAttentionSm90, `cutedsl:v10`) that overrides one seam. On the H100, v11 was 1.19-1.29x v10 on
+the DSV4 prefills at s_q 4096 and 16384 (docs/perf/fmha.md, "v11"); each change alone is an A/B form:
 
   QFirst     (`cutedsl:q-first`)     Q by one TMA (8 boxes of 64 heads x 64 d, issued by producer
                                      warp 0, one arrive.expect_tx on q_full) instead of 32 cp.async a
@@ -14,12 +14,11 @@ DSV4 prefills at s_q 4096 and 16384 (docs/perf/fmha.md, "v11"); each change alon
   GatherHint (`cutedsl:gather-hint`) the pair's K rows by `cp.async.cg ... L2::cache_hint` (an
                                      evict_last policy), src-size 0 (zero fill, no read) for invalid
                                      slots, one shared-memory base a thread plus immediates.
-  V11        (`cutedsl`, the default) all three.
+  V11        (`cutedsl:v11`)         all three.
+  V12        (`cutedsl`, the default) V11 storing O a 64-column tile at a time (FlashMLA's order), still
+                                     waiting for the boxes' reads before the CTA exits.
   SpinWait   (`cutedsl:spin-wait`)   V11 with the key split's stage waits polled without a suspend
                                      hint (measured: no change within the noise; docs/perf/fmha.md).
-  EpiNoWait, EpiPipelined, EpiPipelinedWait (`cutedsl:epi-nowait`, `epi-pipe`, `epi-pipe-wait`): V11's
-                                     O store without the wait for its reads, a 64-column tile at a time
-                                     (FlashMLA's order, no wait), the tile order with the wait.
 
 Each applies where its preconditions hold at compile time and is v10's code elsewhere: per-token
 lists with the key split, in whole 64-head blocks of a kv group (hpg % 64 == 0: Flash 64, Pro 128;
@@ -90,7 +89,7 @@ class V11Base(GatherAttentionSm90):
 
     q_by_tma = False
     o_by_tma = False
-    o_tile_cols = 0  # the O store's tile width; 0: a warpgroup's half of d at once (EpiPipelined: 64)
+    o_tile_cols = 0  # the O store's tile width; 0: a warpgroup's half of d at once (V12: 64)
 
     def _v11_applies(self) -> bool:
         """Per-token lists with the key split, in whole 64-head blocks of a kv group (hpg % 64 == 0: Flash
@@ -158,7 +157,7 @@ class QFirst(V11Base):
 
 class EpiTma(V11Base):
     o_by_tma = True
-    o_wait_read = True  # warp 0 waits until its TMA store has read O out of smem (EpiNoWait: not)
+    o_wait_read = True  # warp 0 waits until its TMA store has read O out of smem before the CTA exits
 
     @cute.jit
     def _epilogue(self, mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
@@ -291,23 +290,10 @@ class SpinWait(V11):
             done = cute.arch.mbarrier_try_wait(bar, phase)
 
 
-class EpiNoWait(V11):
-    """v11 whose CTA exits without waiting for its O stores to read shared memory, as FlashMLA's SM90 sparse
-    prefill does (commit, exit); whether that is safe on every part is not settled here (docs/perf/fmha.md)."""
-
-    o_wait_read = False
-
-
-class EpiPipelined(V11):
-    """v11 storing O a 64-column tile at a time (FlashMLA's order) with no wait for the reads, as EpiNoWait. On the
-    H100 1.005-1.040x v11 at the four bar shapes in one process (docs/perf/fmha.md, "Open gaps")."""
+class V12(V11):
+    """V11 storing O a 64-column tile at a time, FlashMLA's order: each tile's stmatrix, fence, barrier and TMA box
+    while the next tile is written, then the wait for the boxes' reads before the CTA exits (FlashMLA's kernel exits
+    without it; its form without the wait measured no faster: docs/perf/fmha.md). H200: 1.003-1.023x v11 on the
+    four bar shapes in one process (one 3% loss at Pro s_q 16384 in another); H100: the no-wait form 1.005-1.040x."""
 
     o_tile_cols = 64
-    o_wait_read = False
-
-
-class EpiPipelinedWait(EpiPipelined):
-    """EpiPipelined whose warp 0 still waits for the reads before the CTA exits (v11's rule): what the
-    tile order buys alone."""
-
-    o_wait_read = True

@@ -1,5 +1,5 @@
-"""v11, the default sparse prefill (kernels/fmha/prefill_v11.py; `cutedsl`), and its A/B forms (v10 with
-one of its changes: `cutedsl:q-first`, `epi-tma`, `gather-hint`) compile for sm_90a from fake tensors (no GPU) at the Flash (h_q 64) and Pro (h_q 128)
+"""v12, the default sparse prefill (kernels/fmha/prefill_v11.py; `cutedsl`: v11 with O stored a 64-column tile at a
+time), v11 (`cutedsl:v11`) and its A/B forms (v10 with one of its changes: `cutedsl:q-first`, `epi-tma`, `gather-hint`) compile for sm_90a from fake tensors (no GPU) at the Flash (h_q 64) and Pro (h_q 128)
 shapes without spills, and their SASS shows the change each claims against v10's (GatherAttentionSm90, `cutedsl:v10`): Q by
 TMA and 32 fewer cp.async a producer thread; O by stmatrix + TMA store with no scalar bf16 stores and
 one CTA-wide barrier fewer; the K rows' cp.async with a cache-policy descriptor, zero-fill predicates and
@@ -24,7 +24,7 @@ from kernels.fmha.config import Config
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 
 NAMES = {"cutedsl:q-first": prefill_v11.QFirst, "cutedsl:epi-tma": prefill_v11.EpiTma,
-         "cutedsl:gather-hint": prefill_v11.GatherHint, "cutedsl": prefill_v11.V11}
+         "cutedsl:gather-hint": prefill_v11.GatherHint, "cutedsl:v11": prefill_v11.V11, "cutedsl": prefill_v11.V12}
 SHAPES = {"flash": 64, "pro": 128}  # query heads per kv head (h_kv = 1)
 
 
@@ -52,12 +52,11 @@ def _count(ops: collections.Counter, op: str) -> int:
     return sum(n for name, n in ops.items() if name == op or name.startswith(op + "."))
 
 
-def test_v11_is_the_default_and_the_forms_are_checked_variants():
+def test_v12_is_the_default_and_the_forms_are_checked_variants():
     plain = {i.name for i in impls("fmha")}
     declared = {i.name: i for i in impls("fmha", variants=True)}
-    assert [cls.name for cls in variants.PREFILL_VARIANTS] == ["cutedsl:v10", *list(NAMES)[:-1], "cutedsl:spin-wait",
-                                                                    "cutedsl:epi-nowait", "cutedsl:epi-pipe",
-                                                                    "cutedsl:epi-pipe-wait"]
+    assert [cls.name for cls in variants.PREFILL_VARIANTS] == ["cutedsl:v10", *list(NAMES)[:3], "cutedsl:spin-wait",
+                                                                    "cutedsl:v11"]
     assert declared["cutedsl:spin-wait"].kernel_class is prefill_v11.SpinWait
     assert declared["cutedsl:v10"].kernel_class is GatherAttentionSm90
     for name, cls in NAMES.items():
@@ -110,9 +109,10 @@ def test_candidate_sass_shows_its_change(name, shape):
     cfg = _cfg(SHAPES[shape])
     base, _ = _ops(GatherAttentionSm90, cfg)
     mine, text = _ops(NAMES[name], cfg)
-    q_tma = name in ("cutedsl:q-first", "cutedsl")
-    o_tma = name in ("cutedsl:epi-tma", "cutedsl")
-    hint = name in ("cutedsl:gather-hint", "cutedsl")
+    whole = ("cutedsl:v11", "cutedsl")
+    q_tma = name in ("cutedsl:q-first", *whole)
+    o_tma = name in ("cutedsl:epi-tma", *whole)
+    hint = name in ("cutedsl:gather-hint", *whole)
     # Q: 8 TMA boxes (64 heads x 64 d) instead of 32 cp.async a producer thread
     assert _count(mine, "UTMALDG") == (8 if q_tma else 0)
     assert _count(mine, "LDGSTS.E") == _count(base, "LDGSTS.E") - (32 if q_tma else 0)
@@ -123,7 +123,8 @@ def test_candidate_sass_shows_its_change(name, shape):
         assert _count(mine, "STS.U16") == 0 and _count(base, "STS.U16") == 128
         assert _count(mine, "STSM") == _count(base, "STSM") + 16
         assert _count(mine, "LDS.128") == 0 and _count(mine, "STG.E.128") == 0
-        assert _count(mine, "BAR.SYNC") == _count(base, "BAR.SYNC") - 1
+        # v12 (`cutedsl`) meets its warpgroup's barrier once a 64-column store tile: 3 more
+        assert _count(mine, "BAR.SYNC") == _count(base, "BAR.SYNC") - 1 + (3 if name == "cutedsl" else 0)
     else:
         assert _count(mine, "STS.U16") == _count(base, "STS.U16")
     # K rows: a cache-policy descriptor, zero-fill predicates, immediate smem / gmem offsets
@@ -146,19 +147,13 @@ def test_candidate_is_the_shipped_code_elsewhere(name):
 
 @needs_sass
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_epilogue_forms_show_their_change(shape):
-    """Against v11's SASS: epi-pipe stores O's 4 boxes a warpgroup each behind its own barrier (3 bar.sync more, the
-    same 16 stmatrix.x4 a thread); epi-nowait and epi-pipe drop the wait for the TMA store's reads (one
-    `DEPBAR.LE SB0` fewer); epi-pipe-wait keeps it."""
+def test_v12_stores_o_a_tile_at_a_time(shape):
+    """Against v11's SASS: v12 stores O's 4 boxes a warpgroup each behind its own barrier (3 bar.sync more, the same
+    16 stmatrix.x4 a thread) and keeps the wait for the TMA store's reads before the CTA exits."""
     cfg = _cfg(SHAPES[shape])
     base, base_text = _ops(prefill_v11.V11, cfg)
-    forms = {"nowait": prefill_v11.EpiNoWait, "pipe": prefill_v11.EpiPipelined,
-             "pipe-wait": prefill_v11.EpiPipelinedWait}
-    for name, cls in forms.items():
-        ops, text = _ops(cls, cfg)
-        pipelined = name.startswith("pipe")
-        assert _count(ops, "UTMASTG") == _count(base, "UTMASTG") == 4
-        assert _count(ops, "STSM") == _count(base, "STSM")
-        assert _count(ops, "BAR.SYNC") == _count(base, "BAR.SYNC") + (3 if pipelined else 0)
-        dropped = 0 if name == "pipe-wait" else 1
-        assert text.count("DEPBAR.LE SB0") == base_text.count("DEPBAR.LE SB0") - dropped, name
+    ops, text = _ops(prefill_v11.V12, cfg)
+    assert _count(ops, "UTMASTG") == _count(base, "UTMASTG") == 4
+    assert _count(ops, "STSM") == _count(base, "STSM")
+    assert _count(ops, "BAR.SYNC") == _count(base, "BAR.SYNC") + 3
+    assert text.count("DEPBAR.LE SB0") == base_text.count("DEPBAR.LE SB0") >= 1
