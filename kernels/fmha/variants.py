@@ -34,8 +34,7 @@ from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
-from kernels.fmha.prefill_v11 import (V11, V12, EpiTma, GatherHint, QFirst,
-                                      SpinWait)
+from kernels.fmha.prefill_v11 import V11, V12, EpiTma, GatherHint, QFirst, SpinWait
 from kernels.probes import EmptyGridMixin
 
 
@@ -257,20 +256,6 @@ class DecodeNoPrefetch(FusedQTma):
         pass
 
 
-class DecodeTiledO(FusedQTma):
-    """The default FP8 decode with the sparse prefill's O store (prefill_v11.V12: a 64-column tile at a time, the
-    wait for the reads kept): a one-request CTA spends most of its time outside the key loop."""
-
-    o_tile_cols = V12.o_tile_cols
-
-
-class DecodeTiledONoWait(DecodeTiledO):
-    """DecodeTiledO exiting without waiting for the boxes' reads (FlashMLA's order and exit): H200, 1.187x FlashMLA
-    geomean against the default's 1.174x in one process."""
-
-    o_wait_read = False
-
-
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-no-prefetch", "decode-no-prefetch", DecodeNoPrefetch
 
@@ -281,14 +266,6 @@ class FmhaDecodeNoMath(FmhaFusedDecode):
 
 class FmhaDecodeNoDequant(FmhaFusedDecode):
     name, variant, decode_form, checked = "cutedsl:decode-no-dequant", "decode-no-dequant", DecodeNoDequant, False
-
-
-class FmhaDecodeTiledO(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-tiled-o", "decode-tiled-o", DecodeTiledO
-
-
-class FmhaDecodeEpiPipe(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-epi-pipe", "decode-epi-pipe", DecodeTiledONoWait
 
 
 class FmhaDecodePfAll(FmhaFusedDecode):
@@ -310,4 +287,4 @@ class FmhaDecodePfFirst(FmhaFusedDecode):
 # one-round-trip combine at 9a1293b, the prefetch two pairs ahead at 94f4045,
 # the consumers split over d at 72989cd
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
-                   FmhaDecodePfFirst, FmhaDecodeTiledO, FmhaDecodeEpiPipe)
+                   FmhaDecodePfFirst)

@@ -428,21 +428,19 @@ def test_the_prefetch_rule_takes_every_line_only_over_small_caches():
     assert prefetch_all_lines((cache(edge),)) and not prefetch_all_lines((cache(edge + 64 * 8),))
 
 
-@pytest.mark.parametrize("name, waits", [("cutedsl:decode-tiled-o", True), ("cutedsl:decode-epi-pipe", False)])
-def test_decode_tiled_o_stores_o_a_tile_at_a_time(name, waits):
-    """The default with prefill_v11.V12's O store (checked): the same 4 TMA boxes a warpgroup, each behind its own
-    barrier (3 bar.sync more); decode-tiled-o keeps the wait for the boxes' reads, decode-epi-pipe drops it (one
-    `DEPBAR.LE SB0` fewer); no local memory."""
+def test_the_default_decode_stores_o_a_tile_at_a_time():
+    """v9 (FusedQTma) against v8's O store (the same class with one box a warpgroup): the same 4 TMA boxes a
+    warpgroup, each behind its own barrier (3 bar.sync more), the wait for the boxes' reads kept; no local memory."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
-    from dsv4bench.core.registry import get_impl
     from kernels.fmha.decode_pair import FusedQTma
 
-    impl = get_impl("fmha", name)
-    assert impl.checked
-    kernels = {cls: compile_fused(128, "sm_90a", cls).kernels["fused"] for cls in (FusedQTma, impl.decode_form)}
-    assert all(parse_cubin(k.__cubin__).local_bytes == 0 for k in kernels.values())
+    class OneBoxAWarpgroup(FusedQTma):
+        o_tile_cols = 0
+
+    kernels = [compile_fused(128, "sm_90a", cls).kernels["fused"] for cls in (OneBoxAWarpgroup, FusedQTma)]
+    assert all(parse_cubin(k.__cubin__).local_bytes == 0 for k in kernels)
     if find_nvdisasm() is not None:
-        base, mine = (sass_of(k) for k in kernels.values())
+        base, mine = (sass_of(k) for k in kernels)
         assert mine.count("UTMASTG") == base.count("UTMASTG") == 4
         assert mine.count("BAR.SYNC") == base.count("BAR.SYNC") + 3
-        assert mine.count("DEPBAR.LE SB0") == base.count("DEPBAR.LE SB0") - (0 if waits else 1)
+        assert mine.count("DEPBAR.LE SB0") == base.count("DEPBAR.LE SB0") >= 1

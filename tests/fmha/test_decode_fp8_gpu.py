@@ -29,8 +29,7 @@ CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
 KNOCK_OUTS = ("cutedsl:decode-no-math", "cutedsl:decode-no-dequant")  # unchecked: they must return
 CHECKED = ("cutedsl", "cutedsl:decode-v1", "cutedsl:decode-no-prefetch",  # the default, v1, the default unprefetched
-           "cutedsl:decode-pf-all", "cutedsl:decode-pf-first",  # the prefetch forms forced
-           "cutedsl:decode-tiled-o", "cutedsl:decode-epi-pipe")  # v12's O store, with / without the read wait
+           "cutedsl:decode-pf-all", "cutedsl:decode-pf-first")  # the prefetch forms forced
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in (*CHECKED, *KNOCK_OUTS)}
 _compiled: dict = {}
 
