@@ -53,21 +53,25 @@ class FusedPackedLoop(FusedDecodeSm90):
 
     @cute.jit
     def _prefetch_row(self, caches, all_lines, second, v):
-        """L2 prefetch of token v's row (every line if `all_lines`, else its first) and its scale row in
-        cache 1 if `second` else cache 0; nothing for v < 0 (a slot not read)."""
+        """L2 prefetch of token v's row and its scale row (`_prefetch_lines`) in cache 1 if `second` else cache 0;
+        nothing for v < 0 (a slot not read)."""
         if v >= 0:
             codes, sc = self._select_cache(caches, second)
             bs = cute.size(codes, mode=[1])
             blk = v // bs
             tok = v - blk * bs
-            row = codes[blk, tok, None].iterator.toint()
-            prefetch_l2(row)
-            if all_lines != 0:
-                # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
-                for k in cutlass.range_constexpr(1, 5):
-                    prefetch_l2(row + k * 128)
-                prefetch_l2(row + (ROW_BYTES - 1))
-            prefetch_l2(sc[blk, tok, None].iterator.toint())
+            self._prefetch_lines(codes[blk, tok, None].iterator.toint(), sc, blk, tok, all_lines)
+
+    @cute.jit
+    def _prefetch_lines(self, row, sc, blk, tok, all_lines):
+        """Every line of the row if `all_lines`, else its first; then the scale row (sc[blk, tok])."""
+        prefetch_l2(row)
+        if all_lines != 0:
+            # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
+            for k in cutlass.range_constexpr(1, 5):
+                prefetch_l2(row + k * 128)
+            prefetch_l2(row + (ROW_BYTES - 1))
+        prefetch_l2(sc[blk, tok, None].iterator.toint())
 
     @cute.jit
     def _produce(self, caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles):

@@ -32,6 +32,8 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
+from kernels.fmha.decode_prefetch import ROW_BYTES
+from kernels.fmha.decode_ptx import prefetch_l2
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, V12, EpiTma, GatherHint, QFirst, SpinWait
@@ -256,6 +258,30 @@ class DecodeNoPrefetch(FusedQTma):
         pass
 
 
+class DecodePairPrefetch(FusedQTma):
+    """The default FP8 decode whose head pair (h_q 128) prefetches each row once between its two CTAs instead of
+    twice (both CTAs' producers walk the same slots): rank 0 the first line (+ lines 2 and 4 with every line), rank 1
+    the scale row (+ lines 1, 3 and the last byte). H200: every line lost 3-8% at h_q 128 over large caches and won
+    2-5% at h_q 64 (one CTA a row): the duplicate prefetches are the suspect."""
+
+    @cute.jit
+    def _prefetch_lines(self, row, sc, blk, tok, all_lines):
+        if cutlass.const_expr(not self._paired()):
+            FusedQTma._prefetch_lines(self, row, sc, blk, tok, all_lines)
+        else:
+            if cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) == 0:
+                prefetch_l2(row)
+                if all_lines != 0:
+                    prefetch_l2(row + 256)
+                    prefetch_l2(row + 512)
+            else:
+                prefetch_l2(sc[blk, tok, None].iterator.toint())
+                if all_lines != 0:
+                    prefetch_l2(row + 128)
+                    prefetch_l2(row + 384)
+                    prefetch_l2(row + (ROW_BYTES - 1))
+
+
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):
     name, variant, decode_form = "cutedsl:decode-no-prefetch", "decode-no-prefetch", DecodeNoPrefetch
 
@@ -280,6 +306,17 @@ class FmhaDecodePfFirst(FmhaFusedDecode):
     name, variant, decode_all_lines = "cutedsl:decode-pf-first", "decode-pf-first", False
 
 
+class FmhaDecodePfPair(FmhaFusedDecode):
+    name, variant, decode_form = "cutedsl:decode-pf-pair", "decode-pf-pair", DecodePairPrefetch
+
+
+class FmhaDecodePfPairAll(FmhaFusedDecode):
+    """decode-pf-pair with every line whatever the caches' size."""
+
+    name, variant, decode_form, decode_all_lines = ("cutedsl:decode-pf-pair-all", "decode-pf-pair-all",
+                                                    DecodePairPrefetch, True)
+
+
 # v1, the default without its prefetches and with either prefetch form forced (checked), the default's
 # knock-outs (unchecked), decode_fp8 only; the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5
 # forms are in git history at 1c17d89, the bulk-copy candidates at f43230f, the staged producers (v9, v9b) at
@@ -287,4 +324,4 @@ class FmhaDecodePfFirst(FmhaFusedDecode):
 # one-round-trip combine at 9a1293b, the prefetch two pairs ahead at 94f4045,
 # the consumers split over d at 72989cd
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
-                   FmhaDecodePfFirst)
+                   FmhaDecodePfFirst, FmhaDecodePfPair, FmhaDecodePfPairAll)
