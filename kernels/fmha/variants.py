@@ -269,7 +269,9 @@ class DecodePairPrefetch(FusedQTma):
         if cutlass.const_expr(not self._paired()):
             FusedQTma._prefetch_lines(self, row, sc, blk, tok, all_lines)
         else:
-            if cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()) == 0:
+            # the rank read plainly: make_warp_uniform here (under the caller's per-thread `v >= 0`) compiled to
+            # WARPSYNC.ALL, which lanes off the branch never reach (a hang on lists with invalid slots)
+            if cute.arch.block_idx_in_cluster() == 0:
                 prefetch_l2(row)
                 if all_lines != 0:
                     prefetch_l2(row + 256)
@@ -306,12 +308,8 @@ class FmhaDecodePfFirst(FmhaFusedDecode):
     name, variant, decode_all_lines = "cutedsl:decode-pf-first", "decode-pf-first", False
 
 
-class FmhaDecodePfPair(FmhaFusedDecode):
-    name, variant, decode_form = "cutedsl:decode-pf-pair", "decode-pf-pair", DecodePairPrefetch
-
-
 class FmhaDecodePfPairAll(FmhaFusedDecode):
-    """decode-pf-pair with every line whatever the caches' size."""
+    """The head pair prefetching each row once (DecodePairPrefetch), every line whatever the caches' size."""
 
     name, variant, decode_form, decode_all_lines = ("cutedsl:decode-pf-pair-all", "decode-pf-pair-all",
                                                     DecodePairPrefetch, True)
@@ -324,4 +322,4 @@ class FmhaDecodePfPairAll(FmhaFusedDecode):
 # one-round-trip combine at 9a1293b, the prefetch two pairs ahead at 94f4045,
 # the consumers split over d at 72989cd
 DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
-                   FmhaDecodePfFirst, FmhaDecodePfPair, FmhaDecodePfPairAll)
+                   FmhaDecodePfFirst, FmhaDecodePfPairAll)

@@ -428,6 +428,21 @@ def test_the_prefetch_rule_takes_every_line_only_over_small_caches():
     assert prefetch_all_lines((cache(edge),)) and not prefetch_all_lines((cache(edge + 64 * 8),))
 
 
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_producer_forms_have_no_warp_sync(h_q):
+    """The default and the head pair's split prefetch (cutedsl:decode-pf-pair-all) carry no WARPSYNC: the producer's
+    per-slot code runs under per-thread conditions (a slot not read), where a warp-synchronous op waits for lanes
+    that never come. make_warp_uniform under `v >= 0` compiled to 6 WARPSYNC.ALL and hung a GPU test (lesson 50)."""
+    from dsv4bench.compile.sass import find_nvdisasm, sass_of
+    from dsv4bench.core.registry import get_impl
+    from kernels.fmha.decode_pair import FusedQTma
+
+    if find_nvdisasm() is None:
+        pytest.skip("no nvdisasm: SASS not checked")
+    for form in (FusedQTma, get_impl("fmha", "cutedsl:decode-pf-pair-all").decode_form):
+        assert "WARPSYNC" not in sass_of(compile_fused(h_q, "sm_90a", form).kernels["fused"]), form.__name__
+
+
 def test_the_default_decode_stores_o_a_tile_at_a_time():
     """v9 (FusedQTma) against v8's O store (the same class with one box a warpgroup): the same 4 TMA boxes a
     warpgroup, each behind its own barrier (3 bar.sync more), the wait for the boxes' reads kept; no local memory."""
