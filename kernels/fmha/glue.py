@@ -66,8 +66,8 @@ class FmhaCuteDSL(Impl):
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
     # else the fused kernel's class (decode_fused.py, decode_glue.compile_fused / run_fused). The default
     # is v9 (decode_pair.FusedQTma: v8 with v12's O store): H200, graph-timed, FlashMLA's FP8 decode / ours
-    # 1.182x geomean over the 16 sweep cases (docs/perf/fmha.md). decode_all_lines: the producer's prefetch form, None =
-    # decode_glue's rule (variants.py forces either form).
+    # 1.18-1.20x geomean over the 16 sweep cases (docs/perf/fmha.md). decode_all_lines: the producer's prefetch
+    # form, None = decode_glue's rule (variants.py forces either form).
     decode_form: type | None = FusedQTma
     decode_all_lines: bool | None = None
 

@@ -259,10 +259,9 @@ class DecodeNoPrefetch(FusedQTma):
 
 
 class DecodePairPrefetch(FusedQTma):
-    """The default FP8 decode whose head pair (h_q 128) prefetches each row once between its two CTAs instead of
-    twice (both CTAs' producers walk the same slots): rank 0 the first line (+ lines 2 and 4 with every line), rank 1
-    the scale row (+ lines 1, 3 and the last byte). H200: every line lost 3-8% at h_q 128 over large caches and won
-    2-5% at h_q 64 (one CTA a row): the duplicate prefetches are the suspect."""
+    """The default FP8 decode whose head pair (h_q 128) prefetches each row once between its CTAs, not twice: rank 0
+    the first line (+ lines 2, 4 with every line), rank 1 the scales (+ lines 1, 3, the last byte). H200, with every
+    line (decode-pf-pair-all): 1.204x / 1.201x FlashMLA, min 1.023 / 1.026 (docs/perf/fmha.md)."""
 
     @cute.jit
     def _prefetch_lines(self, row, sc, blk, tok, all_lines):
@@ -270,7 +269,7 @@ class DecodePairPrefetch(FusedQTma):
             FusedQTma._prefetch_lines(self, row, sc, blk, tok, all_lines)
         else:
             # the rank read plainly: make_warp_uniform here (under the caller's per-thread `v >= 0`) compiled to
-            # WARPSYNC.ALL, which lanes off the branch never reach (a hang on lists with invalid slots)
+            # WARPSYNC.ALL, which lanes off the branch never reach (likely its GPU test's stall)
             if cute.arch.block_idx_in_cluster() == 0:
                 prefetch_l2(row)
                 if all_lines != 0:
