@@ -4,7 +4,6 @@ one process on the same weights (dsv4bench/model/speed.py; docs/perf/model.md)."
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +12,7 @@ from rich.table import Table
 
 from dsv4bench.cli.checkpoints import resolve_checkpoint, synthetic_checkpoint
 from dsv4bench.cli.common import SEED_MAX, check_output, check_range, console, fail, writing
+from dsv4bench.core.environment import git_commit
 
 RESULTS = "results.jsonl"
 
@@ -72,7 +72,7 @@ def bench_model_cmd(
         engine = Engine(ckpt, device=device, qat=qat == "on")
     ids = torch.randint(2, cfg.vocab_size, (batch, prefill), generator=torch.Generator().manual_seed(seed)).to(device)
     meta = {"config": cfg.name, "layers": cfg.n_layers, "prefill": prefill, "decode": decode, "batch": batch,
-            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "qat": qat, "commit": _commit()}
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "qat": qat, "commit": git_commit() or "unknown"}
     results = []
     for b in names:
         with console.status(f"{b}: warm-up, then prefill {batch} x {prefill} and {decode} decode steps"):
@@ -83,14 +83,6 @@ def bench_model_cmd(
         f.writelines(json.dumps(r) + "\n" for r in records)
     _show(results, records, names)
     console.print(f"wrote {out / RESULTS}", highlight=False)
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _show(results, records, names: list[str]) -> None:
