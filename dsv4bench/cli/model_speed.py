@@ -72,7 +72,8 @@ def bench_model_cmd(
         engine = Engine(ckpt, device=device, qat=qat == "on")
     ids = torch.randint(2, cfg.vocab_size, (batch, prefill), generator=torch.Generator().manual_seed(seed)).to(device)
     meta = {"config": cfg.name, "layers": cfg.n_layers, "prefill": prefill, "decode": decode, "batch": batch,
-            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "qat": qat, "commit": git_commit() or "unknown"}
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "qat": qat,
+            "commit": git_commit() or "unknown"}
     results = []
     for b in names:
         with console.status(f"{b}: warm-up, then prefill {batch} x {prefill} and {decode} decode steps"):

@@ -44,6 +44,8 @@ from kernels.fmha.decode_fused import ROWS_PER_BATCH, FusedDecodeSm90
 from kernels.fmha.decode_ptx import e4m3x2_to_bf16x2, ld_b32, ld_b64, prefetch_l2, prmt, st_shared_v4
 
 ROW_BYTES = 576  # a token's codes + RoPE, contiguous (oracles/fmha_cache.py)
+# every line a row touches past its first: 5 in all (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
+ROW_LINES = (128, 256, 384, 512, ROW_BYTES - 1)
 PACK_BITS = 10  # packed slots: block size <= 1024, blocks < 2^21 (decode_glue.run_fused checks)
 SEG_BYTES = 64 * 128  # one 64-column block of the K tile: 64 keys x 128 B
 
@@ -67,10 +69,8 @@ class FusedPackedLoop(FusedDecodeSm90):
         """Every line of the row if `all_lines`, else its first; then the scale row (sc[blk, tok])."""
         prefetch_l2(row)
         if all_lines != 0:
-            # every line the row touches: 5 (FlashMLA's rows start 0 or 64 bytes into a line), 6 at most
-            for k in cutlass.range_constexpr(1, 5):
-                prefetch_l2(row + k * 128)
-            prefetch_l2(row + (ROW_BYTES - 1))
+            for off in ROW_LINES:
+                prefetch_l2(row + off)
         prefetch_l2(sc[blk, tok, None].iterator.toint())
 
     @cute.jit

@@ -157,7 +157,6 @@ class QFirst(V11Base):
 
 class EpiTma(V11Base):
     o_by_tma = True
-    o_wait_read = True  # warp 0 waits until its TMA store has read O out of smem before the CTA exits
 
     @cute.jit
     def _epilogue(self, mO, mLse, mSink, sQ, O_mn, cO_mn, row_max, row_sum, mrow, dsplit, wtid, tok0, head0,
@@ -166,7 +165,7 @@ class EpiTma(V11Base):
         it as bf16 into its half of d of the Q buffer by stmatrix (16 x4 a thread instead of 128 scalar
         stores), fences the writes for the async proxy, meets its own 128 threads at one named barrier,
         and warp 0 stores the half by TMA (4 boxes of 64 x 64) and waits until the boxes have read smem
-        (`_store_o`: the forms store a tile at a time or skip the wait). No CTA-wide barrier:
+        (`_store_o`; V12 stores a 64-column tile at a time). No CTA-wide barrier:
         `_merge_row_sums`' SUMS barrier (bar.sync, both warpgroups) comes after each warpgroup's last wgmma
         wait, so every QK read of sQ is done before either writes O there; the halves are disjoint."""
         if cutlass.const_expr(not self._o_tma()):
@@ -207,7 +206,8 @@ class EpiTma(V11Base):
     def _store_o(self, io, store_O, rO, sQ, dsplit, wtid, tok0, head0, bidx):
         """The warpgroup's normalised bf16 O (rO) into its half of d of the Q buffer and out by TMA (warp 0), a
         store tile (`_o_cols`) at a time: its stmatrix ops, fence, the warpgroup's barrier, its TMA box, while
-        the next tile is written (one tile: v11); then, per `o_wait_read`, the wait for the boxes' reads."""
+        the next tile is written (one tile: v11); then warp 0 waits until the boxes have read smem (the CTA must not
+        exit under them)."""
         c = self.cfg
         cols = self._o_cols()
         n_tiles = c.dv_wg // cols
@@ -215,11 +215,8 @@ class EpiTma(V11Base):
         src, dst = store_O.retile(rO), store_O.partition_D(sO)
         per_tile = cute.size(src, mode=[0, 1]) // n_tiles  # stmatrix op j writes the (j // per_tile)-th tile
         for t in cutlass.range_constexpr(n_tiles):
-            if cutlass.const_expr(n_tiles == 1):
-                cute.copy(store_O, src, dst)
-            else:
-                for j in cutlass.range_constexpr(t * per_tile, (t + 1) * per_tile):
-                    cute.copy(store_O, src[(None, j), None, None], dst[(None, j), None, None])
+            for j in cutlass.range_constexpr(t * per_tile, (t + 1) * per_tile):
+                cute.copy(store_O, src[(None, j), None, None], dst[(None, j), None, None])
             cute.arch.fence_proxy("async.shared", space="cta")  # st.shared (stmatrix) -> the TMA's reads
             cute.arch.barrier(barrier_id=EPI_WG0 + dsplit, number_of_threads=128)
             if wtid < 32:
@@ -232,8 +229,7 @@ class EpiTma(V11Base):
                 cute.copy(tma_o, t_s, t_g)
         if wtid < 32:
             cute.arch.cp_async_bulk_commit_group()
-            if cutlass.const_expr(self.o_wait_read):
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 class GatherHint(V11Base):
@@ -275,7 +271,6 @@ class V11(QFirst, EpiTma, GatherHint):
 
     q_by_tma = True
     o_by_tma = True
-    o_wait_read = True
 
 
 class SpinWait(V11):
@@ -293,7 +288,7 @@ class SpinWait(V11):
 class V12(V11):
     """V11 storing O a 64-column tile at a time, FlashMLA's order: each tile's stmatrix, fence, barrier and TMA box
     while the next tile is written, then the wait for the boxes' reads before the CTA exits (FlashMLA's kernel exits
-    without it; its form without the wait measured no faster: docs/perf/fmha.md). H200: 1.003-1.023x v11 on the
-    four bar shapes in one process (one 3% loss at Pro s_q 16384 in another); H100: the no-wait form 1.005-1.040x."""
+    without it; its form without the wait measured no faster: docs/perf/fmha.md). H200, three processes: 0.964-1.037x
+    v11 per bar shape, 11 of 12 >= 1.00x; H100: the no-wait form 1.005-1.040x."""
 
     o_tile_cols = 64

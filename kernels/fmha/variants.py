@@ -32,7 +32,7 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
-from kernels.fmha.decode_prefetch import ROW_BYTES
+from kernels.fmha.decode_prefetch import ROW_LINES
 from kernels.fmha.decode_ptx import prefetch_l2
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
@@ -273,14 +273,13 @@ class DecodePairPrefetch(FusedQTma):
             if cute.arch.block_idx_in_cluster() == 0:
                 prefetch_l2(row)
                 if all_lines != 0:
-                    prefetch_l2(row + 256)
-                    prefetch_l2(row + 512)
+                    for off in ROW_LINES[1::2]:
+                        prefetch_l2(row + off)
             else:
                 prefetch_l2(sc[blk, tok, None].iterator.toint())
                 if all_lines != 0:
-                    prefetch_l2(row + 128)
-                    prefetch_l2(row + 384)
-                    prefetch_l2(row + (ROW_BYTES - 1))
+                    for off in ROW_LINES[0::2]:
+                        prefetch_l2(row + off)
 
 
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):

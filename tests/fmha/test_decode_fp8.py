@@ -432,7 +432,7 @@ def test_the_prefetch_rule_takes_every_line_only_over_small_caches():
 def test_producer_forms_have_no_warp_sync(h_q):
     """The default and the head pair's split prefetch (cutedsl:decode-pf-pair-all) carry no WARPSYNC: the producer's
     per-slot code runs under per-thread conditions (a slot not read), where a warp-synchronous op waits for lanes
-    that never come. make_warp_uniform under `v >= 0` compiled to 6 WARPSYNC.ALL and hung a GPU test (lesson 50)."""
+    that never come. make_warp_uniform under `v >= 0` compiled to 6 WARPSYNC.ALL (a GPU test stalled; lesson 50)."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
     from dsv4bench.core.registry import get_impl
     from kernels.fmha.decode_pair import FusedQTma
