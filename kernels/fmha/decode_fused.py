@@ -64,7 +64,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
         mO: cute.Tensor,  # (rows, h_q, dv, B) bf16
         mLse: cute.Tensor,  # (rows, h_q, B) fp32
         scale_log2: cutlass.Float32,
-        all_lines: Int32,  # nonzero: the L2 prefetch of a row takes all its lines, else its first (decode_glue)
         stream: cuda.CUstream,
     ):
         c = self.cfg
@@ -91,7 +90,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
         grid = (cute.size(mLen, mode=[0]), c.n_hblk, cute.size(mQ, mode=[3]))
         io = self._io_tma(mQ, mO, sQ_layout)  # a form's O store by TMA (FusedEpiTma), else None
         self.kernel(
-            mQ, codes0, sc0, idx0, len0, codes1, sc1, idx1, len1, mLen, mSink, mO, mLse, scale_log2, all_lines,
+            mQ, codes0, sc0, idx0, len0, codes1, sc1, idx1, len1, mLen, mSink, mO, mLse, scale_log2,
             qk_mma, pv_mma, pv_ss_mma, sQ_layout, sK_layout, sP_layout, Storage, io,
         ).launch(grid=grid, block=[c.threads, 1, 1], stream=stream, **self._cluster_launch())
 
@@ -106,7 +105,6 @@ class FusedDecodeSm90(GatherAttentionSm90):
         mO: cute.Tensor,
         mLse: cute.Tensor,
         scale_log2: cutlass.Float32,
-        all_lines: Int32,
         qk_mma: cute.TiledMma,
         pv_mma: cute.TiledMma,
         pv_ss_mma: cute.TiledMma,
@@ -147,7 +145,7 @@ class FusedDecodeSm90(GatherAttentionSm90):
             blk, bidx, kvh, head0, n_idx, n_tiles, tok0 = self._item(Int32(0), mLen, mLen, mQ, mLen)
             self._fetch_q(atom, io, mQ, sQ, ptid, tok0, head0, kvh, s_q, bidx, q_full)
             caches = (codes0, sc0, idx0, len0, codes1, sc1, idx1, len1)
-            self._produce(caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles)
+            self._produce(caches, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         else:
@@ -254,4 +252,4 @@ def fake_args() -> tuple:
     o = make_fake_tensor(bf, (rows, h, 512, b), (s8(), s8(), 1, s8()), assumed_align=16)
     lse = make_fake_tensor(Float32, (rows, h, b), (cute.sym_int64(), cute.sym_int64(), cute.sym_int64()),
                            assumed_align=4)
-    return (q, *caches, lens, sink, o, lse, Float32(1.0), Int32(1))
+    return (q, *caches, lens, sink, o, lse, Float32(1.0))

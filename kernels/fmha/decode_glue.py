@@ -16,13 +16,6 @@ kernel whose producer gathers and dequantises the FP8 rows itself (no W), + the 
 
 The split count (`plan`): CTAs = n_split x (h_q / 64) x b, chunks of whole 128-key pairs (the
 key-split consumers take tiles in pairs), the count that minimises a wave model of the kernel.
-
-The prefetch rule (`prefetch_all_lines`): the fused producer L2-prefetches each row of the next tile pair,
-all its lines while the caches hold at most PREFETCH_ALL_MAX_BYTES, else only its first line (and its scales).
-Over a large cache the rows are scattered over more pages than the TLBs hold and six prefetches a row cost
-more than they save; over a small one they are the faster form (H100, one process, docs/perf/fmha.md: at
-153 MB every line 2-6% faster, at 612 MB-2.4 GB the first line 1-8% faster, the 19 MB one-request caches
-keep every line).
 """
 
 from __future__ import annotations
@@ -40,7 +33,6 @@ from kernels.fmha.decode_prefetch import PACK_BITS
 from oracles.fmha_cache import cache_views
 
 D = 512
-PREFETCH_ALL_MAX_BYTES = 256 << 20  # between the 153 MB (all lines faster) and 612 MB (first line faster) caches
 PAIR = 128  # keys per split granule
 
 
@@ -194,15 +186,9 @@ def fused_tokens(idx: tuple, lens: tuple, tokens: tuple, n_pad: int) -> torch.Te
 PACKED_MAX_BLOCK, PACKED_MAX_BLOCKS = 1 << PACK_BITS, 1 << (31 - PACK_BITS)  # decode_prefetch's int32 slot
 
 
-def prefetch_all_lines(caches) -> bool:
-    """The prefetch rule (module docstring): every line of a row while both caches hold <= 256 MiB."""
-    return sum(c.numel() * c.element_size() for c in caches) <= PREFETCH_ALL_MAX_BYTES
-
-
 def run_fused(compiled: CompiledDecode, ws: FusedWorkspace, q, caches, indices, lens, sink, out, lse, sms: int,
-              split: tuple | None = None, all_lines: bool | None = None) -> None:
-    """As run_decode, in one attention launch (+ the combine when split); `split` forces (n_split, chunk),
-    `all_lines` the prefetch form (default: the rule, `prefetch_all_lines`)."""
+              split: tuple | None = None) -> None:
+    """As run_decode, in one attention launch (+ the combine when split); `split` forces (n_split, chunk)."""
     fused, combine = compiled.kernels["fused"], compiled.kernels["combine"]
     for i, c in enumerate(caches):  # decode_prefetch packs a slot as block << 10 | token in an int32
         if c.shape[1] > PACKED_MAX_BLOCK or c.shape[0] >= PACKED_MAX_BLOCKS:
@@ -219,7 +205,6 @@ def run_fused(compiled: CompiledDecode, ws: FusedWorkspace, q, caches, indices, 
     o_dst = o_part if is_split else out[:, None]
     l_dst = l_part if is_split else lse[:, None]
     fused(q[:, None].expand(b, n_split, h_q, D).permute(1, 2, 3, 0), *args, row_lens,
-          no_sink if is_split else sink, o_dst.permute(1, 2, 3, 0), l_dst.permute(1, 2, 0), D ** -0.5 * LOG2E,
-          int(prefetch_all_lines(caches) if all_lines is None else all_lines))
+          no_sink if is_split else sink, o_dst.permute(1, 2, 3, 0), l_dst.permute(1, 2, 0), D ** -0.5 * LOG2E)
     if is_split:
         combine(o_part, l_part, sink, out, lse)

@@ -15,7 +15,9 @@ Barriers of a K half (stage s, half h), per CTA:
          both CTAs' stages, so it waits until both have read them.
 A cluster barrier after the barriers' init (no remote arrive or store reaches an uninitialised
 barrier) and one at exit (no CTA leaves while its peer may still store into it or arrive on it).
-The slot hand-off, packing, prefetch, the mask's indices and the consumers are per CTA, unchanged.
+The slot hand-off, packing, the mask's indices and the consumers are per CTA, unchanged. The L2 prefetch of a
+row is split between the pair (`_prefetch_lines`; v10): each CTA's producer knows the same tokens, and each
+had prefetched every row, 12 prefetches a row where 7 do.
 Where there is one head block (h_q 64) the form compiles to v4's code.
 """
 
@@ -27,7 +29,8 @@ from cutlass import Int32
 
 from kernels.fmha.decode_forms import FusedEpiTma, QByTma
 from kernels.fmha.decode_fused import ROWS_PER_BATCH
-from kernels.fmha.decode_ptx import mapa_u32, st_async_v4
+from kernels.fmha.decode_prefetch import ROW_LINES, FusedPackedLoop
+from kernels.fmha.decode_ptx import mapa_u32, prefetch_l2, st_async_v4
 from kernels.fmha.prefill_v11 import V12
 
 PEER_BYTES = 64 * ROWS_PER_BATCH * 4 * 16  # what the peer stores into a K half of this CTA a tile
@@ -86,6 +89,25 @@ class FusedHeadPair(FusedEpiTma):
             cute.arch.mbarrier_arrive(full)
 
     @cute.jit
+    def _prefetch_lines(self, row, scales):
+        """Paired, each row's prefetches once between the CTAs: rank 0 its first line and lines 2, 4; rank 1 its
+        scale row, lines 1, 3 and its last byte (H200: 1.201-1.214x FlashMLA geomean over three processes, min
+        1.023-1.029, against 1.185-1.196x, min 0.981-0.990, for every CTA prefetching every row; v10)."""
+        if cutlass.const_expr(self._paired()):
+            # the rank read plainly: make_warp_uniform here, under the caller's per-thread `v >= 0`, compiled to
+            # WARPSYNC.ALL that lanes off the branch never reach (a stalled GPU test; lesson fmha 50)
+            if cute.arch.block_idx_in_cluster() == 0:
+                prefetch_l2(row)
+                for off in ROW_LINES[1::2]:
+                    prefetch_l2(row + off)
+            else:
+                prefetch_l2(scales)
+                for off in ROW_LINES[0::2]:
+                    prefetch_l2(row + off)
+        else:
+            FusedPackedLoop._prefetch_lines(self, row, scales)  # explicit: the DSL re-parses jit bodies
+
+    @cute.jit
     def _release(self, bar):
         """Paired, a consumer warp frees a K half with one arrive here and one in the peer (lane 0, after a warp
         sync; the wgmma wait before it is the warpgroup's, so every read of the half is done), not 128 + 128 a
@@ -112,6 +134,7 @@ class FusedHeadPairPdl(FusedHeadPair):
 class FusedQTma(QByTma, FusedHeadPairPdl):
     """The default FP8 decode (glue.py): the producer (decode_prefetch.py: one copy since v6), v4's TMA
     epilogue storing O a 64-column tile at a time as the prefill's v12 does (v9; H200 1.182x FlashMLA geomean
-    against v8's 1.175x in one process), the head pair, the combine by PDL, Q by TMA (decode_forms.QByTma)."""
+    against v8's 1.175x in one process), the head pair (its prefetch split since v10), the combine by PDL, Q by
+    TMA (decode_forms.QByTma)."""
 
     o_tile_cols = V12.o_tile_cols

@@ -9,8 +9,8 @@ registers) plus ~3.3k instructions a thread of straight-line code. Shared memory
 rows (15 KB free < one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB a CTA.
 
 - Prefetch: each producer thread owns one slot of its tile (lt); once it knows that slot's token it
-  issues `prefetch.global.L2` for each line of the token's 576-byte row (5-6; its first only over
-  large caches: decode_glue's rule) and one for its scale row. Pair 0's rows after the slot barrier
+  issues `prefetch.global.L2` for each line of the token's 576-byte row (5-6) and one for its scale
+  row (at h_q 128 the head pair splits them: decode_pair.FusedHeadPair._prefetch_lines). Pair 0's rows after the slot barrier
   of pair 0; pair p + 1's at the end of pair p, from the token its own cp.async brought
   (`cp.async.wait_group 0`: a thread's own cp.async is visible to it), a whole consumer pair before
   the register loads ask.
@@ -54,7 +54,7 @@ class FusedPackedLoop(FusedDecodeSm90):
     """The fused FP8 decode with the prefetching, looping, packed-slot, one-copy producer (module docstring)."""
 
     @cute.jit
-    def _prefetch_row(self, caches, all_lines, second, v):
+    def _prefetch_row(self, caches, second, v):
         """L2 prefetch of token v's row and its scale row (`_prefetch_lines`) in cache 1 if `second` else cache 0;
         nothing for v < 0 (a slot not read)."""
         if v >= 0:
@@ -62,19 +62,18 @@ class FusedPackedLoop(FusedDecodeSm90):
             bs = cute.size(codes, mode=[1])
             blk = v // bs
             tok = v - blk * bs
-            self._prefetch_lines(codes[blk, tok, None].iterator.toint(), sc, blk, tok, all_lines)
+            self._prefetch_lines(codes[blk, tok, None].iterator.toint(), sc[blk, tok, None].iterator.toint())
 
     @cute.jit
-    def _prefetch_lines(self, row, sc, blk, tok, all_lines):
-        """Every line of the row if `all_lines`, else its first; then the scale row (sc[blk, tok])."""
+    def _prefetch_lines(self, row, scales):
+        """Every line of the row, then its scale row."""
         prefetch_l2(row)
-        if all_lines != 0:
-            for off in ROW_LINES:
-                prefetch_l2(row + off)
-        prefetch_l2(sc[blk, tok, None].iterator.toint())
+        for off in ROW_LINES:
+            prefetch_l2(row + off)
+        prefetch_l2(scales)
 
     @cute.jit
-    def _produce(self, caches, all_lines, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles):
+    def _produce(self, caches, sK, sRows, sIdx, sMaskFlag, bars, ptid, blk, bidx, n_idx, n_tiles):
         """Threads 0-63 fill stage 0 (tiles 2p), 64-127 stage 1 (tiles 2p + 1), the stage a run-time value.
         The tiles' raw tokens go through smem: thread lt copies slot lt's (cp.async, a pair ahead, into
         the other of two buffers) and, after a barrier of the 64, packs its own; prefetches: pair 0's rows
@@ -102,7 +101,7 @@ class FusedPackedLoop(FusedDecodeSm90):
             cute.arch.cp_async_commit_group()
             mine = self._valid_token(caches, lens, j0 + lt, rows[lt, buf])
             if pair == 0:
-                self._prefetch_row(caches, all_lines, j0 >= k0p, mine)
+                self._prefetch_row(caches, j0 >= k0p, mine)
             cache = self._select_cache(caches, j0 >= k0p)
             bs = cute.size(cache[0], mode=[1])
             mm = cutlass.max(mine, 0)
@@ -116,16 +115,16 @@ class FusedPackedLoop(FusedDecodeSm90):
                 self._half(cache, sK[None, None, stage], rows[None, buf], sIdx, sMaskFlag, mine, lt, h, k,
                            bars + hb, bars + 4 + hb, (pair & 1) ^ 1, stage)
             if pair + 1 < n_pairs:  # after the second half (after the first: 1.116x vs 1.159x, run at f43230f)
-                self._prefetch_next(caches, all_lines, rows, j0, lt, buf, lens, k0p)
+                self._prefetch_next(caches, rows, j0, lt, buf, lens, k0p)
 
     @cute.jit
-    def _prefetch_next(self, caches, all_lines, rows, j0, lt, buf, lens, k0p):
+    def _prefetch_next(self, caches, rows, j0, lt, buf, lens, k0p):
         """The next pair's row of this thread's slot into L2, from the token its own cp.async brought."""
         n = self.cfg.n_block
         cute.arch.cp_async_wait_group(0)  # this thread's own copy of its next slot's token
         j1 = j0 + 2 * n
         nxt = self._valid_token(caches, lens, j1 + lt, rows[lt, 1 - buf])
-        self._prefetch_row(caches, all_lines, j1 >= k0p, nxt)
+        self._prefetch_row(caches, j1 >= k0p, nxt)
 
     @cute.jit
     def _half(self, cache, dst, rows, sIdx, sMaskFlag, mine, t, h, k, full, empty, phase, stage):

@@ -65,11 +65,10 @@ class FmhaCuteDSL(Impl):
     kernel_class: type = V12
     # decode_fp8: None = v1 (gather + attention + combine, decode_glue.run_decode; `cutedsl:decode-v1`);
     # else the fused kernel's class (decode_fused.py, decode_glue.compile_fused / run_fused). The default
-    # is v9 (decode_pair.FusedQTma: v8 with v12's O store): H200, graph-timed, FlashMLA's FP8 decode / ours
-    # 1.18-1.20x geomean over the 16 sweep cases (docs/perf/fmha.md). decode_all_lines: the producer's prefetch
-    # form, None = decode_glue's rule (variants.py forces either form).
+    # is v10 (decode_pair.FusedQTma: v9 = v8 with v12's O store; v10 its head pair prefetching each row once):
+    # H200, graph-timed, FlashMLA's FP8 decode / ours 1.20-1.21x geomean over the 16 sweep cases, none below
+    # 1.02x (docs/perf/fmha.md).
     decode_form: type | None = FusedQTma
-    decode_all_lines: bool | None = None
 
     def __init__(self, persistent_ctas: int | None = None):
         """persistent_ctas: CTAs of a persistent launch (d <= 256), default one per SM; the tests
@@ -162,5 +161,5 @@ class FmhaCuteDSL(Impl):
         (run_fused if fused else run_decode)(
             compiled, self._decode_ws, inputs["q"], (inputs["cache0"], inputs["cache1"]),
             (inputs["idx0"], inputs["idx1"]), (inputs["len0"], inputs["len1"]), sink, out["out"], out["lse"],
-            sm_count(inputs["q"].device), **({"all_lines": self.decode_all_lines} if fused else {}))
+            sm_count(inputs["q"].device))
         return out

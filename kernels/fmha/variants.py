@@ -32,8 +32,6 @@ import torch
 from dsv4bench.core.case import Case
 from kernels.common import sm_count
 from kernels.fmha.decode_pair import FusedQTma
-from kernels.fmha.decode_prefetch import ROW_LINES
-from kernels.fmha.decode_ptx import prefetch_l2
 from kernels.fmha.glue import FmhaCuteDSL, config_for
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 from kernels.fmha.prefill_v11 import V11, V12, EpiTma, GatherHint, QFirst, SpinWait
@@ -254,32 +252,8 @@ class DecodeNoDequant(FusedQTma):
 class DecodeNoPrefetch(FusedQTma):
     """The default FP8 decode without the producer's L2 prefetches (a real answer): what they still buy."""
 
-    def _prefetch_row(self, caches, all_lines, second, v):
+    def _prefetch_row(self, caches, second, v):
         pass
-
-
-class DecodePairPrefetch(FusedQTma):
-    """The default FP8 decode whose head pair (h_q 128) prefetches each row once between its CTAs, not twice: rank 0
-    the first line (+ lines 2, 4 with every line), rank 1 the scales (+ lines 1, 3, the last byte). H200, with every
-    line (decode-pf-pair-all): 1.204x / 1.201x FlashMLA, min 1.023 / 1.026 (docs/perf/fmha.md)."""
-
-    @cute.jit
-    def _prefetch_lines(self, row, sc, blk, tok, all_lines):
-        if cutlass.const_expr(not self._paired()):
-            FusedQTma._prefetch_lines(self, row, sc, blk, tok, all_lines)
-        else:
-            # the rank read plainly: make_warp_uniform here (under the caller's per-thread `v >= 0`) compiled to
-            # WARPSYNC.ALL, which lanes off the branch never reach (likely its GPU test's stall)
-            if cute.arch.block_idx_in_cluster() == 0:
-                prefetch_l2(row)
-                if all_lines != 0:
-                    for off in ROW_LINES[1::2]:
-                        prefetch_l2(row + off)
-            else:
-                prefetch_l2(sc[blk, tok, None].iterator.toint())
-                if all_lines != 0:
-                    for off in ROW_LINES[0::2]:
-                        prefetch_l2(row + off)
 
 
 class FmhaDecodeNoPrefetch(FmhaFusedDecode):
@@ -294,30 +268,10 @@ class FmhaDecodeNoDequant(FmhaFusedDecode):
     name, variant, decode_form, checked = "cutedsl:decode-no-dequant", "decode-no-dequant", DecodeNoDequant, False
 
 
-class FmhaDecodePfAll(FmhaFusedDecode):
-    """The default with every line of a row prefetched whatever the caches' size (the rule's small-cache form)."""
-
-    name, variant, decode_all_lines = "cutedsl:decode-pf-all", "decode-pf-all", True
-
-
-class FmhaDecodePfFirst(FmhaFusedDecode):
-    """The default with only a row's first line prefetched whatever the caches' size (the large-cache form)."""
-
-    name, variant, decode_all_lines = "cutedsl:decode-pf-first", "decode-pf-first", False
-
-
-class FmhaDecodePfPairAll(FmhaFusedDecode):
-    """The head pair prefetching each row once (DecodePairPrefetch), every line whatever the caches' size."""
-
-    name, variant, decode_form, decode_all_lines = ("cutedsl:decode-pf-pair-all", "decode-pf-pair-all",
-                                                    DecodePairPrefetch, True)
-
-
-# v1, the default without its prefetches and with either prefetch form forced (checked), the default's
-# knock-outs (unchecked), decode_fp8 only; the default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5
-# forms are in git history at 1c17d89, the bulk-copy candidates at f43230f, the staged producers (v9, v9b) at
-# ba41610, d5a0608, the consumers without the max hand-off (v10) at da750ad, the
-# one-round-trip combine at 9a1293b, the prefetch two pairs ahead at 94f4045,
-# the consumers split over d at 72989cd
-DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant, FmhaDecodePfAll,
-                   FmhaDecodePfFirst, FmhaDecodePfPairAll)
+# v1, the default without its prefetches (checked), the default's knock-outs (unchecked), decode_fp8 only; the
+# default is `cutedsl` (glue.py: decode_pair.FusedQTma); the v2-v5 forms are in git history at 1c17d89, the
+# bulk-copy candidates at f43230f, the staged producers (v9, v9b) at ba41610, d5a0608, the consumers without the
+# max hand-off (v10) at da750ad, the one-round-trip combine at 9a1293b, the prefetch two pairs ahead at 94f4045,
+# the consumers split over d at 72989cd, the forced prefetch forms (decode-pf-all, decode-pf-first: the size rule
+# v10 replaced) at a242f10
+DECODE_VARIANTS = (FmhaDecodeV1, FmhaDecodeNoPrefetch, FmhaDecodeNoMath, FmhaDecodeNoDequant)

@@ -412,35 +412,17 @@ def test_packed_slots_are_checked_on_the_host():
                   132)
 
 
-def test_the_prefetch_rule_takes_every_line_only_over_small_caches():
-    """decode_glue's rule: every line of a row while both caches hold <= 256 MiB (the measured 8K-context
-    caches: 153 MB at 128 requests), the first line past it (the 128K ones: 612 MB at 32 requests)."""
-    from kernels.fmha.decode_glue import PREFETCH_ALL_MAX_BYTES, prefetch_all_lines
-
-    def cache(tokens):  # FlashMLA's layout: blocks of 64 tokens, 584 bytes a token
-        return torch.empty(-(-tokens // 64), 64, 1, 584, dtype=torch.uint8, device="meta")
-
-    window = cache(128 * 128)
-    assert prefetch_all_lines((window, cache(128 * 2048)))  # 8K contexts (compressed 4x), 128 requests
-    assert prefetch_all_lines((cache(128), cache(32768)))  # one request, 128K
-    assert not prefetch_all_lines((cache(32 * 128), cache(32 * 32768)))  # 128K, 32 requests
-    edge = PREFETCH_ALL_MAX_BYTES // (64 * 584) * 64
-    assert prefetch_all_lines((cache(edge),)) and not prefetch_all_lines((cache(edge + 64 * 8),))
-
-
 @pytest.mark.parametrize("h_q", [64, 128])
-def test_producer_forms_have_no_warp_sync(h_q):
-    """The default and the head pair's split prefetch (cutedsl:decode-pf-pair-all) carry no WARPSYNC: the producer's
-    per-slot code runs under per-thread conditions (a slot not read), where a warp-synchronous op waits for lanes
-    that never come. make_warp_uniform under `v >= 0` compiled to 6 WARPSYNC.ALL (a GPU test stalled; lesson 50)."""
+def test_the_default_producer_has_no_warp_sync(h_q):
+    """The default (with the head pair's split prefetch at h_q 128) carries no WARPSYNC: the producer's per-slot code
+    runs under per-thread conditions (a slot not read), where a warp-synchronous op waits for lanes that never
+    come. make_warp_uniform under `v >= 0` compiled to 6 WARPSYNC.ALL (a GPU test stalled; lesson 50)."""
     from dsv4bench.compile.sass import find_nvdisasm, sass_of
-    from dsv4bench.core.registry import get_impl
     from kernels.fmha.decode_pair import FusedQTma
 
     if find_nvdisasm() is None:
         pytest.skip("no nvdisasm: SASS not checked")
-    for form in (FusedQTma, get_impl("fmha", "cutedsl:decode-pf-pair-all").decode_form):
-        assert "WARPSYNC" not in sass_of(compile_fused(h_q, "sm_90a", form).kernels["fused"]), form.__name__
+    assert "WARPSYNC" not in sass_of(compile_fused(h_q, "sm_90a", FusedQTma).kernels["fused"])
 
 
 def test_the_default_decode_stores_o_a_tile_at_a_time():

@@ -28,9 +28,7 @@ DRAWS = [c for c in FAMILY.cases(SweepOptions(examples=48, seed=5, filters=FAMIL
 CASES = GRID + DRAWS
 IMPL = FmhaCuteDSL()
 KNOCK_OUTS = ("cutedsl:decode-no-math", "cutedsl:decode-no-dequant")  # unchecked: they must return
-CHECKED = ("cutedsl", "cutedsl:decode-v1", "cutedsl:decode-no-prefetch",  # the default, v1, the default unprefetched
-           "cutedsl:decode-pf-all", "cutedsl:decode-pf-first",  # the prefetch forms forced
-           "cutedsl:decode-pf-pair-all")  # the head pair prefetching each row once, every line
+CHECKED = ("cutedsl", "cutedsl:decode-v1", "cutedsl:decode-no-prefetch")  # the default, v1, the default unprefetched
 IMPLS = {name: IMPL if name == "cutedsl" else get_impl("fmha", name) for name in (*CHECKED, *KNOCK_OUTS)}
 _compiled: dict = {}
 
