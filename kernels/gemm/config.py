@@ -131,14 +131,15 @@ def clustered(m: int, bm: int, split: int) -> bool:
     return split > 1 and m <= bm <= 64
 
 
-def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_SMS) -> float:
-    """Modelled clocks of the busiest CTA (see the module docstring)."""
+def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_SMS, weight_stream: bool = True) -> float:
+    """Modelled clocks of the busiest CTA (see the module docstring); weight_stream False: without the
+    per-CTA DRAM term (`one_m_tile` sets a chip-wide floor instead)."""
     kb = k // KBLOCK
     tiles_m = _cdiv(m, bm)
     units = tiles_m * _cdiv(n, bn) * split
     dram = min(cta_pull(bm, bn), DRAM_BYTES_PER_CLK / sms)
     per_kb = max(2 * bm * bn * KBLOCK / FP8_FLOPS_PER_CLK, (bm + bn) * KBLOCK / L2_BYTES_PER_CLK,
-                 bn * KBLOCK / dram if tiles_m == 1 else 0.0)
+                 bn * KBLOCK / dram if tiles_m == 1 and weight_stream else 0.0)
     fixup = 0.0
     if clustered(m, bm, split):
         fixup = CLUSTER_SLOT_CLK * (split - 1)
@@ -217,6 +218,22 @@ def _cheapest(m: int, n: int, k: int, sms: int, cands) -> tuple[int, int, int]:
     return min(cands, key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), padded(c[0]), -c[0] * c[1], c[2]))
 
 
+def one_m_tile(m: int, n: int, k: int, bm: int, bn: int, sms: int = H100_SMS, groups: int = 1) -> bool:
+    """M 129-256 (SMALL_M): whether 256 x 128 tiles (one M tile: each weight tile read once, two waves sharing it)
+    replace the pick's bm x bn. Only where the pick already computes 256 rows (no more padded rows), and where the
+    model prices them no dearer with the weight's DRAM stream a floor common to both (its bytes at the chip's
+    rate; `cost` charges that stream per CTA, and only to one M tile): the floor binds both at the widest layers,
+    and there two waves on one weight tile need fewer L2 bytes per flop than two 128-row tiles."""
+    if m not in SMALL_M or _cdiv(m, bm) * bm < 256 or straddles_groups(128, n, groups):
+        return False
+    floor = n * k / DRAM_BYTES_PER_CLK
+
+    def key(bm_: int, bn_: int) -> tuple[int, int]:
+        c = cost(m, n, k, bm_, bn_, 1, sms, weight_stream=False)
+        return math.floor(max(floor, c)), math.floor(c)
+    return key(256, 128) <= key(bm, bn)
+
+
 @functools.lru_cache(maxsize=4096)  # on every call's host path: a dict lookup, not a 40 us search
 def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min_rows: int = 16) -> GemmConfig:
     """min_rows 64: the v7 rule, before the 16 / 32-row decode x tiles (variant `cutedsl:x64`)."""
@@ -228,6 +245,12 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     if best[0] != 256:
         best = _cheapest(m, n, k, sms, cands)
     bm, bn, split = best
+    # H200, graph-timed, one process (run gemm/2026-11-28-h200-6ba31c6-m129-256-one-tile): 256 x 128 against the
+    # rule's pick, DeepGEMM's own there: pro.wo_a 34.5 -> 31.6 us at M 256 (DeepGEMM 31.5), 34.8 -> 29.9 at M 129;
+    # flash.wq_b 23.7 -> 21.9, pro.wq_b 54.0 -> 48.7 at M 256; at M 129 the wq_b layers' 64 x 192 tiles (192 rows,
+    # not 256) stayed 4-15% faster
+    if split == 1 and one_m_tile(m, n, k, bm, bn, sms, groups):
+        bm, bn = 256, 128
     # bm 256 runs as CTA pairs multicasting x where x is re-read by several M tiles, the L2-bound
     # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2, in git
     # history at e18977f).

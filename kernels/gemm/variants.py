@@ -25,6 +25,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     ring-full       as many stages as fit (v8's decode rings; the rule caps bn <= 64 decode rings at 64 KB of weight)
     bn64-s8         64-column tiles with an 8-stage ring (64 KB of weight in flight)
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
+    epi4            4 epilogue buffers and a 5-stage ring: no slice waits for an earlier slice's TMA store (bm 128)
     chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8 blocks (0: off)
                     (bm <= 64); chain4-bnB, chain4-bn32-no-split
     x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
@@ -84,6 +85,7 @@ KNOBS: dict[str, dict] = {
     **{f"k{s}": {"split_k": s} for s in (2, 4)},
     **{f"bn{b}-k{s}": {"bn": b, "split_k": s} for b in (64, 128) for s in (2, 4)},
     "wg-epi": {"epi_per_wg": True},  # each warpgroup stores its own rows, no CTA barrier per slice
+    "epi4": {"stages": 5, "epi_stages": 4},  # a 128 x 128 tile's four O slices in flight at once (a ring stage fewer)
     **{f"unroll{u}": {"unroll": u} for u in (1, 2, 8)},  # the K-block loops' unroll (shipped: 4; v6: 1)
     # K block kb + 1 issued before kb is promoted, in chains of C blocks (one consumer warpgroup)
     **{f"chain{c}": {"chain": c} for c in (0, 2, 4, 8)},  # 0: unchained (v7's loop)

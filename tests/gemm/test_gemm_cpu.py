@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels.gemm.config import CLUSTERS_RESIDENT, H100_SMS, choose_config, cost
+from kernels.gemm.config import CLUSTERS_RESIDENT, DRAM_BYTES_PER_CLK, H100_SMS, SMALL_M, choose_config, cost
 from kernels.gemm.persistent_sm90 import tile_sum_rows
 from kernels.gemm.tiling import SCALE_BOX, SMEM_BYTES, GemmConfig
 from kernels.gemm.glue import check_cluster_round, check_operands, compile_gemm, make_operands, oracle_of, scales_for_tma
@@ -51,12 +51,29 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
     assert choose_config(4096, 7168, 16384).chain == 0  # two consumer warpgroups: no chains
 
 
+def test_rule_takes_one_m_tile_at_the_widest_layers_below_257_rows():
+    """config.one_m_tile: 256 x 128 tiles (unpaired) where the pick computed 256 rows anyway and the weight's DRAM
+    floor binds: the wq_b layers and Pro's wo_a from M 193 (Pro's wo_a from 129, its pick there 128 x 128); the wq_b
+    layers keep 64 x 192 up to M 192 (fewer padded rows), Flash's wo_a (64 tiles of 256 rows: half the SMs) 128 x 128."""
+    wide = {("flash", "wq_b"), ("pro", "wq_b"), ("pro", "wo_a")}
+    for model, layer, n, k, g in LAYERS:
+        for m in (129, 192, 193, 256):
+            cfg = choose_config(m, n, k, groups=g)
+            one = (model, layer) in wide and (m > 192 or layer == "wo_a")
+            assert (cfg.bm == 256) == one and (cfg.bn, cfg.split_k, cfg.cluster_n, cfg.chain) == (
+                (128, 1, 1, 0) if one else (cfg.bn, 1, 1, cfg.chain)), (model, layer, m, cfg)
+
+
 @pytest.mark.parametrize("m", TOKENS)
 def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     for _, _, n, k, _ in LAYERS:
         cfg = choose_config(m, n, k)
         assert cfg.stage_smem_bytes * cfg.n_stages + cfg.fixed_bytes <= SMEM_BYTES and cfg.n_stages >= 2
-        assert_no_worse_than_plain_tiles(cost, cfg, m, n, k, [(64, 64), (128, 128), (128, 64)])
+        model = cost
+        if m in SMALL_M and cfg.bm == 256:  # config.one_m_tile's model: the weight's DRAM stream a common floor
+            def model(m, n, k, bm, bn, split):
+                return max(n * k / DRAM_BYTES_PER_CLK, cost(m, n, k, bm, bn, split, weight_stream=False))
+        assert_no_worse_than_plain_tiles(model, cfg, m, n, k, [(64, 64), (128, 128), (128, 64)])
 
 
 @pytest.mark.parametrize("fields, message", [

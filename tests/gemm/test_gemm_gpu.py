@@ -46,6 +46,7 @@ SHAPES = [
     # M 129-256 (config.SMALL_M): 64-row tiles in one slice, chained, 3-4 M tiles; full rings; ragged M
     (256, 512, 4096), (192, 4096, 8192), (250, 1536, 7168), (129, 1024, 4096),
     (192, 7168, 2048), (150, 3000, 1024),  # 64 x 192 tiles (N 7168: a partial last tile); ragged N
+    (200, 32768, 1024), (256, 65536, 1536),  # one 256-row M tile (config.one_m_tile): ragged M, pro.wq_b at M 256
 ]
 
 
