@@ -212,10 +212,14 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
 
 def _cheapest(m: int, n: int, k: int, sms: int, cands) -> tuple[int, int, int]:
     """Ties: at M 129-256 (SMALL_M) the fewer padded rows (M 192: three 64-row tiles, not two of 128), then the
-    larger tile, then fewer slices."""
+    64-row tile (pro.shared_w13 at M 256, H200: 64 x 192 27.9 us against 128 x 128's 29.3, run
+    gemm/2026-11-28-h200-2e10280-m256-ties), then the larger tile, then fewer slices."""
+    small = m in SMALL_M
+
     def padded(bm: int) -> int:
-        return _cdiv(m, bm) * bm - m if m in SMALL_M else 0
-    return min(cands, key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), padded(c[0]), -c[0] * c[1], c[2]))
+        return _cdiv(m, bm) * bm - m if small else 0
+    return min(cands, key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), padded(c[0]), c[0] if small else 0,
+                                     -c[0] * c[1], c[2]))
 
 
 def one_m_tile(m: int, n: int, k: int, bm: int, bn: int, sms: int = H100_SMS, groups: int = 1) -> bool:

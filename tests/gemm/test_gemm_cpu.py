@@ -48,6 +48,8 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
     # ... where 64 x 192 and 128 x 128 tie in the model, the fewer padded rows: 64 x 192 at M 192, 128 x 128 at 256
     assert (choose_config(192, 7168, 16384).bm, choose_config(192, 7168, 16384).bn) == (64, 192)
     assert (choose_config(256, 7168, 16384).bm, choose_config(256, 7168, 16384).bn) == (128, 128)
+    # ... and where they tie in rows too, the 64-row tile: pro.shared_w13 at M 256
+    assert (choose_config(256, 6144, 7168).bm, choose_config(256, 6144, 7168).bn) == (64, 192)
     assert choose_config(4096, 7168, 16384).chain == 0  # two consumer warpgroups: no chains
 
 
