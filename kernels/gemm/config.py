@@ -131,7 +131,8 @@ def clustered(m: int, bm: int, split: int) -> bool:
     return split > 1 and m <= bm <= 64
 
 
-def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_SMS, weight_stream: bool = True) -> float:
+def cost(m: int, n: int, k: int, bm: int, bn: int, split: int, sms: int = H100_SMS,
+         weight_stream: bool = True) -> float:
     """Modelled clocks of the busiest CTA (see the module docstring); weight_stream False: without the
     per-CTA DRAM term (`one_m_tile` sets a chip-wide floor instead)."""
     kb = k // KBLOCK
@@ -213,7 +214,7 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
 def _cheapest(m: int, n: int, k: int, sms: int, cands) -> tuple[int, int, int]:
     """Ties: at M 129-256 (SMALL_M) the fewer padded rows (M 192: three 64-row tiles, not two of 128), then the
     64-row tile (pro.shared_w13 at M 256, H200: 64 x 192 27.9 us against 128 x 128's 29.3, run
-    gemm/2026-11-28-h200-2e10280-m256-ties), then the larger tile, then fewer slices."""
+    gemm/2026-11-28-h200-2e10280-m256-ties, in git history at c70e947), then the larger tile, then fewer slices."""
     small = m in SMALL_M
 
     def padded(bm: int) -> int:
@@ -249,10 +250,10 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     if best[0] != 256:
         best = _cheapest(m, n, k, sms, cands)
     bm, bn, split = best
-    # H200, graph-timed, one process (run gemm/2026-11-28-h200-6ba31c6-m129-256-one-tile): 256 x 128 against the
-    # rule's pick, DeepGEMM's own there: pro.wo_a 34.5 -> 31.6 us at M 256 (DeepGEMM 31.5), 34.8 -> 29.9 at M 129;
-    # flash.wq_b 23.7 -> 21.9, pro.wq_b 54.0 -> 48.7 at M 256; at M 129 the wq_b layers' 64 x 192 tiles (192 rows,
-    # not 256) stayed 4-15% faster
+    # one_m_tile, H200, graph-timed, one process (run gemm/2026-11-28-h200-6ba31c6-m129-256-one-tile, in git
+    # history at c70e947): 256 x 128, DeepGEMM's own pick there, against the rule's: pro.wo_a 34.5 -> 31.6 us at
+    # M 256 (DeepGEMM 31.5), 34.8 -> 29.9 at M 129; flash.wq_b 23.7 -> 21.9, pro.wq_b 54.0 -> 48.7 at M 256; at
+    # M 129 the wq_b layers' 64 x 192 tiles (192 rows, not 256) stayed 4-15% faster
     if split == 1 and one_m_tile(m, n, k, bm, bn, sms, groups):
         bm, bn = 256, 128
     # bm 256 runs as CTA pairs multicasting x where x is re-read by several M tiles, the L2-bound
