@@ -98,17 +98,10 @@ class PersistentGemmSm90:
     @cute.jit
     def _tile_of(self, u, tiles_m, tiles_n):
         """Work unit u -> (m tile, n tile, K slice): slices of a tile adjacent, tiles rasterised in
-        groups of group_m M-tiles (a group walks N with its M-tiles side by side), or (group_n > 0) of
-        group_n N-tiles (a group's N-tiles side by side, one M tile after another)."""
+        groups of group_m M-tiles (a group walks N with its M-tiles side by side)."""
         c = self.cfg
         t = u // c.split_k
         ks = u - t * c.split_k
-        if cutlass.const_expr(getattr(c, "group_n", 0) > 0):
-            per_group_n = c.group_n * tiles_m
-            first_n = (t // per_group_n) * c.group_n
-            gsize_n = cutlass.min(tiles_n - first_n, c.group_n)
-            local_n = t - first_n * tiles_m
-            return local_n // gsize_n, first_n + local_n % gsize_n, ks, t
         per_group = c.group_m * tiles_n
         first_m = (t // per_group) * c.group_m
         gsize = cutlass.min(tiles_m - first_m, c.group_m)

@@ -29,7 +29,6 @@ class GemmConfig:
     bn: int = 128
     stages: int = 0  # smem ring depth; 0 = as many as fit (at most MAX_STAGES)
     group_m: int = 8  # rasterisation: M-tiles per group
-    group_n: int = 0  # > 0: rasterisation in groups of group_n N-tiles instead, N fastest (DeepGEMM's order)
     split_k: int = 1  # K slices per tile (decode: fill the SMs when M/N give too few tiles)
     epi_stages: int = 2
     # the consumers' and the producer's K-block loops unrolled by this factor: 4 ran the 85 shapes
@@ -90,8 +89,8 @@ class GemmConfig:
             raise ValueError(f"chain must be 0 (off), 2, 4 or 8, got {self.chain}")
         if self.chain and not self.chainable:
             raise ValueError("K-block chains run one consumer warpgroup (bm <= 64), bn <= 128, no knock-out")
-        if self.group_m < 1 or self.group_n < 0:
-            raise ValueError("group_m must be >= 1 and group_n >= 0")
+        if self.group_m < 1:
+            raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
             raise ValueError(f"{self.stages} stages of {self.stage_smem_bytes} B do not fit shared memory")
         if self.n_stages < 2:

@@ -11,7 +11,6 @@ override makes an impossible configuration is UNSUPPORTED there.
     bmB / bnB       CTA tile rows B (64, 128, 256) / columns B (32, 64, 128) instead of the rule's;
                     bn192: 128 x 192 tiles
     gG              rasterisation groups of G M-tiles (1, 4, 16; shipped 8)
-    gnG             rasterisation groups of G N-tiles, N fastest inside (8, 16: DeepGEMM's order)
     no-split        split-K off (decode shapes that the rule splits); bn64-no-split, bn32-no-split both
     bm64-bnB-kS     64 x B tiles in S slices at any M, K blocks chained as the rule chains bm 64
     bm128-bnB-kS    128 x B tiles in S slices (1, 2, 4), bm256-bnB 256 x B: one M tile at M 65-256, full rings;
@@ -60,7 +59,6 @@ KNOBS: dict[str, dict] = {
     **{f"bn{b}": {"bn": b} for b in (32, 64, 128)},
     "bn192": {"bm": 128, "bn": 192},  # two weight-scale blocks a tile (one wave; DeepGEMM's pro.wq_a pick)
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
-    **{f"gn{g}": {"group_n": g} for g in (8, 16)},  # groups of N tiles, N fastest (DeepGEMM's order: 16)
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "ring-full": {"stages": 0},
     "pdl": {"pdl": True},

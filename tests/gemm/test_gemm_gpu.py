@@ -57,7 +57,6 @@ def test_rule(m, n, k):
 
 CONFIGS = [
     GemmConfig(128, 128), GemmConfig(128, 64), GemmConfig(64, 128), GemmConfig(64, 64), GemmConfig(64, 32),
-    GemmConfig(128, 128, group_n=3), GemmConfig(256, 128, cluster_n=2, group_n=3),  # N-grouped rasterisation
     GemmConfig(128, 128, split_k=3), GemmConfig(64, 64, split_k=5), GemmConfig(128, 32, stages=2),
     GemmConfig(128, 128, group_m=3), GemmConfig(128, 64, split_k=2), GemmConfig(256, 128), GemmConfig(256, 64),
     GemmConfig(256, 32, group_m=3), GemmConfig(256, 128, stages=2),
