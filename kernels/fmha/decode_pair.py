@@ -17,7 +17,7 @@ A cluster barrier after the barriers' init (no remote arrive or store reaches an
 barrier) and one at exit (no CTA leaves while its peer may still store into it or arrive on it).
 The slot hand-off, packing, the mask's indices and the consumers are per CTA, unchanged. The L2 prefetch of a
 row is split between the pair (`_prefetch_lines`; v10): each CTA's producer knows the same tokens, and each
-had prefetched every row, 12 prefetches a row where 7 do.
+had prefetched every row, 14 prefetches a row where 7 do.
 Where there is one head block (h_q 64) the form compiles to v4's code.
 """
 

@@ -10,10 +10,10 @@ rows (15 KB free < one 37 KB raw tile); L2 (50 MB) can: a pair's rows are 75 KB 
 
 - Prefetch: each producer thread owns one slot of its tile (lt); once it knows that slot's token it
   issues `prefetch.global.L2` for each line of the token's 576-byte row (5-6) and one for its scale
-  row (at h_q 128 the head pair splits them: decode_pair.FusedHeadPair._prefetch_lines). Pair 0's rows after the slot barrier
-  of pair 0; pair p + 1's at the end of pair p, from the token its own cp.async brought
-  (`cp.async.wait_group 0`: a thread's own cp.async is visible to it), a whole consumer pair before
-  the register loads ask.
+  row (at h_q 128 the head pair splits them: decode_pair.FusedHeadPair._prefetch_lines). Pair 0's rows
+  after the slot barrier of pair 0; pair p + 1's at the end of pair p, from the token its own
+  cp.async brought (`cp.async.wait_group 0`: a thread's own cp.async is visible to it), a whole
+  consumer pair before the register loads ask.
 - Loop: each half's row batches in a run-time loop, the batch's registers local to an iteration
   (registers carried across the loop went to local memory: 1.7k STL).
 - One copy (v6): the stage (which 64 threads) and the half of d (left: code segments 0-3; right: 4-6 +

@@ -254,7 +254,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # history at c70e947): 256 x 128, DeepGEMM's own pick there, against the rule's: pro.wo_a 34.5 -> 31.6 us at
     # M 256 (DeepGEMM 31.5), 34.8 -> 29.9 at M 129; flash.wq_b 23.7 -> 21.9, pro.wq_b 54.0 -> 48.7 at M 256; at
     # M 129 the wq_b layers' 64 x 192 tiles (192 rows, not 256) stayed 4-15% faster
-    if split == 1 and one_m_tile(m, n, k, bm, bn, sms, groups):
+    if one_m_tile(m, n, k, bm, bn, sms, groups):  # SMALL_M only, where nothing splits (splits_k)
         bm, bn = 256, 128
     # bm 256 runs as CTA pairs multicasting x where x is re-read by several M tiles, the L2-bound
     # case: 5% faster over the prefill layers at M 4096 / 16384 (run gemm/2026-11-26-h100-bf91fba-x2, in git

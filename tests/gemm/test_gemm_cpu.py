@@ -56,7 +56,8 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
 def test_rule_takes_one_m_tile_at_the_widest_layers_below_257_rows():
     """config.one_m_tile: 256 x 128 tiles (unpaired) where the pick computed 256 rows anyway and the weight's DRAM
     floor binds: the wq_b layers and Pro's wo_a from M 193 (Pro's wo_a from 129, its pick there 128 x 128); the wq_b
-    layers keep 64 x 192 up to M 192 (fewer padded rows), Flash's wo_a (64 tiles of 256 rows: half the SMs) 128 x 128."""
+    layers keep 64 x 192 up to M 192 (fewer padded rows), Flash's wo_a (64 tiles of 256 rows: half the SMs)
+    128 x 128."""
     wide = {("flash", "wq_b"), ("pro", "wq_b"), ("pro", "wo_a")}
     for model, layer, n, k, g in LAYERS:
         for m in (129, 192, 193, 256):
