@@ -34,7 +34,7 @@ class GemmConfig:
     # the consumers' and the producer's K-block loops unrolled by this factor: 4 ran the 85 shapes
     # of M 1-4096 3-5% faster than 1 (v7, docs/perf/gemm.md); 8 was level with 4
     unroll: int = 4
-    # one consumer warpgroup (bm <= 64): K blocks in chains of this many (0: off), inside which block
+    # one wave (bm <= 128): K blocks in chains of this many (0: off), inside which block
     # kb + 1's wgmmas are issued before block kb is promoted (two temporary accumulators), so the
     # tensor core's latency and the promotion overlap instead of adding up per K block
     chain: int = 0
@@ -88,7 +88,7 @@ class GemmConfig:
         if self.chain not in (0, 2, 4, 8):
             raise ValueError(f"chain must be 0 (off), 2, 4 or 8, got {self.chain}")
         if self.chain and not self.chainable:
-            raise ValueError("K-block chains run one consumer warpgroup (bm <= 64), bn <= 128, no knock-out")
+            raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
@@ -98,9 +98,9 @@ class GemmConfig:
 
     @property
     def chainable(self) -> bool:
-        """May `chain` be set: one consumer warpgroup, no knock-out, not bn 192 (three 96-register fragments
-        would spill)."""
-        return self.n_mma_wg == 1 and not self.ablate and self.bn != 192
+        """May `chain` be set: one wave (each consumer warpgroup one accumulator, bm <= 128), no knock-out,
+        not bn 192 (three 96-register fragments would spill)."""
+        return self.waves == 1 and not self.ablate and self.bn != 192
 
     @property
     def n_mma_wg(self) -> int:

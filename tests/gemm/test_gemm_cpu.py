@@ -291,7 +291,7 @@ def test_small_x_tiles_are_single_m_tile_one_wave_with_a_deeper_ring():
         assert cfg.sa_slot * 4 % 128 == 0  # each stage's sa box lands 128-byte aligned (TMA)
         with pytest.raises(ValueError, match="single CTAs"):
             GemmConfig(bm=bm, bn=64, cluster_n=2)
-    for fields in ({"bm": 128, "chain": 4}, {"bm": 16, "bn": 192, "chain": 4}, {"bm": 16, "chain": 3}):
+    for fields in ({"bm": 256, "chain": 4}, {"bm": 16, "bn": 192, "chain": 4}, {"bm": 16, "chain": 3}):
         with pytest.raises(ValueError, match="chain"):
             GemmConfig(**fields)
     with pytest.raises(ValueError, match="for M <= 16 only"):
