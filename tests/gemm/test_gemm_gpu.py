@@ -79,6 +79,7 @@ def test_configs(cfg, m, n, k):
 
 
 @pytest.mark.parametrize("cfg", [None, GemmConfig(256, 128), GemmConfig(64, 64, split_k=3), GemmConfig(128, 32),
+                                 GemmConfig(128, 128, chain=8),
                                  GemmConfig(256, 128, epi_per_wg=True), GemmConfig(256, 128, cluster_n=2)], ids=str)
 @pytest.mark.parametrize("m,groups", [(1, 8), (300, 3), (4096, 16)])
 def test_grouped(cfg, m, groups):
@@ -111,6 +112,19 @@ def test_k_block_chains(cfg, m, n, k):
     """Chains of K blocks (one consumer warpgroup, two temporaries): K of 3, 5, 8, 16 and 32 blocks
     end in partial chains and single blocks, split-K slices in empty ones; stages 2-3 hold both
     blocks of a chain link while the producer waits."""
+    _run(m, n, k, cfg)
+
+
+CHAINS_TWO_WG = [GemmConfig(128, 128, chain=8), GemmConfig(128, 64, chain=4, split_k=3), GemmConfig(128, 32, chain=2, stages=2),
+                 GemmConfig(128, 128, chain=8, epi_per_wg=True)]
+
+
+@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in CHAINS_TWO_WG for shape in
+                                       [(17, 512, 384), (200, 1000, 1024), (1000, 2056, 640), (129, 4104, 4096)]],
+                         ids=str)
+def test_k_block_chains_two_warpgroups(cfg, m, n, k):
+    """Chains on 128-row tiles (two consumer warpgroups, each with its own two temporaries): several and ragged M
+    tiles, rows wholly past M in the second warpgroup, split-K slices merged in global memory, a 2-stage ring."""
     _run(m, n, k, cfg)
 
 
