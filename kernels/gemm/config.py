@@ -213,14 +213,15 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
 
 def _cheapest(m: int, n: int, k: int, sms: int, cands) -> tuple[int, int, int]:
     """Ties: at M 129-256 (SMALL_M) the fewer padded rows (M 192: three 64-row tiles, not two of 128), then the
-    64-row tile (pro.shared_w13 at M 256, H200: 64 x 192 27.9 us against 128 x 128's 29.3, run
-    gemm/2026-11-28-h200-2e10280-m256-ties, in git history at c70e947), then the larger tile, then fewer slices."""
+    larger tile, then fewer slices. (Session 29 sent SMALL_M's remaining ties to the 64-row tile, pro.shared_w13's
+    64 x 192 at M 193-256 beating an unchained 128 x 128; chained (v14) the 128 x 128 won there by 5%, H200, one
+    process: 26.45 / 26.05 / 25.95 us against 27.82 / 27.57 / 27.26 at M 193 / 224 / 256, run
+    gemm/2026-11-28-h200-de2f74b-chains-128-w13.)"""
     small = m in SMALL_M
 
     def padded(bm: int) -> int:
         return _cdiv(m, bm) * bm - m if small else 0
-    return min(cands, key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), padded(c[0]), c[0] if small else 0,
-                                     -c[0] * c[1], c[2]))
+    return min(cands, key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), padded(c[0]), -c[0] * c[1], c[2]))
 
 
 def one_m_tile(m: int, n: int, k: int, bm: int, bn: int, sms: int = H100_SMS, groups: int = 1) -> bool:
@@ -262,8 +263,11 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # With few M tiles the weight's DRAM stream binds and a pair would only couple two CTAs' streams
     # (not measured: the rule takes bm 128 up to M = 256). The cost model does not price the pair.
     pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
-    # where the tile can (GemmConfig.chainable), K blocks in chains of 8 (v8: 3-5% faster at M 1 / 8 / 64
-    # than unchained, 1-3% than chains of 2 / 4)
+    # where the tile can (GemmConfig.chainable: one wave), K blocks in chains of 8: v8 (one consumer warpgroup)
+    # 3-5% faster at M 1 / 8 / 64 than unchained, 1-3% than chains of 2 / 4; v14 (128-row tiles, two warpgroups
+    # each with two temporaries), H200, graph-timed, one process: 1.045x DeepGEMM over every layer at M 192 / 256
+    # against the unchained loop's 0.974x (Flash wo_a M 256 0.928 -> 0.987x), the N 512 layers at M 4096 7% faster
+    # (run gemm/2026-11-28-h200-de2f74b-chains-128-w13)
     cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, cluster_k=clustered(m, bm, split))
     stages = ring_stages(bm, bn, split, cfg.cluster_k)
     if stages < cfg.n_stages and m <= 64:  # the decode ring cap (M 65-128: SPLIT_FILL's run)

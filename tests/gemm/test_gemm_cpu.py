@@ -40,17 +40,19 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
         for n, k, bn in ((1536, 7168, 32), (4096, 8192, 64)):
             cfg = choose_config(m, n, k)
             assert (cfg.bm, cfg.bn, cfg.split_k) == (64, bn, 1) and cfg.n_stages == replace(cfg, stages=0).n_stages
-    # M 129-256 (config.SMALL_M): 64- or 128-row tiles in one K slice, chained at 64 rows (DeepGEMM's pick at M 256)
+    # M 129-256 (config.SMALL_M): 64- or 128-row tiles in one K slice, chained (DeepGEMM's pick at M 256)
     for m in (129, 192, 256):
         for n, k, bm, bn in ((512, 4096, 64, 32), (1536, 7168, 64, 64), (4096, 8192, 64, 128)):
             cfg = choose_config(m, n, k)
-            assert (cfg.bm, cfg.bn, cfg.split_k) == (bm, bn, 1) and cfg.chain == (8 if bm == 64 else 0), (m, n, k)
+            assert (cfg.bm, cfg.bn, cfg.split_k, cfg.chain) == (bm, bn, 1, 8), (m, n, k)
     # ... where 64 x 192 and 128 x 128 tie in the model, the fewer padded rows: 64 x 192 at M 192, 128 x 128 at 256
     assert (choose_config(192, 7168, 16384).bm, choose_config(192, 7168, 16384).bn) == (64, 192)
     assert (choose_config(256, 7168, 16384).bm, choose_config(256, 7168, 16384).bn) == (128, 128)
-    # ... and where they tie in rows too, the 64-row tile: pro.shared_w13 at M 256
-    assert (choose_config(256, 6144, 7168).bm, choose_config(256, 6144, 7168).bn) == (64, 192)
-    assert choose_config(4096, 7168, 16384).chain == 0  # two consumer warpgroups: no chains
+    # ... and where they tie in rows too, the larger tile, chained: pro.shared_w13 at M 193-256
+    for m in (193, 256):
+        cfg = choose_config(m, 6144, 7168)
+        assert (cfg.bm, cfg.bn, cfg.chain) == (128, 128, 8), m
+    assert choose_config(4096, 7168, 16384).chain == 0  # two waves (two accumulators a warpgroup): no chains
 
 
 def test_rule_takes_one_m_tile_at_the_widest_layers_below_257_rows():
