@@ -267,7 +267,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # 3-5% faster at M 1 / 8 / 64 than unchained, 1-3% than chains of 2 / 4; v14 (128-row tiles, two warpgroups
     # each with two temporaries), H200, graph-timed, one process: 1.045x DeepGEMM over every layer at M 192 / 256
     # against the unchained loop's 0.974x (Flash wo_a M 256 0.928 -> 0.987x), the N 512 layers at M 4096 7% faster
-    # (run gemm/2026-11-28-h200-de2f74b-chains-128-w13)
+    # (runs gemm/2026-11-28-h200-de2f74b-chains-128, -wkv)
     cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, cluster_k=clustered(m, bm, split))
     stages = ring_stages(bm, bn, split, cfg.cluster_k)
     if stages < cfg.n_stages and m <= 64:  # the decode ring cap (M 65-128: SPLIT_FILL's run)
