@@ -85,8 +85,8 @@ class GemmConfig:
                              f"got split_k {self.split_k}, bm {self.bm}, cluster_n {self.cluster_n}")
         if self.unroll not in (1, 2, 4, 8):
             raise ValueError(f"unroll must be 1, 2, 4 or 8, got {self.unroll}")
-        if self.chain not in (0, 2, 4, 8):
-            raise ValueError(f"chain must be 0 (off), 2, 4 or 8, got {self.chain}")
+        if self.chain not in (0, 2, 4, 8, 16, 32):
+            raise ValueError(f"chain must be 0 (off), 2, 4, 8, 16 or 32, got {self.chain}")
         if self.chain and not self.chainable:
             raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out")
         if self.group_m < 1:

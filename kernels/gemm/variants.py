@@ -26,7 +26,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     bn64-s8         64-column tiles with an 8-stage ring (64 KB of weight in flight)
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
     epi4            4 epilogue buffers and a 5-stage ring: no slice waits for an earlier slice's TMA store (bm 128)
-    chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8 blocks (0: off)
+    chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8, 16, 32 blocks (0: off)
                     (one wave: bm <= 128); chain4-bnB, chain4-bn32-no-split; bm128-bn128-chainC (C 4, 8) at any M
     x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
     unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
@@ -88,7 +88,7 @@ KNOBS: dict[str, dict] = {
     "epi4": {"stages": 5, "epi_stages": 4},  # a 128 x 128 tile's four O slices in flight at once (a ring stage fewer)
     **{f"unroll{u}": {"unroll": u} for u in (1, 2, 8)},  # the K-block loops' unroll (shipped: 4; v6: 1)
     # K block kb + 1 issued before kb is promoted, in chains of C blocks (one wave: bm <= 128)
-    **{f"chain{c}": {"chain": c} for c in (0, 2, 4, 8)},  # 0: unchained (v7's loop)
+X
     **{f"bm128-bn128-chain{c}": {"bm": 128, "bn": 128, "split_k": 1, "stages": 0, "chain": c} for c in (4, 8)},
     **{f"chain4-bn{b}": {"chain": 4, "bn": b} for b in (32, 64, 128)},
     "chain4-bn32-no-split": {"chain": 4, "bn": 32, "split_k": 1},
