@@ -26,7 +26,7 @@ from dsv4bench.compile.cache import ENV_NO_CACHE, CompileCache
 from dsv4bench.core.environment import describe_environment
 from dsv4bench.core.filters import cases_under_filters
 from dsv4bench.core.regressions import RUN_FILE, record_failures, with_regressions
-from dsv4bench.core.registry import Family, SweepOptions, family_packages, impls, load_family
+from dsv4bench.core.registry import Family, SweepOptions, broken_note, family_packages, impls, load_family
 from dsv4bench.core.results import RunDir
 from dsv4bench.core.resume import invocation_meta, resume_conflict
 from dsv4bench.core.runner import DEFAULT_TIMEOUT_S, TIMINGS, Runner, plan
@@ -58,7 +58,8 @@ def parse_impls(family: Family, impl: str | None) -> list[str] | None:
     known = [i.name for i in impls(family.name, variants=True)]
     bad = [n for n in names if n not in known]
     if not names or bad:
-        fail(f"--impl: {family.name} has no impl '{(bad or [impl])[0]}' (impls: {', '.join(known)})")
+        fail(f"--impl: {family.name} has no impl '{(bad or [impl])[0]}' (impls: {', '.join(known)})"
+             f"{broken_note(family.name)}")
     return names
 
 

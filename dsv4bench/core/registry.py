@@ -289,9 +289,17 @@ def impls(family: str, variants: bool = False) -> list[Impl]:
     return [i for i in _IMPLS.get(family, []) if variants or not i.variant]
 
 
+def broken_note(family: str) -> str:
+    """'' or why part of the family's package failed to import: a module that raised after the family registered
+    (a variants module imported last) leaves its impls unregistered, which reads as an unknown impl name."""
+    module = family_packages().get(family)
+    why = BROKEN_MODULES.get(module)
+    return f"; the family loaded only in part: {module} ({why})" if why else ""
+
+
 def get_impl(family: str, name: str) -> Impl:
     for impl in impls(family, variants=True):
         if impl.name == name:
             return impl
     known = ", ".join(i.name for i in impls(family, variants=True))
-    raise KeyError(f"family '{family}' has no impl '{name}' (impls: {known})")
+    raise KeyError(f"family '{family}' has no impl '{name}' (impls: {known}){broken_note(family)}")

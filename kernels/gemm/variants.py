@@ -88,7 +88,7 @@ KNOBS: dict[str, dict] = {
     "epi4": {"stages": 5, "epi_stages": 4},  # a 128 x 128 tile's four O slices in flight at once (a ring stage fewer)
     **{f"unroll{u}": {"unroll": u} for u in (1, 2, 8)},  # the K-block loops' unroll (shipped: 4; v6: 1)
     # K block kb + 1 issued before kb is promoted, in chains of C blocks (one wave: bm <= 128)
-X
+    **{f"chain{c}": {"chain": c} for c in (0, 2, 4, 8, 16, 32)},  # 0: unchained (v7's loop)
     **{f"bm128-bn128-chain{c}": {"bm": 128, "bn": 128, "split_k": 1, "stages": 0, "chain": c} for c in (4, 8)},
     **{f"chain4-bn{b}": {"chain": 4, "bn": b} for b in (32, 64, 128)},
     "chain4-bn32-no-split": {"chain": 4, "bn": 32, "split_k": 1},
@@ -132,3 +132,4 @@ VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items()) + tuple
     GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + (GemmRowFloor("x64", {}),)
 for _impl in VARIANTS:
     register_impl(_impl)
+X

@@ -38,3 +38,19 @@ def test_error_text_with_brackets_and_long_lines_stays_literal_and_on_one_line()
     res = dsv4bench("sweep", "rmsnorm", "--width", "[hosts.a]" + "9" * 200)
     out = (res.stdout + res.stderr).strip()
     assert res.returncode == 2 and "[hosts.a]" in out and len(out.splitlines()) == 1, out
+
+
+def test_an_unknown_impl_of_a_family_that_loaded_in_part_says_why(monkeypatch):
+    """A variants module that raised after its family registered leaves its impls unregistered: the unknown-impl
+    error names the import failure instead of only listing the impls that did load."""
+    from dsv4bench.core import registry
+
+    registry.load_families()
+    module = registry.family_packages()["rmsnorm"]
+    monkeypatch.setitem(registry.BROKEN_MODULES, module, "SyntaxError: '(' was never closed (variants.py, line 1)")
+    with pytest.raises(KeyError, match=r"loaded only in part: .*SyntaxError"):
+        registry.get_impl("rmsnorm", "cutedsl:nosuchvariant")
+    monkeypatch.delitem(registry.BROKEN_MODULES, module)
+    with pytest.raises(KeyError) as err:
+        registry.get_impl("rmsnorm", "cutedsl:nosuchvariant")
+    assert "loaded only in part" not in str(err.value)
