@@ -132,4 +132,3 @@ VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items()) + tuple
     GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + (GemmRowFloor("x64", {}),)
 for _impl in VARIANTS:
     register_impl(_impl)
-X

@@ -54,3 +54,12 @@ def test_an_unknown_impl_of_a_family_that_loaded_in_part_says_why(monkeypatch):
     with pytest.raises(KeyError) as err:
         registry.get_impl("rmsnorm", "cutedsl:nosuchvariant")
     assert "loaded only in part" not in str(err.value)
+
+
+def test_every_family_package_imports_whole():
+    """No family module fails to import on the CPU (a module raising after its family registered would otherwise
+    only show as missing variants, or fail each compile on the device)."""
+    from dsv4bench.core import registry
+
+    registry.load_families()
+    assert registry.BROKEN_MODULES == {}
