@@ -213,10 +213,8 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
 
 def _cheapest(m: int, n: int, k: int, sms: int, cands) -> tuple[int, int, int]:
     """Ties: at M 129-256 (SMALL_M) the fewer padded rows (M 192: three 64-row tiles, not two of 128), then the
-    larger tile, then fewer slices. (Session 29 sent SMALL_M's remaining ties to the 64-row tile, pro.shared_w13's
-    64 x 192 at M 193-256 beating an unchained 128 x 128; chained (v14) the 128 x 128 won there by 5%, H200, one
-    process: 26.45 / 26.05 / 25.95 us against 27.82 / 27.57 / 27.26 at M 193 / 224 / 256, run
-    gemm/2026-11-28-h200-de2f74b-chains-128-w13.)"""
+    larger tile, then fewer slices. (pro.shared_w13 at M 193 / 224 / 256, H200, one process: 128 x 128 chained 26.45 /
+    26.05 / 25.95 us, 64 x 192 27.82 / 27.57 / 27.26; run gemm/2026-11-28-h200-de2f74b-chains-128-w13.)"""
     small = m in SMALL_M
 
     def padded(bm: int) -> int:
