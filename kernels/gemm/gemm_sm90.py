@@ -18,7 +18,7 @@ Structure (one CTA per SM, persistent):
   * consumer warpgroups (1 for bm = 64, 2 otherwise): the tile's rows go in `waves` of
     wave_m = 64 * warpgroups rows (bm = 256: two waves); per K block and wave, each warpgroup issues
     4 wgmma (m64 n{bn} k32) into `tmp`, waits for them and promotes into that wave's accumulator
-    (the other warpgroup's wgmmas keep the tensor core busy meanwhile). The stage is freed after
+    (one wave: K blocks chained, block j + 1 issued before j is promoted, `chain`). The stage is freed after
     the last wave's wgmmas. The scales ride in the stage too (TMA boxes of sa and sw, see below)
     and are read from shared memory before the wgmmas are issued: a global load (ld.global or
     cp.async) in flight at a wgmma fence stalls it for the whole L2 latency, every K block.
@@ -421,9 +421,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
     def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
         """Per K block: wait for the stage -> read its scales -> per wave: 4 wgmma -> wait_group(0) ->
         (last wave: release the stage) -> promote.
-        The tensor core idles while a warpgroup promotes unless the other warpgroup's wgmmas fill it;
-        the two drift apart by themselves (measured: forcing a one-block stagger was slower on 23 of 30
-        shapes, docs/perf/gemm.md). odd: the tile's N index is odd (bn 192: `_read_scales`). The ring
+        The tensor core idles while a warpgroup promotes unless the other's wgmmas fill it; at one wave
+        they promote together, so the rule chains those (lesson gemm 20; two waves: no registers). odd: the tile's N index is odd (bn 192: `_read_scales`). The ring
         position is recomputed from g_rd every K block: carrying it (a compare and a select instead of
         a division) was 2-3% faster on some 256 x 128 shapes but up to 25% slower where each CTA runs
         one long-K tile (docs/lessons/gemm.md 11)."""
@@ -461,7 +460,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
     @cute.jit
     def _mainloop_overlapped(self, ring, mmas, tCrA, tCrB, acc, tmps, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
-        """One consumer warpgroup, K blocks in chains of `chain` (GemmConfig.chain): inside a chain,
+        """Each consumer warpgroup (one wave), K blocks in chains of `chain` (GemmConfig.chain): inside a chain,
         block j + 1's wgmmas (into tmps[(j + 1) % 2]) are issued before block j is waited for
         (wait_group(1)), released and promoted, so a block's wgmma latency hides behind the previous
         block's promotion. Each chain ends in wait_group(0): a group in flight across the loop's back
