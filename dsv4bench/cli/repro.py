@@ -18,7 +18,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.evaluate import CaseData, Outcome, evaluate
 from dsv4bench.core.regressions import regressions_dir
-from dsv4bench.core.registry import Impl, get_family, impls
+from dsv4bench.core.registry import Impl, broken_note, get_family, impls
 from dsv4bench.core.results import PASS, UNCHECKED, UNSUPPORTED, RunDir, read_csv
 from dsv4bench.core.runner import CHECK_IMPL
 from dsv4bench.core.worker import Worker
@@ -177,7 +177,8 @@ def plan_impls(case: Case, impl: str | None, arch: str | None) -> list[tuple[Imp
     known = impls(case.family, variants=True)
     chosen = [im for im in known if (im.name == impl if impl else not im.variant)]
     if impl and not chosen and impl != CHECK_IMPL:
-        fail(f"--impl: family {case.family} has no impl '{impl}' (impls: {', '.join(i.name for i in known)})")
+        fail(f"--impl: family {case.family} has no impl '{impl}' (impls: {', '.join(i.name for i in known)})"
+             f"{broken_note(case.family)}")
 
     def why_not(im: Impl) -> str | None:
         if not arch and im.compiles:

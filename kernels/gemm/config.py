@@ -215,10 +215,8 @@ def _cheapest(m: int, n: int, k: int, sms: int, cands) -> tuple[int, int, int]:
     """Ties: at M 129-256 (SMALL_M) the fewer padded rows (M 192: three 64-row tiles, not two of 128), then the
     larger tile, then fewer slices. (pro.shared_w13 at M 193 / 224 / 256, H200, one process: 128 x 128 chained 26.45 /
     26.05 / 25.95 us, 64 x 192 27.82 / 27.57 / 27.26; run gemm/2026-11-28-h200-de2f74b-chains-128-w13.)"""
-    small = m in SMALL_M
-
     def padded(bm: int) -> int:
-        return _cdiv(m, bm) * bm - m if small else 0
+        return _cdiv(m, bm) * bm - m if m in SMALL_M else 0
     return min(cands, key=lambda c: (math.floor(cost(m, n, k, *c, sms=sms)), padded(c[0]), -c[0] * c[1], c[2]))
 
 

@@ -422,10 +422,10 @@ class Fp8GemmSm90(PersistentGemmSm90):
         """Per K block: wait for the stage -> read its scales -> per wave: 4 wgmma -> wait_group(0) ->
         (last wave: release the stage) -> promote.
         The tensor core idles while a warpgroup promotes unless the other's wgmmas fill it; at one wave
-        they promote together, so the rule chains those (lesson gemm 20; two waves: no registers). odd: the tile's N index is odd (bn 192: `_read_scales`). The ring
-        position is recomputed from g_rd every K block: carrying it (a compare and a select instead of
-        a division) was 2-3% faster on some 256 x 128 shapes but up to 25% slower where each CTA runs
-        one long-K tile (docs/lessons/gemm.md 11)."""
+        they promote together, so the rule chains those (lesson gemm 20; two waves: no registers). odd:
+        the tile's N index is odd (bn 192: `_read_scales`). The ring position is recomputed from g_rd every
+        K block: carrying it (a compare and a select instead of a division) was 2-3% faster on some 256 x 128
+        shapes but up to 25% slower where each CTA runs one long-K tile (docs/lessons/gemm.md 11)."""
         c = self.cfg
         S = c.n_stages
         W = c.waves

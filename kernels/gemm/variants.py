@@ -26,8 +26,8 @@ override makes an impossible configuration is UNSUPPORTED there.
     bn64-s8         64-column tiles with an 8-stage ring (64 KB of weight in flight)
     wg-epi          per-warpgroup epilogue (GemmConfig.epi_per_wg)
     epi4            4 epilogue buffers and a 5-stage ring: no slice waits for an earlier slice's TMA store (bm 128)
-    chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8, 16, 32 blocks (0: off)
-                    (one wave: bm <= 128); chain4-bnB, chain4-bn32-no-split; bm128-bn128-chainC (C 4, 8) at any M
+    chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8, 16, 32 blocks
+                    (0: off; one wave: bm <= 128); chain4-bnB, chain4-bn32-no-split; bm128-bn128-chainC (C 4, 8)
     x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
     unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
     x1              no CTA pairs (GemmConfig.cluster_n 1) where the rule pairs bm 256 tiles

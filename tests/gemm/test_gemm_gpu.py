@@ -115,8 +115,8 @@ def test_k_block_chains(cfg, m, n, k):
     _run(m, n, k, cfg)
 
 
-CHAINS_TWO_WG = [GemmConfig(128, 128, chain=8), GemmConfig(128, 64, chain=4, split_k=3), GemmConfig(128, 32, chain=2, stages=2),
-                 GemmConfig(128, 128, chain=8, epi_per_wg=True)]
+CHAINS_TWO_WG = [GemmConfig(128, 128, chain=8), GemmConfig(128, 64, chain=4, split_k=3),
+                 GemmConfig(128, 32, chain=2, stages=2), GemmConfig(128, 128, chain=8, epi_per_wg=True)]
 
 
 @pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in CHAINS_TWO_WG for shape in
