@@ -121,6 +121,9 @@ def sweep_family(
     timing: str = typer.Option("events", help="how --bench times a call: events (CUDA events around each call) | "
                                               "graph (the call captured once in a CUDA graph, its replays timed: no "
                                               "host work between a call's kernels, as serving stacks run decode)"),
+    kernel_split: bool = typer.Option(True, "--kernel-split/--no-kernel-split",
+                                      help="with --bench: each timed call's device time per kernel (CUPTI: two "
+                                           "profiled passes a record); off for quicker tuning probes"),
     impl: Optional[str] = typer.Option(None, help="only these impls, e.g. cutedsl,cutedsl:no-softmax "
                                                  "(declared variants run only when named; see `list`)"),
     baseline: Optional[str] = typer.Option(None, help="peers to run beside ours, e.g. torch,quack (default: all)"),
@@ -142,6 +145,8 @@ def sweep_family(
         fail(f"--timing must be one of {', '.join(TIMINGS)}, got {timing!r}")
     if timing != "events" and not bench:
         fail("--timing sets how --bench times a call: add --bench")
+    if not kernel_split and not bench:
+        fail("--no-kernel-split drops a part of --bench's record: add --bench")
     chosen = parse_impls(family, impl)
     archs = resolve_archs(arch)
     here = gpu_arch()
@@ -156,7 +161,8 @@ def sweep_family(
     options = {"kernel": kernel, "filters": filters, "examples": examples, "seed": seed, "grid": grid,
                "archs": archs, "gpu": gpu, "compile_only": compile_only, "cpu_check": checks,
                "bench": bench and gpu, "impl": chosen, "baseline": baselines, "shard": shard_ix,
-               **({"timing": timing} if timing != "events" else {})}
+               **({"timing": timing} if timing != "events" else {}),
+               **({} if kernel_split else {"kernel_split": False})}
     command = "dsv4bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
     run_dir = open_run_dir(out, kernel)
@@ -173,7 +179,7 @@ def sweep_family(
         fail("no case matches the given options" + "".join(f"; {m}" for m in misses)
              + ("; these options select from the grid and the drawn cases (--examples), they add none" if misses else ""))
     tasks = plan(cases, archs, gpu=gpu, bench=bench and gpu, compile_only=compile_only, baselines=baselines,
-                 only=chosen, cpu_check=checks, timing=timing)
+                 only=chosen, cpu_check=checks, timing=timing, kernel_split=kernel_split)
     done = run_dir.done_tasks()
     todo = [t for t in tasks if t.key not in done]
     environment = describe_environment()

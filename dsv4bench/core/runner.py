@@ -60,6 +60,7 @@ class Task:
     mode: str  # compile | check | run
     bench: bool = False
     timing: str = "events"  # how a bench task is timed: TIMINGS
+    kernel_split: bool = True  # a bench task also profiles its call's kernels (worker.Worker.kernel_split)
 
     @property
     def key(self) -> str:
@@ -68,12 +69,12 @@ class Task:
 
 def plan(cases: Iterable[Case], archs: list[str], gpu: bool, bench: bool, compile_only: bool,
          baselines: list[str] | None = None, only: list[str] | None = None, cpu_check: bool = False,
-         timing: str = "events") -> list[Task]:
+         timing: str = "events", kernel_split: bool = True) -> list[Task]:
     """GPU: every impl runs (peers too, for ratios). No GPU or `compile_only`: CuTeDSL impls
     compile per arch, nothing runs. `cpu_check` adds, per case, the family's low-precision torch
     reference checked against its FP32 oracle on the CPU. `only` names the impls to run (declared
     variants run only when named there); `baselines` narrows the peers; `timing` (TIMINGS) how bench tasks
-    are timed."""
+    are timed, `kernel_split` whether they profile each call's kernels too."""
     tasks: list[Task] = []
     for case in cases:
         for impl in impls(case.family, variants=only is not None):
@@ -83,7 +84,7 @@ def plan(cases: Iterable[Case], archs: list[str], gpu: bool, bench: bool, compil
                 continue
             if gpu and not compile_only:
                 arch = archs[0] if impl.compiles else "any"
-                tasks.append(Task(case, impl.name, arch, "run", bench, timing))
+                tasks.append(Task(case, impl.name, arch, "run", bench, timing, kernel_split))
                 continue
             if impl.compiles:
                 tasks += [Task(case, impl.name, a, "compile") for a in archs if a in impl.archs]
@@ -370,6 +371,7 @@ class Runner:
         worker.send({
             "key": task.key, "run_id": self.run_dir.run_id, "case": task.case.to_json(), "impl": task.impl,
             "arch": task.arch, "mode": task.mode, "bench": task.bench, "timing": task.timing,
+            "kernel_split": task.kernel_split,
             "device": "cuda" if self.gpu else "cpu",
         })
         line = worker.read_line(time.monotonic() + self.timeout_s)

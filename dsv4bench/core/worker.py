@@ -121,7 +121,7 @@ class Worker:
                            graph=task.get("timing") == "graph")
         rec.status, rec.reason, rec.metrics = outcome.status, outcome.reason, outcome.metrics_json()
         if outcome.timing is not None:
-            self.derive_perf(rec, family.cost(case), outcome)
+            self.derive_perf(rec, family.cost(case), outcome, task.get("kernel_split", True))
         return rec
 
     def cuda_timer(self):
@@ -134,8 +134,8 @@ class Worker:
             self.same_traffic_copy = ceilings.SameTrafficCopy(self.timer, "cuda")
         return self.timer
 
-    def derive_perf(self, rec, cost, outcome) -> None:
-        """Throughput, % of the measured ceilings and of a same-traffic copy, the per-kernel split."""
+    def derive_perf(self, rec, cost, outcome, split: bool = True) -> None:
+        """Throughput, % of the measured ceilings and of a same-traffic copy, the per-kernel split (`split`)."""
         stats = outcome.timing
         sec = stats.median_ms / 1e3
         copy_ms = self.same_traffic_copy.ms(cost.bytes)
@@ -150,7 +150,8 @@ class Worker:
             "pct_same_traffic_copy": 100.0 * copy_ms / stats.median_ms,
             "gemm_tflops_measured": self.ceilings.gemm_bf16_tflops,
         }
-        rec.perf.update(self.kernel_split(outcome.call))
+        if split:
+            rec.perf.update(self.kernel_split(outcome.call))
         if outcome.graph_error:
             rec.perf["graph_error"] = outcome.graph_error  # timed by events instead
         if host_bound(stats.median_ms * 1e3, rec.perf.get("kernels_total_us")):

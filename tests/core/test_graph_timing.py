@@ -20,6 +20,7 @@ from tests.core.test_sweep_flags import in_process
 @pytest.mark.parametrize("argv,message", [
     (["--bench", "--timing", "cupti"], "--timing must be one of events, graph, got 'cupti'"),
     (["--timing", "graph"], "--timing sets how --bench times a call: add --bench"),
+    (["--no-kernel-split"], "--no-kernel-split drops a part of --bench's record: add --bench"),
 ])
 def test_bad_timing_is_one_line_exit_2(argv, message, monkeypatch, capsys, tmp_path):
     code = in_process(monkeypatch, "sweep", "rmsnorm", "--examples", "0", "--out", str(tmp_path / "run"), *argv)
@@ -33,6 +34,36 @@ def test_plan_carries_the_timing_to_every_run_task():
     tasks = plan(cases, ["sm_90a"], gpu=True, bench=True, compile_only=False, timing="graph")
     assert tasks and {(t.mode, t.bench, t.timing) for t in tasks} == {("run", True, "graph")}
     assert {t.timing for t in plan(cases, ["sm_90a"], gpu=True, bench=True, compile_only=False)} == {"events"}
+
+
+def test_plan_carries_no_kernel_split_and_the_worker_skips_the_profile(monkeypatch):
+    from dsv4bench.core import worker as worker_mod
+    from dsv4bench.core.timing import TimingStats
+
+    cases = load_family("rmsnorm").cases(SweepOptions(examples=0))[:2]
+    assert {t.kernel_split for t in plan(cases, ["sm_90a"], gpu=True, bench=True, compile_only=False)} == {True}
+    tasks = plan(cases, ["sm_90a"], gpu=True, bench=True, compile_only=False, kernel_split=False)
+    assert tasks and {t.kernel_split for t in tasks} == {False}
+
+    class _Copy:
+        def ms(self, nbytes):
+            return 0.002
+
+    class _Ceilings:
+        copy_gbps, gemm_bf16_tflops = 3000.0, 800.0
+
+    w = worker_mod.Worker()
+    w.same_traffic_copy, w.ceilings = _Copy(), _Ceilings()
+    profiled = []
+    monkeypatch.setattr(w, "kernel_split", lambda call: profiled.append(call) or {"kernels_total_us": 3.0})
+    stats = TimingStats(0.004, 0.004, 0.004, 0.004, 0.0, 20, True, [0.004] * 20)
+    outcome = type("Outcome", (), {"timing": stats, "call": "the call", "graph_error": ""})()
+    cost = type("Cost", (), {"flops": 1e9, "bytes": 1e6})()
+    for split in (False, True):
+        rec = type("Rec", (), {})()
+        w.derive_perf(rec, cost, outcome, split)
+        assert ("kernels_total_us" in rec.perf) == split and rec.perf["pct_same_traffic_copy"] == 50.0
+    assert profiled == ["the call"]
 
 
 # --- on a GPU ------------------------------------------------------------------------------------
