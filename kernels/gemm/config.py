@@ -20,7 +20,8 @@ Prefill (large M) is bound by the tensor core and the L2 in the model: it prefer
 waves of 128 rows, 3/4 of the L2 bytes per flop of 128 x 128) whenever the tiles fill the SMs, and
 falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle, or round up badly:
 pro.wq_a at M = 4096 has 192 tiles of 256 x 128, 1.45 waves, but 384 of 128 x 128, 2.9 waves).
-Between them (M 65-256) 64- and 128-row tiles, full rings, split-K only as `splits_k` allows (measured).
+Between them (M 65-256) 64- and 128-row tiles, full rings, split-K only as `splits_k` allows (measured);
+past 256 rows 256-row tiles only as CTA pairs (four M tiles or more), else 64- / 128-row tiles (`row_tiles`).
 Decode (M <= 64) is bound by
 the weight stream from DRAM: the smallest x tile holding M (16, 32 or 64 rows) and the (bn, split_k)
 that streams the weight fastest. One CTA
@@ -117,11 +118,18 @@ def _cdiv(a: int, b: int) -> int:
 
 def row_tiles(m: int, min_rows: int = 16) -> tuple[int, ...]:
     """The CTA heights that suit M: the smallest x tile of 16, 32 or 64 rows (at least min_rows)
-    holding M for decode, 64 / 128 up to 256 rows (SMALL_M), 128 / 256 beyond (64 first: a complete tie in
-    `_cheapest` goes to the chained 64-row tile)."""
+    holding M for decode, 64 / 128 up to 256 rows (SMALL_M; 64 first: a complete tie in `_cheapest` goes to
+    the chained 64-row tile), 64 / 128 beyond, and 256 once its tiles pair (PAIR_MIN_M_TILES M tiles).
+    Unpaired 256-row tiles past SMALL_M (two waves: unchained, a 4-stage ring) lost every time: H200, graph-timed,
+    one process, M 300 / 600, all 17 layers x five forms (run gemm/2026-11-28-h200-4941106-m300-forms): on all 11
+    shapes where the rule took them, 128 x 192, 128 x 128 chained or 64 x 128 chained were 10-42% faster (pro.wo_b
+    at M 300 127.1 -> 73.7 us, flash.wo_b at M 600 49.2 -> 39.9); 64-row tiles in one slice beat the split
+    128-row tiles on the narrow layers (flash.wq_a at M 300 13.6 -> 10.1, pro.wkv 14.1 -> 13.1; `splits_k`)."""
     if m <= 64:
         return (next(r for r in (16, 32, 64) if r >= max(m, min_rows)),)
-    return (64, 128) if m <= SMALL_M[-1] else (256, 128)
+    if m <= SMALL_M[-1]:
+        return (64, 128)
+    return (256, 128, 64) if _cdiv(m, 256) >= PAIR_MIN_M_TILES else (128, 64)
 
 
 def clustered(m: int, bm: int, split: int) -> bool:
@@ -180,10 +188,11 @@ def ring_stages(bm: int, bn: int, split: int = 1, cluster: bool = False) -> int:
 
 
 def splits_k(m: int, n: int, sms: int = H100_SMS) -> bool:
-    """Whether split-K competes at this M (SMALL_M, SPLIT_FILL)."""
+    """Whether split-K competes at this M (SMALL_M, SPLIT_FILL: since the M 300 / 600 run of `row_tiles`, at every
+    M > 64, where 64-row tiles in one slice beat 128-row tiles split in 2-5 slices on all four narrow layers)."""
     if m in SMALL_M:
         return False
-    if 64 < m <= 128:
+    if m > 64:
         return _cdiv(m, 64) * _cdiv(n, min(BN)) * SPLIT_FILL < sms  # the most tiles any form has
     return True
 
@@ -193,13 +202,13 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
     may_split = splits_k(m, n, sms)
     for bm in row_tiles(m, min_rows):
         for bn in BN:
-            # bn 192: one wave (bm <= 128), a grouped GEMM's tiles must not straddle groups, and x
-            # re-read by several M tiles (the compute-bound prefill): with fewer, the weight stream
-            # binds and bn 128's deeper ring pulls more (H100: 4-13% slower at M 256, where the
-            # model has no DRAM term)
-            # (M 129-256, SMALL_M: 64 x 192 only, measured; three M tiles suffice there)
-            if bn == 192 and (bm == 256 or straddles_groups(bn, n, groups) or (
-                    bm != 64 if m in SMALL_M else _cdiv(m, bm) < PAIR_MIN_M_TILES)):
+            # bn 192: one wave (bm <= 128), a grouped GEMM's tiles must not straddle groups; not at M <= 128,
+            # where the weight stream binds and bn 128's deeper ring pulls more (H100: 4-13% slower at M 256,
+            # where the model has no DRAM term), at M 129-256 (SMALL_M) 64 x 192 only (measured), past 256 rows
+            # wherever the model prices it cheapest (`row_tiles`' M 300 / 600 run: 17 of its 18 picks there
+            # within 3% of the fastest form timed; pro.shared_w13 at M 300 17% slower than 64 x 128 chained)
+            if bn == 192 and (bm == 256 or straddles_groups(bn, n, groups) or m < SMALL_M[0] or (
+                    m in SMALL_M and bm != 64)):
                 continue
             tiles = _cdiv(m, bm) * _cdiv(n, bn)
             splits = [1]

@@ -32,10 +32,10 @@ def test_rule_prefill_takes_two_waves_and_decode_streams_the_weight():
         assert H100_SMS * 0.7 <= -(-1024 // cfg.bn) * cfg.split_k <= H100_SMS
     # several or taller M tiles merge their slices in global memory (v9's split: the cluster A/B measured
     # one M tile; a 128 x 128 partial a slice does not fit beside the ring)
-    for m, bm in ((96, 64), (128, 64), (320, 128)):
+    for m in (96, 128):
         cfg = choose_config(m, 512, 4096)
-        assert cfg.bm == bm and cfg.split_k > 1 and not cfg.cluster_k
-    # ... but at M 65-128 only where even 64 x 32 tiles leave 3/4 of the SMs idle: one slice, full ring otherwise
+        assert cfg.bm == 64 and cfg.split_k > 1 and not cfg.cluster_k
+    # ... but past M 64 only where even 64 x 32 tiles leave 3/4 of the SMs idle: one slice, full ring otherwise
     for m in (65, 96, 128):
         for n, k, bn in ((1536, 7168, 32), (4096, 8192, 64)):
             cfg = choose_config(m, n, k)
@@ -152,7 +152,7 @@ def test_grouped_oracle_is_one_product_per_group():
     torch.testing.assert_close(grouped_linear(xd[:, :256], wd, 1), xd[:, :256] @ wd.T)
 
 
-RULE_CONFIGS = sorted({choose_config(m, n, k) for _, _, n, k, _ in LAYERS for m in TOKENS + (192,)}, key=str)
+RULE_CONFIGS = sorted({choose_config(m, n, k) for _, _, n, k, _ in LAYERS for m in TOKENS + (192, 300, 600)}, key=str)
 
 
 @pytest.mark.parametrize("cfg", RULE_CONFIGS, ids=str)
@@ -230,6 +230,22 @@ def test_cta_pairs_stay_inside_a_weight_group():
     assert pairs_share_x(pair, 1000) and pairs_share_x(GemmConfig(256, 128), 3 * 384, groups=3)
     with pytest.raises(ValueError, match="bm 256"):
         GemmConfig(128, 128, cluster_n=2)
+
+
+def test_rule_past_256_rows_takes_256_row_tiles_only_as_pairs():
+    """M 257-768 (fewer than PAIR_MIN_M_TILES tiles of 256 rows): 64- and 128-row tiles, 128 x 192 included, one
+    K slice (config.row_tiles, splits_k: unpaired 256 x 128 and split 128-row tiles lost to them at M 300 / 600)."""
+    for m in (257, 300, 512, 600, 768):
+        for _, _, n, k, g in LAYERS:
+            cfg = choose_config(m, n, k, groups=g)
+            assert cfg.bm in (64, 128) and cfg.split_k == 1 and cfg.cluster_n == 1, (m, n, k, cfg)
+            assert cfg.chain == (0 if cfg.bn == 192 else 8)
+    picks = {(7168, 16384): (128, 192), (1024, 4096): (64, 64), (4096, 8192): (128, 128), (6144, 7168): (128, 192)}
+    for (n, k), tile in picks.items():
+        assert (choose_config(300, n, k).bm, choose_config(300, n, k).bn) == tile, (n, k)
+    for m in (1000, 4096):  # four or more M tiles of 256 rows: pairs where the model prices them cheapest
+        cfg = choose_config(m, 7168, 16384)
+        assert (cfg.bm, cfg.bn, cfg.cluster_n) == (256, 128, 2), m
 
 
 def test_rule_pairs_ctas_only_where_x_is_reread():

@@ -47,6 +47,9 @@ SHAPES = [
     (256, 512, 4096), (192, 4096, 8192), (250, 1536, 7168), (129, 1024, 4096),
     (192, 7168, 2048), (150, 3000, 1024),  # 64 x 192 tiles (N 7168: a partial last tile); ragged N
     (200, 32768, 1024), (256, 65536, 1536),  # one 256-row M tile (config.one_m_tile): ragged M, pro.wq_b at M 256
+    # past 256 rows, fewer than four 256-row M tiles (config.row_tiles): 128 x 192 on 3 / 6 M tiles (ragged M and N),
+    # 128 x 64 and 64 x 32 chained in one slice
+    (300, 7168, 2048), (700, 3000, 1024), (600, 1000, 4096), (400, 512, 4096),
 ]
 
 
