@@ -119,17 +119,15 @@ def _cdiv(a: int, b: int) -> int:
 def row_tiles(m: int, min_rows: int = 16) -> tuple[int, ...]:
     """The CTA heights that suit M: the smallest x tile of 16, 32 or 64 rows (at least min_rows)
     holding M for decode, 64 / 128 up to 256 rows (SMALL_M; 64 first: a complete tie in `_cheapest` goes to
-    the chained 64-row tile), 64 / 128 beyond, and 256 once its tiles pair (PAIR_MIN_M_TILES M tiles).
-    Unpaired 256-row tiles past SMALL_M (two waves: unchained, a 4-stage ring) lost every time: H200, graph-timed,
-    one process, M 300 / 600, all 17 layers x five forms (run gemm/2026-11-28-h200-4941106-m300-forms): on all 11
-    shapes where the rule took them, 128 x 192, 128 x 128 chained or 64 x 128 chained were 10-42% faster (pro.wo_b
-    at M 300 127.1 -> 73.7 us, flash.wo_b at M 600 49.2 -> 39.9); 64-row tiles in one slice beat the split
-    128-row tiles on the narrow layers (flash.wq_a at M 300 13.6 -> 10.1, pro.wkv 14.1 -> 13.1; `splits_k`)."""
+    the chained 64-row tile), 256 / 128 / 64 beyond. 64-row tiles past 256 rows, with split-K under SPLIT_FILL
+    (`splits_k`) and bn 192 beside unpaired 256-row tiles (`choose_config`), since the H200 run
+    gemm/2026-11-28-h200-4941106-m300-forms (graph-timed, one process, M 300 / 600 / 1000, all 17 layers x five
+    forms): 64-row tiles in one slice beat the split 128-row tiles on the four narrow layers (flash.wq_a at M 300
+    13.6 -> 10.1 us, pro.wkv 14.1 -> 13.1), and 128 x 192 the unpaired 256 x 128 on 11 of 11 shapes at M 300 / 600
+    (pro.wo_b at M 300 127.1 -> 73.7 us, flash.wo_b at M 600 49.2 -> 39.9)."""
     if m <= 64:
         return (next(r for r in (16, 32, 64) if r >= max(m, min_rows)),)
-    if m <= SMALL_M[-1]:
-        return (64, 128)
-    return (256, 128, 64) if _cdiv(m, 256) >= PAIR_MIN_M_TILES else (128, 64)
+    return (64, 128) if m <= SMALL_M[-1] else (256, 128, 64)
 
 
 def clustered(m: int, bm: int, split: int) -> bool:
@@ -188,8 +186,8 @@ def ring_stages(bm: int, bn: int, split: int = 1, cluster: bool = False) -> int:
 
 
 def splits_k(m: int, n: int, sms: int = H100_SMS) -> bool:
-    """Whether split-K competes at this M (SMALL_M, SPLIT_FILL: since the M 300 / 600 run of `row_tiles`, at every
-    M > 64, where 64-row tiles in one slice beat 128-row tiles split in 2-5 slices on all four narrow layers)."""
+    """Whether split-K competes at this M (SMALL_M, SPLIT_FILL: at every M > 64 since `row_tiles`' M 300 / 600 run,
+    where 64-row tiles in one slice beat 128-row tiles split in 2-5 slices on all four narrow layers)."""
     if m in SMALL_M:
         return False
     if m > 64:
@@ -206,7 +204,8 @@ def candidates(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min
             # where the weight stream binds and bn 128's deeper ring pulls more (H100: 4-13% slower at M 256,
             # where the model has no DRAM term), at M 129-256 (SMALL_M) 64 x 192 only (measured), past 256 rows
             # wherever the model prices it cheapest (`row_tiles`' M 300 / 600 run: 17 of its 18 picks there
-            # within 3% of the fastest form timed; pro.shared_w13 at M 300 17% slower than 64 x 128 chained)
+            # within 3% of the fastest form timed; pro.shared_w13 at M 300 17% slower than 64 x 128 chained);
+            # and only where 256-row tiles would not pair (`choose_config`)
             if bn == 192 and (bm == 256 or straddles_groups(bn, n, groups) or m < SMALL_M[0] or (
                     m in SMALL_M and bm != 64)):
                 continue
@@ -245,15 +244,24 @@ def one_m_tile(m: int, n: int, k: int, bm: int, bn: int, sms: int = H100_SMS, gr
     return key(256, 128) <= key(bm, bn)
 
 
+def pairs(m: int, n: int, bm: int, bn: int, groups: int = 1) -> bool:
+    """Whether bm x bn tiles run as CTA pairs multicasting x (`choose_config`): 256 rows, x re-read by at least
+    PAIR_MIN_M_TILES M tiles, and a pair's two N tiles inside one weight group."""
+    return bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
+
+
 @functools.lru_cache(maxsize=4096)  # on every call's host path: a dict lookup, not a 40 us search
 def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, min_rows: int = 16) -> GemmConfig:
     """min_rows 64: the v7 rule, before the 16 / 32-row decode x tiles (variant `cutedsl:x64`)."""
     cands = list(candidates(m, n, k, sms, groups, min_rows))
     best = _cheapest(m, n, k, sms, [c for c in cands if c[1] != 192])
-    # bn 192 competes only where 256-row tiles do not win: the model prices 128 x 192 and 256 x 128
+    # bn 192 competes only where 256-row pairs do not win: the model prices 128 x 192 and 256 x 128
     # pairs alike per output, and the pairs were 2-5% faster on the four M 16384 layers where it
-    # picked 128 x 192 (H100, one process); against 128 x 128 it won 9% (pro.wq_a at M 4096)
-    if best[0] != 256:
+    # picked 128 x 192 (H100, one process); against 128 x 128 it won 9% (pro.wq_a at M 4096). Unpaired (fewer than
+    # PAIR_MIN_M_TILES M tiles) 256 x 128 meets bn 192 in the model (`row_tiles`' run); where it still wins, at M 400
+    # (two M tiles, 7 layers), it ran 2-33% faster than the 128-row tiles (pro.wo_b 128.5 -> 96.7 us; run
+    # gemm/2026-11-28-h200-396131e-m257-1000)
+    if not pairs(m, n, *best[:2], groups):
         best = _cheapest(m, n, k, sms, cands)
     bm, bn, split = best
     # one_m_tile, H200, graph-timed, one process (run gemm/2026-11-28-h200-6ba31c6-m129-256-one-tile, in git
@@ -267,7 +275,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # history at e18977f).
     # With few M tiles the weight's DRAM stream binds and a pair would only couple two CTAs' streams
     # (not measured: the rule takes bm 128 up to M = 256). The cost model does not price the pair.
-    pair = bm == 256 and _cdiv(m, bm) >= PAIR_MIN_M_TILES and (groups == 1 or (n // groups) % (2 * bn) == 0)
+    pair = pairs(m, n, bm, bn, groups)
     # where the tile can (GemmConfig.chainable: one wave), K blocks in chains of 8: v8 (one consumer warpgroup)
     # 3-5% faster at M 1 / 8 / 64 than unchained, 1-3% than chains of 2 / 4; v14 (128-row tiles, two warpgroups
     # each with two temporaries), H200, graph-timed, one process: 1.045x DeepGEMM over every layer at M 192 / 256

@@ -232,17 +232,17 @@ def test_cta_pairs_stay_inside_a_weight_group():
         GemmConfig(128, 128, cluster_n=2)
 
 
-def test_rule_past_256_rows_takes_256_row_tiles_only_as_pairs():
-    """M 257-768 (fewer than PAIR_MIN_M_TILES tiles of 256 rows): 64- and 128-row tiles, 128 x 192 included, one
-    K slice (config.row_tiles, splits_k: unpaired 256 x 128 and split 128-row tiles lost to them at M 300 / 600)."""
-    for m in (257, 300, 512, 600, 768):
+def test_rule_past_256_rows_weighs_bn192_and_64_row_tiles_against_unpaired_256():
+    """M 257-768 (fewer than PAIR_MIN_M_TILES tiles of 256 rows, config.row_tiles): one K slice, no pairs; 128 x 192
+    and 64-row tiles compete with 256 x 128, each where the H200 timed it fastest (M 300 / 400)."""
+    for m in (257, 300, 400, 512, 600, 768):
         for _, _, n, k, g in LAYERS:
             cfg = choose_config(m, n, k, groups=g)
-            assert cfg.bm in (64, 128) and cfg.split_k == 1 and cfg.cluster_n == 1, (m, n, k, cfg)
-            assert cfg.chain == (0 if cfg.bn == 192 else 8)
-    picks = {(7168, 16384): (128, 192), (1024, 4096): (64, 64), (4096, 8192): (128, 128), (6144, 7168): (128, 192)}
-    for (n, k), tile in picks.items():
-        assert (choose_config(300, n, k).bm, choose_config(300, n, k).bn) == tile, (n, k)
+            assert cfg.split_k == 1 and cfg.cluster_n == 1 and cfg.chain == (8 if cfg.chainable else 0), (m, cfg)
+    picks = {(300, 7168, 16384): (128, 192), (300, 1024, 4096): (64, 64), (300, 4096, 8192): (128, 128),
+             (300, 6144, 7168): (128, 192), (400, 7168, 16384): (256, 128), (600, 4096, 8192): (128, 192)}
+    for (m, n, k), tile in picks.items():
+        assert (choose_config(m, n, k).bm, choose_config(m, n, k).bn) == tile, (m, n, k)
     for m in (1000, 4096):  # four or more M tiles of 256 rows: pairs where the model prices them cheapest
         cfg = choose_config(m, 7168, 16384)
         assert (cfg.bm, cfg.bn, cfg.cluster_n) == (256, 128, 2), m
