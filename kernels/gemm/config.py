@@ -120,11 +120,11 @@ def row_tiles(m: int, min_rows: int = 16) -> tuple[int, ...]:
     """The CTA heights that suit M: the smallest x tile of 16, 32 or 64 rows (at least min_rows)
     holding M for decode, 64 / 128 up to 256 rows (SMALL_M; 64 first: a complete tie in `_cheapest` goes to
     the chained 64-row tile), 256 / 128 / 64 beyond. 64-row tiles past 256 rows, with split-K under SPLIT_FILL
-    (`splits_k`) and bn 192 beside unpaired 256-row tiles (`choose_config`), since the H200 run
-    gemm/2026-11-28-h200-4941106-m300-forms (graph-timed, one process, M 300 / 600 / 1000, all 17 layers x five
-    forms): 64-row tiles in one slice beat the split 128-row tiles on the four narrow layers (flash.wq_a at M 300
-    13.6 -> 10.1 us, pro.wkv 14.1 -> 13.1), and 128 x 192 the unpaired 256 x 128 on 11 of 11 shapes at M 300 / 600
-    (pro.wo_b at M 300 127.1 -> 73.7 us, flash.wo_b at M 600 49.2 -> 39.9)."""
+    (`splits_k`) and bn 192 beside unpaired 256-row tiles (`choose_config`), since the H200 runs
+    gemm/2026-11-28-h200-4941106-m300-forms and -m1000-forms (graph-timed, one process each, M 300 / 600 / 1000,
+    all 17 layers x five forms): 64-row tiles in one slice beat the split 128-row tiles on the four narrow layers
+    (flash.wq_a at M 300 13.6 -> 10.1 us, pro.wkv 14.1 -> 13.1), and 128 x 192 the unpaired 256 x 128 on 11 of 11
+    shapes at M 300 / 600 (pro.wo_b at M 300 127.1 -> 73.7 us, flash.wo_b at M 600 49.2 -> 39.9)."""
     if m <= 64:
         return (next(r for r in (16, 32, 64) if r >= max(m, min_rows)),)
     return (64, 128) if m <= SMALL_M[-1] else (256, 128, 64)
@@ -260,7 +260,7 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # picked 128 x 192 (H100, one process); against 128 x 128 it won 9% (pro.wq_a at M 4096). Unpaired (fewer than
     # PAIR_MIN_M_TILES M tiles) 256 x 128 meets bn 192 in the model (`row_tiles`' run); where it still wins, at M 400
     # (two M tiles, 7 layers), it ran 2-33% faster than the 128-row tiles (pro.wo_b 128.5 -> 96.7 us; run
-    # gemm/2026-11-28-h200-396131e-m257-1000)
+    # gemm/2026-11-28-h200-396131e-m400)
     if not pairs(m, n, *best[:2], groups):
         best = _cheapest(m, n, k, sms, cands)
     bm, bn, split = best
