@@ -21,7 +21,7 @@ waves of 128 rows, 3/4 of the L2 bytes per flop of 128 x 128) whenever the tiles
 falls back to 128 x 128 when they do not (a few wide tiles leave SMs idle, or round up badly:
 pro.wq_a at M = 4096 has 192 tiles of 256 x 128, 1.45 waves, but 384 of 128 x 128, 2.9 waves).
 Between them (M 65-256) 64- and 128-row tiles, full rings, split-K only as `splits_k` allows (measured);
-past 256 rows 256-row tiles only as CTA pairs (four M tiles or more), else 64- / 128-row tiles (`row_tiles`).
+past 256 rows 64-, 128- and 256-row tiles (pairs from four M tiles), split-K as at M 65-128 (`row_tiles`).
 Decode (M <= 64) is bound by
 the weight stream from DRAM: the smallest x tile holding M (16, 32 or 64 rows) and the (bn, split_k)
 that streams the weight fastest. One CTA

@@ -57,7 +57,8 @@ KNOBS: dict[str, dict] = {
     "no-split": {"split_k": 1},
     **{f"bm{b}": {"bm": b} for b in (64, 128, 256)},
     **{f"bn{b}": {"bn": b} for b in (32, 64, 128)},
-    "bn192": {"bm": 128, "bn": 192, "chain": 0},  # two weight-scale blocks a tile (one wave, unchained; DeepGEMM's pro.wq_a pick)
+    # two weight-scale blocks a tile (one wave, unchained; DeepGEMM's pro.wq_a pick)
+    "bn192": {"bm": 128, "bn": 192, "chain": 0},
     **{f"g{g}": {"group_m": g} for g in (1, 4, 16)},
     **{f"s{s}": {"stages": s} for s in (2, 4)},
     "ring-full": {"stages": 0},
