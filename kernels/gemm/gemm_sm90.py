@@ -250,6 +250,11 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 if cutlass.const_expr(c.ablate != "no-b"):
                     cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
 
+            def prefetch_w(where, kb):
+                """K block kb's W tile into L2 (GemmConfig.prefetch_w)."""
+                tm, tn, a_kb, sb_row = where
+                cute.prefetch(tma_b, tBgB[(None, tn, kb)])
+
             def load_sa(where, kb, state, bar):
                 tm, tn, a_kb, sb_row = where
                 cute.copy(tma_sa, tSAg[(None, tm, a_kb + kb)], tSAs[(None, state.index)], tma_bar_ptr=bar)
@@ -279,9 +284,10 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
             if cutlass.const_expr(c.pdl):
                 self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate,
-                              load_weight, load_activation)
+                              load_weight, load_activation, prefetch_w, c.prefetch_w)
             else:
-                self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate, load)
+                self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate, load,
+                              None, prefetch_w, c.prefetch_w)
         else:
             # ---------------- consumers: wgmma + promotion + epilogue ----------------
             mtid, thr_mma, tCrA, tCrB = self._consumer(tiled_mma, sA, sB, tidx)

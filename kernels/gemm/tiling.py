@@ -52,6 +52,9 @@ class GemmConfig:
     # launched with programmatic dependent launch (the quant+gemm op's GEMM after its quant kernel): the
     # first ring-full of weight loads goes out before griddepcontrol.wait, the activation's after
     pdl: bool = False
+    # TMA L2 prefetch of the W tile this many K blocks ahead of the ring's newest load (0: off): the weight bytes
+    # a CTA keeps in flight from DRAM are then the prefetch window's, not only its ring's (no shared memory)
+    prefetch_w: int = 0
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
@@ -89,6 +92,8 @@ class GemmConfig:
             raise ValueError(f"chain must be 0 (off), 2, 4, 8, 16 or 32, got {self.chain}")
         if self.chain and not self.chainable:
             raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out")
+        if self.prefetch_w not in (0, 4, 8, 16, 32):
+            raise ValueError(f"prefetch_w must be 0 (off), 4, 8, 16 or 32 K blocks, got {self.prefetch_w}")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:

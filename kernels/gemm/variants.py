@@ -30,6 +30,7 @@ override makes an impossible configuration is UNSUPPORTED there.
                     (0: off; one wave: bm <= 128); chain4-bnB, chain4-bn32-no-split; bm128-bn128-chainC (C 4, 8)
     x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
     unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
+    pfP             the W tile's TMA L2 prefetch P = 4, 8, 16, 32 K blocks ahead of the ring's newest load
     x1              no CTA pairs (GemmConfig.cluster_n 1) where the rule pairs bm 256 tiles
     pair            256 x 128 CTA pairs wherever they fit (the rule's prefill pick before bn 192); pair-bn32 / -bn64
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
@@ -93,6 +94,8 @@ KNOBS: dict[str, dict] = {
     **{f"bm128-bn128-chain{c}": {"bm": 128, "bn": 128, "split_k": 1, "stages": 0, "chain": c} for c in (4, 8)},
     **{f"chain4-bn{b}": {"chain": 4, "bn": b} for b in (32, 64, 128)},
     "chain4-bn32-no-split": {"chain": 4, "bn": 32, "split_k": 1},
+    # the W tile prefetched into L2 P K blocks ahead of the ring (GemmConfig.prefetch_w)
+    **{f"pf{p}": {"prefetch_w": p} for p in (4, 8, 16, 32)},
     "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
     "pair": {"bm": 256, "bn": 128, "cluster_n": 2},  # 256 x 128 CTA pairs wherever they fit
     **{f"pair-bn{b}": {"bm": 256, "bn": b, "cluster_n": 2, "split_k": 1, "stages": 0, "chain": 0} for b in (32, 64)},
