@@ -95,7 +95,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, S * c.waves)
         sA_tma_layout = sA_layout
         if cutlass.const_expr(c.x_rows < c.wave_m):
-            sA_layout, sA_tma_layout = small_x_layouts(sA_layout, c.x_rows)
+            sA_layout, sA_tma_layout = small_x_layouts(sA_layout, c.x_rows, c.x_load_rows)
         sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, mB.element_type, S)
         epi_tile = (c.epi_rows, EPI_N)  # buffer index: stage * epi_groups + group
         sC_layout = sm90_utils.make_smem_layout_epi(mC.element_type, LayoutEnum.ROW_MAJOR, epi_tile,
@@ -105,7 +105,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         # a CTA pair (cluster_n 2) multicasts its x waves: rank r loads wave r into both CTAs
         g2s_a = cpasync.CopyBulkTensorTileG2SMulticastOp() if c.cluster_n > 1 else g2s
         tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s_a, mA, cute.slice_(sA_tma_layout, (None, None, 0)),
-                                                  (c.x_rows, KBLOCK))
+                                                  (c.x_load_rows, KBLOCK))
         tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(sB_layout, (None, None, 0)), (c.bn, KBLOCK))
         tma_c, gC_t = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile
@@ -196,8 +196,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
         sSA = st.sSA.get_tensor(sSA_layout)
         sSW = st.sSW.get_tensor(sSW_layout)
 
-        # (x_rows, 128, row tiles, G*kb), (bn, 128, tiles_n, kb), (epi_rows, bn, row tiles, tiles_n)
-        gA = cute.local_tile(gA_t, (c.x_rows, KBLOCK), (None, None))
+        # (x_load_rows, 128, row tiles, G*kb), (bn, 128, tiles_n, kb), (epi_rows, bn, row tiles, tiles_n)
+        gA = cute.local_tile(gA_t, (c.x_load_rows, KBLOCK), (None, None))
         gB = cute.local_tile(gB_t, (c.bn, KBLOCK), (None, None))
         gC = cute.local_tile(gC_t, (c.epi_rows, c.bn), (None, None))
         tAsA, tAgA = tma_slices(tma_a, sA_tma, gA)
@@ -250,11 +250,6 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 if cutlass.const_expr(c.ablate != "no-b"):
                     cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
 
-            def prefetch_w(where, kb):
-                """K block kb's W tile into L2 (GemmConfig.prefetch_w)."""
-                tm, tn, a_kb, sb_row = where
-                cute.prefetch(tma_b, tBgB[(None, tn, kb)])
-
             def load_sa(where, kb, state, bar):
                 tm, tn, a_kb, sb_row = where
                 cute.copy(tma_sa, tSAg[(None, tm, a_kb + kb)], tSAs[(None, state.index)], tma_bar_ptr=bar)
@@ -284,10 +279,9 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
             if cutlass.const_expr(c.pdl):
                 self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate,
-                              load_weight, load_activation, prefetch_w, c.prefetch_w)
+                              load_weight, load_activation)
             else:
-                self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate, load,
-                              None, prefetch_w, c.prefetch_w)
+                self._produce(warp_idx, ring, step0, units, steps, tiles_m, steps_n, kb_per, n_kb, locate, load)
         else:
             # ---------------- consumers: wgmma + promotion + epilogue ----------------
             mtid, thr_mma, tCrA, tCrB = self._consumer(tiled_mma, sA, sB, tidx)
@@ -498,13 +492,14 @@ class Fp8GemmSm90(PersistentGemmSm90):
         return g_rd + n
 
 
-def small_x_layouts(sA_layout: cute.ComposedLayout, x_rows: int):
+def small_x_layouts(sA_layout: cute.ComposedLayout, x_rows: int, box_rows: int):
     """The x stages of a 16 / 32-row tile (DeepGEMM's decode trick): stage s begins x_rows * 128
     bytes after stage s - 1, the TMA writes x_rows rows there, and the m64 wgmma reads 64 rows from
     there, the rows past x_rows running on the stages that follow (garbage, never stored). Both views
     keep the 128-byte swizzle atom (8 rows); every stage begins on a multiple of 1024 bytes, so the
-    swizzle (address bits 4-6 ^ 7-9) is the same in both. Returns (wgmma view, TMA view); the wgmma
-    view's cosize covers the last stage's 64 rows."""
+    swizzle (address bits 4-6 ^ 7-9) is the same in both. The TMA view holds box_rows (<= x_rows) rows a
+    stage (GemmConfig.x_box: 1-8 rows, less than the swizzle atom). Returns (wgmma view, TMA view); the
+    wgmma view's cosize covers the last stage's 64 rows."""
     outer = sA_layout.outer
     (atom_rows, _atoms), k_mode, _stages = outer.shape
     (row_stride, atom_stride), k_stride, (_, _) = outer.stride
@@ -512,7 +507,8 @@ def small_x_layouts(sA_layout: cute.ComposedLayout, x_rows: int):
     stage = (0, x_rows * KBLOCK)
 
     def view(rows):
+        rows_mode = (atom_rows, rows // atom_rows) if rows >= atom_rows else (rows, 1)
         return cute.make_composed_layout(sA_layout.inner, 0, cute.make_layout(
-            ((atom_rows, rows // atom_rows), k_mode, (1, stages)), stride=((row_stride, atom_stride), k_stride, stage)))
+            (rows_mode, k_mode, (1, stages)), stride=((row_stride, atom_stride), k_stride, stage)))
 
-    return view(64), view(x_rows)
+    return view(64), view(box_rows)

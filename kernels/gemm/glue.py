@@ -148,6 +148,8 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ct
     m, n = x.shape[0], w.shape[0]
     if m > cfg.bm and cfg.bm < 64:
         raise ValueError(f"gemm: {cfg} has a {cfg.bm}-row x tile, for M <= {cfg.bm} only (got M = {m})")
+    if cfg.x_box and m > cfg.x_box:
+        raise ValueError(f"gemm: {cfg} loads x in {cfg.x_box}-row boxes, for M <= {cfg.x_box} only (got M = {m})")
     check_pairs(cfg, n, groups)
     ctas = n_ctas or sm_count(x.device)
     check_cluster_round(cfg, m, n, ctas)

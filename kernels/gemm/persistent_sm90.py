@@ -110,16 +110,13 @@ class PersistentGemmSm90:
 
     @cute.jit
     def _produce(self, warp_idx, ring, step0, units, steps, tiles_m, tiles_n, kb_per, n_kb, locate, load,
-                 load_x=None, prefetch=None, ahead: int = 0):
+                 load_x=None):
         """Warpgroup 0 gives its registers up; its warp 0 walks the units step0, step0 + steps, ...
         and fills one stage per K block of the unit's slice: `where = locate(m tile, n tile)` once
         per unit (where its operands lie), `load(where, kb, state, bar)` issues the stage's TMA
         copies on its full barrier `bar`. With `load_x` (a kernel launched with programmatic
         dependent launch): `load` issues the weight's copies only and `load_x` the activation's, and
-        the first unit's first ring-full of weights is loaded before `griddepcontrol.wait`. With `prefetch`
-        (`prefetch(where, kb)`: an L2 prefetch of K block kb's weight) and `ahead` > 0: blocks kb0 + 1 ..
-        kb0 + ahead - 1 of each unit's slice at its start, then block kb + ahead with each load of kb, so the
-        weight bytes in flight from DRAM are `ahead` blocks whatever the ring's depth."""
+        the first unit's first ring-full of weights is loaded before `griddepcontrol.wait`."""
         c = self.cfg
         cute.arch.setmaxregister_decrease(c.reg_split[0])
         if warp_idx == 0:
@@ -137,13 +134,7 @@ class PersistentGemmSm90:
                 start = kb0
                 if cutlass.const_expr(load_x is not None):
                     start = kb0 + cutlass.select_(u == step0, early, 0)  # those went before the wait
-                if cutlass.const_expr(ahead > 0):
-                    for kb in cutlass.range(kb0 + 1, cutlass.min(kb0 + ahead, kb1), unroll=1):
-                        prefetch(where, kb)
                 for kb in cutlass.range(start, kb1, unroll=c.unroll):
-                    if cutlass.const_expr(ahead > 0):
-                        if kb + ahead < kb1:
-                            prefetch(where, kb + ahead)
                     ring.producer_acquire(state)
                     bar = ring.producer_get_barrier(state)
                     load(where, kb, state, bar)

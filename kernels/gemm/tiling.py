@@ -52,9 +52,10 @@ class GemmConfig:
     # launched with programmatic dependent launch (the quant+gemm op's GEMM after its quant kernel): the
     # first ring-full of weight loads goes out before griddepcontrol.wait, the activation's after
     pdl: bool = False
-    # TMA L2 prefetch of the W tile this many K blocks ahead of the ring's newest load (0: off): the weight bytes
-    # a CTA keeps in flight from DRAM are then the prefetch window's, not only its ring's (no shared memory)
-    prefetch_w: int = 0
+    # rows of x's TMA box on a 16 / 32-row decode tile (0: the tile's bm): 1, 2, 4 or 8 where M fits them, so
+    # no row of the box lies past M (TMA fills such rows with zeros); the stage's rows past the box keep
+    # whatever they held (their output rows are never stored)
+    x_box: int = 0
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
@@ -92,8 +93,8 @@ class GemmConfig:
             raise ValueError(f"chain must be 0 (off), 2, 4, 8, 16 or 32, got {self.chain}")
         if self.chain and not self.chainable:
             raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out")
-        if self.prefetch_w not in (0, 4, 8, 16, 32):
-            raise ValueError(f"prefetch_w must be 0 (off), 4, 8, 16 or 32 K blocks, got {self.prefetch_w}")
+        if self.x_box and not (self.bm < 64 and self.x_box in (1, 2, 4, 8) and self.x_box < self.bm):
+            raise ValueError(f"x_box takes 1, 2, 4 or 8 rows of a 16 / 32-row x tile, got {self.x_box} of bm {self.bm}")
         if self.group_m < 1:
             raise ValueError("group_m must be >= 1")
         if self.stages and self.stage_smem_bytes * self.stages + self.fixed_bytes > SMEM_BYTES:
@@ -126,6 +127,11 @@ class GemmConfig:
         return min(self.bm, self.wave_m)
 
     @property
+    def x_load_rows(self) -> int:
+        """Rows of x one TMA box brings (x_box, else x_rows)."""
+        return self.x_box or self.x_rows
+
+    @property
     def epi_groups(self) -> int:
         """Warpgroups storing independently in the epilogue (1: the whole wave together)."""
         return self.n_mma_wg if self.epi_per_wg else 1
@@ -148,7 +154,7 @@ class GemmConfig:
         """Bytes TMA brings per stage (the full barrier's transaction count): the x and W tiles and
         the scale boxes, a column of bm sa values and (1 x 4) of sw, fp32."""
         skipped = {"half-a": self.wave_m, "no-b": self.bn}.get(self.ablate, 0) * KBLOCK
-        return self._stage_tma_bytes - skipped
+        return self._stage_tma_bytes - skipped - (self.x_rows - self.x_load_rows) * KBLOCK
 
     @property
     def _stage_tma_bytes(self) -> int:

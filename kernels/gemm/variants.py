@@ -28,9 +28,9 @@ override makes an impossible configuration is UNSUPPORTED there.
     epi4            4 epilogue buffers and a 5-stage ring: no slice waits for an earlier slice's TMA store (bm 128)
     chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8, 16, 32 blocks
                     (0: off; one wave: bm <= 128); chain4-bnB, chain4-bn32-no-split; bm128-bn128-chainC (C 4, 8)
+    xbox            the decode tiles' x loaded in boxes of M rows rounded up to 1, 2, 4, 8 (GemmConfig.x_box)
     x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
     unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
-    pfP             the W tile's TMA L2 prefetch P = 4, 8, 16, 32 K blocks ahead of the ring's newest load
     x1              no CTA pairs (GemmConfig.cluster_n 1) where the rule pairs bm 256 tiles
     pair            256 x 128 CTA pairs wherever they fit (the rule's prefill pick before bn 192); pair-bn32 / -bn64
     ko-no-promote   knock-outs (checked = False: timed, never compared): no promotion (a plain FP8
@@ -94,8 +94,6 @@ KNOBS: dict[str, dict] = {
     **{f"bm128-bn128-chain{c}": {"bm": 128, "bn": 128, "split_k": 1, "stages": 0, "chain": c} for c in (4, 8)},
     **{f"chain4-bn{b}": {"chain": 4, "bn": b} for b in (32, 64, 128)},
     "chain4-bn32-no-split": {"chain": 4, "bn": 32, "split_k": 1},
-    # the W tile prefetched into L2 P K blocks ahead of the ring (GemmConfig.prefetch_w)
-    **{f"pf{p}": {"prefetch_w": p} for p in (4, 8, 16, 32)},
     "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
     "pair": {"bm": 256, "bn": 128, "cluster_n": 2},  # 256 x 128 CTA pairs wherever they fit
     **{f"pair-bn{b}": {"bm": 256, "bn": b, "cluster_n": 2, "split_k": 1, "stages": 0, "chain": 0} for b in (32, 64)},
@@ -128,11 +126,22 @@ class GemmRowFloor(GemmKnob):
     min_rows = 64
 
 
+class GemmXBox(GemmKnob):
+    """`cutedsl:xbox`: the rule's 16 / 32-row decode tiles loading x in boxes of M rows rounded up to 1, 2, 4 or 8
+    (GemmConfig.x_box): no box row past M."""
+
+    def config(self, case: Case) -> GemmConfig:
+        cfg = GemmKnob.config(self, case)
+        box = next((b for b in (1, 2, 4, 8) if case["m"] <= b), 0)
+        return replace(cfg, x_box=box) if cfg.bm < 64 and box and box < cfg.bm else cfg
+
+
 class GemmKnockOut(GemmKnob):
     checked = False  # the output is not an answer
 
 
 VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items()) + tuple(
-    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + (GemmRowFloor("x64", {}),)
+    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + (
+    GemmRowFloor("x64", {}), GemmXBox("xbox", {}))
 for _impl in VARIANTS:
     register_impl(_impl)

@@ -87,6 +87,7 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     ({"bm": 256, "bn": 192}, "bn 192 takes one wave"), ({"unroll": 3}, "unroll must be"),
     ({"cluster_k": True}, "split-K cluster takes 2-8 slices"), ({"cluster_k": True, "split_k": 9}, "2-8 slices"),
     ({"bm": 64, "bn": 128, "split_k": 8, "cluster_k": True}, "do not fit|leaves room"),
+    ({"bm": 64, "x_box": 8}, "x_box takes"), ({"bm": 16, "x_box": 16}, "x_box takes"), ({"bm": 16, "x_box": 3}, "x_box"),
 ])
 def test_config_rejects_impossible_tiles(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -318,10 +319,11 @@ def test_small_x_tiles_are_single_m_tile_one_wave_with_a_deeper_ring():
         run_gemm(None, GemmConfig(bm=16, bn=64), x, sa, w, sw, torch.empty(17, 256, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("x_rows", [16, 32])
-def test_small_x_views_run_the_wgmma_rows_onto_the_next_stages(x_rows):
+@pytest.mark.parametrize("x_rows, box_rows", [(16, 16), (32, 32), (16, 1), (16, 2), (16, 4), (16, 8), (32, 8)])
+def test_small_x_views_run_the_wgmma_rows_onto_the_next_stages(x_rows, box_rows):
     """The wgmma's 64-row view of stage s is the TMA's x_rows-row tiles of stages s, s + 1, ...
-    (swizzle included), and the shared memory it spans covers the last stage's 64 rows."""
+    (swizzle included), and the shared memory it spans covers the last stage's 64 rows. A TMA box of
+    box_rows < x_rows rows (GemmConfig.x_box) writes the first box_rows rows of each stage's tile."""
     import cutlass
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
@@ -335,13 +337,15 @@ def test_small_x_views_run_the_wgmma_rows_onto_the_next_stages(x_rows):
     @cute.jit
     def trace():
         std = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (64, 64, 128), cutlass.Float8E4M3FN, stages)
-        mma, tma = small_x_layouts(std, x_rows)
+        mma, tma = small_x_layouts(std, x_rows, box_rows)
         seen["cosize"] = cute.cosize(mma)
+        seen["box"] = cute.size(tma, mode=[0])
         seen["pairs"] = [(mma((r, c, s)), tma((r % x_rows, c, s + r // x_rows)), std((r, c, 0)) + s * x_rows * 128)
                          for s in range(stages) for r in range(64) for c in (0, 17, 64, 127)
-                         if s + r // x_rows < stages]
+                         if s + r // x_rows < stages and r % x_rows < box_rows]
 
     trace()
     assert seen["cosize"] == (stages - 1) * x_rows * 128 + 64 * 128
+    assert seen["box"] == box_rows
     for wgmma_at, tma_at, standard_at in seen["pairs"]:
         assert wgmma_at == tma_at == standard_at  # the m64 operand as the standard layout's, shifted
