@@ -117,7 +117,9 @@ class Fp8GemmSm90(PersistentGemmSm90):
         # spans two weight-scale blocks, whose rows come as two boxes: [block, stage] outermost)
         B = c.sw_blocks
         sSW_layout = cute.make_layout((1, SCALE_BOX, (B, S)), stride=(SCALE_BOX, 1, (SW_SLOT, B * SW_SLOT)))
-        tma_sa, gSA_t = cpasync.make_tiled_tma_atom(g2s, mSA, cute.slice_(sSA_layout, (None, None, 0)), (c.bm, 1))
+        sSA_tma_layout = cute.make_layout((c.sa_rows, 1, S), stride=(1, c.bm, c.sa_slot))  # the box: sa_rows of bm
+        tma_sa, gSA_t = cpasync.make_tiled_tma_atom(g2s, mSA, cute.slice_(sSA_tma_layout, (None, None, 0)),
+                                                    (c.sa_rows, 1))
         tma_sw, gSW_t = cpasync.make_tiled_tma_atom(g2s, mSB, cute.slice_(sSW_layout, (None, None, 0)),
                                                     (1, SCALE_BOX))
 
@@ -203,9 +205,13 @@ class Fp8GemmSm90(PersistentGemmSm90):
         tAsA, tAgA = tma_slices(tma_a, sA_tma, gA)
         tBsB, tBgB = tma_slices(tma_b, sB, gB)
         # (bm, 1, M tiles, G*K blocks), (1, 4, N/128 blocks, K blocks / 4)
-        gSA = cute.local_tile(gSA_t, (c.bm, 1), (None, None))
+        gSA = cute.local_tile(gSA_t, (c.sa_rows, 1), (None, None))
         gSW = cute.local_tile(gSW_t, (1, SCALE_BOX), (None, None))
-        tSAs, tSAg = tma_slices(tma_sa, sSA, gSA)
+        sSA_tma = sSA  # the TMA's view: the first sa_rows of each stage's bm values (GemmConfig.x_box)
+        if cutlass.const_expr(c.sa_rows < c.bm):
+            sSA_tma = cute.make_tensor(sSA.iterator, cute.make_layout((c.sa_rows, 1, c.n_stages),
+                                                                      stride=(1, c.bm, c.sa_slot)))
+        tSAs, tSAg = tma_slices(tma_sa, sSA_tma, gSA)
         tSWs, tSWg = tma_slices(tma_sw, sSW, gSW)
 
         row_tiles = cute.size(gA, mode=[2])  # x_rows-row tiles of M

@@ -154,9 +154,23 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ct
     ctas = n_ctas or sm_count(x.device)
     check_cluster_round(cfg, m, n, ctas)
     sa, sw = scales_for_tma(sa, sw, groups)
+    if cfg.x_box:
+        sa = sa_to_box(sa, cfg.sa_rows)
     work, count = workspace(cfg, m, n, x.device)
     compiled(x, sa, w, sw, out, work, count, n // groups, ctas)
     return out
+
+
+def sa_to_box(sa: torch.Tensor, rows: int) -> torch.Tensor:
+    """sa [M, cols] (MN-major, ld = its column stride) seen as `rows` >= M rows where its storage holds them (rows
+    <= ld: the padding rows of each column), so that no row of a `rows`-row TMA box lies past the tensor; else as is
+    (TMA zero-fills the rows past M). The extra rows' scales reach only output rows that are never stored."""
+    m, cols = sa.shape
+    ld = sa.stride(1) if cols > 1 else rows
+    need = sa.storage_offset() + (cols - 1) * ld + rows
+    if rows <= m or rows > ld or sa.untyped_storage().nbytes() < need * sa.element_size():
+        return sa
+    return sa.as_strided((rows, cols), (1, ld))
 
 
 def check_cluster_round(cfg: GemmConfig, m: int, n: int, ctas: int) -> None:

@@ -54,7 +54,7 @@ class GemmConfig:
     pdl: bool = False
     # rows of x's TMA box on a 16 / 32-row decode tile (0: the tile's bm): 1, 2, 4 or 8 where M fits them, so
     # no row of the box lies past M (TMA fills such rows with zeros); the stage's rows past the box keep
-    # whatever they held (their output rows are never stored)
+    # whatever they held (their output rows are never stored). The sa box takes max(4, x_box) rows (16 bytes)
     x_box: int = 0
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
@@ -132,6 +132,11 @@ class GemmConfig:
         return self.x_box or self.x_rows
 
     @property
+    def sa_rows(self) -> int:
+        """Rows of sa one TMA box brings: bm, or max(4, x_box) (a box's inner extent is >= 16 bytes)."""
+        return max(4, self.x_box) if self.x_box else self.bm
+
+    @property
     def epi_groups(self) -> int:
         """Warpgroups storing independently in the epilogue (1: the whole wave together)."""
         return self.n_mma_wg if self.epi_per_wg else 1
@@ -154,7 +159,8 @@ class GemmConfig:
         """Bytes TMA brings per stage (the full barrier's transaction count): the x and W tiles and
         the scale boxes, a column of bm sa values and (1 x 4) of sw, fp32."""
         skipped = {"half-a": self.wave_m, "no-b": self.bn}.get(self.ablate, 0) * KBLOCK
-        return self._stage_tma_bytes - skipped - (self.x_rows - self.x_load_rows) * KBLOCK
+        return (self._stage_tma_bytes - skipped - (self.x_rows - self.x_load_rows) * KBLOCK
+                - (self.bm - self.sa_rows) * 4)
 
     @property
     def _stage_tma_bytes(self) -> int:

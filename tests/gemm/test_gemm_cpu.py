@@ -349,3 +349,17 @@ def test_small_x_views_run_the_wgmma_rows_onto_the_next_stages(x_rows, box_rows)
     assert seen["box"] == box_rows
     for wgmma_at, tma_at, standard_at in seen["pairs"]:
         assert wgmma_at == tma_at == standard_at  # the m64 operand as the standard layout's, shifted
+
+
+def test_sa_to_box_views_the_padding_rows_only_where_the_storage_holds_them():
+    """x_box's sa view: M rows of an ld = 4 buffer seen as 4 (the padding rows of each column), the values of the
+    M real rows unchanged; a tensor whose storage ends at row M of its last column stays as it is."""
+    from kernels.gemm.glue import mn_major_buffer, sa_to_box
+
+    sa = mn_major_buffer(1, 6, "cpu")
+    sa.copy_(torch.randn(1, 6))
+    view = sa_to_box(sa, 4)
+    assert view.shape == (4, 6) and view.stride() == (1, 4) and torch.equal(view[:1], sa)
+    tight = torch.randn(6 * 4)[: 5 * 4 + 1].as_strided((1, 6), (1, 4))  # last column: one value of storage
+    assert sa_to_box(tight, 4) is tight
+    assert sa_to_box(sa, 8) is sa  # more rows than the column stride: as is
