@@ -360,6 +360,6 @@ def test_sa_to_box_views_the_padding_rows_only_where_the_storage_holds_them():
     sa.copy_(torch.randn(1, 6))
     view = sa_to_box(sa, 4)
     assert view.shape == (4, 6) and view.stride() == (1, 4) and torch.equal(view[:1], sa)
-    tight = torch.randn(6 * 4)[: 5 * 4 + 1].as_strided((1, 6), (1, 4))  # last column: one value of storage
+    tight = torch.randn(5 * 4 + 1).as_strided((1, 6), (1, 4))  # storage ends at the last column's one value
     assert sa_to_box(tight, 4) is tight
     assert sa_to_box(sa, 8) is sa  # more rows than the column stride: as is
