@@ -285,7 +285,17 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     stages = ring_stages(bm, bn, split, cfg.cluster_k)
     if stages < cfg.n_stages and m <= 64:  # the decode ring cap (M 65-128: SPLIT_FILL's run)
         cfg = replace(cfg, stages=stages)
+    cfg = replace(cfg, x_box=box_rows(m, cfg.bm))
     return replace(cfg, chain=CHAIN) if cfg.chainable else cfg
+
+
+def box_rows(m: int, bm: int) -> int:
+    """Rows of x's TMA box on a 16 / 32-row decode tile: M rounded up to 1, 2, 4 or 8 where that is fewer than bm
+    (GemmConfig.x_box; 0: the tile's bm). Rows of a box past M are zero-filled by TMA, and that costs: H200,
+    graph-timed, two processes (run gemm/2026-11-28-h200-5086dc2-xbox): M 4 with 16-row boxes 3-8% slower than
+    with 4-row ones on 9 of 17 layers (flash.shared_w13 11.3 -> 10.4 us, pro.wq_b 31.3 -> 29.1), level at M 8."""
+    box = next((b for b in (1, 2, 4, 8) if m <= b), 0)
+    return box if bm < 64 and box and box < bm else 0
 
 
 # quant + gemm (the op a model calls) at decode: the GEMM launched with programmatic dependent launch, the quant

@@ -27,14 +27,16 @@ def quantises(case) -> bool:
 
 
 def fake_args(cfg: GemmConfig) -> tuple:
-    """x (M, G*K) fp8, sa (M, G*K/128) fp32 MN-major, w (N, K) fp8, sw (N/128, K/128) fp32, y (M, N) bf16,
+    """x (M, G*K) fp8, sa (M, G*K/128) fp32 MN-major (x_box: its own row count), w (N, K) fp8, sw (N/128, K/128) fp32, y (M, N) bf16,
     the split-K workspace and counters, n_group, n_ctas; every size a runtime value."""
     m, n, ka, k, kba, kb, nb, ws, nt = (cute.sym_int32() for _ in range(9))
     fp8 = cutlass.Float8E4M3FN
     x = make_fake_tensor(fp8, (m, ka), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
     w = make_fake_tensor(fp8, (n, k), (cute.sym_int64(divisibility=KBLOCK), 1), assumed_align=16)
     # sa MN-major with 16-byte aligned columns, sw rows of whole TMA boxes (scales_for_tma)
-    sa = make_fake_tensor(cutlass.Float32, (m, kba), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
+    # x_box: sa comes as a view of max(4, x_box) rows over its padding rows (`sa_to_box`), not tied to M
+    ma = cute.sym_int32() if cfg.x_box else m
+    sa = make_fake_tensor(cutlass.Float32, (ma, kba), (1, cute.sym_int64(divisibility=4)), assumed_align=16)
     sw = make_fake_tensor(cutlass.Float32, (nb, kb), (cute.sym_int64(divisibility=SCALE_BOX), 1), assumed_align=16)
     y = make_fake_tensor(cutlass.BFloat16, (m, n), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
     work = make_fake_tensor(cutlass.Float32, (ws,), (1,), assumed_align=16)

@@ -28,7 +28,7 @@ override makes an impossible configuration is UNSUPPORTED there.
     epi4            4 epilogue buffers and a 5-stage ring: no slice waits for an earlier slice's TMA store (bm 128)
     chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8, 16, 32 blocks
                     (0: off; one wave: bm <= 128); chain4-bnB, chain4-bn32-no-split; bm128-bn128-chainC (C 4, 8)
-    xbox            the decode tiles' x loaded in boxes of M rows rounded up to 1, 2, 4, 8 (GemmConfig.x_box)
+    no-xbox         x and sa in TMA boxes of the decode tile's bm rows (the rule: M rounded up to 1 / 2 / 4 / 8, x_box)
     x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
     unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
     x1              no CTA pairs (GemmConfig.cluster_n 1) where the rule pairs bm 256 tiles
@@ -49,7 +49,7 @@ from dataclasses import replace
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import register_impl
 from kernels.gemm.family import GemmCuteDSL
-from kernels.gemm.config import CHAIN, H100_SMS
+from kernels.gemm.config import CHAIN, H100_SMS, box_rows
 from kernels.gemm.glue import check_cluster_round, groups_of, pairs_share_x
 from kernels.gemm.tiling import GemmConfig, straddles_groups
 from kernels.knobs import ConfigKnobs
@@ -94,6 +94,7 @@ KNOBS: dict[str, dict] = {
     **{f"bm128-bn128-chain{c}": {"bm": 128, "bn": 128, "split_k": 1, "stages": 0, "chain": c} for c in (4, 8)},
     **{f"chain4-bn{b}": {"chain": 4, "bn": b} for b in (32, 64, 128)},
     "chain4-bn32-no-split": {"chain": 4, "bn": 32, "split_k": 1},
+    "no-xbox": {"x_box": 0},  # the decode tiles' x and sa in boxes of bm rows (the rule: M rounded up, config.box_rows)
     "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
     "pair": {"bm": 256, "bn": 128, "cluster_n": 2},  # 256 x 128 CTA pairs wherever they fit
     **{f"pair-bn{b}": {"bm": 256, "bn": b, "cluster_n": 2, "split_k": 1, "stages": 0, "chain": 0} for b in (32, 64)},
@@ -111,7 +112,9 @@ class GemmKnob(ConfigKnobs, GemmCuteDSL):
             knobs.setdefault("split_k", 1)
         if knobs.get("bm", 256) < 256 or knobs.get("split_k", 1) > 1 or knobs.get("ablate") == "half-a":
             knobs.setdefault("cluster_n", 1)  # pairs need bm 256 without split-K
-        cfg = replace(GemmCuteDSL.config(self, case), **knobs)
+        base = GemmCuteDSL.config(self, case)
+        knobs.setdefault("x_box", box_rows(case["m"], knobs.get("bm", base.bm)))  # the rule's box for the knob's bm
+        cfg = replace(base, **knobs)
         if straddles_groups(cfg.bn, case["n"], groups_of(case)):
             raise ValueError(f"{cfg.bn}-column tiles would straddle a weight group of {case['n'] // groups_of(case)}")
         if not pairs_share_x(cfg, case["n"], groups_of(case)):
@@ -126,22 +129,11 @@ class GemmRowFloor(GemmKnob):
     min_rows = 64
 
 
-class GemmXBox(GemmKnob):
-    """`cutedsl:xbox`: the rule's 16 / 32-row decode tiles loading x in boxes of M rows rounded up to 1, 2, 4 or 8
-    (GemmConfig.x_box): no box row past M."""
-
-    def config(self, case: Case) -> GemmConfig:
-        cfg = GemmKnob.config(self, case)
-        box = next((b for b in (1, 2, 4, 8) if case["m"] <= b), 0)
-        return replace(cfg, x_box=box) if cfg.bm < 64 and box and box < cfg.bm else cfg
-
-
 class GemmKnockOut(GemmKnob):
     checked = False  # the output is not an answer
 
 
 VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items()) + tuple(
-    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + (
-    GemmRowFloor("x64", {}), GemmXBox("xbox", {}))
+    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + (GemmRowFloor("x64", {}),)
 for _impl in VARIANTS:
     register_impl(_impl)

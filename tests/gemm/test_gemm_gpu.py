@@ -105,6 +105,15 @@ def test_small_x_tiles(cfg, m, n, k):
     _run(m, n, k, cfg)
 
 
+@pytest.mark.parametrize("cfg,m", [(GemmConfig(16, 64, x_box=1), 1), (GemmConfig(16, 64, x_box=2), 2),
+                                   (GemmConfig(16, 64, chain=8, x_box=4), 3), (GemmConfig(32, 128, x_box=8), 5),
+                                   (GemmConfig(16, 32, split_k=3, cluster_k=True, x_box=8), 8)], ids=str)
+def test_x_boxes_of_m_rows(cfg, m):
+    """x and sa loaded in boxes of fewer rows than the tile (GemmConfig.x_box, sa as a view over its padding
+    rows): the stage rows past the box hold stale bytes, which must stay out of the output and the split-K sums."""
+    _run(m, 1000, 1024, cfg)
+
+
 CHAINS = [GemmConfig(16, 64, chain=4), GemmConfig(16, 32, chain=2, split_k=3), GemmConfig(32, 128, chain=8, stages=3),
           GemmConfig(64, 128, chain=4), GemmConfig(64, 64, chain=8, split_k=4, stages=2)]
 
