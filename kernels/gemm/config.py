@@ -291,9 +291,11 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
 
 def box_rows(m: int, bm: int) -> int:
     """Rows of x's TMA box on a 16 / 32-row decode tile: M rounded up to 1, 2, 4 or 8 where that is fewer than bm
-    (GemmConfig.x_box; 0: the tile's bm). Rows of a box past M are zero-filled by TMA, and that costs: H200,
-    graph-timed, two processes (run gemm/2026-11-28-h200-5086dc2-xbox): M 4 with 16-row boxes 3-8% slower than
-    with 4-row ones on 9 of 17 layers (flash.shared_w13 11.3 -> 10.4 us, pro.wq_b 31.3 -> 29.1), level at M 8."""
+    (GemmConfig.x_box; 0: the tile's bm; sa's box max(4, x_box) rows). Rows of a box past M are zero-filled by TMA,
+    and that costs: H200, graph-timed, two processes each (runs gemm/2026-11-28-h200-5086dc2-xbox-r1 / -r2,
+    -804281e-v16-m1 / -m1-4, in git history at 3d5b786): M 4 3-8% faster on 9 of 17 layers (flash.shared_w13
+    11.3 -> 10.4 us), M 1 1.219 / 1.240x DeepGEMM against 1.185 / 1.186x with 16-row boxes, level at M 8. x's box
+    alone (sa's kept 16 rows) moved nothing (run -5fbd2d8-xbox-x-only: 1.002x)."""
     box = next((b for b in (1, 2, 4, 8) if m <= b), 0)
     return box if bm < 64 and box and box < bm else 0
 
