@@ -308,6 +308,8 @@ register_impl(MoeLayerVariant("v5", V5))
 register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))
 register_impl(MoeLayerVariant("v5-bm32", {**V5, "bm": 32}))
 register_impl(MoeLayerVariant("v5-no-pdl", {**V5, "pdl": False}))
+# the rule on row-frame weights: v5 promotes with x's scales alone, the weight row's once a unit (no v4 beside it)
+register_impl(MoeLayerVariant("v5-row", {"row_frame": True}))
 register_impl(MoeLayerVariant("v4-ko-no-widen", {**V4, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,

@@ -83,6 +83,7 @@ class GroupedRs(GroupedSm90):
         acc_shape = thr.partition_shape_C((64, c.bm))
         accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
         tmps = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
+        row_sc = cute.make_rmem_tensor((TILES, 2), Float32)  # row frame: the weight rows' scales (`_kblock_rs`)
         cC = mn_view(thr.partition_C(cute.make_identity_tensor((64, c.bm))))
         # the thread's first weight row of tile j: wg_rows + 64 j (+ 8 for the fragment's second row)
         wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (TILES * 64) + cC[0, 0][0]
@@ -96,13 +97,19 @@ class GroupedRs(GroupedSm90):
             self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
             for p in cutlass.range(0, n_kb // 2, unroll=1):
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
-                                sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid)
+                                sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc)
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[1], frags[0], 2 * p + 2 < n_kb, tCrB, accs, tmps,
-                                cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid)
+                                cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid, row_sc)
             if n_kb % 2 == 1:
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
-                                sSW, sSA, tab, g_rd + n_kb - 1, wg_rows, ctid)
+                                sSW, sSA, tab, g_rd + n_kb - 1, wg_rows, ctid, row_sc)
             g_rd = g_rd + n_kb
+            if cutlass.const_expr(c.row_frame):  # the weight rows' scale, the same in every K block: once a unit
+                for j in cutlass.range_constexpr(TILES):
+                    acc_mn = mn_view(accs[j])
+                    for r in cutlass.range_constexpr(2):
+                        for cc in cutlass.range_constexpr(cute.size(cC, mode=[1])):
+                            acc_mn[r, cc] = acc_mn[r, cc] * row_sc[j, r]
             if cutlass.const_expr(c.epilogue == "swiglu"):
                 self._store_h_rs(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
             else:
@@ -140,10 +147,10 @@ class GroupedRs(GroupedSm90):
 
     @cute.jit
     def _kblock_rs(self, ring, mmas, cur, nxt, has_next, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab, g_rd,
-                   wg_rows, ctid):
+                   wg_rows, ctid, row_sc):
         """K block g_rd (its fragments widened into `cur`): 4 k steps x 2 tiles of RS wgmma into tmps, one group;
         the promotion's scale products read from the stage while they run, then (has_next) the next block's
-        stage widened into `nxt`; wait, free the stage, promote."""
+        stage widened into `nxt`; wait, free the stage, promote. row_sc: the row frame's weight-row scales."""
         c = self.cfg
         state = consumer_state(c.n_stages, g_rd)
         for j in cutlass.range_constexpr(TILES):
@@ -156,12 +163,22 @@ class GroupedRs(GroupedSm90):
                           tCrB[(None, None, k, state.index)], tmps[j])
         warpgroup.commit_group()
         n_c = cute.size(cC, mode=[1])
-        prod = cute.make_rmem_tensor((TILES, 2, n_c), Float32)
+        # the promotion's factors, read while the wgmmas run: block frame, sw[row] · sa[token] (TILES x 2 rows x n_c);
+        # row frame (GroupedConfig.row_frame), sa[token] alone, the weight rows' scales (the same in every K block)
+        # kept in row_sc and applied once a unit (`_consume`)
+        rows = 1 if self.cfg.row_frame else 2 * TILES
+        prod = cute.make_rmem_tensor((rows, n_c), Float32)
         for j in cutlass.range_constexpr(TILES):
             for r in cutlass.range_constexpr(2):
                 sw = sSW[wg_rows + 64 * j + 8 * r, 0, state.index]
-                for cc in cutlass.range_constexpr(n_c):
-                    prod[j, r, cc] = sw * sSA[cC[0, cc][1], 0, state.index]
+                if cutlass.const_expr(self.cfg.row_frame):
+                    row_sc[j, r] = sw
+                else:
+                    for cc in cutlass.range_constexpr(n_c):
+                        prod[2 * j + r, cc] = sw * sSA[cC[0, cc][1], 0, state.index]
+        if cutlass.const_expr(self.cfg.row_frame):
+            for cc in cutlass.range_constexpr(n_c):
+                prod[0, cc] = sSA[cC[0, cc][1], 0, state.index]
         if has_next:
             self._widen_a(ring, codes, sSh, tab, nxt, g_rd + 1, wg_rows, ctid)
         warpgroup.wait_group(0)
@@ -171,7 +188,7 @@ class GroupedRs(GroupedSm90):
             acc_mn, tmp_mn = mn_view(accs[j]), mn_view(tmps[j])
             for r in cutlass.range_constexpr(2):
                 for cc in cutlass.range_constexpr(n_c):
-                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[j, r, cc]
+                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[(2 * j + r) % rows, cc]
 
     @cute.jit
     def _store_h_rs(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):

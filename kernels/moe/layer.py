@@ -103,8 +103,8 @@ def gemm_names(tile=None) -> tuple[str, str]:
 class CompiledLayer:
     """The four compiles of the layer (dispatch, l1, l2, combine): `kernels` is how the harness's
     compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions);
-    `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes); `row_frame`: the GEMMs (v3) read
-    weights prepared in the row frame (`row_frame_weights`)."""
+    `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes); `row_frame`: the GEMMs (v3, v5-row)
+    read weights prepared in the row frame (`row_frame_weights`)."""
 
     def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = ()):
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
@@ -112,10 +112,11 @@ class CompiledLayer:
     def gemms(self, max_m: int | None) -> tuple:
         """(L1, L2, the codes order they read) for a call. The rule's decode pick (`token_tiles`: v5 at each tile,
         v4 beside them) takes the smallest v5 tile holding max_m (the largest count, known on the host), v4
-        past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5"); otherwise the one pair."""
+        past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5"; row-frame v5 has no v4 beside it: its
+        largest tile); otherwise the one pair."""
         if not self.token_tiles or max_m is None:
             pair, codes = gemm_names(), self.codes
-        elif max_m > WIDE_M:
+        elif max_m > WIDE_M and gemm_names("v4")[0] in self.kernels:
             pair, codes = gemm_names("v4"), "plain"
         else:
             pair, codes = gemm_names(next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])), self.codes
@@ -123,7 +124,8 @@ class CompiledLayer:
 
     @property
     def frame(self) -> str:
-        """The frame of the weights the GEMMs read (expert_weights.prepare's): "row" (v3) or "block" (v2, v4, v5)."""
+        """The frame of the weights the GEMMs read (expert_weights.prepare's): "row" (v3, v5-row) or "block" (v2, v4,
+        v5)."""
         return "row" if self.row_frame else "block"
 
 
@@ -142,7 +144,9 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + v4's
     kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl)}
-    pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + ([("v4", {**knobs, **V4, "pdl": pdl})] if tiles else [])
+    # v4 beside v5's tiles, but for row-frame v5 (`cutedsl:v5-row`): v4 reads block-frame weights only
+    v4 = [("v4", {**knobs, **V4, "pdl": pdl})] if tiles and not cfg.row_frame else []
+    pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + v4
     for name, pair_knobs in pairs or [(None, knobs)]:
         n1, n2 = gemm_names(name)
         kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs)

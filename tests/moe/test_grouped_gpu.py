@@ -121,7 +121,9 @@ def test_v7_gemms_match_the_model(shape):
     _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "contiguous", V7)
 
 
-@pytest.mark.parametrize("knobs", [V5, {**V5, "bm": 32}, {**V5, "pdl": True}], ids=["v5", "v5-bm32", "v5-pdl"])
+@pytest.mark.parametrize("knobs", [V5, {**V5, "bm": 32}, {**V5, "pdl": True}, {**V5, "row_frame": True},
+                                   {**V5, "bm": 32, "row_frame": True}],
+                         ids=["v5", "v5-bm32", "v5-pdl", "v5-row", "v5-row-bm32"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
 def test_v5_masked_gemms_match_the_model(shape, knobs):
     """v5 (swap-AB, RS wgmma; masked only) at 16- and 32-token tiles: an expert's rows in one tile or several
@@ -183,6 +185,14 @@ def test_v5_decode_layers_pass_the_rule(case, gpu_check):
     drawn ones."""
     from dsv4bench.core.registry import get_impl
     gpu_check(case, get_impl("moe", "cutedsl:v5"))
+
+
+@pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
+def test_row_frame_v5_decode_layers_pass_the_rule(case, gpu_check):
+    """v5 on row-frame weights (`cutedsl:v5-row`: x's scales a K block, the weight row's once a unit) on every
+    decode layer, counts past 64 an expert on its 32-token tiles (no v4 beside it)."""
+    from dsv4bench.core.registry import get_impl
+    gpu_check(case, get_impl("moe", "cutedsl:v5-row"))
 
 
 V3_CASES = [LAYER[7], Case("moe", space.case("layer", "pro", 4096))]  # Flash T = 4096 hot, Pro T = 4096

@@ -92,10 +92,33 @@ def test_rs_mma_declares_that_fragment_layout():
     assert seen == ["((4,8,4),(4,2,2)):((256,1,16),(64,8,1024))"]  # index m + 64 k, see _fragment_coords
 
 
+@pytest.mark.parametrize("row_frame", [False, True])
 @pytest.mark.parametrize("epilogue,n,k,bm", [("swiglu", 512, 256, 16), ("bf16", 384, 384, 16),
                                              ("swiglu", 512, 384, 32), ("bf16", 512, 256, 32)])
-def test_v5_compiles_for_sm90a(epilogue, n, k, bm, monkeypatch):
-    compile_checked("masked", epilogue, {**V5, "bm": bm}, monkeypatch, n, k)
+def test_v5_compiles_for_sm90a(epilogue, n, k, bm, row_frame, monkeypatch):
+    compile_checked("masked", epilogue, {**V5, "bm": bm, "row_frame": row_frame}, monkeypatch, n, k)
+
+
+def test_row_frame_v5_promotes_without_the_weight_scale_products():
+    """Row-frame v5 (`cutedsl:v5-row`): a K block's promotion multiplies by x's scales alone. Between the loop
+    body's two WARPGROUP.ARRIVE (one K block: its wgmmas, scales, the next block's widening, the promotion) the
+    block frame has 32 FMUL at 32 tokens (2 tiles x 2 rows x 8 tokens of products), the row frame none, and
+    ~10% fewer instructions."""
+    from dsv4bench.compile.sass import sass_of
+    from kernels.moe.layer import compile_grouped
+
+    body = {}
+    for row_frame in (False, True):
+        text = sass_of(compile_grouped("masked", "swiglu", 6144, 7168, **{**V5, "bm": 32, "row_frame": row_frame}))
+        if text is None:
+            pytest.skip("no nvdisasm here")
+        ins = [line for line in text.splitlines() if "/*" in line and "*/" in line and ";" in line]
+        arrive = [i for i, line in enumerate(ins) if "WARPGROUP.ARRIVE" in line]
+        assert len(arrive) == 2  # the loop body: two K blocks, fragment sets alternating
+        body[row_frame] = ins[arrive[0]:arrive[1]]
+    assert sum(" FMUL " in line for line in body[False]) == 32
+    assert sum(" FMUL " in line for line in body[True]) == 0
+    assert len(body[True]) < 0.92 * len(body[False])
 
 
 @pytest.mark.parametrize("counts", [[0, 5, 0, 0, 70, 1], [3], [0, 0, 129], [200, 0, 64, 65, 0], [0] * 511 + [2]])
@@ -150,6 +173,9 @@ def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_small
     assert layer.compile_layer(8, 6, 512, 256, "masked", **V5).token_tiles == (16, 32)  # cutedsl:v5: the rule's
     one = layer.compile_layer(8, 6, 512, 256, "masked", **{**V5, "bm": 32})
     assert one.token_tiles == () and one.gemms(16) == (("swiglu", 32, True, True), ("bf16", 32, True, True), "rs")
+    row = layer.compile_layer(8, 6, 512, 256, "masked", row_frame=True)  # cutedsl:v5-row: no block-frame v4 beside it
+    assert row.frame == "row" and row.token_tiles == (16, 32) and "l1@v4" not in row.kernels
+    assert row.gemms(80) == (("swiglu", 32, True, True), ("bf16", 32, True, True), "rs")
     v4 = layer.compile_layer(8, 6, 512, 256, "masked", **V4)
     assert v4.codes == "plain" and v4.gemms(16)[2] == "plain" and v4.gemms(16)[0] == ("swiglu", 64, False, False)
 
