@@ -281,20 +281,20 @@ def choose_config(m: int, n: int, k: int, sms: int = H100_SMS, groups: int = 1, 
     # each with two temporaries), H200, graph-timed, one process: 1.045x DeepGEMM over every layer at M 192 / 256
     # against the unchained loop's 0.974x (Flash wo_a M 256 0.928 -> 0.987x), the N 512 layers at M 4096 7% faster
     # (runs gemm/2026-11-28-h200-de2f74b-chains-128, -wkv)
-    cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, cluster_k=clustered(m, bm, split))
+    cfg = GemmConfig(bm=bm, bn=bn, split_k=split, cluster_n=2 if pair else 1, cluster_k=clustered(m, bm, split),
+                     x_box=box_rows(m, bm))
     stages = ring_stages(bm, bn, split, cfg.cluster_k)
     if stages < cfg.n_stages and m <= 64:  # the decode ring cap (M 65-128: SPLIT_FILL's run)
         cfg = replace(cfg, stages=stages)
-    cfg = replace(cfg, x_box=box_rows(m, cfg.bm))
     return replace(cfg, chain=CHAIN) if cfg.chainable else cfg
 
 
 def box_rows(m: int, bm: int) -> int:
     """Rows of x's TMA box on a 16 / 32-row decode tile: M rounded up to 1, 2, 4 or 8 where that is fewer than bm
     (GemmConfig.x_box; 0: the tile's bm; sa's box max(4, x_box) rows). Rows of a box past M are zero-filled by TMA,
-    and that costs: H200, graph-timed, two processes each (runs gemm/2026-11-28-h200-5086dc2-xbox-r1 / -r2,
-    -804281e-v16-m1 / -m1-4, in git history at 3d5b786): M 4 3-8% faster on 9 of 17 layers (flash.shared_w13
-    11.3 -> 10.4 us), M 1 1.219 / 1.240x DeepGEMM against 1.185 / 1.186x with 16-row boxes, level at M 8. x's box
+    and that costs: H200, graph-timed (runs gemm/2026-11-28-h200-5086dc2-xbox-r1 / -r2, -804281e-v16-m1 / -m1-4,
+    in git history at 3d5b786; -a7fc8d7-v16-m1-8-r3 at b105ef9): M 4 3-8% faster on 9 of 17 layers (flash.shared_w13
+    11.3 -> 10.4 us), M 1 1.219-1.243x DeepGEMM against 1.185-1.198x with 16-row boxes (three processes), M 8 level. x's box
     alone (sa's kept 16 rows) moved nothing (run -5fbd2d8-xbox-x-only: 1.002x)."""
     box = next((b for b in (1, 2, 4, 8) if m <= b), 0)
     return box if bm < 64 and box and box < bm else 0

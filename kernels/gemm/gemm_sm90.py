@@ -130,8 +130,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
         grid = self._grid(mA, mB, n_ctas, c.cluster_n)
         self.kernel(
             tma_a, gA_t, tma_b, gB_t, tma_c, gC_t, tma_sa, gSA_t, tma_sw, gSW_t, mWork, mCount, n_group,
-            tiled_mma, mma_acc, epi_mma, sA_layout, sA_tma_layout, sB_layout, sC_layout, sSA_layout, sSW_layout,
-            Storage,
+            tiled_mma, mma_acc, epi_mma, sA_layout, sA_tma_layout, sB_layout, sC_layout, sSA_layout, sSA_tma_layout,
+            sSW_layout, Storage,
         ).launch(grid=(grid, 1, 1), block=[c.threads, 1, 1], min_blocks_per_mp=1, stream=stream, use_pdl=c.pdl,
                  # only pairs and split-K clusters launch as clusters: single CTAs launched with a 1 x 1 x 1
                  # cluster ran 128 x 128 tiles 27% slower (same SASS; docs/lessons/gemm.md)
@@ -162,6 +162,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout,
         sSA_layout: cute.Layout,
+        sSA_tma_layout: cute.Layout,
         sSW_layout: cute.Layout,
         Storage: cutlass.Constexpr,
     ):
@@ -209,8 +210,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         gSW = cute.local_tile(gSW_t, (1, SCALE_BOX), (None, None))
         sSA_tma = sSA  # the TMA's view: the first sa_rows of each stage's bm values (GemmConfig.x_box)
         if cutlass.const_expr(c.sa_rows < c.bm):
-            sSA_tma = cute.make_tensor(sSA.iterator, cute.make_layout((c.sa_rows, 1, c.n_stages),
-                                                                      stride=(1, c.bm, c.sa_slot)))
+            sSA_tma = cute.make_tensor(sSA.iterator, sSA_tma_layout)
         tSAs, tSAg = tma_slices(tma_sa, sSA_tma, gSA)
         tSWs, tSWg = tma_slices(tma_sw, sSW, gSW)
 

@@ -129,11 +129,14 @@ def mn_major(sa: torch.Tensor) -> torch.Tensor:
 _PADDED_SW = Prepared(size=64)  # weight scales padded to whole TMA boxes, per weight-scale tensor
 
 
-def scales_for_tma(sa, sw, groups: int = 1):
-    """sa MN-major (`mn_major`); sw in rows of whole TMA boxes of SCALE_BOX K blocks (16 bytes),
-    16-byte aligned: DSV4's K are (K/128 of 8 to 128); any other K gets a zero-padded copy of sw,
-    made once per weight-scale tensor and version (two extra launches per call cost small GEMMs 2x)."""
+def scales_for_tma(sa, sw, groups: int = 1, cfg: GemmConfig | None = None):
+    """sa MN-major (`mn_major`; with `cfg.x_box`, seen as `cfg.sa_rows` rows: `sa_to_box`); sw in rows of whole
+    TMA boxes of SCALE_BOX K blocks (16 bytes), 16-byte aligned: DSV4's K are (K/128 of 8 to 128); any other K
+    gets a zero-padded copy of sw, made once per weight-scale tensor and version (two extra launches per call
+    cost small GEMMs 2x)."""
     sa = mn_major(sa)
+    if cfg is not None and cfg.x_box:
+        sa = sa_to_box(sa, cfg.sa_rows)
     kb = sw.shape[1]
     if kb % SCALE_BOX == 0 and sw.data_ptr() % 16 == 0:
         return sa, sw
@@ -155,9 +158,7 @@ def run_gemm(compiled, cfg: GemmConfig, x, sa, w, sw, out, groups: int = 1, n_ct
     check_pairs(cfg, n, groups)
     ctas = n_ctas or sm_count(x.device)
     check_cluster_round(cfg, m, n, ctas)
-    sa, sw = scales_for_tma(sa, sw, groups)
-    if cfg.x_box:
-        sa = sa_to_box(sa, cfg.sa_rows)
+    sa, sw = scales_for_tma(sa, sw, groups, cfg)
     work, count = workspace(cfg, m, n, x.device)
     compiled(x, sa, w, sw, out, work, count, n // groups, ctas)
     return out

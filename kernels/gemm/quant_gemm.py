@@ -19,8 +19,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 from kernels.common import compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
 from kernels.gemm.glue import (
-    check_cluster_round, check_operands, check_pairs, fake_args, mn_major_buffer, sa_to_box, scales_for_tma,
-    workspace,
+    check_cluster_round, check_operands, check_pairs, fake_args, mn_major_buffer, scales_for_tma, workspace,
 )
 from kernels.gemm.tiling import KBLOCK, GemmConfig
 from kernels.quant.quant import QuantKernel
@@ -75,9 +74,7 @@ def run_quant_gemm(compiled, cfg: GemmConfig, x, codes, sa, w, sw, out, groups: 
     check_pairs(cfg, n, groups)
     ctas = n_ctas or sm_count(x.device)
     check_cluster_round(cfg, m, n, ctas)
-    sa, sw = scales_for_tma(sa, sw, groups)
-    if cfg.x_box:  # the quant kernel writes sa's first M rows (its bound is x's rows)
-        sa = sa_to_box(sa, cfg.sa_rows)
+    sa, sw = scales_for_tma(sa, sw, groups, cfg)  # x_box: the quant kernel writes sa's first M rows (x's bound)
     work, count = workspace(cfg, m, n, x.device)
     compiled(x, codes, codes.view(torch.float8_e4m3fn), sa, w, sw, out, work, count, n // groups, ctas)
     return out

@@ -188,7 +188,7 @@ class GroupedRs(GroupedSm90):
             acc_mn, tmp_mn = mn_view(accs[j]), mn_view(tmps[j])
             for r in cutlass.range_constexpr(2):
                 for cc in cutlass.range_constexpr(n_c):
-                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[(2 * j + r) % rows, cc]
+                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[0 if rows == 1 else 2 * j + r, cc]
 
     @cute.jit
     def _store_h_rs(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
