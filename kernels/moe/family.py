@@ -228,7 +228,8 @@ class MoeLayerVariant(MoeCuteDSL):
     the two consumer warpgroups (each widens the weight rows its own wgmma reads, behind its own barrier:
     kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
     scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
-    rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out
+    rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out, `cutedsl:v3-rs` / `cutedsl:v7-rs` v3 / v7 on v5's
+    RS-ordered code tiles (GroupedConfig.rs_codes)
     (what v3's widening still costs); `cutedsl:v7` (the rule's prefill pick) v3 skipping a tile's all-padding second wave; `cutedsl:v5` (decode only) swap-AB with the weights widened in registers as
     an RS wgmma's A (kernels/moe/grouped_rs.py; the rule's decode pick: a 16- and a 32-token tile compiled, a call
     takes the smallest holding its largest count, v4 past 64; launched with PDL), `:v5-bm16` / `:v5-bm32` one tile
@@ -303,6 +304,9 @@ register_impl(MoeLayerVariant("pdl", {**V2, "pdl": True}))
 register_impl(MoeLayerVariant("split-wg", {**V2, "split_wg": True}))
 register_impl(MoeLayerVariant("v3", V3))
 register_impl(MoeLayerVariant("v7", V7))
+# v3 / v7 on v5's RS-ordered code tiles (GroupedConfig.rs_codes: one copy of the codes for decode and prefill)
+register_impl(MoeLayerVariant("v3-rs", {**V3, "rs_codes": True}))
+register_impl(MoeLayerVariant("v7-rs", {**V7, "rs_codes": True}))
 register_impl(MoeLayerVariant("v4", V4))
 register_impl(MoeLayerVariant("v5", V5))
 register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))

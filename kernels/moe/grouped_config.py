@@ -84,6 +84,11 @@ class GroupedConfig:
     # expert_weights.rs_byte_order), the tokens are the N side (bm = 16 or 32 a tile). No widened tile in shared
     # memory, no fence, no CTA barrier a K block: a stage is freed by its warps' own wgmma waits
     swap_ab: bool = False
+    # v3 on v5's codes (variant `cutedsl:v7-rs`): the weight codes in the RS-ordered load-time tiles v5 reads
+    # (layer.rs_codes), so one copy of the codes serves the decode and the prefill GEMMs. An item's 4 code words
+    # are 16 bytes apart there (a thread's 32 codes of one sub-block: a word of each quad lane's 16 bytes): 4
+    # 4-byte loads instead of one 16-byte load, conflict-free through a 64B swizzle of the stage's FP4 tile
+    rs_codes: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -100,6 +105,8 @@ class GroupedConfig:
             raise ValueError("fast_silu is a mode of the split_wg kernel (v3)")
         if self.row_frame and not (self.split_wg or self.swap_ab):
             raise ValueError("row_frame is a mode of the split_wg (v3) and swap_ab (v5) kernels")
+        if self.rs_codes and not (self.split_wg and not self.tiled_b):
+            raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.swap_ab:
@@ -136,8 +143,8 @@ class GroupedConfig:
     @property
     def codes(self) -> str:
         """The order the GEMMs read the weight codes in (CODES): the checkpoint's, tiled_b's load-time tiles
-        (kernels/moe/layer.tiled_codes), swap_ab's RS-ordered tiles (layer.rs_codes)."""
-        return "rs" if self.swap_ab else "tiled" if self.tiled_b else "plain"
+        (kernels/moe/layer.tiled_codes), swap_ab's (and rs_codes') RS-ordered tiles (layer.rs_codes)."""
+        return "rs" if self.swap_ab or self.rs_codes else "tiled" if self.tiled_b else "plain"
 
     @property
     def tiled_codes(self) -> bool:

@@ -101,7 +101,10 @@ def ring_layouts(c: GroupedConfig) -> tuple:
     each) and x's row scales (bm; a stage's box starts on a 128-byte boundary: bm 16 takes 64 B of 128)."""
     S = c.n_stages
     sa_stage = max(c.bm, TMA_SMEM_ALIGN // 4)
-    return (cute.make_layout((c.bn, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2)),
+    codes = cute.make_layout((c.bn, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2))
+    if c.rs_codes:  # TMA's 64B swizzle: row n's 16-byte chunk q at chunk q ^ ((n >> 1) & 3) (GroupedSplit's RS widening)
+        codes = cute.make_composed_layout(cute.make_swizzle(2, 4, 3), 0, codes)
+    return (codes,
             cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)), cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)),
             cute.make_layout((c.bm, 1, S), stride=(1, sa_stage, sa_stage)))
 
@@ -257,7 +260,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         sB = None  # v5: no widened tiles
         if cutlass.const_expr(sB_layout is not None):
             sB = st.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
-        sQ = st.sQ.get_tensor(sQ_layout)
+        sQ = (st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner) if cutlass.const_expr(c.rs_codes)
+              else st.sQ.get_tensor(sQ_layout))
         sSh = st.sSh.get_tensor(sSh_layout)
         sSW = st.sSW.get_tensor(sSW_layout)
         sSA = st.sSA.get_tensor(sSA_layout)

@@ -36,8 +36,9 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
+from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_sm90 import GroupedSm90
-from kernels.moe.grouped_widen import SUBS, widen_item
+from kernels.moe.grouped_widen import SUBS, widen_item, widen_item_rs
 from kernels.regs import fence_operand, mn_view
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
@@ -89,12 +90,31 @@ class GroupedSplit(GroupedSm90):
         dn = 128 // SUBS
         for step in cutlass.range_constexpr(steps):
             ti = (sSh[n0 + step * dn, 0, stage] >> (8 * j)) & 0xFF
-            cute.autovec_copy(q4[None, src0 + step * 128], words[None, step])
+            if cutlass.const_expr(c.rs_codes):
+                self._load_rs_item(st, stage, n0 + step * dn, j, words, step)
+            else:
+                cute.autovec_copy(q4[None, src0 + step * 128], words[None, step])
             cute.autovec_copy(tab2[None, ti], tabs[None, step])
         for step in cutlass.range_constexpr(steps):
-            widen_item(words, tabs, step, out)
+            if cutlass.const_expr(c.rs_codes):
+                widen_item_rs(words, tabs, step, out)
+            else:
+                widen_item(words, tabs, step, out)
             for h in cutlass.range_constexpr(2):
                 cute.autovec_copy(out[None, h], b4[None, dst0 + step * (dn * 8) + ((2 * j + h) ^ (n0 % 8))])
+
+
+    @cute.jit
+    def _load_rs_item(self, st, stage, n, j, words, step):
+        """Item (row n, sub-block j) from RS-ordered codes (GroupedConfig.rs_codes): its word q is word j of the row's
+        16-byte chunk q, which the stage's 64B swizzle put at chunk q ^ ((n >> 1) & 3). A quarter-warp's 8 loads (rows
+        n, n + 1, sub-blocks 0-3) and the warp's 4 row pairs land in 32 distinct banks."""
+        c = self.cfg
+        q32 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32),
+                               cute.make_layout((c.n_stages * c.bn * KBLOCK // 8,)))
+        base = stage * (c.bn * KBLOCK // 8) + n * (KBLOCK // 8) + j
+        for q in cutlass.range_constexpr(4):
+            words[q, step] = q32[base + 4 * (q ^ ((n >> 1) & 3))]
 
 
 class GroupedSplitRow(GroupedSplit):

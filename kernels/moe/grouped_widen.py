@@ -66,6 +66,16 @@ def widen_item(words, tabs, step, out):
         out[(wi % 2) * 2 + 1, wi // 2] = hi
 
 
+@cute.jit
+def widen_item_rs(words, tabs, step, out):
+    """`widen_item` of an item read from RS-ordered codes (kernels/moe/expert_weights.rs_byte_order): word q holds the
+    sub-block's codes 4q .. 4q + 3 and 16 + 4q .. + 3, so its two widened words are word q of chunk 0 and of chunk 1."""
+    for q in cutlass.range_constexpr(4):
+        lo, hi = widen8(words[q, step], tabs[0, step], tabs[1, step])
+        out[q, 0] = lo
+        out[q, 1] = hi
+
+
 class GroupedWidening:
     @cute.jit
     def _widen_stage(self, st, sSh, tab, stage, buf, ctid):

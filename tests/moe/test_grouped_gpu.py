@@ -61,7 +61,7 @@ def _masked_max_m(idx, e):
 
 KNOBS = {"rule": {}, "overlap": V2, "serial": {**V2, "overlap": False},
          "v1": {**V2, "widen": "v1", "early_scales": False}, "tiled-b": {**V2, "tiled_b": True},
-         "split-wg": {**V2, "split_wg": True}, "v3": V3, "v4": V4}
+         "split-wg": {**V2, "split_wg": True}, "v3": V3, "v4": V4, "v3-rs": {**V3, "rs_codes": True}}
 
 
 @pytest.mark.parametrize("knobs", list(KNOBS.values()), ids=list(KNOBS))
@@ -114,11 +114,13 @@ def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs):
         assert (y.cpu()[~real] == 0).all() and (h.cpu()[~real] == 0).all()
 
 
+@pytest.mark.parametrize("knobs", [V7, {**V7, "rs_codes": True}], ids=["v7", "v7-rs"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
-def test_v7_gemms_match_the_model(shape):
-    """v7 (v3 with all-padding second waves skipped): segments of <= 64 rows (the wave skipped) and longer ones."""
+def test_v7_gemms_match_the_model(shape, knobs):
+    """v7 (v3 with all-padding second waves skipped): segments of <= 64 rows (the wave skipped) and longer ones;
+    on the plain codes and on v5's RS-ordered tiles (rs_codes)."""
     ex, x, idx, w = _problem(*shape)
-    _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "contiguous", V7)
+    _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "contiguous", knobs)
 
 
 @pytest.mark.parametrize("knobs", [V5, {**V5, "bm": 32}, {**V5, "pdl": True}, {**V5, "row_frame": True},
@@ -133,8 +135,8 @@ def test_v5_masked_gemms_match_the_model(shape, knobs):
     _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "masked", knobs)
 
 
-@pytest.mark.parametrize("knobs", [V2, KNOBS["split-wg"], KNOBS["v3"], V7],
-                         ids=["v2", "split-wg", "v3", "v7"])
+@pytest.mark.parametrize("knobs", [V2, KNOBS["split-wg"], KNOBS["v3"], V7, {**V7, "rs_codes": True}],
+                         ids=["v2", "split-wg", "v3", "v7", "v7-rs"])
 def test_prefill_gemms_at_4096_tokens_ragged_with_an_empty_expert(knobs):
     """Contiguous (prefill) GEMMs at T = 4096: 9 experts, skewed ragged counts (none a multiple of 128 but by
     chance), expert 8 never routed (0 tokens), K of 4 / 2 blocks; v2 and the v3 variants against the model."""
@@ -195,11 +197,18 @@ def test_row_frame_v5_decode_layers_pass_the_rule(case, gpu_check):
     gpu_check(case, get_impl("moe", "cutedsl:v5-row"))
 
 
+@pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
+def test_rs_code_v3_decode_layers_pass_the_rule(case, gpu_check):
+    """v3 on v5's RS-ordered code tiles (`cutedsl:v3-rs`, one 64-row wave a tile) on every decode layer."""
+    from dsv4bench.core.registry import get_impl
+    gpu_check(case, get_impl("moe", "cutedsl:v3-rs"))
+
+
 V3_CASES = [LAYER[7], Case("moe", space.case("layer", "pro", 4096))]  # Flash T = 4096 hot, Pro T = 4096
 V3_CASES += [c for c in LAYER[8:] if c["layout"] == "contiguous"]  # drawn prefill layers: ragged, empty experts
 
 
-@pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3", "cutedsl:v7"])
+@pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3", "cutedsl:v7", "cutedsl:v7-rs"])
 @pytest.mark.parametrize("case", V3_CASES, ids=[c.id for c in V3_CASES])
 def test_v3_prefill_layers_pass_the_rule(case, variant, gpu_check):
     """v3 (prefill) on the prefill layers beyond VARIANT_CASES: a hot expert, Pro's widths, the drawn ones."""

@@ -15,7 +15,8 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
-from kernels.moe.expert_weights import EXACT_SPAN, flush_stats, prepare, prepare_layer, widened_dequant
+from kernels.moe.expert_weights import (EXACT_SPAN, flush_stats, prepare, prepare_layer, rs_byte_order,
+                                        widened_dequant)
 from kernels.moe.grouped_config import V2, V3, V7, GroupedConfig
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import compile_grouped, grouped_config
@@ -137,6 +138,41 @@ def test_split_widening_covers_the_tile_once_each_warpgroup_its_own_rows():
                 assert sorted((c * 16 // 4) % 32 // 4 for c in chunks) == list(range(8)), (q, step, h)
 
 
+def test_rs_code_items_read_their_sub_block_through_the_swizzle_without_bank_conflicts():
+    """v3 on v5's RS-ordered tiles (rs_codes, GroupedSplit._load_rs_item): under TMA's 64B swizzle (row n's chunk q
+    at q ^ ((n >> 1) & 3)) thread (row n, sub-block j)'s word q holds the plain bytes 16j + 2q, + 1, 16j + 8 + 2q, + 1
+    (codes 4q .. + 3 and 16 + 4q .. + 3 of the sub-block: widen_item_rs's lo and hi of chunk word q), and each of
+    a warp's 4 word loads of a step hits 32 distinct banks."""
+    bn = 256
+    plain = _codes(1, bn, 128, seed=3)[0]
+    rs = plain[:, rs_byte_order()]
+    smem = torch.empty_like(rs)
+    for n in range(bn):
+        for q in range(4):
+            p = q ^ ((n >> 1) & 3)
+            smem[n, 16 * p:16 * p + 16] = rs[n, 16 * q:16 * q + 16]
+    words = smem.contiguous().view(torch.int32).view(-1)
+    seen = set()
+    for ctid in range(256):
+        n0, j = (ctid // 128) * 128 + (ctid % 128) // 4, ctid % 4
+        for step in range(4):
+            n = n0 + 32 * step
+            seen.add((n, j))
+            for q in range(4):
+                got = int(words[n * 16 + j + 4 * (q ^ ((n >> 1) & 3))])
+                b = [int(plain[n, 16 * j + o]) for o in (2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q)]
+                assert got & 0xFFFFFFFF == b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24, (n, j, q)
+    assert len(seen) == bn * 4
+    for warp in range(8):
+        for step in range(4):
+            for q in range(4):
+                banks = set()
+                for ctid in range(32 * warp, 32 * warp + 32):
+                    n = (ctid // 128) * 128 + (ctid % 128) // 4 + 32 * step
+                    banks.add((n * 16 + ctid % 4 + 4 * (q ^ ((n >> 1) & 3))) % 32)
+                assert len(banks) == 32, (warp, step, q)
+
+
 def test_v3_variants_are_declared_and_validated():
     assert get_impl("moe", "cutedsl:split-wg").knobs == SPLIT
     assert get_impl("moe", "cutedsl:v3").knobs == V3
@@ -150,6 +186,12 @@ def test_v3_variants_are_declared_and_validated():
     with pytest.raises(ValueError, match="fast_silu"):
         GroupedConfig(layout="contiguous", bm=128, fast_silu=True)
     assert get_impl("moe", "cutedsl:v2").knobs == V2 and get_impl("moe", "cutedsl:v2").checked
+    assert get_impl("moe", "cutedsl:v7-rs").knobs == {**V7, "rs_codes": True}
+    assert GroupedConfig(layout="contiguous", bm=128, **V7, rs_codes=True).codes == "rs"
+    with pytest.raises(ValueError, match="rs_codes"):
+        GroupedConfig(layout="contiguous", bm=128, rs_codes=True)
+    with pytest.raises(ValueError, match="rs_codes"):
+        GroupedConfig(layout="contiguous", bm=128, **V3, rs_codes=True, tiled_b=True)
 
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
@@ -264,10 +306,12 @@ def test_v3_epilogue_has_no_division_slow_path_and_stores_pairs():
 
 @pytest.mark.parametrize("layout,epilogue,knobs", [("contiguous", "swiglu", V3), ("contiguous", "bf16", V3),
                                                    ("contiguous", "swiglu", SPLIT), ("contiguous", "bf16", SPLIT),
-                                                   ("masked", "swiglu", V3), ("masked", "bf16", SPLIT)])
+                                                   ("masked", "swiglu", V3), ("masked", "bf16", SPLIT),
+                                                   ("contiguous", "swiglu", {**V7, "rs_codes": True}),
+                                                   ("masked", "bf16", {**V3, "rs_codes": True})])
 def test_v3_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
     compiled = compile_checked(layout, epilogue, knobs, monkeypatch)
-    if layout == "contiguous" and knobs == V3:
+    if layout == "contiguous" and knobs.get("row_frame"):
         # v2's L1 refills 14 spilled values a K block (3 of them accumulators); v3's loop keeps at most a few
         # addresses there (the row-frame promotion holds no column scales across the wgmma)
         assert _loop_spills(compiled) <= 4
