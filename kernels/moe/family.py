@@ -32,7 +32,7 @@ from kernels.moe import serves as served
 from kernels.moe.gemv_layer import CompiledGemvLayer, compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.gemm.config import H100_SMS
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, gemv_at_one_token
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_WIDE, gemv_at_one_token
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -211,8 +211,8 @@ class MoeCuteDSL(Impl):
 
 class MoeLayerVariant(MoeCuteDSL):
     """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named.
-    `cutedsl` is the tile rule's pick (grouped_config.choose): v2 at decode (masked), v3 at prefill
-    (contiguous) since the H100 A/B (docs/perf/moe.md "v3"); `cutedsl:v2` is v2 at both layouts
+    `cutedsl` is the tile rule's pick (grouped_config.choose, v8: v5 / v3 / v7 on one weight frame and the RS
+    code tiles); `cutedsl:v2` is v2 at both layouts
     (the A/B of that pick; the v2 A/Bs below carry its knobs, grouped_config.V2, so they stay on v2 at
     prefill); `cutedsl:v3` v3 at both layouts. `cutedsl:serial` widens each K block before its wgmmas are
     issued instead of during the previous block's (the A/B of the overlap, and a fallback);
@@ -228,11 +228,12 @@ class MoeLayerVariant(MoeCuteDSL):
     the two consumer warpgroups (each widens the weight rows its own wgmma reads, behind its own barrier:
     kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
     scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
-    rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out, `cutedsl:v3-rs` / `cutedsl:v7-rs` v3 / v7 on v5's
-    RS-ordered code tiles (GroupedConfig.rs_codes)
-    (what v3's widening still costs); `cutedsl:v7` (the rule's prefill pick) v3 skipping a tile's all-padding second wave; `cutedsl:v5` (decode only) swap-AB with the weights widened in registers as
-    an RS wgmma's A (kernels/moe/grouped_rs.py; the rule's decode pick: a 16- and a 32-token tile compiled, a call
-    takes the smallest holding its largest count, v4 past 64; launched with PDL), `:v5-bm16` / `:v5-bm32` one tile
+    rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out, `cutedsl:v3-rs` v3 on v5's RS-ordered code
+    tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert) at every count
+    (what v3's widening still costs); `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave; `cutedsl:v5` (decode
+    only, the decode pick before v8) swap-AB with the weights widened in registers as an RS wgmma's A
+    (kernels/moe/grouped_rs.py; a 16- and a 32-token tile compiled, a call takes the smallest holding its largest
+    count, v4 past 64; launched with PDL; block-frame weights), `:v5-bm16` / `:v5-bm32` one tile
     only, `:v5-no-pdl` the rule's pick without programmatic dependent launch (docs/perf/moe.md; v6, v5's kernel at
     prefill, was set aside after measuring: `git show 936ce77` restores it)."""
 
@@ -304,16 +305,13 @@ register_impl(MoeLayerVariant("pdl", {**V2, "pdl": True}))
 register_impl(MoeLayerVariant("split-wg", {**V2, "split_wg": True}))
 register_impl(MoeLayerVariant("v3", V3))
 register_impl(MoeLayerVariant("v7", V7))
-# v3 / v7 on v5's RS-ordered code tiles (GroupedConfig.rs_codes: one copy of the codes for decode and prefill)
-register_impl(MoeLayerVariant("v3-rs", {**V3, "rs_codes": True}))
-register_impl(MoeLayerVariant("v7-rs", {**V7, "rs_codes": True}))
+# v3 on v5's RS-ordered code tiles (the rule's wide pair, here at every count)
+register_impl(MoeLayerVariant("v3-rs", V8_WIDE))
 register_impl(MoeLayerVariant("v4", V4))
 register_impl(MoeLayerVariant("v5", V5))
 register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))
 register_impl(MoeLayerVariant("v5-bm32", {**V5, "bm": 32}))
 register_impl(MoeLayerVariant("v5-no-pdl", {**V5, "pdl": False}))
-# the rule on row-frame weights: v5 promotes with x's scales alone, the weight row's once a unit (no v4 beside it)
-register_impl(MoeLayerVariant("v5-row", {"row_frame": True}))
 register_impl(MoeLayerVariant("v4-ko-no-widen", {**V4, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,

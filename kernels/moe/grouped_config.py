@@ -24,7 +24,7 @@ WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
-WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v4 past it
+WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v3 (v4 beside block-frame v5) past it
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 
 
@@ -182,11 +182,17 @@ class GroupedConfig:
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
-      "skip_padding_wave": False}
+      "skip_padding_wave": False, "rs_codes": False}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
-V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False, "skip_padding_wave": False}
-V7 = {**V3, "skip_padding_wave": True}  # the prefill pick: v3 without a tile's all-padding second wave
-V5 = {**V2, "swap_ab": True}  # the decode pick (choose: bm 16; layer.compile_layer adds bm 32 beside it)
+V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False, "skip_padding_wave": False,
+      "rs_codes": False}
+V7 = {**V3, "skip_padding_wave": True}  # the prefill pick before v8: v3 without a tile's all-padding second wave
+V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_layer adds bm 32 and v4 beside it)
+# v8, the rule since session 33: one weight frame (row) and one copy of the codes (v5's RS-ordered tiles) for every
+# GEMM of the layer: v5 on row-frame weights at decode, v3 on the RS tiles past WIDE_M, v7 on them at prefill
+V8_DECODE = {**V5, "row_frame": True}
+V8_WIDE = {**V3, "rs_codes": True}
+V8_PREFILL = {**V7, "rs_codes": True}
 
 
 def gemv_at_one_token(topk: int, i: int, sms: int) -> bool:
@@ -198,16 +204,15 @@ def gemv_at_one_token(topk: int, i: int, sms: int) -> bool:
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:
-    """Decode (masked: a few rows per expert) takes v5 (swap-AB, the weights widened in registers as an RS
-    wgmma's A; kernels/moe/grouped_rs.py) at 16 tokens a tile, launched with programmatic dependent launch
-    (the layer's four kernels: 1.00-1.05x in medians); layer.compile_layer compiles 32 and v4 beside it and a
-    call takes the smallest v5 tile holding its largest count, v4 past WIDE_M (docs/perf/moe.md "v5": 1.4-1.5x
-    v4 in CUPTI time wherever the counts fit a tile). Prefill (contiguous, 128-row segments) two waves on v3, whose
-    GEMMs read row-frame weights (expert_weights.prepare(frame="row"): kernels/moe/layer.weight_frame); v3
-    at prefill since the H100 A/B in one process (docs/perf/moe.md "v3": Flash T = 4096 0.75-0.78x v2's
-    time, 0.94-0.99x DeepGEMM's speed; Pro T = 4096 0.77-0.81x), skipping a tile's all-padding second wave
-    (v7; Pro's 384 experts at T = 4096: 1.08-1.17x v3). The variants `cutedsl:v2` / `cutedsl:v3` / `cutedsl:v4`
-    keep the earlier kernels for A/Bs."""
+    """v8: every GEMM of the layer on row-frame weights (expert_weights.prepare(frame="row")) and v5's RS-ordered code
+    tiles (layer.rs_codes), so a model holds one frame and one copy of the codes. Decode (masked) takes v5 (swap-AB,
+    the weights widened in registers as an RS wgmma's A; kernels/moe/grouped_rs.py) at 16 tokens a tile, launched
+    with programmatic dependent launch; layer.compile_layer compiles 32 and v3 (V8_WIDE) beside it and a call takes
+    the smallest v5 tile holding its largest count, v3 past WIDE_M. Prefill (contiguous, 128-row segments): v7 (v3
+    skipping a tile's all-padding second wave). H200, one process (docs/perf/moe.md "v8"): v5 on the row frame
+    1.00-1.06x v5 on the block frame (Pro T = 64 sparse 216.9 -> 204.9 us), v3 past 64 1.17x v4 (Pro T = 256), v7
+    on the RS tiles 0.99-1.02x v7 on the plain codes. `cutedsl:v5` / `cutedsl:v7` keep v5 (v4 past 64) on the block
+    frame and v7 on the plain codes; `cutedsl:v2` / `cutedsl:v3` / `cutedsl:v4` the earlier kernels, for A/Bs."""
     if layout == "masked":
-        return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V5)
-    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V7)
+        return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
+    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V8_PREFILL)

@@ -24,7 +24,8 @@ from kernels.moe.expert_weights import GroupedWeight, prepare_layer, rs_byte_ord
 from kernels.moe.glue import (
     alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
-from kernels.moe.grouped_config import BN, CODES, MAX_GROUPS, SWAP_BM, V4, WIDE_M, WIDEN_TABLE_WORDS, GroupedConfig, choose
+from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, SWAP_BM, V4, V8_WIDE, WIDE_M, WIDEN_TABLE_WORDS,
+                                        GroupedConfig, choose)
 from kernels.moe.grouped_sm90 import grouped_kernel
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
@@ -69,10 +70,11 @@ def fake_grouped(layout: str, epilogue: str, n: int, k: int, tiled_b: bool = Fal
 def grouped_config(layout: str, epilogue: str, **knobs) -> GroupedConfig:
     """The tile rule's pick (grouped_config.choose: v5 at decode, v3 at prefill) with `knobs` overriding
     GroupedConfig fields (the declared variants': grouped_config.V2 / V3 / V4, overlap, ablate, ...). Knobs that
-    turn v5 off at decode (swap_ab False: v2 / v3 / v4) start from v2's 64-row wave, without PDL."""
+    turn v5 off at decode (swap_ab False: v2 / v3 / v4) start from v2's 64-row wave on block-frame weights, without
+    PDL."""
     base = choose(layout, epilogue)
     if base.swap_ab and not knobs.get("swap_ab", True):
-        base = replace(base, swap_ab=False, bm=64, pdl=False)
+        base = replace(base, swap_ab=False, bm=64, pdl=False, row_frame=False)
     return replace(base, **knobs)
 
 
@@ -95,7 +97,7 @@ def compile_grouped(layout: str, epilogue: str, n: int, k: int, arch: str = "sm_
 
 def gemm_names(tile=None) -> tuple[str, str]:
     """A GEMM pair's names in CompiledLayer.kernels: "l1" / "l2" (the one pair, or v5's smallest token tile), else
-    "l1@<tile>" / "l2@<tile>" (v5's other tiles, "v4": its pair past WIDE_M)."""
+    "l1@<tile>" / "l2@<tile>" (v5's other tiles, "wide": its pair past WIDE_M)."""
     suffix = "" if tile in (None, SWAP_BM[0]) else f"@{tile}"
     return "l1" + suffix, "l2" + suffix
 
@@ -103,29 +105,31 @@ def gemm_names(tile=None) -> tuple[str, str]:
 class CompiledLayer:
     """The four compiles of the layer (dispatch, l1, l2, combine): `kernels` is how the harness's
     compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions);
-    `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes); `row_frame`: the GEMMs (v3, v5-row)
-    read weights prepared in the row frame (`row_frame_weights`)."""
+    `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes; `wide_codes`: the wide pair's);
+    `row_frame`: the GEMMs (v3, v5 in the rule) read weights prepared in the row frame (`row_frame_weights`)."""
 
-    def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = ()):
+    def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = (),
+                 wide_codes: str = "plain"):
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
+        self.wide_codes = wide_codes
 
     def gemms(self, max_m: int | None) -> tuple:
         """(L1, L2, the codes order they read) for a call. The rule's decode pick (`token_tiles`: v5 at each tile,
-        v4 beside them) takes the smallest v5 tile holding max_m (the largest count, known on the host), v4
-        past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5"; row-frame v5 has no v4 beside it: its
-        largest tile); otherwise the one pair."""
+        the wide pair beside them) takes the smallest v5 tile holding max_m (the largest count, known on the host),
+        the wide pair past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5"); otherwise the one
+        pair."""
         if not self.token_tiles or max_m is None:
             pair, codes = gemm_names(), self.codes
-        elif max_m > WIDE_M and gemm_names("v4")[0] in self.kernels:
-            pair, codes = gemm_names("v4"), "plain"
+        elif max_m > WIDE_M:
+            pair, codes = gemm_names("wide"), self.wide_codes
         else:
             pair, codes = gemm_names(next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])), self.codes
         return self.kernels[pair[0]], self.kernels[pair[1]], codes
 
     @property
     def frame(self) -> str:
-        """The frame of the weights the GEMMs read (expert_weights.prepare's): "row" (v3, v5-row) or "block" (v2, v4,
-        v5)."""
+        """The frame of the weights the GEMMs read (expert_weights.prepare's): "row" (the rule: v3, v5, v7) or "block"
+        (v2, v4, `cutedsl:v5`)."""
         return "row" if self.row_frame else "block"
 
 
@@ -135,24 +139,25 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
     gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
     CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
-    the knobs): with no knobs the contiguous layout's GEMMs are v3, on row-frame weights."""
+    the knobs): with no knobs every GEMM reads row-frame weights and the RS-ordered code tiles (v8)."""
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     knobs = dict(knobs)
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     cfg = grouped_config(layout, "swiglu", **knobs)
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
-    tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + v4's
+    tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + the wide
     kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl)}
-    # v4 beside v5's tiles, but for row-frame v5 (`cutedsl:v5-row`): v4 reads block-frame weights only
-    v4 = [("v4", {**knobs, **V4, "pdl": pdl})] if tiles and not cfg.row_frame else []
-    pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + v4
+    # the wide pair beside v5's tiles, on v5's weights: v3 on the RS tiles (row frame: the rule) or v4 (block frame)
+    wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl}
+    pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + ([("wide", wide)] if tiles else [])
     for name, pair_knobs in pairs or [(None, knobs)]:
         n1, n2 = gemm_names(name)
         kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs)
         kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs)
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
-    return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles)
+    wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
+    return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes)
 
 
 # ---------------------------------------------------------------- views and calls

@@ -11,11 +11,11 @@ Where each part runs:
                          two weights concatenated once per weight); w2:    h cast to bf16
                          quant+gemm
 
-The routed part is the family's `layer` op (kernels/moe/layer.py): its compiled pieces come from the
-family's impl (`run.compiled`: one compile per (E, k, D, I, layout); the tile rule's GEMMs at prefill, v3,
-grouped_config.choose), at decode from `cutedsl:v4` (`decode_runner`: the rule's v5 reads the codes in a
-load-time RS order, a second copy of every routed expert's codes beside the plain ones v3 reads; the
-model keeps one copy until v3 reads that order too), and this adapter calls them with the load-time weights it
+The routed part is the family's `layer` op (kernels/moe/layer.py): its compiled pieces come from two pinned
+impls (one compile per (E, k, D, I, layout)): at prefill `cutedsl:v7` (`prefill_runner`), at decode `cutedsl:v4`
+(`decode_runner`). The rule (v8, grouped_config.choose) reads the codes in v5's load-time RS-ordered tiles at
+every T; this adapter keeps the plain codes, one copy, until it prepares the RS tiles in their place (v8's one
+frame and one copy: not built yet). And this adapter calls them with the load-time weights it
 prepared ONCE per weight set: the checkpoint's per-expert MXFP4 tensors stacked over experts, w1/w3
 interleaved into the L1 weight, and the widening side data (kernels/moe/expert_weights.py), cached on
 the source tensors (kernels.common.Prepared: weak references, remade if a source is replaced or written
@@ -277,13 +277,24 @@ def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch
     return gemm.fp8_linear(run, h, shared.w2)
 
 
+def _runner(what: str, impl: str):
+    from dsv4bench.core.registry import get_family
+    from dsv4bench.model.kernel_ops import KernelOp
+    return KernelOp(get_family("moe"), f"moe ({what})", None, impl=impl).runner
+
+
 @functools.cache
 def decode_runner():
     """`run` of the model's decode calls (masked layout): the family's layer with v4's GEMMs (`cutedsl:v4`), on
     the block-frame weights this adapter keeps (see the module docstring for why not the rule's v5)."""
-    from dsv4bench.core.registry import get_family
-    from dsv4bench.model.kernel_ops import KernelOp
-    return KernelOp(get_family("moe"), "moe (decode: v4 GEMMs)", None, impl="cutedsl:v4").runner
+    return _runner("decode: v4 GEMMs", "cutedsl:v4")
+
+
+@functools.cache
+def prefill_runner():
+    """`run` of the model's prefill calls (contiguous layout): v7's GEMMs on the plain codes (`cutedsl:v7`), which
+    share the block pair's codes; the rule's v7 reads v5's RS-ordered tiles, a copy this adapter does not keep yet."""
+    return _runner("prefill: v7 GEMMs", "cutedsl:v7")
 
 
 def routed_layer(run, params: dict, x, idx, weights, shared, prepared) -> torch.Tensor:
@@ -332,7 +343,8 @@ def moe(run, x, weights, idx, experts, shared: ExpertWeights, limit: float = LIM
     def prepared(frame: str) -> tuple[GroupedWeight, GroupedWeight]:  # decode: the pair in hand, no second lookup
         return (l1, l2) if frame == "block" else layer_weights(experts, d, frame, sources)
 
-    out = routed_layer(decode_runner() if params["layout"] == "masked" else run, params, rows, idx2, w2, s, prepared)
+    runner = decode_runner() if params["layout"] == "masked" else prefill_runner()
+    out = routed_layer(runner, params, rows, idx2, w2, s, prepared)
     return out.float().reshape(*lead, d)
 
 

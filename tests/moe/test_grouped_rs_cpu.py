@@ -100,7 +100,7 @@ def test_v5_compiles_for_sm90a(epilogue, n, k, bm, row_frame, monkeypatch):
 
 
 def test_row_frame_v5_promotes_without_the_weight_scale_products():
-    """Row-frame v5 (`cutedsl:v5-row`): a K block's promotion multiplies by x's scales alone. Between the loop
+    """Row-frame v5 (the rule's decode pick since v8): a K block's promotion multiplies by x's scales alone. Between the loop
     body's two WARPGROUP.ARRIVE (one K block: its wgmmas, scales, the next block's widening, the promotion) the
     block frame has 32 FMUL at 32 tokens (2 tiles x 2 rows x 8 tokens of products), the row frame none, and
     ~10% fewer instructions."""
@@ -154,30 +154,35 @@ def test_family_runs_v5_at_decode_only():
 
 
 def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_smallest_that_holds_it(monkeypatch):
-    """compile_layer at decode (the rule: v5 with PDL) compiles L1 / L2 at 16 and 32 tokens a tile and v4's pair;
-    CompiledLayer.gemms takes 16 for max_m <= 16, 32 up to 64, v4 (plain codes) past it; a variant naming bm,
-    or v4, compiles one pair."""
+    """compile_layer at decode (the rule, v8: v5 on row-frame weights with PDL) compiles L1 / L2 at 16 and 32 tokens
+    a tile and the wide pair (v3 on the RS tiles); CompiledLayer.gemms takes 16 for max_m <= 16, 32 up to 64, the
+    wide pair past it; every pair reads the RS tiles. `cutedsl:v5` (block frame) keeps v4 (plain codes) as its
+    wide pair; a variant naming bm, or v4, compiles one pair."""
     from kernels.moe import layer
     monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: ("dispatch", pdl))
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
-        epilogue, *(lambda c: (c.bm, c.swap_ab, c.pdl))(layer.grouped_config(layout, epilogue, **knobs))))
+        epilogue, *(lambda c: (c.bm, c.swap_ab, c.pdl, c.row_frame, c.codes))(layer.grouped_config(layout, epilogue,
+                                                                                                  **knobs))))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
     compiled = layer.compile_layer(8, 6, 512, 256, "masked")
-    assert compiled.codes == "rs" and compiled.token_tiles == (16, 32)
-    assert set(compiled.kernels) == {"dispatch", "l1", "l2", "l1@32", "l2@32", "l1@v4", "l2@v4", "combine"}
+    assert compiled.codes == "rs" and compiled.frame == "row" and compiled.token_tiles == (16, 32)
+    assert set(compiled.kernels) == {"dispatch", "l1", "l2", "l1@32", "l2@32", "l1@wide", "l2@wide", "combine"}
     assert compiled.kernels["dispatch"] == ("dispatch", True)
     for max_m, want in ((16, (16, True)), (32, (32, True)), (48, (32, True)), (64, (32, True)), (80, (64, False)),
-                        (256, (64, False))):  # v4's pair launched with PDL as the rest of the layer
+                        (256, (64, False))):  # the wide pair launched with PDL as the rest of the layer
         l1, l2, order = compiled.gemms(max_m)
-        assert (l1, l2) == (("swiglu", *want, True), ("bf16", *want, True)) and order == ("rs" if want[1] else "plain")
-    assert layer.compile_layer(8, 6, 512, 256, "masked", **V5).token_tiles == (16, 32)  # cutedsl:v5: the rule's
+        assert (l1, l2) == (("swiglu", *want, True, True, "rs"), ("bf16", *want, True, True, "rs")) and order == "rs"
+    block = layer.compile_layer(8, 6, 512, 256, "masked", **V5)  # cutedsl:v5: block frame, v4 past 64
+    assert block.frame == "block" and block.token_tiles == (16, 32)
+    assert block.gemms(80) == (("swiglu", 64, False, True, False, "plain"), ("bf16", 64, False, True, False, "plain"),
+                               "plain")
     one = layer.compile_layer(8, 6, 512, 256, "masked", **{**V5, "bm": 32})
-    assert one.token_tiles == () and one.gemms(16) == (("swiglu", 32, True, True), ("bf16", 32, True, True), "rs")
-    row = layer.compile_layer(8, 6, 512, 256, "masked", row_frame=True)  # cutedsl:v5-row: no block-frame v4 beside it
-    assert row.frame == "row" and row.token_tiles == (16, 32) and "l1@v4" not in row.kernels
-    assert row.gemms(80) == (("swiglu", 32, True, True), ("bf16", 32, True, True), "rs")
+    assert one.token_tiles == () and one.gemms(16) == (("swiglu", 32, True, True, False, "rs"),
+                                                       ("bf16", 32, True, True, False, "rs"), "rs")
     v4 = layer.compile_layer(8, 6, 512, 256, "masked", **V4)
-    assert v4.codes == "plain" and v4.gemms(16)[2] == "plain" and v4.gemms(16)[0] == ("swiglu", 64, False, False)
+    assert v4.codes == "plain" and v4.gemms(16)[2] == "plain" and v4.gemms(16)[0][:3] == ("swiglu", 64, False)
+    pre = layer.compile_layer(8, 6, 512, 256, "contiguous")  # prefill: v7 on the RS tiles, the same frame
+    assert pre.codes == "rs" and pre.frame == "row" and pre.token_tiles == ()
 
 
 def test_the_rule_runs_a_one_token_pro_layer_on_the_gemv_path():

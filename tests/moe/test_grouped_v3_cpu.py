@@ -186,26 +186,28 @@ def test_v3_variants_are_declared_and_validated():
     with pytest.raises(ValueError, match="fast_silu"):
         GroupedConfig(layout="contiguous", bm=128, fast_silu=True)
     assert get_impl("moe", "cutedsl:v2").knobs == V2 and get_impl("moe", "cutedsl:v2").checked
-    assert get_impl("moe", "cutedsl:v7-rs").knobs == {**V7, "rs_codes": True}
-    assert GroupedConfig(layout="contiguous", bm=128, **V7, rs_codes=True).codes == "rs"
+    assert get_impl("moe", "cutedsl:v3-rs").knobs == {**V3, "rs_codes": True}
+    assert GroupedConfig(layout="contiguous", bm=128, **{**V7, "rs_codes": True}).codes == "rs"
     with pytest.raises(ValueError, match="rs_codes"):
         GroupedConfig(layout="contiguous", bm=128, rs_codes=True)
     with pytest.raises(ValueError, match="rs_codes"):
-        GroupedConfig(layout="contiguous", bm=128, **V3, rs_codes=True, tiled_b=True)
+        GroupedConfig(layout="contiguous", bm=128, **{**V3, "rs_codes": True, "tiled_b": True})
 
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
 def test_the_tile_rule_picks_v7_at_prefill_and_v5_at_decode(epilogue):
-    """Since the H100 A/Bs (docs/perf/moe.md "v3", "v7", "v5"): contiguous (prefill) -> v7 (v3: split warpgroups,
-    row-frame weights, fast silu; with all-padding second waves skipped), masked (decode) -> v5 (swap-AB, 16-token tiles; compile_layer adds 32). The v2 A/Bs and
-    cutedsl:v4 turn v5 off and get v2's 64-row decode wave."""
-    from kernels.moe.grouped_config import V4, V5, choose
+    """v8 (docs/perf/moe.md "v8"): contiguous (prefill) -> v7 (v3: split warpgroups, row-frame weights, fast silu;
+    with all-padding second waves skipped), masked (decode) -> v5 (swap-AB, 16-token tiles; compile_layer adds 32),
+    both on row-frame weights and the RS code tiles. The v2 A/Bs and cutedsl:v4 turn v5 off and get v2's 64-row
+    decode wave on block-frame weights; cutedsl:v5 / cutedsl:v7 keep the block frame / the plain codes."""
+    from kernels.moe.grouped_config import V4, V5, V8_DECODE, choose
     from kernels.moe.layer import grouped_config, weight_frame
     pre, dec = choose("contiguous", epilogue), choose("masked", epilogue)
     assert (pre.split_wg, pre.row_frame, pre.fast_silu, pre.bm, pre.swap_ab) == (True, True, True, 128, False)
     assert pre.skip_padding_wave and not grouped_config("contiguous", epilogue, **V3).skip_padding_wave
-    assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=16, pdl=True, **V5) and dec.swap_ab
-    assert weight_frame("contiguous") == "row" and weight_frame("masked") == "block"
+    assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=16, pdl=True, **V8_DECODE) and dec.swap_ab
+    assert pre.codes == dec.codes == "rs" and weight_frame("contiguous") == weight_frame("masked") == "row"
+    assert weight_frame("masked", **V5) == "block" and grouped_config("contiguous", epilogue, **V7).codes == "plain"
     v2_dec = GroupedConfig(layout="masked", epilogue=epilogue, bm=64, **V2)
     assert grouped_config("masked", epilogue, **V4) == replace(v2_dec, skip_idle_warps=True)
     # cutedsl:v2 and every v2 A/B are v2 at both layouts; v3, split-wg as were
@@ -222,8 +224,8 @@ def test_the_tile_rule_picks_v7_at_prefill_and_v5_at_decode(epilogue):
         assert split.split_wg and not split.row_frame and not split.fast_silu and not split.swap_ab
 
 
-@pytest.mark.parametrize("impl,layout,frame", [("cutedsl", "contiguous", "row"), ("cutedsl", "masked", "block"),
-                                               ("cutedsl:v2", "contiguous", "block"),
+@pytest.mark.parametrize("impl,layout,frame", [("cutedsl", "contiguous", "row"), ("cutedsl", "masked", "row"),
+                                               ("cutedsl:v5", "masked", "block"), ("cutedsl:v2", "contiguous", "block"),
                                                ("cutedsl:v3", "masked", "row"),
                                                ("cutedsl:split-wg", "contiguous", "block")])
 def test_the_family_impls_compile_the_frame_their_gemms_read(impl, layout, frame, monkeypatch):
@@ -237,9 +239,9 @@ def test_the_family_impls_compile_the_frame_their_gemms_read(impl, layout, frame
     monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
     case = Case("moe", {**space.case("layer", "flash", 4096 if layout == "contiguous" else 8), "layout": layout})
     compiled = get_impl("moe", impl).compile(case, "sm_90a")
-    v5 = impl == "cutedsl" and layout == "masked"  # the rule's decode pick reads the RS-ordered codes
+    rs = impl == "cutedsl" or impl == "cutedsl:v5"  # the rule (v8) and v5 read the RS-ordered code tiles
     assert compiled.frame == frame and compiled.row_frame == (frame == "row")
-    assert compiled.codes == ("rs" if v5 else "plain")
+    assert compiled.codes == ("rs" if rs else "plain")
     assert {cfg.row_frame for cfg in seen.values()} == {frame == "row"} and len(seen) == 2
 
 
@@ -331,8 +333,10 @@ def test_v7_compiles_clean_is_the_prefill_pick_and_is_refused_elsewhere(epilogue
     """v7, v3 with an all-padding second wave skipped (GroupedConfig.skip_padding_wave): sm_90a, no serialised wgmma, the
     loop's spill refills as v3's; the rule's prefill pick; only v3 on the contiguous layout takes it; the family
     refuses it at decode."""
+    from kernels.moe.grouped_config import V8_PREFILL
     knobs = V7
-    assert grouped_config("contiguous", epilogue) == GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **V7)
+    assert grouped_config("contiguous", epilogue) == GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128,
+                                                                   **V8_PREFILL)
     assert _loop_spills(compile_checked("contiguous", epilogue, knobs, monkeypatch)) <= 4
     with pytest.raises(ValueError, match="skip_padding_wave"):
         GroupedConfig(layout="masked", bm=64, **knobs)

@@ -34,11 +34,11 @@ RULE = Tolerance(ratio=2.0, rel_l2=LAYER_REL_L2)  # the family's layer rule (Moe
 
 def emulated_layer(calls: list):
     """serves.routed_layer with the kernels replaced by their torch model, on the adapter's arguments: the
-    weights asked for in the frame the family impl's compile would read (layer.weight_frame: the tile rule,
-    v3's row frame at prefill); each call's params recorded with that frame."""
+    weights asked for in the frame the runner's impl would compile (layer.weight_frame of its knobs: v4's block frame
+    at decode, v7's row frame at prefill); each call's params recorded with that frame."""
 
     def routed_layer(run, params, x, idx, weights, shared, prepared):
-        frame = layer.weight_frame(params["layout"])
+        frame = layer.weight_frame(params["layout"], **run.op.impl.knobs)
         l1, l2 = prepared(frame)
         assert l1.frame == l2.frame == frame
         calls.append({**params, "frame": frame, "run": run})
@@ -140,10 +140,10 @@ def test_adapter_passes_the_family_rule(tokens, routing, layout, kernels):
     assert params["layout"] == layout and params["t"] == tokens and (params["e"], params["k"]) == (8, 6)
     assert (params["d"], params["i"]) == (256, 256)
     assert params["frame"] == ("row" if layout == "contiguous" else "block")  # v3 at prefill, v4 at decode
-    # decode runs v4's GEMMs (serves.decode_runner: the rule's v5 would need a second copy of the codes)
-    assert (params["run"] is serves.decode_runner()) == (layout == "masked")
-    if layout == "masked":
-        assert params["run"].op.impl.name == "cutedsl:v4"
+    # decode runs v4's GEMMs, prefill v7's on the plain codes (serves.decode_runner / prefill_runner: the rule's v5
+    # and v7 read the RS-ordered tiles, a second copy of the codes)
+    assert params["run"] is (serves.decode_runner() if layout == "masked" else serves.prefill_runner())
+    assert params["run"].op.impl.name == ("cutedsl:v4" if layout == "masked" else "cutedsl:v7")
     if layout == "masked":
         assert params["max_m"] == serves.masked_rows(args[2], 8)
         if routing == "hot":
@@ -317,15 +317,17 @@ class _Recorder:
 
 
 class _FakeRun:
-    """run.compiled as the family impl `cutedsl` answers it: a CompiledLayer of the params' layout whose
-    row_frame is the tile rule's (layer.weight_frame: v3 at prefill), its launches recorded."""
+    """run.compiled as the adapter's runners answer it (serves.decode_runner / prefill_runner): a CompiledLayer of the
+    params' layout whose row_frame is their impl's (v4's block frame at decode, v7's row frame at prefill), its
+    launches recorded."""
 
     def __init__(self, kernels):
         self.kernels, self.asked = kernels, []
 
     def compiled(self, params, inputs):
         self.asked.append((params, {n: t.dtype for n, t in inputs.items()}))
-        return CompiledLayer(self.kernels, row_frame=layer.weight_frame(params["layout"]) == "row")
+        impl = serves.decode_runner() if params["layout"] == "masked" else serves.prefill_runner()
+        return CompiledLayer(self.kernels, row_frame=layer.weight_frame(params["layout"], **impl.op.impl.knobs) == "row")
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
