@@ -84,10 +84,8 @@ class GroupedConfig:
     # expert_weights.rs_byte_order), the tokens are the N side (bm = 16 or 32 a tile). No widened tile in shared
     # memory, no fence, no CTA barrier a K block: a stage is freed by its warps' own wgmma waits
     swap_ab: bool = False
-    # v3 on v5's codes (variant `cutedsl:v7-rs`): the weight codes in the RS-ordered load-time tiles v5 reads
-    # (layer.rs_codes), so one copy of the codes serves the decode and the prefill GEMMs. An item's 4 code words
-    # are 16 bytes apart there (a thread's 32 codes of one sub-block: a word of each quad lane's 16 bytes): 4
-    # 4-byte loads instead of one 16-byte load, conflict-free through a 64B swizzle of the stage's FP4 tile
+    # v3 on the RS-ordered code tiles v5 reads (layer.rs_codes; v8, `cutedsl:v3-rs`): one copy of the codes for every
+    # GEMM. An item's 4 code words lie 16 bytes apart: 4 4-byte loads, conflict-free under a 64B-swizzled stage tile
     rs_codes: bool = False
 
     def __post_init__(self) -> None:
