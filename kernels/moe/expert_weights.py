@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.moe.grouped_config import BN
 from oracles.quant import E2M1_GRID, UE8M0_BIAS, unpack_fp4
 
 SUB = 32  # MXFP4 block along K
@@ -49,15 +50,16 @@ INTERLEAVE = 8
 class GroupedWeight:
     """One grouped-GEMM weight of E experts, as the kernel reads it."""
 
-    codes: torch.Tensor  # uint8 [E, N, K/2]
+    codes: torch.Tensor  # uint8 [E, N, K/2] (order "plain"), or v5's RS-ordered tiles [E, NT, KB, BN, 64] ("rs")
     shift: torch.Tensor  # uint8 [E, KB, N, 4]
     col_scale: torch.Tensor  # fp32 [E, KB, N]
     frame: str = "block"  # the reference exponent per (row, K block), or per row ("row": v3's row_frame kernels)
+    order: str = "plain"  # the codes' layout: the checkpoint's rows, or `rs_tiles` (all a model's GEMMs read, v8)
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        e, n, half = self.codes.shape
-        return e, n, 2 * half
+        e, kb, n, _ = self.shift.shape
+        return e, n, kb * KBLOCK
 
 
 def widen_table(device="cpu") -> torch.Tensor:
@@ -126,7 +128,7 @@ def widened_codes(w: GroupedWeight) -> torch.Tensor:
     """The e4m3 tile the kernel builds in shared memory: float8_e4m3fn [E, N, K], byte-for-byte (table
     lookup on the 3-bit magnitude, the sign bit copied)."""
     e, n, k = w.shape
-    nib = unpack_fp4(w.codes).to(torch.int64)  # [E, N, K]
+    nib = unpack_fp4(row_codes(w)).to(torch.int64)  # [E, N, K]
     idx = w.shift.transpose(1, 2).reshape(e, n, k // SUB).to(torch.int64)  # [E, N, K/32]
     table = widen_table().view(torch.uint8).view(SHIFTS, 8).to(torch.int64)
     mag = table[idx.repeat_interleave(SUB, -1), nib & 7]
@@ -149,6 +151,34 @@ def rs_byte_order() -> torch.Tensor:
     `widen8` turns word s into the fragment's two words of that row (codes 0-3: k 4q.., codes 4-7: k 16 + 4q..)."""
     q, s, t = torch.meshgrid(torch.arange(4), torch.arange(4), torch.arange(4), indexing="ij")
     return (16 * s + 8 * (t // 2) + 2 * q + t % 2).reshape(-1)
+
+
+def code_tiles(codes: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 [E, NT, KB, BN, 64] of codes [E, N, K/2] (N padded with zero rows to NT · BN): the FP4 tile of one
+    (expert, n tile, K block) 16 KB contiguous, each row's 64 bytes in `order` if given; made one expert at a time
+    (a Pro layer's codes are 12.7 GB: no whole-stack intermediate)."""
+    e, n, half = codes.shape
+    nt = -(-n // BN)
+    out = torch.empty(e, nt, half // (KBLOCK // 2), BN, KBLOCK // 2, dtype=torch.uint8, device=codes.device)
+    for x in range(e):
+        c = torch.nn.functional.pad(codes[x], (0, 0, 0, nt * BN - n)) if nt * BN != n else codes[x]
+        t = c.view(nt, BN, -1, KBLOCK // 2).permute(0, 2, 1, 3)
+        out[x] = t if order is None else t[..., order]
+    return out
+
+
+def rs_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """`code_tiles` in the RS byte order (rs_byte_order): what v5 and, since v8, v3 / v7 read."""
+    return code_tiles(codes, rs_byte_order().to(codes.device))
+
+
+def row_codes(w: GroupedWeight) -> torch.Tensor:
+    """w's codes as the checkpoint's rows, uint8 [E, N, K/2] (an "rs" weight's tiles undone: the CPU model's view)."""
+    if w.order == "plain":
+        return w.codes
+    e, n, k = w.shape
+    plain = w.codes[..., torch.argsort(rs_byte_order()).to(w.codes.device)]
+    return plain.permute(0, 1, 3, 2, 4).reshape(e, -1, k // 2)[:, :n]
 
 
 def flush_stats(scales: torch.Tensor, frame: str = "block") -> tuple[int, int]:

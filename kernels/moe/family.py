@@ -32,7 +32,7 @@ from kernels.moe import serves as served
 from kernels.moe.gemv_layer import CompiledGemvLayer, compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.gemm.config import H100_SMS
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_WIDE, gemv_at_one_token
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE, gemv_at_one_token
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -228,9 +228,10 @@ class MoeLayerVariant(MoeCuteDSL):
     the two consumer warpgroups (each widens the weight rows its own wgmma reads, behind its own barrier:
     kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
     scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
-    rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out, `cutedsl:v3-rs` v3 on v5's RS-ordered code
-    tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert) at every count
-    (what v3's widening still costs); `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave; `cutedsl:v5` (decode
+    rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out (what v3's widening still costs),
+    `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
+    at every count, `cutedsl:v8` the rule at decode without its one-token GEMV path (the model op's decode);
+    `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave; `cutedsl:v5` (decode
     only, the decode pick before v8) swap-AB with the weights widened in registers as an RS wgmma's A
     (kernels/moe/grouped_rs.py; a 16- and a 32-token tile compiled, a call takes the smallest holding its largest
     count, v4 past 64; launched with PDL; block-frame weights), `:v5-bm16` / `:v5-bm32` one tile
@@ -307,6 +308,8 @@ register_impl(MoeLayerVariant("v3", V3))
 register_impl(MoeLayerVariant("v7", V7))
 # v3 on v5's RS-ordered code tiles (the rule's wide pair, here at every count)
 register_impl(MoeLayerVariant("v3-rs", V8_WIDE))
+# the rule's decode GEMMs without its one-token GEMV path: what the model's moe op runs at decode (serves.py)
+register_impl(MoeLayerVariant("v8", V8_DECODE))
 register_impl(MoeLayerVariant("v4", V4))
 register_impl(MoeLayerVariant("v5", V5))
 register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))

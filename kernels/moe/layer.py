@@ -20,7 +20,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.tiling import KBLOCK
-from kernels.moe.expert_weights import GroupedWeight, prepare_layer, rs_byte_order, widen_table
+from kernels.moe.expert_weights import GroupedWeight, code_tiles, prepare_layer, rs_tiles, widen_table
 from kernels.moe.glue import (
     alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
@@ -202,37 +202,26 @@ def tiled_codes(w: GroupedWeight) -> torch.Tensor:
     """The codes in load-time tiles, uint8 [E, NT, KB, BN, 64] (N padded with zero rows to NT · BN): the FP4
     tile of one (expert, n tile, K block) is 16 KB contiguous (GroupedConfig.tiled_b). Made once per codes
     buffer (the last two: L1 and L2)."""
-    return _TILED.get((w.codes,), lambda: _tiles(w.codes))
-
-
-def _tiles(codes: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
-    """uint8 [E, NT, KB, BN, 64] of codes [E, N, K/2] (N padded to NT · BN), each row's 64 bytes in `order` if given,
-    made one expert at a time (a Pro layer's codes are 12.7 GB: no whole-stack intermediate)."""
-    e, n, half = codes.shape
-    nt = -(-n // BN)
-    out = torch.empty(e, nt, half // (KBLOCK // 2), BN, KBLOCK // 2, dtype=torch.uint8, device=codes.device)
-    for x in range(e):
-        c = torch.nn.functional.pad(codes[x], (0, 0, 0, nt * BN - n)) if nt * BN != n else codes[x]
-        t = c.view(nt, BN, -1, KBLOCK // 2).permute(0, 2, 1, 3)
-        out[x] = t if order is None else t[..., order]
-    return out
+    return _TILED.get((w.codes,), lambda: code_tiles(w.codes))
 
 
 _RS = Prepared(size=2)
 
 
 def rs_codes(w: GroupedWeight) -> torch.Tensor:
-    """`tiled_codes` with each row's 64 bytes of a K block in the RS byte order (expert_weights.rs_byte_order), what
-    v5 (GroupedConfig.swap_ab) reads. Made once per codes buffer (the last two: L1 and L2)."""
-    return _RS.get((w.codes,), lambda: _tiles(w.codes, rs_byte_order().to(w.codes.device)))
+    """`tiled_codes` with each row's 64 bytes of a K block in the RS byte order (expert_weights.rs_tiles), what the
+    rule's GEMMs (v8) read: an "rs" weight's own codes, else made once per codes buffer (the last two: L1 and L2)."""
+    return w.codes if w.order == "rs" else _RS.get((w.codes,), lambda: rs_tiles(w.codes))
 
 
 def weight_views(w: GroupedWeight, codes: str = "plain") -> tuple:
     """(codes (N, K/2, E) or, tiled / rs, (BN, 64, E·NT·KB), shift words int32 (N, KB, E), col_scale (N, KB, E)) as
-    the kernel's TMA reads them."""
+    the kernel's TMA reads them. A weight holding only the RS tiles (order "rs") serves "rs" compiles only."""
     e, n, k = w.shape
     if codes not in CODES:
         raise ValueError(f"codes must be one of {CODES}, got {codes!r}")
+    if w.order == "rs" and codes != "rs":
+        raise ValueError(f"the weight holds v5's RS-ordered code tiles only; this compile reads {codes!r} codes")
     if codes == "plain":
         codes = w.codes.permute(1, 2, 0)
     else:
@@ -354,6 +343,9 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
     if l1w.frame != frame or l2w.frame != frame:
         raise ValueError(f"the GEMMs were compiled for {frame}-frame weights, got {l1w.frame} / {l2w.frame} "
                          f"(expert_weights.prepare's frame)")
+    orders = {compiled.codes, compiled.wide_codes} if compiled.token_tiles else {compiled.codes}
+    if "rs" in (l1w.order, l2w.order) and orders != {"rs"}:  # before any launch (weight_views would refuse later)
+        raise ValueError(f"the weights hold v5's RS-ordered code tiles only; the GEMMs read {sorted(orders)} codes")
     check_dispatch(x, idx, weights, {}, n_experts, max_m, outputs=False)
     out = torch.empty_like(shared) if y is None else y
     for name, v in (("shared", shared), ("y", out)):

@@ -11,32 +11,19 @@ Where each part runs:
                          two weights concatenated once per weight); w2:    h cast to bf16
                          quant+gemm
 
-The routed part is the family's `layer` op (kernels/moe/layer.py): its compiled pieces come from two pinned
-impls (one compile per (E, k, D, I, layout)): at prefill `cutedsl:v7` (`prefill_runner`), at decode `cutedsl:v4`
-(`decode_runner`). The rule (v8, grouped_config.choose) reads the codes in v5's load-time RS-ordered tiles at
-every T; this adapter keeps the plain codes, one copy, until it prepares the RS tiles in their place (v8's one
-frame and one copy: not built yet). And this adapter calls them with the load-time weights it
-prepared ONCE per weight set: the checkpoint's per-expert MXFP4 tensors stacked over experts, w1/w3
-interleaved into the L1 weight, and the widening side data (kernels/moe/expert_weights.py), cached on
-the source tensors (kernels.common.Prepared: weak references, remade if a source is replaced or written
-to). The side data comes in the frame the compiled GEMMs read (`CompiledLayer.frame`):
-
-    frame  GEMMs             made                                  device bytes (beyond the checkpoint's)
-    block  v4 (decode)       at the layer's first call, any T      codes + shift + col_scale: ~1.06x the
-                                                                   experts' bytes (72 B per 128 K a row
-                                                                   against the checkpoint's 68)
-    row    v3 (prefill)      at the layer's first prefill call     shift + col_scale only (the block
-                             (lazily: a decode-only run never      pair's codes are shared): 8 B per 128 K
-                             makes it)                             a row, ~12% of the experts' bytes;
-                                                                   Flash 0.38 GiB a layer (256 x (4096 x
-                                                                   2048 x 3) / 128 x 8 B), Pro 1.48 GiB
-
-so a model that prefills holds ~1.18x its routed experts' bytes beside the checkpoint's (the per-expert
-tensors the oracle reads stay as they are). A layer whose prepared data would not fit the device's free
-memory is refused (Unsupported), not OOM-killed. A weight of the wrong frame for the compiled GEMMs is
-refused by layer.run_prepared (ValueError: a block-frame weight in v3 would be mis-scaled silently).
-(layer.run_layer prepares through a one-entry cache keyed on stacked tensors, which would re-prepare
-every layer at every call: hence this adapter's own prepared weights, handed to layer.run_prepared.)
+The routed part is the family's `layer` op (kernels/moe/layer.py) on the rule's GEMMs (v8, grouped_config.choose):
+at prefill the family impl's compile (`run.compiled`: v7), at decode `cutedsl:v8` (`decode_runner`: the rule's
+grouped GEMMs, v5 and v3 past 64 rows an expert, without its one-token GEMV path, which reads stacked checkpoint
+tensors this adapter does not keep). Every one of them reads one prepared pair, made ONCE per weight set: the
+checkpoint's per-expert MXFP4 tensors stacked over experts, w1/w3 interleaved into the L1 weight, the row frame's
+side data (kernels/moe/expert_weights.py) and the codes as v5's RS-ordered tiles (expert_weights.rs_tiles), cached
+on the source tensors (kernels.common.Prepared: weak references, remade if a source is replaced or written to).
+Device bytes beside the checkpoint's: 64 B of code tiles + 8 B of shift words and column scales per 128 K a row,
+~1.06x the experts' bytes (the checkpoint's 68); before v8 a block pair and a row frame, ~1.18x. A layer whose
+prepared data would not fit the device's free memory is refused (Unsupported), not OOM-killed; a weight of another
+frame or code order is refused by layer.run_prepared / layer.weight_views (ValueError). (layer.run_layer prepares
+through a one-entry cache keyed on stacked tensors, which would re-prepare every layer at every call: hence this
+adapter's own prepared weights, handed to layer.run_prepared.)
 
 Layout per call, the family's rule (sweeps/moe.case): masked [E, max_m, D] for decode-size T (T <=
 256, max_m = the call's largest expert count rounded up to 16, the family's `inputs.max_m` rule: one
@@ -65,8 +52,8 @@ from dsv4bench.model.kernel_ops import device_arch
 from kernels.common import Prepared
 from kernels.gemm import serves as gemm
 from kernels.gemm.tiling import KBLOCK
-from kernels.moe.expert_weights import GroupedWeight, prepare_layer
-from kernels.moe.grouped_config import MAX_GROUPS
+from kernels.moe.expert_weights import GroupedWeight, prepare_layer, rs_tiles
+from kernels.moe.grouped_config import BN, MAX_GROUPS
 from kernels.moe.grouped_epilogue import LIMIT
 from kernels.moe.inputs import MASKED_ALIGN
 from kernels.moe.layer import SM90_ONLY, run_prepared
@@ -81,7 +68,6 @@ MEMORY_MARGIN = 2 << 30  # bytes left free beyond a prepared layer (the call's a
 DEVICE_TYPE = "cuda"  # where the kernels run (a CPU test of the argument mapping sets "cpu")
 
 _EXPERTS = Prepared(size=128)  # (L1, L2) per routed expert set: one entry per MoE layer of a model
-_EXPERTS_ROW = Prepared(size=128)  # their row-frame side data (v3, prefill), made on a layer's first prefill call
 _SHARED = Prepared(size=128)  # the shared expert's w1|w3 weight
 
 
@@ -137,21 +123,19 @@ def check_experts(experts, d: int) -> int:
     return i
 
 
-def _empty(e: int, n: int, k: int, device, codes: torch.Tensor | None = None, frame: str = "block") -> GroupedWeight:
-    """A GroupedWeight's buffers; `codes` given: shared (the row frame reads the block frame's codes)."""
+def _empty(e: int, n: int, k: int, device) -> GroupedWeight:
+    """A prepared weight's buffers: the RS-ordered code tiles, the row frame's shift words and column scales."""
     kb = k // KBLOCK
-    if codes is None:
-        codes = torch.empty(e, n, k // 2, dtype=torch.uint8, device=device)
-    return GroupedWeight(codes, torch.empty(e, kb, n, 4, dtype=torch.uint8, device=device),
-                         torch.empty(e, kb, n, dtype=torch.float32, device=device), frame)
+    return GroupedWeight(torch.empty(e, -(-n // BN), kb, BN, KBLOCK // 2, dtype=torch.uint8, device=device),
+                         torch.empty(e, kb, n, 4, dtype=torch.uint8, device=device),
+                         torch.empty(e, kb, n, dtype=torch.float32, device=device), "row", "rs")
 
 
-def prepared_bytes(e: int, d: int, i: int, frame: str = "block") -> int:
-    """Device bytes of a prepared layer: codes (K/2 per row) + shift words and column scales (8 per 128 K);
-    frame "row": the side data alone (the codes are the block frame's)."""
-    code_bytes = 0 if frame == "row" else 1
-    per_row_k = lambda n, k: n * (code_bytes * k // 2 + 8 * (k // KBLOCK))  # noqa: E731
-    return e * (per_row_k(2 * i, d) + per_row_k(d, i))
+def prepared_bytes(e: int, d: int, i: int) -> int:
+    """Device bytes of a prepared layer: the code tiles (K/2 a row, N padded to whole BN-row tiles) + shift words and
+    column scales (8 per 128 K a row)."""
+    per = lambda n, k: -(-n // BN) * BN * k // 2 + n * 8 * (k // KBLOCK)  # noqa: E731
+    return e * (per(2 * i, d) + per(d, i))
 
 
 def _check_memory(device, need: int) -> None:
@@ -166,8 +150,8 @@ def _check_memory(device, need: int) -> None:
 
 
 def prepare_experts(experts, d: int, i: int) -> tuple[GroupedWeight, GroupedWeight]:
-    """The (L1, L2) grouped weights of E per-expert MXFP4 weights: stacked, w1/w3 interleaved, side data;
-    CHUNK experts at a time into the final buffers."""
+    """The (L1, L2) grouped weights of E per-expert MXFP4 weights: stacked, w1/w3 interleaved, the row frame's side
+    data, the codes as RS-ordered tiles; CHUNK experts at a time into the final buffers."""
     e = len(experts)
     device = experts[0].w1.weight.device
     _check_memory(device, prepared_bytes(e, d, i))
@@ -179,33 +163,12 @@ def prepare_experts(experts, d: int, i: int) -> tuple[GroupedWeight, GroupedWeig
     for lo in range(0, e, CHUNK):
         part = [experts[j] for j in range(lo, min(e, lo + CHUNK))]
         try:
-            a, b = prepare_layer(*(stacked(part, n, attr) for n in ("w1", "w3", "w2") for attr in ("weight", "scale")))
+            a, b = prepare_layer(*(stacked(part, n, attr) for n in ("w1", "w3", "w2") for attr in ("weight", "scale")),
+                                 frame="row")
         except ValueError as err:  # a NaN scale
             raise Unsupported(f"moe: experts {lo}..{lo + len(part) - 1}: {err}") from None
         for dst, src in ((l1, a), (l2, b)):
-            for field in ("codes", "shift", "col_scale"):
-                getattr(dst, field)[lo:lo + len(part)].copy_(getattr(src, field))
-    return l1, l2
-
-
-def prepare_row_frame(experts, d: int, i: int, blocks: tuple[GroupedWeight, GroupedWeight]
-                      ) -> tuple[GroupedWeight, GroupedWeight]:
-    """The row-frame (L1, L2) of the v3 GEMMs (expert_weights.prepare(frame="row")): new shift and col_scale
-    buffers, the codes those of `blocks` (the block-frame pair of the same experts: the same bytes); CHUNK
-    experts at a time."""
-    e = len(experts)
-    device = blocks[0].codes.device
-    _check_memory(device, prepared_bytes(e, d, i, "row"))
-    l1, l2 = (_empty(e, 2 * i, d, device, blocks[0].codes, "row"), _empty(e, d, i, device, blocks[1].codes, "row"))
-
-    def stacked(part, name, attr):
-        return torch.stack([getattr(getattr(ex, name), attr).view(torch.uint8) for ex in part])
-
-    for lo in range(0, e, CHUNK):
-        part = [experts[j] for j in range(lo, min(e, lo + CHUNK))]
-        a, b = prepare_layer(*(stacked(part, n, attr) for n in ("w1", "w3", "w2") for attr in ("weight", "scale")),
-                             frame="row")  # a NaN scale was refused when the block frame was made
-        for dst, src in ((l1, a), (l2, b)):
+            dst.codes[lo:lo + len(part)].copy_(rs_tiles(src.codes))
             for field in ("shift", "col_scale"):
                 getattr(dst, field)[lo:lo + len(part)].copy_(getattr(src, field))
     return l1, l2
@@ -220,7 +183,6 @@ def _drop_dead(cache: Prepared) -> None:
 def _prepare(experts, d: int) -> tuple[GroupedWeight, GroupedWeight]:
     i = check_experts(experts, d)
     _drop_dead(_EXPERTS)
-    _drop_dead(_EXPERTS_ROW)  # a freed model's row-frame side data (and the codes it shares) goes too
     return prepare_experts(experts, d, i)
 
 
@@ -228,31 +190,14 @@ def _expert_sources(experts) -> tuple:
     return tuple(t for ex in experts for name in ("w1", "w3", "w2") for t in _sources(getattr(ex, name)))
 
 
-def layer_weights(experts, d: int, frame: str = "block", sources: tuple | None = None
-                  ) -> tuple[GroupedWeight, GroupedWeight]:
-    """The prepared (L1, L2) of a routed expert set in `frame` (the block frame of v2, the row frame of v3:
-    `CompiledLayer.frame`), each made once per weight set, the row frame only when asked for (a prefill
-    call), on the block pair's codes (Unsupported if the kernel does not take the experts). `sources`: the
-    experts' tensors, when the caller has them already."""
+def layer_weights(experts, d: int, sources: tuple | None = None) -> tuple[GroupedWeight, GroupedWeight]:
+    """The prepared (L1, L2) of a routed expert set, made once per weight set (Unsupported if the kernel does not
+    take the experts). `sources`: the experts' tensors, when the caller has them already."""
     # host cost per call: ~0.45 ms for 256 experts on a slow CPU (the 1536 sources built, then Prepared's
     # identity + version check of each), the price of an exact cache keyed on the tensors
     if sources is None:
         sources = _expert_sources(experts)
-    blocks = _EXPERTS.get(sources, lambda: _prepare(experts, d))
-    if frame == "block":
-        return blocks
-    if frame != "row":
-        raise ValueError(f"frame must be 'block' or 'row', got {frame!r}")
-
-    def make():
-        _drop_dead(_EXPERTS_ROW)
-        return prepare_row_frame(experts, d, blocks[0].shape[1] // 2, blocks)
-    rows = _EXPERTS_ROW.get(sources, make)  # remade with the block pair when a source is written to
-    if rows[0].codes is not blocks[0].codes or rows[1].codes is not blocks[1].codes:
-        # the block pair was made again without a write (evicted from its cache): read its codes, not a copy
-        _EXPERTS_ROW._entries.pop(tuple(id(t) for t in sources), None)
-        rows = _EXPERTS_ROW.get(sources, make)
-    return rows
+    return _EXPERTS.get(sources, lambda: _prepare(experts, d))
 
 
 def _cat_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -277,34 +222,20 @@ def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch
     return gemm.fp8_linear(run, h, shared.w2)
 
 
-def _runner(what: str, impl: str):
-    from dsv4bench.core.registry import get_family
-    from dsv4bench.model.kernel_ops import KernelOp
-    return KernelOp(get_family("moe"), f"moe ({what})", None, impl=impl).runner
-
-
 @functools.cache
 def decode_runner():
-    """`run` of the model's decode calls (masked layout): the family's layer with v4's GEMMs (`cutedsl:v4`), on
-    the block-frame weights this adapter keeps (see the module docstring for why not the rule's v5)."""
-    return _runner("decode: v4 GEMMs", "cutedsl:v4")
+    """`run` of the model's decode calls (masked layout): the rule's grouped GEMMs (`cutedsl:v8`), without its
+    one-token GEMV path (see the module docstring)."""
+    from dsv4bench.core.registry import get_family
+    from dsv4bench.model.kernel_ops import KernelOp
+    return KernelOp(get_family("moe"), "moe (decode: v8 GEMMs)", None, impl="cutedsl:v8").runner
 
 
-@functools.cache
-def prefill_runner():
-    """`run` of the model's prefill calls (contiguous layout): v7's GEMMs on the plain codes (`cutedsl:v7`), which
-    share the block pair's codes; the rule's v7 reads v5's RS-ordered tiles, a copy this adapter does not keep yet."""
-    return _runner("prefill: v7 GEMMs", "cutedsl:v7")
-
-
-def routed_layer(run, params: dict, x, idx, weights, shared, prepared) -> torch.Tensor:
-    """bf16 [T, D] = bf16(Σ_k expert_k(x) · w_k + shared) on the family's four kernels (layer.run_prepared,
-    with the weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]; `prepared(frame)` ->
-    (L1, L2) in the frame the compiled GEMMs read (`CompiledLayer.frame`: "row" for v3 at prefill, made on
-    the first such call). max_m is this call's largest count (layer_params): no entry is dropped, so no
-    read-back of the counts (check=False)."""
+def routed_layer(run, params: dict, x, idx, weights, shared, l1: GroupedWeight, l2: GroupedWeight) -> torch.Tensor:
+    """bf16 [T, D] = bf16(Σ_k expert_k(x) · w_k + shared) on the family's four kernels (layer.run_prepared, with the
+    weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]. max_m is this call's largest count
+    (layer_params): no entry is dropped, so no read-back of the counts (check=False)."""
     compiled = run.compiled(params, {"x": x, "idx": idx, "weights": weights, "shared": shared})
-    l1, l2 = prepared(compiled.frame)
     return run_prepared(compiled, x, idx, weights, shared, l1, l2, params["e"], params.get("max_m"), check=False)
 
 
@@ -328,7 +259,7 @@ def moe(run, x, weights, idx, experts, shared: ExpertWeights, limit: float = LIM
     if DEVICE_TYPE == "cuda" and device_arch() != "sm_90a":  # before any weight is prepared
         raise Unsupported(f"moe: {SM90_ONLY}")
     sources = _expert_sources(experts)
-    l1, l2 = layer_weights(experts, d, sources=sources)  # the block frame: the checks, I, the device
+    l1, l2 = layer_weights(experts, d, sources=sources)  # the checks, I, the device
     if l1.codes.device != x.device:
         raise Unsupported(f"moe: the experts are on {l1.codes.device}, x on {x.device}")
     rows = x.reshape(-1, d).bfloat16().contiguous()
@@ -340,11 +271,7 @@ def moe(run, x, weights, idx, experts, shared: ExpertWeights, limit: float = LIM
     params = layer_params(tokens, idx2.shape[1], len(experts), d, l1.shape[1] // 2, idx2)
     s = shared_expert(rows, shared, limit).contiguous()
 
-    def prepared(frame: str) -> tuple[GroupedWeight, GroupedWeight]:  # decode: the pair in hand, no second lookup
-        return (l1, l2) if frame == "block" else layer_weights(experts, d, frame, sources)
-
-    runner = decode_runner() if params["layout"] == "masked" else prefill_runner()
-    out = routed_layer(runner, params, rows, idx2, w2, s, prepared)
+    out = routed_layer(decode_runner() if params["layout"] == "masked" else run, params, rows, idx2, w2, s, l1, l2)
     return out.float().reshape(*lead, d)
 
 

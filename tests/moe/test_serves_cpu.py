@@ -19,6 +19,7 @@ from dsv4bench.model.dispatch import OPS, ORACLE_ONLY, OpTable, register_kernel_
 from kernels.gemm import serves as gemm
 from kernels.moe import layer, serves
 from kernels.moe.family import LAYER_REL_L2
+from kernels.moe.grouped_config import V8_DECODE
 from kernels.moe.glue import layout_size
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import CompiledLayer
@@ -33,15 +34,14 @@ RULE = Tolerance(ratio=2.0, rel_l2=LAYER_REL_L2)  # the family's layer rule (Moe
 
 
 def emulated_layer(calls: list):
-    """serves.routed_layer with the kernels replaced by their torch model, on the adapter's arguments: the
-    weights asked for in the frame the runner's impl would compile (layer.weight_frame of its knobs: v4's block frame
-    at decode, v7's row frame at prefill); each call's params recorded with that frame."""
+    """serves.routed_layer with the kernels replaced by their torch model (which reads the RS tiles through
+    expert_weights.row_codes), on the adapter's arguments; each call's params recorded with its weights' frame and
+    code order, which the rule (v8) reads at either layout."""
 
-    def routed_layer(run, params, x, idx, weights, shared, prepared):
-        frame = layer.weight_frame(params["layout"], **run.op.impl.knobs)
-        l1, l2 = prepared(frame)
-        assert l1.frame == l2.frame == frame
-        calls.append({**params, "frame": frame, "run": run})
+    def routed_layer(run, params, x, idx, weights, shared, l1, l2):
+        assert l1.frame == l2.frame == layer.weight_frame(params["layout"]) == "row"
+        assert l1.order == l2.order == layer.grouped_config(params["layout"], "swiglu").codes == "rs"
+        calls.append({**params, "frame": l1.frame, "run": run})
         assert x.dtype == torch.bfloat16 and idx.dtype == torch.int32 and weights.dtype == torch.float32
         assert shared.dtype == torch.bfloat16 and shared.shape == x.shape
         max_m = params.get("max_m")
@@ -139,18 +139,17 @@ def test_adapter_passes_the_family_rule(tokens, routing, layout, kernels):
     (params,) = kernels
     assert params["layout"] == layout and params["t"] == tokens and (params["e"], params["k"]) == (8, 6)
     assert (params["d"], params["i"]) == (256, 256)
-    assert params["frame"] == ("row" if layout == "contiguous" else "block")  # v3 at prefill, v4 at decode
-    # decode runs v4's GEMMs, prefill v7's on the plain codes (serves.decode_runner / prefill_runner: the rule's v5
-    # and v7 read the RS-ordered tiles, a second copy of the codes)
-    assert params["run"] is (serves.decode_runner() if layout == "masked" else serves.prefill_runner())
-    assert params["run"].op.impl.name == ("cutedsl:v4" if layout == "masked" else "cutedsl:v7")
+    # decode runs the rule's grouped GEMMs (serves.decode_runner, no one-token GEMV path), prefill the family's own run
+    assert params["run"] is (serves.decode_runner() if layout == "masked" else None)
+    if layout == "masked":
+        assert params["run"].op.impl.name == "cutedsl:v8" and params["run"].op.impl.knobs == V8_DECODE
     if layout == "masked":
         assert params["max_m"] == serves.masked_rows(args[2], 8)
         if routing == "hot":
             assert params["max_m"] == 64  # all 64 tokens on expert 0
 
 
-@pytest.mark.parametrize("tokens", [32, 300])  # decode (v2, block frame) and prefill (v3, row frame)
+@pytest.mark.parametrize("tokens", [32, 300])  # decode (v5) and prefill (v7)
 def test_swapped_gate_and_up_fail_the_rule(tokens, kernels, monkeypatch):
     """The check has teeth: w1 and w3 swapped in the prepared L1 weight fail the family's rule."""
     real = serves.prepare_layer
@@ -161,35 +160,30 @@ def test_swapped_gate_and_up_fail_the_rule(tokens, kernels, monkeypatch):
         check(serves.moe(None, *args), args)
 
 
-def test_the_row_frame_side_data_is_what_the_kernel_needs_on_the_block_pairs_codes():
-    """prepare_row_frame: the row-frame side data of expert_weights.prepare(frame="row") (one column scale per
-    row), the codes the block pair's own tensors (not a copy); the block pair unchanged."""
+def test_the_prepared_pair_is_the_row_frame_on_rs_code_tiles():
+    """prepare_experts: the row-frame side data of expert_weights.prepare(frame="row") (one column scale per row) and
+    the codes as v5's RS-ordered tiles, which give back the checkpoint's stacked rows (expert_weights.row_codes)."""
+    from kernels.moe.expert_weights import prepare_layer, row_codes, rs_tiles
     x, w, idx, experts, *_ = moe_args(3, 11)
-    blocks = serves.prepare_experts(experts, 256, 256)
-    before = [(t.shift.clone(), t.col_scale.clone()) for t in blocks]
-    rows = serves.prepare_row_frame(experts, 256, 256, blocks)
-    from kernels.moe.expert_weights import prepare_layer
+    pair = serves.prepare_experts(experts, 256, 256)
     st = lambda n, a: torch.stack([getattr(getattr(ex, n), a).view(torch.uint8) for ex in experts])  # noqa: E731
     want = prepare_layer(*(st(n, a) for n in ("w1", "w3", "w2") for a in ("weight", "scale")), frame="row")
-    for got, ref, blk, (shift, col) in zip(rows, want, blocks, before):
-        assert got.frame == "row" and blk.frame == "block"
-        assert got.codes is blk.codes and torch.equal(got.codes, ref.codes)
+    for got, ref in zip(pair, want):
+        assert (got.frame, got.order, got.shape) == ("row", "rs", ref.shape)
+        assert torch.equal(got.codes, rs_tiles(ref.codes)) and torch.equal(row_codes(got), ref.codes)
         assert torch.equal(got.shift, ref.shift) and torch.equal(got.col_scale, ref.col_scale)
         assert bool((got.col_scale == got.col_scale[:, :1]).all())  # one column scale per row
-        assert torch.equal(blk.shift, shift) and torch.equal(blk.col_scale, col)
 
 
-def _count_prepares(monkeypatch) -> dict:
-    made = {"block": [], "row": []}
-    real, real_row = serves.prepare_experts, serves.prepare_row_frame
-    monkeypatch.setattr(serves, "prepare_experts", lambda *a: made["block"].append(len(a[0])) or real(*a))
-    monkeypatch.setattr(serves, "prepare_row_frame", lambda *a: made["row"].append(len(a[0])) or real_row(*a))
+def _count_prepares(monkeypatch) -> list:
+    made: list = []
+    real = serves.prepare_experts
+    monkeypatch.setattr(serves, "prepare_experts", lambda *a: made.append(len(a[0])) or real(*a))
     return made
 
 
 def test_weights_are_prepared_once_per_weight_set(kernels, monkeypatch):
-    """The block frame once per weight set at its first call; the row frame (v3, prefill) once, at its first
-    prefill call, never for decode-only calls, on the block pair's codes; both again for a weight written."""
+    """One pair per weight set at its first call, read by decode and prefill alike; again for a weight written."""
     made = _count_prepares(monkeypatch)
     a = moe_args(300, 1)
     b = moe_args(300, 2)  # a second layer's experts
@@ -197,59 +191,35 @@ def test_weights_are_prepared_once_per_weight_set(kernels, monkeypatch):
     for _ in range(2):
         serves.moe(None, *decode(a))
         serves.moe(None, *decode(b))
-    assert made == {"block": [8, 8], "row": []}  # decode only: no row-frame side data
-    for _ in range(2):
         serves.moe(None, *a)
-        serves.moe(None, *decode(a))
-    assert made == {"block": [8, 8], "row": [8]}  # a's first prefill call made it, once
-    assert [p["frame"] for p in kernels] == ["block"] * 4 + ["row", "block"] * 2
-    blocks = serves.layer_weights(a[3], 256)
-    rows = serves.layer_weights(a[3], 256, "row")
-    assert made == {"block": [8, 8], "row": [8]} and all(r.codes is bl.codes for r, bl in zip(rows, blocks))
+    assert made == [8, 8] and [p["layout"] for p in kernels] == ["masked", "masked", "contiguous"] * 2
+    pair = serves.layer_weights(a[3], 256)
     shared_cat = serves._SHARED.get(serves._sources(a[4].w1) + serves._sources(a[4].w3), lambda: None)
     assert shared_cat is not None and shared_cat.weight.shape == (512, 256)  # w1|w3 made once, kept
-    # a weight written in place (a new checkpoint loaded into it) is prepared again, in both frames
+    # a weight written in place (a new checkpoint loaded into it) is prepared again
     a[3][5].w2.weight.add_(1)
     check(serves.moe(None, *a), a)
-    assert made == {"block": [8, 8, 8], "row": [8, 8]}
-    new_blocks, new_rows = serves.layer_weights(a[3], 256), serves.layer_weights(a[3], 256, "row")
-    assert new_rows[0].codes is new_blocks[0].codes and new_blocks[0].codes is not blocks[0].codes
-    with pytest.raises(ValueError, match="frame"):
-        serves.layer_weights(a[3], 256, "column")
+    assert made == [8, 8, 8] and serves.layer_weights(a[3], 256)[0].codes is not pair[0].codes
 
 
-def test_a_row_frame_pair_follows_a_block_pair_made_again(kernels, monkeypatch):
-    """A block pair made again without a write (evicted from its cache) gets a row pair on its own codes."""
-    args = moe_args(300, 12)
-    rows = serves.layer_weights(args[3], 256, "row")
-    monkeypatch.setattr(serves, "_EXPERTS", serves.Prepared(size=128))  # the block pair forgotten
-    blocks = serves.layer_weights(args[3], 256)
-    again = serves.layer_weights(args[3], 256, "row")
-    assert again[0].codes is blocks[0].codes and again[1].codes is blocks[1].codes
-    assert rows[0].codes is not blocks[0].codes and torch.equal(again[0].col_scale, rows[0].col_scale)
-
-
-@pytest.mark.parametrize("tokens,frame", [(2, "block"), (300, "row")])
-def test_a_prepared_layer_that_does_not_fit_is_refused(tokens, frame, kernels, monkeypatch):
-    """The block pair's bytes at any first call; the row frame's (its side data alone) at a prefill call."""
-    args = moe_args(tokens, 3)
-    if frame == "row":
-        serves.layer_weights(args[3], 256)  # the block pair fits
+def test_a_prepared_layer_that_does_not_fit_is_refused(kernels, monkeypatch):
+    args = moe_args(2, 3)
     monkeypatch.setattr(serves, "_check_memory", lambda device, need: (_ for _ in ()).throw(
         Unsupported(f"moe: needs {need} bytes")))
-    with pytest.raises(Unsupported, match=f"needs {serves.prepared_bytes(8, 256, 256, frame)} bytes"):
+    with pytest.raises(Unsupported, match=f"needs {serves.prepared_bytes(8, 256, 256)} bytes"):
         serves.moe(None, *args)
 
 
-def test_the_row_frame_costs_its_side_data_alone():
-    """8 bytes per 128 K a weight row (shift words + column scales) beside the block pair's codes: ~12% of
-    the experts' checkpoint bytes; Flash 0.375 GiB a layer, Pro 1.48 GiB (serves' docstring)."""
-    flash, pro = serves.prepared_bytes(256, 4096, 2048, "row"), serves.prepared_bytes(384, 7168, 3072, "row")
-    assert flash == 256 * 3 * 4096 * 2048 // 128 * 8 == 3 << 27  # 0.375 GiB
-    assert abs(pro / 2**30 - 1.48) < 0.01
-    block = serves.prepared_bytes(256, 4096, 2048)
-    checkpoint = 256 * 3 * 4096 * 2048 * 17 // 32  # codes (1/2 byte) + e8m0 scales (1/32) an element
-    assert abs(block / checkpoint - 1.06) < 0.01 and abs(flash / checkpoint - 0.118) < 0.001
+def test_the_prepared_pair_costs_1_06x_the_experts_bytes():
+    """64 B of code tiles + 8 B of shift words and column scales per 128 K a weight row, against the checkpoint's 68
+    (codes + e8m0 scales): ~1.06x (before v8 a block pair and a row frame, ~1.18x); Flash 3.375 GiB a layer."""
+    flash, pro = serves.prepared_bytes(256, 4096, 2048), serves.prepared_bytes(384, 7168, 3072)
+    assert flash == 256 * 3 * 4096 * 2048 // 128 * 72 == 27 << 27  # 3.375 GiB
+    checkpoint = lambda e, d, i: e * 3 * d * i * 17 // 32  # noqa: E731
+    for got, shape in ((flash, (256, 4096, 2048)), (pro, (384, 7168, 3072))):
+        assert abs(got / checkpoint(*shape) - 72 / 68) < 1e-9
+    # D = 384: L2's 384 rows padded to two 256-row tiles of codes
+    assert serves.prepared_bytes(1, 384, 128) == 256 * 384 // 2 + 256 * 8 * 3 + 512 * 128 // 2 + 384 * 8
 
 
 def _with(experts, j, name, w):
@@ -317,69 +287,58 @@ class _Recorder:
 
 
 class _FakeRun:
-    """run.compiled as the adapter's runners answer it (serves.decode_runner / prefill_runner): a CompiledLayer of the
-    params' layout whose row_frame is their impl's (v4's block frame at decode, v7's row frame at prefill), its
-    launches recorded."""
+    """run.compiled as the rule (v8) answers it at either layout: a CompiledLayer reading row-frame weights and the RS
+    code tiles (`frame` / `codes` otherwise: a compile the pair does not fit), its launches recorded."""
 
-    def __init__(self, kernels):
-        self.kernels, self.asked = kernels, []
+    def __init__(self, kernels, frame: str = "row", codes: str = "rs"):
+        self.kernels, self.asked, self.frame, self.codes = kernels, [], frame, codes
 
     def compiled(self, params, inputs):
         self.asked.append((params, {n: t.dtype for n, t in inputs.items()}))
-        impl = serves.decode_runner() if params["layout"] == "masked" else serves.prefill_runner()
-        return CompiledLayer(self.kernels, row_frame=layer.weight_frame(params["layout"], **impl.op.impl.knobs) == "row")
+        return CompiledLayer(self.kernels, self.codes, row_frame=self.frame == "row")
 
 
 @pytest.mark.parametrize("tokens", [5, 300])
 def test_routed_layer_launches_what_run_layer_launches(tokens, monkeypatch):
-    """The adapter's sequence (serves.routed_layer, with its own prepared weights) gives every kernel the
-    same operands as the family's layer.run_layer: shapes, strides and dtypes of each launch; at prefill
-    (v3) both hand the GEMMs the row-frame weights (the same tensors), at decode (v2) the block frame's."""
+    """The adapter's sequence (serves.routed_layer, with its own prepared pair) gives every kernel the same operands
+    as the family's layer.run_layer: shapes, strides and dtypes of each launch, the GEMMs' weight operands the
+    pair's own tensors (the RS tiles, shift words, column scales) at decode and prefill."""
     monkeypatch.setattr(layer, "sm_count", lambda device: 132)
     monkeypatch.setattr(layer, "check_fits", lambda counts, max_m: None)  # the counts are never written
     x, w, idx, experts, *_ = moe_args(tokens, 7)
-    blocks = serves.prepare_experts(experts, 256, 256)
-    pairs = {"block": blocks, "row": serves.prepare_row_frame(experts, 256, 256, blocks)}
-    monkeypatch.setattr(layer, "layer_weights", lambda *a: pairs["block"])
-    monkeypatch.setattr(layer, "row_frame_weights", lambda *a: pairs["row"])
+    pair = serves.prepare_experts(experts, 256, 256)
+    monkeypatch.setattr(layer, "row_frame_weights", lambda *a: pair)
     params = serves.layer_params(tokens, 6, 8, 256, 256, idx)
-    frame = "row" if tokens > serves.MASKED_MAX_T else "block"
     rows, idx32, shared = x.bfloat16(), idx.int(), torch.randn(tokens, 256).bfloat16()
     logs = [], []
     names = ("dispatch", "l1", "l2", "combine")
     recorders = [{n: _Recorder(n, log) for n in names} for log in logs]
     run = _FakeRun(recorders[0])
-    asked = []
-    serves.routed_layer(run, params, rows, idx32, w, shared, lambda f: asked.append(f) or pairs[f])
-    assert asked == [frame]
-    compiled = CompiledLayer(recorders[1], row_frame=frame == "row")
-    layer.run_layer(compiled, rows, idx32, w, shared, (None,) * 6, 8, params.get("max_m"))
+    serves.routed_layer(run, params, rows, idx32, w, shared, *pair)
+    layer.run_layer(CompiledLayer(recorders[1], "rs", row_frame=True), rows, idx32, w, shared, (None,) * 6, 8,
+                    params.get("max_m"))
     assert [n for n, _ in logs[0]] == list(names) and logs[0] == logs[1]
     ((got, dtypes),) = run.asked
     assert got == params and dtypes == {"x": torch.bfloat16, "idx": torch.int32, "weights": torch.float32,
                                         "shared": torch.bfloat16}
-    for rec in recorders:  # the GEMMs' weight operands (codes, shift words, col_scale) are the frame's tensors
-        for name, wt in zip(("l1", "l2"), pairs[frame]):
+    for rec in recorders:
+        for name, wt in zip(("l1", "l2"), pair):
             assert rec[name].ptrs[2:5] == [wt.codes.data_ptr(), wt.shift.data_ptr(), wt.col_scale.data_ptr()], name
-    if frame == "row":  # and they differ from the block frame's (the codes shared)
-        assert pairs["row"][0].col_scale.data_ptr() != pairs["block"][0].col_scale.data_ptr()
 
 
-@pytest.mark.parametrize("tokens,wrong", [(300, "block"), (5, "row")])
-def test_weights_of_the_wrong_frame_are_refused_with_the_reason(tokens, wrong, monkeypatch):
-    """A prepared pair whose frame is not the compiled GEMMs' (a block-frame pair in v3 at prefill, a
-    row-frame pair in v2 at decode) raises before any launch: it would be mis-scaled silently."""
+@pytest.mark.parametrize("frame,codes,match", [("block", "rs", "compiled for block-frame weights, got row / row"),
+                                               ("row", "plain", "RS-ordered code tiles only")])
+def test_a_compile_the_prepared_pair_does_not_fit_is_refused_with_the_reason(frame, codes, match, monkeypatch):
+    """GEMMs compiled for another frame (mis-scaled silently) or another code order (wrong bytes) than the pair's
+    raise before any launch."""
     monkeypatch.setattr(layer, "sm_count", lambda device: 132)
-    x, w, idx, experts, *_ = moe_args(tokens, 8)
-    blocks = serves.prepare_experts(experts, 256, 256)
-    pairs = {"block": blocks, "row": serves.prepare_row_frame(experts, 256, 256, blocks)}
+    x, w, idx, experts, *_ = moe_args(300, 8)
+    pair = serves.prepare_experts(experts, 256, 256)
     log: list = []
-    run = _FakeRun({n: _Recorder(n, log) for n in ("dispatch", "l1", "l2", "combine")})
-    params = serves.layer_params(tokens, 6, 8, 256, 256, idx)
-    with pytest.raises(ValueError, match=f"compiled for {'row' if wrong == 'block' else 'block'}-frame weights, "
-                                         f"got {wrong} / {wrong}"):
-        serves.routed_layer(run, params, x.bfloat16(), idx.int(), w, torch.zeros(tokens, 256).bfloat16(),
-                            lambda f: pairs[wrong])
+    run = _FakeRun({n: _Recorder(n, log) for n in ("dispatch", "l1", "l2", "combine")}, frame, codes)
+    params = serves.layer_params(300, 6, 8, 256, 256, idx)
+    with pytest.raises(ValueError, match=match):
+        serves.routed_layer(run, params, x.bfloat16(), idx.int(), w, torch.zeros(300, 256).bfloat16(), *pair)
     assert log == []
 
 

@@ -3,10 +3,9 @@ KernelOp the model registers: Flash experts (256 x 4096 -> 2048, top-6) at decod
 a token twice on one expert), 64 (hot: every token on expert 0) and 256 (masked), prefill T = 300
 and 4096 (contiguous), Pro (384 x 7168 -> 3072) at 8 and 300; fresh random inputs, against the op's
 FP32 oracle by the family's layer rule (2x the max error of the low-precision reference moe_lowprec,
-relative L2 0.1). The layout the adapter chose and the frame of the weights it handed the GEMMs (v3's
-row frame at prefill, v2's block frame at decode), prefill at T = 4096 through the KernelOp's v3 compile
-(`-k "contiguous or prefill"`), the weights prepared once (the row frame at the first prefill call), and
-the refused path (the tiny model's widths: the oracle runs it, counted). The adapter's mapping on the CPU:
+relative L2 0.1). The layout the adapter chose and the weights it handed the GEMMs (v8: row frame, RS code
+tiles, at either layout), prefill at T = 4096 through the KernelOp's compile (`-k "contiguous or prefill"`), the
+weights prepared once for decode and prefill, and the refused path (the tiny model's widths: the oracle runs it, counted). The adapter's mapping on the CPU:
 test_serves_cpu.py."""
 
 from __future__ import annotations
@@ -36,21 +35,14 @@ def _served():
 
 @pytest.fixture
 def spy(monkeypatch):
-    """The params of every routed-layer call (the real kernels run), each with the frame of the weights its
-    compiled GEMMs asked for ("frame": v3's row frame at prefill, v2's block frame at decode)."""
+    """The params of every routed-layer call (the real kernels run), each with the frame and code order of the pair
+    the adapter handed its GEMMs."""
     calls = []
     real = serves.routed_layer
 
     def routed_layer(run, params, *args):
-        *rest, prepared = args
-        entry = dict(params)
-        calls.append(entry)
-
-        def asked(frame):
-            entry["frame"] = frame
-            return prepared(frame)
-
-        return real(run, params, *rest, asked)
+        calls.append({**params, "frame": args[-2].frame, "order": args[-1].order, "run": run})
+        return real(run, params, *args)
 
     monkeypatch.setattr(serves, "routed_layer", routed_layer)
     return calls
@@ -75,8 +67,9 @@ def test_moe_on_the_kernels_passes_the_family_rule(widths, tokens, routing, layo
     print(m.summary())
     (params,) = spy
     assert params["layout"] == layout and params["t"] == tokens
-    # the tile rule's GEMMs: v3 on the row-frame weights at prefill, v2 on the block frame's at decode
-    assert params["frame"] == ("row" if layout == "contiguous" else "block")
+    # the rule's GEMMs (v8) on the one pair: row frame, RS code tiles; decode without the one-token GEMV path
+    assert (params["frame"], params["order"]) == ("row", "rs")
+    assert (params["run"] is serves.decode_runner()) == (layout == "masked")
     if layout == "masked":
         assert params["max_m"] == serves.masked_rows(args[2], widths["e"])
     torch.cuda.synchronize()
@@ -84,41 +77,36 @@ def test_moe_on_the_kernels_passes_the_family_rule(widths, tokens, routing, layo
 
 @pytest.mark.parametrize("widths,routing", [(FLASH, "hot"), (FLASH, "hash"), (PRO, "topk")],
                          ids=["flash-hot", "flash-hash", "pro-topk"])
-def test_prefill_through_the_adapter_runs_v3_on_row_frame_weights(widths, routing, spy):
-    """A prefill call (T = 4096, contiguous) through the model's KernelOp: the compiled GEMMs are v3
-    (row_frame), the adapter hands them its row-frame pair (made at this first prefill call, on the block
-    pair's codes), and the output passes the family's rule against the op's FP32 oracle."""
+def test_prefill_through_the_adapter_runs_v7_on_the_rs_tiles(widths, routing, spy):
+    """A prefill call (T = 4096, contiguous) through the model's KernelOp: the compiled GEMMs are v7 on row-frame
+    weights and the RS code tiles (v8), the adapter hands them its one pair, and the output passes the family's rule
+    against the op's FP32 oracle."""
     args = moe_args(4096, _seed(), routing=routing, device="cuda", shared_scale=1.0, **widths)
     params = serves.layer_params(4096, 6, widths["e"], widths["d"], widths["i"], args[2])
     assert params["layout"] == "contiguous"
     compiled = _served().runner.compiled(params, {"x": args[0].bfloat16(), "idx": args[2].int(),
                                                   "weights": args[1], "shared": args[0].bfloat16()})
-    assert compiled.row_frame and compiled.frame == "row"
+    assert compiled.frame == "row" and compiled.codes == "rs"
     out = _served()(*args)
     m = check(out, args)
     print(m.summary())
     (call,) = spy
-    assert call["layout"] == "contiguous" and call["frame"] == "row"
-    blocks, rows = serves.layer_weights(args[3], widths["d"]), serves.layer_weights(args[3], widths["d"], "row")
-    assert rows[0].frame == rows[1].frame == "row" and rows[0].codes is blocks[0].codes
+    assert (call["layout"], call["frame"], call["order"]) == ("contiguous", "row", "rs")
     torch.cuda.synchronize()
 
 
 def test_weights_are_prepared_once_and_calls_agree(monkeypatch):
-    made = {"block": [], "row": []}
-    real, real_row = serves.prepare_experts, serves.prepare_row_frame
-    monkeypatch.setattr(serves, "prepare_experts", lambda *a: made["block"].append(len(a[0])) or real(*a))
-    monkeypatch.setattr(serves, "prepare_row_frame", lambda *a: made["row"].append(len(a[0])) or real_row(*a))
+    made = []
+    real = serves.prepare_experts
+    monkeypatch.setattr(serves, "prepare_experts", lambda *a: made.append(len(a[0])) or real(*a))
     args = moe_args(300, _seed(), device="cuda", shared_scale=1.0, **FLASH)
     outs = {}
-    for t in (8, 1, 300, 8, 300):  # decode and prefill calls of one layer reuse its prepared weights
+    for t in (8, 1, 300, 8, 300):  # decode and prefill calls of one layer read its one prepared pair
         out = _served()(args[0][:t], args[1][:t], args[2][:t], *args[3:])
         if t in outs:
             assert torch.equal(out, outs[t])  # deterministic
         outs[t] = out
-        if t == 8 and not made["row"]:
-            assert made == {"block": [FLASH["e"]], "row": []}  # decode: no row-frame side data
-    assert made == {"block": [FLASH["e"]], "row": [FLASH["e"]]}  # the row frame at the first prefill call
+    assert made == [FLASH["e"]]
 
 
 def test_the_tiny_widths_are_refused_and_run_on_the_oracle():
