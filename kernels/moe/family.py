@@ -33,7 +33,7 @@ from kernels.moe.gemv_layer import CompiledGemvLayer, compile_gemv_layer, pick_t
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.gemm.config import H100_SMS
 from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE, gemv_at_one_token
-from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, routing
+from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
 from sweeps import moe as space
@@ -197,10 +197,13 @@ class MoeCuteDSL(Impl):
             experts = tuple(inputs[n] for n in WEIGHT_NAMES)
             # max_m is the case's largest count (inputs.max_m): it fits by construction, so no read-back.
             # The compile says which path the rule took (one_token_gemv: the GEMV layer)
-            run = (run_gemv_layer if isinstance(compiled, CompiledGemvLayer)
-                   else run_layer if self.planned else run_layer_unplanned)
-            run(compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
-                case_max_m(case), out["out"], check=self.check_fits)
+            args = (compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
+                    case_max_m(case), out["out"])
+            if isinstance(compiled, CompiledGemvLayer):
+                run_gemv_layer(*args, check=self.check_fits)
+            else:  # the grouped GEMMs' pick also reads the mean count (the wide pair: grouped_config.WIDE_MEAN)
+                mean = mean_rows(case) if case["layout"] == "masked" else None
+                (run_layer if self.planned else run_layer_unplanned)(*args, check=self.check_fits, mean_rows=mean)
             return out
         if case["op"] == "dispatch":
             return run_dispatch(compiled, inputs["x"], inputs["idx"], inputs["weights"], out, case["e"],

@@ -25,6 +25,11 @@ WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
 WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v3 (v4 beside block-frame v5) past it
+# ... and v3 where the experts that hold rows average more than v5's widest tile (CompiledLayer.gemms' mean_rows):
+# there v5 widens each weight tile once a 32-token tile, v3 once a 64-row wave. H200, one process (docs/perf/moe.md
+# "v8"): T = 64 sparse Flash 100.9 -> 77.7 us, Pro 203.9 -> 197.9; at means <= 24 (uniform, hot, zipf) v3 1.06-1.35x
+# slower
+WIDE_MEAN = 32
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 
 

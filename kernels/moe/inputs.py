@@ -82,6 +82,12 @@ def max_m(case: Case) -> int:
     return -(-max(1, int(counts(case).max())) // MASKED_ALIGN) * MASKED_ALIGN
 
 
+def mean_rows(case: Case) -> float:
+    """Routed entries over the experts that hold any (CompiledLayer.gemms' wide-pair pick)."""
+    c = counts(case)
+    return float(c.sum()) / max(1, int((c > 0).sum()))
+
+
 def layout_rows(case: Case) -> int:
     """Rows of the case's layout: E * max_m (masked), or the bound `contiguous_rows` (contiguous)."""
     if case["layout"] == "masked":

@@ -24,8 +24,8 @@ from kernels.moe.expert_weights import GroupedWeight, code_tiles, prepare_layer,
 from kernels.moe.glue import (
     alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
-from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, SWAP_BM, V4, V8_WIDE, WIDE_M, WIDEN_TABLE_WORDS,
-                                        GroupedConfig, choose)
+from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, SWAP_BM, V4, V8_WIDE, WIDE_M, WIDE_MEAN,
+                                        WIDEN_TABLE_WORDS, GroupedConfig, choose)
 from kernels.moe.grouped_sm90 import grouped_kernel
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
@@ -113,14 +113,14 @@ class CompiledLayer:
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
         self.wide_codes = wide_codes
 
-    def gemms(self, max_m: int | None) -> tuple:
+    def gemms(self, max_m: int | None, mean_rows: float | None = None) -> tuple:
         """(L1, L2, the codes order they read) for a call. The rule's decode pick (`token_tiles`: v5 at each tile,
         the wide pair beside them) takes the smallest v5 tile holding max_m (the largest count, known on the host),
-        the wide pair past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5"); otherwise the one
-        pair."""
+        the wide pair past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5") or where the experts
+        holding rows average more than WIDE_MEAN (`mean_rows`, when the caller knows it); otherwise the one pair."""
         if not self.token_tiles or max_m is None:
             pair, codes = gemm_names(), self.codes
-        elif max_m > WIDE_M:
+        elif max_m > WIDE_M or (mean_rows is not None and mean_rows > WIDE_MEAN):
             pair, codes = gemm_names("wide"), self.wide_codes
         else:
             pair, codes = gemm_names(next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])), self.codes
@@ -284,7 +284,8 @@ def _plan(t: int, topk: int, n_experts: int, d: int, i: int, max_m: int | None, 
 
 
 def run_layer_unplanned(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, n_experts: int,
-                        max_m: int | None, y: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
+                        max_m: int | None, y: torch.Tensor | None = None, check: bool = True,
+                        mean_rows: float | None = None) -> torch.Tensor:
     """run_layer as v1 made each call: fresh buffers and views, every output checked (variant `cutedsl:v1`,
     the host-path A/B)."""
     from kernels.moe.glue import run_combine, run_dispatch
@@ -299,7 +300,7 @@ def run_layer_unplanned(compiled: CompiledLayer, x, idx, weights, shared, expert
     h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
     h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
                       dtype=torch.float32, device=x.device)
-    l1_gemm, l2_gemm, order = compiled.gemms(max_m)
+    l1_gemm, l2_gemm, order = compiled.gemms(max_m, mean_rows)
     run_grouped(l1_gemm, lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True,
                 order)
     y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
@@ -311,7 +312,7 @@ def run_layer_unplanned(compiled: CompiledLayer, x, idx, weights, shared, expert
 
 
 def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, n_experts: int, max_m: int | None,
-              y: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
+              y: torch.Tensor | None = None, check: bool = True, mean_rows: float | None = None) -> torch.Tensor:
     """y = bf16(Σ_k expert_k(x) · w_k + shared) through our four kernels; experts = (w1, s1, w3, s3, w2, s2).
 
     Masked layout: a count past max_m drops the entries past max_m on the device; with `check` (the default)
@@ -323,14 +324,15 @@ def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, 
     the measured time, docs/perf/moe.md v2).
 
     The intermediate buffers and every view the kernels take are made once per shape (`_plan`), the
-    weights' views once per weight: a call checks its arguments and makes four launches."""
+    weights' views once per weight: a call checks its arguments and makes four launches. `mean_rows`: the entries
+    over the experts that hold any, where the caller knows it (CompiledLayer.gemms' pick)."""
     l1w, l2w = (row_frame_weights if getattr(compiled, "row_frame", False) else layer_weights)(*experts)
-    return run_prepared(compiled, x, idx, weights, shared, l1w, l2w, n_experts, max_m, y, check)
+    return run_prepared(compiled, x, idx, weights, shared, l1w, l2w, n_experts, max_m, y, check, mean_rows)
 
 
 def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedWeight, l2w: GroupedWeight,
                  n_experts: int, max_m: int | None, y: torch.Tensor | None = None,
-                 check: bool = True) -> torch.Tensor:
+                 check: bool = True, mean_rows: float | None = None) -> torch.Tensor:
     """run_layer on weights already prepared (`layer_weights`, or `row_frame_weights` for a row-frame compile:
     `compiled.frame`; the model's adapter keeps its own per layer). Weights of the other frame raise a
     ValueError (a block-frame weight in a row-frame GEMM would be mis-scaled silently)."""
@@ -354,7 +356,7 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
     p = _plan(t, idx.shape[1], n_experts, d, i, max_m, x.device)
     table, n_sms = p["ctx"]
     k["dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
-    l1, l2, order = compiled.gemms(max_m)
+    l1, l2, order = compiled.gemms(max_m, mean_rows)
     l1(*p["l1_act"], *_weight_args(l1w, order), table, p["group"], p["lay"]["row_weight"], *p["l1_out"], n_sms)
     l2(*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], n_sms)
     k["combine"](p["y_rows"], p["lay"]["pos"], shared, out)

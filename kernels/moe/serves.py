@@ -77,12 +77,17 @@ def choose_layout(tokens: int, n_experts: int) -> str:
     return "masked" if tokens <= MASKED_MAX_T and n_experts <= MAX_GROUPS else "contiguous"
 
 
-def masked_rows(idx: torch.Tensor, n_experts: int) -> int:
-    """max_m of a masked call: the largest expert count of idx rounded up to MASKED_ALIGN (one host read)."""
+def masked_counts(idx: torch.Tensor, n_experts: int) -> tuple[int, float]:
+    """(max_m, mean rows) of a masked call, one host read: the largest expert count of idx rounded up to MASKED_ALIGN,
+    and the entries over the experts holding any (CompiledLayer.gemms' wide-pair pick)."""
     flat = idx.reshape(-1)
     flat = flat[(flat >= 0) & (flat < n_experts)]
-    worst = int(torch.bincount(flat, minlength=n_experts).max()) if flat.numel() else 0
-    return -(-max(1, worst) // MASKED_ALIGN) * MASKED_ALIGN
+    if not flat.numel():
+        return MASKED_ALIGN, 0.0
+    c = torch.bincount(flat, minlength=n_experts)
+    worst, active = torch.stack((c.max(), (c > 0).sum())).tolist()
+    return -(-max(1, worst) // MASKED_ALIGN) * MASKED_ALIGN, flat.numel() / active
+
 
 
 def _sources(w: Weight) -> tuple:
@@ -236,7 +241,8 @@ def routed_layer(run, params: dict, x, idx, weights, shared, l1: GroupedWeight, 
     weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]. max_m is this call's largest count
     (layer_params): no entry is dropped, so no read-back of the counts (check=False)."""
     compiled = run.compiled(params, {"x": x, "idx": idx, "weights": weights, "shared": shared})
-    return run_prepared(compiled, x, idx, weights, shared, l1, l2, params["e"], params.get("max_m"), check=False)
+    return run_prepared(compiled, x, idx, weights, shared, l1, l2, params["e"], params.get("max_m"), check=False,
+                        mean_rows=params.get("mean_rows"))
 
 
 def layer_params(tokens: int, topk: int, n_experts: int, d: int, i: int, idx: torch.Tensor) -> dict:
@@ -244,7 +250,10 @@ def layer_params(tokens: int, topk: int, n_experts: int, d: int, i: int, idx: to
     layout = choose_layout(tokens, n_experts)
     params = {"op": "layer", "e": n_experts, "k": topk, "d": d, "i": i, "t": tokens, "layout": layout}
     if layout == "masked":  # T·k entries fit the smallest max_m without a look at the counts (decode at batch 1)
-        params["max_m"] = MASKED_ALIGN if tokens * topk <= MASKED_ALIGN else masked_rows(idx, n_experts)
+        if tokens * topk <= MASKED_ALIGN:
+            params["max_m"] = MASKED_ALIGN
+        else:
+            params["max_m"], params["mean_rows"] = masked_counts(idx, n_experts)
     return params
 
 

@@ -113,15 +113,17 @@ def test_layout_choice_is_the_familys_rule(tokens, n_experts, layout):
     assert serves.choose_layout(tokens, n_experts) == layout
 
 
-def test_masked_rows_are_the_largest_count_rounded_to_16():
+def test_masked_counts_are_the_largest_count_rounded_to_16_and_the_mean_over_active_experts():
     idx = torch.tensor([[0, 1], [0, 2], [0, 0], [3, -1]])
-    assert serves.masked_rows(idx, 4) == 16  # expert 0: 4 entries (twice in one token)
-    assert serves.masked_rows(torch.zeros(17, 6, dtype=torch.long), 8) == 112  # 102 -> 112
-    assert serves.masked_rows(torch.full((3, 2), 9), 4) == 16  # nothing routed: at least one row
+    assert serves.masked_counts(idx, 4) == (16, 7 / 4)  # expert 0: 4 entries (twice in one token); 7 on 4 experts
+    assert serves.masked_counts(torch.zeros(17, 6, dtype=torch.long), 8) == (112, 102.0)  # 102 -> 112
+    assert serves.masked_counts(torch.full((3, 2), 9), 4) == (16, 0.0)  # nothing routed: at least one row
+    sparse = torch.stack([torch.randperm(8)[:6] for _ in range(64)])  # 64 tokens on 8 of 256 experts: 48 rows each
+    assert serves.layer_params(64, 6, 256, 4096, 2048, sparse)["mean_rows"] == 48.0
 
 
 def test_decode_at_batch_1_takes_the_smallest_max_m_without_reading_the_counts(monkeypatch):
-    monkeypatch.setattr(serves, "masked_rows", lambda idx, e: pytest.fail("read the counts"))
+    monkeypatch.setattr(serves, "masked_counts", lambda idx, e: pytest.fail("read the counts"))
     idx = torch.zeros(2, 6, dtype=torch.long)  # even 12 entries on one expert fit 16 rows
     assert serves.layer_params(2, 6, 256, 4096, 2048, idx) == {"op": "layer", "e": 256, "k": 6, "d": 4096,
                                                              "i": 2048, "t": 2, "layout": "masked", "max_m": 16}
@@ -144,7 +146,7 @@ def test_adapter_passes_the_family_rule(tokens, routing, layout, kernels):
     if layout == "masked":
         assert params["run"].op.impl.name == "cutedsl:v8" and params["run"].op.impl.knobs == V8_DECODE
     if layout == "masked":
-        assert params["max_m"] == serves.masked_rows(args[2], 8)
+        assert params["max_m"] == serves.masked_counts(args[2], 8)[0]
         if routing == "hot":
             assert params["max_m"] == 64  # all 64 tokens on expert 0
 
