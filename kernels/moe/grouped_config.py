@@ -211,7 +211,7 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     tiles (layer.rs_codes), so a model holds one frame and one copy of the codes. Decode (masked) takes v5 (swap-AB,
     the weights widened in registers as an RS wgmma's A; kernels/moe/grouped_rs.py) at 16 tokens a tile, launched
     with programmatic dependent launch; layer.compile_layer compiles 32 and v3 (V8_WIDE) beside it and a call takes
-    the smallest v5 tile holding its largest count, v3 past WIDE_M. Prefill (contiguous, 128-row segments): v7 (v3
+    the smallest v5 tile holding its largest count, v3 past WIDE_M or past a mean of WIDE_MEAN. Prefill (contiguous, 128-row segments): v7 (v3
     skipping a tile's all-padding second wave). H200, one process (docs/perf/moe.md "v8"): v5 on the row frame
     1.00-1.06x v5 on the block frame (Pro T = 64 sparse 216.9 -> 204.9 us), v3 past 64 1.17x v4 (Pro T = 256), v7
     on the RS tiles 0.99-1.02x v7 on the plain codes. `cutedsl:v5` / `cutedsl:v7` keep v5 (v4 past 64) on the block

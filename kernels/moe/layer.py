@@ -109,18 +109,19 @@ class CompiledLayer:
     `row_frame`: the GEMMs (v3, v5 in the rule) read weights prepared in the row frame (`row_frame_weights`)."""
 
     def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = (),
-                 wide_codes: str = "plain"):
+                 wide_codes: str = "plain", wide_mean: float | None = None):
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
-        self.wide_codes = wide_codes
+        self.wide_codes, self.wide_mean = wide_codes, wide_mean
 
     def gemms(self, max_m: int | None, mean_rows: float | None = None) -> tuple:
         """(L1, L2, the codes order they read) for a call. The rule's decode pick (`token_tiles`: v5 at each tile,
         the wide pair beside them) takes the smallest v5 tile holding max_m (the largest count, known on the host),
-        the wide pair past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5") or where the experts
-        holding rows average more than WIDE_MEAN (`mean_rows`, when the caller knows it); otherwise the one pair."""
+        the wide pair past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5") or, v8's (v3), where the
+        experts holding rows average more than `wide_mean` (WIDE_MEAN; `mean_rows`, when the caller knows it: v4,
+        block-frame v5's pair, lost there); otherwise the one pair."""
         if not self.token_tiles or max_m is None:
             pair, codes = gemm_names(), self.codes
-        elif max_m > WIDE_M or (mean_rows is not None and mean_rows > WIDE_MEAN):
+        elif max_m > WIDE_M or None not in (mean_rows, self.wide_mean) and mean_rows > self.wide_mean:
             pair, codes = gemm_names("wide"), self.wide_codes
         else:
             pair, codes = gemm_names(next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])), self.codes
@@ -157,7 +158,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs)
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
-    return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes)
+    return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None)
 
 
 # ---------------------------------------------------------------- views and calls

@@ -172,10 +172,10 @@ def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_small
                         (256, (64, False))):  # the wide pair launched with PDL as the rest of the layer
         l1, l2, order = compiled.gemms(max_m)
         assert (l1, l2) == (("swiglu", *want, True, True, "rs"), ("bf16", *want, True, True, "rs")) and order == "rs"
-    # the wide pair where the experts holding rows average more than 32 (WIDE_MEAN), whatever max_m
+    # v3 where the experts holding rows average more than 32 (WIDE_MEAN), whatever max_m (not v4: cutedsl:v5 below)
     assert compiled.gemms(48, 48.0)[0][1:3] == (64, False) and compiled.gemms(48, 32.0)[0][1:3] == (32, True)
     block = layer.compile_layer(8, 6, 512, 256, "masked", **V5)  # cutedsl:v5: block frame, v4 past 64
-    assert block.frame == "block" and block.token_tiles == (16, 32)
+    assert block.frame == "block" and block.token_tiles == (16, 32) and block.gemms(48, 48.0)[0][1:3] == (32, True)
     assert block.gemms(80) == (("swiglu", 64, False, True, False, "plain"), ("bf16", 64, False, True, False, "plain"),
                                "plain")
     one = layer.compile_layer(8, 6, 512, 256, "masked", **{**V5, "bm": 32})
