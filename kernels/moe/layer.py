@@ -121,7 +121,7 @@ class CompiledLayer:
         block-frame v5's pair, lost there); otherwise the one pair."""
         if not self.token_tiles or max_m is None:
             pair, codes = gemm_names(), self.codes
-        elif max_m > WIDE_M or None not in (mean_rows, self.wide_mean) and mean_rows > self.wide_mean:
+        elif max_m > WIDE_M or (None not in (mean_rows, self.wide_mean) and mean_rows > self.wide_mean):
             pair, codes = gemm_names("wide"), self.wide_codes
         else:
             pair, codes = gemm_names(next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])), self.codes

@@ -13,8 +13,8 @@ Where each part runs:
 
 The routed part is the family's `layer` op (kernels/moe/layer.py) on the rule's GEMMs (v8, grouped_config.choose):
 at prefill the family impl's compile (`run.compiled`: v7), at decode `cutedsl:v8` (`decode_runner`: the rule's
-grouped GEMMs, v5 and v3 past 64 rows an expert, without its one-token GEMV path, which reads stacked checkpoint
-tensors this adapter does not keep). Every one of them reads one prepared pair, made ONCE per weight set: the
+grouped GEMMs, v5 and v3 past 64 rows an expert or a mean of 32, without its one-token GEMV path, which reads
+stacked checkpoint tensors this adapter does not keep). Every one of them reads one prepared pair, made ONCE per weight set: the
 checkpoint's per-expert MXFP4 tensors stacked over experts, w1/w3 interleaved into the L1 weight, the row frame's
 side data (kernels/moe/expert_weights.py) and the codes as v5's RS-ordered tiles (expert_weights.rs_tiles), cached
 on the source tensors (kernels.common.Prepared: weak references, remade if a source is replaced or written to).
