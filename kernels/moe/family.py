@@ -234,12 +234,12 @@ class MoeLayerVariant(MoeCuteDSL):
     rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out (what v3's widening still costs),
     `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
     at every count, `cutedsl:v8` the rule at decode without its one-token GEMV path (the model op's decode);
-    `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave; `cutedsl:v5` (decode
-    only, the decode pick before v8) swap-AB with the weights widened in registers as an RS wgmma's A
-    (kernels/moe/grouped_rs.py; a 16- and a 32-token tile compiled, a call takes the smallest holding its largest
-    count, v4 past 64; launched with PDL; block-frame weights), `:v5-bm16` / `:v5-bm32` one tile
-    only, `:v5-no-pdl` the rule's pick without programmatic dependent launch (docs/perf/moe.md; v6, v5's kernel at
-    prefill, was set aside after measuring: `git show 936ce77` restores it)."""
+    `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave;
+    `cutedsl:v5` (decode only, the decode pick before v8) swap-AB with the weights widened in registers as an RS
+    wgmma's A (kernels/moe/grouped_rs.py; a 16- and a 32-token tile compiled, a call takes the smallest holding its
+    largest count, v4 past 64; launched with PDL; block-frame weights), `:v5-bm16` / `:v5-bm32` one tile only,
+    `:v5-no-pdl` the rule's pick without programmatic dependent launch (docs/perf/moe.md; v6, v5's kernel at prefill,
+    was set aside after measuring: `git show 936ce77` restores it)."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False, planned: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked

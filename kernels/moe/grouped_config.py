@@ -74,8 +74,8 @@ class GroupedConfig:
     # v3 with weights in the row frame (variant `cutedsl:v3`; kernels/moe/expert_weights.prepare frame="row": one
     # column scale per weight row, the same in every K block): the per-K-block promotion is acc += tmp · row_scale
     # (one FFMA an element, no column scales loaded), the column scale applied once in the tile's last K block.
-    # On v5 (swap_ab, `cutedsl:v5-row`): acc += tmp · sa[token], the weight row's scale once a unit (32 FMUL a K
-    # block fewer at 32 tokens: 341 -> 305 SASS instructions a K block in L1, 353 -> 316 in L2)
+    # On v5 (swap_ab; the rule's decode pick since v8): acc += tmp · sa[token], the weight row's scale once a unit
+    # (32 FMUL a K block fewer at 32 tokens: 341 -> 305 SASS instructions a K block in L1, 353 -> 316 in L2)
     row_frame: bool = False
     # v3's L1 epilogue (needs split_wg): silu's division by rcp.approx (v2: the IEEE division, ~8 instructions
     # and a slow-path branch an element) and one 2-byte store per e4m3 pair of h (v2: two 1-byte stores)
@@ -211,11 +211,12 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     tiles (layer.rs_codes), so a model holds one frame and one copy of the codes. Decode (masked) takes v5 (swap-AB,
     the weights widened in registers as an RS wgmma's A; kernels/moe/grouped_rs.py) at 16 tokens a tile, launched
     with programmatic dependent launch; layer.compile_layer compiles 32 and v3 (V8_WIDE) beside it and a call takes
-    the smallest v5 tile holding its largest count, v3 past WIDE_M or past a mean of WIDE_MEAN. Prefill (contiguous, 128-row segments): v7 (v3
-    skipping a tile's all-padding second wave). H200, one process (docs/perf/moe.md "v8"): v5 on the row frame
-    1.00-1.06x v5 on the block frame (Pro T = 64 sparse 216.9 -> 204.9 us), v3 past 64 1.17x v4 (Pro T = 256), v7
-    on the RS tiles 0.99-1.02x v7 on the plain codes. `cutedsl:v5` / `cutedsl:v7` keep v5 (v4 past 64) on the block
-    frame and v7 on the plain codes; `cutedsl:v2` / `cutedsl:v3` / `cutedsl:v4` the earlier kernels, for A/Bs."""
+    the smallest v5 tile holding its largest count, v3 past WIDE_M or past a mean of WIDE_MEAN. Prefill (contiguous,
+    128-row segments): v7 (v3 skipping a tile's all-padding second wave). H200, one process (docs/perf/moe.md "v8"):
+    v5 on the row frame 1.00-1.06x v5 on the block frame (Pro T = 64 sparse 216.9 -> 204.9 us), v3 past 64 1.17x v4
+    (Pro T = 256), v7 on the RS tiles 0.99-1.02x v7 on the plain codes. `cutedsl:v5` / `cutedsl:v7` keep v5 (v4 past
+    64) on the block frame and v7 on the plain codes; `cutedsl:v2` / `cutedsl:v3` / `cutedsl:v4` the earlier kernels,
+    for A/Bs."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V8_PREFILL)

@@ -102,7 +102,7 @@ def ring_layouts(c: GroupedConfig) -> tuple:
     S = c.n_stages
     sa_stage = max(c.bm, TMA_SMEM_ALIGN // 4)
     codes = cute.make_layout((c.bn, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2))
-    if c.rs_codes:  # TMA's 64B swizzle: row n's 16-byte chunk q at chunk q ^ ((n >> 1) & 3) (GroupedSplit's RS widening)
+    if c.rs_codes:  # TMA's 64B swizzle: row n's 16-byte chunk q at q ^ ((n >> 1) & 3) (GroupedSplit's RS widening)
         codes = cute.make_composed_layout(cute.make_swizzle(2, 4, 3), 0, codes)
     return (codes,
             cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)), cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)),

@@ -82,10 +82,16 @@ def max_m(case: Case) -> int:
     return -(-max(1, int(counts(case).max())) // MASKED_ALIGN) * MASKED_ALIGN
 
 
+def count_stats(c: torch.Tensor) -> tuple[int, float]:
+    """(the largest count, the entries over the experts that hold any) of per-expert counts, in one host read: the
+    masked layout's max_m and CompiledLayer.gemms' wide-pair pick."""
+    worst, active, total = torch.stack((c.max(), (c > 0).sum(), c.sum())).tolist()
+    return worst, total / max(1, active)
+
+
 def mean_rows(case: Case) -> float:
-    """Routed entries over the experts that hold any (CompiledLayer.gemms' wide-pair pick)."""
-    c = counts(case)
-    return float(c.sum()) / max(1, int((c > 0).sum()))
+    """Routed entries over the experts that hold any (count_stats)."""
+    return count_stats(counts(case))[1]
 
 
 def layout_rows(case: Case) -> int:

@@ -14,9 +14,9 @@ Where each part runs:
 The routed part is the family's `layer` op (kernels/moe/layer.py) on the rule's GEMMs (v8, grouped_config.choose):
 at prefill the family impl's compile (`run.compiled`: v7), at decode `cutedsl:v8` (`decode_runner`: the rule's
 grouped GEMMs, v5 and v3 past 64 rows an expert or a mean of 32, without its one-token GEMV path, which reads
-stacked checkpoint tensors this adapter does not keep). Every one of them reads one prepared pair, made ONCE per weight set: the
-checkpoint's per-expert MXFP4 tensors stacked over experts, w1/w3 interleaved into the L1 weight, the row frame's
-side data (kernels/moe/expert_weights.py) and the codes as v5's RS-ordered tiles (expert_weights.rs_tiles), cached
+stacked checkpoint tensors this adapter does not keep). Every one of them reads one prepared pair, made ONCE per
+weight set: the checkpoint's per-expert MXFP4 tensors stacked over experts, w1/w3 interleaved into the L1 weight, the
+row frame's side data (kernels/moe/expert_weights.py) and the codes as v5's RS-ordered tiles (expert_weights.rs_tiles), cached
 on the source tensors (kernels.common.Prepared: weak references, remade if a source is replaced or written to).
 Device bytes beside the checkpoint's: 64 B of code tiles + 8 B of shift words and column scales per 128 K a row,
 ~1.06x the experts' bytes (the checkpoint's 68); before v8 a block pair and a row frame, ~1.18x. A layer whose
@@ -55,7 +55,7 @@ from kernels.gemm.tiling import KBLOCK
 from kernels.moe.expert_weights import GroupedWeight, prepare_layer, rs_tiles
 from kernels.moe.grouped_config import BN, MAX_GROUPS
 from kernels.moe.grouped_epilogue import LIMIT
-from kernels.moe.inputs import MASKED_ALIGN
+from kernels.moe.inputs import MASKED_ALIGN, count_stats
 from kernels.moe.layer import SM90_ONLY, run_prepared
 from oracles.linear import QuantWeight, Weight
 from oracles.moe import ExpertWeights, swiglu
@@ -84,9 +84,8 @@ def masked_counts(idx: torch.Tensor, n_experts: int) -> tuple[int, float]:
     flat = flat[(flat >= 0) & (flat < n_experts)]
     if not flat.numel():
         return MASKED_ALIGN, 0.0
-    c = torch.bincount(flat, minlength=n_experts)
-    worst, active = torch.stack((c.max(), (c > 0).sum())).tolist()
-    return -(-max(1, worst) // MASKED_ALIGN) * MASKED_ALIGN, flat.numel() / active
+    worst, mean = count_stats(torch.bincount(flat, minlength=n_experts))
+    return -(-max(1, worst) // MASKED_ALIGN) * MASKED_ALIGN, mean
 
 
 
