@@ -232,6 +232,7 @@ class MoeLayerVariant(MoeCuteDSL):
     kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
     scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
     rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out (what v3's widening still costs),
+    `cutedsl:v8-ko-no-widen` / `:v8-ko-no-mma` v8's decode knock-outs (v5 without its widening / its wgmmas),
     `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
     at every count, `cutedsl:v8` the rule at decode without its one-token GEMV path (the model op's decode);
     `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave;
@@ -320,6 +321,10 @@ register_impl(MoeLayerVariant("v5-bm32", {**V5, "bm": 32}))
 register_impl(MoeLayerVariant("v5-no-pdl", {**V5, "pdl": False}))
 register_impl(MoeLayerVariant("v4-ko-no-widen", {**V4, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, checked=False))
+# v8's decode knock-outs (v5's K block without its widening / without its wgmmas; the wide pair runs whole under
+# no-mma): where the K block's time goes
+register_impl(MoeLayerVariant("v8-ko-no-widen", {**V8_DECODE, "ablate": "no-widen"}, checked=False))
+register_impl(MoeLayerVariant("v8-ko-no-mma", {**V8_DECODE, "ablate": "no-mma"}, checked=False))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
                                planned=False))
 register_impl(MoeGemv())

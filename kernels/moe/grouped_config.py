@@ -19,7 +19,7 @@ BN = 256
 LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
-ABLATIONS = ("", "no-widen")
+ABLATIONS = ("", "no-widen", "no-mma")
 WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
@@ -43,7 +43,8 @@ class GroupedConfig:
     # A/B of the overlap, variant `cutedsl:serial`)
     overlap: bool = True
     # knock-out (wrong answers, timed only: variant `cutedsl:ko-no-widen`): the FP4 tiles still stream in
-    # but are not widened; its gap to the shipped kernel is what the widening costs
+    # but are not widened; its gap to the shipped kernel is what the widening costs. v5 (swap_ab) also takes
+    # "no-mma" (its wgmmas not issued: what the tensor pipe costs; `cutedsl:v8-ko-no-mma`)
     ablate: str = ""
     # v2: per thread and step the 4 (row, sub-block) items' loads first (one 16-byte word of codes each,
     # the shift word, the 8-byte table), then 8 codes per 32-bit word in 9 integer ops (two `prmt` on the
@@ -112,10 +113,12 @@ class GroupedConfig:
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
+        if self.ablate == "no-mma" and not self.swap_ab:
+            raise ValueError("ablate='no-mma' is a knock-out of v5 (swap_ab) only")
         if self.swap_ab:
-            if self.layout != "masked" or self.split_wg or self.tiled_b or self.widen != "v2" or self.ablate:
-                raise ValueError("swap_ab (v5) is a masked-layout kernel of its own: no split_wg, tiled_b, widen "
-                                 "or ablate knobs")
+            if self.layout != "masked" or self.split_wg or self.tiled_b or self.widen != "v2":
+                raise ValueError("swap_ab (v5) is a masked-layout kernel of its own: no split_wg, tiled_b or widen "
+                                 "knobs")
             if self.bm not in SWAP_BM:
                 raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
         elif self.bm not in (64, 128):

@@ -84,6 +84,8 @@ class GroupedRs(GroupedSm90):
         accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
         tmps = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
         row_sc = cute.make_rmem_tensor((TILES, 2), Float32)  # row frame: the weight rows' scales (`_kblock_rs`)
+        sink = cute.make_rmem_tensor((1,), Int32)  # knock-out no-mma: the fragments' XOR, so the widening stays
+        sink[0] = Int32(0)
         cC = mn_view(thr.partition_C(cute.make_identity_tensor((64, c.bm))))
         # the thread's first weight row of tile j: wg_rows + 64 j (+ 8 for the fragment's second row)
         wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (TILES * 64) + cC[0, 0][0]
@@ -97,13 +99,16 @@ class GroupedRs(GroupedSm90):
             self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
             for p in cutlass.range(0, n_kb // 2, unroll=1):
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
-                                sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc)
+                                sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc, sink)
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[1], frags[0], 2 * p + 2 < n_kb, tCrB, accs, tmps,
-                                cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid, row_sc)
+                                cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid, row_sc, sink)
             if n_kb % 2 == 1:
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
-                                sSW, sSA, tab, g_rd + n_kb - 1, wg_rows, ctid, row_sc)
+                                sSW, sSA, tab, g_rd + n_kb - 1, wg_rows, ctid, row_sc, sink)
             g_rd = g_rd + n_kb
+            if cutlass.const_expr(c.ablate == "no-mma"):  # a use of the sink the compiler cannot drop
+                if sink[0] == Int32(0x5EED5EED):
+                    accs[0][0] = Float32(1.0)
             if cutlass.const_expr(c.row_frame):  # the weight rows' scale, the same in every K block: once a unit
                 for j in cutlass.range_constexpr(TILES):
                     acc_mn = mn_view(accs[j])
@@ -133,11 +138,16 @@ class GroupedRs(GroupedSm90):
             for rh in cutlass.range_constexpr(2):
                 row = wg_rows + 64 * j + 8 * rh
                 cute.autovec_copy(q4[None, (state.index * c.bn + row) * 4 + quad], words[None, 2 * j + rh])
-                shifts[2 * j + rh] = sSh[row, 0, state.index]
+                if cutlass.const_expr(c.ablate != "no-widen"):
+                    shifts[2 * j + rh] = sSh[row, 0, state.index]
         for j in cutlass.range_constexpr(TILES):
             out = cute.recast_tensor(frag[j], Int32)  # word rh + 2 kh + 4 s
             for rh in cutlass.range_constexpr(2):
                 for s in cutlass.range_constexpr(SUBS):
+                    if cutlass.const_expr(c.ablate == "no-widen"):  # knock-out: the code words as they came
+                        out[rh + 4 * s] = words[s, 2 * j + rh]
+                        out[rh + 2 + 4 * s] = words[s, 2 * j + rh]
+                        continue
                     ti = (shifts[2 * j + rh] >> (8 * s)) & 0xFF
                     pair = cute.make_rmem_tensor((2,), Int32)
                     cute.autovec_copy(tab2[None, ti], pair)
@@ -147,20 +157,27 @@ class GroupedRs(GroupedSm90):
 
     @cute.jit
     def _kblock_rs(self, ring, mmas, cur, nxt, has_next, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab, g_rd,
-                   wg_rows, ctid, row_sc):
+                   wg_rows, ctid, row_sc, sink):
         """K block g_rd (its fragments widened into `cur`): 4 k steps x 2 tiles of RS wgmma into tmps, one group;
         the promotion's scale products read from the stage while they run, then (has_next) the next block's
-        stage widened into `nxt`; wait, free the stage, promote. row_sc: the row frame's weight-row scales."""
+        stage widened into `nxt`; wait, free the stage, promote. row_sc: the row frame's weight-row scales; sink: the
+        no-mma knock-out XORs `cur` into it (16 LOP3 a block) so that the widening is not dead code."""
         c = self.cfg
         state = consumer_state(c.n_stages, g_rd)
         for j in cutlass.range_constexpr(TILES):
             fence_operand(tmps[j])
             fence_operand(cur[j])
         warpgroup.fence()
-        for j in cutlass.range_constexpr(TILES):
-            for k in cutlass.range_constexpr(SUBS):
-                cute.gemm(mmas[0] if k == 0 else mmas[1], tmps[j], cur[j][(None, None, k)],
-                          tCrB[(None, None, k, state.index)], tmps[j])
+        if cutlass.const_expr(c.ablate != "no-mma"):
+            for j in cutlass.range_constexpr(TILES):
+                for k in cutlass.range_constexpr(SUBS):
+                    cute.gemm(mmas[0] if k == 0 else mmas[1], tmps[j], cur[j][(None, None, k)],
+                              tCrB[(None, None, k, state.index)], tmps[j])
+        else:  # the knock-out issues none (what the tensor pipe costs); its fragments go to the sink
+            for j in cutlass.range_constexpr(TILES):
+                words = cute.recast_tensor(cur[j], Int32)
+                for i in cutlass.range_constexpr(cute.size(words)):
+                    sink[0] = sink[0] ^ words[i]
         warpgroup.commit_group()
         n_c = cute.size(cC, mode=[1])
         # the promotion's factors, read while the wgmmas run: block frame, sw[row] · sa[token] (TILES x 2 rows x n_c);

@@ -121,6 +121,27 @@ def test_row_frame_v5_promotes_without_the_weight_scale_products():
     assert len(body[True]) < 0.92 * len(body[False])
 
 
+def test_v8_knock_outs_drop_what_they_name_and_nothing_else():
+    """`cutedsl:v8-ko-no-widen` / `-no-mma` (timed, never compared): the loop body loses its table loads and widening
+    PRMTs (no-widen) or its QGMMAs (no-mma); the other keeps them. no-mma is refused off v5."""
+    from dsv4bench.compile.sass import sass_of
+    from kernels.moe.grouped_config import V8_DECODE
+    from kernels.moe.layer import compile_grouped
+
+    count = {}
+    for ablate in ("", "no-widen", "no-mma"):
+        impl = get_impl("moe", f"cutedsl:v8-ko-{ablate}") if ablate else None
+        assert impl is None or (not impl.checked and impl.knobs == {**V8_DECODE, "ablate": ablate})
+        text = sass_of(compile_grouped("masked", "bf16", 512, 256, **{**V8_DECODE, "bm": 16, "ablate": ablate}))
+        if text is None:
+            pytest.skip("no nvdisasm here")
+        count[ablate] = (text.count("QGMMA"), text.count(" PRMT "))
+    assert count[""][0] == count["no-widen"][0] == 16 and count["no-mma"][0] == 0
+    assert abs(count["no-mma"][1] - count[""][1]) <= 4 and count[""][1] > 4 * count["no-widen"][1]
+    with pytest.raises(ValueError, match="no-mma"):
+        GroupedConfig(**{**V4, "ablate": "no-mma"})
+
+
 @pytest.mark.parametrize("counts", [[0, 5, 0, 0, 70, 1], [3], [0, 0, 129], [200, 0, 64, 65, 0], [0] * 511 + [2]])
 def test_v5_work_list_covers_every_real_tile_once_m_tile_fastest(counts):
     """v5's unit order (GroupedRs._unit, modelled step for step): every (expert, m tile, n tile) holding rows
