@@ -148,28 +148,54 @@ def rs_byte_order() -> torch.Tensor:
     A fragment (m64 x k32, e4m3) the thread of quad lane q holds, for k step s, the codes 32s + 4q .. + 3 and
     32s + 16 + 4q .. + 3 of its row: old bytes 16s + 2q, + 1 and 16s + 8 + 2q, + 1. Reordered, the thread's 32
     codes of a row are one 16-byte load, word s the 8 codes of step s (= MXFP4 sub-block s, one table), and
-    `widen8` turns word s into the fragment's two words of that row (codes 0-3: k 4q.., codes 4-7: k 16 + 4q..)."""
+    `widen8_rs` turns word s (in rs_sign_layout) into the fragment's two words of that row (codes 0-3: k 4q..,
+    codes 4-7: k 16 + 4q..)."""
     q, s, t = torch.meshgrid(torch.arange(4), torch.arange(4), torch.arange(4), indexing="ij")
     return (16 * s + 8 * (t // 2) + 2 * q + t % 2).reshape(-1)
 
 
-def code_tiles(codes: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+def code_tiles(codes: torch.Tensor, order: torch.Tensor | None = None, signs: bool = False) -> torch.Tensor:
     """uint8 [E, NT, KB, BN, 64] of codes [E, N, K/2] (N padded with zero rows to NT · BN): the FP4 tile of one
-    (expert, n tile, K block) 16 KB contiguous, each row's 64 bytes in `order` if given; made one expert at a time
-    (a Pro layer's codes are 12.7 GB: no whole-stack intermediate)."""
+    (expert, n tile, K block) 16 KB contiguous, each row's 64 bytes in `order` if given and each 4-byte word's sign
+    bits moved (`signs`: rs_sign_layout); made one expert at a time (a Pro layer's codes are 12.7 GB: no whole-stack
+    intermediate)."""
     e, n, half = codes.shape
     nt = -(-n // BN)
     out = torch.empty(e, nt, half // (KBLOCK // 2), BN, KBLOCK // 2, dtype=torch.uint8, device=codes.device)
     for x in range(e):
         c = torch.nn.functional.pad(codes[x], (0, 0, 0, nt * BN - n)) if nt * BN != n else codes[x]
         t = c.view(nt, BN, -1, KBLOCK // 2).permute(0, 2, 1, 3)
-        out[x] = t if order is None else t[..., order]
+        t = t if order is None else t[..., order]
+        out[x] = rs_sign_layout(t.contiguous()) if signs else t
     return out
 
 
+# the RS words' sign bits (rs_sign_layout): nibble n's bit 3 holds the sign of code SIGN_OF[n]
+SIGN_OF = (4, 0, 5, 1, 6, 2, 7, 3)
+
+
+def _move_signs(b: torch.Tensor, src: tuple, dst: tuple) -> torch.Tensor:
+    """uint8 [..., 4m] as little-endian 32-bit words: bit 3 of nibble src[i] -> bit 3 of nibble dst[i], magnitudes
+    (bits 0-2 of each nibble) kept."""
+    w = b.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    out = w & 0x77777777
+    for a, z in zip(src, dst):
+        out |= ((w >> (4 * a + 3)) & 1) << (4 * z + 3)
+    return torch.where(out >= 2 ** 31, out - 2 ** 32, out).to(torch.int32).view(torch.uint8)
+
+
+def rs_sign_layout(tiles: torch.Tensor) -> torch.Tensor:
+    """RS-ordered code bytes uint8 [..., 64] (a word: 8 e2m1 codes, code n in nibble n) -> the word layout the RS
+    readers widen (grouped_widen.widen8_rs): nibble n keeps code n's magnitude in bits 0-2, its bit 3 holds the sign
+    of code SIGN_OF[n]. Codes 0-3's signs then sit at bit 7 of their output bytes (bit 8n + 7) and codes 4-7's at
+    bit 8(n - 4) + 3, one shift away: the widening moves no sign with `prmt` (7 integer ops for 8 codes, not 9)."""
+    return _move_signs(tiles, SIGN_OF, tuple(range(8)))
+
+
 def rs_tiles(codes: torch.Tensor) -> torch.Tensor:
-    """`code_tiles` in the RS byte order (rs_byte_order): what v5 and, since v8, v3 / v7 read."""
-    return code_tiles(codes, rs_byte_order().to(codes.device))
+    """`code_tiles` in the RS byte order (rs_byte_order) and sign layout (rs_sign_layout): what v5 and, since v8,
+    v3 / v7 read."""
+    return code_tiles(codes, rs_byte_order().to(codes.device), signs=True)
 
 
 def row_codes(w: GroupedWeight) -> torch.Tensor:
@@ -177,7 +203,7 @@ def row_codes(w: GroupedWeight) -> torch.Tensor:
     if w.order == "plain":
         return w.codes
     e, n, k = w.shape
-    plain = w.codes[..., torch.argsort(rs_byte_order()).to(w.codes.device)]
+    plain = _move_signs(w.codes, tuple(range(8)), SIGN_OF)[..., torch.argsort(rs_byte_order()).to(w.codes.device)]
     return plain.permute(0, 1, 3, 2, 4).reshape(e, -1, k // 2)[:, :n]
 
 

@@ -5,7 +5,7 @@ Why (docs/perf/moe.md "v5"): v2 / v4 widen the FP4 tile into shared memory, fenc
 at a CTA barrier every K block before the wgmma may read it; at decode that chain, not the weight stream, set a K
 block's time (~1.4 us a CTA at any load). Here each consumer thread widens exactly the A-fragment registers its
 own wgmma reads: the codes come in the load-time RS byte order (expert_weights.rs_byte_order: a thread's 32 codes
-of a row are one 16-byte load), `widen8` turns each 4-byte word into the fragment's two words. No widened tile,
+of a row are one 16-byte load), `widen8_rs` turns each 4-byte word into the fragment's two words. No widened tile,
 no fence, no CTA barrier in the K loop; a warp frees a stage once its own wgmma of that stage has completed.
 
 Tile: 256 weight rows (two consumer warpgroups x two m64 tiles) x bm tokens (16 or 32: the wgmma's N; x is the
@@ -34,7 +34,7 @@ from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS
 from kernels.moe.grouped_epilogue import FP8_FLOOR, FP8_MAX, bf16_half, swiglu
 from kernels.moe.grouped_sm90 import GroupedSm90, last_group
-from kernels.moe.grouped_widen import SUBS, widen8
+from kernels.moe.grouped_widen import SUBS, widen8_rs
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import consumer_state
@@ -124,7 +124,7 @@ class GroupedRs(GroupedSm90):
     def _widen_a(self, ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid):
         """Wait for K block g_rd's stage, then widen the thread's A fragments of it into `frag` (one per m64
         tile): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
-        s) a table pair and `widen8`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
+        s) a table pair and `widen8_rs`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
         c = self.cfg
         state = consumer_state(c.n_stages, g_rd)
         ring.consumer_wait(state)
@@ -151,7 +151,7 @@ class GroupedRs(GroupedSm90):
                     ti = (shifts[2 * j + rh] >> (8 * s)) & 0xFF
                     pair = cute.make_rmem_tensor((2,), Int32)
                     cute.autovec_copy(tab2[None, ti], pair)
-                    lo, hi = widen8(words[s, 2 * j + rh], pair[0], pair[1])
+                    lo, hi = widen8_rs(words[s, 2 * j + rh], pair[0], pair[1])
                     out[rh + 4 * s] = lo
                     out[rh + 2 + 4 * s] = hi
 

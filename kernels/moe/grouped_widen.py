@@ -57,6 +57,18 @@ def widen8(word: Int32, t0: Int32, t1: Int32):
 
 
 @cute.jit
+def widen8_rs(word: Int32, t0: Int32, t1: Int32):
+    """`widen8` of a word in the RS tiles' sign layout (kernels/moe/expert_weights.rs_sign_layout: nibble n holds code
+    n's magnitude in bits 0-2 and the sign of code 4 + n / 2 (even n) or (n - 1) / 2 (odd n) in bit 3): codes 0-3's
+    signs already sit at bit 7 of their output bytes, codes 4-7's four bits lower, so each half is its `prmt` on the
+    magnitudes OR-ed with the word's (or the word << 4's) 0x80 bits: 7 integer ops for 8 codes."""
+    mag = word & 0x77777777
+    lo = prmt(t0, t1, mag) | (word & SIGNS)
+    hi = prmt(t0, t1, mag >> 16) | ((word << 4) & SIGNS)
+    return lo, hi
+
+
+@cute.jit
 def widen_item(words, tabs, step, out):
     """Item `step`'s 4 code words (32 codes) -> `out`, its 32 e4m3 bytes as two 16-byte chunks (columns 0, 1):
     `widen8` on each word with the item's table pair."""
@@ -68,10 +80,11 @@ def widen_item(words, tabs, step, out):
 
 @cute.jit
 def widen_item_rs(words, tabs, step, out):
-    """`widen_item` of an item read from RS-ordered codes (kernels/moe/expert_weights.rs_byte_order): word q holds the
-    sub-block's codes 4q .. 4q + 3 and 16 + 4q .. + 3, so its two widened words are word q of chunk 0 and of chunk 1."""
+    """`widen_item` of an item read from the RS tiles (kernels/moe/expert_weights.rs_tiles): word q holds the
+    sub-block's codes 4q .. 4q + 3 and 16 + 4q .. + 3, so its two widened words (`widen8_rs`) are word q of chunk 0
+    and of chunk 1."""
     for q in cutlass.range_constexpr(4):
-        lo, hi = widen8(words[q, step], tabs[0, step], tabs[1, step])
+        lo, hi = widen8_rs(words[q, step], tabs[0, step], tabs[1, step])
         out[q, 0] = lo
         out[q, 1] = hi
 

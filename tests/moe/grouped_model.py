@@ -45,6 +45,13 @@ def widen8(word: int, t0: int, t1: int) -> tuple[int, int]:
     return lo, hi
 
 
+def widen8_rs(word: int, t0: int, t1: int) -> tuple[int, int]:
+    """kernels/moe/grouped_widen.widen8_rs in Python: a word in the RS sign layout -> two words of 4 e4m3 bytes."""
+    word &= 0xFFFFFFFF
+    mag = word & 0x77777777
+    return prmt(t0, t1, mag) | (word & 0x80808080), prmt(t0, t1, mag >> 16) | ((word << 4) & 0x80808080)
+
+
 def _gemm(codes: torch.Tensor, sa: torch.Tensor, w: GroupedWeight, e: int) -> torch.Tensor:
     """fp32 [rows, N] = Σ_kb (codes·Wwidened)_kb · sa[:, kb] · col_scale[kb, :] for expert e's rows."""
     a = codes.view(torch.float8_e4m3fn).float()  # [rows, K]

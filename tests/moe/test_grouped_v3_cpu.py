@@ -16,7 +16,7 @@ import torch
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
 from kernels.moe.expert_weights import (EXACT_SPAN, flush_stats, prepare, prepare_layer, rs_byte_order,
-                                        widened_dequant)
+                                        rs_sign_layout, widened_dequant)
 from kernels.moe.grouped_config import V2, V3, V7, GroupedConfig
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import compile_grouped, grouped_config
@@ -141,11 +141,12 @@ def test_split_widening_covers_the_tile_once_each_warpgroup_its_own_rows():
 def test_rs_code_items_read_their_sub_block_through_the_swizzle_without_bank_conflicts():
     """v3 on v5's RS-ordered tiles (rs_codes, GroupedSplit._load_rs_item): under TMA's 64B swizzle (row n's chunk q
     at q ^ ((n >> 1) & 3)) thread (row n, sub-block j)'s word q holds the plain bytes 16j + 2q, + 1, 16j + 8 + 2q, + 1
-    (codes 4q .. + 3 and 16 + 4q .. + 3 of the sub-block: widen_item_rs's lo and hi of chunk word q), and each of
+    in the sign layout (codes 4q .. + 3 and 16 + 4q .. + 3 of the sub-block: widen_item_rs's lo and hi of chunk word
+    q), and each of
     a warp's 4 word loads of a step hits 32 distinct banks."""
     bn = 256
     plain = _codes(1, bn, 128, seed=3)[0]
-    rs = plain[:, rs_byte_order()]
+    rs = rs_sign_layout(plain[:, rs_byte_order()].contiguous())
     smem = torch.empty_like(rs)
     for n in range(bn):
         for q in range(4):
@@ -161,7 +162,8 @@ def test_rs_code_items_read_their_sub_block_through_the_swizzle_without_bank_con
             for q in range(4):
                 got = int(words[n * 16 + j + 4 * (q ^ ((n >> 1) & 3))])
                 b = [int(plain[n, 16 * j + o]) for o in (2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q)]
-                assert got & 0xFFFFFFFF == b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24, (n, j, q)
+                want = rs_sign_layout(torch.tensor(b, dtype=torch.uint8)).view(torch.int32).item()
+                assert got == want, (n, j, q)
     assert len(seen) == bn * 4
     for warp in range(8):
         for step in range(4):
