@@ -29,10 +29,9 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import Cost, Family, Impl, Option, Tolerance, register_family, register_impl
 from kernels.moe import peers
 from kernels.moe import serves as served
-from kernels.moe.gemv_layer import CompiledGemvLayer, compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
+from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.gemm.config import H100_SMS
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE, gemv_at_one_token
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -168,17 +167,10 @@ class MoeCuteDSL(Impl):
     check_fits = False  # the layer's count read-back (a host sync; variant `cutedsl:v1` keeps v1's)
     planned = True  # buffers and views made once per shape (variant `cutedsl:v1`: v1's per-call host path)
 
-    def one_token_gemv(self, case: Case) -> bool:
-        """The rule (no knobs) runs a one-token masked layer (every count <= 1) on the GEMV path where v5's L1 would
-        need a second round of units (grouped_config.gemv_at_one_token: Pro, not Flash)."""
-        return (not self.knobs and case["op"] == "layer" and case["layout"] == "masked"
-                and refusal(case["d"], case["i"]) is None and int(counts(case).max()) <= 1
-                and gemv_at_one_token(case["k"], case["i"], H100_SMS))
-
     def compile_key(self, case: Case, arch: str) -> tuple:
         if case["op"] == "layer":
             return (self.family, self.name, arch, "layer", case["e"], case["k"], case["d"], case["i"], case["layout"],
-                    tuple(sorted(self.knobs.items())), self.one_token_gemv(case))
+                    tuple(sorted(self.knobs.items())))
         if case["op"] == "dispatch":
             return (self.family, self.name, arch, "dispatch", case["e"], case["k"], case["d"], case["layout"])
         return (self.family, self.name, arch, "combine", case["d"], case["k"])
@@ -188,22 +180,17 @@ class MoeCuteDSL(Impl):
             return compile_dispatch(case["e"], case["k"], case["d"], case["layout"], arch)
         if case["op"] == "combine":
             return compile_combine(case["d"], case["k"], arch)
-        if self.one_token_gemv(case):
-            return compile_gemv_layer(case["e"], case["k"], case["d"], case["i"], 1, arch, balance=True)
         return compile_layer(case["e"], case["k"], case["d"], case["i"], case["layout"], arch, **self.knobs)
 
     def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
         if case["op"] == "layer":
             experts = tuple(inputs[n] for n in WEIGHT_NAMES)
-            # max_m is the case's largest count (inputs.max_m): it fits by construction, so no read-back.
-            # The compile says which path the rule took (one_token_gemv: the GEMV layer)
+            # max_m is the case's largest count (inputs.max_m): it fits by construction, so no read-back. The grouped
+            # GEMMs' pick also reads the mean count (the wide pair: grouped_config.WIDE_MEAN)
             args = (compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
                     case_max_m(case), out["out"])
-            if isinstance(compiled, CompiledGemvLayer):
-                run_gemv_layer(*args, check=self.check_fits)
-            else:  # the grouped GEMMs' pick also reads the mean count (the wide pair: grouped_config.WIDE_MEAN)
-                mean = mean_rows(case) if case["layout"] == "masked" else None
-                (run_layer if self.planned else run_layer_unplanned)(*args, check=self.check_fits, mean_rows=mean)
+            mean = mean_rows(case) if case["layout"] == "masked" else None
+            (run_layer if self.planned else run_layer_unplanned)(*args, check=self.check_fits, mean_rows=mean)
             return out
         if case["op"] == "dispatch":
             return run_dispatch(compiled, inputs["x"], inputs["idx"], inputs["weights"], out, case["e"],
@@ -234,7 +221,7 @@ class MoeLayerVariant(MoeCuteDSL):
     rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out (what v3's widening still costs),
     `cutedsl:v8-ko-no-widen` / `:v8-ko-no-mma` v8's decode knock-outs (v5 without its widening / its wgmmas),
     `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
-    at every count, `cutedsl:v8` the rule at decode without its one-token GEMV path (the model op's decode);
+    at every count;
     `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave;
     `cutedsl:v5` (decode only, the decode pick before v8) swap-AB with the weights widened in registers as an RS
     wgmma's A (kernels/moe/grouped_rs.py; a 16- and a 32-token tile compiled, a call takes the smallest holding its
@@ -312,8 +299,6 @@ register_impl(MoeLayerVariant("v3", V3))
 register_impl(MoeLayerVariant("v7", V7))
 # v3 on v5's RS-ordered code tiles (the rule's wide pair, here at every count)
 register_impl(MoeLayerVariant("v3-rs", V8_WIDE))
-# the rule's decode GEMMs without its one-token GEMV path: what the model's moe op runs at decode (serves.py)
-register_impl(MoeLayerVariant("v8", V8_DECODE))
 register_impl(MoeLayerVariant("v4", V4))
 register_impl(MoeLayerVariant("v5", V5))
 register_impl(MoeLayerVariant("v5-bm16", {**V5, "bm": 16}))

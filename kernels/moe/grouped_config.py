@@ -201,14 +201,6 @@ V8_WIDE = {**V3, "rs_codes": True}
 V8_PREFILL = {**V7, "rs_codes": True}
 
 
-def gemv_at_one_token(topk: int, i: int, sms: int) -> bool:
-    """The rule's pick where every expert holds at most one token (a one-token decode step): the GEMV path
-    (kernels/moe/gemv_layer.py, units of 4-16 weight row pairs on CUDA cores) wherever v5's L1 units, k experts x
-    2I / 256 rows, take more than one round of the SMs. H100, graph-timed, one process (docs/perf/moe.md "one
-    token"): Pro (144 units on 132 SMs) 129.0 us against v5's 147.0; Flash (96 units) 59.4 against 55.6."""
-    return topk * (2 * i // BN) > sms
-
-
 def choose(layout: str, epilogue: str) -> GroupedConfig:
     """v8: every GEMM of the layer on row-frame weights (expert_weights.prepare(frame="row")) and v5's RS-ordered code
     tiles (layer.rs_codes), so a model holds one frame and one copy of the codes. Decode (masked) takes v5 (swap-AB,

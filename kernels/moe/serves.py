@@ -11,11 +11,10 @@ Where each part runs:
                          two weights concatenated once per weight); w2:    h cast to bf16
                          quant+gemm
 
-The routed part is the family's `layer` op (kernels/moe/layer.py) on the rule's GEMMs (v8, grouped_config.choose):
-at prefill the family impl's compile (`run.compiled`: v7), at decode `cutedsl:v8` (`decode_runner`: the rule's
-grouped GEMMs, v5 and v3 past 64 rows an expert or a mean of 32, without its one-token GEMV path, which reads
-stacked checkpoint tensors this adapter does not keep). Every one of them reads one prepared pair, made ONCE per
-weight set: the checkpoint's per-expert MXFP4 tensors stacked over experts, w1/w3 interleaved into the L1 weight, the
+The routed part is the family's `layer` op (kernels/moe/layer.py) on the rule's GEMMs (grouped_config.choose), the
+family impl's compile (`run.compiled`): v7 at prefill, at decode v5 and v3 past 64 rows an expert or a mean of 32
+(the rule has no one-token GEMV path since session 34: v5 on the sign-laid RS tiles beat it). Every one of them
+reads one prepared pair, made ONCE per weight set: the checkpoint's per-expert MXFP4 tensors stacked over experts, w1/w3 interleaved into the L1 weight, the
 row frame's side data (kernels/moe/expert_weights.py) and the codes as v5's RS-ordered tiles (expert_weights.rs_tiles), cached
 on the source tensors (kernels.common.Prepared: weak references, remade if a source is replaced or written to).
 Device bytes beside the checkpoint's: 64 B of code tiles + 8 B of shift words and column scales per 128 K a row,
@@ -43,7 +42,6 @@ layer that does not fit in memory.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
@@ -226,15 +224,6 @@ def shared_expert(x: torch.Tensor, shared: ExpertWeights, limit: float) -> torch
     return gemm.fp8_linear(run, h, shared.w2)
 
 
-@functools.cache
-def decode_runner():
-    """`run` of the model's decode calls (masked layout): the rule's grouped GEMMs (`cutedsl:v8`), without its
-    one-token GEMV path (see the module docstring)."""
-    from dsv4bench.core.registry import get_family
-    from dsv4bench.model.kernel_ops import KernelOp
-    return KernelOp(get_family("moe"), "moe (decode: v8 GEMMs)", None, impl="cutedsl:v8").runner
-
-
 def routed_layer(run, params: dict, x, idx, weights, shared, l1: GroupedWeight, l2: GroupedWeight) -> torch.Tensor:
     """bf16 [T, D] = bf16(Σ_k expert_k(x) · w_k + shared) on the family's four kernels (layer.run_prepared, with the
     weights prepared here). x bf16 [T, D], idx int32 / weights fp32 [T, k]. max_m is this call's largest count
@@ -279,7 +268,7 @@ def moe(run, x, weights, idx, experts, shared: ExpertWeights, limit: float = LIM
     params = layer_params(tokens, idx2.shape[1], len(experts), d, l1.shape[1] // 2, idx2)
     s = shared_expert(rows, shared, limit).contiguous()
 
-    out = routed_layer(decode_runner() if params["layout"] == "masked" else run, params, rows, idx2, w2, s, l1, l2)
+    out = routed_layer(run, params, rows, idx2, w2, s, l1, l2)
     return out.float().reshape(*lead, d)
 
 

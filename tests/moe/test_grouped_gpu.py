@@ -155,7 +155,7 @@ def test_prefill_gemms_at_4096_tokens_ragged_with_an_empty_expert(knobs):
 LAYER = [Case("moe", space.case("layer", "flash", t, load)) for t, load in
          ((1, "uniform"), (8, "uniform"), (64, "uniform"), (64, "hot"), (64, "sparse"), (64, "hash"),
           (4096, "uniform"), (4096, "hot"))]
-LAYER += [Case("moe", space.case("layer", "pro", 1))]  # the rule's one-token GEMV pick (gemv_at_one_token)
+LAYER += [Case("moe", space.case("layer", "pro", 1))]  # one token at Pro: the GEMV pick until session 34, v5 since
 LAYER += [Case("moe", {**space.case("layer", "drawn", t, load, e, d, i), "layout": layout})
           for (e, d, i, t, load) in SMALL for layout in ("masked", "contiguous")]
 
