@@ -10,9 +10,8 @@ layer: y = bf16( Σ_k expert_{idx_k}(x; w_k) + shared ), the routed experts in t
     quantised again for w2, each expert's bf16 output summed in fp32 with the shared output.
     Ours (sm_90a): dispatch -> the grouped MXFP4 x FP8 GEMMs (L1 with the SwiGLU x route weight and h's FP8
     quantisation fused, L2; v5 at decode: kernels/moe/grouped_rs.py, v3 at prefill: kernels/moe/grouped_split.py
-    on row-frame weights) -> combine (kernels/moe/layer.py); a one-token step whose v5 L1 would take a second
-    round of the SMs (Pro) runs the GEMV path instead (kernels/moe/gemv_layer.py). The weights' side data is made
-    once per weight buffers. Peers: kernels/moe/peers.py.
+    on row-frame weights) -> combine (kernels/moe/layer.py); the CUDA-core GEMV path (kernels/moe/gemv_layer.py) is
+    a declared variant. The weights' side data is made once per weight buffers. Peers: kernels/moe/peers.py.
 dispatch: the router's output -> the layout (contiguous or masked) with x gathered and FP8-quantised
     (kernels/moe/dispatch.py). Oracle = reference = oracles.moe `dispatch_layout` + `gather_quant`;
     every output compares exactly.
