@@ -211,7 +211,8 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     v5 on the row frame 1.00-1.06x v5 on the block frame (Pro T = 64 sparse 216.9 -> 204.9 us), v3 past 64 1.17x v4
     (Pro T = 256), v7 on the RS tiles 0.99-1.02x v7 on the plain codes. `cutedsl:v5` / `cutedsl:v7` keep v5 (v4 past
     64) on the block frame and v7 on the plain codes; `cutedsl:v2` / `cutedsl:v3` / `cutedsl:v4` the earlier kernels,
-    for A/Bs."""
+    for A/Bs. v9 (session 34) keeps these picks; the RS tiles' sign layout (expert_weights.rs_sign_layout) makes their
+    widening 7 ops a word, and one token runs v5 too (no GEMV path)."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V8_PREFILL)
