@@ -84,8 +84,10 @@ class GroupedRs(GroupedSm90):
         accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
         tmps = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
         row_sc = cute.make_rmem_tensor((TILES, 2), Float32)  # row frame: the weight rows' scales (`_kblock_rs`)
-        sink = cute.make_rmem_tensor((1,), Int32)  # knock-out no-mma: the fragments' XOR, so the widening stays
-        sink[0] = Int32(0)
+        sink = None  # knock-out no-mma only: the fragments' XOR, so that the widening stays live
+        if cutlass.const_expr(c.ablate == "no-mma"):
+            sink = cute.make_rmem_tensor((1,), Int32)
+            sink[0] = Int32(0)
         cC = mn_view(thr.partition_C(cute.make_identity_tensor((64, c.bm))))
         # the thread's first weight row of tile j: wg_rows + 64 j (+ 8 for the fragment's second row)
         wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (TILES * 64) + cC[0, 0][0]

@@ -5,12 +5,16 @@ serialised wgmma; the family refuses v5 at prefill."""
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import pytest
 import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
-from kernels.moe.expert_weights import prepare, rs_byte_order, widen_table, widened_codes
+from kernels.moe.expert_weights import (prepare, row_codes, rs_byte_order, rs_sign_layout, rs_tiles, widen_table,
+                                        widened_codes)
 from kernels.moe.grouped_config import BN, V4, V5, GroupedConfig
 from kernels.moe.layer import rs_codes, weight_views
 from sweeps import moe as space
@@ -30,9 +34,6 @@ def test_rs_sign_layout_widens_as_the_plain_word_does_and_is_undone():
     """widen8_rs on a word in the RS sign layout (expert_weights.rs_sign_layout) gives widen8's two words of the plain
     word, for every table and for words covering each nibble value in each position, all-sign / no-sign and random
     words; row_codes undoes the layout (the checkpoint's bytes back)."""
-    import random
-
-    from kernels.moe.expert_weights import rs_sign_layout
     rnd = random.Random(1)
     patterns = [0, 0xFFFFFFFF, 0x88888888, 0x77777777, 0x80000000, 0x00000008]
     patterns += [v << (4 * p) for v in range(16) for p in range(8)] + [rnd.getrandbits(32) for _ in range(1000)]
@@ -43,9 +44,6 @@ def test_rs_sign_layout_widens_as_the_plain_word_does_and_is_undone():
             assert model.widen8_rs(word, t0, t1) == model.widen8(plain, t0, t1), (plain, word)
     codes = torch.randint(0, 256, (2, 300, 128), dtype=torch.int32).to(torch.uint8)
     w = prepare(codes, torch.full((2, 300, 8), 127, dtype=torch.uint8))
-    from dataclasses import replace
-
-    from kernels.moe.expert_weights import row_codes, rs_tiles
     assert torch.equal(row_codes(replace(w, codes=rs_tiles(codes), order="rs")), codes)
 
 
