@@ -25,6 +25,11 @@ def tma_ring(barriers, stages: int, consumer_warps: int, tx_bytes: int,
     )
 
 
-def consumer_state(stages: int, g):
-    """The consumer's ring state for the g-th stage it takes (slot g % stages, phase (g // stages) % 2)."""
+def consumer_state(stages: int, g, masks: bool = False):
+    """The consumer's ring state for the g-th stage it takes (slot g % stages, phase (g // stages) % 2). masks: g >= 0
+    and `stages` a power of two, so slot and phase are an AND and a shift (a signed g % stages is ~6 instructions)."""
+    if masks:
+        if stages & (stages - 1):
+            raise ValueError(f"masks needs a power-of-two ring, got {stages} stages")
+        return pipeline.PipelineState(stages, g, g & (stages - 1), (g >> (stages.bit_length() - 1)) & 1)
     return pipeline.PipelineState(stages, g, g % stages, (g // stages) % 2)

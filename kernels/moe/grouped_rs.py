@@ -128,7 +128,7 @@ class GroupedRs(GroupedSm90):
         tile): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
         s) a table pair and `widen8_rs`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
         c = self.cfg
-        state = consumer_state(c.n_stages, g_rd)
+        state = consumer_state(c.n_stages, g_rd, masks=True)
         ring.consumer_wait(state)
         q4 = cute.make_tensor(cute.recast_ptr(codes, dtype=Int32),
                               cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
@@ -165,7 +165,7 @@ class GroupedRs(GroupedSm90):
         stage widened into `nxt`; wait, free the stage, promote. row_sc: the row frame's weight-row scales; sink: the
         no-mma knock-out XORs `cur` into it (16 LOP3 a block) so that the widening is not dead code."""
         c = self.cfg
-        state = consumer_state(c.n_stages, g_rd)
+        state = consumer_state(c.n_stages, g_rd, masks=True)
         for j in cutlass.range_constexpr(TILES):
             fence_operand(tmps[j])
             fence_operand(cur[j])

@@ -158,6 +158,10 @@ LAYER = [Case("moe", space.case("layer", "flash", t, load)) for t, load in
 LAYER += [Case("moe", space.case("layer", "pro", 1))]  # one token at Pro: the GEMV pick until session 34, v5 since
 LAYER += [Case("moe", {**space.case("layer", "drawn", t, load, e, d, i), "layout": layout})
           for (e, d, i, t, load) in SMALL for layout in ("masked", "contiguous")]
+# the masked work list's scan over warp 0's lanes (16 experts a lane): 384 experts (24 lanes, most groups empty at
+# T = 8) and the full 512 (every lane; T = 64 spreads rows over most of them)
+LAYER += [Case("moe", {**space.case("layer", "drawn", t, load, e, 256, 128), "layout": "masked"})
+          for (e, t, load) in ((384, 8, "hot"), (512, 64, "uniform"))]
 
 
 @pytest.mark.parametrize("case", LAYER, ids=[c.id for c in LAYER])
@@ -165,7 +169,7 @@ def test_layer_passes_the_rule(case, gpu_check):
     gpu_check(case)
 
 
-VARIANT_CASES = [LAYER[0], LAYER[2], LAYER[6], LAYER[-1]]  # Flash T = 1, 64 (masked), 4096; a drawn contiguous one
+VARIANT_CASES = [LAYER[0], LAYER[2], LAYER[6], LAYER[18]]  # Flash T = 1, 64 (masked), 4096; a drawn contiguous one
 
 
 @pytest.mark.parametrize("variant", ["cutedsl:v1", "cutedsl:widen-v1", "cutedsl:tiled-b", "cutedsl:pdl",

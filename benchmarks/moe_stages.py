@@ -1,0 +1,100 @@
+"""Where a moe layer call's time goes: each of its launches timed alone, and the whole call, in one process.
+
+    python3 benchmarks/moe_stages.py --model flash --experts 256 --tokens 1,8,64 --impl cutedsl --out stages.jsonl
+
+One call of the impl runs with its launches recorded (dispatch's two kernels, L1, L2, combine: whatever the
+compiled layer's kernels and GEMMs are); each recorded launch is then replayed alone in a CUDA graph, and the whole
+call in another, every replay timed by CUDA events with the L2 flushed before it (the sweep's `--timing graph`). The
+whole call's output is checked against the FP32 oracle first. A stage's time alone includes its own launch and
+ramp; the whole call's time against the stages' sum is what programmatic dependent launch overlaps. Prints one line
+a case and writes one JSON record a case (µs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from dsv4bench.core.case import Case
+from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.evaluate import case_generator
+from dsv4bench.core.graphs import capture
+from dsv4bench.core.registry import get_impl, load_families
+from dsv4bench.core.timing import CudaTimer
+from kernels.moe.family import FAMILY
+from sweeps.moe import case as moe_case
+
+
+class Recorder:
+    """The compiled layer with every launch recorded as (name, callable, args) in `launches`; the rest delegated."""
+
+    def __init__(self, compiled):
+        self._compiled = compiled
+        self.launches: list = []
+        self.kernels = {name: self._wrap(name, fn) for name, fn in compiled.kernels.items()}
+
+    def _wrap(self, name, fn):
+        def call(*args):
+            self.launches.append((name, fn, args))
+            return fn(*args)
+        return call
+
+    def gemms(self, *args, **kwargs):
+        l1, l2, order = self._compiled.gemms(*args, **kwargs)
+        return self._wrap("l1", l1), self._wrap("l2", l2), order
+
+    def __getattr__(self, name):
+        return getattr(self._compiled, name)
+
+
+def graph_us(timer: CudaTimer, call) -> float:
+    return timer.time(capture(call).replay).median_ms * 1e3
+
+
+def stages(impl_name: str, params: dict, timer: CudaTimer) -> dict:
+    impl = get_impl("moe", impl_name)
+    case = Case("moe", params, seed=0, origin="cli")
+    inputs = FAMILY.make_inputs(case, case_generator(case), "cuda")
+    out = FAMILY.alloc_outputs(case, "cuda")
+    rec = Recorder(impl.compile(case, "sm_90a"))
+    impl.run(case, inputs, out, rec)
+    torch.cuda.synchronize()
+    passed, _ = compare_outputs(out, FAMILY.oracle(case, inputs), FAMILY.lowprec(case, inputs),
+                                lambda name: FAMILY.tolerance_for(case, name))
+    launches = list(rec.launches)
+    whole = graph_us(timer, lambda: impl.run(case, inputs, out, rec._compiled))
+    alone = {}
+    for n, (name, fn, args) in enumerate(launches):
+        alone[f"{n}:{name}"] = round(graph_us(timer, lambda fn=fn, args=args: fn(*args)), 2)
+    return {"impl": impl_name, "params": params, "passed": passed,
+            "whole_us": round(whole, 2), "alone_us": alone, "alone_sum_us": round(sum(alone.values()), 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="flash")
+    ap.add_argument("--experts", type=int, default=None, help="the layer's experts (default: the sweep's cap)")
+    ap.add_argument("--tokens", default="1,8,64")
+    ap.add_argument("--load", default="uniform")
+    ap.add_argument("--impl", action="append", default=None, help="repeatable (default: cutedsl)")
+    ap.add_argument("--out", default=None, help="JSONL file, one record a (case, impl)")
+    a = ap.parse_args()
+    load_families()
+    timer = CudaTimer("cuda")
+    sink = open(a.out, "a") if a.out else None
+    for t in (int(v) for v in a.tokens.split(",")):
+        for load in a.load.split(","):
+            params = moe_case("layer", a.model, t, load, e=a.experts)
+            for name in a.impl or ["cutedsl"]:
+                r = stages(name, params, timer)
+                stages_s = " ".join(f"{k} {v}" for k, v in r["alone_us"].items())
+                print(f"{a.model} e={params['e']} T={t} {load} {name}: whole {r['whole_us']} us, alone: {stages_s} "
+                      f"(sum {r['alone_sum_us']}) {'PASS' if r['passed'] else 'FAIL'}", flush=True)
+                if sink:
+                    sink.write(json.dumps(r) + "\n")
+                    sink.flush()
+
+
+if __name__ == "__main__":
+    main()
