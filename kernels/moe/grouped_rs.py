@@ -37,7 +37,6 @@ from kernels.moe.grouped_sm90 import GroupedSm90, last_group
 from kernels.moe.grouped_widen import SUBS, widen8_rs
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
-from kernels.rings import consumer_state
 
 TILES = 2  # m64 tiles of weight rows per consumer warpgroup
 
@@ -128,7 +127,7 @@ class GroupedRs(GroupedSm90):
         tile): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
         s) a table pair and `widen8_rs`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
         c = self.cfg
-        state = consumer_state(c.n_stages, g_rd, masks=True)
+        state = self._stage(g_rd)
         ring.consumer_wait(state)
         q4 = cute.make_tensor(cute.recast_ptr(codes, dtype=Int32),
                               cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
@@ -165,7 +164,7 @@ class GroupedRs(GroupedSm90):
         stage widened into `nxt`; wait, free the stage, promote. row_sc: the row frame's weight-row scales; sink: the
         no-mma knock-out XORs `cur` into it (16 LOP3 a block) so that the widening is not dead code."""
         c = self.cfg
-        state = consumer_state(c.n_stages, g_rd, masks=True)
+        state = self._stage(g_rd)
         for j in cutlass.range_constexpr(TILES):
             fence_operand(tmps[j])
             fence_operand(cur[j])

@@ -44,6 +44,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
 from kernels.gemm.tiling import KBLOCK, SMEM_BYTES
+from kernels.indexer.topk_select import warp_inclusive_scan
 from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig
 from kernels.moe.grouped_epilogue import GroupedEpilogues
 from kernels.moe.grouped_widen import GroupedWidening
@@ -208,12 +209,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
                     if g < n_groups:
                         tiles[j] = (cutlass.min(mGroup[g], mg) + c.bm - 1) // c.bm
                     run = run + tiles[j]
-                incl = run
-                for off in cutlass.range_constexpr(5):
-                    up = cute.arch.shuffle_sync_up(incl, offset=1 << off)
-                    if tidx >= (1 << off):
-                        incl = incl + up
-                before = incl - run
+                before = warp_inclusive_scan(run, tidx) - run
                 for j in cutlass.range_constexpr(SCAN_PER_LANE):
                     g = tidx * SCAN_PER_LANE + j
                     if g < n_groups:
@@ -382,7 +378,11 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
 
     @cute.jit
     def _stage(self, g_rd):
-        return consumer_state(self.cfg.n_stages, g_rd)
+        """The ring state of K block g_rd; a power-of-two ring's by masks (rings.consumer_state): with them v5's
+        index and phase and the wgmma descriptors built from them stay in uniform registers, where the signed
+        division's result took R2UR moves before each wgmma (H200: 1.10-1.16x at decode, docs/perf/moe.md v10)."""
+        n = self.cfg.n_stages
+        return consumer_state(n, g_rd, masks=n & (n - 1) == 0)
 
     @cute.jit
     def _prepare(self, ring, st, sSh, tab, g_rd, ctid):
