@@ -10,16 +10,17 @@ from kernels.common import POLICY
 from kernels.moe.layer import compile_grouped
 
 
-def compile_checked(layout: str, epilogue: str, knobs: dict, monkeypatch, n: int = 512, k: int = 256):
+def compile_checked(layout: str, epilogue: str, knobs: dict, monkeypatch, n: int = 512, k: int = 256,
+                    local_bytes: int = 0):
     """compile_grouped (N = 512, K = 256 unless given, `knobs`) with its PTX kept: an sm_90 cubin, no local memory at
-    decode (masked: one 64-row wave, nothing spilled) and, where this machine has ptxas, PTX that assembles
-    with no serialised wgmma. Returns the compile."""
+    decode (masked: one 64-row wave, nothing spilled; `local_bytes` where a known spill is allowed) and, where this
+    machine has ptxas, PTX that assembles with no serialised wgmma. Returns the compile."""
     monkeypatch.setattr(POLICY, "keep_ptx", lambda arch: True)
     compiled = compile_grouped(layout, epilogue, n, k, **knobs)
     info = parse_cubin(artifact(compiled))
     assert info.sm == 90
     if layout == "masked":
-        assert info.local_bytes == 0
+        assert info.local_bytes == local_bytes
     exe = ptxas.find_ptxas()
     if exe is not None:
         rc, log = ptxas.run_ptxas(exe, artifact(compiled, "__ptx__"), "sm_90a")
