@@ -20,6 +20,7 @@ from cutlass.pipeline import pipeline_init_arrive
 
 from kernels.gemm.tiling import SMEM_BYTES
 from kernels.rings import tma_ring
+from kernels.split_merge import add_and_count
 
 
 def tma_slices(atom: cute.CopyAtom, smem: cute.Tensor, gmem: cute.Tensor):
@@ -232,35 +233,10 @@ class PersistentGemmSm90:
 
     @cute.jit
     def _split_k_merge(self, acc, mWork, mCount, flag, epi_bar, t, mtid) -> cutlass.Boolean:
-        """Split-K fix-up: every slice adds its fp32 partial into the tile's zeroed workspace with
-        red.global.add (fire and forget), then counts itself in; the last slice to arrive reads the
-        sum back (one pass, every load in flight at once), zeroes the workspace and the counter for
-        the next call, and returns True (it stores the tile). Addition order varies run to run."""
+        """Split-K fix-up through the global workspace (kernels/split_merge.add_and_count): True on the last
+        slice to arrive, whose acc then holds the tile's sum (it stores the tile)."""
         c = self.cfg
-        per_thread = cute.size(acc)
         nthr = 128 * c.n_mma_wg
-        # workspace layout: [tile][element of the thread's fragment][thread] (coalesced)
-        base = t * (tile_sum_rows(c) * c.bn) + mtid
-        holds_rows = self._holds_rows(mtid)
-        if holds_rows:
-            for i in cutlass.range_constexpr(per_thread):
-                cute.arch.red(mWork.iterator + (base + i * nthr), acc[i], op="add", dtype=cutlass.Float32,
-                              sem="relaxed", scope="gpu")
-        cute.arch.fence_acq_rel_gpu()
-        epi_bar.arrive_and_wait()
-        if mtid == 0:
-            old = cute.arch.atomic_add(mCount.iterator + t, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-            is_last = old == c.split_k - 1
-            flag[0] = cutlass.Int32(1) if is_last else cutlass.Int32(0)
-            if is_last:
-                mCount[t] = cutlass.Int32(0)
-        epi_bar.arrive_and_wait()
-        last = flag[0] != 0
-        if last and holds_rows:
-            cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range_constexpr(per_thread):
-                acc[i] = mWork[base + i * nthr]
-            for i in cutlass.range_constexpr(per_thread):
-                mWork[base + i * nthr] = cutlass.Float32(0.0)
-        epi_bar.arrive_and_wait()
-        return last
+        base = t * (tile_sum_rows(c) * c.bn) + mtid  # workspace layout: [tile][element of the fragment][thread]
+        return add_and_count([acc], mWork, mCount, flag, epi_bar, t, base, nthr, c.split_k, mtid,
+                             self._holds_rows(mtid))

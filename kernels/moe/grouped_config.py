@@ -31,6 +31,8 @@ WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m)
 # slower
 WIDE_MEAN = 32
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
+MAX_SPLIT = 8  # GroupedConfig.split_k's largest
+SPLIT_UNITS = 2  # the split workspace holds SPLIT_UNITS x SMs units (kernels/moe/grouped_slices.py): past it no split
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,11 @@ class GroupedConfig:
     # v3 on the RS-ordered code tiles v5 reads (layer.rs_codes; v8, `cutedsl:v3-rs`): one copy of the codes for every
     # GEMM. An item's 4 code words lie 16 bytes apart: 4 4-byte loads, conflict-free under a 64B-swizzled stage tile
     rs_codes: bool = False
+    # v5 (swap_ab) only: the last round's units (units % CTAs: the tail) as up to this many K slices each, as many as
+    # the grid holds (kernels/moe/grouped_slices.py, planned on the device from the unit count); every slice adds its
+    # fp32 partial into a global workspace and the last to arrive runs the epilogue. 1: no split
+    # (`cutedsl:v10-tail` is split_k MAX_SPLIT)
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -115,6 +122,8 @@ class GroupedConfig:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.ablate == "no-mma" and not self.swap_ab:
             raise ValueError("ablate='no-mma' is a knock-out of v5 (swap_ab) only")
+        if not 1 <= self.split_k <= MAX_SPLIT or (self.split_k > 1 and not self.swap_ab):
+            raise ValueError(f"split_k must be 1 (or up to {MAX_SPLIT} on swap_ab, v5), got {self.split_k}")
         if self.swap_ab:
             if self.layout != "masked" or self.split_wg or self.tiled_b or self.widen != "v2":
                 raise ValueError("swap_ab (v5) is a masked-layout kernel of its own: no split_wg, tiled_b or widen "
@@ -188,10 +197,10 @@ class GroupedConfig:
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
-      "skip_padding_wave": False, "rs_codes": False}
+      "skip_padding_wave": False, "rs_codes": False, "split_k": 1}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
 V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False, "skip_padding_wave": False,
-      "rs_codes": False}
+      "rs_codes": False, "split_k": 1}
 V7 = {**V3, "skip_padding_wave": True}  # the prefill pick before v8: v3 without a tile's all-padding second wave
 V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_layer adds bm 32 and v4 beside it)
 # v8, the rule since session 33: one weight frame (row) and one copy of the codes (v5's RS-ordered tiles) for every

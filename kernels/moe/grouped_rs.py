@@ -33,10 +33,12 @@ from kernels.bits import bits_f32
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS
 from kernels.moe.grouped_epilogue import FP8_FLOOR, FP8_MAX, bf16_half, swiglu
+from kernels.moe.grouped_slices import item_range
 from kernels.moe.grouped_sm90 import GroupedSm90, last_group
 from kernels.moe.grouped_widen import SUBS, widen8_rs
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
+from kernels.split_merge import add_and_count
 
 TILES = 2  # m64 tiles of weight rows per consumer warpgroup
 
@@ -67,9 +69,12 @@ class GroupedRs(GroupedSm90):
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sX, _sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
+                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid, split):
         """The consumer warpgroups (GroupedSm90.kernel calls it): per unit, the K loop in pairs of blocks (the
-        fragment sets alternate), then the layer's epilogue. sX: x's stage tiles (the B operand)."""
+        fragment sets alternate), then the layer's epilogue. sX: x's stage tiles (the B operand). split: (workspace,
+        counters, units run whole, slices of each tail unit); with split_k, per item (a whole unit, or a tail unit's K
+        slice) its blocks; a slice adds its partial into the unit's workspace tile and only the last one to arrive runs
+        the epilogue (grouped_slices)."""
         c = self.cfg
         codes = st.sQ.data_ptr()  # the stages' FP4 tiles (RS byte order)
         tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
@@ -92,34 +97,55 @@ class GroupedRs(GroupedSm90):
         wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (TILES * 64) + cC[0, 0][0]
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
         bar.arrive_and_wait()  # the table is in
+        mWork, mCount, full, slices = split
         g_rd = Int32(0)
-        for u in cutlass.range(bidx, units, gdim, unroll=1):
+        for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
+            u, nk, slot = w, n_kb, Int32(0)
+            if cutlass.const_expr(c.split_k > 1):
+                u, kb0, kb1, slot = item_range(w, full, slices, n_kb)
+                nk = kb1 - kb0
             g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
             for j in cutlass.range_constexpr(TILES):
                 accs[j].fill(0.0)
             self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
-            for p in cutlass.range(0, n_kb // 2, unroll=1):
+            for p in cutlass.range(0, nk // 2, unroll=1):
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
                                 sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc, sink)
-                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[1], frags[0], 2 * p + 2 < n_kb, tCrB, accs, tmps,
+                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[1], frags[0], 2 * p + 2 < nk, tCrB, accs, tmps,
                                 cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid, row_sc, sink)
-            if n_kb % 2 == 1:
+            if nk % 2 == 1:
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
-                                sSW, sSA, tab, g_rd + n_kb - 1, wg_rows, ctid, row_sc, sink)
-            g_rd = g_rd + n_kb
+                                sSW, sSA, tab, g_rd + nk - 1, wg_rows, ctid, row_sc, sink)
+            g_rd = g_rd + nk
             if cutlass.const_expr(c.ablate == "no-mma"):  # a use of the sink the compiler cannot drop
                 if sink[0] == Int32(0x5EED5EED):
                     accs[0][0] = Float32(1.0)
-            if cutlass.const_expr(c.row_frame):  # the weight rows' scale, the same in every K block: once a unit
-                for j in cutlass.range_constexpr(TILES):
-                    acc_mn = mn_view(accs[j])
-                    for r in cutlass.range_constexpr(2):
-                        for cc in cutlass.range_constexpr(cute.size(cC, mode=[1])):
-                            acc_mn[r, cc] = acc_mn[r, cc] * row_sc[j, r]
-            if cutlass.const_expr(c.epilogue == "swiglu"):
-                self._store_h_rs(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
+            if cutlass.const_expr(c.split_k > 1):
+                done = cutlass.Boolean(True)
+                if w >= full:  # a tail unit's slice: into its workspace tile; the last one in holds the sum
+                    done = add_and_count(accs, mWork, mCount, st.flag.get_tensor(cute.make_layout((4,))), bar, slot,
+                                         slot * (c.bn * c.bm) + ctid, 128 * c.n_mma_wg, slices, ctid)
+                if done:
+                    self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows,
+                                      ctid)
             else:
-                self._store_rows_rs(accs, cC, mOut, g, mt, nt, limit, mg, wg_rows)
+                self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
+
+    @cute.jit
+    def _epilogue_rs(self, accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
+        """A unit's accumulators out: the weight rows' scale (row frame: the same in every K block, so once a unit
+        and after a split's sum), then L1's SwiGLU + h quantisation or L2's bf16 rows."""
+        c = self.cfg
+        if cutlass.const_expr(c.row_frame):
+            for j in cutlass.range_constexpr(TILES):
+                acc_mn = mn_view(accs[j])
+                for r in cutlass.range_constexpr(2):
+                    for cc in cutlass.range_constexpr(cute.size(cC, mode=[1])):
+                        acc_mn[r, cc] = acc_mn[r, cc] * row_sc[j, r]
+        if cutlass.const_expr(c.epilogue == "swiglu"):
+            self._store_h_rs(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
+        else:
+            self._store_rows_rs(accs, cC, mOut, g, mt, nt, limit, mg, wg_rows)
 
     @cute.jit
     def _widen_a(self, ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid):

@@ -46,6 +46,7 @@ from cutlass.utils import LayoutEnum
 from kernels.gemm.tiling import KBLOCK, SMEM_BYTES
 from kernels.indexer.topk_select import warp_inclusive_scan
 from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig
+from kernels.moe.grouped_slices import item_range, split_plan
 from kernels.moe.grouped_epilogue import GroupedEpilogues
 from kernels.moe.grouped_widen import GroupedWidening
 from kernels.regs import fence_operand, mn_view
@@ -85,6 +86,7 @@ def ring_storage(c: GroupedConfig, fp8, sA_layout, ring: tuple, sB_layout=None):
               "red": align[mem[Float32, c.reduce_words], 16],
               "gtiles": align[mem[Int32, MAX_GROUPS], 16],  # masked: tiles per group
               "gfirst": align[mem[Int32, MAX_GROUPS], 16],  # and the first tile of each
+              **({"flag": align[mem[Int32, 4], 16]} if c.split_k > 1 else {}),  # split_k: the last slice's flag
               "sSA": align[mem[Float32, cute.cosize(sSA_layout)], 128],
               "sSW": align[mem[Float32, cute.cosize(sSW_layout)], 128],
               "sSh": align[mem[Int32, cute.cosize(sSh_layout)], 128],
@@ -159,6 +161,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         mRowW: cute.Tensor,  # route weight of each row fp32 (G*Mg,) (swiglu only)
         mOut: cute.Tensor,  # swiglu: h codes uint8 (G*Mg, N/2); bf16: rows as int32 pairs (G*Mg, N/2)
         mOutS: cute.Tensor,  # swiglu: h scales fp32 (Mg, N/256, G), Mg contiguous; bf16: unused
+        mWork: cute.Tensor,  # split_k: the units' fp32 partial tiles (cap x bn x bm), zeroed; else unused
+        mCount: cute.Tensor,  # split_k: the slices in of each unit int32 (cap,), zeroed; else unused
         n_ctas: Int32,
         stream,
     ):
@@ -175,7 +179,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         units = cute.size(mA, mode=[2]) * ((cute.size(mA, mode=[0]) + c.bm - 1) // c.bm) * (
             (cute.size(mSh, mode=[0]) + c.bn - 1) // c.bn)
         self.kernel(tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
-                    mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout,
+                    mOut, mOutS, mWork, mCount, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout,
+                    sSW_layout,
                     sSA_layout, Storage).launch(grid=(cutlass.min(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
                                                 min_blocks_per_mp=1, stream=stream, use_pdl=c.pdl)
 
@@ -250,8 +255,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
 
     @cute.kernel
     def kernel(self, tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
-               mOut, mOutS, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout, sSA_layout,
-               Storage: cutlass.Constexpr):
+               mOut, mOutS, mWork, mCount, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout,
+               sSA_layout, Storage: cutlass.Constexpr):
         c = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -291,26 +296,35 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
             cute.arch.griddepcontrol_wait()  # before the first global access (counts, x, h, outputs)
             cute.arch.griddepcontrol_launch_dependents()  # the next kernel's CTAs take SMs as ours exit
         units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
+        full, slices = units, Int32(1)  # split_k: units run whole, slices of each tail unit (grouped_slices)
+        if cutlass.const_expr(c.split_k > 1):
+            full, slices = split_plan(units, gdim, n_kb, cute.size(mCount), c.split_k)
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
-                self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim)
+                self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim,
+                              (full, slices))
         else:
             cute.arch.setmaxregister_increase(232)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                          n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128)
+                          n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128, (mWork, mCount, full, slices))
 
     @cute.jit
-    def _produce(self, ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim):
+    def _produce(self, ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim, plan):
         """The TMA warp (v2, v4 and v5's GroupedRs): per unit and K block one stage of x (`a_boxes` boxes: v2's
         64-row waves, v5's one bm-row tile), the FP4 weight tile (tiled: one contiguous tile of the load-time
-        layout), its shift words and column scales, x's row scales. Each argument a (atom, global, shared)."""
+        layout), its shift words and column scales, x's row scales. Each argument a (atom, global, shared).
+        split_k: per item (a whole unit, or a tail unit's K slice: grouped_slices.item_range) its K blocks."""
         c = self.cfg
         boxes = c.a_boxes
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
-        for u in cutlass.range(bidx, units, gdim, unroll=1):
+        full, slices = plan
+        for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
+            u, kb0, kb1 = w, 0, n_kb
+            if cutlass.const_expr(c.split_k > 1):
+                u, kb0, kb1, _slot = item_range(w, full, slices, n_kb)
             g, mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
-            for kb in cutlass.range(0, n_kb, unroll=1):
+            for kb in cutlass.range(kb0, kb1, unroll=1):
                 ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
                 for w in cutlass.range_constexpr(boxes):
@@ -330,7 +344,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
+                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid, _split):
         c = self.cfg
         tab, tCrA, tCrB, accs, tmp, cC = self._consumer_state(tiled_mma, sA, sB, st, mTab, ctid)
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)

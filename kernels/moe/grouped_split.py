@@ -47,7 +47,7 @@ WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 
 class GroupedSplit(GroupedSm90):
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid):
+                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid, _split):
         c = self.cfg
         tab, tCrA, tCrB, accs, tmp, cC = self._consumer_state(tiled_mma, sA, sB, st, mTab, ctid)
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)  # both warpgroups

@@ -24,8 +24,8 @@ from kernels.moe.expert_weights import GroupedWeight, code_tiles, prepare_layer,
 from kernels.moe.glue import (
     alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
-from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, SWAP_BM, V4, V8_WIDE, WIDE_M, WIDE_MEAN,
-                                        WIDEN_TABLE_WORDS, GroupedConfig, choose)
+from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, SPLIT_UNITS, SWAP_BM, V4, V8_WIDE, WIDE_M,
+                                        WIDE_MEAN, WIDEN_TABLE_WORDS, GroupedConfig, choose)
 from kernels.moe.grouped_sm90 import grouped_kernel
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
@@ -64,7 +64,9 @@ def fake_grouped(layout: str, epilogue: str, n: int, k: int, tiled_b: bool = Fal
     else:
         out = make_fake_tensor(i32, (rows, n // 2), (n // 2, 1), assumed_align=16)
         out_s = make_fake_tensor(f32, (1, 1, 1), (1, 1, 1), assumed_align=4)
-    return a, sa, b, sh, sw, tab, group, row_w, out, out_s, cutlass.Int32(132)
+    work = make_fake_tensor(f32, (cute.sym_int32(),), (1,), assumed_align=16)
+    count = make_fake_tensor(i32, (cute.sym_int32(),), (1,), assumed_align=4)
+    return a, sa, b, sh, sw, tab, group, row_w, out, out_s, work, count, cutlass.Int32(132)
 
 
 def grouped_config(layout: str, epilogue: str, **knobs) -> GroupedConfig:
@@ -190,6 +192,18 @@ def _table(device) -> torch.Tensor:
     return _TABLES[key]
 
 
+def _split_workspace(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """v5's split workspace (GroupedConfig.split_k; kernels/moe/grouped_slices.py), zeroed once and left zeroed by
+    every call: fp32 partial tiles of SPLIT_UNITS x SMs units (bn x the widest token tile) and their counters. One
+    per device, shared by every layer: the layer's GEMMs run one after another on the caller's stream."""
+    key = ("split", str(device))
+    if key not in _TABLES:
+        cap = SPLIT_UNITS * sm_count(device)
+        _TABLES[key] = (torch.zeros(cap * BN * max(SWAP_BM), dtype=torch.float32, device=device),
+                        torch.zeros(cap, dtype=torch.int32, device=device))
+    return _TABLES[key]
+
+
 def _unused_scales(device) -> torch.Tensor:
     """L2's out_s argument (unused by the bf16 epilogue): one buffer per device, not a fill launch a call."""
     key = ("unused", str(device))
@@ -244,10 +258,11 @@ def act_views(codes: torch.Tensor, scales: torch.Tensor, max_m: int | None) -> t
 
 
 def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, out_s, max_m, swiglu: bool,
-                order: str = "plain"):
+                order: str = "plain", n_ctas: int | None = None):
     """One grouped GEMM on dispatch-layout activations (codes, MN-major scales): swiglu (L1) writes h codes
     and scales into out / out_s (dispatch's layout), else bf16 rows into out. `order`: the codes the compile
-    reads (GroupedConfig.codes of its config)."""
+    reads (GroupedConfig.codes of its config); `n_ctas`: the persistent grid (default: the SMs; tests shrink it to
+    give a few units full rounds and a tail)."""
     if max_m is not None and group.numel() > MAX_GROUPS:
         raise ValueError(f"{group.numel()} experts: the masked kernel's work list holds at most {MAX_GROUPS}")
     a, sa = act_views(codes, scales, max_m)
@@ -256,7 +271,8 @@ def run_grouped(compiled, codes, scales, w: GroupedWeight, group, row_w, out, ou
         o, os_ = out, act_views(out, out_s, max_m)[1]
     else:
         o, os_ = out.view(torch.int32), _unused_scales(out.device)
-    compiled(a, sa, b, sh, sw, _table(codes.device), group, row_w, o, os_, sm_count(codes.device))
+    compiled(a, sa, b, sh, sw, _table(codes.device), group, row_w, o, os_, *_split_workspace(codes.device),
+             n_ctas or sm_count(codes.device))
 
 
 _VIEWS = {order: Prepared(size=2) for order in CODES}  # weight views per (weight, codes order): L1 and L2
@@ -281,7 +297,7 @@ def _plan(t: int, topk: int, n_experts: int, d: int, i: int, max_m: int | None, 
                 "group": lay["counts"] if max_m is not None else lay["expert"],
                 "l1_act": act_views(lay["codes"], lay["scales"], max_m), "l1_out": (h, act_views(h, h_s, max_m)[1]),
                 "l2_act": act_views(h, h_s, max_m), "l2_out": (y_rows.view(torch.int32), _unused_scales(device)),
-                "ctx": (_table(device), sm_count(device))}
+                "ctx": (_table(device), _split_workspace(device), sm_count(device))}
 
     return planned(_PLAN, make, t, topk, n_experts, d, i, max_m, device)
 
@@ -357,11 +373,11 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
         if v.dtype != torch.bfloat16 or v.shape != x.shape or not v.is_contiguous():
             raise ValueError(f"{name} must be contiguous bf16 {tuple(x.shape)}, got {v.dtype} {tuple(v.shape)}")
     p = _plan(t, idx.shape[1], n_experts, d, i, max_m, x.device)
-    table, n_sms = p["ctx"]
+    table, split, n_sms = p["ctx"]
     k["dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
     l1, l2, order = compiled.gemms(max_m, mean_rows)
-    l1(*p["l1_act"], *_weight_args(l1w, order), table, p["group"], p["lay"]["row_weight"], *p["l1_out"], n_sms)
-    l2(*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], n_sms)
+    l1(*p["l1_act"], *_weight_args(l1w, order), table, p["group"], p["lay"]["row_weight"], *p["l1_out"], *split, n_sms)
+    l2(*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], *split, n_sms)
     k["combine"](p["y_rows"], p["lay"]["pos"], shared, out)
     if check and max_m is not None:
         check_fits(p["lay"]["counts"], max_m)

@@ -77,7 +77,7 @@ def test_grouped_gemms_match_the_model(shape, layout, knobs):
     _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, layout, knobs)
 
 
-def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs):
+def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs, n_ctas=None):
     max_m = _masked_max_m(idx, e) if layout == "masked" else None
     lay = dispatch(x, idx, w, e, max_m)
     frame = weight_frame(layout, **knobs)
@@ -88,10 +88,10 @@ def _check_gemms(e, d, i, ex, x, idx, w, layout, knobs):
     hs = torch.zeros((i // KBLOCK, rows) if max_m is None else (e, i // KBLOCK, max_m), device="cuda")
     order = grouped_config(layout, "swiglu", **knobs).codes
     run_grouped(compile_grouped(layout, "swiglu", 2 * i, d, **knobs), lay["codes"], lay["scales"], l1w, group,
-                lay["row_weight"], h, hs, max_m, True, order)
+                lay["row_weight"], h, hs, max_m, True, order, n_ctas)
     y = torch.zeros(rows, d, dtype=torch.bfloat16, device="cuda")
     run_grouped(compile_grouped(layout, "bf16", d, i, **knobs), h, hs, l2w, group, lay["row_weight"], y, None, max_m,
-                False, order)
+                False, order, n_ctas)
     torch.cuda.synchronize()
 
     cpu = {k: v.cpu() for k, v in lay.items()}
@@ -133,6 +133,25 @@ def test_v5_masked_gemms_match_the_model(shape, knobs):
     last block), L2's N = 384 (the last 256-row tile half past N)."""
     ex, x, idx, w = _problem(*shape)
     _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "masked", knobs)
+
+
+SPLIT = [((3, 4096, 512, 9, "hash"), 10), ((6, 4096, 2048, 1, "uniform"), 40), ((2, 2176, 2048, 40, "uniform"), 60)]
+
+
+@pytest.mark.parametrize("bm", [16, 32])
+@pytest.mark.parametrize("shape,n_ctas", SPLIT, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}-G{g}" for s, g in SPLIT])
+def test_v5_tail_split_gemms_match_the_model(shape, n_ctas, bm):
+    """v5 with its tail round split in K (split_k 8; kernels/moe/grouped_slices.py) on a grid shrunk to n_ctas CTAs,
+    so that some units run whole in full rounds and the tail's run as 2-5 slices (L1's K of 32 / 17 blocks: uneven
+    slices at D 2176; L2's K of 4-16 blocks mostly too short to split); a token twice on one expert (hash), several
+    token tiles an expert (T = 40 on 2 experts). The workspace is left zeroed: the second call must agree too."""
+    ex, x, idx, w = _problem(*shape)
+    for _ in range(2):
+        _check_gemms(shape[0], shape[1], shape[2], ex, x, idx, w, "masked",
+                     {**V5, "row_frame": True, "bm": bm, "split_k": 8}, n_ctas)
+    from kernels.moe.layer import _split_workspace
+    work, count = _split_workspace(x.device)
+    assert not work.any() and not count.any()
 
 
 @pytest.mark.parametrize("knobs", [V2, KNOBS["split-wg"], KNOBS["v3"], V7, {**V7, "rs_codes": True}],

@@ -143,6 +143,30 @@ def test_row_frame_v5_promotes_without_the_weight_scale_products():
     assert sum(" PRMT " in line for line in body[True]) == 32  # 16 words a K block, 2 prmt a word (widen8_rs)
 
 
+@pytest.mark.parametrize("epilogue,bm", [("swiglu", 16), ("bf16", 32)])
+def test_v5_split_k_compiles_and_only_it_carries_the_fix_up(epilogue, bm, monkeypatch):
+    """split_k (kernels/moe/grouped_slices.py) at K of 32 blocks (a K too short for the tail plan to pay a fix-up,
+    static, leaves no fix-up in the SASS): the compile has the fix-up's partial adds (REDG) and counter (ATOMG) and
+    spills nothing; the rule's v5 (split_k 1) has neither; split_k off v5 is refused; `cutedsl:v10-tail` is the rule
+    with split_k MAX_SPLIT at decode only, its wide pair (v3) unsplit."""
+    from dsv4bench.compile.sass import sass_of
+    from kernels.moe.grouped_config import MAX_SPLIT, V8_DECODE, V8_WIDE
+
+    knobs = {**V8_DECODE, "bm": bm}
+    text = {k: sass_of(compile_checked("masked", epilogue, {**knobs, "split_k": k}, monkeypatch, 512, 4096))
+            for k in (1, MAX_SPLIT)}
+    if None in text.values():
+        pytest.skip("no nvdisasm here")
+    assert "REDG.E.ADD.F32" in text[MAX_SPLIT] and "ATOMG.E.ADD" in text[MAX_SPLIT]
+    assert "REDG" not in text[1] and "ATOMG" not in text[1]
+    for bad in ({**V4, "split_k": 2}, {**V5, "bm": 16, "split_k": MAX_SPLIT + 1}):
+        with pytest.raises(ValueError, match="split_k"):
+            GroupedConfig(**bad)
+    impl = get_impl("moe", "cutedsl:v10-tail")
+    assert impl.knobs == {"split_k": MAX_SPLIT} and V8_WIDE["split_k"] == 1
+    assert "masked layout only" in impl.supports(Case("moe", space.case("layer", "flash", 4096)))
+
+
 def test_v8_knock_outs_drop_what_they_name_and_nothing_else():
     """`cutedsl:v8-ko-no-widen` / `-no-mma` (timed, never compared): the loop body loses its table loads and widening
     PRMTs (no-widen) or its QGMMAs (no-mma); the other keeps them. no-mma is refused off v5."""
