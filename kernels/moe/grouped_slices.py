@@ -1,14 +1,16 @@
 """The tail round of v5's units split in K (GroupedConfig.split_k > 1): a stream-K-like balance for decode steps.
 
 v5 deals its units (256 weight rows x a token tile) over the CTAs round-robin. When the count is not a multiple of
-the grid, the last round runs a few units on a few CTAs while the rest idle: Flash T = 8 (44 experts x 16 n tiles =
-704 units) is 5 full rounds of 132 and a tail of 44 (6 rounds of 32 K blocks where 5.33 would balance); Pro T = 1's L1
-is 132 + 12 (2 x 56 blocks where 61 would). Here the units of the full rounds run whole and each tail unit runs as
-`s` K slices (as many as the grid holds, up to split_k), so the tail takes ~n_kb / s blocks plus one fix-up: each slice
-adds its fp32 partial into the unit's workspace tile and the last to arrive runs the epilogue
-(kernels/split_merge.add_and_count). The plan is made on the device from the unit count the work list gives (the host
-does not know which experts hold rows). v10's first split (every unit split, d5d2260) lost: its fix-up costs ~5 us an
-item (docs/perf/moe.md, lesson 20), so only the tail, where a CTA would otherwise idle, pays it."""
+the grid, the last round runs a few units on a few CTAs while the rest idle: Pro T = 1's L1 is 6 experts x 24 n
+tiles = 144 units, 132 + 12 (2 x 56 K blocks where 61 would balance). Here the units of the full rounds run whole
+and each tail unit runs as `s` K slices (as many as the grid holds, up to split_k), so the tail takes ~n_kb / s
+blocks plus one fix-up: each slice adds its fp32 partial into the unit's workspace tile and the last to arrive runs
+the epilogue (kernels/split_merge.add_and_count). The plan is made on the device from the unit count the work list
+gives (the host does not know which experts hold rows). v10's first split (every unit split, d5d2260) lost: its
+fix-up costs ~5 us an item (docs/perf/moe.md, lesson 20), so only the tail, where a CTA would otherwise idle, pays
+it; and only after at most one full round: past it the CTAs drift apart and the stream stays DRAM-bound through the
+tail (H200, one process: Pro T = 1, 132 + 12 units, 111.4 -> 89.0 us; Flash T = 8, 5 rounds + 44, 166.5 -> 170.0 us,
+lesson 21)."""
 
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ SPLIT_FIX_KB = 8  # a fix-up (partial adds, fence, counter; the last slice's rea
 
 @cute.jit
 def split_plan(units, gdim, n_kb, cap, max_split: cutlass.Constexpr):
-    """(units run whole, slices of each tail unit): the tail (units % gdim) split into the most slices s <= max_split
-    the grid holds at once (s x tail <= gdim) where its blocks plus a fix-up beat a whole unit; else (units, 1)."""
+    """(units run whole, slices of each tail unit): with at most one full round, the tail (units % gdim) split into the
+    most slices s <= max_split the grid holds at once (s x tail <= gdim) where its blocks plus a fix-up beat a whole
+    unit; else (units, 1)."""
     tail = units % gdim
     s = Int32(1)
-    if (tail > 0) & (tail <= cap):
+    if (tail > 0) & (tail <= cap) & (units < 2 * gdim):
         for c in cutlass.range_constexpr(2, max_split + 1):
             if (c * tail <= gdim) & (n_kb >= c) & ((n_kb + c - 1) // c + SPLIT_FIX_KB < n_kb):
                 s = Int32(c)
