@@ -12,6 +12,7 @@ a case and writes one JSON record a case (µs)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import torch
@@ -23,6 +24,7 @@ from dsv4bench.core.graphs import capture
 from dsv4bench.core.registry import get_impl, load_families
 from dsv4bench.core.timing import CudaTimer
 from kernels.moe.family import FAMILY
+from sweeps.moe import LOADS, MODELS
 from sweeps.moe import case as moe_case
 
 
@@ -55,6 +57,9 @@ def graph_us(timer: CudaTimer, call) -> float:
 def stages(impl_name: str, params: dict, timer: CudaTimer) -> dict:
     impl = get_impl("moe", impl_name)
     case = Case("moe", params, seed=0, origin="cli")
+    refused = impl.supports(case, "sm_90a")
+    if refused:
+        return {"impl": impl_name, "params": params, "skipped": refused}
     inputs = FAMILY.make_inputs(case, case_generator(case), "cuda")
     out = FAMILY.alloc_outputs(case, "cuda")
     rec = Recorder(impl.compile(case, "sm_90a"))
@@ -73,27 +78,45 @@ def stages(impl_name: str, params: dict, timer: CudaTimer) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="flash")
+    ap.add_argument("--model", default="flash", choices=sorted(MODELS))
     ap.add_argument("--experts", type=int, default=None, help="the layer's experts (default: the sweep's cap)")
-    ap.add_argument("--tokens", default="1,8,64")
-    ap.add_argument("--load", default="uniform")
+    ap.add_argument("--tokens", default="1,8,64", help="comma-separated token counts")
+    ap.add_argument("--load", default="uniform", help=f"comma-separated, of {', '.join(LOADS)}")
     ap.add_argument("--impl", action="append", default=None, help="repeatable (default: cutedsl)")
-    ap.add_argument("--out", default=None, help="JSONL file, one record a (case, impl)")
+    ap.add_argument("--out", default=None, help="JSONL file, one record a (case, impl), appended as each ends")
     a = ap.parse_args()
+    try:
+        tokens = [int(v) for v in a.tokens.split(",")]
+    except ValueError:
+        ap.error(f"--tokens takes comma-separated integers, got {a.tokens!r}")
+    loads = a.load.split(",")
+    if bad := [v for v in loads if v not in LOADS] + [f"tokens {t}" for t in tokens if t < 1]:
+        ap.error(f"unknown or bad: {', '.join(bad)} (loads: {', '.join(LOADS)})")
+    if a.experts is not None and not 1 <= a.experts <= MODELS[a.model][0]:
+        ap.error(f"--experts must be 1..{MODELS[a.model][0]} for {a.model}, got {a.experts}")
     load_families()
+    try:
+        names = [get_impl("moe", n).name for n in a.impl or ["cutedsl"]]
+    except KeyError as e:
+        ap.error(str(e).strip("'\""))
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it times the kernels)")
     timer = CudaTimer("cuda")
-    sink = open(a.out, "a") if a.out else None
-    for t in (int(v) for v in a.tokens.split(",")):
-        for load in a.load.split(","):
-            params = moe_case("layer", a.model, t, load, e=a.experts)
-            for name in a.impl or ["cutedsl"]:
-                r = stages(name, params, timer)
-                stages_s = " ".join(f"{k} {v}" for k, v in r["alone_us"].items())
-                print(f"{a.model} e={params['e']} T={t} {load} {name}: whole {r['whole_us']} us, alone: {stages_s} "
-                      f"(sum {r['alone_sum_us']}) {'PASS' if r['passed'] else 'FAIL'}", flush=True)
-                if sink:
-                    sink.write(json.dumps(r) + "\n")
-                    sink.flush()
+    with open(a.out, "a") if a.out else contextlib.nullcontext() as sink:
+        for t in tokens:
+            for load in loads:
+                params = moe_case("layer", a.model, t, load, e=a.experts)
+                for name in names:
+                    r = stages(name, params, timer)
+                    if "skipped" in r:
+                        print(f"{a.model} e={params['e']} T={t} {load} {name}: skipped: {r['skipped']}", flush=True)
+                        continue
+                    stages_s = " ".join(f"{k} {v}" for k, v in r["alone_us"].items())
+                    print(f"{a.model} e={params['e']} T={t} {load} {name}: whole {r['whole_us']} us, alone: "
+                          f"{stages_s} (sum {r['alone_sum_us']}) {'PASS' if r['passed'] else 'FAIL'}", flush=True)
+                    if sink:
+                        sink.write(json.dumps(r) + "\n")
+                        sink.flush()
 
 
 if __name__ == "__main__":

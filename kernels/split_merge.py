@@ -1,8 +1,8 @@
-"""Split-K fix-up through a global fp32 workspace, shared by the FP8 GEMM (kernels/gemm/persistent_sm90.py) and v5 of
-the grouped expert GEMM (kernels/moe/grouped_slices.py): every slice of a tile adds its partial into the tile's zeroed
-workspace with red.global.add (fire and forget) and counts itself in; the last slice to arrive reads the sum back,
-zeroes the workspace and the counter for the next call, and stores the tile. No slice ever waits for another, so the
-slices need not be resident together. Addition order varies run to run."""
+"""Split-K fix-up through a global fp32 workspace, shared by the FP8 GEMM (kernels/gemm/persistent_sm90.py) and v5 of the
+grouped expert GEMM (kernels/moe/grouped_rs.py, its tail split: kernels/moe/grouped_slices.py): every slice of a tile
+adds its partial into the tile's zeroed workspace with red.global.add (fire and forget) and counts itself in; the last
+slice to arrive reads the sum back, zeroes the workspace and the counter for the next call, and stores the tile. No
+slice ever waits for another, so the slices need not be resident together. Addition order varies run to run."""
 
 from __future__ import annotations
 

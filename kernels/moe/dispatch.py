@@ -83,7 +83,8 @@ class LayoutKernel(TopkBlocks):
         max_m = rows // self.n_experts
         if cutlass.const_expr(self.layout == "masked"):
             # segment e is rows e·max_m ..: no histogram, no scans over the experts; the rank pass counts e's
-            # entries (v1 ran the contiguous layout's histogram and three CTA scans here too: ~2x the time)
+            # entries (v9 ran the contiguous layout's histogram and three CTA scans here too: dispatch alone 9.47 ->
+            # 8.13 us at Flash T = 1, H200). `used` = rows: the tail-padding loop below runs no iteration
             if e == 0:
                 self.unrouted(mIdx, mPos, tidx)
             offset, used = e * max_m, rows

@@ -238,7 +238,8 @@ class MoeLayerVariant(MoeCuteDSL):
         if case["op"] != "layer":
             return "a variant of the layer's GEMMs only"
         if (self.knobs.get("swap_ab") or self.knobs.get("split_k", 1) > 1) and case["layout"] != "masked":
-            return "v5 (swap-AB) is a decode kernel: masked layout only"
+            what = "v5 (swap-AB)" if self.knobs.get("swap_ab") else "the tail split (v5's)"
+            return f"{what} is a decode kernel: masked layout only"
         if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
             return "v7 (skip_padding_wave) is a prefill kernel: contiguous layout only"
         return super().supports(case, arch)

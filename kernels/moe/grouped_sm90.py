@@ -396,7 +396,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         index and phase and the wgmma descriptors built from them stay in uniform registers, where the signed
         division's result took R2UR moves before each wgmma (H200: 1.10-1.16x at decode, docs/perf/moe.md v10)."""
         n = self.cfg.n_stages
-        return consumer_state(n, g_rd, masks=n & (n - 1) == 0)
+        return consumer_state(n, g_rd, masks=(n & (n - 1)) == 0)
 
     @cute.jit
     def _prepare(self, ring, st, sSh, tab, g_rd, ctid):
