@@ -219,6 +219,7 @@ class MoeLayerVariant(MoeCuteDSL):
     scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
     rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out (what v3's widening still costs),
     `cutedsl:v8-ko-no-widen` / `:v8-ko-no-mma` v8's decode knock-outs (v5 without its widening / its wgmmas),
+    `cutedsl:v10-ko-stream` both at once (the weight stream through v10's ring alone),
     `cutedsl:v10-tail` (decode only) the rule with the last round of v5's units split in K (up to 8 slices a unit,
     as many as the grid holds; kernels/moe/grouped_slices.py),
     `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
@@ -312,6 +313,8 @@ register_impl(MoeLayerVariant("v3-ko-no-widen", {**V3, "ablate": "no-widen"}, ch
 # no-mma): where the K block's time goes
 register_impl(MoeLayerVariant("v8-ko-no-widen", {**V8_DECODE, "ablate": "no-widen"}, checked=False))
 register_impl(MoeLayerVariant("v8-ko-no-mma", {**V8_DECODE, "ablate": "no-mma"}, checked=False))
+# ... and both at once: the weight stream through v10's ring alone (the codes XORed into a sink)
+register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}, checked=False))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 register_impl(MoeLayerVariant("v10-tail", {"split_k": MAX_SPLIT}))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,

@@ -19,7 +19,7 @@ BN = 256
 LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
-ABLATIONS = ("", "no-widen", "no-mma")
+ABLATIONS = ("", "no-widen", "no-mma", "stream")
 WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
@@ -46,7 +46,9 @@ class GroupedConfig:
     overlap: bool = True
     # knock-out (wrong answers, timed only: variant `cutedsl:ko-no-widen`): the FP4 tiles still stream in
     # but are not widened; its gap to the shipped kernel is what the widening costs. v5 (swap_ab) also takes
-    # "no-mma" (its wgmmas not issued: what the tensor pipe costs; `cutedsl:v8-ko-no-mma`)
+    # "no-mma" (its wgmmas not issued: what the tensor pipe costs; `cutedsl:v8-ko-no-mma`) and "stream" (neither:
+    # the codes loaded and XORed into a sink, the stages waited and freed; what the weight stream through the ring
+    # alone takes, `cutedsl:v10-ko-stream`)
     ablate: str = ""
     # v2: per thread and step the 4 (row, sub-block) items' loads first (one 16-byte word of codes each,
     # the shift word, the 8-byte table), then 8 codes per 32-bit word in 9 integer ops (two `prmt` on the
@@ -120,8 +122,8 @@ class GroupedConfig:
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
-        if self.ablate == "no-mma" and not self.swap_ab:
-            raise ValueError("ablate='no-mma' is a knock-out of v5 (swap_ab) only")
+        if self.ablate in ("no-mma", "stream") and not self.swap_ab:
+            raise ValueError(f"ablate={self.ablate!r} is a knock-out of v5 (swap_ab) only")
         if not 1 <= self.split_k <= MAX_SPLIT or (self.split_k > 1 and not self.swap_ab):
             raise ValueError(f"split_k must be 1 (or up to {MAX_SPLIT} on swap_ab, v5), got {self.split_k}")
         if self.swap_ab:
@@ -140,6 +142,16 @@ class GroupedConfig:
     bn = BN
     n_mma_wg = 2
     threads = 384
+
+    @property
+    def skips_widen(self) -> bool:
+        """A knock-out that leaves the FP4 codes unwidened."""
+        return self.ablate in ("no-widen", "stream")
+
+    @property
+    def skips_mma(self) -> bool:
+        """A knock-out that issues no wgmma (v5: the fragments go to a sink instead)."""
+        return self.ablate in ("no-mma", "stream")
 
     @property
     def waves(self) -> int:

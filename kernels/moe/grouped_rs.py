@@ -88,8 +88,8 @@ class GroupedRs(GroupedSm90):
         accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
         tmps = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
         row_sc = cute.make_rmem_tensor((TILES, 2), Float32)  # row frame: the weight rows' scales (`_kblock_rs`)
-        sink = None  # knock-out no-mma only: the fragments' XOR, so that the widening stays live
-        if cutlass.const_expr(c.ablate == "no-mma"):
+        sink = None  # knock-outs without wgmmas only: the fragments' XOR, so that the widening stays live
+        if cutlass.const_expr(c.skips_mma):
             sink = cute.make_rmem_tensor((1,), Int32)
             sink[0] = Int32(0)
         cC = mn_view(thr.partition_C(cute.make_identity_tensor((64, c.bm))))
@@ -117,7 +117,7 @@ class GroupedRs(GroupedSm90):
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
                                 sSW, sSA, tab, g_rd + nk - 1, wg_rows, ctid, row_sc, sink)
             g_rd = g_rd + nk
-            if cutlass.const_expr(c.ablate == "no-mma"):  # a use of the sink the compiler cannot drop
+            if cutlass.const_expr(c.skips_mma):  # a use of the sink the compiler cannot drop
                 if sink[0] == Int32(0x5EED5EED):
                     accs[0][0] = Float32(1.0)
             if cutlass.const_expr(c.split_k > 1):
@@ -165,13 +165,13 @@ class GroupedRs(GroupedSm90):
             for rh in cutlass.range_constexpr(2):
                 row = wg_rows + 64 * j + 8 * rh
                 cute.autovec_copy(q4[None, (state.index * c.bn + row) * 4 + quad], words[None, 2 * j + rh])
-                if cutlass.const_expr(c.ablate != "no-widen"):
+                if cutlass.const_expr(not c.skips_widen):
                     shifts[2 * j + rh] = sSh[row, 0, state.index]
         for j in cutlass.range_constexpr(TILES):
             out = cute.recast_tensor(frag[j], Int32)  # word rh + 2 kh + 4 s
             for rh in cutlass.range_constexpr(2):
                 for s in cutlass.range_constexpr(SUBS):
-                    if cutlass.const_expr(c.ablate == "no-widen"):  # knock-out: the code words as they came
+                    if cutlass.const_expr(c.skips_widen):  # knock-out: the code words as they came
                         out[rh + 4 * s] = words[s, 2 * j + rh]
                         out[rh + 2 + 4 * s] = words[s, 2 * j + rh]
                         continue
@@ -195,7 +195,7 @@ class GroupedRs(GroupedSm90):
             fence_operand(tmps[j])
             fence_operand(cur[j])
         warpgroup.fence()
-        if cutlass.const_expr(c.ablate != "no-mma"):
+        if cutlass.const_expr(not c.skips_mma):
             for j in cutlass.range_constexpr(TILES):
                 for k in cutlass.range_constexpr(SUBS):
                     cute.gemm(mmas[0] if k == 0 else mmas[1], tmps[j], cur[j][(None, None, k)],

@@ -153,7 +153,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl)}
     # the wide pair beside v5's tiles, on v5's weights: v3 on the RS tiles (row frame: the rule) or v4 (block frame)
     wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl}
-    if wide.get("ablate") == "no-mma":  # v5's knock-out only: the wide pair runs whole
+    if wide.get("ablate") in ("no-mma", "stream"):  # v5's knock-outs only: the wide pair runs whole
         wide["ablate"] = ""
     pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + ([("wide", wide)] if tiles else [])
     for name, pair_knobs in pairs or [(None, knobs)]:

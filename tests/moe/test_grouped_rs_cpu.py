@@ -168,15 +168,17 @@ def test_v5_split_k_compiles_and_only_it_carries_the_fix_up(epilogue, bm, monkey
 
 
 def test_v8_knock_outs_drop_what_they_name_and_nothing_else():
-    """`cutedsl:v8-ko-no-widen` / `-no-mma` (timed, never compared): the loop body loses its table loads and widening
-    PRMTs (no-widen) or its QGMMAs (no-mma); the other keeps them. no-mma is refused off v5."""
+    """`cutedsl:v8-ko-no-widen` / `-no-mma` / `v10-ko-stream` (timed, never compared): the loop body loses its table
+    loads and widening PRMTs (no-widen), its QGMMAs (no-mma) or both (stream); the others keep them. no-mma and stream
+    are refused off v5."""
     from dsv4bench.compile.sass import sass_of
     from kernels.moe.grouped_config import V8_DECODE
     from kernels.moe.layer import compile_grouped
 
     count = {}
-    for ablate in ("", "no-widen", "no-mma"):
-        impl = get_impl("moe", f"cutedsl:v8-ko-{ablate}") if ablate else None
+    names = {"no-widen": "v8-ko-no-widen", "no-mma": "v8-ko-no-mma", "stream": "v10-ko-stream"}
+    for ablate in ("", *names):
+        impl = get_impl("moe", f"cutedsl:{names[ablate]}") if ablate else None
         assert impl is None or (not impl.checked and impl.knobs == {**V8_DECODE, "ablate": ablate})
         text = sass_of(compile_grouped("masked", "bf16", 512, 256, **{**V8_DECODE, "bm": 16, "ablate": ablate}))
         if text is None:
@@ -184,8 +186,10 @@ def test_v8_knock_outs_drop_what_they_name_and_nothing_else():
         count[ablate] = (text.count("QGMMA"), text.count(" PRMT "))
     assert count[""][0] == count["no-widen"][0] == 16 and count["no-mma"][0] == 0
     assert abs(count["no-mma"][1] - count[""][1]) <= 4 and count[""][1] > 4 * count["no-widen"][1]
-    with pytest.raises(ValueError, match="no-mma"):
-        GroupedConfig(**{**V4, "ablate": "no-mma"})
+    assert count["stream"][0] == 0 and count["stream"][1] == count["no-widen"][1]
+    for ablate in ("no-mma", "stream"):
+        with pytest.raises(ValueError, match=ablate):
+            GroupedConfig(**{**V4, "ablate": ablate})
 
 
 @pytest.mark.parametrize("counts", [[0, 5, 0, 0, 70, 1], [3], [0, 0, 129], [200, 0, 64, 65, 0], [0] * 511 + [2]])
