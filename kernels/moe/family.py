@@ -221,8 +221,7 @@ class MoeLayerVariant(MoeCuteDSL):
     `cutedsl:v8-ko-no-widen` / `:v8-ko-no-mma` v8's decode knock-outs (v5 without its widening / its wgmmas),
     `cutedsl:v10-ko-stream` both at once (the weight stream through v10's ring alone),
     `cutedsl:v10-tail` (decode only) the rule with the last round of v5's units split in K (up to 8 slices a unit,
-    as many as the grid holds; kernels/moe/grouped_slices.py), `cutedsl:v11-wide-box` the rule with v5's code
-    tiles read in 64 TMA box rows of 256 B (GroupedConfig.wide_box),
+    as many as the grid holds; kernels/moe/grouped_slices.py),
     `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
     at every count;
     `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave;
@@ -239,10 +238,9 @@ class MoeLayerVariant(MoeCuteDSL):
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case["op"] != "layer":
             return "a variant of the layer's GEMMs only"
-        v5_only = {"v5 (swap-AB)": self.knobs.get("swap_ab"), "the tail split (v5's)": self.knobs.get("split_k", 1) > 1,
-                   "the wide code box (v5's)": self.knobs.get("wide_box")}
-        if (named := [what for what, on in v5_only.items() if on]) and case["layout"] != "masked":
-            return f"{named[0]} is a decode kernel: masked layout only"
+        if (self.knobs.get("swap_ab") or self.knobs.get("split_k", 1) > 1) and case["layout"] != "masked":
+            what = "v5 (swap-AB)" if self.knobs.get("swap_ab") else "the tail split (v5's)"
+            return f"{what} is a decode kernel: masked layout only"
         if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
             return "v7 (skip_padding_wave) is a prefill kernel: contiguous layout only"
         return super().supports(case, arch)
@@ -319,8 +317,6 @@ register_impl(MoeLayerVariant("v8-ko-no-mma", {**V8_DECODE, "ablate": "no-mma"},
 register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}, checked=False))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 register_impl(MoeLayerVariant("v10-tail", {"split_k": MAX_SPLIT}))
-# v10 with v5's code tiles read in 64 TMA box rows of 256 B (GroupedConfig.wide_box)
-register_impl(MoeLayerVariant("v11-wide-box", {"wide_box": True}))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
                                planned=False))
 register_impl(MoeGemv())

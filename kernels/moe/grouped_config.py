@@ -32,7 +32,6 @@ WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m)
 WIDE_MEAN = 32
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 MAX_SPLIT = 8  # GroupedConfig.split_k's largest
-WIDE_BOX = (64, 256)  # GroupedConfig.wide_box: a stage's tiled codes (bn x 64 bytes) as TMA box rows x bytes
 SPLIT_UNITS = 2  # the split workspace holds SPLIT_UNITS x SMs units (kernels/moe/grouped_slices.py): past it no split
 
 
@@ -103,9 +102,6 @@ class GroupedConfig:
     # fp32 partial into a global workspace and the last to arrive runs the epilogue. 1: no split
     # (`cutedsl:v10-tail` is split_k MAX_SPLIT)
     split_k: int = 1
-    # v5: the stage's 16 KB of tiled codes read by TMA as WIDE_BOX (64 rows of 256 B) instead of bn rows of 64 B:
-    # the same bytes in the same (unswizzled) order, a quarter of the box rows. `cutedsl:v11-wide-box`
-    wide_box: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -126,8 +122,6 @@ class GroupedConfig:
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
-        if self.wide_box and not self.swap_ab:
-            raise ValueError("wide_box reads v5's (swap_ab) unswizzled code tiles only")
         if self.ablate in ("no-mma", "stream") and not self.swap_ab:
             raise ValueError(f"ablate={self.ablate!r} is a knock-out of v5 (swap_ab) only")
         if not 1 <= self.split_k <= MAX_SPLIT or (self.split_k > 1 and not self.swap_ab):
@@ -215,10 +209,10 @@ class GroupedConfig:
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
-      "skip_padding_wave": False, "rs_codes": False, "split_k": 1, "wide_box": False}
+      "skip_padding_wave": False, "rs_codes": False, "split_k": 1}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
 V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False, "skip_padding_wave": False,
-      "rs_codes": False, "split_k": 1, "wide_box": False}
+      "rs_codes": False, "split_k": 1}
 V7 = {**V3, "skip_padding_wave": True}  # the prefill pick before v8: v3 without a tile's all-padding second wave
 V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_layer adds bm 32 and v4 beside it)
 # v8, the rule since session 33: one weight frame (row) and one copy of the codes (v5's RS-ordered tiles) for every

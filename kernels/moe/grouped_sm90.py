@@ -45,7 +45,7 @@ from cutlass.utils import LayoutEnum
 
 from kernels.gemm.tiling import KBLOCK, SMEM_BYTES
 from kernels.indexer.topk_select import warp_inclusive_scan
-from kernels.moe.grouped_config import MAX_GROUPS, WIDE_BOX, WIDEN_TABLE_WORDS, GroupedConfig
+from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig
 from kernels.moe.grouped_slices import item_range, split_plan
 from kernels.moe.grouped_epilogue import GroupedEpilogues
 from kernels.moe.grouped_widen import GroupedWidening
@@ -106,8 +106,6 @@ def ring_layouts(c: GroupedConfig) -> tuple:
     S = c.n_stages
     sa_stage = max(c.bm, TMA_SMEM_ALIGN // 4)
     codes = cute.make_layout((c.bn, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2))
-    if c.wide_box:  # the same bytes as WIDE_BOX rows (ring_boxes)
-        codes = cute.make_layout((*WIDE_BOX, S), stride=(WIDE_BOX[1], 1, c.bn * KBLOCK // 2))
     if c.rs_codes:  # TMA's 64B swizzle: row n's 16-byte chunk q at q ^ ((n >> 1) & 3) (GroupedSplit's RS widening)
         codes = cute.make_composed_layout(cute.make_swizzle(2, 4, 3), 0, codes)
     return (codes,
@@ -116,9 +114,8 @@ def ring_layouts(c: GroupedConfig) -> tuple:
 
 
 def ring_boxes(c: GroupedConfig) -> tuple:
-    """TMA boxes of a stage's weight tile (bn x 64 bytes; wide_box: WIDE_BOX), shift words, column scales (bn each),
-    x's row scales (bm)."""
-    return WIDE_BOX if c.wide_box else (c.bn, KBLOCK // 2), (c.bn, 1), (c.bn, 1), (c.bm, 1)
+    """TMA boxes of a stage's weight tile (bn x 64 bytes), shift words, column scales (bn each), x's row scales (bm)."""
+    return (c.bn, KBLOCK // 2), (c.bn, 1), (c.bn, 1), (c.bm, 1)
 
 
 def ring_atoms(c: GroupedConfig, tensors: tuple, layouts: tuple) -> list:
@@ -173,9 +170,6 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         fp8 = mA.element_type
         tiled_mma, mma_acc, sA_layout, sB_layout = self._operands(fp8)
         sQ_layout, sSh_layout, sSW_layout, sSA_layout = ring_layouts(c)
-        if cutlass.const_expr(c.wide_box):  # the tiles (bn, 64, T) as (WIDE_BOX, T): each tile's bytes in order
-            mB = cute.make_tensor(mB.iterator, cute.make_layout(
-                (*WIDE_BOX, cute.size(mB, mode=[2])), stride=(WIDE_BOX[1], 1, c.bn * KBLOCK // 2)))
         tma_a, gA_t = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mA,
                                                   cute.slice_(sA_layout, (None, None, 0)), (c.x_rows, KBLOCK))
         (tma_b, gB_t), (tma_sh, gSh_t), (tma_sw, gSW_t), (tma_sa, gSA_t) = ring_atoms(

@@ -212,24 +212,6 @@ def test_v5_config_refuses_what_it_cannot_run():
         GroupedConfig(**{**V5, "bm": 64})
     cfg = GroupedConfig(bm=16, **V5)
     assert cfg.n_stages >= 4 and cfg.a_boxes == 1 and cfg.tiled_codes
-    with pytest.raises(ValueError, match="wide_box"):
-        GroupedConfig(**{**V4, "wide_box": True})
-
-
-def test_wide_box_reads_the_same_bytes_in_a_quarter_of_the_rows():
-    """v5's wide code box (`cutedsl:v11-wide-box`): the stage's codes as 64 TMA rows of 256 B instead of bn rows of 64
-    B (the same linear bytes: tests/moe/test_grouped_gpu.py's v5-row-wide-box GEMMs against the model); the rule's
-    wide pair (v3) keeps its box; decode only."""
-    from kernels.moe.grouped_config import V8_DECODE, V8_WIDE, WIDE_BOX
-    from kernels.moe.grouped_sm90 import ring_boxes
-
-    narrow, wide = (GroupedConfig(bm=16, **{**V8_DECODE, "wide_box": w}) for w in (False, True))
-    assert ring_boxes(wide)[0] == WIDE_BOX and ring_boxes(narrow)[0] == (narrow.bn, 64)
-    assert WIDE_BOX[0] * WIDE_BOX[1] == narrow.bn * 64 and ring_boxes(wide)[1:] == ring_boxes(narrow)[1:]
-    impl = get_impl("moe", "cutedsl:v11-wide-box")
-    assert impl.knobs == {"wide_box": True} and V8_WIDE["wide_box"] is False
-    assert "masked layout only" in impl.supports(Case("moe", space.case("layer", "flash", 4096)))
-    assert impl.supports(Case("moe", space.case("layer", "flash", 8))) is None
 
 
 def test_family_runs_v5_at_decode_only():
