@@ -220,7 +220,8 @@ class MoeLayerVariant(MoeCuteDSL):
     rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out (what v3's widening still costs),
     `cutedsl:v8-ko-no-widen` / `:v8-ko-no-mma` v8's decode knock-outs (v5 without its widening / its wgmmas),
     `cutedsl:v10-ko-stream` both at once (the weight stream through v10's ring alone),
-    `cutedsl:v10-tail` (decode only) the rule with the last round of v5's units split in K (up to 8 slices a unit,
+    `cutedsl:v10` the rule before v11 (no tail-split build), `cutedsl:v10-tail` (decode only) every v5 pair built
+    with the last round of its units split in K where the device's plan cuts it (up to 8 slices a unit,
     as many as the grid holds; kernels/moe/grouped_slices.py),
     `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
     at every count;
@@ -317,6 +318,8 @@ register_impl(MoeLayerVariant("v8-ko-no-mma", {**V8_DECODE, "ablate": "no-mma"},
 register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}, checked=False))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 register_impl(MoeLayerVariant("v10-tail", {"split_k": MAX_SPLIT}))
+# the rule before v11: no tail-split build beside the smallest token tile
+register_impl(MoeLayerVariant("v10", {"tail_split": False}))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
                                planned=False))
 register_impl(MoeGemv())

@@ -234,7 +234,9 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     64) on the block frame and v7 on the plain codes; `cutedsl:v2` / `cutedsl:v3` / `cutedsl:v4` the earlier kernels,
     for A/Bs. v9 (session 34) keeps these picks; the RS tiles' sign layout (expert_weights.rs_sign_layout) makes their
     widening 7 ops a word, and one token runs v5 too (no GEMV path). v10 (session 35) keeps them too: its changes
-    are in the kernels' ring state (GroupedSm90._stage), work list and the masked dispatch."""
+    are in the kernels' ring state (GroupedSm90._stage), work list and the masked dispatch. v11 (session 36):
+    layer.compile_layer adds the 16-token tile's tail-split build (split_k MAX_SPLIT), which a call launches where
+    its units' tail would be cut (grouped_slices.tail_slices: Pro T = 1)."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V8_PREFILL)

@@ -24,8 +24,9 @@ from kernels.moe.expert_weights import GroupedWeight, code_tiles, prepare_layer,
 from kernels.moe.glue import (
     alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
-from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, SPLIT_UNITS, SWAP_BM, V4, V8_WIDE, WIDE_M,
+from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, MAX_SPLIT, SPLIT_UNITS, SWAP_BM, V4, V8_WIDE, WIDE_M,
                                         WIDE_MEAN, WIDEN_TABLE_WORDS, GroupedConfig, choose)
+from kernels.moe.grouped_slices import tail_slices
 from kernels.moe.grouped_sm90 import grouped_kernel
 
 SM90_ONLY = "the grouped expert GEMM uses wgmma, which exists only on SM90 (sm_90a); no sm_100a kernel"
@@ -108,25 +109,33 @@ class CompiledLayer:
     """The four compiles of the layer (dispatch, l1, l2, combine): `kernels` is how the harness's
     compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions);
     `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes; `wide_codes`: the wide pair's);
-    `row_frame`: the GEMMs (v3, v5 in the rule) read weights prepared in the row frame (`row_frame_weights`)."""
+    `row_frame`: the GEMMs (v3, v5 in the rule) read weights prepared in the row frame (`row_frame_weights`);
+    `split_shapes`: (n tiles, K blocks) of L1 and L2 where the tail-split pair ("l1@split", "l2@split") is compiled."""
 
     def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = (),
-                 wide_codes: str = "plain", wide_mean: float | None = None):
+                 wide_codes: str = "plain", wide_mean: float | None = None, split_shapes: tuple = ()):
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
-        self.wide_codes, self.wide_mean = wide_codes, wide_mean
+        self.wide_codes, self.wide_mean, self.split_shapes = wide_codes, wide_mean, split_shapes
 
-    def gemms(self, max_m: int | None, mean_rows: float | None = None) -> tuple:
+    def gemms(self, max_m: int | None, mean_rows: float | None = None, rows: int | None = None,
+              n_sms: int | None = None) -> tuple:
         """(L1, L2, the codes order they read) for a call. The rule's decode pick (`token_tiles`: v5 at each tile,
         the wide pair beside them) takes the smallest v5 tile holding max_m (the largest count, known on the host),
         the wide pair past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5") or, v8's (v3), where the
         experts holding rows average more than `wide_mean` (WIDE_MEAN; `mean_rows`, when the caller knows it: v4,
-        block-frame v5's pair, lost there); otherwise the one pair."""
+        block-frame v5's pair, lost there); otherwise the one pair. v11: at the smallest tile, a GEMM whose units
+        (at most `rows` (tokens x k) an n tile) would leave a tail the split rule cuts (grouped_slices.tail_slices on
+        `n_sms` CTAs) runs its tail-split build."""
         if not self.token_tiles or max_m is None:
             pair, codes = gemm_names(), self.codes
         elif max_m > WIDE_M or (None not in (mean_rows, self.wide_mean) and mean_rows > self.wide_mean):
             pair, codes = gemm_names("wide"), self.wide_codes
         else:
             pair, codes = gemm_names(next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])), self.codes
+        if self.split_shapes and pair == gemm_names() and None not in (rows, n_sms):
+            split = gemm_names("split")
+            pair = tuple(split[j] if tail_slices(rows * tiles_n, n_sms, n_kb, MAX_SPLIT) > 1 else pair[j]
+                         for j, (tiles_n, n_kb) in enumerate(self.split_shapes))
         return self.kernels[pair[0]], self.kernels[pair[1]], codes
 
     @property
@@ -138,7 +147,8 @@ class CompiledLayer:
 
 def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a",
                   **knobs) -> CompiledLayer:
-    """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus skip_padding
+    """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus tail_split (default True:
+    the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it) and skip_padding
     (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
     gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
     CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
@@ -147,6 +157,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         raise ValueError(SM90_ONLY)
     knobs = dict(knobs)
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
+    tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
     cfg = grouped_config(layout, "swiglu", **knobs)
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + the wide
@@ -156,13 +167,18 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     if wide.get("ablate") in ("no-mma", "stream"):  # v5's knock-outs only: the wide pair runs whole
         wide["ablate"] = ""
     pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + ([("wide", wide)] if tiles else [])
+    # v11: the smallest tile's tail-split build beside it (CompiledLayer.gemms launches it where the split rule cuts)
+    split_shapes = ((-(-2 * i // BN), d // KBLOCK), (-(-d // BN), i // KBLOCK)) if tail_split and tiles else ()
+    if split_shapes:
+        pairs.append(("split", {**knobs, "bm": tiles[0], "split_k": MAX_SPLIT}))
     for name, pair_knobs in pairs or [(None, knobs)]:
         n1, n2 = gemm_names(name)
         kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs)
         kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs)
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
-    return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None)
+    return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None,
+                         split_shapes)
 
 
 # ---------------------------------------------------------------- views and calls
@@ -319,7 +335,7 @@ def run_layer_unplanned(compiled: CompiledLayer, x, idx, weights, shared, expert
     h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
     h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
                       dtype=torch.float32, device=x.device)
-    l1_gemm, l2_gemm, order = compiled.gemms(max_m, mean_rows)
+    l1_gemm, l2_gemm, order = compiled.gemms(max_m, mean_rows, idx.numel(), sm_count(x.device))
     run_grouped(l1_gemm, lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True,
                 order)
     y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
@@ -375,7 +391,7 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
     p = _plan(t, idx.shape[1], n_experts, d, i, max_m, x.device)
     table, split, n_sms = p["ctx"]
     k["dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
-    l1, l2, order = compiled.gemms(max_m, mean_rows)
+    l1, l2, order = compiled.gemms(max_m, mean_rows, idx.numel(), n_sms)
     l1(*p["l1_act"], *_weight_args(l1w, order), table, p["group"], p["lay"]["row_weight"], *p["l1_out"], *split, n_sms)
     l2(*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], *split, n_sms)
     k["combine"](p["y_rows"], p["lay"]["pos"], shared, out)

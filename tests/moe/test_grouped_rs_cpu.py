@@ -237,7 +237,8 @@ def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_small
     monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
     compiled = layer.compile_layer(8, 6, 512, 256, "masked")
     assert compiled.codes == "rs" and compiled.frame == "row" and compiled.token_tiles == (16, 32)
-    assert set(compiled.kernels) == {"dispatch", "l1", "l2", "l1@32", "l2@32", "l1@wide", "l2@wide", "combine"}
+    assert set(compiled.kernels) == {"dispatch", "l1", "l2", "l1@32", "l2@32", "l1@wide", "l2@wide", "l1@split",
+                                     "l2@split", "combine"}
     assert compiled.kernels["dispatch"] == ("dispatch", True)
     for max_m, want in ((16, (16, True)), (32, (32, True)), (48, (32, True)), (64, (32, True)), (80, (64, False)),
                         (256, (64, False))):  # the wide pair launched with PDL as the rest of the layer
@@ -256,6 +257,32 @@ def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_small
     assert v4.codes == "plain" and v4.gemms(16)[2] == "plain" and v4.gemms(16)[0][:3] == ("swiglu", 64, False)
     pre = layer.compile_layer(8, 6, 512, 256, "contiguous")  # prefill: v7 on the RS tiles, the same frame
     assert pre.codes == "rs" and pre.frame == "row" and pre.token_tiles == ()
+
+
+@pytest.mark.parametrize("model,rows,want", [("pro", 6, (True, True)), ("pro", 12, (False, False)),
+                                             ("flash", 6, (False, False)), ("pro", 3, (False, False))])
+def test_the_rule_launches_the_tail_split_build_only_where_the_split_rule_cuts(monkeypatch, model, rows, want):
+    """v11: compile_layer builds the 16-token tile a second time with split_k (the "split" pair); CompiledLayer.gemms
+    takes it per GEMM where T x k units an n tile leave a tail grouped_slices.tail_slices cuts on 132 CTAs: Pro one
+    token (L1 132 + 12 units: 8 slices; L2 132 + 36: 3), not two tokens (past one full round), not Flash (96 units:
+    no CTAs to spare), not a tail too short in K; never without rows or at the 32-token tile; `cutedsl:v10` (tail_split
+    False) and a variant with split_k of its own build no second pair."""
+    from kernels.moe import layer
+    from kernels.moe.grouped_slices import tail_slices
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: "dispatch")
+    monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
+        epilogue, *(lambda c: (c.bm, c.split_k))(layer.grouped_config(layout, epilogue, **knobs))))
+    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    d, i = {"pro": (7168, 3072), "flash": (4096, 2048)}[model]
+    compiled = layer.compile_layer(384, 6, d, i, "masked")
+    l1, l2, order = compiled.gemms(16, None, rows, 132)
+    assert (l1[2] > 1, l2[2] > 1) == want and l1[:2] == ("swiglu", 16) and l2[:2] == ("bf16", 16) and order == "rs"
+    assert compiled.gemms(16)[0][2] == 1 and compiled.gemms(32, None, rows, 132)[0][1:] == (32, 1)
+    assert tail_slices(144, 132, 56, 8) == 8 and tail_slices(168, 132, 24, 8) == 3 and tail_slices(96, 132, 32, 8) == 1
+    assert tail_slices(144, 132, 9, 8) == 1 and tail_slices(264, 132, 56, 8) == 1
+    for knobs in ({"tail_split": False}, {"split_k": 8}):
+        assert not any(n.endswith("@split") for n in layer.compile_layer(384, 6, d, i, "masked", **knobs).kernels)
+    assert get_impl("moe", "cutedsl:v10").knobs == {"tail_split": False}
 
 
 def test_the_rule_runs_one_token_on_the_grouped_gemms():
