@@ -30,7 +30,7 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.moe.grouped_config import MAX_GROUPS, MAX_SPLIT, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -220,9 +220,7 @@ class MoeLayerVariant(MoeCuteDSL):
     rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out (what v3's widening still costs),
     `cutedsl:v8-ko-no-widen` / `:v8-ko-no-mma` v8's decode knock-outs (v5 without its widening / its wgmmas),
     `cutedsl:v10-ko-stream` both at once (the weight stream through v10's ring alone),
-    `cutedsl:v10` the rule before v11 (no tail-split build), `cutedsl:v10-tail` (decode only) every v5 pair built
-    with the last round of its units split in K where the device's plan cuts it (up to 8 slices a unit,
-    as many as the grid holds; kernels/moe/grouped_slices.py),
+    `cutedsl:v10` the rule before v11 (no tail-split build beside v5's 16-token tile; kernels/moe/grouped_slices.py),
     `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
     at every count;
     `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave;
@@ -239,9 +237,8 @@ class MoeLayerVariant(MoeCuteDSL):
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case["op"] != "layer":
             return "a variant of the layer's GEMMs only"
-        if (self.knobs.get("swap_ab") or self.knobs.get("split_k", 1) > 1) and case["layout"] != "masked":
-            what = "v5 (swap-AB)" if self.knobs.get("swap_ab") else "the tail split (v5's)"
-            return f"{what} is a decode kernel: masked layout only"
+        if self.knobs.get("swap_ab") and case["layout"] != "masked":
+            return "v5 (swap-AB) is a decode kernel: masked layout only"
         if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
             return "v7 (skip_padding_wave) is a prefill kernel: contiguous layout only"
         return super().supports(case, arch)
@@ -317,7 +314,6 @@ register_impl(MoeLayerVariant("v8-ko-no-mma", {**V8_DECODE, "ablate": "no-mma"},
 # ... and both at once: the weight stream through v10's ring alone (the codes XORed into a sink)
 register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}, checked=False))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
-register_impl(MoeLayerVariant("v10-tail", {"split_k": MAX_SPLIT}))
 # the rule before v11: no tail-split build beside the smallest token tile
 register_impl(MoeLayerVariant("v10", {"tail_split": False}))
 register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,

@@ -100,7 +100,7 @@ class GroupedConfig:
     # v5 (swap_ab) only: the last round's units (units % CTAs: the tail) as up to this many K slices each, as many as
     # the grid holds (kernels/moe/grouped_slices.py, planned on the device from the unit count); every slice adds its
     # fp32 partial into a global workspace and the last to arrive runs the epilogue. 1: no split
-    # (`cutedsl:v10-tail` is split_k MAX_SPLIT)
+    # (layer.compile_layer's "split" pair is split_k MAX_SPLIT)
     split_k: int = 1
 
     def __post_init__(self) -> None:

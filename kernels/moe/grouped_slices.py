@@ -6,11 +6,9 @@ tiles = 144 units, 132 + 12 (2 x 56 K blocks where 61 would balance). Here the u
 and each tail unit runs as `s` K slices (as many as the grid holds, up to split_k), so the tail takes ~n_kb / s
 blocks plus one fix-up: each slice adds its fp32 partial into the unit's workspace tile and the last to arrive runs
 the epilogue (kernels/split_merge.add_and_count). The plan is made on the device from the unit count the work list
-gives (the host does not know which experts hold rows). v10's first split (every unit split, d5d2260) lost: its
-fix-up costs ~5 us an item (docs/perf/moe.md, lesson 20), so only the tail, where a CTA would otherwise idle, pays
-it; and only after at most one full round: past it the CTAs drift apart and the stream stays DRAM-bound through the
-tail (H200, one process: Pro T = 1, 132 + 12 units, 111.4 -> 89.0 us; Flash T = 8, 5 rounds + 44, 166.5 -> 170.0 us,
-lesson 21)."""
+gives; the rule launches this build only where the host's bound on that count says it cuts (`tail_slices`). Every
+unit split (d5d2260) lost: a fix-up costs ~5 us an item (lesson 20); past one full round the CTAs drift apart and
+the stream stays DRAM-bound through the tail (lesson 21)."""
 
 from __future__ import annotations
 
