@@ -16,12 +16,13 @@ the e4m3 subnormal step 2^-9 (1.5 · 2^s needs the same). A sub-block below that
 by round-to-nearest-even onto the e4m3 grid: values under 2^-10 · 2^(r − 127) flush to zero, others
 round to the subnormal step 2^-9: the error per element is at most half a step, 2^-10 · 2^(r − 127),
 i.e. 2^-19 of the block's largest weight (384 · 2^(r − 127) or more): bounded, tested, never silent
-(`flush_stats` counts such sub-blocks; the synthetic weights span 3 binades). Shifts are stored as an index into `widen_table`
-(s + SHIFT_BIAS, clamped to [0, SHIFTS): s <= −13 flushes every code to zero anyway).
+(`flush_stats` counts such sub-blocks; the synthetic weights span 3 binades). A shift is stored as the byte offset of
+its 8-byte pair in `widen_table`, PAIR_BYTES · (s + SHIFT_BIAS) with s + SHIFT_BIAS clamped to [0, SHIFTS) (s <= −13
+flushes every code to zero anyway): the kernel adds the byte to the table's address as it is, no scaling op.
 
 Layouts (E experts, N weight rows, K reduction, KB = K / 128):
     codes      uint8 [E, N, K/2]        the checkpoint's bytes (element 2k in the low nibble)
-    shift      uint8 [E, KB, N, 4]      table index of each 32-wide sub-block (the kernel reads int32 words)
+    shift      uint8 [E, KB, N, 4]      table pair offset of each 32-wide sub-block (the kernel reads int32 words)
     col_scale  fp32  [E, KB, N]         2^(r − 127) (MN-major: a tile's bn values are one TMA box)
 Layer 1's w1 (gate) and w3 (up) become one weight of 2I rows interleaved in groups of 8 (`interleave`):
 row 16q + x is gate row 8q + x, row 16q + 8 + x up row 8q + x (x < 8): in the SM90 accumulator a thread
@@ -42,6 +43,7 @@ KBLOCK = 128  # the promotion block along K
 MAX_SHIFT = 6  # 6 · 2^6 = 384 <= 448 (e4m3 max)
 SHIFT_BIAS = 13  # table index = shift + 13: shift −13 and below flush every code to 0
 SHIFTS = SHIFT_BIAS + MAX_SHIFT + 1  # 20 tables of 8 e4m3 bytes
+PAIR_BYTES = 8  # a table's bytes: a shift byte is PAIR_BYTES x its table index (<= 152)
 EXACT_SPAN = 14  # binades of exponent span within a (row, 128-K block) that widen exactly
 INTERLEAVE = 8
 
@@ -51,7 +53,7 @@ class GroupedWeight:
     """One grouped-GEMM weight of E experts, as the kernel reads it."""
 
     codes: torch.Tensor  # uint8 [E, N, K/2] (order "plain"), or v5's RS-ordered tiles [E, NT, KB, BN, 64] ("rs")
-    shift: torch.Tensor  # uint8 [E, KB, N, 4]
+    shift: torch.Tensor  # uint8 [E, KB, N, 4]: byte offsets of the sub-blocks' widen_table pairs
     col_scale: torch.Tensor  # fp32 [E, KB, N]
     frame: str = "block"  # the reference exponent per (row, K block), or per row ("row": v3's row_frame kernels)
     order: str = "plain"  # the codes' layout: the checkpoint's rows, or `rs_tiles` (all a model's GEMMs read, v8)
@@ -63,8 +65,9 @@ class GroupedWeight:
 
 
 def widen_table(device="cpu") -> torch.Tensor:
-    """int32 [SHIFTS, 2]: for table index s + SHIFT_BIAS, the e4m3 bytes of E2M1_GRID[i] · 2^s, i = 0..7,
-    byte i of the 8-byte little-endian pair (the kernel's `prmt` table). RNE onto the e4m3 grid."""
+    """int32 [SHIFTS, 2]: for table index s + SHIFT_BIAS (at byte PAIR_BYTES · (s + SHIFT_BIAS)), the e4m3 bytes of
+    E2M1_GRID[i] · 2^s, i = 0..7, byte i of the 8-byte little-endian pair (the kernel's `prmt` table). RNE onto the
+    e4m3 grid."""
     grid = torch.tensor(E2M1_GRID, dtype=torch.float32)
     shifts = torch.arange(SHIFTS, dtype=torch.float32) - SHIFT_BIAS
     vals = grid[None, :] * torch.exp2(shifts)[:, None]
@@ -101,7 +104,7 @@ def prepare(codes: torch.Tensor, scales: torch.Tensor, frame: str = "block") -> 
         ref = exps.amax(-1).amax(-1, keepdim=True).expand(e, n, k // KBLOCK) - MAX_SHIFT  # [E, N, KB], equal along KB
     else:
         ref = exps.amax(-1) - MAX_SHIFT  # r = m − 6, [E, N, KB]
-    shift = (exps - ref[..., None] + SHIFT_BIAS).clamp(min=0)
+    shift = (exps - ref[..., None] + SHIFT_BIAS).clamp(min=0) * PAIR_BYTES
     col_scale = torch.ldexp(torch.ones_like(ref, dtype=torch.float32), (ref - UE8M0_BIAS).float())
     return GroupedWeight(codes.contiguous().view(torch.uint8), shift.to(torch.uint8).transpose(1, 2).contiguous(),
                          col_scale.transpose(1, 2).contiguous(), frame)
@@ -129,9 +132,9 @@ def widened_codes(w: GroupedWeight) -> torch.Tensor:
     lookup on the 3-bit magnitude, the sign bit copied)."""
     e, n, k = w.shape
     nib = unpack_fp4(row_codes(w)).to(torch.int64)  # [E, N, K]
-    idx = w.shift.transpose(1, 2).reshape(e, n, k // SUB).to(torch.int64)  # [E, N, K/32]
-    table = widen_table().view(torch.uint8).view(SHIFTS, 8).to(torch.int64)
-    mag = table[idx.repeat_interleave(SUB, -1), nib & 7]
+    off = w.shift.transpose(1, 2).reshape(e, n, k // SUB).to(torch.int64)  # [E, N, K/32]
+    table = widen_table().view(torch.uint8).flatten().to(torch.int64)  # magnitude i of the pair at off: byte off + i
+    mag = table[off.repeat_interleave(SUB, -1) + (nib & 7)]
     return (mag | ((nib & 8) << 4)).to(torch.uint8).view(torch.float8_e4m3fn)
 
 

@@ -35,7 +35,7 @@ from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS
 from kernels.moe.grouped_epilogue import FP8_FLOOR, FP8_MAX, bf16_half, swiglu
 from kernels.moe.grouped_slices import item_range
 from kernels.moe.grouped_sm90 import GroupedSm90, last_group
-from kernels.moe.grouped_widen import SUBS, widen8_rs
+from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen8_rs
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
 from kernels.split_merge import add_and_count
@@ -157,7 +157,6 @@ class GroupedRs(GroupedSm90):
         ring.consumer_wait(state)
         q4 = cute.make_tensor(cute.recast_ptr(codes, dtype=Int32),
                               cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
-        tab2 = cute.make_tensor(tab.iterator, cute.make_layout((2, WIDEN_TABLE_WORDS // 2), stride=(1, 2)))
         words = cute.make_rmem_tensor(cute.make_layout((4, 2 * TILES), stride=(1, 4)), Int32)
         shifts = cute.make_rmem_tensor((2 * TILES,), Int32)
         quad = ctid % 4
@@ -175,9 +174,8 @@ class GroupedRs(GroupedSm90):
                         out[rh + 4 * s] = words[s, 2 * j + rh]
                         out[rh + 2 + 4 * s] = words[s, 2 * j + rh]
                         continue
-                    ti = (shifts[2 * j + rh] >> (8 * s)) & 0xFF
                     pair = cute.make_rmem_tensor((2,), Int32)
-                    cute.autovec_copy(tab2[None, ti], pair)
+                    cute.autovec_copy(table_pair(tab, pair_offset(shifts[2 * j + rh], s)), pair)
                     lo, hi = widen8_rs(words[s, 2 * j + rh], pair[0], pair[1])
                     out[rh + 4 * s] = lo
                     out[rh + 2 + 4 * s] = hi

@@ -38,7 +38,7 @@ from cutlass.cute.nvgpu import warpgroup
 
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_sm90 import GroupedSm90
-from kernels.moe.grouped_widen import SUBS, widen_item, widen_item_rs
+from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen_item, widen_item_rs
 from kernels.regs import fence_operand, mn_view
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
@@ -80,7 +80,7 @@ class GroupedSplit(GroupedSm90):
         steps = rows * SUBS // 128
         half = ctid // 128
         lt = ctid % 128
-        q4, b4, tab2, words, tabs, out = self._widen_views(st, tab, steps)
+        q4, b4, words, tabs, out = self._widen_views(st, steps)
         # every step's row is n0 + 32 step: one base per thread, the steps at constant offsets (n % 8 and the
         # sub-block j do not change with the step, so neither does the swizzle)
         n0 = half * rows + lt // SUBS
@@ -89,12 +89,11 @@ class GroupedSplit(GroupedSm90):
         dst0 = buf * (c.bn * 8) + n0 * 8
         dn = 128 // SUBS
         for step in cutlass.range_constexpr(steps):
-            ti = (sSh[n0 + step * dn, 0, stage] >> (8 * j)) & 0xFF
             if cutlass.const_expr(c.rs_codes):
                 self._load_rs_item(st, stage, n0 + step * dn, j, words, step)
             else:
                 cute.autovec_copy(q4[None, src0 + step * 128], words[None, step])
-            cute.autovec_copy(tab2[None, ti], tabs[None, step])
+            cute.autovec_copy(table_pair(tab, pair_offset(sSh[n0 + step * dn, 0, stage], j)), tabs[None, step])
         for step in cutlass.range_constexpr(steps):
             if cutlass.const_expr(c.rs_codes):
                 widen_item_rs(words, tabs, step, out)

@@ -1,7 +1,8 @@
 """The widening of the grouped expert GEMM (kernels/moe/grouped_sm90.py, a mixin of GroupedSm90; `self.cfg` is its
 GroupedConfig): a stage's FP4 weight tile (bn rows x 64 bytes, two e2m1 codes a byte) -> e4m3 in the
 128B-swizzled B buffer the wgmma reads. A `prmt` table lookup per 4 codes on the 3-bit magnitude, the sign bit
-copied; the table is chosen per 32-wide sub-block by its load-time shift (kernels/moe/expert_weights.py).
+copied; the table pair is chosen per 32-wide sub-block by its load-time shift byte, the pair's byte offset in the
+table (kernels/moe/expert_weights.py; `pair_offset`, `table_pair`).
 v1 (`widen4`, `_widen`): 4 codes per 16 bits, scalar words. v2 (`widen8`, `_widen_v2`): 8 codes per 32-bit
 word in 9 integer ops, 16-byte loads and stores. The bit-level forms have torch twins in
 tests/moe/grouped_model.py, checked on every input pattern by tests/moe/test_grouped_cpu.py.
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, Uint8
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from kernels.gemm.tiling import KBLOCK
-from kernels.moe.grouped_config import WIDEN_TABLE_WORDS
 
 SUBS = KBLOCK // 32  # MXFP4 sub-blocks per K block
 
@@ -28,6 +28,20 @@ def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
         T.i32(), [Int32(v).ir_value(loc=loc, ip=ip) for v in (a, b, sel)], "prmt.b32 $0, $1, $2, $3;",
         "=r,r,r,r", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
     ))
+
+
+def pair_offset(word: Int32, s) -> Int32:
+    """Byte s of a shift word, zero-extended: sub-block s's table pair offset in bytes. One `prmt` (bytes 4-7 of
+    the pool {0:word} are zero), for a constant or a run-time s."""
+    return prmt(word, 0, 0x4440 + s)
+
+
+def table_pair(tab, off):
+    """The 8-byte table pair at byte offset `off` (`pair_offset`) of the shared table `tab` (int32), as a (2,) int32
+    view: the offset is added to a byte pointer as it comes, no scaling op, and declared a multiple of 8 so that the
+    pair is one 8-byte load (LDS.64)."""
+    p = cute.recast_ptr(tab.iterator, dtype=Uint8) + cute.assume(off, divby=8)
+    return cute.make_tensor(cute.recast_ptr(p, dtype=Int32), cute.make_layout((2,)))
 
 
 @cute.jit
@@ -112,8 +126,8 @@ class GroupedWidening:
             item = step * 128 * c.n_mma_wg + ctid
             n = item // SUBS
             j = item % SUBS
-            ti = (sSh[n, 0, stage] >> (8 * j)) & 0xFF
-            t0, t1 = tab[2 * ti], tab[2 * ti + 1]
+            pair = table_pair(tab, pair_offset(sSh[n, 0, stage], j))
+            t0, t1 = pair[0], pair[1]
             src = stage * (c.bn * 16) + n * 16 + j * 4
             dst = buf * (c.bn * 32) + n * 32
             for wi in cutlass.range_constexpr(4):
@@ -130,13 +144,12 @@ class GroupedWidening:
         32 banks: rows n, n + 1 take the even / odd chunks)."""
         c = self.cfg
         steps = c.bn * SUBS // (128 * c.n_mma_wg)
-        q4, b4, tab2, words, tabs, out = self._widen_views(st, tab, steps)
+        q4, b4, words, tabs, out = self._widen_views(st, steps)
         for step in cutlass.range_constexpr(steps):
             item = step * 128 * c.n_mma_wg + ctid
             n = item // SUBS
-            ti = (sSh[n, 0, stage] >> (8 * (item % SUBS))) & 0xFF
             cute.autovec_copy(q4[None, stage * (c.bn * 4) + item], words[None, step])
-            cute.autovec_copy(tab2[None, ti], tabs[None, step])
+            cute.autovec_copy(table_pair(tab, pair_offset(sSh[n, 0, stage], item % SUBS)), tabs[None, step])
         for step in cutlass.range_constexpr(steps):
             item = step * 128 * c.n_mma_wg + ctid
             n = item // SUBS
@@ -146,17 +159,16 @@ class GroupedWidening:
                 cute.autovec_copy(out[None, h], b4[None, buf * (c.bn * 8) + n * 8 + ((2 * j + h) ^ (n % 8))])
 
     @cute.jit
-    def _widen_views(self, st, tab, steps):
+    def _widen_views(self, st, steps):
         """The v2 widening's operands (v3's too): 16-byte word vectors of the stages' FP4 tiles (q4) and of the
-        widened B buffers (b4), the table as 8-byte pairs (tab2), and the thread's registers for `steps`
-        items: their code words and table pairs (loaded first), one item's output (`widen_item`)."""
+        widened B buffers (b4), and the thread's registers for `steps` items: their code words and table pairs
+        (loaded first), one item's output (`widen_item`)."""
         c = self.cfg
         q4 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32),
                               cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
         b4 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((4, 2 * c.bn * 8),
                                                                                                 stride=(1, 4)))
-        tab2 = cute.make_tensor(tab.iterator, cute.make_layout((2, WIDEN_TABLE_WORDS // 2), stride=(1, 2)))
         words = cute.make_rmem_tensor(cute.make_layout((4, steps), stride=(1, 4)), Int32)
         tabs = cute.make_rmem_tensor(cute.make_layout((2, steps), stride=(1, 2)), Int32)
         out = cute.make_rmem_tensor(cute.make_layout((4, 2), stride=(1, 4)), Int32)
-        return q4, b4, tab2, words, tabs, out
+        return q4, b4, words, tabs, out

@@ -1,7 +1,7 @@
 """A torch model of what the grouped expert GEMM (kernels/moe/grouped_sm90.py) computes, step by step:
-the `prmt` widening of 4 e2m1 codes (v1) and of 8 (v2), and L1 / L2 on a dispatch layout with the widened weights, the
-per-128-K promotion (sa[row] · col_scale[n]) and the fused epilogues. The CPU tests check it against
-the oracles; the GPU tests check the kernel against it."""
+a sub-block's table pair at the byte offset in its shift word, the `prmt` widening of 4 e2m1 codes (v1) and of 8
+(v2), and L1 / L2 on a dispatch layout with the widened weights, the per-128-K promotion (sa[row] · col_scale[n])
+and the fused epilogues. The CPU tests check it against the oracles; the GPU tests check the kernel against it."""
 
 from __future__ import annotations
 
@@ -25,6 +25,16 @@ def prmt(a: int, b: int, sel: int) -> int:
             byte = 0xFF if byte & 0x80 else 0
         out |= byte << (8 * k)
     return out
+
+
+def pair_offset(word: int, s: int) -> int:
+    """kernels/moe/grouped_widen.pair_offset in Python: byte s of a shift word (its table pair's byte offset)."""
+    return prmt(word, 0, 0x4440 + s)
+
+
+def table_pair(table: bytes, off: int) -> tuple[int, int]:
+    """kernels/moe/grouped_widen.table_pair in Python: the two little-endian words at byte `off` of the table."""
+    return int.from_bytes(table[off:off + 4], "little"), int.from_bytes(table[off + 4:off + 8], "little")
 
 
 def widen4(nibbles: int, t0: int, t1: int) -> int:

@@ -11,8 +11,8 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
-from kernels.moe.expert_weights import (EXACT_SPAN, SHIFT_BIAS, SHIFTS, flush_stats, interleave, prepare,
-                                        prepare_layer, widen_table, widened_dequant)
+from kernels.moe.expert_weights import (EXACT_SPAN, PAIR_BYTES, SHIFT_BIAS, SHIFTS, flush_stats, interleave,
+                                        prepare, prepare_layer, widen_table, widened_dequant)
 from kernels.moe.grouped_config import V2, V4
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import SM90_ONLY, act_views, compile_grouped, weight_views
@@ -115,8 +115,8 @@ def test_load_time_layouts():
     # the kernel's epilogue: gate column col of a 256-wide tile nt is intermediate nt*128 + (col//16)*8 + col%8
     for col in [c for c in range(256) if c % 16 < 8]:
         assert (col // 16) * 8 + col % 8 == 8 * (col // 16) + col % 16
-    # shift bytes: table index of each sub-block, the max sub-block at shift 6
-    assert int(l1.shift.max()) == SHIFT_BIAS + 6
+    # shift bytes: the byte offset of each sub-block's table pair, the max sub-block at shift 6
+    assert bool((l1.shift % PAIR_BYTES == 0).all()) and int(l1.shift.max()) == PAIR_BYTES * (SHIFT_BIAS + 6)
     assert torch.equal(widened_dequant(l2), _exact(ex.w2.view(torch.uint8), ex.s2))
 
 
