@@ -32,7 +32,7 @@ from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_g
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
 from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
-from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer, run_layer_unplanned
+from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
 from sweeps import moe as space
 
@@ -163,8 +163,6 @@ class MoeCuteDSL(Impl):
         return None if case["i"] % 128 == 0 else f"I={case['i']} must be a multiple of 128 (L1's 256-row tile)"
 
     knobs: dict = {}  # GroupedConfig overrides (declared variants)
-    check_fits = False  # the layer's count read-back (a host sync; variant `cutedsl:v1` keeps v1's)
-    planned = True  # buffers and views made once per shape (variant `cutedsl:v1`: v1's per-call host path)
 
     def compile_key(self, case: Case, arch: str) -> tuple:
         if case["op"] == "layer":
@@ -189,7 +187,7 @@ class MoeCuteDSL(Impl):
             args = (compiled, inputs["x"], inputs["idx"], inputs["weights"], inputs["shared"], experts, case["e"],
                     case_max_m(case), out["out"])
             mean = mean_rows(case) if case["layout"] == "masked" else None
-            (run_layer if self.planned else run_layer_unplanned)(*args, check=self.check_fits, mean_rows=mean)
+            run_layer(*args, check=False, mean_rows=mean)
             return out
         if case["op"] == "dispatch":
             return run_dispatch(compiled, inputs["x"], inputs["idx"], inputs["weights"], out, case["e"],
@@ -207,12 +205,9 @@ class MoeLayerVariant(MoeCuteDSL):
     issued instead of during the previous block's (the A/B of the overlap, and a fallback);
     `cutedsl:ko-no-widen` skips the widening (a knock-out: timed, never compared), so its gap to `cutedsl:v2`
     is what v2's widening costs;
-    `cutedsl:widen-v1` the v1 widening (a 4-code lookup per 16 bits, scalar shared-memory words) and
-    `cutedsl:v1` the whole v1 path (that widening, the promotion's scales read after the wgmma wait, the
-    masked layout's padding rows gathered as zeros, buffers and views made in every call, and the count
-    read-back, a host sync, in every call):
-    the A/Bs of the v2 changes; `cutedsl:tiled-b` reads the weight codes in load-time 16 KB tiles (one
-    contiguous read a stage instead of 256 64-byte pieces): the DRAM-locality A/B; `cutedsl:pdl` launches the
+    `cutedsl:widen-v1` the v1 widening (a 4-code lookup per 16 bits, scalar shared-memory words): the A/B of v2's
+    (v1's host path: `git show e494048:kernels/moe/layer.py`); `cutedsl:tiled-b` reads the weight codes in load-time
+    16 KB tiles (one contiguous read a stage instead of 256 64-byte pieces): the DRAM-locality A/B; `cutedsl:pdl` launches the
     gather, both GEMMs and combine with programmatic dependent launch; `cutedsl:split-wg` (v3, prefill) decouples
     the two consumer warpgroups (each widens the weight rows its own wgmma reads, behind its own barrier:
     kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
@@ -221,6 +216,7 @@ class MoeLayerVariant(MoeCuteDSL):
     `cutedsl:v8-ko-no-widen` / `:v8-ko-no-mma` v8's decode knock-outs (v5 without its widening / its wgmmas),
     `cutedsl:v10-ko-stream` both at once (the weight stream through v10's ring alone),
     `cutedsl:v10` the rule before v11 (no tail-split build beside v5's 16-token tile; kernels/moe/grouped_slices.py),
+    `cutedsl:l2-early` (decode) v5's L2s with their weights' first stages loaded before griddepcontrol.wait,
     `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
     at every count;
     `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave;
@@ -230,9 +226,8 @@ class MoeLayerVariant(MoeCuteDSL):
     `:v5-no-pdl` the rule's pick without programmatic dependent launch (docs/perf/moe.md; v6, v5's kernel at prefill,
     was set aside after measuring: `git show 936ce77` restores it)."""
 
-    def __init__(self, variant: str, knobs: dict, checked: bool = True, sync: bool = False, planned: bool = True):
+    def __init__(self, variant: str, knobs: dict, checked: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
-        self.check_fits, self.planned = sync, planned
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case["op"] != "layer":
@@ -316,8 +311,8 @@ register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 # the rule before v11: no tail-split build beside the smallest token tile
 register_impl(MoeLayerVariant("v10", {"tail_split": False}))
-register_impl(MoeLayerVariant("v1", {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}, sync=True,
-                               planned=False))
+# v5's L2s reading their work list and first weight stages before griddepcontrol.wait (GroupedConfig.early_weights)
+register_impl(MoeLayerVariant("l2-early", {"l2_early": True}))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

@@ -56,6 +56,12 @@ SCAN_PER_LANE = MAX_GROUPS // 32  # `_work`'s masked scan: groups a lane of warp
 TMA_SMEM_ALIGN = 128  # bytes: a TMA destination's alignment in shared memory (else a misaligned-address fault)
 
 
+def pdl_wait():
+    """Programmatic dependent launch: wait for the previous kernel, then let the next one's CTAs take SMs as ours exit."""
+    cute.arch.griddepcontrol_wait()
+    cute.arch.griddepcontrol_launch_dependents()
+
+
 @cute.jit
 def last_group(gf, n_groups, key, per_tile=None):
     """The last group g with gf[g] (· per_tile) <= key (gf: the groups' first tiles, a prefix sum; a binary search of
@@ -292,13 +298,15 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         n_groups = cute.size(gA_t, mode=[2])
 
         pipeline_init_wait(cluster_shape_mn=(1, 1))
-        if cutlass.const_expr(c.pdl):  # the set-up above overlapped the previous kernel's tail
-            cute.arch.griddepcontrol_wait()  # before the first global access (counts, x, h, outputs)
-            cute.arch.griddepcontrol_launch_dependents()  # the next kernel's CTAs take SMs as ours exit
+        if cutlass.const_expr(c.pdl and not c.early_weights):  # the set-up above overlapped the previous kernel's tail
+            pdl_wait()  # before the first global access (counts, x, h, outputs)
         units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
         full, slices = units, Int32(1)  # split_k: units run whole, slices of each tail unit (grouped_slices)
         if cutlass.const_expr(c.split_k > 1):
             full, slices = split_plan(units, gdim, n_kb, cute.size(mCount), c.split_k)
+        if cutlass.const_expr(c.early_weights):  # the TMA warp waits after its first weight tiles (_produce)
+            if warp_idx != 0:
+                pdl_wait()
         if wg == 0:
             cute.arch.setmaxregister_decrease(40)
             if warp_idx == 0:
@@ -319,28 +327,59 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         boxes = c.a_boxes
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
         full, slices = plan
-        for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
-            u, kb0, kb1 = w, 0, n_kb
-            if cutlass.const_expr(c.split_k > 1):
-                u, kb0, kb1, _slot = item_range(w, full, slices, n_kb)
+        items = full + (units - full) * slices
+        early = Int32(0)  # early_weights: the first item's first K blocks whose stages and weights went before the wait
+        if cutlass.const_expr(c.early_weights):
+            pre = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
+            if bidx < items:
+                u, kb0, kb1 = self._item(bidx, plan, n_kb)
+                _g, _mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
+                early = cutlass.min(kb1 - kb0, c.n_stages)
+                for kb in cutlass.range(kb0, kb0 + early, unroll=1):
+                    ring.producer_acquire(pre)
+                    self._load_weights(b, sh, sw, tiles_n, n_kb, nt, kb, e, pre.index, ring.producer_get_barrier(pre))
+                    pre.advance()
+            pdl_wait()
+        n = Int32(0)
+        for w in cutlass.range(bidx, items, gdim, unroll=1):
+            u, kb0, kb1 = self._item(w, plan, n_kb)
             g, mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
             for kb in cutlass.range(kb0, kb1, unroll=1):
-                ring.producer_acquire(state)
+                fresh = True  # the stage is not one the early pass took
+                if cutlass.const_expr(c.early_weights):
+                    fresh = n >= early
+                    n += 1
+                if fresh:
+                    ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
                 for w in cutlass.range_constexpr(boxes):
                     cute.copy(a[0], a[1][(None, mt * boxes + w, kb, g)], a[2][(None, state.index * boxes + w)],
                               tma_bar_ptr=bar)
-                if cutlass.const_expr(c.tiled_codes):  # one contiguous 16 KB tile
-                    b_tile = (e * tiles_n + nt) * n_kb + kb
-                    cute.copy(b[0], b[1][(None, 0, 0, b_tile)], b[2][(None, state.index)], tma_bar_ptr=bar)
-                else:
-                    cute.copy(b[0], b[1][(None, nt, kb, e)], b[2][(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(sh[0], sh[1][(None, nt, kb, e)], sh[2][(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(sw[0], sw[1][(None, nt, kb, e)], sw[2][(None, state.index)], tma_bar_ptr=bar)
+                if fresh:
+                    self._load_weights(b, sh, sw, tiles_n, n_kb, nt, kb, e, state.index, bar)
                 cute.copy(sa[0], sa[1][(None, mt, kb, g)], sa[2][(None, state.index)], tma_bar_ptr=bar)
                 ring.producer_commit(state)
                 state.advance()
         ring.producer_tail(state)
+
+    @cute.jit
+    def _item(self, w, plan, n_kb):
+        """Work item w -> (unit, first K block, the block past its last): a whole unit, or (split_k) a tail slice."""
+        u, kb0, kb1 = w, Int32(0), n_kb
+        if cutlass.const_expr(self.cfg.split_k > 1):
+            u, kb0, kb1, _slot = item_range(w, plan[0], plan[1], n_kb)
+        return u, kb0, kb1
+
+    @cute.jit
+    def _load_weights(self, b, sh, sw, tiles_n, n_kb, nt, kb, e, index, bar):
+        """The weight side of a stage: the FP4 tile (tiled: one contiguous tile of the load-time layout), its shift
+        words and column scales."""
+        if cutlass.const_expr(self.cfg.tiled_codes):
+            cute.copy(b[0], b[1][(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)], b[2][(None, index)], tma_bar_ptr=bar)
+        else:
+            cute.copy(b[0], b[1][(None, nt, kb, e)], b[2][(None, index)], tma_bar_ptr=bar)
+        cute.copy(sh[0], sh[1][(None, nt, kb, e)], sh[2][(None, index)], tma_bar_ptr=bar)
+        cute.copy(sw[0], sw[1][(None, nt, kb, e)], sw[2][(None, index)], tma_bar_ptr=bar)
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,

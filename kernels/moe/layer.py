@@ -22,7 +22,7 @@ from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.expert_weights import GroupedWeight, code_tiles, prepare_layer, rs_tiles, widen_table
 from kernels.moe.glue import (
-    alloc_dispatch, check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
+    check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
 from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, MAX_SPLIT, SPLIT_UNITS, SWAP_BM, V4, V8_WIDE, WIDE_M,
                                         WIDE_MEAN, WIDEN_TABLE_WORDS, GroupedConfig, choose)
@@ -148,7 +148,8 @@ class CompiledLayer:
 def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a",
                   **knobs) -> CompiledLayer:
     """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus tail_split (default True:
-    the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it) and skip_padding
+    the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (v5's L2s with
+    GroupedConfig.early_weights) and skip_padding
     (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
     gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
     CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
@@ -158,6 +159,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     knobs = dict(knobs)
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
+    l2 = {"early_weights": True} if knobs.pop("l2_early", False) else {}  # v5's L2s only (candidate `cutedsl:l2-early`)
     cfg = grouped_config(layout, "swiglu", **knobs)
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + the wide
@@ -174,7 +176,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     for name, pair_knobs in pairs or [(None, knobs)]:
         n1, n2 = gemm_names(name)
         kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs)
-        kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs)
+        early = l2 if tiles and name != "wide" else {}
+        kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, **early)
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
     return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None,
@@ -316,34 +319,6 @@ def _plan(t: int, topk: int, n_experts: int, d: int, i: int, max_m: int | None, 
                 "ctx": (_table(device), _split_workspace(device), sm_count(device))}
 
     return planned(_PLAN, make, t, topk, n_experts, d, i, max_m, device)
-
-
-def run_layer_unplanned(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, n_experts: int,
-                        max_m: int | None, y: torch.Tensor | None = None, check: bool = True,
-                        mean_rows: float | None = None) -> torch.Tensor:
-    """run_layer as v1 made each call: fresh buffers and views, every output checked (variant `cutedsl:v1`,
-    the host-path A/B)."""
-    from kernels.moe.glue import run_combine, run_dispatch
-    k = compiled.kernels
-    l1w, l2w = layer_weights(*experts)
-    t, d = x.shape
-    i = l1w.shape[1] // 2
-    lay = alloc_dispatch(t, idx.shape[1], n_experts, d, max_m, x.device)
-    run_dispatch(k["dispatch"], x, idx, weights, lay, n_experts, max_m)
-    rows = lay["src"].numel()
-    group = lay["counts"] if max_m is not None else lay["expert"]
-    h = torch.empty(rows, i, dtype=torch.uint8, device=x.device)
-    h_s = torch.empty((i // KBLOCK, rows) if max_m is None else (n_experts, i // KBLOCK, max_m),
-                      dtype=torch.float32, device=x.device)
-    l1_gemm, l2_gemm, order = compiled.gemms(max_m, mean_rows, idx.numel(), sm_count(x.device))
-    run_grouped(l1_gemm, lay["codes"], lay["scales"], l1w, group, lay["row_weight"], h, h_s, max_m, True,
-                order)
-    y_rows = torch.empty(rows, d, dtype=torch.bfloat16, device=x.device)
-    run_grouped(l2_gemm, h, h_s, l2w, group, lay["row_weight"], y_rows, None, max_m, False, order)
-    out = run_combine(k["combine"], y_rows, lay["pos"], shared, torch.empty_like(shared) if y is None else y)
-    if check and max_m is not None:
-        check_fits(lay["counts"], max_m)
-    return out
 
 
 def run_layer(compiled: CompiledLayer, x, idx, weights, shared, experts: tuple, n_experts: int, max_m: int | None,

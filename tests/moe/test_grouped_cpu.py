@@ -213,13 +213,9 @@ def test_layer_variants_are_declared():
         compile_grouped("masked", "swiglu", 512, 256, ablate="no-such")
     with pytest.raises(ValueError, match="widen"):
         compile_grouped("masked", "swiglu", 512, 256, widen="v3")
-    # the A/Bs of v2 (docs/perf/moe.md): the v1 widening alone, and the whole v1 path (widening + read-back)
-    v1, widen_v1, ours = (get_impl("moe", n) for n in ("cutedsl:v1", "cutedsl:widen-v1", "cutedsl"))
-    assert v1.knobs == {**V2, "widen": "v1", "early_scales": False, "skip_padding": False}
-    assert widen_v1.knobs == {**V2, "widen": "v1"}  # V2: the v2 A/Bs stay on v2 at prefill (the rule's pick: v3)
-    assert v1.checked and widen_v1.checked
-    assert v1.check_fits and not widen_v1.check_fits and not ours.check_fits
-    assert not v1.planned and widen_v1.planned and ours.planned
+    # the A/B of v2's widening (docs/perf/moe.md): the v1 widening alone
+    widen_v1 = get_impl("moe", "cutedsl:widen-v1")
+    assert widen_v1.knobs == {**V2, "widen": "v1"} and widen_v1.checked  # V2: the v2 A/Bs stay on v2 at prefill
     assert get_impl("moe", "cutedsl:tiled-b").knobs == {**V2, "tiled_b": True}
     assert get_impl("moe", "cutedsl:pdl").knobs == {**V2, "pdl": True}
     assert get_impl("moe", "cutedsl:serial").knobs == {**V2, "overlap": False}

@@ -191,7 +191,7 @@ def test_layer_passes_the_rule(case, gpu_check):
 VARIANT_CASES = [LAYER[0], LAYER[2], LAYER[6], LAYER[18]]  # Flash T = 1, 64 (masked), 4096; a drawn contiguous one
 
 
-@pytest.mark.parametrize("variant", ["cutedsl:v1", "cutedsl:widen-v1", "cutedsl:tiled-b", "cutedsl:pdl",
+@pytest.mark.parametrize("variant", ["cutedsl:widen-v1", "cutedsl:tiled-b", "cutedsl:pdl",
                                      "cutedsl:split-wg", "cutedsl:v3", "cutedsl:v2"])
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=[c.id for c in VARIANT_CASES])
 def test_layer_variants_pass_the_rule(case, variant, gpu_check):
@@ -202,6 +202,13 @@ def test_layer_variants_pass_the_rule(case, variant, gpu_check):
 
 
 MASKED_CASES = [c for c in LAYER if c["layout"] == "masked"]
+
+
+@pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
+def test_l2_early_layers_pass_the_rule(case, gpu_check):
+    """`cutedsl:l2-early` (v5's L2s reading counts and weights before griddepcontrol.wait) on every decode layer."""
+    from dsv4bench.core.registry import get_impl
+    gpu_check(case, get_impl("moe", "cutedsl:l2-early"))
 
 
 @pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])

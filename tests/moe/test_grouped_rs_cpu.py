@@ -286,6 +286,33 @@ def test_the_rule_launches_the_tail_split_build_only_where_the_split_rule_cuts(m
     assert get_impl("moe", "cutedsl:v10").knobs == {"tail_split": False}
 
 
+def test_l2_early_loads_its_first_weight_stages_before_the_pdl_wait(monkeypatch):
+    """`cutedsl:l2-early`: v5's L2s (not L1, not the wide pair) get early_weights; in SASS the TMA warp's three weight
+    loads come before a second griddepcontrol.wait (ACQBULK; the plain build has one); refused off v5's L2 under PDL."""
+    import re
+
+    from dsv4bench.compile.sass import sass_of
+    from kernels.moe import layer
+    from kernels.moe.grouped_config import V8_DECODE
+    knobs = {**V8_DECODE, "bm": 16, "pdl": True}
+    ops = {}
+    for early in (False, True):
+        text = sass_of(layer.compile_grouped("masked", "bf16", 512, 1024, **knobs, early_weights=early))
+        if text is None:
+            pytest.skip("no nvdisasm here")
+        ops[early] = re.findall(r"\b(ACQBULK|UTMALDG)\b", text)
+    assert ops[False].count("ACQBULK") == 1 and ops[True].count("ACQBULK") == 2
+    assert ops[True][ops[True].index("ACQBULK") + 1:].index("ACQBULK") == 3  # codes, shifts, column scales
+    for bad in ({**knobs, "epilogue": "swiglu"}, {**knobs, "epilogue": "bf16", "pdl": False}):
+        with pytest.raises(ValueError, match="early_weights"):
+            GroupedConfig(**bad, early_weights=True)
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: "dispatch")
+    monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **k: (epilogue, k.get("early_weights")))
+    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    kernels = layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", "cutedsl:l2-early").knobs).kernels
+    assert {n for n, v in kernels.items() if isinstance(v, tuple) and v[1]} == {"l2", "l2@32", "l2@split"}
+
+
 def test_the_rule_runs_one_token_on_the_grouped_gemms():
     """Since session 34 the rule has no one-token GEMV path (v5 on the sign-laid RS tiles beat it at Pro T = 1: 118.2
     against 126.4 us, H200, one process): a one-token Pro layer compiles the grouped pairs as at any decode count, the

@@ -213,8 +213,8 @@ def test_the_tile_rule_picks_v7_at_prefill_and_v5_at_decode(epilogue):
     v2_dec = GroupedConfig(layout="masked", epilogue=epilogue, bm=64, **V2)
     assert grouped_config("masked", epilogue, **V4) == replace(v2_dec, skip_idle_warps=True)
     # cutedsl:v2 and every v2 A/B are v2 at both layouts; v3, split-wg as were
-    for name in ("v2", "serial", "ko-no-widen", "widen-v1", "tiled-b", "pdl", "v1"):
-        knobs = {k: v for k, v in get_impl("moe", f"cutedsl:{name}").knobs.items() if k != "skip_padding"}
+    for name in ("v2", "serial", "ko-no-widen", "widen-v1", "tiled-b", "pdl"):
+        knobs = get_impl("moe", f"cutedsl:{name}").knobs
         cfg = grouped_config("contiguous", epilogue, **knobs)
         assert not (cfg.split_wg or cfg.row_frame or cfg.fast_silu or cfg.swap_ab), name
         assert grouped_config("masked", epilogue, **knobs) == replace(v2_dec, **{
