@@ -204,11 +204,9 @@ class MoeLayerVariant(MoeCuteDSL):
     prefill); `cutedsl:v3` v3 at both layouts. `cutedsl:serial` widens each K block before its wgmmas are
     issued instead of during the previous block's (the A/B of the overlap, and a fallback);
     `cutedsl:ko-no-widen` skips the widening (a knock-out: timed, never compared), so its gap to `cutedsl:v2`
-    is what v2's widening costs;
-    `cutedsl:widen-v1` the v1 widening (a 4-code lookup per 16 bits, scalar shared-memory words): the A/B of v2's
-    (v1's host path: `git show e494048:kernels/moe/layer.py`); `cutedsl:tiled-b` reads the weight codes in load-time
-    16 KB tiles (one contiguous read a stage instead of 256 64-byte pieces): the DRAM-locality A/B; `cutedsl:pdl` launches the
-    gather, both GEMMs and combine with programmatic dependent launch; `cutedsl:split-wg` (v3, prefill) decouples
+    is what v2's widening costs (v1's widening and host path: `git show e494048:kernels/moe/family.py`);
+    `cutedsl:tiled-b` reads the weight codes in load-time 16 KB tiles (one contiguous read a stage instead of 256
+    64-byte pieces): the DRAM-locality A/B; `cutedsl:pdl` launches the gather, both GEMMs and combine with programmatic dependent launch; `cutedsl:split-wg` (v3, prefill) decouples
     the two consumer warpgroups (each widens the weight rows its own wgmma reads, behind its own barrier:
     kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
     scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
@@ -287,7 +285,6 @@ register_impl(MoeCuteDSL())
 register_impl(MoeLayerVariant("v2", V2))
 register_impl(MoeLayerVariant("serial", {**V2, "overlap": False}))
 register_impl(MoeLayerVariant("ko-no-widen", {**V2, "ablate": "no-widen"}, checked=False))
-register_impl(MoeLayerVariant("widen-v1", {**V2, "widen": "v1"}))
 register_impl(MoeLayerVariant("tiled-b", {**V2, "tiled_b": True}))
 register_impl(MoeLayerVariant("pdl", {**V2, "pdl": True}))
 register_impl(MoeLayerVariant("split-wg", {**V2, "split_wg": True}))

@@ -20,7 +20,6 @@ LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
 ABLATIONS = ("", "no-widen", "no-mma", "stream")
-WIDENINGS = ("v2", "v1")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
@@ -50,11 +49,6 @@ class GroupedConfig:
     # the codes loaded and XORed into a sink, the stages waited and freed; what the weight stream through the ring
     # alone takes, `cutedsl:v10-ko-stream`)
     ablate: str = ""
-    # v2: per thread and step the 4 (row, sub-block) items' loads first (one 16-byte word of codes each,
-    # the shift word, the 8-byte table), then 8 codes per 32-bit word in 9 integer ops (two `prmt` on the
-    # magnitude, two on the sign bits), two 16-byte stores an item. v1 (variant `cutedsl:widen-v1`): 4 codes
-    # per 16 bits in ~10 ops, a scalar load / 8-byte store per word, each load after the previous store.
-    widen: str = "v2"
     # decode (one wave): the promotion's scales loaded and their row x column products formed while the
     # wgmmas run, so after the wait only the 64 FMAs remain (v1: 16 LDS.64 + 64 FMUL + 64 FFMA after it)
     early_scales: bool = True
@@ -111,10 +105,6 @@ class GroupedConfig:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {self.epilogue!r}")
-        if self.widen not in WIDENINGS:
-            raise ValueError(f"widen must be one of {WIDENINGS}, got {self.widen!r}")
-        if self.split_wg and self.widen != "v2":
-            raise ValueError("split_wg widens with v2 only")
         if self.skip_padding_wave and not (self.row_frame and self.layout == "contiguous" and self.bm == 128):
             raise ValueError("skip_padding_wave is a mode of v3 (row_frame) on the contiguous layout")
         if self.fast_silu and not self.split_wg:
@@ -132,9 +122,8 @@ class GroupedConfig:
         if not 1 <= self.split_k <= MAX_SPLIT or (self.split_k > 1 and not self.swap_ab):
             raise ValueError(f"split_k must be 1 (or up to {MAX_SPLIT} on swap_ab, v5), got {self.split_k}")
         if self.swap_ab:
-            if self.layout != "masked" or self.split_wg or self.tiled_b or self.widen != "v2":
-                raise ValueError("swap_ab (v5) is a masked-layout kernel of its own: no split_wg, tiled_b or widen "
-                                 "knobs")
+            if self.layout != "masked" or self.split_wg or self.tiled_b:
+                raise ValueError("swap_ab (v5) is a masked-layout kernel of its own: no split_wg or tiled_b")
             if self.bm not in SWAP_BM:
                 raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
         elif self.bm not in (64, 128):

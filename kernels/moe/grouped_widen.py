@@ -3,8 +3,8 @@ GroupedConfig): a stage's FP4 weight tile (bn rows x 64 bytes, two e2m1 codes a 
 128B-swizzled B buffer the wgmma reads. A `prmt` table lookup per 4 codes on the 3-bit magnitude, the sign bit
 copied; the table pair is chosen per 32-wide sub-block by its load-time shift byte, the pair's byte offset in the
 table (kernels/moe/expert_weights.py; `pair_offset`, `table_pair`).
-v1 (`widen4`, `_widen`): 4 codes per 16 bits, scalar words. v2 (`widen8`, `_widen_v2`): 8 codes per 32-bit
-word in 9 integer ops, 16-byte loads and stores. The bit-level forms have torch twins in
+v2 (`widen8`, `_widen_stage`; v3 overrides it): 8 codes per 32-bit word in 9 integer ops, 16-byte loads and
+stores (v1's 4 codes per 16 bits: `git show 85e3cb5:kernels/moe/grouped_widen.py`). The bit-level forms have torch twins in
 tests/moe/grouped_model.py, checked on every input pattern by tests/moe/test_grouped_cpu.py.
 """
 
@@ -42,15 +42,6 @@ def table_pair(tab, off):
     pair is one 8-byte load (LDS.64)."""
     p = cute.recast_ptr(tab.iterator, dtype=Uint8) + cute.assume(off, divby=8)
     return cute.make_tensor(cute.recast_ptr(p, dtype=Int32), cute.make_layout((2,)))
-
-
-@cute.jit
-def widen4(nibbles: Int32, t0: Int32, t1: Int32) -> Int32:
-    """4 e2m1 codes (bits 0-15) -> 4 e4m3 bytes: the magnitude from the shift's table, the sign copied."""
-    mag = prmt(t0, t1, nibbles & 0x7777)
-    y = (nibbles | (nibbles << 8)) & 0x00FF00FF
-    y = (y | (y << 4)) & 0x0F0F0F0F  # one code per byte
-    return mag | ((y << 4) & Int32(-0x7F7F7F80))  # 0x80808080: each code's sign bit to its byte's bit 7
 
 
 SIGNS = -0x7F7F7F80  # 0x80808080: bit 7 of every byte
@@ -106,41 +97,9 @@ def widen_item_rs(words, tabs, step, out):
 class GroupedWidening:
     @cute.jit
     def _widen_stage(self, st, sSh, tab, stage, buf, ctid):
-        """The stage's whole FP4 tile widened by both consumer warpgroups, v1's or v2's way (GroupedConfig.widen;
-        v3 overrides it: each warpgroup its own rows)."""
-        if cutlass.const_expr(self.cfg.widen == "v1"):
-            self._widen(st, sSh, tab, stage, buf, ctid)
-        else:
-            self._widen_v2(st, sSh, tab, stage, buf, ctid)
-
-    @cute.jit
-    def _widen(self, st, sSh, tab, stage, buf, ctid):
-        """FP4 tile of the stage (bn rows x 64 bytes) -> e4m3 into the 128B-swizzled B buffer `buf`: one
-        (row, 32-wide sub-block) per thread and step, 16 bytes in, two 16-byte chunks out. The swizzle
-        (Swizzle<3,4,3> on byte offsets, rows of 128 bytes): chunk ch of row n lands at chunk ch ^ (n % 8)."""
-        c = self.cfg
-        # plain word views of the raw buffers (the swizzle is applied by hand below)
-        q32 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32), cute.make_layout((c.n_stages * c.bn * 16,)))
-        b32 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((2 * c.bn * 32,)))
-        for step in cutlass.range_constexpr(c.bn * SUBS // (128 * c.n_mma_wg)):
-            item = step * 128 * c.n_mma_wg + ctid
-            n = item // SUBS
-            j = item % SUBS
-            pair = table_pair(tab, pair_offset(sSh[n, 0, stage], j))
-            t0, t1 = pair[0], pair[1]
-            src = stage * (c.bn * 16) + n * 16 + j * 4
-            dst = buf * (c.bn * 32) + n * 32
-            for wi in cutlass.range_constexpr(4):
-                word = q32[src + wi]
-                chunk = (2 * j + wi // 2) ^ (n % 8)
-                b32[dst + chunk * 4 + (wi % 2) * 2] = widen4(word & 0xFFFF, t0, t1)
-                b32[dst + chunk * 4 + (wi % 2) * 2 + 1] = widen4((word >> 16) & 0xFFFF, t0, t1)
-
-    @cute.jit
-    def _widen_v2(self, st, sSh, tab, stage, buf, ctid):
-        """`_widen`'s result, cheaper: every load of the thread's items first (a 16-byte vector of codes, the
-        shift word, the 8-byte table pair: loads issued together, none waiting behind a store), then per
-        item 4 `widen8` and two 16-byte stores (the two swizzled chunks; a quarter-warp's 8 stores cover the
+        """The stage's FP4 tile -> e4m3 in the 128B-swizzled B buffer `buf`, by both consumer warpgroups: every load
+        of the thread's items first (a 16-byte vector of codes, the shift word, the 8-byte table pair: loads issued
+        together, none waiting behind a store), then per item 4 `widen8` and two 16-byte stores (the two swizzled chunks; a quarter-warp's 8 stores cover the
         32 banks: rows n, n + 1 take the even / odd chunks)."""
         c = self.cfg
         steps = c.bn * SUBS // (128 * c.n_mma_wg)

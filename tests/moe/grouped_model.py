@@ -38,7 +38,8 @@ def table_pair(table: bytes, off: int) -> tuple[int, int]:
 
 
 def widen4(nibbles: int, t0: int, t1: int) -> int:
-    """kernels/moe/grouped_widen.widen4 in Python: 4 codes (bits 0-15) -> 4 e4m3 bytes."""
+    """v1's 4-code widening in Python (the reference widen8 is checked against): 4 codes (bits 0-15) -> 4 e4m3
+    bytes."""
     mag = prmt(t0, t1, nibbles & 0x7777)
     y = (nibbles | (nibbles << 8)) & 0x00FF00FF
     y = (y | (y << 4)) & 0x0F0F0F0F

@@ -67,7 +67,7 @@ def test_nan_scales_are_refused():
 
 
 def test_kernel_bit_widening_matches_the_table_on_every_input():
-    """grouped_widen.widen4 (prmt on the 3-bit magnitude, sign copied) for all 2^16 four-code inputs, a
+    """The 4-code widening (model.widen4: prmt on the 3-bit magnitude, sign copied) for all 2^16 four-code inputs, a
     few shift tables, against the e4m3 encoding of grid · 2^shift with the sign."""
     table = widen_table().view(torch.uint8).view(SHIFTS, 8)
     words = widen_table()
@@ -150,8 +150,7 @@ def test_kernel_math_matches_the_reference(layout):
                                                    ("contiguous", "swiglu", V2), ("contiguous", "bf16", V2),
                                                    ("masked", "swiglu", {**V2, "overlap": False}),
                                                    ("masked", "bf16", {**V2, "ablate": "no-widen"}),
-                                                   ("masked", "swiglu", {**V2, "widen": "v1"}),
-                                                   ("masked", "bf16", {**V2, "widen": "v1", "early_scales": False}),
+                                                   ("masked", "bf16", {**V2, "early_scales": False}),
                                                    ("masked", "swiglu", {**V2, "tiled_b": True}),
                                                    ("contiguous", "bf16", {**V2, "tiled_b": True}),
                                                    ("masked", "swiglu", {**V2, "pdl": True}),
@@ -192,17 +191,14 @@ def test_pdl_variant_waits_before_any_global_access():
 
 
 def test_v2_widening_uses_16_byte_shared_memory_vectors():
-    """The SASS of the decode L1 kernel: v2 widens with 16-byte loads and stores (LDS.128 / STS.128), v1 with
-    scalar loads and 8-byte stores (no STS.128 at all: the wgmma path stores nothing to shared memory)."""
+    """The SASS of the decode L1 kernel: v2 widens with 16-byte loads and stores (LDS.128 / STS.128)."""
     import re
 
     from dsv4bench.compile.sass import sass_of
-    sass = {w: sass_of(compile_grouped("masked", "swiglu", 512, 256, **V2, widen=w)) for w in ("v2", "v1")}
-    if sass["v2"] is None:
+    sass = sass_of(compile_grouped("masked", "swiglu", 512, 256, **V2))
+    if sass is None:
         pytest.skip("no nvdisasm")
-    count = lambda s, op: len(re.findall(rf"\b{op}\b", s))  # noqa: E731
-    assert count(sass["v2"], r"STS\.128") >= 16 and count(sass["v2"], r"STS\.64") == 0
-    assert count(sass["v1"], r"STS\.128") == 0 and count(sass["v1"], r"STS\.64") >= 16
+    assert len(re.findall(r"\bSTS\.128\b", sass)) >= 16 and not re.findall(r"\bSTS\.64\b", sass)
 
 
 def test_layer_variants_are_declared():
@@ -211,11 +207,6 @@ def test_layer_variants_are_declared():
     assert get_impl("moe", "cutedsl:serial").supports(case, "sm_90a") is not None
     with pytest.raises(ValueError, match="ablate"):
         compile_grouped("masked", "swiglu", 512, 256, ablate="no-such")
-    with pytest.raises(ValueError, match="widen"):
-        compile_grouped("masked", "swiglu", 512, 256, widen="v3")
-    # the A/B of v2's widening (docs/perf/moe.md): the v1 widening alone
-    widen_v1 = get_impl("moe", "cutedsl:widen-v1")
-    assert widen_v1.knobs == {**V2, "widen": "v1"} and widen_v1.checked  # V2: the v2 A/Bs stay on v2 at prefill
     assert get_impl("moe", "cutedsl:tiled-b").knobs == {**V2, "tiled_b": True}
     assert get_impl("moe", "cutedsl:pdl").knobs == {**V2, "pdl": True}
     assert get_impl("moe", "cutedsl:serial").knobs == {**V2, "overlap": False}

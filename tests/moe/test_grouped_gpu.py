@@ -60,7 +60,7 @@ def _masked_max_m(idx, e):
 
 
 KNOBS = {"rule": {}, "overlap": V2, "serial": {**V2, "overlap": False},
-         "v1": {**V2, "widen": "v1", "early_scales": False}, "tiled-b": {**V2, "tiled_b": True},
+         "late-scales": {**V2, "early_scales": False}, "tiled-b": {**V2, "tiled_b": True},
          "split-wg": {**V2, "split_wg": True}, "v3": V3, "v4": V4, "v3-rs": {**V3, "rs_codes": True}}
 
 
@@ -191,7 +191,7 @@ def test_layer_passes_the_rule(case, gpu_check):
 VARIANT_CASES = [LAYER[0], LAYER[2], LAYER[6], LAYER[18]]  # Flash T = 1, 64 (masked), 4096; a drawn contiguous one
 
 
-@pytest.mark.parametrize("variant", ["cutedsl:widen-v1", "cutedsl:tiled-b", "cutedsl:pdl",
+@pytest.mark.parametrize("variant", ["cutedsl:tiled-b", "cutedsl:pdl",
                                      "cutedsl:split-wg", "cutedsl:v3", "cutedsl:v2"])
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=[c.id for c in VARIANT_CASES])
 def test_layer_variants_pass_the_rule(case, variant, gpu_check):

@@ -183,8 +183,6 @@ def test_v3_variants_are_declared_and_validated():
     assert get_impl("moe", "cutedsl:v3").supports(case, "sm_90a") is None
     with pytest.raises(ValueError, match="row_frame"):
         GroupedConfig(layout="contiguous", bm=128, row_frame=True)
-    with pytest.raises(ValueError, match="split_wg"):
-        GroupedConfig(layout="contiguous", bm=128, split_wg=True, widen="v1")
     with pytest.raises(ValueError, match="fast_silu"):
         GroupedConfig(layout="contiguous", bm=128, fast_silu=True)
     assert get_impl("moe", "cutedsl:v2").knobs == V2 and get_impl("moe", "cutedsl:v2").checked
@@ -213,7 +211,7 @@ def test_the_tile_rule_picks_v7_at_prefill_and_v5_at_decode(epilogue):
     v2_dec = GroupedConfig(layout="masked", epilogue=epilogue, bm=64, **V2)
     assert grouped_config("masked", epilogue, **V4) == replace(v2_dec, skip_idle_warps=True)
     # cutedsl:v2 and every v2 A/B are v2 at both layouts; v3, split-wg as were
-    for name in ("v2", "serial", "ko-no-widen", "widen-v1", "tiled-b", "pdl"):
+    for name in ("v2", "serial", "ko-no-widen", "tiled-b", "pdl"):
         knobs = get_impl("moe", f"cutedsl:{name}").knobs
         cfg = grouped_config("contiguous", epilogue, **knobs)
         assert not (cfg.split_wg or cfg.row_frame or cfg.fast_silu or cfg.swap_ab), name
