@@ -72,8 +72,8 @@ class GroupedSplit(GroupedSm90):
 
     @cute.jit
     def _widen_stage(self, st, sSh, tab, stage, buf, ctid):
-        """v2's widening (`GroupedWidening._widen_stage`: the loads first, `widen_item`, two 16-byte swizzled stores an item) over
-        the warpgroup's rows only, into its half of the B buffer: item i of warpgroup h is row 128 h + i / 4,
+        """v2's widening (GroupedWidening's: the loads first, `widen_item`, two 16-byte swizzled stores an item) over the
+        warpgroup's rows only, into its half of the B buffer: item i of warpgroup h is row 128 h + i / 4,
         sub-block i % 4 (a quarter-warp's 8 stores still cover rows n, n + 1, all 32 banks)."""
         c = self.cfg
         rows = c.bn // c.n_mma_wg
