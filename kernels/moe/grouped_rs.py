@@ -33,7 +33,6 @@ from kernels.bits import bits_f32
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS
 from kernels.moe.grouped_epilogue import FP8_FLOOR, FP8_MAX, bf16_half, swiglu
-from kernels.moe.grouped_slices import item_range
 from kernels.moe.grouped_sm90 import GroupedSm90, last_group
 from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen8_rs
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
@@ -100,10 +99,8 @@ class GroupedRs(GroupedSm90):
         mWork, mCount, full, slices = split
         g_rd = Int32(0)
         for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
-            u, nk, slot = w, n_kb, Int32(0)
-            if cutlass.const_expr(c.split_k > 1):
-                u, kb0, kb1, slot = item_range(w, full, slices, n_kb)
-                nk = kb1 - kb0
+            u, kb0, kb1, slot = self._item(w, (full, slices), n_kb)
+            nk = kb1 - kb0
             g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
             for j in cutlass.range_constexpr(TILES):
                 accs[j].fill(0.0)

@@ -19,26 +19,31 @@ from cutlass import Int32
 SPLIT_FIX_KB = 8  # a fix-up (partial adds, fence, counter; the last slice's read-back) in a CTA's K blocks: ~5 us
 
 
+def _slices_pay(c, tail, gdim, n_kb):
+    """c slices of each of `tail` units fit the grid at once and their blocks plus a fix-up beat a whole unit (host ints
+    or device Int32s alike)."""
+    return (c * tail <= gdim) & (n_kb >= c) & ((n_kb + c - 1) // c + SPLIT_FIX_KB < n_kb)
+
+
 def tail_slices(units: int, gdim: int, n_kb: int, max_split: int) -> int:
-    """The host's copy of `split_plan`'s rule: the slices of each tail unit (1: no split). The rule's layer calls it on
-    a bound of the units (CompiledLayer.gemms) and launches the split build only where it would split."""
+    """`split_plan`'s rule on the host: the slices of each tail unit (1: no split). The rule's layer calls it on a
+    bound of the units (CompiledLayer.gemms) and launches the split build only where it would split."""
     tail = units % gdim
-    if not (0 < tail and units < 2 * gdim):
+    if not (tail > 0 and units < 2 * gdim):  # a part round after at most one full one
         return 1
-    fits = [c for c in range(2, max_split + 1) if c * tail <= gdim and n_kb >= c and -(-n_kb // c) + SPLIT_FIX_KB < n_kb]
-    return max(fits, default=1)
+    return max((c for c in range(2, max_split + 1) if _slices_pay(c, tail, gdim, n_kb)), default=1)
 
 
 @cute.jit
 def split_plan(units, gdim, n_kb, cap, max_split: cutlass.Constexpr):
     """(units run whole, slices of each tail unit): with at most one full round, the tail (units % gdim) split into the
     most slices s <= max_split the grid holds at once (s x tail <= gdim) where its blocks plus a fix-up beat a whole
-    unit; else (units, 1). `tail_slices` is the host's copy: keep the two alike."""
+    unit (`_slices_pay`, shared with the host's `tail_slices`); else (units, 1)."""
     tail = units % gdim
     s = Int32(1)
     if (tail > 0) & (tail <= cap) & (units < 2 * gdim):
         for c in cutlass.range_constexpr(2, max_split + 1):
-            if (c * tail <= gdim) & (n_kb >= c) & ((n_kb + c - 1) // c + SPLIT_FIX_KB < n_kb):
+            if _slices_pay(c, tail, gdim, n_kb):
                 s = Int32(c)
     full = units
     if s > 1:

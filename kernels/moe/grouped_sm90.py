@@ -332,7 +332,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         if cutlass.const_expr(c.early_weights):
             pre = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
             if bidx < items:
-                u, kb0, kb1 = self._item(bidx, plan, n_kb)
+                u, kb0, kb1, _slot = self._item(bidx, plan, n_kb)
                 _g, _mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
                 early = cutlass.min(kb1 - kb0, c.n_stages)
                 for kb in cutlass.range(kb0, kb0 + early, unroll=1):
@@ -342,7 +342,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
             pdl_wait()
         n = Int32(0)
         for w in cutlass.range(bidx, items, gdim, unroll=1):
-            u, kb0, kb1 = self._item(w, plan, n_kb)
+            u, kb0, kb1, _slot = self._item(w, plan, n_kb)
             g, mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
             for kb in cutlass.range(kb0, kb1, unroll=1):
                 fresh = True  # the stage is not one the early pass took
@@ -364,11 +364,12 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
 
     @cute.jit
     def _item(self, w, plan, n_kb):
-        """Work item w -> (unit, first K block, the block past its last): a whole unit, or (split_k) a tail slice."""
-        u, kb0, kb1 = w, Int32(0), n_kb
+        """Work item w -> (unit, first K block, the block past its last, workspace slot): a whole unit, or (split_k)
+        a tail slice (grouped_slices.item_range)."""
+        u, kb0, kb1, slot = w, Int32(0), n_kb, Int32(0)
         if cutlass.const_expr(self.cfg.split_k > 1):
-            u, kb0, kb1, _slot = item_range(w, plan[0], plan[1], n_kb)
-        return u, kb0, kb1
+            u, kb0, kb1, slot = item_range(w, plan[0], plan[1], n_kb)
+        return u, kb0, kb1, slot
 
     @cute.jit
     def _load_weights(self, b, sh, sw, tiles_n, n_kb, nt, kb, e, index, bar):
