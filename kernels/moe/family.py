@@ -214,7 +214,8 @@ class MoeLayerVariant(MoeCuteDSL):
     `cutedsl:v8-ko-no-widen` / `:v8-ko-no-mma` v8's decode knock-outs (v5 without its widening / its wgmmas),
     `cutedsl:v10-ko-stream` both at once (the weight stream through v10's ring alone),
     `cutedsl:v10` the rule before v11 (no tail-split build beside v5's 16-token tile; kernels/moe/grouped_slices.py),
-    `cutedsl:l2-early` (decode) v5's L2s with their weights' first stages loaded before griddepcontrol.wait,
+    `cutedsl:v12` the rule before v13 (v5's L2s wait under PDL before their first weight stages load),
+    `cutedsl:l1-early` (decode) v5's L1s too with their weights' first stages loaded before griddepcontrol.wait,
     `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
     at every count;
     `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave;
@@ -306,10 +307,12 @@ register_impl(MoeLayerVariant("v8-ko-no-mma", {**V8_DECODE, "ablate": "no-mma"},
 # ... and both at once: the weight stream through v10's ring alone (the codes XORed into a sink)
 register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}, checked=False))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
-# the rule before v11: no tail-split build beside the smallest token tile
-register_impl(MoeLayerVariant("v10", {"tail_split": False}))
-# v5's L2s reading their work list and first weight stages before griddepcontrol.wait (GroupedConfig.early_weights)
-register_impl(MoeLayerVariant("l2-early", {"l2_early": True}))
+# the rule before v11: no tail-split build beside the smallest token tile (nor v13's early L2 weights)
+register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False}))
+# the rule before v13: v5's L2s wait under PDL before reading their work list and first weight stages
+register_impl(MoeLayerVariant("v12", {"l2_early": False}))
+# v5's L1s reading them before griddepcontrol.wait too (GroupedConfig.early_weights)
+register_impl(MoeLayerVariant("l1-early", {"l1_early": True}))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

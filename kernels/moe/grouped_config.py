@@ -66,8 +66,9 @@ class GroupedConfig:
     # prefetch before griddepcontrol.wait, dependents triggered right after it (kernels/moe/layer.py
     # passes the flag to dispatch's gather and to combine too)
     pdl: bool = False
-    # v5's L2 under PDL (candidate `cutedsl:l2-early`): its work list (dispatch's counts, two launches back) and its
-    # first ring's weight tiles are read before griddepcontrol.wait; only h and its scales (L1's) after it
+    # v5 under PDL (v13, the rule's L2s; candidate `cutedsl:l1-early` for L1s): its work list (the layout kernel's
+    # counts, two launches back: the launch before it has passed its own wait) and its first ring's weight tiles are
+    # read before griddepcontrol.wait; only the activations and their scales (the previous launch's) after it
     early_weights: bool = False
     # v3 (prefill; variant `cutedsl:split-wg`, kernels/moe/grouped_split.py): each consumer warpgroup widens
     # only the 128 weight rows its own wgmma reads and publishes them with its own named barrier, so the two
@@ -115,8 +116,8 @@ class GroupedConfig:
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
-        if self.early_weights and not (self.swap_ab and self.pdl and self.epilogue == "bf16"):
-            raise ValueError("early_weights is v5's L2 (swap_ab, bf16 epilogue) under PDL only")
+        if self.early_weights and not (self.swap_ab and self.pdl):
+            raise ValueError("early_weights is a mode of v5 (swap_ab) under PDL only")
         if self.ablate in ("no-mma", "stream") and not self.swap_ab:
             raise ValueError(f"ablate={self.ablate!r} is a knock-out of v5 (swap_ab) only")
         if not 1 <= self.split_k <= MAX_SPLIT or (self.split_k > 1 and not self.swap_ab):

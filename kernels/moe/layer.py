@@ -148,8 +148,9 @@ class CompiledLayer:
 def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: str = "sm_90a",
                   **knobs) -> CompiledLayer:
     """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus tail_split (default True:
-    the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (v5's L2s with
-    GroupedConfig.early_weights) and skip_padding
+    the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (default True, v13:
+    v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), l1_early (the same for v5's L1s:
+    candidate `cutedsl:l1-early`) and skip_padding
     (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
     gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
     CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
@@ -159,7 +160,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     knobs = dict(knobs)
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
-    l2 = {"early_weights": True} if knobs.pop("l2_early", False) else {}  # v5's L2s only (candidate `cutedsl:l2-early`)
+    early = (knobs.pop("l1_early", False), knobs.pop("l2_early", True))  # (L1, L2) of v5's pairs with early_weights
     cfg = grouped_config(layout, "swiglu", **knobs)
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + the wide
@@ -175,9 +176,9 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         pairs.append(("split", {**knobs, "bm": tiles[0], "split_k": MAX_SPLIT}))
     for name, pair_knobs in pairs or [(None, knobs)]:
         n1, n2 = gemm_names(name)
-        kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs)
-        early = l2 if tiles and name != "wide" else {}
-        kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, **early)
+        v5_pdl = bool(tiles) and name != "wide" and pdl
+        kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs, early_weights=v5_pdl and early[0])
+        kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, early_weights=v5_pdl and early[1])
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
     return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None,

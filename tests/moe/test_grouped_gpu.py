@@ -205,10 +205,10 @@ MASKED_CASES = [c for c in LAYER if c["layout"] == "masked"]
 
 
 @pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
-def test_l2_early_layers_pass_the_rule(case, gpu_check):
-    """`cutedsl:l2-early` (v5's L2s reading counts and weights before griddepcontrol.wait) on every decode layer."""
+def test_l1_early_layers_pass_the_rule(case, gpu_check):
+    """`cutedsl:l1-early` (v5's L1s too reading counts and weights before griddepcontrol.wait) on every decode layer."""
     from dsv4bench.core.registry import get_impl
-    gpu_check(case, get_impl("moe", "cutedsl:l2-early"))
+    gpu_check(case, get_impl("moe", "cutedsl:l1-early"))
 
 
 @pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])

@@ -283,34 +283,41 @@ def test_the_rule_launches_the_tail_split_build_only_where_the_split_rule_cuts(m
     assert tail_slices(144, 132, 9, 8) == 1 and tail_slices(264, 132, 56, 8) == 1
     for knobs in ({"tail_split": False}, {"split_k": 8}):
         assert not any(n.endswith("@split") for n in layer.compile_layer(384, 6, d, i, "masked", **knobs).kernels)
-    assert get_impl("moe", "cutedsl:v10").knobs == {"tail_split": False}
+    assert get_impl("moe", "cutedsl:v10").knobs == {"tail_split": False, "l2_early": False}
 
 
-def test_l2_early_loads_its_first_weight_stages_before_the_pdl_wait(monkeypatch):
-    """`cutedsl:l2-early`: v5's L2s (not L1, not the wide pair) get early_weights; in SASS the TMA warp's three weight
-    loads come before a second griddepcontrol.wait (ACQBULK; the plain build has one); refused off v5's L2 under PDL."""
+def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkeypatch):
+    """v13: the rule's v5 L2s (not its L1s, not the wide pair) get early_weights, `cutedsl:l1-early` its L1s too,
+    `cutedsl:v12` none; in SASS the TMA warp's three weight loads come before a second griddepcontrol.wait (ACQBULK;
+    the plain build has one) at either epilogue; refused off v5 or without PDL."""
     import re
 
     from dsv4bench.compile.sass import sass_of
     from kernels.moe import layer
-    from kernels.moe.grouped_config import V8_DECODE
+    from kernels.moe.grouped_config import V8_DECODE, V8_WIDE
     knobs = {**V8_DECODE, "bm": 16, "pdl": True}
-    ops = {}
-    for early in (False, True):
-        text = sass_of(layer.compile_grouped("masked", "bf16", 512, 1024, **knobs, early_weights=early))
-        if text is None:
-            pytest.skip("no nvdisasm here")
-        ops[early] = re.findall(r"\b(ACQBULK|UTMALDG)\b", text)
-    assert ops[False].count("ACQBULK") == 1 and ops[True].count("ACQBULK") == 2
-    assert ops[True][ops[True].index("ACQBULK") + 1:].index("ACQBULK") == 3  # codes, shifts, column scales
-    for bad in ({**knobs, "epilogue": "swiglu"}, {**knobs, "epilogue": "bf16", "pdl": False}):
+    for epilogue, n in (("bf16", 512), ("swiglu", 1024)):
+        ops = {}
+        for early in (False, True):
+            text = sass_of(layer.compile_grouped("masked", epilogue, n, 1024, **knobs, early_weights=early))
+            if text is None:
+                pytest.skip("no nvdisasm here")
+            ops[early] = re.findall(r"\b(ACQBULK|UTMALDG)\b", text)
+        assert ops[False].count("ACQBULK") == 1 and ops[True].count("ACQBULK") == 2, epilogue
+        assert ops[True][ops[True].index("ACQBULK") + 1:].index("ACQBULK") == 3  # codes, shifts, column scales
+    for bad in ({**knobs, "pdl": False}, {**V8_WIDE, "pdl": True}):
         with pytest.raises(ValueError, match="early_weights"):
-            GroupedConfig(**bad, early_weights=True)
+            GroupedConfig(**{"layout": "masked", "epilogue": "bf16", **bad}, early_weights=True)
     monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: "dispatch")
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **k: (epilogue, k.get("early_weights")))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
-    kernels = layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", "cutedsl:l2-early").knobs).kernels
-    assert {n for n, v in kernels.items() if isinstance(v, tuple) and v[1]} == {"l2", "l2@32", "l2@split"}
+    early = {}
+    for impl in ("cutedsl", "cutedsl:v12", "cutedsl:l1-early", "cutedsl:v5-no-pdl"):
+        kernels = layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", impl).knobs).kernels
+        early[impl] = {n for n, v in kernels.items() if isinstance(v, tuple) and v[1]}
+    v5_l2s = {"l2", "l2@32", "l2@split"}
+    assert early == {"cutedsl": v5_l2s, "cutedsl:v12": set(), "cutedsl:v5-no-pdl": set(),
+                     "cutedsl:l1-early": v5_l2s | {"l1", "l1@32", "l1@split"}}
 
 
 def test_the_rule_runs_one_token_on_the_grouped_gemms():
