@@ -1,13 +1,14 @@
 """GPU timing: CUDA events around the region, L2 flushed before every iteration.
 
-Protocol (docs/benchmarking.md): warm-up first (compilation and module load stay out); before
+Protocol (docs/benchmarking.md): warm-up first (compilation and module load stay out; at least WARMUP_MS of flushed
+calls, lesson 24); before
 each iteration a memset of a buffer >= 2x the L2 evicts the cache, and a read sweep of the same
 buffer then evicts the memset's dirty lines: left dirty, the timed call pays their write-back (up
 to the 50 MB of the L2, ~7-9 us on the H100: docs/lessons/harness.md); events bracket the call alone;
 at least `min_iters` iterations, more while the spread is large. The flush also hides the host's
 launch overhead: the GPU is still busy with the memset while the host enqueues the timed call.
-A sample set whose median sits far above its p10 caught a transient of the lent GPU and is taken
-again (`steady`).
+A sample set whose median sits far above its p10 caught a transient of the lent GPU, and one whose first samples
+run slower than its last started inside one: either is taken again (`steady`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ FLUSH_MIN_BYTES = 256 << 20
 # (docs/lessons/harness.md 18: 100 graph replays of a 9.5 us GEMM read 400-1500 us for ~60 samples, then 9.5 again)
 TRANSIENT_RATIO = 1.25
 TRANSIENT_RETRIES = 2
+# a sample set whose first quarter's median is this far above its last quarter's started inside a transient
+# (docs/lessons/harness.md 24: a Pro MoE decode call's first ~12 replays after its correctness check ran 7% slow)
+DRIFT_RATIO = 1.03
+# the warm-up runs flushed calls for at least this long (and at least `warmup` of them) before any sample
+WARMUP_MS = 25.0
+WARMUP_ROUNDS_MAX = 1000
 
 
 @dataclass
@@ -58,11 +65,25 @@ def summarize(samples_ms: list[float], l2_flush: bool) -> TimingStats:
     )
 
 
+def drifting(samples_ms: list[float]) -> bool:
+    """The set (in the order taken) ran slower at its start than at its end: its first quarter's median more than
+    DRIFT_RATIO above its last quarter's (sets under 8 samples are not judged)."""
+    q = len(samples_ms) // 4
+    if q < 2:
+        return False
+    return statistics.median(samples_ms[:q]) > DRIFT_RATIO * statistics.median(samples_ms[-q:])
+
+
+def unsteady(stats: TimingStats) -> bool:
+    """A transient (median > TRANSIENT_RATIO x p10) or a drift (`drifting`) in the set."""
+    return stats.median_ms > TRANSIENT_RATIO * stats.p10_ms or drifting(stats.samples_ms)
+
+
 def steady(sample: Callable[[], TimingStats], retries: int = TRANSIENT_RETRIES) -> TimingStats:
-    """`sample()`, taken again while the last set's median is more than TRANSIENT_RATIO above its p10, at most
-    `retries` more times: the set with the lowest median, its `retimed` the number of sets dropped."""
+    """`sample()`, taken again while the last set is `unsteady`, at most `retries` more times: the set with the
+    lowest median, its `retimed` the number of sets dropped."""
     sets = [sample()]
-    while len(sets) <= retries and sets[-1].median_ms > TRANSIENT_RATIO * sets[-1].p10_ms:
+    while len(sets) <= retries and unsteady(sets[-1]):
         sets.append(sample())
     best = min(sets, key=lambda st: st.median_ms)
     best.retimed = len(sets) - 1
@@ -92,11 +113,25 @@ class CudaTimer:
         self, fn: Callable[[], object], *, warmup: int = 3, min_iters: int = 20, max_iters: int = 100,
         target_cv: float = 0.03,
     ) -> TimingStats:
-        torch = self.torch
-        for _ in range(warmup):
-            fn()
-        torch.cuda.synchronize()
+        self._warm(fn, warmup)
         return steady(lambda: self._sample(fn, min_iters, max_iters, target_cv))
+
+    def _warm(self, fn: Callable[[], object], warmup: int) -> None:
+        """Flushed calls, `warmup` at a time, until at least WARMUP_MS of them have run (a lent GPU's first calls after
+        other work can run slow for milliseconds: lesson 24)."""
+        torch = self.torch
+        spent = 0.0
+        for _ in range(WARMUP_ROUNDS_MAX):  # bounded: a call that times as 0 ms must not spin forever
+            if spent >= WARMUP_MS:
+                break
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(max(warmup, 1)):
+                self.flush()
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            spent += start.elapsed_time(end)
 
     def _sample(self, fn: Callable[[], object], min_iters: int, max_iters: int, target_cv: float) -> TimingStats:
         torch = self.torch
