@@ -1,7 +1,7 @@
 """GPU timing: CUDA events around the region, L2 flushed before every iteration.
 
 Protocol (docs/benchmarking.md): warm-up first (compilation and module load stay out; at least WARMUP_MS of flushed
-calls, lesson 24); before
+calls, lesson 22); before
 each iteration a memset of a buffer >= 2x the L2 evicts the cache, and a read sweep of the same
 buffer then evicts the memset's dirty lines: left dirty, the timed call pays their write-back (up
 to the 50 MB of the L2, ~7-9 us on the H100: docs/lessons/harness.md); events bracket the call alone;
@@ -23,7 +23,7 @@ FLUSH_MIN_BYTES = 256 << 20
 TRANSIENT_RATIO = 1.25
 TRANSIENT_RETRIES = 2
 # a sample set whose first quarter's median is this far above its last quarter's started inside a transient
-# (docs/lessons/harness.md 24: a Pro MoE decode call's first ~12 replays after its correctness check ran 7% slow)
+# (docs/lessons/harness.md 22: a Pro MoE decode call's first ~12 replays after its correctness check ran 7% slow)
 DRIFT_RATIO = 1.03
 # the warm-up runs flushed calls for at least this long (and at least `warmup` of them) before any sample
 WARMUP_MS = 25.0
@@ -118,7 +118,7 @@ class CudaTimer:
 
     def _warm(self, fn: Callable[[], object], warmup: int) -> None:
         """Flushed calls, `warmup` at a time, until at least WARMUP_MS of them have run (a lent GPU's first calls after
-        other work can run slow for milliseconds: lesson 24)."""
+        other work can run slow for milliseconds: lesson 22)."""
         torch = self.torch
         spent = 0.0
         for _ in range(WARMUP_ROUNDS_MAX):  # bounded: a call that times as 0 ms must not spin forever
