@@ -6,7 +6,8 @@ import inspect
 from collections import Counter
 
 from dsv4bench.core.results import ResultRecord
-from dsv4bench.core.timing import FLUSH_MIN_BYTES, TRANSIENT_RATIO, TRANSIENT_RETRIES, CudaTimer
+from dsv4bench.core.timing import (DRIFT_RATIO, FLUSH_MIN_BYTES, TRANSIENT_RATIO, TRANSIENT_RETRIES, WARMUP_MS,
+                                   CudaTimer)
 
 CORRECTNESS = (
     "A case passes when the output has no NaN/Inf where the FP32 oracle has none, "
@@ -24,12 +25,13 @@ def timing_protocol(records: list[ResultRecord]) -> list[str]:
                 if p.default is not inspect.Parameter.empty}
     lines = [
         "CUDA events around the call alone; "
-        f"{defaults['warmup']} warm-up calls first (compilation and module load stay out).",
+        f"a warm-up of flushed calls for at least {WARMUP_MS:g} ms first (at least {defaults['warmup']}; "
+        "compilation and module load stay out).",
         f"L2 flushed before every iteration by a memset of max(2 x L2, {FLUSH_MIN_BYTES >> 20} MiB).",
         f"At least {defaults['min_iters']} iterations, more while the coefficient of variation exceeds "
         f"{defaults['target_cv']:.0%}, at most {defaults['max_iters']}; median, p10, p90 and CV recorded; a set "
-        f"whose median is above {TRANSIENT_RATIO}x its p10 is taken again (at most {TRANSIENT_RETRIES} times), "
-        "the lowest median kept.",
+        f"whose median is above {TRANSIENT_RATIO}x its p10, or whose first quarter's median is above "
+        f"{DRIFT_RATIO}x its last quarter's, is taken again (at most {TRANSIENT_RETRIES} times), the lowest median kept.",
         "TFLOP/s and GB/s from the family's cost model (flops, minimum bytes); % of limit against the "
         "ceilings measured in the same run (device-to-device copy, dense bf16 GEMM), never datasheet peaks.",
         "Peers run in the same process on the same device; speed is stated as a ratio to ours.",

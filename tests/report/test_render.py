@@ -82,7 +82,7 @@ def test_matrix_methodology_and_no_urls(timed_report):
     matrix_rows = [r for r in find(els, "tr") if r.attrs.get("data-case-id") and "failure" not in r.classes]
     assert {r.attrs["data-case-id"] for r in matrix_rows} == {c.id for c in cases}
     method = find(els, "section", id="methodology")[0].text
-    for needle in ("L2 flushed", "CUDA events", "NVIDIA H100 80GB HBM3", "580.65", "1980", "abc1234",
+    for needle in ("L2 flushed", "CUDA events", "at least 25 ms", "first quarter", "NVIDIA H100 80GB HBM3", "580.65", "1980", "abc1234",
                    "nvidia-cutlass-dsl", "4.8.1", "2970", "795"):
         assert needle in method, needle
     assert report.csv.exists()
