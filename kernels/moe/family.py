@@ -197,33 +197,18 @@ class MoeCuteDSL(Impl):
 
 
 class MoeLayerVariant(MoeCuteDSL):
-    """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named.
-    `cutedsl` is the tile rule's pick (grouped_config.choose, v8: v5 / v3 / v7 on one weight frame and the RS
-    code tiles); `cutedsl:v2` is v2 at both layouts
-    (the A/B of that pick; the v2 A/Bs below carry its knobs, grouped_config.V2, so they stay on v2 at
-    prefill); `cutedsl:v3` v3 at both layouts. `cutedsl:serial` widens each K block before its wgmmas are
-    issued instead of during the previous block's (the A/B of the overlap, and a fallback);
-    `cutedsl:ko-no-widen` skips the widening (a knock-out: timed, never compared), so its gap to `cutedsl:v2`
-    is what v2's widening costs (v1's widening and host path: `git show e494048:kernels/moe/family.py`);
-    `cutedsl:tiled-b` reads the weight codes in load-time 16 KB tiles (one contiguous read a stage instead of 256
-    64-byte pieces): the DRAM-locality A/B; `cutedsl:pdl` launches the gather, both GEMMs and combine with programmatic dependent launch; `cutedsl:split-wg` (v3, prefill) decouples
-    the two consumer warpgroups (each widens the weight rows its own wgmma reads, behind its own barrier:
-    kernels/moe/grouped_split.py); `cutedsl:v3` is split-wg on weights prepared in the row frame (one column
-    scale per weight row: a K block's promotion is one FFMA an element) with L1's cheaper epilogue (silu by
-    rcp.approx, 2-byte h stores), `cutedsl:v3-ko-no-widen` its knock-out (what v3's widening still costs),
-    `cutedsl:v8-ko-no-widen` / `:v8-ko-no-mma` v8's decode knock-outs (v5 without its widening / its wgmmas),
-    `cutedsl:v10-ko-stream` both at once (the weight stream through v10's ring alone),
-    `cutedsl:v10` the rule before v11 (no tail-split build beside v5's 16-token tile; kernels/moe/grouped_slices.py),
-    `cutedsl:v12` the rule before v13 (v5's L2s wait under PDL before their first weight stages load),
-    `cutedsl:l1-early` (decode) v5's L1s too with their weights' first stages loaded before griddepcontrol.wait,
-    `cutedsl:v3-rs` v3 on v5's RS-ordered code tiles (GroupedConfig.rs_codes; the rule's pair past 64 rows an expert)
-    at every count;
-    `cutedsl:v7` (the prefill pick before v8, on the plain codes) v3 skipping a tile's all-padding second wave;
-    `cutedsl:v5` (decode only, the decode pick before v8) swap-AB with the weights widened in registers as an RS
-    wgmma's A (kernels/moe/grouped_rs.py; a 16- and a 32-token tile compiled, a call takes the smallest holding its
-    largest count, v4 past 64; launched with PDL; block-frame weights), `:v5-bm16` / `:v5-bm32` one tile only,
-    `:v5-no-pdl` the rule's pick without programmatic dependent launch (docs/perf/moe.md; v6, v5's kernel at prefill,
-    was set aside after measuring: `git show 936ce77` restores it)."""
+    """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named; `cutedsl` is the
+    tile rule's pick (grouped_config.choose). Versions: `:v2` / `:v3` at both layouts (the v2 A/Bs carry
+    grouped_config.V2, so they stay on v2 at prefill), `:v4`, `:v5` (decode: swap-AB, weights widened in registers as
+    an RS wgmma's A, kernels/moe/grouped_rs.py; `:v5-bm16` / `-bm32` one token tile, `:v5-no-pdl` without PDL), `:v7`
+    (v3 skipping a tile's all-padding second wave), `:v3-rs` (v3 on v5's RS code tiles at every count), `:v10` / `:v12`
+    (the rule before v11's tail split / v13's early L2 weights). A/Bs: `:serial` (widen a K block before its wgmmas,
+    not during the previous block's), `:tiled-b` (codes in load-time 16 KB tiles), `:pdl` (programmatic dependent
+    launch), `:split-wg` (each consumer warpgroup widens its own rows: kernels/moe/grouped_split.py), `:l1-early` (v5's
+    L1s load their first weight stages before griddepcontrol.wait too). Knock-outs (timed, never compared; checked
+    False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`, `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its
+    wgmmas), `:v10-ko-stream` (both: the weight stream alone). History: docs/perf/moe.md; v1 `git show e494048`, v6
+    `git show 936ce77`."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
