@@ -33,33 +33,16 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
 
 from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.config import LN2, LOG2E
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
+from kernels.l2_policy import l2_evict_first_policy, l2_evict_last_policy
 from kernels.fmha.softmax import quad_allreduce
 from kernels.regs import mn_view
 
 EPI_WG0 = int(NamedBarrier.EPI_WG0)
-
-
-@dsl_user_op
-def l2_evict_last_policy(*, loc=None, ip=None) -> Int64:
-    """An L2 cache policy: every access it tags is evict_last (createpolicy.fractional, fraction 1)."""
-    return Int64(llvm.inline_asm(
-        T.i64(), [], "createpolicy.fractional.L2::evict_last.b64 $0, 1.0;", "=l",
-        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
-
-
-@dsl_user_op
-def l2_evict_first_policy(*, loc=None, ip=None) -> Int64:
-    """An L2 cache policy: every access it tags is evict_first (Q: read once)."""
-    return Int64(llvm.inline_asm(
-        T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l",
-        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-    ))
 
 
 @dsl_user_op

@@ -70,6 +70,11 @@ class GroupedConfig:
     # counts, two launches back: the launch before it has passed its own wait) and its first ring's weight tiles are
     # read before griddepcontrol.wait; only the activations and their scales (the previous launch's) after it
     early_weights: bool = False
+    # candidate `cutedsl:l2-prefetch` (v5's L2 with early_weights): the CTAs L1 leaves idle pull every unit's weight
+    # codes into L2 by TMA prefetch before griddepcontrol.wait, so the L2 stream after L1 reads L2, not DRAM
+    prefetch_weights: bool = False
+    # the weight codes' TMA loads tagged L2 evict_first (read once a call: the prefetched lines outlive the stream)
+    evict_first_weights: bool = False
     # v3 (prefill; variant `cutedsl:split-wg`, kernels/moe/grouped_split.py): each consumer warpgroup widens
     # only the 128 weight rows its own wgmma reads and publishes them with its own named barrier, so the two
     # warpgroups no longer meet every K block (one promotes and widens while the other's wgmmas run)
@@ -118,6 +123,10 @@ class GroupedConfig:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.early_weights and not (self.swap_ab and self.pdl):
             raise ValueError("early_weights is a mode of v5 (swap_ab) under PDL only")
+        if self.prefetch_weights and not (self.early_weights and self.epilogue == "bf16"):
+            raise ValueError("prefetch_weights is a mode of v5's L2 (bf16 epilogue) with early_weights only")
+        if self.evict_first_weights and not self.swap_ab:
+            raise ValueError("evict_first_weights is a mode of v5 (swap_ab) only")
         if self.ablate in ("no-mma", "stream") and not self.swap_ab:
             raise ValueError(f"ablate={self.ablate!r} is a knock-out of v5 (swap_ab) only")
         if not 1 <= self.split_k <= MAX_SPLIT or (self.split_k > 1 and not self.swap_ab):

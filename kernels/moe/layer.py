@@ -150,7 +150,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus tail_split (default True:
     the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (default True, v13:
     v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), l1_early (the same for v5's L1s:
-    candidate `cutedsl:l1-early`) and skip_padding
+    candidate `cutedsl:l1-early`), l2_prefetch (candidate `cutedsl:l2-prefetch`: GroupedConfig.prefetch_weights on
+    v5's L2s, evict_first_weights on both) and skip_padding
     (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
     gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
     CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
@@ -161,6 +162,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
     early = (knobs.pop("l1_early", False), knobs.pop("l2_early", True))  # (L1, L2) of v5's pairs with early_weights
+    prefetch = knobs.pop("l2_prefetch", False)  # candidate `cutedsl:l2-prefetch` (GroupedConfig.prefetch_weights)
     cfg = grouped_config(layout, "swiglu", **knobs)
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + the wide
@@ -177,8 +179,13 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     for name, pair_knobs in pairs or [(None, knobs)]:
         n1, n2 = gemm_names(name)
         v5_pdl = bool(tiles) and name != "wide" and pdl
-        kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs, early_weights=v5_pdl and early[0])
-        kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, early_weights=v5_pdl and early[1])
+        pf = v5_pdl and prefetch and early[1]  # L2 prefetches its codes, both GEMMs' weight loads evict_first
+        l1_pf, l2_pf = ({"evict_first_weights": True}, {"evict_first_weights": True, "prefetch_weights": True}) if pf \
+            else ({}, {})
+        kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs, early_weights=v5_pdl and early[0],
+                                      **l1_pf)
+        kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, early_weights=v5_pdl and early[1],
+                                      **l2_pf)
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
     return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None,
