@@ -19,6 +19,7 @@ BN = 256
 LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
+PREFETCH_BLOCKS = 64  # prefetch_weights: code tiles a CTA pulls into L2 at most (Flash T = 1 needs 43 on 36 CTAs)
 ABLATIONS = ("", "no-widen", "no-mma", "stream")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes

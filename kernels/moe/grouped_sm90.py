@@ -46,7 +46,7 @@ from cutlass.utils import LayoutEnum
 from kernels.gemm.tiling import KBLOCK
 from kernels.indexer.topk_select import warp_inclusive_scan
 from kernels.l2_policy import l2_evict_first_policy
-from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig
+from kernels.moe.grouped_config import MAX_GROUPS, PREFETCH_BLOCKS, WIDEN_TABLE_WORDS, GroupedConfig
 from kernels.moe.grouped_slices import item_range, split_plan
 from kernels.moe.grouped_epilogue import GroupedEpilogues
 from kernels.moe.grouped_ring import ring_atoms, ring_extent, ring_layouts, ring_partitions, ring_storage, tma_pieces
@@ -308,11 +308,12 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
     @cute.jit
     def _prefetch_weights(self, b, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim):
         """prefetch_weights: the CTAs the previous GEMM (L1: these units' m tiles x ceil(2 K / bn) n tiles) leaves
-        idle pull the codes of every unit's K blocks into L2, block j by CTA j % (their count)."""
+        idle pull the codes of the units' K blocks into L2, block j by CTA j % (their count), at most PREFETCH_BLOCKS
+        each (a 16 KB tile is ~128 TMA requests: a few idle CTAs must not spend L2's tail issuing prefetches)."""
         l1_units = units // tiles_n * ((2 * n_kb * KBLOCK + self.cfg.bn - 1) // self.cfg.bn)
         helpers = gdim - cutlass.min(l1_units, gdim)
         if bidx < helpers:
-            for j in cutlass.range(bidx, units * n_kb, helpers, unroll=1):
+            for j in cutlass.range(bidx, cutlass.min(units * n_kb, helpers * PREFETCH_BLOCKS), helpers, unroll=1):
                 u = j // n_kb
                 _g, _mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
                 cute.prefetch(b[0], self._codes_tile(b, tiles_n, n_kb, nt, j - u * n_kb, e))
