@@ -151,7 +151,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (default True, v13:
     v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), l1_early (the same for v5's L1s:
     candidate `cutedsl:l1-early`), l2_prefetch (candidate `cutedsl:l2-prefetch`: GroupedConfig.prefetch_weights on
-    v5's L2s, evict_first_weights on both) and skip_padding
+    v5's L2s, evict_first_weights on both), fused_dispatch (candidate `cutedsl:fused-dispatch`: the masked
+    dispatch in one launch) and skip_padding
     (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
     gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
     CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
@@ -163,10 +164,12 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
     early = (knobs.pop("l1_early", False), knobs.pop("l2_early", True))  # (L1, L2) of v5's pairs with early_weights
     prefetch = knobs.pop("l2_prefetch", False)  # candidate `cutedsl:l2-prefetch` (GroupedConfig.prefetch_weights)
+    fused = knobs.pop("fused_dispatch", False)  # candidate `cutedsl:fused-dispatch` (kernels/moe/dispatch_fused.py)
     cfg = grouped_config(layout, "swiglu", **knobs)
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + the wide
-    kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl)}
+    kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl,
+                                            **({"fused": True} if fused and skip else {}))}
     # the wide pair beside v5's tiles, on v5's weights: v3 on the RS tiles (row frame: the rule) or v4 (block frame)
     wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl}
     if wide.get("ablate") in ("no-mma", "stream"):  # v5's knock-outs only: the wide pair runs whole
