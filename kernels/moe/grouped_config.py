@@ -67,9 +67,9 @@ class GroupedConfig:
     # prefetch before griddepcontrol.wait, dependents triggered right after it (kernels/moe/layer.py
     # passes the flag to dispatch's gather and to combine too)
     pdl: bool = False
-    # v5 under PDL (v13, the rule's L2s; candidate `cutedsl:l1-early` for L1s): its work list (the layout kernel's
-    # counts, two launches back: the launch before it has passed its own wait) and its first ring's weight tiles are
-    # read before griddepcontrol.wait; only the activations and their scales (the previous launch's) after it
+    # v5's L2 under PDL (v13, the rule): its work list (the layout kernel's counts, two launches back: L1 passed its
+    # own wait before it triggered L2) and its first ring's weight tiles are read before griddepcontrol.wait; only h
+    # and its scales (L1's) after it
     early_weights: bool = False
     # candidate `cutedsl:l2-prefetch` (v5's L2 with early_weights): the CTAs L1 leaves idle pull every unit's weight
     # codes into L2 by TMA prefetch before griddepcontrol.wait, so the L2 stream after L1 reads L2, not DRAM
@@ -122,10 +122,10 @@ class GroupedConfig:
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
-        if self.early_weights and not (self.swap_ab and self.pdl):
-            raise ValueError("early_weights is a mode of v5 (swap_ab) under PDL only")
-        if self.prefetch_weights and not (self.early_weights and self.epilogue == "bf16"):
-            raise ValueError("prefetch_weights is a mode of v5's L2 (bf16 epilogue) with early_weights only")
+        if self.early_weights and not (self.swap_ab and self.pdl and self.epilogue == "bf16"):
+            raise ValueError("early_weights is v5's L2 (swap_ab, bf16 epilogue) under PDL only")
+        if self.prefetch_weights and not self.early_weights:
+            raise ValueError("prefetch_weights is a mode of early_weights (v5's L2) only")
         if self.evict_first_weights and not self.swap_ab:
             raise ValueError("evict_first_weights is a mode of v5 (swap_ab) only")
         if self.ablate in ("no-mma", "stream") and not self.swap_ab:
