@@ -101,7 +101,7 @@ MAX_CLUSTER_SPLIT = 4
 # 13.4), and every split form lost to a one-slice form (a slice's fp32 partial is bm x bn rows however few SMs idle);
 # their rings were full (no DECODE_RING_BYTES cap). At M 192 64 x 192 tiles beat the 128 x 128 the model ties them
 # with (half its second tile is padding; run ...-9c86000-m192-bn192, in git history at a4535c5). The rule:
-# ...-1115245-m129-256.
+# ...-1115245-m129-256 (in git history at 84d1a20).
 SMALL_M = range(129, 257)
 # M 65-128 (two 64-row tiles or one of 128): the rings full, as at SMALL_M, and split-K (merged in global memory)
 # only where even 64 x 32 tiles fill under 1 / SPLIT_FILL of the SMs. H100, graph-timed, one process (an M 128 probe,
