@@ -2,9 +2,8 @@
 done-whens 2 (decode, masked) and 3 (prefill, contiguous) compare our layer against:
 
     OUR dispatch kernel (kernels/moe/dispatch.py) -> DeepGEMM L1 (w1|w3) -> SwiGLU x route weight + FP8 h
-    quantisation (one torch.compile'd function, `peers.swiglu_quant`; masked: `swiglu_quant_rows`, the case's
-    max_m rows of each expert only) -> DeepGEMM L2 (w2) -> OUR combine
-    kernel (kernels/moe/combine.py, + the shared output)
+    quantisation (one Triton kernel, kernels/moe/peer_activation.py; masked: each expert's counted rows only)
+    -> DeepGEMM L2 (w2) -> OUR combine kernel (kernels/moe/combine.py, + the shared output)
 
 The weights are the `deepgemm` peer's FP8 128 x 128 conversion (`peers.fp8_weights`, made once per weight
 buffers, outside the timed call); the DeepGEMM calls and the operand views are the same helpers.
@@ -17,11 +16,11 @@ takes max_m at run time (rows / E), so the peer allocates its layout with max_m 
 rounded up to DG_MASKED_ALIGN = 128 (`peers.dg_rows_per_expert`): the rows DeepGEMM's masked kernel
 stores are then its own group's, and no row is copied in the timed call. The padding rows are not
 gathered (skip_padding, as our layer's dispatch): DeepGEMM computes and stores them (in whole BLOCK_M
-blocks) from whatever they hold, row by row, and the activation zeroes them before h's quantisation.
-The counts are the dispatch's own (a case's max_m bounds them by construction: no clamp, no sync).
+blocks) from whatever they hold, row by row; the activation skips them (masked: rows past a count) or
+zeroes them (contiguous: DeepGEMM's L2 reads their blocks). The counts are the dispatch's own (a case's
+max_m bounds them by construction: no clamp, no sync).
 
-The dispatch / combine compiles and the activation's torch.compile (dynamic shapes: one compile for
-every case, not one per shape against dynamo's recompile limit) happen at the first call for a
+The dispatch / combine compiles and the activation's Triton compile happen at the first call for a
 (E, k, D, layout) / device, which the harness makes before it times (its correctness run and warm-up).
 """
 
@@ -31,21 +30,12 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import import_reason
-from kernels.moe.peers import (DeepGemm, dg_expected_m, dg_grouped, dg_operand, dg_rows_per_expert, fp8_weights,
-                               swiglu_quant, swiglu_quant_rows)
+from kernels.moe import peer_activation
+from kernels.moe.peers import DeepGemm, dg_expected_m, dg_grouped, dg_operand, dg_rows_per_expert, fp8_weights
 
 SM90_ONLY = "our dispatch writes the SM90 FP8 layout (fp32 MN-major scales); DeepGEMM's SM100 path reads packed ue8m0"
 _KERNELS: dict = {}  # (E, k, D, layout, arch) -> (dispatch, combine)
 _PLAN: dict = {}  # the last shape's buffers and views (one key)
-_ACT: dict = {}  # the compiled activations (dynamic shapes)
-
-
-def activation(masked: bool = False):
-    """`swiglu_quant` (contiguous) or `swiglu_quant_rows` (masked: the case's rows of each expert, into the
-    plan's h buffers) compiled once each (dynamic shapes); the first call on a device traces it."""
-    if masked not in _ACT:
-        _ACT[masked] = torch.compile(swiglu_quant_rows if masked else swiglu_quant, dynamic=True)
-    return _ACT[masked]
 
 
 def our_kernels(e: int, k: int, d: int, layout: str, arch: str = "sm_90a") -> tuple:
@@ -78,10 +68,10 @@ def plan(t: int, k: int, e: int, d: int, i: int, m: int | None, device) -> dict:
                          lay["codes"], lay["scales"] if m is not None else lay["scales"].unsqueeze(0)),
             "a1": dg_operand(lay["codes"], lay["scales"], e, m),
             "group": lay["expert"] if m is None else lay["counts"]}
-        if m is not None:  # h and its scales (masked: rows past the case's max_m stay zero)
-            h = torch.zeros(rows, i, dtype=torch.uint8, device=device)
-            h_s = torch.zeros(e, i // 128, m, dtype=torch.float32, device=device)
-            _PLAN[key].update(h=h, h_s=h_s, a2=dg_operand(h, h_s, e, m))
+        # h and its scales, DeepGEMM's L2 operand (masked: rows past a count keep what they hold, finite)
+        h = torch.zeros(rows, i, dtype=torch.uint8, device=device)
+        h_s = torch.zeros((i // 128, rows) if m is None else (e, i // 128, m), dtype=torch.float32, device=device)
+        _PLAN[key].update(h=h, h_s=h_s, a2=dg_operand(h, h_s, e, m))
     return _PLAN[key]
 
 
@@ -90,7 +80,7 @@ class DeepGemmKernels(DeepGemm):
     backend = "deepgemm"
 
     def available(self) -> str | None:
-        return import_reason("deep_gemm") or import_reason("cutlass")
+        return import_reason("deep_gemm") or import_reason("cutlass") or import_reason("triton")
 
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if arch in (None, "any"):  # a peer's run task names no arch: the device's
@@ -118,11 +108,8 @@ class DeepGemmKernels(DeepGemm):
         lay, expected = p["lay"], dg_expected_m(case) if m is not None else 0
         dispatch(x, idx.view(-1), inputs["weights"].view(-1), *p["dispatch"])
         dg_grouped(p["a1"], (w13, s13), p["d1"], p["group"], m, expected)
-        if m is None:
-            a2 = dg_operand(*activation()(p["d1"], lay["row_weight"], lay["src"], e, None), e, None)
-        else:
-            activation(True)(p["d1"], lay["row_weight"], lay["src"], e, m, case_max_m(case), p["h"], p["h_s"])
-            a2 = p["a2"]
-        dg_grouped(a2, (w2, s2), p["d2"], p["group"], m, expected)
+        peer_activation.swiglu_quant_into(p["d1"], lay["row_weight"], lay["src"], p["h"], p["h_s"],
+                                          None if m is None else lay["counts"], case_max_m(case))
+        dg_grouped(p["a2"], (w2, s2), p["d2"], p["group"], m, expected)
         comb(p["d2"], lay["pos"], inputs["shared"], out["out"])
         return out

@@ -17,7 +17,7 @@ layer:
 - `deepgemm-kernels` (kernels/moe/peer_kernels.py): what a serving stack would run, the peer of issue #22's
   done-whens 2 and 3: OUR dispatch kernel (it writes DeepGEMM's layout: masked at DG_MASKED_ALIGN rows an
   expert), the same DeepGEMM calls and FP8 weights (`dg_grouped`, `dg_operand`, `fp8_weights`), the
-  activation (`swiglu_quant` / `swiglu_quant_rows`) torch.compile'd, and OUR combine kernel.
+  activation as one Triton kernel (kernels/moe/peer_activation.py, `swiglu_quant`'s math), and OUR combine kernel.
 - `torch_grouped_mm`: torch._grouped_mm (bf16, SM90+; in torch since 2.8, present in 2.11 and 2.13)
   on the dequantised bf16 weights, the entries sorted by expert without padding (offs = cumsum counts).
 - `torch`: the eager per-expert loop, bf16 matmuls on the dequantised weights.
@@ -160,27 +160,13 @@ def swiglu_quant(gate_up: torch.Tensor, row_weight: torch.Tensor, src: torch.Ten
     """L1's bf16 output [rows, 2I] -> h = route weight · SwiGLU (fp32; 0 on padding rows, src < 0: DeepGEMM
     leaves them unwritten, so whatever they hold never reaches h's codes or scales) -> FP8 per 128
     (oracles.quant.fp8_block_quant): (e4m3 [rows, I], MN-major fp32 scales [I/128, rows] (m None) or
-    [E, I/128, m]), the layout `dg_operand` takes. Eager in `deepgemm`, torch.compile'd in
-    `deepgemm-kernels`."""
+    [E, I/128, m]), the layout `dg_operand` takes. Eager in `deepgemm`; `deepgemm-kernels` runs the same
+    math as one Triton kernel (kernels/moe/peer_activation.py)."""
     h = torch.where((src >= 0).unsqueeze(-1), weighted_swiglu(gate_up, row_weight), 0.0)
     codes, scales = fp8_block_quant(h, BLOCK)
     if m is None:
         return codes, scales.t().contiguous()
     return codes, scales.view(e, m, -1).transpose(1, 2).contiguous()
-
-
-def swiglu_quant_rows(gate_up: torch.Tensor, row_weight: torch.Tensor, src: torch.Tensor, e: int, m: int, used: int,
-                      h: torch.Tensor, h_s: torch.Tensor) -> None:
-    """`swiglu_quant` of a masked layout's first `used` rows of each expert's m (used: the case's max_m, which
-    no count passes), written into h (uint8 e4m3 bits [E·m, I]: inductor has no float8 slice store) and h_s
-    [E, I/128, m]; the rows past `used` are left as they are (zeros from the buffers' allocation). At decode
-    DeepGEMM's m is 128 rows an expert against the case's 16-64: the activation reads 2-8x fewer rows."""
-    n2 = gate_up.shape[1]
-    codes, scales = swiglu_quant(gate_up.view(e, m, n2)[:, :used].reshape(e * used, n2),
-                                 row_weight.view(e, m)[:, :used].reshape(-1), src.view(e, m)[:, :used].reshape(-1),
-                                 e, used)
-    h.view(e, m, -1)[:, :used].copy_(codes.view(torch.uint8).view(e, used, -1))
-    h_s[:, :, :used].copy_(scales)
 
 
 class DeepGemm(LayerPeer):

@@ -1,9 +1,10 @@
 """The `deepgemm-kernels` layer peer on the CPU (kernels/moe/peer_kernels.py): its registration and
 supports(), the layout adaptation (our dispatch's buffers at DeepGEMM's masked rows per expert, handed to
-DeepGEMM as views), its torch.compile'd activation against oracles' SwiGLU + the FP8 quant rule, and its
-whole call with our dispatch / combine kernels emulated by the oracles (their call conventions; padding
-rows poisoned, as the GPU leaves them unwritten) and DeepGEMM by tests/moe/test_moe_peers_cpu.py's
-emulation, judged by the harness rule. The GPU run is tests/moe/test_moe_peer_kernels_gpu.py."""
+DeepGEMM as views), and its whole call with our dispatch / combine kernels emulated by the oracles (their
+call conventions; padding rows poisoned, as the GPU leaves them unwritten), DeepGEMM by
+tests/moe/test_moe_peers_cpu.py's emulation and the Triton activation by `emulated_activation` (the torch
+math it follows, with its buffer contract), judged by the harness rule. The GPU run (and the Triton
+activation against the torch math) is tests/moe/test_moe_peer_kernels_gpu.py."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from dsv4bench.core.evaluate import CaseData
 from dsv4bench.core.registry import get_impl, impls
 from kernels.moe import peer_kernels
 from kernels.moe.family import case_max_m
-from kernels.moe.peers import DG_MASKED_ALIGN, LAYER_ONLY, dg_operand, dg_rows_per_expert
-from oracles.moe import combine, dispatch_layout, gather_quant, swiglu
+from kernels.moe.peers import DG_MASKED_ALIGN, LAYER_ONLY, dg_operand, dg_rows_per_expert, swiglu_quant
+from oracles.moe import combine, dispatch_layout, gather_quant
 from oracles.quant import fp8_block_quant
 from sweeps import moe as space
 from tests.moe.test_moe_peers_cpu import CASES, FAMILY, fake_deep_gemm  # noqa: F401 (a fixture)
@@ -68,24 +69,20 @@ def test_dispatch_layout_is_deepgemms_without_a_copy(case):
     assert torch.equal(sa.reshape(rows, -1)[0] if m is None else sa[0, 0], ref_s)
 
 
-@pytest.mark.parametrize("e, m", [(None, None), (3, 128), (1, 128)])
-def test_compiled_activation_is_swiglu_then_the_fp8_rule(e, m):
-    gen = torch.Generator().manual_seed(7)
-    rows, i = (3 * 128, 384) if m is None else (e * m, 256)
-    gate_up = (torch.randn(rows, 2 * i, generator=gen) * 6).bfloat16()
-    gate_up[5, :3] = float("nan")  # a padding row DeepGEMM left as it found it
-    row_w = torch.rand(rows, generator=gen)
-    src = torch.randint(0, 9, (rows,), generator=gen).int()
-    src[5] = src[rows - 1] = -1
-    codes, scales = peer_kernels.activation()(gate_up, row_w, src, e or 1, m)
-    g, u = gate_up.float().chunk(2, -1)
-    h = swiglu(g, u) * row_w[:, None]
-    h[src < 0] = 0
-    want_q, want_s = fp8_block_quant(h, 128)
-    assert codes.dtype == torch.float8_e4m3fn and torch.equal(codes.view(torch.uint8), want_q.view(torch.uint8))
-    got_s = scales.t() if m is None else scales.transpose(1, 2).reshape(rows, -1)
-    assert torch.equal(got_s, want_s) and scales.is_contiguous()
-    assert tuple(scales.shape) == ((i // 128, rows) if m is None else (e, i // 128, m))
+def emulated_activation(gate_up, row_weight, src, h, h_scales, counts=None, used=None):
+    """peer_activation.swiglu_quant_into's contract in torch (`peers.swiglu_quant`'s math): contiguous, every
+    row (padding rows zero); masked, only each expert's first min(count, used) rows of m are written."""
+    rows = gate_up.shape[0]
+    e = 1 if counts is None else counts.numel()
+    m = rows // e
+    codes, scales = swiglu_quant(gate_up, row_weight, src, e, None if counts is None else m)
+    if counts is None:
+        h.copy_(codes.view(torch.uint8))
+        h_scales.copy_(scales)
+        return
+    live = (torch.arange(m) < counts.view(e, 1).clamp(max=used)).reshape(-1)
+    h[live] = codes.view(torch.uint8)[live]
+    h_scales.copy_(torch.where(live.view(e, 1, m), scales, h_scales))
 
 
 def _emulated_kernels(layout: str):
@@ -113,6 +110,7 @@ def _emulated_kernels(layout: str):
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_peer_passes_the_rule_with_emulated_kernels(case, fake_deep_gemm, monkeypatch):  # noqa: F811
     monkeypatch.setattr(peer_kernels, "our_kernels", lambda e, k, d, layout, arch="sm_90a": _emulated_kernels(layout))
+    monkeypatch.setattr(peer_kernels.peer_activation, "swiglu_quant_into", emulated_activation)
     data = CaseData(FAMILY, case, "cpu")
     x = data.inputs["x"]
     p = peer_kernels.plan(x.shape[0], case["k"], case["e"], case["d"], case["i"], dg_rows_per_expert(case), x.device)
@@ -121,20 +119,3 @@ def test_peer_passes_the_rule_with_emulated_kernels(case, fake_deep_gemm, monkey
     out = get_impl("moe", PEER).run(case, data.inputs, FAMILY.alloc_outputs(case, "cpu"), None)
     ok, metrics = compare_outputs(out, data.oracle, data.lowprec, lambda n: FAMILY.tolerance_for(case, n))
     assert ok, {k: m.summary() for k, m in metrics.items()}
-
-
-def test_compiled_masked_activation_writes_the_cases_rows_only():
-    """Masked: the case's max_m rows of each expert (of DeepGEMM's 128) go through `swiglu_quant`, into the
-    plan's h buffers; the rows past them keep their zeros."""
-    gen = torch.Generator().manual_seed(3)
-    e, m, used, i = 3, 128, 32, 256
-    gate_up = (torch.randn(e * m, 2 * i, generator=gen) * 6).bfloat16()
-    row_w = torch.rand(e * m, generator=gen)
-    src = torch.randint(-1, 9, (e * m,), generator=gen).int()
-    h = torch.zeros(e * m, i, dtype=torch.uint8)
-    h_s = torch.zeros(e, i // 128, m)
-    peer_kernels.activation(True)(gate_up, row_w, src, e, m, used, h, h_s)
-    rows = (torch.arange(e * m) % m) < used
-    want_q, want_s = peer_kernels.swiglu_quant(gate_up[rows], row_w[rows], src[rows], e, used)
-    assert torch.equal(h[rows], want_q.view(torch.uint8)) and torch.equal(h_s[:, :, :used], want_s)
-    assert not h[~rows].any() and not h_s[:, :, used:].any()
