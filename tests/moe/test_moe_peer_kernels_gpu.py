@@ -41,15 +41,17 @@ def test_triton_activation_is_swiglu_then_the_fp8_rule(counts):
     gate_up = (torch.randn(rows, 2 * i, device=dev) * 6).bfloat16()
     row_w = torch.rand(rows, device=dev)
     src = torch.randint(-1, 9, (rows,), device=dev, dtype=torch.int32)
-    gate_up[src < 0] = float("nan")  # padding rows DeepGEMM left as it found them
     h = torch.full((rows, i), 0xAB, dtype=torch.uint8, device=dev)
     shape = (i // 128, rows) if counts is None else (e, i // 128, m)
     h_s = torch.full(shape, -1.0, device=dev)
     cnt = None if counts is None else torch.tensor(counts, dtype=torch.int32, device=dev)
-    if cnt is not None:
-        src.clamp_(min=0)  # a masked layout's counted rows are all real
+    if cnt is None:
+        gate_up[src < 0] = float("nan")  # padding rows DeepGEMM left as it found them
+    else:  # a masked layout's counted rows are all real; the rest DeepGEMM left as it found them
+        src.clamp_(min=0)
+        gate_up[(torch.arange(m, device=dev) >= cnt.view(e, 1).clamp(max=used)).reshape(-1)] = float("nan")
     swiglu_quant_into(gate_up, row_w, src, h, h_s, cnt, None if cnt is None else used)
-    want_q, want_s = swiglu_quant(gate_up, row_w, src, e, None if cnt is None else m)
+    want_q, want_s = swiglu_quant(gate_up.nan_to_num(), row_w, src, e, None if cnt is None else m)
     if cnt is None:
         live = torch.ones(rows, dtype=torch.bool, device=dev)
         got_s, want_s = h_s.t(), want_s.t()
