@@ -204,8 +204,9 @@ class MoeLayerVariant(MoeCuteDSL):
     (v3 skipping a tile's all-padding second wave), `:v3-rs` (v3 on v5's RS code tiles at every count), `:v10` / `:v12`
     (the rule before v11's tail split / v13's early L2 weights). A/Bs: `:serial` (widen a K block before its wgmmas,
     not during the previous block's), `:tiled-b` (codes in load-time 16 KB tiles), `:pdl` (programmatic dependent
-    launch), `:split-wg` (each consumer warpgroup widens its own rows: kernels/moe/grouped_split.py), `:l2-prefetch`
-    (GroupedConfig.prefetch_weights; early L1 weights were set aside: `git show 0ca828c`).
+    launch), `:split-wg` (each consumer warpgroup widens its own rows: kernels/moe/grouped_split.py),
+    `:fused-dispatch` (the masked dispatch in one launch: kernels/moe/dispatch_fused.py). Set aside after
+    measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`).
     Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`, `:v8-ko-no-widen` /
     `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
     docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""
@@ -297,7 +298,8 @@ register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False}))
 # the rule before v13: v5's L2s wait under PDL before reading their work list and first weight stages
 register_impl(MoeLayerVariant("v12", {"l2_early": False}))
 # the CTAs L1 leaves idle pull L2's weight codes into L2 before its wait; both GEMMs' weight loads evict_first
-register_impl(MoeLayerVariant("l2-prefetch", {"l2_prefetch": True}))
+# the masked dispatch's layout and gather + quant in one launch (kernels/moe/dispatch_fused.py)
+register_impl(MoeLayerVariant("fused-dispatch", {"fused_dispatch": True}))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

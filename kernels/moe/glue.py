@@ -18,6 +18,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor
 from kernels.common import compile_kernel
 from kernels.moe.combine import CombineKernel
 from kernels.moe.dispatch import QBLOCK, Dispatch
+from kernels.moe.dispatch_fused import FusedMaskedDispatch
 from oracles.moe import TILE_M, contiguous_rows
 
 OUTPUTS = ("counts", "pos", "src", "expert", "row_weight", "codes", "scales")
@@ -33,9 +34,12 @@ def _rowmajor(dtype, shape, align=16):
 
 
 def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str = "sm_90a", skip_padding: bool = False,
-                     pdl: bool = False):
+                     pdl: bool = False, fused: bool = False):
     """One compile per (E, k, D, layout); tokens and layout rows are runtime sizes. skip_padding: the padding
-    rows' codes and scales are left unwritten (the layer's masked layout; the dispatch op writes them)."""
+    rows' codes and scales are left unwritten (the layer's masked layout; the dispatch op writes them). fused: the
+    masked skip_padding dispatch in one launch (kernels/moe/dispatch_fused.py; padding rows' side data unwritten)."""
+    if fused and not (skip_padding and layout == "masked"):
+        raise ValueError("fused is the layer's masked dispatch (layout='masked', skip_padding=True) only")
     t, n, rows = cute.sym_int(), cute.sym_int(), cute.sym_int()
     groups = 1 if layout == "contiguous" else n_experts
     x = make_fake_tensor(cutlass.BFloat16, (t, d), (d, 1), assumed_align=16)
@@ -43,7 +47,9 @@ def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str =
     args = (x, _flat(cutlass.Int32, n), _flat(cutlass.Float32, n), _flat(cutlass.Int32, n_experts),
             _flat(cutlass.Int32, n), _flat(cutlass.Int32, rows), _flat(cutlass.Int32, rows),
             _flat(cutlass.Float32, rows), make_fake_tensor(cutlass.Uint8, (rows, d), (d, 1), assumed_align=16), scales)
-    return compile_kernel(Dispatch(n_experts, topk, d, layout, TILE_M, skip_padding, pdl), *args, arch=arch)
+    call = FusedMaskedDispatch(n_experts, topk, d, pdl) if fused else \
+        Dispatch(n_experts, topk, d, layout, TILE_M, skip_padding, pdl)
+    return compile_kernel(call, *args, arch=arch)
 
 
 def compile_combine(d: int, topk: int, arch: str = "sm_90a", pdl: bool = False):

@@ -19,7 +19,6 @@ BN = 256
 LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
-PREFETCH_BLOCKS = 64  # prefetch_weights: code tiles a CTA pulls into L2 at most (Flash T = 1 needs 43 on 36 CTAs)
 ABLATIONS = ("", "no-widen", "no-mma", "stream")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
@@ -71,11 +70,6 @@ class GroupedConfig:
     # own wait before it triggered L2) and its first ring's weight tiles are read before griddepcontrol.wait; only h
     # and its scales (L1's) after it
     early_weights: bool = False
-    # candidate `cutedsl:l2-prefetch` (v5's L2 with early_weights): the CTAs L1 leaves idle pull every unit's weight
-    # codes into L2 by TMA prefetch before griddepcontrol.wait, so the L2 stream after L1 reads L2, not DRAM
-    prefetch_weights: bool = False
-    # the weight codes' TMA loads tagged L2 evict_first (read once a call: the prefetched lines outlive the stream)
-    evict_first_weights: bool = False
     # v3 (prefill; variant `cutedsl:split-wg`, kernels/moe/grouped_split.py): each consumer warpgroup widens
     # only the 128 weight rows its own wgmma reads and publishes them with its own named barrier, so the two
     # warpgroups no longer meet every K block (one promotes and widens while the other's wgmmas run)
@@ -124,10 +118,6 @@ class GroupedConfig:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.early_weights and not (self.swap_ab and self.pdl and self.epilogue == "bf16"):
             raise ValueError("early_weights is v5's L2 (swap_ab, bf16 epilogue) under PDL only")
-        if self.prefetch_weights and not self.early_weights:
-            raise ValueError("prefetch_weights is a mode of early_weights (v5's L2) only")
-        if self.evict_first_weights and not self.swap_ab:
-            raise ValueError("evict_first_weights is a mode of v5 (swap_ab) only")
         if self.ablate in ("no-mma", "stream") and not self.swap_ab:
             raise ValueError(f"ablate={self.ablate!r} is a knock-out of v5 (swap_ab) only")
         if not 1 <= self.split_k <= MAX_SPLIT or (self.split_k > 1 and not self.swap_ab):

@@ -45,8 +45,7 @@ from cutlass.utils import LayoutEnum
 
 from kernels.gemm.tiling import KBLOCK
 from kernels.indexer.topk_select import warp_inclusive_scan
-from kernels.l2_policy import l2_evict_first_policy
-from kernels.moe.grouped_config import MAX_GROUPS, PREFETCH_BLOCKS, WIDEN_TABLE_WORDS, GroupedConfig
+from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig
 from kernels.moe.grouped_slices import item_range, split_plan
 from kernels.moe.grouped_epilogue import GroupedEpilogues
 from kernels.moe.grouped_ring import ring_atoms, ring_extent, ring_layouts, ring_partitions, ring_storage, tma_pieces
@@ -271,8 +270,6 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
                     ring.producer_acquire(pre)
                     self._load_weights(b, sh, sw, tiles_n, n_kb, nt, kb, e, pre.index, ring.producer_get_barrier(pre))
                     pre.advance()
-            if cutlass.const_expr(c.prefetch_weights):
-                self._prefetch_weights(b, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim)
             pdl_wait()
         n = Int32(0)
         for w in cutlass.range(bidx, items, gdim, unroll=1):
@@ -306,33 +303,14 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         return u, kb0, kb1, slot
 
     @cute.jit
-    def _prefetch_weights(self, b, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim):
-        """prefetch_weights: the CTAs the previous GEMM (L1: these units' m tiles x ceil(2 K / bn) n tiles) leaves
-        idle pull the codes of the units' K blocks into L2, block j by CTA j % (their count), at most PREFETCH_BLOCKS
-        each (a 16 KB tile is ~128 TMA requests: a few idle CTAs must not spend L2's tail issuing prefetches)."""
-        l1_units = units // tiles_n * ((2 * n_kb * KBLOCK + self.cfg.bn - 1) // self.cfg.bn)
-        helpers = gdim - cutlass.min(l1_units, gdim)
-        if bidx < helpers:
-            for j in cutlass.range(bidx, cutlass.min(units * n_kb, helpers * PREFETCH_BLOCKS), helpers, unroll=1):
-                u = j // n_kb
-                _g, _mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
-                cute.prefetch(b[0], self._codes_tile(b, tiles_n, n_kb, nt, j - u * n_kb, e))
-
-    def _codes_tile(self, b, tiles_n, n_kb, nt, kb, e):
-        """The global side of unit (e, nt)'s FP4 tile at K block kb (tiled: one tile of the load-time layout)."""
-        if self.cfg.tiled_codes:
-            return b[1][(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)]
-        return b[1][(None, nt, kb, e)]
-
-    @cute.jit
     def _load_weights(self, b, sh, sw, tiles_n, n_kb, nt, kb, e, index, bar):
-        """The weight side of a stage: the FP4 tile (tiled: one contiguous tile of the load-time layout; tagged L2
-        evict_first with evict_first_weights), its shift words and column scales."""
-        codes = self._codes_tile(b, tiles_n, n_kb, nt, kb, e)
-        if cutlass.const_expr(self.cfg.evict_first_weights):
-            cute.copy(b[0], codes, b[2][(None, index)], tma_bar_ptr=bar, cache_policy=l2_evict_first_policy())
+        """The weight side of a stage: the FP4 tile (tiled: one contiguous tile of the load-time layout), its shift
+        words and column scales."""
+        if cutlass.const_expr(self.cfg.tiled_codes):
+            codes = b[1][(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)]
         else:
-            cute.copy(b[0], codes, b[2][(None, index)], tma_bar_ptr=bar)
+            codes = b[1][(None, nt, kb, e)]
+        cute.copy(b[0], codes, b[2][(None, index)], tma_bar_ptr=bar)
         cute.copy(sh[0], sh[1][(None, nt, kb, e)], sh[2][(None, index)], tma_bar_ptr=bar)
         cute.copy(sw[0], sw[1][(None, nt, kb, e)], sw[2][(None, index)], tma_bar_ptr=bar)
 

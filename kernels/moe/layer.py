@@ -149,11 +149,10 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
                   **knobs) -> CompiledLayer:
     """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus tail_split (default True:
     the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (default True, v13:
-    v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), l2_prefetch (candidate
-    `cutedsl:l2-prefetch`: GroupedConfig.prefetch_weights on those L2s, evict_first_weights on their pairs) and
-    skip_padding
-    (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not
-    gathered (v2; v1 wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
+    v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), fused_dispatch (candidate
+    `cutedsl:fused-dispatch`: the masked dispatch in one launch) and skip_padding (default True): the masked
+    layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1 wrote zeros: a
+    Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
     CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
     the knobs): with no knobs every GEMM reads row-frame weights and the RS-ordered code tiles (v8)."""
     if arch != "sm_90a":
@@ -162,11 +161,12 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
     l2_early = knobs.pop("l2_early", True)  # v13: v5's L2s with early_weights
-    prefetch = knobs.pop("l2_prefetch", False) and l2_early  # candidate `cutedsl:l2-prefetch`
+    fused = knobs.pop("fused_dispatch", False) and skip  # candidate `cutedsl:fused-dispatch` (dispatch_fused.py)
     cfg = grouped_config(layout, "swiglu", **knobs)
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + the wide
-    kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl)}
+    kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl,
+                                            **({"fused": True} if fused else {}))}
     # the wide pair beside v5's tiles, on v5's weights: v3 on the RS tiles (row frame: the rule) or v4 (block frame)
     wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl}
     if wide.get("ablate") in ("no-mma", "stream"):  # v5's knock-outs only: the wide pair runs whole
@@ -179,10 +179,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     for name, pair_knobs in pairs or [(None, knobs)]:
         n1, n2 = gemm_names(name)
         v5_pdl = bool(tiles) and name != "wide" and pdl
-        pf = v5_pdl and prefetch  # L2 prefetches its codes, both GEMMs' code loads evict_first
-        kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs, evict_first_weights=pf)
-        kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, early_weights=v5_pdl and l2_early,
-                                      prefetch_weights=pf, evict_first_weights=pf)
+        kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs)
+        kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, early_weights=v5_pdl and l2_early)
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
     return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None,

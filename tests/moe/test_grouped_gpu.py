@@ -205,10 +205,10 @@ MASKED_CASES = [c for c in LAYER if c["layout"] == "masked"]
 
 
 @pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
-def test_l2_prefetch_layers_pass_the_rule(case, gpu_check):
-    """`cutedsl:l2-prefetch` (v5's L2 codes pulled into L2 by the CTAs L1 leaves idle) on every decode layer."""
+def test_fused_dispatch_layers_pass_the_rule(case, gpu_check):
+    """`cutedsl:fused-dispatch` (the masked dispatch in one launch) on every decode layer."""
     from dsv4bench.core.registry import get_impl
-    gpu_check(case, get_impl("moe", "cutedsl:l2-prefetch"))
+    gpu_check(case, get_impl("moe", "cutedsl:fused-dispatch"))
 
 
 @pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])

@@ -317,37 +317,6 @@ def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkey
     assert early == {"cutedsl": {"l2", "l2@32", "l2@split"}, "cutedsl:v12": set(), "cutedsl:v5-no-pdl": set()}
 
 
-def test_l2_prefetch_pulls_the_codes_into_l2_before_the_pdl_wait(monkeypatch):
-    """`cutedsl:l2-prefetch`: v5's L2s (prefetch_weights) issue TMA L2 prefetches of the codes between their early
-    ring and the PDL wait; both GEMMs tag the codes' loads evict_first (a policy descriptor on the codes' UTMALDGs
-    only, not on x's, its scales', the shifts' or the column scales'); refused off v5's L2 with early_weights."""
-    import re
-
-    from dsv4bench.compile.sass import sass_of
-    from kernels.moe import layer
-    from kernels.moe.grouped_config import V8_DECODE
-    knobs = {**V8_DECODE, "bm": 16, "pdl": True, "early_weights": True}
-    l2 = sass_of(layer.compile_grouped("masked", "bf16", 512, 1024, **knobs, prefetch_weights=True,
-                                       evict_first_weights=True))
-    if l2 is None:
-        pytest.skip("no nvdisasm here")
-    ops = re.findall(r"\b(ACQBULK|UTMAPF\.L2|UTMALDG)\b", l2)
-    assert ops.count("UTMAPF.L2") == 1 and ops.index("UTMAPF.L2") < ops[1:].index("ACQBULK") + 1
-    hinted = [line for line in l2.splitlines() if "UTMALDG" in line and re.search(r"desc\[UR\d+\]", line)]
-    assert len(hinted) == 2  # the codes' load in the early pass and in the main loop
-    with pytest.raises(ValueError, match="prefetch_weights"):
-        GroupedConfig(**{**knobs, "layout": "masked", "epilogue": "bf16", "early_weights": False},
-                      prefetch_weights=True)
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: "dispatch")
-    monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **k: (
-        epilogue, k.get("prefetch_weights", False), k.get("evict_first_weights", False)))
-    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
-    kernels = layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", "cutedsl:l2-prefetch").knobs).kernels
-    flags = {n: v[1:] for n, v in kernels.items() if isinstance(v, tuple)}
-    assert {n for n, f in flags.items() if f == (True, True)} == {"l2", "l2@32", "l2@split"}
-    assert {n for n, f in flags.items() if f == (False, True)} == {"l1", "l1@32", "l1@split"}
-    assert flags["l1@wide"] == flags["l2@wide"] == (False, False)
-
 
 def test_the_rule_runs_one_token_on_the_grouped_gemms():
     """Since session 34 the rule has no one-token GEMV path (v5 on the sign-laid RS tiles beat it at Pro T = 1: 118.2

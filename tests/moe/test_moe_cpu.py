@@ -145,6 +145,28 @@ def test_dispatch_compiles_without_local_memory(n_experts, d, layout, skip):
     assert info.local_bytes == 0 and 0 < info.registers <= 128
 
 
+@pytest.mark.parametrize("n_experts, d, arch", [(256, 4096, "sm_90a"), (384, 7168, "sm_90a"), (8, 128, "sm_90a"),
+                                              (256, 4096, "sm_100a")])
+def test_fused_dispatch_compiles_and_only_for_the_layers_masked_layout(n_experts, d, arch, monkeypatch):
+    """`cutedsl:fused-dispatch` (kernels/moe/dispatch_fused.py): one launch, no local memory at Flash / Pro widths and
+    a 16-lane row group (D 128); refused off the layer's masked skip-padding layout; the variant's layer asks for it."""
+    compiled = compile_dispatch(n_experts, 6, d, "masked", arch, skip_padding=True, pdl=True, fused=True)
+    if arch == "sm_90a":
+        info = parse_cubin(artifact(compiled))
+        assert info.local_bytes == 0 and 0 < info.registers <= 128
+    for layout, skip in (("contiguous", True), ("masked", False)):
+        with pytest.raises(ValueError, match="^fused is the layer's masked dispatch"):
+            compile_dispatch(8, 6, 256, layout, skip_padding=skip, fused=True)
+    from dsv4bench.core.registry import get_impl
+    from kernels.moe import layer
+    seen = {}
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: seen.update(fused=fused))
+    monkeypatch.setattr(layer, "compile_grouped", lambda *a, **k: None)
+    monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
+    layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", "cutedsl:fused-dispatch").knobs)
+    assert seen == {"fused": True}
+
+
 @pytest.mark.parametrize("d", [4096, 7168, 384])
 def test_combine_compiles_without_local_memory(d):
     info = parse_cubin(artifact(compile_combine(d, 6)))

@@ -60,6 +60,38 @@ def test_dispatch_edge_routings(max_m):
     assert out["counts"][3] == 0 and (out["pos"][0, :2] >= 0).all() and out["pos"][1, 2] == -1
 
 
+@pytest.mark.parametrize("d, t", [(256, 4), (4096, 4), (7168, 64)])
+def test_fused_dispatch_matches_the_two_launches_on_the_rows_the_layer_reads(d, t):
+    """`cutedsl:fused-dispatch` against the two-kernel masked dispatch (itself checked against the oracle above):
+    counts and pos equal, and on every row pos names src, expert, row_weight, codes and scales equal. The first four
+    tokens route expert 3 nothing, token 0 to expert 1 twice, ids 9 and -1 nowhere, expert 2 six times past max_m 4
+    (its count true, pos -1 past the fourth); the rest are random."""
+    from kernels.moe.glue import alloc_dispatch, compile_dispatch, run_dispatch
+    e, max_m = 8, 4 if t == 4 else 64
+    gen = torch.Generator().manual_seed(d + t)
+    idx = torch.randint(0, e, (t, 6), generator=gen, dtype=torch.int32)
+    idx[:4] = torch.tensor([[1, 1, 0, 2, 4, 5], [0, 2, 9, 4, 5, 6], [7, 6, 5, -1, 2, 0], [2, 2, 1, 2, 1, 0]])
+    idx, w = idx.cuda(), torch.rand(t, 6, generator=gen).cuda()
+    x = (torch.randn(t, d, generator=gen) * 3).bfloat16().cuda()
+    outs = []
+    for fused in (False, True):
+        out = alloc_dispatch(t, 6, e, d, max_m, "cuda")
+        for v in out.values():
+            v.fill_(7) if v.dtype != torch.float32 else v.fill_(float("nan"))
+        run_dispatch(compile_dispatch(e, 6, d, "masked", skip_padding=True, pdl=True, fused=fused), x, idx, w, out,
+                     e, max_m)
+        outs.append(out)
+    two, one = outs
+    assert torch.equal(one["counts"], two["counts"]) and torch.equal(one["pos"], two["pos"])
+    rows = two["pos"][two["pos"] >= 0].long()
+    if t == 4:
+        assert two["counts"][3] == 0 and two["counts"][2] == 6 and (two["pos"] == -1).sum() == 4
+    for name in ("src", "expert", "row_weight", "codes"):
+        assert torch.equal(one[name][rows], two[name][rows]), name
+    scales = lambda s: s.transpose(1, 2).reshape(e * max_m, -1)  # noqa: E731  [E, D/128, max_m] -> [rows, D/128]
+    assert torch.equal(scales(one["scales"])[rows], scales(two["scales"])[rows])
+
+
 def test_masked_dispatch_refuses_counts_past_max_m():
     idx = torch.zeros(20, 6, dtype=torch.int32, device="cuda")
     idx[:, 1:] = torch.arange(1, 6, dtype=torch.int32, device="cuda")
