@@ -202,10 +202,10 @@ class MoeLayerVariant(MoeCuteDSL):
     grouped_config.V2, so they stay on v2 at prefill), `:v4`, `:v5` (decode: swap-AB, weights widened in registers as
     an RS wgmma's A, kernels/moe/grouped_rs.py; `:v5-bm16` / `-bm32` one token tile, `:v5-no-pdl` without PDL), `:v7`
     (v3 skipping a tile's all-padding second wave), `:v3-rs` (v3 on v5's RS code tiles at every count), `:v10` / `:v12`
-    (the rule before v11's tail split / v13's early L2 weights). A/Bs: `:serial` (widen a K block before its wgmmas,
-    not during the previous block's), `:tiled-b` (codes in load-time 16 KB tiles), `:pdl` (programmatic dependent
-    launch), `:split-wg` (each consumer warpgroup widens its own rows: kernels/moe/grouped_split.py),
-    `:fused-dispatch` (the masked dispatch in one launch: kernels/moe/dispatch_fused.py). Set aside after
+    (the rule before v11's tail split / v13's early L2 weights), `:v13` (before v14's one-launch dispatch). A/Bs:
+    `:serial` (widen a K block before its wgmmas, not during the previous block's), `:tiled-b` (codes in load-time
+    16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its own rows: kernels/moe/grouped_split.py),
+    `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its MAX_ASSIGNMENTS). Set aside after
     measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`).
     Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`, `:v8-ko-no-widen` /
     `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
@@ -294,12 +294,13 @@ register_impl(MoeLayerVariant("v8-ko-no-mma", {**V8_DECODE, "ablate": "no-mma"},
 register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}, checked=False))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 # the rule before v11: no tail-split build beside the smallest token tile (nor v13's early L2 weights)
-register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False}))
+register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False, "fused_dispatch": 0}))
 # the rule before v13: v5's L2s wait under PDL before reading their work list and first weight stages
-register_impl(MoeLayerVariant("v12", {"l2_early": False}))
-# the CTAs L1 leaves idle pull L2's weight codes into L2 before its wait; both GEMMs' weight loads evict_first
-# the masked dispatch's layout and gather + quant in one launch (kernels/moe/dispatch_fused.py)
-register_impl(MoeLayerVariant("fused-dispatch", {"fused_dispatch": True}))
+register_impl(MoeLayerVariant("v12", {"l2_early": False, "fused_dispatch": 0}))
+# the rule before v14: the masked dispatch always in two launches (layout, then gather + quant)
+register_impl(MoeLayerVariant("v13", {"fused_dispatch": 0}))
+# v14's one-launch masked dispatch at every T (kernels/moe/dispatch_fused.py): the A/B of its MAX_ASSIGNMENTS
+register_impl(MoeLayerVariant("fused-dispatch", {"fused_dispatch": 1 << 30}))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

@@ -20,6 +20,7 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import Prepared, compile_kernel, sm_count
 from kernels.gemm.tiling import KBLOCK
+from kernels.moe.dispatch_fused import MAX_ASSIGNMENTS as FUSED_MAX
 from kernels.moe.expert_weights import GroupedWeight, code_tiles, prepare_layer, rs_tiles, widen_table
 from kernels.moe.glue import (
     check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
@@ -110,12 +111,14 @@ class CompiledLayer:
     compile cache and cubin report see them (dsv4bench/compile/artifacts.compiled_functions);
     `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes; `wide_codes`: the wide pair's);
     `row_frame`: the GEMMs (v3, v5 in the rule) read weights prepared in the row frame (`row_frame_weights`);
-    `split_shapes`: (n tiles, K blocks) of L1 and L2 where the tail-split pair ("l1@split", "l2@split") is compiled."""
+    `split_shapes`: (n tiles, K blocks) of L1 and L2 where the tail-split pair ("l1@split", "l2@split") is compiled;
+    `fused_max`: T·k assignments up to which a call launches "dispatch@fused" (v14) instead of "dispatch"."""
 
     def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = (),
-                 wide_codes: str = "plain", wide_mean: float | None = None, split_shapes: tuple = ()):
+                 wide_codes: str = "plain", wide_mean: float | None = None, split_shapes: tuple = (),
+                 fused_max: int = 0):
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
-        self.wide_codes, self.wide_mean, self.split_shapes = wide_codes, wide_mean, split_shapes
+        self.wide_codes, self.wide_mean, self.split_shapes, self.fused_max = wide_codes, wide_mean, split_shapes, fused_max
 
     def gemms(self, max_m: int | None, mean_rows: float | None = None, rows: int | None = None,
               n_sms: int | None = None) -> tuple:
@@ -149,8 +152,9 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
                   **knobs) -> CompiledLayer:
     """The layer's kernels for one (E, k, D, I, layout); `knobs` as compile_grouped's, plus tail_split (default True:
     the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (default True, v13:
-    v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), fused_dispatch (candidate
-    `cutedsl:fused-dispatch`: the masked dispatch in one launch) and skip_padding (default True): the masked
+    v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), fused_dispatch (v14: the masked
+    dispatch in one launch, kernels/moe/dispatch_fused.py, compiled beside the two-kernel one and launched up to
+    this many T·k assignments; default its MAX_ASSIGNMENTS, 0 never: `cutedsl:v13`) and skip_padding (default True): the masked
     layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1 wrote zeros: a
     Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
     CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
@@ -161,12 +165,14 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
     l2_early = knobs.pop("l2_early", True)  # v13: v5's L2s with early_weights
-    fused = knobs.pop("fused_dispatch", False) and skip  # candidate `cutedsl:fused-dispatch` (dispatch_fused.py)
+    fused_max = knobs.pop("fused_dispatch", FUSED_MAX) if skip else 0  # v14: the one-launch dispatch up to it
     cfg = grouped_config(layout, "swiglu", **knobs)
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + the wide
-    kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl,
-                                            **({"fused": True} if fused else {}))}
+    kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl)}
+    if fused_max:
+        kernels["dispatch@fused"] = compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=True, pdl=pdl,
+                                                     fused=True)
     # the wide pair beside v5's tiles, on v5's weights: v3 on the RS tiles (row frame: the rule) or v4 (block frame)
     wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl}
     if wide.get("ablate") in ("no-mma", "stream"):  # v5's knock-outs only: the wide pair runs whole
@@ -184,7 +190,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
     return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None,
-                         split_shapes)
+                         split_shapes, fused_max)
 
 
 # ---------------------------------------------------------------- views and calls
@@ -368,7 +374,8 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
             raise ValueError(f"{name} must be contiguous bf16 {tuple(x.shape)}, got {v.dtype} {tuple(v.shape)}")
     p = _plan(t, idx.shape[1], n_experts, d, i, max_m, x.device)
     table, split, n_sms = p["ctx"]
-    k["dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
+    fused = idx.numel() <= getattr(compiled, "fused_max", 0)
+    k["dispatch@fused" if fused else "dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
     l1, l2, order = compiled.gemms(max_m, mean_rows, idx.numel(), n_sms)
     l1(*p["l1_act"], *_weight_args(l1w, order), table, p["group"], p["lay"]["row_weight"], *p["l1_out"], *split, n_sms)
     l2(*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], *split, n_sms)

@@ -294,6 +294,26 @@ def test_layer_call_hands_the_kernels_what_the_v1_path_did(max_m, monkeypatch):
                 assert p.data_ptr() == r.data_ptr(), (n_new, j)
 
 
+def test_a_call_launches_the_one_launch_dispatch_up_to_fused_max_assignments(monkeypatch):
+    """v14: run_layer launches "dispatch@fused" where T·k <= CompiledLayer.fused_max, else "dispatch", with the
+    same arguments; recorded with fake kernels on the CPU."""
+    from kernels.moe import layer as L
+    monkeypatch.setattr(L, "sm_count", lambda device: 132)
+    e, d, i = 4, 256, 256
+    g = torch.Generator().manual_seed(5)
+    ex = make_experts(e, d, i, g, "cpu")
+    calls = []
+    names = ("dispatch", "dispatch@fused", "l1", "l2", "combine")
+    compiled = L.CompiledLayer({n: (lambda n: lambda *a: calls.append((n, len(a))))(n) for n in names}, fused_max=12)
+    for t in (1, 2, 3, 2):
+        idx = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(t)]).int().repeat(1, 3)
+        x, w, shared = torch.randn(t, d).bfloat16(), torch.rand(t, 6), torch.zeros(t, d, dtype=torch.bfloat16)
+        L.run_layer(compiled, x, idx, w, shared, (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2), e, 16, check=False)
+    launched = [(n, a) for n, a in calls if n.startswith("dispatch")]
+    assert [n for n, _ in launched] == ["dispatch@fused", "dispatch@fused", "dispatch", "dispatch@fused"]
+    assert len({a for _, a in launched}) == 1
+
+
 @pytest.mark.parametrize("n", [512, 384])  # 384: the last 256-row tile half real (L2 with D % 256 == 128)
 def test_tiled_codes_hold_each_fp4_tile_contiguously(n):
     """tiled_b's load-time layout: tile (e, n tile, K block) of the (BN, 64, tiles) view is the codes' rows
@@ -345,7 +365,7 @@ def test_compile_layer_consumes_skip_padding_for_either_layout(layout, monkeypat
     contiguous cases failed to compile with it on the H100)."""
     from kernels.moe import layer
     seen = {}
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: seen.setdefault("skip", skip_padding))
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: seen.setdefault("skip", skip_padding))
     monkeypatch.setattr(layer, "compile_grouped", lambda *a, **knobs: seen.setdefault("knobs", knobs))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
     layer.compile_layer(8, 2, 256, 256, layout, skip_padding=False)

@@ -231,16 +231,16 @@ def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_small
     wide pair past it; every pair reads the RS tiles. `cutedsl:v5` (block frame) keeps v4 (plain codes) as its
     wide pair; a variant naming bm, or v4, compiles one pair."""
     from kernels.moe import layer
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: ("dispatch", pdl))
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: ("dispatch", pdl))
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
         epilogue, *(lambda c: (c.bm, c.swap_ab, c.pdl, c.row_frame, c.codes))(layer.grouped_config(layout, epilogue,
                                                                                                   **knobs))))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
     compiled = layer.compile_layer(8, 6, 512, 256, "masked")
     assert compiled.codes == "rs" and compiled.frame == "row" and compiled.token_tiles == (16, 32)
-    assert set(compiled.kernels) == {"dispatch", "l1", "l2", "l1@32", "l2@32", "l1@wide", "l2@wide", "l1@split",
-                                     "l2@split", "combine"}
-    assert compiled.kernels["dispatch"] == ("dispatch", True)
+    assert set(compiled.kernels) == {"dispatch", "dispatch@fused", "l1", "l2", "l1@32", "l2@32", "l1@wide", "l2@wide",
+                                     "l1@split", "l2@split", "combine"}
+    assert compiled.kernels["dispatch"] == compiled.kernels["dispatch@fused"] == ("dispatch", True)
     for max_m, want in ((16, (16, True)), (32, (32, True)), (48, (32, True)), (64, (32, True)), (80, (64, False)),
                         (256, (64, False))):  # the wide pair launched with PDL as the rest of the layer
         l1, l2, order = compiled.gemms(max_m)
@@ -270,7 +270,7 @@ def test_the_rule_launches_the_tail_split_build_only_where_the_split_rule_cuts(m
     False) and a variant with split_k of its own build no second pair."""
     from kernels.moe import layer
     from kernels.moe.grouped_slices import tail_slices
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: "dispatch")
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: "dispatch")
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
         epilogue, *(lambda c: (c.bm, c.split_k))(layer.grouped_config(layout, epilogue, **knobs))))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
@@ -283,7 +283,7 @@ def test_the_rule_launches_the_tail_split_build_only_where_the_split_rule_cuts(m
     assert tail_slices(144, 132, 9, 8) == 1 and tail_slices(264, 132, 56, 8) == 1
     for knobs in ({"tail_split": False}, {"split_k": 8}):
         assert not any(n.endswith("@split") for n in layer.compile_layer(384, 6, d, i, "masked", **knobs).kernels)
-    assert get_impl("moe", "cutedsl:v10").knobs == {"tail_split": False, "l2_early": False}
+    assert get_impl("moe", "cutedsl:v10").knobs == {"tail_split": False, "l2_early": False, "fused_dispatch": 0}
 
 
 def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkeypatch):
@@ -307,7 +307,7 @@ def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkey
     for bad in ({**knobs, "epilogue": "swiglu"}, {**knobs, "pdl": False}, {**V8_WIDE, "pdl": True}):
         with pytest.raises(ValueError, match="early_weights"):
             GroupedConfig(**{"layout": "masked", "epilogue": "bf16", **bad}, early_weights=True)
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: "dispatch")
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: "dispatch")
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **k: (epilogue, k.get("early_weights")))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
     early = {}

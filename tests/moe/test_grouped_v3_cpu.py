@@ -233,7 +233,7 @@ def test_the_family_impls_compile_the_frame_their_gemms_read(impl, layout, frame
     the weights) says the frame of its GEMMs' resolved config; recorded with the compiles faked."""
     from kernels.moe import layer
     seen = {}
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl: None)
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: None)
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: seen.setdefault(
         epilogue, layer.grouped_config(layout, epilogue, **knobs)))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: None)

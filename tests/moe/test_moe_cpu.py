@@ -148,8 +148,10 @@ def test_dispatch_compiles_without_local_memory(n_experts, d, layout, skip):
 @pytest.mark.parametrize("n_experts, d, arch", [(256, 4096, "sm_90a"), (384, 7168, "sm_90a"), (8, 128, "sm_90a"),
                                               (256, 4096, "sm_100a")])
 def test_fused_dispatch_compiles_and_only_for_the_layers_masked_layout(n_experts, d, arch, monkeypatch):
-    """`cutedsl:fused-dispatch` (kernels/moe/dispatch_fused.py): one launch, no local memory at Flash / Pro widths and
-    a 16-lane row group (D 128); refused off the layer's masked skip-padding layout; the variant's layer asks for it."""
+    """v14's one-launch dispatch (kernels/moe/dispatch_fused.py): no local memory at Flash / Pro widths and a 16-lane
+    row group (D 128); refused off the layer's masked skip-padding layout. The rule's layer compiles it beside the
+    two-kernel dispatch with fused_max MAX_ASSIGNMENTS; `cutedsl:v13` and the contiguous layout do not; a call
+    launches it up to fused_max T·k assignments."""
     compiled = compile_dispatch(n_experts, 6, d, "masked", arch, skip_padding=True, pdl=True, fused=True)
     if arch == "sm_90a":
         info = parse_cubin(artifact(compiled))
@@ -159,12 +161,16 @@ def test_fused_dispatch_compiles_and_only_for_the_layers_masked_layout(n_experts
             compile_dispatch(8, 6, 256, layout, skip_padding=skip, fused=True)
     from dsv4bench.core.registry import get_impl
     from kernels.moe import layer
-    seen = {}
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: seen.update(fused=fused))
+    from kernels.moe.dispatch_fused import MAX_ASSIGNMENTS
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: ("dispatch", fused))
     monkeypatch.setattr(layer, "compile_grouped", lambda *a, **k: None)
     monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
-    layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", "cutedsl:fused-dispatch").knobs)
-    assert seen == {"fused": True}
+    for impl, layout, fused_max in (("cutedsl", "masked", MAX_ASSIGNMENTS), ("cutedsl:v13", "masked", 0),
+                                    ("cutedsl", "contiguous", 0), ("cutedsl:fused-dispatch", "masked", 1 << 30)):
+        compiled = layer.compile_layer(8, 6, 512, 256, layout, **get_impl("moe", impl).knobs)
+        assert compiled.fused_max == fused_max and compiled.kernels["dispatch"] == ("dispatch", False)
+        assert compiled.kernels.get("dispatch@fused") == (("dispatch", True) if fused_max else None)
+    assert 48 <= MAX_ASSIGNMENTS < 384  # measured: T = 8 (48) gains, T = 64 (384) loses
 
 
 @pytest.mark.parametrize("d", [4096, 7168, 384])
