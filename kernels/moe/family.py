@@ -204,9 +204,9 @@ class MoeLayerVariant(MoeCuteDSL):
     (v3 skipping a tile's all-padding second wave), `:v3-rs` (v3 on v5's RS code tiles at every count), `:v10` / `:v12`
     (the rule before v11's tail split / v13's early L2 weights), `:v13` (before v14's one-launch dispatch). A/Bs:
     `:serial` (widen a K block before its wgmmas, not during the previous block's), `:tiled-b` (codes in load-time
-    16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its own rows: kernels/moe/grouped_split.py),
-    `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its MAX_ASSIGNMENTS). Set aside after
-    measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`).
+    16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its own rows:
+    kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its
+    MAX_ASSIGNMENTS). Set aside after measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`).
     Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`, `:v8-ko-no-widen` /
     `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
     docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""

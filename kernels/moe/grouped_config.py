@@ -66,8 +66,8 @@ class GroupedConfig:
     # prefetch before griddepcontrol.wait, dependents triggered right after it (kernels/moe/layer.py
     # passes the flag to dispatch's gather and to combine too)
     pdl: bool = False
-    # v5's L2 under PDL (v13, the rule): its work list (the layout kernel's counts, two launches back: L1 passed its
-    # own wait before it triggered L2) and its first ring's weight tiles are read before griddepcontrol.wait; only h
+    # v5's L2 under PDL (v13, the rule): its work list (the dispatch's counts, complete before L1's own wait returned:
+    # L1 triggers L2 only after it) and its first ring's weight tiles are read before griddepcontrol.wait; only h
     # and its scales (L1's) after it
     early_weights: bool = False
     # v3 (prefill; variant `cutedsl:split-wg`, kernels/moe/grouped_split.py): each consumer warpgroup widens

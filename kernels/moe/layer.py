@@ -154,11 +154,11 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (default True, v13:
     v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), fused_dispatch (v14: the masked
     dispatch in one launch, kernels/moe/dispatch_fused.py, compiled beside the two-kernel one and launched up to
-    this many T·k assignments; default its MAX_ASSIGNMENTS, 0 never: `cutedsl:v13`) and skip_padding (default True): the masked
-    layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1 wrote zeros: a
-    Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The
-    CompiledLayer's codes / row_frame are those of the GEMMs' resolved config (the tile rule's pick with
-    the knobs): with no knobs every GEMM reads row-frame weights and the RS-ordered code tiles (v8)."""
+    this many T·k assignments; default its MAX_ASSIGNMENTS, 0 never: `cutedsl:v13`) and skip_padding (default
+    True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1
+    wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The CompiledLayer's codes / row_frame
+    are those of the GEMMs' resolved config (the tile rule's pick with the knobs): with no knobs every GEMM reads
+    row-frame weights and the RS-ordered code tiles (v8)."""
     if arch != "sm_90a":
         raise ValueError(SM90_ONLY)
     knobs = dict(knobs)
