@@ -4,8 +4,8 @@ bf16 output once and writes h's e4m3 codes and scales in DeepGEMM's layout. Mask
 past its expert's count returns at once, so a decode step touches only the routed rows.
 
 It replaced a torch.compile'd composition (`peers.swiglu_quant`, still the eager `deepgemm` peer's) that took
-~450 us a call at every decode size (H200, Flash; 915 us Pro: it ran over every expert's rows and its pointwise
-and amax kernels were latency-bound), which had made the peer look 3-7x slower than it is.
+~450 us a call at every decode size (H200, Flash; 915 us Pro; it ran over max_m rows of every expert, routed or
+not, in two inductor kernels), which had made the peer look 3-7x slower than it is.
 
 Math: `peers.swiglu_quant` (route weight x silu(min(g, 10)) x clamp(u, +-10), 0 on padding rows; per 128 columns
 amax (floor 1e-4) -> 2^ceil(log2(amax / 448)), codes RNE to e4m3). silu's exp is Triton's: a code may differ from
