@@ -4,7 +4,7 @@ bf16 output once and writes h's e4m3 codes and scales in DeepGEMM's layout. Mask
 past its expert's count returns at once, so a decode step touches only the routed rows.
 
 It replaced a torch.compile'd composition (`peers.swiglu_quant`, still the eager `deepgemm` peer's) that took
-~450 us a call at every decode size (H200, Flash; 915 us Pro; it ran over max_m rows of every expert, routed or
+~450 us a call at every decode size (H200, Flash; ~1000 us Pro; it ran over max_m rows of every expert, routed or
 not, in two inductor kernels), which had made the peer look 3-7x slower than it is.
 
 Math: `peers.swiglu_quant` (route weight x silu(min(g, 10)) x clamp(u, +-10), 0 on padding rows; per 128 columns
@@ -29,8 +29,8 @@ def _kernel():
 
     @triton.jit
     def swiglu_quant_kernel(gate_up, row_weight, src, counts, h, h_scales, rows_per_group, inter, scale_group_stride,
-                            scale_block_stride, MASKED: tl.constexpr, R: tl.constexpr, B: tl.constexpr, LIMIT: tl.constexpr,
-                            AMAX_FLOOR: tl.constexpr, QMAX: tl.constexpr, INV_QMAX: tl.constexpr):
+                            scale_block_stride, MASKED: tl.constexpr, R: tl.constexpr, B: tl.constexpr,
+                            LIMIT: tl.constexpr, AMAX_FLOOR: tl.constexpr, QMAX: tl.constexpr, INV_QMAX: tl.constexpr):
         group, row_block, col_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rows = row_block * R + tl.arange(0, R)
         if MASKED:  # rows < the expert's count are real (the masked dispatch leaves no holes)
