@@ -5,7 +5,7 @@ past its expert's count returns at once, so a decode step touches only the route
 
 It replaced a torch.compile'd composition (`peers.swiglu_quant`, still the eager `deepgemm` peer's) that took
 ~450 us a call at every decode size (H200, Flash; ~1000 us Pro; it ran over max_m rows of every expert, routed or
-not, in two inductor kernels), which had made the peer look 3-7x slower than it is.
+not, in three inductor kernels), which had made the peer look 3-7x slower than it is.
 
 Math: `peers.swiglu_quant` (route weight x silu(min(g, 10)) x clamp(u, +-10), 0 on padding rows; per 128 columns
 amax (floor 1e-4) -> 2^ceil(log2(amax / 448)), codes RNE to e4m3). silu's exp is Triton's: a code may differ from
