@@ -40,6 +40,7 @@ from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_sm90 import GroupedSm90
 from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen_item, widen_item_rs
 from kernels.regs import fence_operand, mn_view
+from kernels.split_merge import add_and_count
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
 
@@ -47,26 +48,39 @@ WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 
 class GroupedSplit(GroupedSm90):
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
-                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid, _split):
+                 n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid, split):
+        """Per item (a unit, or with split_k a tail unit's K slice: the one-wave masked tile, candidate
+        `cutedsl:wide-split`) its K blocks, then the tile's epilogue (a slice: its partial into the workspace first,
+        and only the last slice in stores; kernels/split_merge.add_and_count)."""
         c = self.cfg
         tab, tCrA, tCrB, accs, tmp, cC = self._consumer_state(tiled_mma, sA, sB, st, mTab, ctid)
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)  # both warpgroups
         half = cute.arch.make_warp_uniform(ctid // 128)
         wg_bar = pipeline.NamedBarrier(barrier_id=WG_BARRIER + half, num_threads=128)  # this warpgroup
         bar.arrive_and_wait()  # the table is in
+        mWork, mCount, full, slices = split
         g_rd = Int32(0)
-        for u in cutlass.range(bidx, units, gdim, unroll=1):
+        for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
+            u, kb0, kb1, slot = self._item(w, (full, slices), n_kb)  # split_k: a tail unit's K slice (grouped_slices)
             g, mt, nt, e, limit = self._start_tile(u, accs, tiles_n, n_groups, mg, mGroup, st)
             self._prepare(ring, st, sSh, tab, g_rd, ctid)
             wg_bar.arrive_and_wait()
             live = limit - mt * c.bm
             if cutlass.const_expr(c.skip_padding_wave):  # contiguous: rows 64.. padding iff row 64 is
                 live = cutlass.select_(mGroup[mt * c.bm + 64] >= 0, c.bm, 64)
-            for kb in cutlass.range(0, n_kb, unroll=1):
+            for kb in cutlass.range(kb0, kb1, unroll=1):  # a slice's last block applies the (linear) column scales
                 self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, wg_bar,
-                             g_rd, kb + 1 < n_kb, ctid, live)
+                             g_rd, kb + 1 < kb1, ctid, live)
                 g_rd = g_rd + 1
-            self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)
+            if cutlass.const_expr(c.split_k > 1):
+                done = cutlass.Boolean(True)
+                if w >= full:  # a tail unit's slice: into its workspace tile; the last one in holds the sum
+                    done = add_and_count(accs, mWork, mCount, st.flag.get_tensor(cute.make_layout((4,))), bar, slot,
+                                         slot * (c.bn * c.bm) + ctid, 128 * c.n_mma_wg, slices, ctid)
+                if done:  # CTA-uniform: the epilogue's barriers see every consumer thread
+                    self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)
+            else:
+                self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)
             if cutlass.const_expr(c.epilogue == "swiglu" and c.waves == 1):
                 bar.arrive_and_wait()  # every read of `red` for this tile is done before the next tile's writes
 

@@ -118,7 +118,8 @@ class CompiledLayer:
                  wide_codes: str = "plain", wide_mean: float | None = None, split_shapes: tuple = (),
                  fused_max: int = 0):
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
-        self.wide_codes, self.wide_mean, self.split_shapes, self.fused_max = wide_codes, wide_mean, split_shapes, fused_max
+        self.wide_codes, self.wide_mean, self.split_shapes = wide_codes, wide_mean, split_shapes
+        self.fused_max = fused_max
 
     def gemms(self, max_m: int | None, mean_rows: float | None = None, rows: int | None = None,
               n_sms: int | None = None) -> tuple:
@@ -128,7 +129,9 @@ class CompiledLayer:
         experts holding rows average more than `wide_mean` (WIDE_MEAN; `mean_rows`, when the caller knows it: v4,
         block-frame v5's pair, lost there); otherwise the one pair. v11: at the smallest tile, a GEMM whose units
         (at most `rows` (tokens x k) an n tile) would leave a tail the split rule cuts (grouped_slices.tail_slices on
-        `n_sms` CTAs) runs its tail-split build."""
+        `n_sms` CTAs) runs its tail-split build. Candidate `cutedsl:wide-split`: the same for the wide pair where each
+        expert holding rows is one 64-row tile (max_m <= WIDE_M) and the caller knows `mean_rows` (then rows /
+        mean_rows experts, exactly)."""
         if not self.token_tiles or max_m is None:
             pair, codes = gemm_names(), self.codes
         elif max_m > WIDE_M or (None not in (mean_rows, self.wide_mean) and mean_rows > self.wide_mean):
@@ -138,6 +141,11 @@ class CompiledLayer:
         if self.split_shapes and pair == gemm_names() and None not in (rows, n_sms):
             split = gemm_names("split")
             pair = tuple(split[j] if tail_slices(rows * tiles_n, n_sms, n_kb, MAX_SPLIT) > 1 else pair[j]
+                         for j, (tiles_n, n_kb) in enumerate(self.split_shapes))
+        elif gemm_names("wide-split")[0] in self.kernels and pair == gemm_names("wide") and max_m <= WIDE_M and \
+                None not in (rows, n_sms, mean_rows):  # one 64-row tile an expert: rows / mean_rows experts' units
+            split, experts = gemm_names("wide-split"), round(rows / mean_rows)
+            pair = tuple(split[j] if tail_slices(experts * tiles_n, n_sms, n_kb, MAX_SPLIT) > 1 else pair[j]
                          for j, (tiles_n, n_kb) in enumerate(self.split_shapes))
         return self.kernels[pair[0]], self.kernels[pair[1]], codes
 
@@ -154,7 +162,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (default True, v13:
     v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), fused_dispatch (v14: the masked
     dispatch in one launch, kernels/moe/dispatch_fused.py, compiled beside the two-kernel one and launched up to
-    this many T·k assignments; default its MAX_ASSIGNMENTS, 0 never: `cutedsl:v13`) and skip_padding (default
+    this many T·k assignments; default its MAX_ASSIGNMENTS, 0 never: `cutedsl:v13`), wide_split (candidate
+    `cutedsl:wide-split`: the wide pair's tail-split build beside it) and skip_padding (default
     True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1
     wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The CompiledLayer's codes / row_frame
     are those of the GEMMs' resolved config (the tile rule's pick with the knobs): with no knobs every GEMM reads
@@ -164,6 +173,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     knobs = dict(knobs)
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
+    wide_split = knobs.pop("wide_split", False) and tail_split  # candidate `cutedsl:wide-split`
     l2_early = knobs.pop("l2_early", True)  # v13: v5's L2s with early_weights
     fused_max = knobs.pop("fused_dispatch", FUSED_MAX) if skip else 0  # v14: the one-launch dispatch up to it
     cfg = grouped_config(layout, "swiglu", **knobs)
@@ -182,9 +192,11 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     split_shapes = ((-(-2 * i // BN), d // KBLOCK), (-(-d // BN), i // KBLOCK)) if tail_split and tiles else ()
     if split_shapes:
         pairs.append(("split", {**knobs, "bm": tiles[0], "split_k": MAX_SPLIT}))
+        if wide_split and wide.get("split_wg"):  # v3's one-wave tile (v4, the block frame's wide pair, has no split)
+            pairs.append(("wide-split", {**wide, "split_k": MAX_SPLIT}))
     for name, pair_knobs in pairs or [(None, knobs)]:
         n1, n2 = gemm_names(name)
-        v5_pdl = bool(tiles) and name != "wide" and pdl
+        v5_pdl = bool(tiles) and name not in ("wide", "wide-split") and pdl
         kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs)
         kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, early_weights=v5_pdl and l2_early)
     kernels["combine"] = compile_combine(d, topk, arch, pdl)

@@ -204,6 +204,18 @@ def test_layer_variants_pass_the_rule(case, variant, gpu_check):
 MASKED_CASES = [c for c in LAYER if c["layout"] == "masked"]
 
 
+WIDE_SPLIT_CASES = [Case("moe", space.case("layer", m, 64, load)) for m, load in
+                    (("pro", "sparse"), ("flash", "sparse"), ("pro", "uniform"), ("pro", "hot"))]
+
+
+@pytest.mark.parametrize("case", WIDE_SPLIT_CASES, ids=[c.id for c in WIDE_SPLIT_CASES])
+def test_wide_split_layers_pass_the_rule(case, gpu_check):
+    """Candidate `cutedsl:wide-split` (the wide pair's tail split in K): capped Pro T = 64 sparse is where it splits
+    (L1 8 slices, L2 3: tests/moe/test_grouped_v3_cpu.py), the rest where it does not."""
+    from dsv4bench.core.registry import get_impl
+    gpu_check(case, get_impl("moe", "cutedsl:wide-split"))
+
+
 @pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
 def test_fused_dispatch_layers_pass_the_rule(case, gpu_check):
     """`cutedsl:fused-dispatch` (the masked dispatch in one launch) on every decode layer."""

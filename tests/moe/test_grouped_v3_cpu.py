@@ -343,3 +343,45 @@ def test_v7_compiles_clean_is_the_prefill_pick_and_is_refused_elsewhere(epilogue
     impl = get_impl("moe", "cutedsl:v7")
     assert "contiguous" in impl.supports(Case("moe", space.case("layer", "flash", 8)))
     assert impl.supports(Case("moe", space.case("layer", "flash", 4096))) is None
+
+
+@pytest.mark.parametrize("epilogue,n", [("swiglu", 1024), ("bf16", 512)])
+def test_wide_split_compiles_the_fix_up_into_v3s_one_wave_tile_only(epilogue, n, monkeypatch):
+    """Candidate `cutedsl:wide-split`: v3's masked 64-row tile with split_k (K 32 blocks, where the tail plan can pay)
+    carries the fix-up's partial adds (REDG) and counter (ATOMG) and spills nothing; the plain wide pair has neither;
+    split_k on v3's 128-row or contiguous tile is refused."""
+    from dsv4bench.compile.sass import sass_of
+    from kernels.moe.grouped_config import MAX_SPLIT, V8_PREFILL, V8_WIDE
+    text = {k: sass_of(compile_checked("masked", epilogue, {**V8_WIDE, "pdl": True, "split_k": k}, monkeypatch, n, 4096))
+            for k in (1, MAX_SPLIT)}
+    if None in text.values():
+        pytest.skip("no nvdisasm here")
+    assert "REDG.E.ADD.F32" in text[MAX_SPLIT] and "ATOMG.E.ADD" in text[MAX_SPLIT]
+    assert "REDG" not in text[1] and "ATOMG" not in text[1]
+    for bad in ({**V8_WIDE, "bm": 128, "split_k": 2}, {**V8_PREFILL, "layout": "contiguous", "bm": 128, "split_k": 2}):
+        with pytest.raises(ValueError, match="split_k"):
+            GroupedConfig(**bad)
+
+
+def test_wide_split_is_launched_where_each_expert_is_one_tile_and_the_tail_split_cuts(monkeypatch):
+    """`cutedsl:wide-split` compiles the wide pair's split build beside it (the rule does not); CompiledLayer.gemms
+    launches it per GEMM where rows / mean_rows experts x n tiles leave a tail grouped_slices.tail_slices cuts on
+    132 CTAs: capped Pro T = 64 sparse (6 experts: L1 144 units, L2 168), not Flash's 8 experts (128 units, one
+    round), not past one 64-row tile an expert, not without mean_rows."""
+    from kernels.moe import layer
+    from kernels.moe.inputs import mean_rows
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: "dispatch")
+    monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
+        epilogue, *(lambda c: (c.bm, c.split_wg, c.split_k))(layer.grouped_config(layout, epilogue, **knobs))))
+    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    assert "l1@wide-split" not in layer.compile_layer(16, 6, 7168, 3072, "masked").kernels
+    for model, e, d, i, want in (("pro", 16, 7168, 3072, (8, 3)), ("flash", 64, 4096, 2048, (1, 1))):
+        compiled = layer.compile_layer(e, 6, d, i, "masked", **get_impl("moe", "cutedsl:wide-split").knobs)
+        case = Case("moe", space.case("layer", model, 64, "sparse"))
+        mean = mean_rows(case)
+        assert mean == (64 if model == "pro" else 48)  # 6 / 8 experts hold all 384 assignments
+        l1, l2, _ = compiled.gemms(64, mean, 64 * 6, 132)
+        assert (l1[1:3], l2[1:3]) == ((64, True), (64, True))  # the wide pair (v3's 64-row tile)
+        assert (l1[3], l2[3]) == ((8, 8) if want[0] > 1 else (1, 1))  # its split build (split_k 8) or the plain one
+        assert compiled.gemms(64, mean, 64 * 6, None)[0][3] == compiled.gemms(64, None, 64 * 6, 132)[0][3] == 1
+        assert compiled.gemms(80, mean, 64 * 6, 132)[0][3] == 1  # two tiles an expert: the unit count is a bound
