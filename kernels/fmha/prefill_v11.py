@@ -38,7 +38,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from kernels.fmha.barriers import NamedBarrier
 from kernels.fmha.config import LN2, LOG2E
 from kernels.fmha.kernel_sm90 import GatherAttentionSm90
-from kernels.l2_policy import l2_evict_first_policy, l2_evict_last_policy
+from kernels.l2_policy import l2_policy
 from kernels.fmha.softmax import quad_allreduce
 from kernels.regs import mn_view
 
@@ -135,7 +135,7 @@ class QFirst(V11Base):
                                                  cute.group_modes(g, 0, 2))
                 if cute.arch.lane_idx() == 0:
                     cute.arch.mbarrier_arrive_and_expect_tx(q_full, c.m_cta * c.d * 2)
-                cute.copy(tma_q, t_g, t_s, tma_bar_ptr=q_full, cache_policy=l2_evict_first_policy())
+                cute.copy(tma_q, t_g, t_s, tma_bar_ptr=q_full, cache_policy=l2_policy("evict_first"))  # Q: read once
 
 
 class EpiTma(V11Base):
@@ -234,7 +234,7 @@ class GatherHint(V11Base):
             GatherAttentionSm90._copy_half_rows(self, atom, mK, dst, rows, t, h, kvh, bidx)
         else:
             segs = self.cfg.d // 2 // 64
-            policy = l2_evict_last_policy()
+            policy = l2_policy("evict_last")
             base = cute.recast_ptr(dst.iterator, swizzle_=None).toint()
             g = t // 8
             mine = base + g * 128 + (((t % 8) ^ g) * 16)

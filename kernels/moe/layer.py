@@ -175,7 +175,9 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
     wide_split = knobs.pop("wide_split", False) and tail_split  # candidate `cutedsl:wide-split`
     l2_early = knobs.pop("l2_early", True)  # v13: v5's L2s with early_weights
-    fused_max = knobs.pop("fused_dispatch", FUSED_MAX) if skip else 0  # v14: the one-launch dispatch up to it
+    fused_max = knobs.pop("fused_dispatch", FUSED_MAX)  # v14's one-launch dispatch (popped for either layout)
+    if not skip:  # only the masked layer's dispatch has the one-launch form
+        fused_max = 0
     cfg = grouped_config(layout, "swiglu", **knobs)
     pdl = cfg.pdl  # the GEMMs' (the rule's decode pick launches with PDL): dispatch's gather and combine follow
     tiles = SWAP_BM if cfg.swap_ab and "bm" not in knobs else ()  # v5 by the rule: a pair per token tile + the wide

@@ -14,6 +14,8 @@ torch's by one e4m3 step where the product falls on a rounding tie (tests/moe/te
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from oracles.moe import SWIGLU_LIMIT
@@ -23,6 +25,7 @@ BLOCK = 128  # h's quantisation block (one program's columns)
 ROWS = 16  # rows a program
 
 
+@functools.cache
 def _kernel():
     import triton
     import triton.language as tl
@@ -64,7 +67,6 @@ def _kernel():
 
 
 INV_QMAX = float(torch.tensor(1.0 / FP8_E4M3_MAX, dtype=torch.float32))  # fp32(1/448), as ue8m0_scale multiplies
-_COMPILED: list = []
 
 
 def swiglu_quant_into(gate_up: torch.Tensor, row_weight: torch.Tensor, src: torch.Tensor, h: torch.Tensor,
@@ -78,11 +80,9 @@ def swiglu_quant_into(gate_up: torch.Tensor, row_weight: torch.Tensor, src: torc
                          f"{tuple(gate_up.shape)}, {tuple(h.shape)}")
     groups = 1 if counts is None else counts.numel()
     m = rows // groups
-    if not _COMPILED:
-        _COMPILED.append(_kernel())
     grid = (groups, -(-(m if used is None else used) // ROWS), inter // BLOCK)
     group_stride = 0 if counts is None else h_scales.stride(0)
-    _COMPILED[0][grid](gate_up, row_weight, src, counts if counts is not None else src,
+    _kernel()[grid](gate_up, row_weight, src, counts if counts is not None else src,
                        h.view(torch.float8_e4m3fn), h_scales, m, inter, group_stride, h_scales.stride(-2),
                        MASKED=counts is not None, R=ROWS, B=BLOCK, LIMIT=float(SWIGLU_LIMIT),
                        AMAX_FLOOR=float(FP8_AMAX_FLOOR), QMAX=float(FP8_E4M3_MAX), INV_QMAX=INV_QMAX, num_warps=4)

@@ -33,10 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import cutlass
-from cutlass import Float32, Int64, cute, utils
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass import Float32, cute, utils
 
+from kernels.l2_policy import l2_policy
 from kernels.trace import record, record_slice
 
 COPY_BITS = 128
@@ -194,25 +193,6 @@ def vector(t, j: int, stage: str):
     """Vector j of a thread's copy partition ((vec, V), 1, 1); the slice is bounds-checked while
     layouts are recorded (lint slice-bounds: indexing j in mode 2 compiled and ran silently)."""
     return record_slice(stage, t, ((None, j), None, None))
-
-
-@dsl_user_op
-def l2_policy(priority: str, *, loc=None, ip=None) -> Int64:
-    """A 64-bit L2 cache policy that gives every access `priority` (evict_first / evict_last;
-    createpolicy, sm_80+)."""
-    return Int64(
-        llvm.inline_asm(
-            T.i64(),
-            [],
-            f"createpolicy.fractional.L2::{priority}.b64 $0, 1.0;",
-            "=l",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
 
 
 def _copy_atom(hint, dtype, bits):

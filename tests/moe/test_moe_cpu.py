@@ -166,7 +166,8 @@ def test_fused_dispatch_compiles_and_only_for_the_layers_masked_layout(n_experts
     monkeypatch.setattr(layer, "compile_grouped", lambda *a, **k: None)
     monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
     for impl, layout, fused_max in (("cutedsl", "masked", MAX_ASSIGNMENTS), ("cutedsl:v13", "masked", 0),
-                                    ("cutedsl", "contiguous", 0), ("cutedsl:fused-dispatch", "masked", 1 << 30)):
+                                    ("cutedsl", "contiguous", 0), ("cutedsl:v13", "contiguous", 0),
+                                    ("cutedsl:fused-dispatch", "masked", 1 << 30)):
         compiled = layer.compile_layer(8, 6, 512, 256, layout, **get_impl("moe", impl).knobs)
         assert compiled.fused_max == fused_max and compiled.kernels["dispatch"] == ("dispatch", False)
         assert compiled.kernels.get("dispatch@fused") == (("dispatch", True) if fused_max else None)
