@@ -235,7 +235,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         full, slices = units, Int32(1)  # split_k: units run whole, slices of each tail unit (grouped_slices)
         if cutlass.const_expr(c.split_k > 1):
             cap = cute.size(mCount)  # tail units the workspace holds: v5's tiles fit its slots (bn x 32 tokens)
-            if cutlass.const_expr(not c.swap_ab):  # v3's 64-row tile (`cutedsl:wide-split`): half as many
+            if cutlass.const_expr(not c.swap_ab):  # v3's 64-row tile (v15): half as many
                 cap = cutlass.min(cap, cute.size(mWork) // (c.bn * c.bm))
             full, slices = split_plan(units, gdim, n_kb, cap, c.split_k)
         if cutlass.const_expr(c.early_weights):  # the TMA warp waits after its first weight tiles (_produce)

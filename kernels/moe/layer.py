@@ -129,7 +129,7 @@ class CompiledLayer:
         experts holding rows average more than `wide_mean` (WIDE_MEAN; `mean_rows`, when the caller knows it: v4,
         block-frame v5's pair, lost there); otherwise the one pair. v11: at the smallest tile, a GEMM whose units
         (at most `rows` (tokens x k) an n tile) would leave a tail the split rule cuts (grouped_slices.tail_slices on
-        `n_sms` CTAs) runs its tail-split build. Candidate `cutedsl:wide-split`: the same for the wide pair where each
+        `n_sms` CTAs) runs its tail-split build. v15: the same for the wide pair where each
         expert holding rows is one 64-row tile (max_m <= WIDE_M) and the caller knows `mean_rows` (then rows /
         mean_rows experts, exactly)."""
         if not self.token_tiles or max_m is None:
@@ -162,8 +162,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     the rule's smallest v5 tile also as a tail-split build, `cutedsl:v10` without it), l2_early (default True, v13:
     v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), fused_dispatch (v14: the masked
     dispatch in one launch, kernels/moe/dispatch_fused.py, compiled beside the two-kernel one and launched up to
-    this many T·k assignments; default its MAX_ASSIGNMENTS, 0 never: `cutedsl:v13`), wide_split (candidate
-    `cutedsl:wide-split`: the wide pair's tail-split build beside it) and skip_padding (default
+    this many T·k assignments; default its MAX_ASSIGNMENTS, 0 never: `cutedsl:v13`), wide_split (v15, default True:
+    the wide pair's tail-split build beside it; `cutedsl:v14` without) and skip_padding (default
     True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1
     wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The CompiledLayer's codes / row_frame
     are those of the GEMMs' resolved config (the tile rule's pick with the knobs): with no knobs every GEMM reads
@@ -173,7 +173,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     knobs = dict(knobs)
     skip = knobs.pop("skip_padding", True) and layout == "masked"  # popped for either layout
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
-    wide_split = knobs.pop("wide_split", False) and tail_split  # candidate `cutedsl:wide-split`
+    wide_split = knobs.pop("wide_split", True) and tail_split  # v15 (`cutedsl:v14` without)
     l2_early = knobs.pop("l2_early", True)  # v13: v5's L2s with early_weights
     fused_max = knobs.pop("fused_dispatch", FUSED_MAX)  # v14's one-launch dispatch (popped for either layout)
     if not skip:  # only the masked layer's dispatch has the one-launch form

@@ -210,10 +210,10 @@ WIDE_SPLIT_CASES = [Case("moe", space.case("layer", m, 64, load)) for m, load in
 
 @pytest.mark.parametrize("case", WIDE_SPLIT_CASES, ids=[c.id for c in WIDE_SPLIT_CASES])
 def test_wide_split_layers_pass_the_rule(case, gpu_check):
-    """Candidate `cutedsl:wide-split` (the wide pair's tail split in K): capped Pro T = 64 sparse is where it splits
-    (L1 8 slices, L2 3: tests/moe/test_grouped_v3_cpu.py), the rest where it does not."""
+    """v15 (the wide pair's tail split in K, in the rule): capped Pro T = 64 sparse is where it splits (L1 8 slices,
+    L2 3: tests/moe/test_grouped_v3_cpu.py), the rest where it does not."""
     from dsv4bench.core.registry import get_impl
-    gpu_check(case, get_impl("moe", "cutedsl:wide-split"))
+    gpu_check(case, get_impl("moe", "cutedsl"))
 
 
 @pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
@@ -240,9 +240,12 @@ def test_rs_code_v3_decode_layers_pass_the_rule(case, gpu_check):
 
 V3_CASES = [LAYER[7], Case("moe", space.case("layer", "pro", 4096))]  # Flash T = 4096 hot, Pro T = 4096
 V3_CASES += [c for c in LAYER[8:] if c["layout"] == "contiguous"]  # drawn prefill layers: ragged, empty experts
+# ~56 rows an expert (some past 64): tiles whose second wave is all padding beside tiles that run it (v7's skip)
+V3_CASES.append(Case("moe", space.case("layer", "flash", 600, e=64, d=512, i=256)))
 
 
-@pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3", "cutedsl:v7", "cutedsl"])
+@pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3", "cutedsl:v7", "cutedsl",
+                                     "cutedsl:split-widen"])
 @pytest.mark.parametrize("case", V3_CASES, ids=[c.id for c in V3_CASES])
 def test_v3_prefill_layers_pass_the_rule(case, variant, gpu_check):
     """v3 (prefill) on the prefill layers beyond VARIANT_CASES: a hot expert, Pro's widths, the drawn ones."""

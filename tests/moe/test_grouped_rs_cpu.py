@@ -152,7 +152,7 @@ def test_v5_split_k_compiles_and_only_it_carries_the_fix_up(epilogue, bm, monkey
     """split_k (kernels/moe/grouped_slices.py) at K of 32 blocks (a K too short for the tail plan to pay a fix-up,
     static, leaves no fix-up in the SASS): the compile has the fix-up's partial adds (REDG) and counter (ATOMG) and
     spills nothing; the rule's v5 (split_k 1) has neither; split_k on v2 / v4 is refused; the rule's wide pair (v3) is
-    unsplit (its split build: candidate `cutedsl:wide-split`, tests/moe/test_grouped_v3_cpu.py)."""
+    unsplit (its split build: v15, tests/moe/test_grouped_v3_cpu.py)."""
     from dsv4bench.compile.sass import sass_of
     from kernels.moe.grouped_config import MAX_SPLIT, V8_DECODE, V8_WIDE
 

@@ -17,7 +17,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
 from kernels.moe.expert_weights import (EXACT_SPAN, flush_stats, prepare, prepare_layer, rs_byte_order,
                                         rs_sign_layout, widened_dequant)
-from kernels.moe.grouped_config import V2, V3, V7, GroupedConfig
+from kernels.moe.grouped_config import V2, V3, V7, V8_PREFILL, GroupedConfig
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import compile_grouped, grouped_config
 from oracles.moe import dispatch_layout, gather_quant
@@ -347,7 +347,7 @@ def test_v7_compiles_clean_is_the_prefill_pick_and_is_refused_elsewhere(epilogue
 
 @pytest.mark.parametrize("epilogue,n", [("swiglu", 1024), ("bf16", 512)])
 def test_wide_split_compiles_the_fix_up_into_v3s_one_wave_tile_only(epilogue, n, monkeypatch):
-    """Candidate `cutedsl:wide-split`: v3's masked 64-row tile with split_k (K 32 blocks, where the tail plan can pay)
+    """v15's wide split: v3's masked 64-row tile with split_k (K 32 blocks, where the tail plan can pay)
     carries the fix-up's partial adds (REDG) and counter (ATOMG) and spills nothing; the plain wide pair has neither;
     split_k on v3's 128-row or contiguous tile is refused."""
     from dsv4bench.compile.sass import sass_of
@@ -364,7 +364,7 @@ def test_wide_split_compiles_the_fix_up_into_v3s_one_wave_tile_only(epilogue, n,
 
 
 def test_wide_split_is_launched_where_each_expert_is_one_tile_and_the_tail_split_cuts(monkeypatch):
-    """`cutedsl:wide-split` compiles the wide pair's split build beside it (the rule does not); CompiledLayer.gemms
+    """v15 (the rule) compiles the wide pair's split build beside it (`cutedsl:v14` does not); CompiledLayer.gemms
     launches it per GEMM where rows / mean_rows experts x n tiles leave a tail grouped_slices.tail_slices cuts on
     132 CTAs: capped Pro T = 64 sparse (6 experts: L1 144 units, L2 168), not Flash's 8 experts (128 units, one
     round), not past one 64-row tile an expert, not without mean_rows."""
@@ -374,9 +374,10 @@ def test_wide_split_is_launched_where_each_expert_is_one_tile_and_the_tail_split
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
         epilogue, *(lambda c: (c.bm, c.split_wg, c.split_k))(layer.grouped_config(layout, epilogue, **knobs))))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
-    assert "l1@wide-split" not in layer.compile_layer(16, 6, 7168, 3072, "masked").kernels
+    assert "l1@wide-split" not in layer.compile_layer(16, 6, 7168, 3072, "masked",
+                                                      **get_impl("moe", "cutedsl:v14").knobs).kernels
     for model, e, d, i, want in (("pro", 16, 7168, 3072, (8, 3)), ("flash", 64, 4096, 2048, (1, 1))):
-        compiled = layer.compile_layer(e, 6, d, i, "masked", **get_impl("moe", "cutedsl:wide-split").knobs)
+        compiled = layer.compile_layer(e, 6, d, i, "masked")
         case = Case("moe", space.case("layer", model, 64, "sparse"))
         mean = mean_rows(case)
         assert mean == (64 if model == "pro" else 48)  # 6 / 8 experts hold all 384 assignments
@@ -385,3 +386,35 @@ def test_wide_split_is_launched_where_each_expert_is_one_tile_and_the_tail_split
         assert (l1[3], l2[3]) == ((8, 8) if want[0] > 1 else (1, 1))  # its split build (split_k 8) or the plain one
         assert compiled.gemms(64, mean, 64 * 6, None)[0][3] == compiled.gemms(64, None, 64 * 6, 132)[0][3] == 1
         assert compiled.gemms(80, mean, 64 * 6, 132)[0][3] == 1  # two tiles an expert: the unit count is a bound
+
+
+def _widening_windows(sass: str) -> list[bool]:
+    """Per wave of the SASS (a QGMMA group's last wgmma, `gsb0`, up to its WARPGROUP.DEPBAR): whether widened-tile
+    stores (STS.128) run inside it, i.e. widening overlaps that wave's wgmmas."""
+    out, open_at = [], None
+    for i, line in enumerate(sass.splitlines()):
+        if "QGMMA" in line and "gsb0" in line:
+            open_at = i
+        elif "WARPGROUP.DEPBAR" in line and open_at is not None:
+            out.append(any("STS.128" in x for x in sass.splitlines()[open_at:i]))
+            open_at = None
+    return out
+
+
+def test_split_widen_widens_under_both_waves():
+    """Candidate `cutedsl:split-widen` (GroupedConfig.split_widen): refused off v3's two-wave row-frame tile; compiled,
+    the next block's widening runs under both waves' wgmmas (the rule's: under wave 0's only), no spill in the loop."""
+    from dsv4bench.compile.sass import sass_of
+    with pytest.raises(ValueError, match="split_widen"):
+        GroupedConfig(layout="masked", epilogue="swiglu", bm=64, **V3, split_widen=True)
+    with pytest.raises(ValueError, match="split_widen"):
+        GroupedConfig(layout="contiguous", epilogue="swiglu", bm=128, **V2, split_widen=True)
+    rule = compile_grouped("contiguous", "swiglu", 512, 256, **V8_PREFILL)
+    split = compile_grouped("contiguous", "swiglu", 512, 256, **{**V8_PREFILL, "split_widen": True})
+    sass = sass_of(split)
+    if sass is None:
+        pytest.skip("no nvdisasm")
+    windows = _widening_windows(sass)
+    assert windows.count(True) > _widening_windows(sass_of(rule)).count(True)
+    assert windows[:2] == [True, True]  # the loop's first K block: wave 0 and wave 1
+    assert _loop_spills(split) == 0
