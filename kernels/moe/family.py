@@ -206,9 +206,9 @@ class MoeLayerVariant(MoeCuteDSL):
     `:serial` (widen a K block before its wgmmas, not during the previous block's), `:tiled-b` (codes in load-time
     16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its own rows:
     kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its
-    MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:split-widen`
-    (candidate, prefill: v3's widening in halves under both waves, GroupedConfig.split_widen). Set aside after
-    measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`).
+    MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer). Set aside after
+    measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`), prefill's
+    widening split over both waves (`:split-widen`, `git show b39264f`).
     Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`, `:v8-ko-no-widen` /
     `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
     docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""
@@ -221,8 +221,8 @@ class MoeLayerVariant(MoeCuteDSL):
             return "a variant of the layer's GEMMs only"
         if self.knobs.get("swap_ab") and case["layout"] != "masked":
             return "v5 (swap-AB) is a decode kernel: masked layout only"
-        if (self.knobs.get("skip_padding_wave") or self.knobs.get("split_widen")) and case["layout"] != "contiguous":
-            return "v7 (skip_padding_wave) and split_widen are prefill kernels: contiguous layout only"
+        if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
+            return "v7 (skip_padding_wave) is a prefill kernel: contiguous layout only"
         return super().supports(case, arch)
 
 
@@ -306,8 +306,6 @@ register_impl(MoeLayerVariant("fused-dispatch", {"fused_dispatch": 1 << 30}))
 # the rule before v15: no tail-split build of the wide pair (v3's 64-row tile; v15 splits capped Pro T = 64 sparse's
 # tail: 6 experts x 24 / 28 n tiles = 144 / 168 units on 132 SMs, two rounds each)
 register_impl(MoeLayerVariant("v14", {"wide_split": False}))
-# candidate (prefill): v3's next-block widening in halves, one under each wave's wgmmas (GroupedConfig.split_widen)
-register_impl(MoeLayerVariant("split-widen", {"split_widen": True}))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

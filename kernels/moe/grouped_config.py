@@ -101,10 +101,6 @@ class GroupedConfig:
     # its fp32 partial into a global workspace and the last to arrive runs the epilogue. 1: no split
     # (layer.compile_layer's "split" pair is split_k MAX_SPLIT)
     split_k: int = 1
-    # v3 at two waves (bm 128: prefill; candidate `cutedsl:split-widen`): the next K block's widening in halves, the
-    # first while wave 0's wgmmas run, the second while wave 1's (v3 widens it all under wave 0, then issues wave 1
-    # and waits on it with nothing of its warpgroup's to overlap: ncu, Pro T = 4096 capped, tensor pipe 46% busy)
-    split_widen: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -125,9 +121,6 @@ class GroupedConfig:
             raise ValueError("early_weights is v5's L2 (swap_ab, bf16 epilogue) under PDL only")
         if self.ablate in ("no-mma", "stream") and not self.swap_ab:
             raise ValueError(f"ablate={self.ablate!r} is a knock-out of v5 (swap_ab) only")
-        if self.split_widen and not (self.split_wg and self.row_frame and self.bm == 128 and self.overlap
-                                     and not self.skips_widen):
-            raise ValueError("split_widen is a mode of v3 (split_wg, row_frame) at two waves (bm 128) with the overlap")
         one_wave_v3 = self.split_wg and self.bm == 64 and self.layout == "masked"
         if not 1 <= self.split_k <= MAX_SPLIT or (self.split_k > 1 and not (self.swap_ab or one_wave_v3)):
             raise ValueError(f"split_k must be 1 (or up to {MAX_SPLIT} on swap_ab, v5, or v3's masked 64-row tile), "

@@ -85,15 +85,13 @@ class GroupedSplit(GroupedSm90):
                 bar.arrive_and_wait()  # every read of `red` for this tile is done before the next tile's writes
 
     @cute.jit
-    def _widen_stage(self, st, sSh, tab, stage, buf, ctid, part: cutlass.Constexpr = None):
+    def _widen_stage(self, st, sSh, tab, stage, buf, ctid):
         """v2's widening (GroupedWidening's: the loads first, `widen_item`, two 16-byte swizzled stores an item) over the
         warpgroup's rows only, into its half of the B buffer: item i of warpgroup h is row 128 h + i / 4,
-        sub-block i % 4 (a quarter-warp's 8 stores still cover rows n, n + 1, all 32 banks). `part` 0 / 1: the first
-        or second half of the thread's items only (GroupedConfig.split_widen)."""
+        sub-block i % 4 (a quarter-warp's 8 stores still cover rows n, n + 1, all 32 banks)."""
         c = self.cfg
         rows = c.bn // c.n_mma_wg
         steps = rows * SUBS // 128
-        lo, hi = (0, steps) if part is None else (part * steps // 2, (part + 1) * steps // 2)
         half = ctid // 128
         lt = ctid % 128
         q4, b4, words, tabs, out = self._widen_views(st, steps)
@@ -104,13 +102,13 @@ class GroupedSplit(GroupedSm90):
         src0 = stage * (c.bn * 4) + n0 * SUBS + j
         dst0 = buf * (c.bn * 8) + n0 * 8
         dn = 128 // SUBS
-        for step in cutlass.range_constexpr(lo, hi):
+        for step in cutlass.range_constexpr(steps):
             if cutlass.const_expr(c.rs_codes):
                 self._load_rs_item(st, stage, n0 + step * dn, j, words, step)
             else:
                 cute.autovec_copy(q4[None, src0 + step * 128], words[None, step])
             cute.autovec_copy(table_pair(tab, pair_offset(sSh[n0 + step * dn, 0, stage], j)), tabs[None, step])
-        for step in cutlass.range_constexpr(lo, hi):
+        for step in cutlass.range_constexpr(steps):
             if cutlass.const_expr(c.rs_codes):
                 widen_item_rs(words, tabs, step, out)
             else:
@@ -130,18 +128,6 @@ class GroupedSplit(GroupedSm90):
         base = stage * (c.bn * KBLOCK // 8) + n * (KBLOCK // 8) + j
         for q in cutlass.range_constexpr(4):
             words[q, step] = q32[base + 4 * (q ^ ((n >> 1) & 3))]
-
-
-    @cute.jit
-    def _prepare_part(self, ring, st, sSh, tab, g_rd, ctid, part: cutlass.Constexpr):
-        """GroupedConfig.split_widen's `_prepare` in two calls: part 0 waits for K block g_rd's stage and widens the
-        first half of the thread's items, part 1 the second half, then fences the tile for the wgmma (async proxy)."""
-        state = self._stage(g_rd)
-        if cutlass.const_expr(part == 0):
-            ring.consumer_wait(state)
-        self._widen_stage(st, sSh, tab, state.index, g_rd % 2, ctid, part)
-        if cutlass.const_expr(part == 1):
-            cute.arch.fence_proxy("async.shared", space="cta")
 
 
 class GroupedSplitRow(GroupedSplit):
@@ -166,9 +152,6 @@ class GroupedSplitRow(GroupedSplit):
                 if live_rows > 64 * w:  # the last wave holds a real row (a tile-uniform branch)
                     self._row_wave(ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd,
                                    has_next, ctid, w, True)
-                elif cutlass.const_expr(c.split_widen):  # the skipped wave's half of the next block's widening
-                    if has_next:
-                        self._prepare_part(ring, st, sSh, tab, g_rd + 1, ctid, 1)
             else:
                 last = w == W - 1
                 if cutlass.const_expr(c.skip_padding_wave):
@@ -181,16 +164,13 @@ class GroupedSplitRow(GroupedSplit):
     def _row_wave(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd, has_next, ctid,
                   w: cutlass.Constexpr, release):
         """Wave w of K block g_rd: 4 wgmma into tmp; its 2 row scales read while they run (wave 0 also waits for
-        and widens the next block's tile; split_widen: each wave half of it); wait; acc += tmp · row_scale; in the
-        tile's last block then acc *= col_scale (read from the stage after tmp is dead); `release`: this wave is the block's last, free the stage."""
+        and widens the next block's tile); wait; acc += tmp · row_scale; in the tile's last block then acc *=
+        col_scale (read from the stage after tmp is dead); `release`: this wave is the block's last, free the stage."""
         n_r, n_c = cute.size(cC, mode=[0]), cute.size(cC, mode=[1])
         row_s = cute.make_rmem_tensor((n_r,), Float32)
         col_s = cute.make_rmem_tensor((n_c,), Float32)
         self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
-        if cutlass.const_expr(self.cfg.split_widen):  # half of the next block's widening under each wave
-            if has_next:
-                self._prepare_part(ring, st, sSh, tab, g_rd + 1, ctid, w)
-        elif cutlass.const_expr(w == 0):
+        if cutlass.const_expr(w == 0):
             if has_next:
                 self._prepare(ring, st, sSh, tab, g_rd + 1, ctid)
         for r in cutlass.range_constexpr(n_r):

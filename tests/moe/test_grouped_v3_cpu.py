@@ -17,7 +17,7 @@ from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl
 from kernels.moe.expert_weights import (EXACT_SPAN, flush_stats, prepare, prepare_layer, rs_byte_order,
                                         rs_sign_layout, widened_dequant)
-from kernels.moe.grouped_config import V2, V3, V7, V8_PREFILL, GroupedConfig
+from kernels.moe.grouped_config import V2, V3, V7, GroupedConfig
 from kernels.moe.inputs import make_experts
 from kernels.moe.layer import compile_grouped, grouped_config
 from oracles.moe import dispatch_layout, gather_quant
@@ -387,34 +387,3 @@ def test_wide_split_is_launched_where_each_expert_is_one_tile_and_the_tail_split
         assert compiled.gemms(64, mean, 64 * 6, None)[0][3] == compiled.gemms(64, None, 64 * 6, 132)[0][3] == 1
         assert compiled.gemms(80, mean, 64 * 6, 132)[0][3] == 1  # two tiles an expert: the unit count is a bound
 
-
-def _widening_windows(sass: str) -> list[bool]:
-    """Per wave of the SASS (a QGMMA group's last wgmma, `gsb0`, up to its WARPGROUP.DEPBAR): whether widened-tile
-    stores (STS.128) run inside it, i.e. widening overlaps that wave's wgmmas."""
-    out, open_at = [], None
-    for i, line in enumerate(sass.splitlines()):
-        if "QGMMA" in line and "gsb0" in line:
-            open_at = i
-        elif "WARPGROUP.DEPBAR" in line and open_at is not None:
-            out.append(any("STS.128" in x for x in sass.splitlines()[open_at:i]))
-            open_at = None
-    return out
-
-
-def test_split_widen_widens_under_both_waves():
-    """Candidate `cutedsl:split-widen` (GroupedConfig.split_widen): refused off v3's two-wave row-frame tile; compiled,
-    the next block's widening runs under both waves' wgmmas (the rule's: under wave 0's only), no spill in the loop."""
-    from dsv4bench.compile.sass import sass_of
-    with pytest.raises(ValueError, match="split_widen"):
-        GroupedConfig(layout="masked", epilogue="swiglu", bm=64, **V3, split_widen=True)
-    with pytest.raises(ValueError, match="split_widen"):
-        GroupedConfig(layout="contiguous", epilogue="swiglu", bm=128, **V2, split_widen=True)
-    rule = compile_grouped("contiguous", "swiglu", 512, 256, **V8_PREFILL)
-    split = compile_grouped("contiguous", "swiglu", 512, 256, **{**V8_PREFILL, "split_widen": True})
-    sass = sass_of(split)
-    if sass is None:
-        pytest.skip("no nvdisasm")
-    windows = _widening_windows(sass)
-    assert windows.count(True) > _widening_windows(sass_of(rule)).count(True)
-    assert windows[:2] == [True, True]  # the loop's first K block: wave 0 and wave 1
-    assert _loop_spills(split) == 0
