@@ -66,7 +66,7 @@ class GroupedConfig:
     # prefetch before griddepcontrol.wait, dependents triggered right after it (kernels/moe/layer.py
     # passes the flag to dispatch's gather and to combine too)
     pdl: bool = False
-    # v5's L2 under PDL (v13, the rule): its work list (the dispatch's counts, complete before L1's own wait returned:
+    # v5's L2 under PDL (v13, the rule; v3's too in the wide pair, candidate `cutedsl:wide-early`): its work list (the dispatch's counts, complete before L1's own wait returned:
     # L1 triggers L2 only after it) and its first ring's weight tiles are read before griddepcontrol.wait; only h
     # and its scales (L1's) after it
     early_weights: bool = False
@@ -117,8 +117,8 @@ class GroupedConfig:
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
-        if self.early_weights and not (self.swap_ab and self.pdl and self.epilogue == "bf16"):
-            raise ValueError("early_weights is v5's L2 (swap_ab, bf16 epilogue) under PDL only")
+        if self.early_weights and not ((self.swap_ab or self.split_wg) and self.pdl and self.epilogue == "bf16"):
+            raise ValueError("early_weights is v5's or v3's L2 (swap_ab / split_wg, bf16 epilogue) under PDL only")
         if self.ablate in ("no-mma", "stream") and not self.swap_ab:
             raise ValueError(f"ablate={self.ablate!r} is a knock-out of v5 (swap_ab) only")
         one_wave_v3 = self.split_wg and self.bm == 64 and self.layout == "masked"

@@ -204,16 +204,19 @@ def test_layer_variants_pass_the_rule(case, variant, gpu_check):
 MASKED_CASES = [c for c in LAYER if c["layout"] == "masked"]
 
 
-WIDE_SPLIT_CASES = [Case("moe", space.case("layer", m, 64, load)) for m, load in
-                    (("pro", "sparse"), ("flash", "sparse"), ("pro", "uniform"), ("pro", "hot"))]
+WIDE_SPLIT_CASES = [Case("moe", space.case("layer", m, t, load)) for m, t, load in
+                    (("pro", 64, "sparse"), ("flash", 64, "sparse"), ("pro", 64, "uniform"), ("pro", 64, "hot"),
+                     ("pro", 256, "uniform"))]
 
 
 @pytest.mark.parametrize("case", WIDE_SPLIT_CASES, ids=[c.id for c in WIDE_SPLIT_CASES])
-def test_wide_split_layers_pass_the_rule(case, gpu_check):
+@pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:wide-early"])
+def test_wide_split_layers_pass_the_rule(case, impl, gpu_check):
     """v15 (the wide pair's tail split in K, in the rule): capped Pro T = 64 sparse is where it splits (L1 8 slices,
-    L2 3: tests/moe/test_grouped_v3_cpu.py), the rest where it does not."""
+    L2 3: tests/moe/test_grouped_v3_cpu.py), the rest where it does not (Pro T = 256: the wide pair whole); candidate
+    `cutedsl:wide-early` (the wide pairs' L2s loading their first weight stages before their PDL wait) on them too."""
     from dsv4bench.core.registry import get_impl
-    gpu_check(case, get_impl("moe", "cutedsl"))
+    gpu_check(case, get_impl("moe", impl))
 
 
 @pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])

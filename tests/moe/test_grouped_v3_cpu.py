@@ -387,3 +387,25 @@ def test_wide_split_is_launched_where_each_expert_is_one_tile_and_the_tail_split
         assert compiled.gemms(64, mean, 64 * 6, None)[0][3] == compiled.gemms(64, None, 64 * 6, 132)[0][3] == 1
         assert compiled.gemms(80, mean, 64 * 6, 132)[0][3] == 1  # two tiles an expert: the unit count is a bound
 
+
+
+def test_wide_early_gives_the_wide_pairs_l2s_early_weights(monkeypatch):
+    """Candidate `cutedsl:wide-early`: the wide pairs' L2s (v3, and v15's split build) compile with early_weights,
+    their L1s and the rule's wide L2s without; v3's L2 with it compiles clean (whole and split)."""
+    from kernels.moe import layer
+    from kernels.moe.grouped_config import MAX_SPLIT, V8_WIDE
+    for k in (1, MAX_SPLIT):
+        compile_checked("masked", "bf16", {**V8_WIDE, "pdl": True, "early_weights": True, "split_k": k}, monkeypatch,
+                        512, 4096)
+    with pytest.raises(ValueError, match="early_weights"):
+        GroupedConfig(layout="masked", epilogue="swiglu", **V8_WIDE, pdl=True, early_weights=True)
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: "dispatch")
+    monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: layer.grouped_config(
+        layout, epilogue, **knobs))
+    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    rule = layer.compile_layer(16, 6, 7168, 3072, "masked").kernels
+    cand = layer.compile_layer(16, 6, 7168, 3072, "masked", **get_impl("moe", "cutedsl:wide-early").knobs).kernels
+    for pair in ("wide", "wide-split"):
+        assert cand[f"l2@{pair}"].early_weights and not rule[f"l2@{pair}"].early_weights
+        assert not cand[f"l1@{pair}"].early_weights
+    assert {n: c for n, c in cand.items() if "wide" not in n} == {n: c for n, c in rule.items() if "wide" not in n}
