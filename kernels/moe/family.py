@@ -206,7 +206,7 @@ class MoeLayerVariant(MoeCuteDSL):
     `:serial` (widen a K block before its wgmmas, not during the previous block's), `:tiled-b` (codes in load-time
     16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its own rows:
     kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its
-    MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:wide-early` (candidate: v13's
+    MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15` (before v16: v13's
     early L2 weights for the wide pairs too). Set aside after
     measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`), prefill's
     widening split over both waves (`:split-widen`, `git show b39264f`).
@@ -299,16 +299,16 @@ register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}
 # the rule before v11: no tail-split build beside the smallest token tile (nor v13's early L2 weights)
 register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False, "fused_dispatch": 0}))
 # the rule before v13: v5's L2s wait under PDL before reading their work list and first weight stages
-register_impl(MoeLayerVariant("v12", {"l2_early": False, "fused_dispatch": 0}))
+register_impl(MoeLayerVariant("v12", {"l2_early": False, "fused_dispatch": 0, "wide_split": False}))
 # the rule before v14: the masked dispatch always in two launches (layout, then gather + quant)
-register_impl(MoeLayerVariant("v13", {"fused_dispatch": 0}))
+register_impl(MoeLayerVariant("v13", {"fused_dispatch": 0, "wide_split": False, "wide_early": False}))
 # v14's one-launch masked dispatch at every T (kernels/moe/dispatch_fused.py): the A/B of its MAX_ASSIGNMENTS
 register_impl(MoeLayerVariant("fused-dispatch", {"fused_dispatch": 1 << 30}))
 # the rule before v15: no tail-split build of the wide pair (v3's 64-row tile; v15 splits capped Pro T = 64 sparse's
 # tail: 6 experts x 24 / 28 n tiles = 144 / 168 units on 132 SMs, two rounds each)
-register_impl(MoeLayerVariant("v14", {"wide_split": False}))
-# candidate: the wide pairs' L2s (v3) read their work list and first weight stages before their PDL wait, as v5's do
-register_impl(MoeLayerVariant("wide-early", {"wide_early": True}))
+register_impl(MoeLayerVariant("v14", {"wide_split": False, "wide_early": False}))
+# the rule before v16: the wide pairs' L2s (v3) wait under PDL before reading their work list and first weight stages
+register_impl(MoeLayerVariant("v15", {"wide_early": False}))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

@@ -66,7 +66,7 @@ class GroupedConfig:
     # prefetch before griddepcontrol.wait, dependents triggered right after it (kernels/moe/layer.py
     # passes the flag to dispatch's gather and to combine too)
     pdl: bool = False
-    # v5's L2 under PDL (v13, the rule; v3's too in the wide pair, candidate `cutedsl:wide-early`): its work list (the dispatch's counts, complete before L1's own wait returned:
+    # v5's L2 under PDL (v13, the rule; v3's in the wide pairs too since v16): its work list (the dispatch's counts, complete before L1's own wait returned:
     # L1 triggers L2 only after it) and its first ring's weight tiles are read before griddepcontrol.wait; only h
     # and its scales (L1's) after it
     early_weights: bool = False

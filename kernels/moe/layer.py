@@ -163,8 +163,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     v5's L2s under PDL with GroupedConfig.early_weights; `cutedsl:v12` without), fused_dispatch (v14: the masked
     dispatch in one launch, kernels/moe/dispatch_fused.py, compiled beside the two-kernel one and launched up to
     this many T·k assignments; default its MAX_ASSIGNMENTS, 0 never: `cutedsl:v13`), wide_split (v15, default True:
-    the wide pair's tail-split build beside it; `cutedsl:v14` without), wide_early (candidate `cutedsl:wide-early`:
-    the wide pairs' L2s with early_weights too) and skip_padding (default
+    the wide pair's tail-split build beside it; `cutedsl:v14` without), wide_early (v16, default True:
+    the wide pairs' L2s with early_weights too; `cutedsl:v15` without) and skip_padding (default
     True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1
     wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The CompiledLayer's codes / row_frame
     are those of the GEMMs' resolved config (the tile rule's pick with the knobs): with no knobs every GEMM reads
@@ -176,7 +176,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     tail_split = knobs.pop("tail_split", True) and knobs.get("split_k", 1) == 1
     wide_split = knobs.pop("wide_split", True) and tail_split  # v15 (`cutedsl:v14` without)
     l2_early = knobs.pop("l2_early", True)  # v13: v5's L2s with early_weights
-    wide_early = knobs.pop("wide_early", False)  # candidate `cutedsl:wide-early`: the wide pairs' L2s too
+    wide_early = knobs.pop("wide_early", True) and l2_early  # v16: the wide pairs' L2s too (`cutedsl:v15` without)
     fused_max = knobs.pop("fused_dispatch", FUSED_MAX)  # v14's one-launch dispatch (popped for either layout)
     if not skip:  # only the masked layer's dispatch has the one-launch form
         fused_max = 0

@@ -288,9 +288,9 @@ def test_the_rule_launches_the_tail_split_build_only_where_the_split_rule_cuts(m
 
 
 def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkeypatch):
-    """v13: the rule's v5 L2s (not its L1s, not the wide pair) get early_weights, `cutedsl:v12` none; in SASS the TMA
-    warp's three weight loads come before a second griddepcontrol.wait (ACQBULK; the plain build has one); refused
-    off v5's L2 under PDL (an L1 too: early L1 weights were set aside, `git show 0ca828c`)."""
+    """v13: the rule's v5 L2s (not its L1s) get early_weights, since v16 the wide pairs' L2s too, `cutedsl:v12` none;
+    in SASS the TMA warp's three weight loads come before a second griddepcontrol.wait (ACQBULK; the plain build has
+    one); refused off an L2 of v5 or v3 under PDL (an L1 too: early L1 weights were set aside, `git show 0ca828c`)."""
     import re
 
     from dsv4bench.compile.sass import sass_of
@@ -305,7 +305,8 @@ def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkey
         ops[early] = re.findall(r"\b(ACQBULK|UTMALDG)\b", text)
     assert ops[False].count("ACQBULK") == 1 and ops[True].count("ACQBULK") == 2
     assert ops[True][ops[True].index("ACQBULK") + 1:].index("ACQBULK") == 3  # codes, shifts, column scales
-    for bad in ({**knobs, "epilogue": "swiglu"}, {**knobs, "pdl": False}, {**V8_WIDE, "pdl": True}):
+    v2 = {**V8_WIDE, "split_wg": False, "row_frame": False, "fast_silu": False, "rs_codes": False, "pdl": True}
+    for bad in ({**knobs, "epilogue": "swiglu"}, {**knobs, "pdl": False}, {**V8_WIDE, "pdl": False}, v2):
         with pytest.raises(ValueError, match="early_weights"):
             GroupedConfig(**{"layout": "masked", "epilogue": "bf16", **bad}, early_weights=True)
     monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: "dispatch")
@@ -315,7 +316,8 @@ def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkey
     for impl in ("cutedsl", "cutedsl:v12", "cutedsl:v5-no-pdl"):
         kernels = layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", impl).knobs).kernels
         early[impl] = {n for n, v in kernels.items() if isinstance(v, tuple) and v[1]}
-    assert early == {"cutedsl": {"l2", "l2@32", "l2@split"}, "cutedsl:v12": set(), "cutedsl:v5-no-pdl": set()}
+    assert early == {"cutedsl": {"l2", "l2@32", "l2@split", "l2@wide", "l2@wide-split"}, "cutedsl:v12": set(),
+                     "cutedsl:v5-no-pdl": set()}
 
 
 

@@ -390,8 +390,8 @@ def test_wide_split_is_launched_where_each_expert_is_one_tile_and_the_tail_split
 
 
 def test_wide_early_gives_the_wide_pairs_l2s_early_weights(monkeypatch):
-    """Candidate `cutedsl:wide-early`: the wide pairs' L2s (v3, and v15's split build) compile with early_weights,
-    their L1s and the rule's wide L2s without; v3's L2 with it compiles clean (whole and split)."""
+    """v16 (the rule): the wide pairs' L2s (v3, and v15's split build) compile with early_weights, their L1s and
+    `cutedsl:v15`'s wide L2s without, v5's pairs the same in both; v3's L2 with it compiles clean (whole and split)."""
     from kernels.moe import layer
     from kernels.moe.grouped_config import MAX_SPLIT, V8_WIDE
     for k in (1, MAX_SPLIT):
@@ -404,8 +404,9 @@ def test_wide_early_gives_the_wide_pairs_l2s_early_weights(monkeypatch):
         layout, epilogue, **knobs))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
     rule = layer.compile_layer(16, 6, 7168, 3072, "masked").kernels
-    cand = layer.compile_layer(16, 6, 7168, 3072, "masked", **get_impl("moe", "cutedsl:wide-early").knobs).kernels
+    v15 = layer.compile_layer(16, 6, 7168, 3072, "masked", **get_impl("moe", "cutedsl:v15").knobs).kernels
     for pair in ("wide", "wide-split"):
-        assert cand[f"l2@{pair}"].early_weights and not rule[f"l2@{pair}"].early_weights
-        assert not cand[f"l1@{pair}"].early_weights
-    assert {n: c for n, c in cand.items() if "wide" not in n} == {n: c for n, c in rule.items() if "wide" not in n}
+        assert rule[f"l2@{pair}"].early_weights and not v15[f"l2@{pair}"].early_weights
+        assert not rule[f"l1@{pair}"].early_weights
+    assert {n: c for n, c in rule.items() if "wide" not in n} == {n: c for n, c in v15.items() if "wide" not in n}
+    assert not layer.compile_layer(16, 6, 7168, 3072, "masked", l2_early=False).kernels["l2@wide"].early_weights
