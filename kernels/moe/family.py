@@ -206,10 +206,10 @@ class MoeLayerVariant(MoeCuteDSL):
     `:serial` (widen a K block before its wgmmas, not during the previous block's), `:tiled-b` (codes in load-time
     16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its own rows:
     kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its
-    MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15` (before v16: v13's
-    early L2 weights for the wide pairs too). Set aside after
-    measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`), prefill's
-    widening split over both waves (`:split-widen`, `git show b39264f`).
+    MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
+    (before v16: v13's early L2 weights for the wide pairs too). Set aside after measuring: early L1 weights (`git
+    show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves
+    (`:split-widen`, `git show b39264f`).
     Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`, `:v8-ko-no-widen` /
     `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
     docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""

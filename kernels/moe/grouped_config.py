@@ -66,9 +66,9 @@ class GroupedConfig:
     # prefetch before griddepcontrol.wait, dependents triggered right after it (kernels/moe/layer.py
     # passes the flag to dispatch's gather and to combine too)
     pdl: bool = False
-    # v5's L2 under PDL (v13, the rule; v3's in the wide pairs too since v16): its work list (the dispatch's counts, complete before L1's own wait returned:
-    # L1 triggers L2 only after it) and its first ring's weight tiles are read before griddepcontrol.wait; only h
-    # and its scales (L1's) after it
+    # v5's L2 under PDL (v13, the rule; v3's in the wide pairs too since v16): its work list (the dispatch's counts,
+    # complete before L1's own wait returned: L1 triggers L2 only after it) and its first ring's weight tiles are read
+    # before griddepcontrol.wait; only h and its scales (L1's) after it
     early_weights: bool = False
     # v3 (prefill; variant `cutedsl:split-wg`, kernels/moe/grouped_split.py): each consumer warpgroup widens
     # only the 128 weight rows its own wgmma reads and publishes them with its own named barrier, so the two
@@ -95,10 +95,10 @@ class GroupedConfig:
     # v3 on the RS-ordered code tiles v5 reads (layer.rs_codes; v8, `cutedsl:v3-rs`): one copy of the codes for every
     # GEMM. An item's 4 code words lie 16 bytes apart: 4 4-byte loads, conflict-free under a 64B-swizzled stage tile
     rs_codes: bool = False
-    # v5 (swap_ab) and v3's one-wave masked tile (split_wg, bm 64: the wide pair at decode;
-    # v15): the last round's units (units % CTAs: the tail) as up to this many K slices each, as many
-    # as the grid holds (kernels/moe/grouped_slices.py, planned on the device from the unit count); every slice adds
-    # its fp32 partial into a global workspace and the last to arrive runs the epilogue. 1: no split
+    # v5 (swap_ab) and v3's one-wave masked tile (split_wg, bm 64: the wide pair at decode, v15): the last round's
+    # units (units % CTAs: the tail) as up to this many K slices each, as many as the grid holds
+    # (kernels/moe/grouped_slices.py, planned on the device from the unit count); every slice adds its fp32 partial
+    # into a global workspace and the last to arrive runs the epilogue. 1: no split
     # (layer.compile_layer's "split" pair is split_k MAX_SPLIT)
     split_k: int = 1
 

@@ -49,9 +49,9 @@ class GroupedSplit(GroupedSm90):
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
                  n_groups, tiles_n, n_kb, units, mg, bidx, gdim, ctid, split):
-        """Per item (a unit, or with split_k a tail unit's K slice: the one-wave masked tile,
-        v15, the rule) its K blocks, then the tile's epilogue (a slice: its partial into the workspace first,
-        and only the last slice in stores; kernels/split_merge.add_and_count)."""
+        """Per item (a unit, or with split_k a tail unit's K slice: the one-wave masked tile, v15) its K blocks, then
+        the tile's epilogue (a slice: its partial into the workspace first, and only the last slice in stores;
+        kernels/split_merge.add_and_count)."""
         c = self.cfg
         tab, tCrA, tCrB, accs, tmp, cC = self._consumer_state(tiled_mma, sA, sB, st, mTab, ctid)
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)  # both warpgroups

@@ -202,7 +202,9 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         n1, n2 = gemm_names(name)
         v5_pdl = bool(tiles) and name not in ("wide", "wide-split") and pdl
         kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **pair_knobs)
-        early = (v5_pdl and l2_early) or (wide_early and name in ("wide", "wide-split") and pdl)
+        # v16: the wide pairs' L2s too where they are v3 (the block frame's wide pair, v4, has no early pass)
+        wide_l2 = name in ("wide", "wide-split") and pdl and pair_knobs.get("split_wg", False)
+        early = (v5_pdl and l2_early) or (wide_early and wide_l2)
         kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, early_weights=early)
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes

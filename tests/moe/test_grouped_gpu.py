@@ -213,8 +213,8 @@ WIDE_SPLIT_CASES = [Case("moe", space.case("layer", m, t, load)) for m, t, load 
 @pytest.mark.parametrize("impl", ["cutedsl", "cutedsl:v15"])
 def test_wide_split_layers_pass_the_rule(case, impl, gpu_check):
     """v15 (the wide pair's tail split in K, in the rule): capped Pro T = 64 sparse is where it splits (L1 8 slices,
-    L2 3: tests/moe/test_grouped_v3_cpu.py), the rest where it does not (Pro T = 256: the wide pair whole); the rule (v16:
-    the wide pairs' L2s load their first weight stages before their PDL wait) and `cutedsl:v15` (they do not)."""
+    L2 3: tests/moe/test_grouped_v3_cpu.py), the rest where it does not (Pro T = 256: the wide pair whole); the
+    rule (v16: the wide pairs' L2s load their first weight stages before their PDL wait) and `cutedsl:v15` (not)."""
     from dsv4bench.core.registry import get_impl
     gpu_check(case, get_impl("moe", impl))
 

@@ -228,7 +228,8 @@ def test_family_runs_v5_at_decode_only():
 
 def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_smallest_that_holds_it(monkeypatch):
     """compile_layer at decode (the rule, v8: v5 on row-frame weights with PDL) compiles L1 / L2 at 16 and 32 tokens
-    a tile and the wide pair (v3 on the RS tiles); CompiledLayer.gemms takes 16 for max_m <= 16, 32 up to 64, the
+    a tile and the wide pair (v3 on the RS tiles), and the split builds of the 16-token tile (v11) and the wide pair
+    (v15); CompiledLayer.gemms takes 16 for max_m <= 16, 32 up to 64, the
     wide pair past it; every pair reads the RS tiles. `cutedsl:v5` (block frame) keeps v4 (plain codes) as its
     wide pair; a variant naming bm, or v4, compiles one pair."""
     from kernels.moe import layer
@@ -240,7 +241,7 @@ def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_small
     compiled = layer.compile_layer(8, 6, 512, 256, "masked")
     assert compiled.codes == "rs" and compiled.frame == "row" and compiled.token_tiles == (16, 32)
     assert set(compiled.kernels) == {"dispatch", "dispatch@fused", "l1", "l2", "l1@32", "l2@32", "l1@wide", "l2@wide",
-                                     "l1@split", "l2@split", "combine"}
+                                     "l1@split", "l2@split", "l1@wide-split", "l2@wide-split", "combine"}
     assert compiled.kernels["dispatch"] == compiled.kernels["dispatch@fused"] == ("dispatch", True)
     for max_m, want in ((16, (16, True)), (32, (32, True)), (48, (32, True)), (64, (32, True)), (80, (64, False)),
                         (256, (64, False))):  # the wide pair launched with PDL as the rest of the layer
@@ -288,7 +289,8 @@ def test_the_rule_launches_the_tail_split_build_only_where_the_split_rule_cuts(m
 
 
 def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkeypatch):
-    """v13: the rule's v5 L2s (not its L1s) get early_weights, since v16 the wide pairs' L2s too, `cutedsl:v12` none;
+    """v13: the rule's v5 L2s (not its L1s) get early_weights, since v16 the wide pairs' L2s too (v3; `cutedsl:v5`'s
+    wide pair, v4, not), `cutedsl:v12` none;
     in SASS the TMA warp's three weight loads come before a second griddepcontrol.wait (ACQBULK; the plain build has
     one); refused off an L2 of v5 or v3 under PDL (an L1 too: early L1 weights were set aside, `git show 0ca828c`)."""
     import re
@@ -313,11 +315,11 @@ def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkey
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **k: (epilogue, k.get("early_weights")))
     monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
     early = {}
-    for impl in ("cutedsl", "cutedsl:v12", "cutedsl:v5-no-pdl"):
+    for impl in ("cutedsl", "cutedsl:v12", "cutedsl:v5-no-pdl", "cutedsl:v5"):
         kernels = layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", impl).knobs).kernels
         early[impl] = {n for n, v in kernels.items() if isinstance(v, tuple) and v[1]}
     assert early == {"cutedsl": {"l2", "l2@32", "l2@split", "l2@wide", "l2@wide-split"}, "cutedsl:v12": set(),
-                     "cutedsl:v5-no-pdl": set()}
+                     "cutedsl:v5-no-pdl": set(), "cutedsl:v5": {"l2", "l2@32", "l2@split"}}  # v5's wide pair: v4
 
 
 
