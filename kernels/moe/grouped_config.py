@@ -23,6 +23,7 @@ ABLATIONS = ("", "no-widen", "no-mma", "stream")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
+SWAP_BM_WAVES = 128  # v17 (candidate, prefill): v5's kernel at 128 tokens a tile, its weight tiles as waves
 WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v3 (v4 beside block-frame v5) past it
 # ... and v3 where the experts that hold rows average more than v5's widest tile (CompiledLayer.gemms' mean_rows):
 # there v5 widens each weight tile once a 32-token tile, v3 once a 64-row wave. H200, one process (docs/perf/moe.md
@@ -126,9 +127,13 @@ class GroupedConfig:
             raise ValueError(f"split_k must be 1 (or up to {MAX_SPLIT} on swap_ab, v5, or v3's masked 64-row tile), "
                              f"got {self.split_k}")
         if self.swap_ab:
-            if self.layout != "masked" or self.split_wg or self.tiled_b:
-                raise ValueError("swap_ab (v5) is a masked-layout kernel of its own: no split_wg or tiled_b")
-            if self.bm not in SWAP_BM:
+            if self.split_wg or self.tiled_b:
+                raise ValueError("swap_ab (v5) is a kernel of its own: no split_wg or tiled_b")
+            if self.layout != "masked" and self.bm != SWAP_BM_WAVES:
+                raise ValueError(f"swap_ab (v5) takes the contiguous layout at bm {SWAP_BM_WAVES} only (v17)")
+            if self.bm == SWAP_BM_WAVES and (not self.row_frame or self.split_k > 1 or self.ablate):
+                raise ValueError(f"swap_ab at bm {SWAP_BM_WAVES} (v17) takes row_frame, no split_k or ablate")
+            if self.bm not in SWAP_BM + (SWAP_BM_WAVES,):
                 raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
         elif self.bm not in (64, 128):
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
@@ -150,6 +155,12 @@ class GroupedConfig:
     def skips_mma(self) -> bool:
         """A knock-out that issues no wgmma (v5: the fragments go to a sink instead)."""
         return self.ablate in ("no-mma", "stream")
+
+    @property
+    def tile_waves(self) -> bool:
+        """v17 (v5 at 128 tokens a tile; grouped_rs._kloop_waves): the warpgroup's two m64 weight tiles x the tile's
+        two 64-token halves run as four waves into one 64 x 64 temporary."""
+        return self.swap_ab and self.bm == SWAP_BM_WAVES
 
     @property
     def waves(self) -> int:
@@ -218,6 +229,9 @@ V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_
 V8_DECODE = {**V5, "row_frame": True}
 V8_WIDE = {**V3, "rs_codes": True}
 V8_PREFILL = {**V7, "rs_codes": True}
+# v17 (candidate `cutedsl:v17`, prefill): v5's swap-AB kernel (weights widened in registers as the RS wgmma's A) at 128
+# tokens a tile, one contiguous segment: no widened tile in shared memory, x read as B a 64-token half a wave
+V17 = {**V8_DECODE, "bm": SWAP_BM_WAVES}
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:

@@ -15,6 +15,8 @@ promotes: acc += tmp · col_scale[row] · sa[token] (the weight's per-(row, K bl
 block) scale). Layer 1's 256 interleaved rows (kernels/moe/expert_weights.interleave) hold 128 intermediates,
 gate in accumulator row r and up in r + 8 of one thread: h's FP8 block of 128 is the CTA's, its amax a shuffle
 over the 8 lanes holding a token and one exchange between the 8 consumer warps. Layer 2 stores bf16 values.
+Candidate v17 (prefill, GroupedConfig.tile_waves): 128 tokens a tile (one contiguous segment), the two m64 tiles x
+the tile's two 64-token halves as four waves into one temporary (`_kloop_waves`).
 GroupedSm90 (kernels/moe/grouped_sm90.py) runs the launch, the work list and the TMA warp; this class gives its
 operands (`_operands`), the unit order (m tile fastest, `_unit`) and the consumers (`_consume`).
 """
@@ -49,8 +51,9 @@ class GroupedRs(GroupedSm90):
         tiled codes (bn, 64, E·NT·KB))."""
         c = self.cfg
         kmaj = warpgroup.OperandMajorMode.K
+        n = c.bm // 2 if c.tile_waves else c.bm  # tile_waves: each wave one half of the token tile
         mma = lambda: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
-            fp8, fp8, kmaj, kmaj, Float32, (1, 1, 1), (64, c.bm), warpgroup.OperandSource.RMEM)
+            fp8, fp8, kmaj, kmaj, Float32, (1, 1, 1), (64, n), warpgroup.OperandSource.RMEM)
         return (mma(), mma(), sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (64, c.bm, KBLOCK), fp8,
                                                               c.n_stages), None)
 
@@ -60,6 +63,8 @@ class GroupedRs(GroupedSm90):
         (v2: n tile fastest). An expert's token tiles of one weight tile go to neighbouring CTAs, which run at
         the same time: one reads the weight tile from DRAM, the others mostly from L2. The group holding u: the
         last whose first unit gfirst · tiles_n is <= u (empty groups own no unit)."""
+        if cutlass.const_expr(self.cfg.layout == "contiguous"):  # v17: GroupedSm90's order (one segment a tile)
+            return GroupedSm90._unit(self, u, tiles_n, n_groups, mg, mGroup, st)
         gt = st.gtiles.get_tensor(cute.make_layout((MAX_GROUPS,)))
         gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
         lo = last_group(gf, n_groups, u, tiles_n)
@@ -81,11 +86,17 @@ class GroupedRs(GroupedSm90):
             tab[ctid] = mTab[ctid]
         thr = tiled_mma.get_slice(ctid % 128)
         tCrB = tiled_mma.make_fragment_B(thr.partition_B(sX))  # (frag, 1, 4 k steps, stages)
+        if cutlass.const_expr(c.tile_waves):  # one B fragment a half of the token tile (64 tokens: the MMA's N)
+            halves = cute.flat_divide(sX, (64, KBLOCK))  # (64, KBLOCK, 2, 1, stages)
+            tCrB = [tiled_mma.make_fragment_B(thr.partition_B(halves[(None, None, h, 0, None)])) for h in range(2)]
         a_shape = thr.partition_shape_A((64, KBLOCK))  # ((4, 2, 2), 1, 4): 16 e4m3 bytes a k step
         frags = [[cute.make_rmem_tensor(a_shape, sX.element_type) for _ in range(TILES)] for _ in range(2)]
         acc_shape = thr.partition_shape_C((64, c.bm))
         accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
-        tmps = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
+        tmp_shape = thr.partition_shape_C((64, c.bm // 2)) if c.tile_waves else acc_shape
+        tmps = [cute.make_rmem_tensor(tmp_shape, Float32) for _ in range(1 if c.tile_waves else TILES)]
+        if cutlass.const_expr(c.tile_waves):  # one fragment set a tile, no second set (`_kloop_waves`)
+            frags = [frags[0], None]
         row_sc = cute.make_rmem_tensor((TILES, 2), Float32)  # row frame: the weight rows' scales (`_kblock_rs`)
         sink = None  # knock-outs without wgmmas only: the fragments' XOR, so that the widening stays live
         if cutlass.const_expr(c.skips_mma):
@@ -104,15 +115,13 @@ class GroupedRs(GroupedSm90):
             g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
             for j in cutlass.range_constexpr(TILES):
                 accs[j].fill(0.0)
-            self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
-            for p in cutlass.range(0, nk // 2, unroll=1):
-                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
-                                sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc, sink)
-                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[1], frags[0], 2 * p + 2 < nk, tCrB, accs, tmps,
-                                cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid, row_sc, sink)
-            if nk % 2 == 1:
-                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
-                                sSW, sSA, tab, g_rd + nk - 1, wg_rows, ctid, row_sc, sink)
+            if cutlass.const_expr(c.tile_waves):
+                self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid, (0,))
+                self._kloop_waves(ring, (tiled_mma, mma_acc), frags[0], tCrB, accs, tmps[0], cC, codes, sSh, sSW,
+                                  sSA, tab, g_rd, nk, wg_rows, ctid, row_sc)
+            else:
+                self._kloop_pairs(ring, (tiled_mma, mma_acc), frags, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab,
+                                  g_rd, nk, wg_rows, ctid, row_sc, sink)
             g_rd = g_rd + nk
             if cutlass.const_expr(c.skips_mma):  # a use of the sink the compiler cannot drop
                 if sink[0] == Int32(0x5EED5EED):
@@ -127,6 +136,57 @@ class GroupedRs(GroupedSm90):
                                       ctid)
             else:
                 self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
+
+    @cute.jit
+    def _kloop_pairs(self, ring, mmas, frags, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab, g_rd, nk, wg_rows, ctid,
+                     row_sc, sink):
+        """v5's K loop: block g_rd's fragments widened into frags[0] before it; blocks in pairs, the two fragment sets
+        alternating (the next block widened while this one's wgmmas run)."""
+        self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
+        for p in cutlass.range(0, nk // 2, unroll=1):
+            self._kblock_rs(ring, mmas, frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
+                            sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc, sink)
+            self._kblock_rs(ring, mmas, frags[1], frags[0], 2 * p + 2 < nk, tCrB, accs, tmps,
+                            cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid, row_sc, sink)
+        if nk % 2 == 1:
+            self._kblock_rs(ring, mmas, frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
+                            sSW, sSA, tab, g_rd + nk - 1, wg_rows, ctid, row_sc, sink)
+
+    @cute.jit
+    def _kloop_waves(self, ring, mmas, frag, tCrB, accs, tmp, cC, codes, sSh, sSW, sSA, tab, g0, nk, wg_rows, ctid,
+                     row_sc):
+        """Probe v17 (GroupedConfig.tile_waves: 128 tokens a tile): per K block the warpgroup's two m64 weight tiles
+        as waves into one temporary; tile 1's fragments are widened while tile 0's wgmmas run, the next block's tile 0
+        while tile 1's run (`frag` holds one set a tile; block g0's tile 0 is widened before the loop). After each
+        wave's wait: acc[j] += tmp · sa[token] (row frame: the weight rows' scales once a unit, `_epilogue_rs`)."""
+        half = cute.size(cC, mode=[1]) // 2  # a thread's token columns of one half
+        for kb in cutlass.range(0, nk, unroll=1):
+            g_rd = g0 + kb
+            state = self._stage(g_rd)
+            for j in cutlass.range_constexpr(TILES):
+                for r in cutlass.range_constexpr(2):
+                    row_sc[j, r] = sSW[wg_rows + 64 * j + 8 * r, 0, state.index]
+                for h in cutlass.range_constexpr(2):
+                    fence_operand(tmp)
+                    fence_operand(frag[j])
+                    warpgroup.fence()
+                    for k in cutlass.range_constexpr(SUBS):
+                        cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, frag[j][(None, None, k)],
+                                  tCrB[h][(None, None, k, state.index)], tmp)
+                    warpgroup.commit_group()
+                    if cutlass.const_expr(h == 0 and j == 0):
+                        self._widen_a(ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid, (1,), False)
+                    if cutlass.const_expr(h == 0 and j == 1):
+                        if kb + 1 < nk:
+                            self._widen_a(ring, codes, sSh, tab, frag, g_rd + 1, wg_rows, ctid, (0,))
+                    warpgroup.wait_group(0)
+                    fence_operand(tmp)
+                    acc_mn, tmp_mn = mn_view(accs[j]), mn_view(tmp)
+                    for cc in cutlass.range_constexpr(half):  # x's scales after the wait: none held across it
+                        sa = sSA[cC[0, h * half + cc][1], 0, state.index]
+                        for r in cutlass.range_constexpr(2):
+                            acc_mn[r, h * half + cc] = acc_mn[r, h * half + cc] + tmp_mn[r, cc] * sa
+            ring.consumer_release(state)
 
     @cute.jit
     def _epilogue_rs(self, accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
@@ -145,25 +205,30 @@ class GroupedRs(GroupedSm90):
             self._store_rows_rs(accs, cC, mOut, g, mt, nt, limit, mg, wg_rows)
 
     @cute.jit
-    def _widen_a(self, ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid):
+    def _widen_a(self, ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid, tiles: cutlass.Constexpr = None,
+                 wait: cutlass.Constexpr = True):
         """Wait for K block g_rd's stage, then widen the thread's A fragments of it into `frag` (one per m64
         tile): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
         s) a table pair and `widen8_rs`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
         c = self.cfg
+        todo = tuple(range(TILES)) if tiles is None else tiles
         state = self._stage(g_rd)
-        ring.consumer_wait(state)
+        if cutlass.const_expr(wait):
+            ring.consumer_wait(state)
         q4 = cute.make_tensor(cute.recast_ptr(codes, dtype=Int32),
                               cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
         words = cute.make_rmem_tensor(cute.make_layout((4, 2 * TILES), stride=(1, 4)), Int32)
         shifts = cute.make_rmem_tensor((2 * TILES,), Int32)
         quad = ctid % 4
-        for j in cutlass.range_constexpr(TILES):
+        for jj in cutlass.range_constexpr(len(todo)):
+            j = todo[jj]
             for rh in cutlass.range_constexpr(2):
                 row = wg_rows + 64 * j + 8 * rh
                 cute.autovec_copy(q4[None, (state.index * c.bn + row) * 4 + quad], words[None, 2 * j + rh])
                 if cutlass.const_expr(not c.skips_widen):
                     shifts[2 * j + rh] = sSh[row, 0, state.index]
-        for j in cutlass.range_constexpr(TILES):
+        for jj in cutlass.range_constexpr(len(todo)):
+            j = todo[jj]
             out = cute.recast_tensor(frag[j], Int32)  # word rh + 2 kh + 4 s
             for rh in cutlass.range_constexpr(2):
                 for s in cutlass.range_constexpr(SUBS):

@@ -208,7 +208,9 @@ def test_v5_work_list_covers_every_real_tile_once_m_tile_fastest(counts):
 
 
 def test_v5_config_refuses_what_it_cannot_run():
-    with pytest.raises(ValueError, match="masked-layout kernel"):
+    with pytest.raises(ValueError, match="contiguous layout at bm 128 only"):
+        GroupedConfig(**{**V5, "layout": "contiguous", "bm": 32})
+    with pytest.raises(ValueError, match="v17"):  # 128 tokens a tile: the row frame only (candidate v17)
         GroupedConfig(**{**V5, "layout": "contiguous", "bm": 128})
     with pytest.raises(ValueError, match="bm"):
         GroupedConfig(**{**V5, "bm": 64})
@@ -334,3 +336,33 @@ def test_the_rule_runs_one_token_on_the_grouped_gemms():
     compiled = rule.compile(pro1, "sm_90a")
     assert isinstance(compiled, CompiledLayer) and compiled.token_tiles == (16, 32)
     assert get_impl("moe", "cutedsl:gemv").supports(pro1, "sm_90a") is None
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
+def test_v17_compiles_four_64_token_waves_a_k_block_with_nothing_spilled(epilogue, monkeypatch):
+    """Candidate `cutedsl:v17` (prefill): v5's swap-AB kernel at 128 tokens a tile on the contiguous layout. Each K
+    block issues 2 weight tiles x 2 token halves of 4 m64n64 wgmmas (one 64 x 64 temporary: the 128-token tile's
+    m64n128 temporaries spilled 88-112 B), nothing local; refused at decode, off the row frame and with split_k; a
+    layer compiles the one pair on the RS tiles and row-frame weights."""
+    import re
+
+    from dsv4bench.compile.sass import sass_of
+    from kernels.moe import layer
+    from kernels.moe.grouped_config import V17
+    compiled = compile_checked("contiguous", epilogue, V17, monkeypatch, 512, 1024)
+    text = sass_of(compiled)
+    if text is None:
+        pytest.skip("no nvdisasm here")
+    assert len(re.findall(r"QGMMA\.64x64x32", text)) == 16 and "QGMMA.64x128" not in text
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    for bad in ({**V17, "row_frame": False}, {**V17, "split_k": 2}):
+        with pytest.raises(ValueError, match="v17"):
+            GroupedConfig(layout="contiguous", epilogue=epilogue, **bad)
+    with pytest.raises(ValueError, match="contiguous"):
+        GroupedConfig(layout="contiguous", epilogue=epilogue, **{**V17, "bm": 32})
+    impl = get_impl("moe", "cutedsl:v17")
+    assert "contiguous" in impl.supports(Case("moe", space.case("layer", "flash", 64)))
+    assert impl.supports(Case("moe", space.case("layer", "flash", 4096))) is None
+    monkeypatch.setattr(layer, "compile_grouped", lambda *a, **k: "gemm")
+    pre = layer.compile_layer(16, 6, 7168, 3072, "contiguous", **impl.knobs)
+    assert (sorted(pre.kernels), pre.codes, pre.frame) == (["combine", "dispatch", "l1", "l2"], "rs", "row")
