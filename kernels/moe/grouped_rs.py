@@ -90,13 +90,13 @@ class GroupedRs(GroupedSm90):
             halves = cute.flat_divide(sX, (64, KBLOCK))  # (64, KBLOCK, 2, 1, stages)
             tCrB = [tiled_mma.make_fragment_B(thr.partition_B(halves[(None, None, h, 0, None)])) for h in range(2)]
         a_shape = thr.partition_shape_A((64, KBLOCK))  # ((4, 2, 2), 1, 4): 16 e4m3 bytes a k step
-        frags = [[cute.make_rmem_tensor(a_shape, sX.element_type) for _ in range(TILES)] for _ in range(2)]
+        # two fragment sets (v5: the next block's widened while this one's wgmmas run); tile_waves: one, a set a tile
+        frags = [[cute.make_rmem_tensor(a_shape, sX.element_type) for _ in range(TILES)]
+                 for _ in range(1 if c.tile_waves else 2)]
         acc_shape = thr.partition_shape_C((64, c.bm))
         accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
         tmp_shape = thr.partition_shape_C((64, c.bm // 2)) if c.tile_waves else acc_shape
         tmps = [cute.make_rmem_tensor(tmp_shape, Float32) for _ in range(1 if c.tile_waves else TILES)]
-        if cutlass.const_expr(c.tile_waves):  # one fragment set a tile, no second set (`_kloop_waves`)
-            frags = [frags[0], None]
         row_sc = cute.make_rmem_tensor((TILES, 2), Float32)  # row frame: the weight rows' scales (`_kblock_rs`)
         sink = None  # knock-outs without wgmmas only: the fragments' XOR, so that the widening stays live
         if cutlass.const_expr(c.skips_mma):
@@ -155,7 +155,7 @@ class GroupedRs(GroupedSm90):
     @cute.jit
     def _kloop_waves(self, ring, mmas, frag, tCrB, accs, tmp, cC, codes, sSh, sSW, sSA, tab, g0, nk, wg_rows, ctid,
                      row_sc):
-        """Probe v17 (GroupedConfig.tile_waves: 128 tokens a tile): per K block the warpgroup's two m64 weight tiles
+        """Candidate v17 (GroupedConfig.tile_waves: 128 tokens a tile): per K block the warpgroup's two m64 weight tiles
         as waves into one temporary; tile 1's fragments are widened while tile 0's wgmmas run, the next block's tile 0
         while tile 1's run (`frag` holds one set a tile; block g0's tile 0 is widened before the loop). After each
         wave's wait: acc[j] += tmp · sa[token] (row frame: the weight rows' scales once a unit, `_epilogue_rs`)."""
@@ -207,8 +207,8 @@ class GroupedRs(GroupedSm90):
     @cute.jit
     def _widen_a(self, ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid, tiles: cutlass.Constexpr = None,
                  wait: cutlass.Constexpr = True):
-        """Wait for K block g_rd's stage, then widen the thread's A fragments of it into `frag` (one per m64
-        tile): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
+        """Wait for K block g_rd's stage (unless `wait` is False: the caller has), then widen the thread's A fragments
+        of it into `frag` (one per m64 tile; `tiles`: only those): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
         s) a table pair and `widen8_rs`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
         c = self.cfg
         todo = tuple(range(TILES)) if tiles is None else tiles
