@@ -208,9 +208,8 @@ class MoeLayerVariant(MoeCuteDSL):
     kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its
     MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
     (before v16: v13's early L2 weights for the wide pairs too), `:v17` (candidate, prefill: v5's swap-AB kernel at
-    128 tokens a tile). Set aside after measuring: early L1 weights (`git
-    show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves
-    (`:split-widen`, `git show b39264f`).
+    128 tokens a tile). Set aside after measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into
+    L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`, `git show b39264f`).
     Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`, `:v8-ko-no-widen` /
     `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
     docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""
@@ -221,10 +220,11 @@ class MoeLayerVariant(MoeCuteDSL):
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case["op"] != "layer":
             return "a variant of the layer's GEMMs only"
-        if self.knobs.get("swap_ab") and self.knobs.get("bm") == V17["bm"] and case["layout"] != "contiguous":
-            return "v17 (swap-AB at 128 tokens a tile) is a prefill kernel: contiguous layout only"
-        if self.knobs.get("swap_ab") and self.knobs.get("bm") != V17["bm"] and case["layout"] != "masked":
-            return "v5 (swap-AB) is a decode kernel: masked layout only"
+        if self.knobs.get("swap_ab"):  # v5 at decode, v17 (its 128-token tile) at prefill
+            if self.knobs.get("bm") == V17["bm"] and case["layout"] != "contiguous":
+                return "v17 (swap-AB at 128 tokens a tile) is a prefill kernel: contiguous layout only"
+            if self.knobs.get("bm") != V17["bm"] and case["layout"] != "masked":
+                return "v5 (swap-AB) is a decode kernel: masked layout only"
         if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
             return "v7 (skip_padding_wave) is a prefill kernel: contiguous layout only"
         return super().supports(case, arch)

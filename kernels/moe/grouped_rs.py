@@ -39,7 +39,6 @@ from kernels.moe.grouped_sm90 import GroupedSm90, last_group
 from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen8_rs
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
-from kernels.split_merge import add_and_count
 
 TILES = 2  # m64 tiles of weight rows per consumer warpgroup
 
@@ -107,7 +106,7 @@ class GroupedRs(GroupedSm90):
         wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (TILES * 64) + cC[0, 0][0]
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
         bar.arrive_and_wait()  # the table is in
-        mWork, mCount, full, slices = split
+        _work, _count, full, slices = split
         g_rd = Int32(0)
         for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
             u, kb0, kb1, slot = self._item(w, (full, slices), n_kb)
@@ -127,11 +126,7 @@ class GroupedRs(GroupedSm90):
                 if sink[0] == Int32(0x5EED5EED):
                     accs[0][0] = Float32(1.0)
             if cutlass.const_expr(c.split_k > 1):
-                done = cutlass.Boolean(True)
-                if w >= full:  # a tail unit's slice: into its workspace tile; the last one in holds the sum
-                    done = add_and_count(accs, mWork, mCount, st.flag.get_tensor(cute.make_layout((4,))), bar, slot,
-                                         slot * (c.bn * c.bm) + ctid, 128 * c.n_mma_wg, slices, ctid)
-                if done:
+                if self._holds_sum(accs, split, st, bar, w, slot, ctid):
                     self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows,
                                       ctid)
             else:
@@ -208,8 +203,9 @@ class GroupedRs(GroupedSm90):
     def _widen_a(self, ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid, tiles: cutlass.Constexpr = None,
                  wait: cutlass.Constexpr = True):
         """Wait for K block g_rd's stage (unless `wait` is False: the caller has), then widen the thread's A fragments
-        of it into `frag` (one per m64 tile; `tiles`: only those): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
-        s) a table pair and `widen8_rs`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
+        of it into `frag` (one per m64 tile; `tiles`: only those): per row one 16-byte load of its RS-ordered codes
+        and its shift word, per sub-block s (= k step s) a table pair and `widen8_rs`: word s -> the fragment's words
+        (row half, k half 0) and (row half, 1)."""
         c = self.cfg
         todo = tuple(range(TILES)) if tiles is None else tiles
         state = self._stage(g_rd)

@@ -52,6 +52,7 @@ from kernels.moe.grouped_ring import ring_atoms, ring_extent, ring_layouts, ring
 from kernels.moe.grouped_widen import GroupedWidening
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import consumer_state, tma_ring
+from kernels.split_merge import add_and_count
 
 SCAN_PER_LANE = MAX_GROUPS // 32  # `_work`'s masked scan: groups a lane of warp 0
 
@@ -304,6 +305,19 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         if cutlass.const_expr(self.cfg.split_k > 1):
             u, kb0, kb1, slot = item_range(w, plan[0], plan[1], n_kb)
         return u, kb0, kb1, slot
+
+    @cute.jit
+    def _holds_sum(self, accs, split, st, bar, w, slot, ctid):
+        """split_k: whether this CTA now holds item w's whole unit sum in `accs`: a whole unit does; a tail unit's
+        slice adds its partial into the unit's workspace tile and only the last one in does, with the sum
+        (kernels/split_merge.add_and_count; CTA-uniform, so the epilogue's barriers see every consumer thread)."""
+        c = self.cfg
+        mWork, mCount, full, slices = split
+        done = cutlass.Boolean(True)
+        if w >= full:
+            done = add_and_count(accs, mWork, mCount, st.flag.get_tensor(cute.make_layout((4,))), bar, slot,
+                                 slot * (c.bn * c.bm) + ctid, 128 * c.n_mma_wg, slices, ctid)
+        return done
 
     @cute.jit
     def _load_weights(self, b, sh, sw, tiles_n, n_kb, nt, kb, e, index, bar):

@@ -40,7 +40,6 @@ from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_sm90 import GroupedSm90
 from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen_item, widen_item_rs
 from kernels.regs import fence_operand, mn_view
-from kernels.split_merge import add_and_count
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
 
@@ -58,7 +57,7 @@ class GroupedSplit(GroupedSm90):
         half = cute.arch.make_warp_uniform(ctid // 128)
         wg_bar = pipeline.NamedBarrier(barrier_id=WG_BARRIER + half, num_threads=128)  # this warpgroup
         bar.arrive_and_wait()  # the table is in
-        mWork, mCount, full, slices = split
+        _work, _count, full, slices = split
         g_rd = Int32(0)
         for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
             u, kb0, kb1, slot = self._item(w, (full, slices), n_kb)  # split_k: a tail unit's K slice (grouped_slices)
@@ -73,11 +72,7 @@ class GroupedSplit(GroupedSm90):
                              g_rd, kb + 1 < kb1, ctid, live)
                 g_rd = g_rd + 1
             if cutlass.const_expr(c.split_k > 1):
-                done = cutlass.Boolean(True)
-                if w >= full:  # a tail unit's slice: into its workspace tile; the last one in holds the sum
-                    done = add_and_count(accs, mWork, mCount, st.flag.get_tensor(cute.make_layout((4,))), bar, slot,
-                                         slot * (c.bn * c.bm) + ctid, 128 * c.n_mma_wg, slices, ctid)
-                if done:  # CTA-uniform: the epilogue's barriers see every consumer thread
+                if self._holds_sum(accs, split, st, bar, w, slot, ctid):
                     self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)
             else:
                 self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)

@@ -129,23 +129,23 @@ class CompiledLayer:
         experts holding rows average more than `wide_mean` (WIDE_MEAN; `mean_rows`, when the caller knows it: v4,
         block-frame v5's pair, lost there); otherwise the one pair. v11: at the smallest tile, a GEMM whose units
         (at most `rows` (tokens x k) an n tile) would leave a tail the split rule cuts (grouped_slices.tail_slices on
-        `n_sms` CTAs) runs its tail-split build. v15: the same for the wide pair where each
-        expert holding rows is one 64-row tile (max_m <= WIDE_M) and the caller knows `mean_rows` (then rows /
-        mean_rows experts, exactly)."""
+        `n_sms` CTAs) runs its tail-split build. v15: the same for the wide pair where each expert holding rows is one
+        64-row tile (max_m <= WIDE_M) and the caller knows `mean_rows` (then rows / mean_rows experts, exactly)."""
         if not self.token_tiles or max_m is None:
             pair, codes = gemm_names(), self.codes
         elif max_m > WIDE_M or (None not in (mean_rows, self.wide_mean) and mean_rows > self.wide_mean):
             pair, codes = gemm_names("wide"), self.wide_codes
         else:
             pair, codes = gemm_names(next((b for b in self.token_tiles if b >= max_m), self.token_tiles[-1])), self.codes
+        split = None  # (the split pair, a bound of its GEMMs' units an n tile)
         if self.split_shapes and pair == gemm_names() and None not in (rows, n_sms):
-            split = gemm_names("split")
-            pair = tuple(split[j] if tail_slices(rows * tiles_n, n_sms, n_kb, MAX_SPLIT) > 1 else pair[j]
-                         for j, (tiles_n, n_kb) in enumerate(self.split_shapes))
+            split = gemm_names("split"), rows
         elif gemm_names("wide-split")[0] in self.kernels and pair == gemm_names("wide") and max_m <= WIDE_M and \
                 None not in (rows, n_sms, mean_rows):  # one 64-row tile an expert: rows / mean_rows experts' units
-            split, experts = gemm_names("wide-split"), round(rows / mean_rows)
-            pair = tuple(split[j] if tail_slices(experts * tiles_n, n_sms, n_kb, MAX_SPLIT) > 1 else pair[j]
+            split = gemm_names("wide-split"), round(rows / mean_rows)
+        if split is not None:
+            names, units = split
+            pair = tuple(names[j] if tail_slices(units * tiles_n, n_sms, n_kb, MAX_SPLIT) > 1 else pair[j]
                          for j, (tiles_n, n_kb) in enumerate(self.split_shapes))
         return self.kernels[pair[0]], self.kernels[pair[1]], codes
 
