@@ -23,7 +23,9 @@ ABLATIONS = ("", "no-widen", "no-mma", "stream")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
-SWAP_BM_WAVES = 128  # v17 (candidate, prefill): v5's kernel at 128 tokens a tile, its weight tiles as waves
+# v18 (candidate, prefill): v5's kernel at 128 tokens a tile (the wgmma's N), one m64 weight tile a consumer warpgroup:
+# a 256-row unit runs as two 128-row passes (GroupedConfig.passes)
+SWAP_BM_PASSES = 128
 WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v3 (v4 beside block-frame v5) past it
 # ... and v3 where the experts that hold rows average more than v5's widest tile (CompiledLayer.gemms' mean_rows):
 # there v5 widens each weight tile once a 32-token tile, v3 once a 64-row wave. H200, one process (docs/perf/moe.md
@@ -129,11 +131,11 @@ class GroupedConfig:
         if self.swap_ab:
             if self.split_wg or self.tiled_b:
                 raise ValueError("swap_ab (v5) is a kernel of its own: no split_wg or tiled_b")
-            if self.layout != "masked" and self.bm != SWAP_BM_WAVES:
-                raise ValueError(f"swap_ab (v5) takes the contiguous layout at bm {SWAP_BM_WAVES} only (v17)")
-            if self.bm == SWAP_BM_WAVES and (not self.row_frame or self.split_k > 1 or self.ablate):
-                raise ValueError(f"swap_ab at bm {SWAP_BM_WAVES} (v17) takes row_frame, no split_k or ablate")
-            if self.bm not in SWAP_BM + (SWAP_BM_WAVES,):
+            if self.layout != "masked" and self.bm != SWAP_BM_PASSES:
+                raise ValueError(f"swap_ab (v5) takes the contiguous layout at bm {SWAP_BM_PASSES} only (v18)")
+            if self.bm == SWAP_BM_PASSES and (not self.row_frame or self.split_k > 1 or self.ablate or self.pdl):
+                raise ValueError(f"swap_ab at bm {SWAP_BM_PASSES} (v18) takes row_frame, no split_k, ablate or pdl")
+            if self.bm not in SWAP_BM + (SWAP_BM_PASSES,):
                 raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
         elif self.bm not in (64, 128):
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
@@ -157,10 +159,20 @@ class GroupedConfig:
         return self.ablate in ("no-mma", "stream")
 
     @property
-    def tile_waves(self) -> bool:
-        """v17 (v5 at 128 tokens a tile; grouped_rs._kloop_waves): the warpgroup's two m64 weight tiles x the tile's
-        two 64-token halves run as four waves into one 64 x 64 temporary."""
-        return self.swap_ab and self.bm == SWAP_BM_WAVES
+    def passes(self) -> int:
+        """Passes over a unit's bn weight rows: v18 (v5 at 128 tokens a tile) runs them as two of 128 rows, one m64
+        tile a consumer warpgroup (its m64n128 accumulator and temporary fit in registers; two tiles' did not)."""
+        return 2 if self.swap_ab and self.bm == SWAP_BM_PASSES else 1
+
+    @property
+    def stage_rows(self) -> int:
+        """Weight rows of a stage (a pass's share of the unit's bn)."""
+        return self.bn // self.passes
+
+    @property
+    def rs_tiles(self) -> int:
+        """v5: m64 weight tiles a consumer warpgroup runs a stage (2; v18 1)."""
+        return self.stage_rows // (64 * self.n_mma_wg)
 
     @property
     def waves(self) -> int:
@@ -197,7 +209,7 @@ class GroupedConfig:
     def stage_bytes(self) -> int:
         """TMA bytes per stage: x tile (e4m3), packed FP4 weight tile, its shift bytes, its column
         scales, the x tile's row scales."""
-        return self.bm * KBLOCK + self.bn * KBLOCK // 2 + 4 * self.bn + 4 * self.bn + 4 * self.bm
+        return self.bm * KBLOCK + self.stage_rows * KBLOCK // 2 + 8 * self.stage_rows + 4 * self.bm
 
     @property
     def fixed_bytes(self) -> int:
@@ -229,9 +241,11 @@ V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_
 V8_DECODE = {**V5, "row_frame": True}
 V8_WIDE = {**V3, "rs_codes": True}
 V8_PREFILL = {**V7, "rs_codes": True}
-# v17 (candidate `cutedsl:v17`, prefill): v5's swap-AB kernel (weights widened in registers as the RS wgmma's A) at 128
-# tokens a tile, one contiguous segment: no widened tile in shared memory, x read as B a 64-token half a wave
-V17 = {**V8_DECODE, "bm": SWAP_BM_WAVES}
+# v18 (candidate `cutedsl:v18`, prefill): v5's swap-AB kernel (weights widened in registers as the RS wgmma's A) at 128
+# tokens a tile, one contiguous segment, each 256-row unit as two passes of one m64 tile a warpgroup: no widened tile
+# in shared memory, one m64n128 wave of 4 wgmmas a K block a warpgroup (v17's 64 x 64 waves, four a block: 1.01-1.08x
+# slower than v7, `git show 45000e1`)
+V18 = {**V8_DECODE, "bm": SWAP_BM_PASSES}
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:
