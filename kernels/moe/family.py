@@ -208,10 +208,11 @@ class MoeLayerVariant(MoeCuteDSL):
     kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its
     MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
     (before v16: v13's early L2 weights for the wide pairs too), `:v18` (candidate, prefill: v5's swap-AB kernel at
-    128 tokens a tile, a unit's rows in two passes). Set aside after measuring: early L1 weights (`git show 0ca828c`), L2's codes prefetched into
-    L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`, `git show b39264f`).
-    Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`, `:v8-ko-no-widen` /
-    `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
+    128 tokens a tile, a unit's rows in two passes). Set aside after measuring: early L1 weights (`git show 0ca828c`),
+    L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`,
+    `git show b39264f`). Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`,
+    `:v18-ko-no-widen`, `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream`
+    (both: the weight stream alone). History:
     docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True):
@@ -314,6 +315,7 @@ register_impl(MoeLayerVariant("v14", {"wide_split": False, "wide_early": False})
 register_impl(MoeLayerVariant("v15", {"wide_early": False}))
 # candidate (prefill): v5's swap-AB kernel at 128 tokens a tile, a unit's 256 rows in two passes (grouped_config.V18)
 register_impl(MoeLayerVariant("v18", V18))
+register_impl(MoeLayerVariant("v18-ko-no-widen", {**V18, "ablate": "no-widen"}, checked=False))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

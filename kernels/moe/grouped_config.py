@@ -133,8 +133,10 @@ class GroupedConfig:
                 raise ValueError("swap_ab (v5) is a kernel of its own: no split_wg or tiled_b")
             if self.layout != "masked" and self.bm != SWAP_BM_PASSES:
                 raise ValueError(f"swap_ab (v5) takes the contiguous layout at bm {SWAP_BM_PASSES} only (v18)")
-            if self.bm == SWAP_BM_PASSES and (not self.row_frame or self.split_k > 1 or self.ablate or self.pdl):
-                raise ValueError(f"swap_ab at bm {SWAP_BM_PASSES} (v18) takes row_frame, no split_k, ablate or pdl")
+            if self.bm == SWAP_BM_PASSES and (not self.row_frame or self.split_k > 1 or self.ablate not in ("", "no-widen")
+                                               or self.pdl):
+                raise ValueError(f"swap_ab at bm {SWAP_BM_PASSES} (v18) takes row_frame, no split_k, pdl or knock-out "
+                                 "but no-widen")
             if self.bm not in SWAP_BM + (SWAP_BM_PASSES,):
                 raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
         elif self.bm not in (64, 128):
