@@ -30,7 +30,7 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE, V18
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -207,12 +207,12 @@ class MoeLayerVariant(MoeCuteDSL):
     16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its own rows:
     kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its
     MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
-    (before v16: v13's early L2 weights for the wide pairs too), `:v18` (candidate, prefill: v5's swap-AB kernel at
-    128 tokens a tile, a unit's rows in two passes). Set aside after measuring: early L1 weights (`git show 0ca828c`),
-    L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`,
-    `git show b39264f`). Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`,
-    `:v18-ko-no-widen`, `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream`
-    (both: the weight stream alone). History:
+    (before v16: v13's early L2 weights for the wide pairs too). Set aside after measuring: early L1 weights (`git
+    show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves
+    (`:split-widen`, `git show b39264f`), v5's swap-AB kernel at 128 tokens a tile (`:v17`, four 64 x 64 waves a K
+    block, `git show 447b913`; `:v18`, a unit's rows in two passes of one m64n128 wave, `git show 3b19bd6`).
+    Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-ko-no-widen`, `:v8-ko-no-widen` /
+    `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
     docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True):
@@ -221,11 +221,8 @@ class MoeLayerVariant(MoeCuteDSL):
     def supports(self, case: Case, arch: str | None = None) -> str | None:
         if case["op"] != "layer":
             return "a variant of the layer's GEMMs only"
-        if self.knobs.get("swap_ab"):  # v5 at decode, v18 (its 128-token tile) at prefill
-            if self.knobs.get("bm") == V18["bm"] and case["layout"] != "contiguous":
-                return "v18 (swap-AB at 128 tokens a tile) is a prefill kernel: contiguous layout only"
-            if self.knobs.get("bm") != V18["bm"] and case["layout"] != "masked":
-                return "v5 (swap-AB) is a decode kernel: masked layout only"
+        if self.knobs.get("swap_ab") and case["layout"] != "masked":
+            return "v5 (swap-AB) is a decode kernel: masked layout only"
         if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
             return "v7 (skip_padding_wave) is a prefill kernel: contiguous layout only"
         return super().supports(case, arch)
@@ -313,9 +310,6 @@ register_impl(MoeLayerVariant("fused-dispatch", {"fused_dispatch": 1 << 30}))
 register_impl(MoeLayerVariant("v14", {"wide_split": False, "wide_early": False}))
 # the rule before v16: the wide pairs' L2s (v3) wait under PDL before reading their work list and first weight stages
 register_impl(MoeLayerVariant("v15", {"wide_early": False}))
-# candidate (prefill): v5's swap-AB kernel at 128 tokens a tile, a unit's 256 rows in two passes (grouped_config.V18)
-register_impl(MoeLayerVariant("v18", V18))
-register_impl(MoeLayerVariant("v18-ko-no-widen", {**V18, "ablate": "no-widen"}, checked=False))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

@@ -23,9 +23,6 @@ ABLATIONS = ("", "no-widen", "no-mma", "stream")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
-# v18 (candidate, prefill): v5's kernel at 128 tokens a tile (the wgmma's N), one m64 weight tile a consumer warpgroup:
-# a 256-row unit runs as two 128-row passes (GroupedConfig.passes)
-SWAP_BM_PASSES = 128
 WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m), v3 (v4 beside block-frame v5) past it
 # ... and v3 where the experts that hold rows average more than v5's widest tile (CompiledLayer.gemms' mean_rows):
 # there v5 widens each weight tile once a 32-token tile, v3 once a 64-row wave. H200, one process (docs/perf/moe.md
@@ -129,15 +126,9 @@ class GroupedConfig:
             raise ValueError(f"split_k must be 1 (or up to {MAX_SPLIT} on swap_ab, v5, or v3's masked 64-row tile), "
                              f"got {self.split_k}")
         if self.swap_ab:
-            if self.split_wg or self.tiled_b:
-                raise ValueError("swap_ab (v5) is a kernel of its own: no split_wg or tiled_b")
-            if self.layout != "masked" and self.bm != SWAP_BM_PASSES:
-                raise ValueError(f"swap_ab (v5) takes the contiguous layout at bm {SWAP_BM_PASSES} only (v18)")
-            if self.bm == SWAP_BM_PASSES and (not self.row_frame or self.split_k > 1 or self.ablate not in ("", "no-widen")
-                                               or self.pdl):
-                raise ValueError(f"swap_ab at bm {SWAP_BM_PASSES} (v18) takes row_frame, no split_k, pdl or knock-out "
-                                 "but no-widen")
-            if self.bm not in SWAP_BM + (SWAP_BM_PASSES,):
+            if self.layout != "masked" or self.split_wg or self.tiled_b:
+                raise ValueError("swap_ab (v5) is a masked-layout kernel of its own: no split_wg or tiled_b")
+            if self.bm not in SWAP_BM:
                 raise ValueError(f"swap_ab takes bm (tokens a tile) in {SWAP_BM}, got {self.bm}")
         elif self.bm not in (64, 128):
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
@@ -159,22 +150,6 @@ class GroupedConfig:
     def skips_mma(self) -> bool:
         """A knock-out that issues no wgmma (v5: the fragments go to a sink instead)."""
         return self.ablate in ("no-mma", "stream")
-
-    @property
-    def passes(self) -> int:
-        """Passes over a unit's bn weight rows: v18 (v5 at 128 tokens a tile) runs them as two of 128 rows, one m64
-        tile a consumer warpgroup (its m64n128 accumulator and temporary fit in registers; two tiles' did not)."""
-        return 2 if self.swap_ab and self.bm == SWAP_BM_PASSES else 1
-
-    @property
-    def stage_rows(self) -> int:
-        """Weight rows of a stage (a pass's share of the unit's bn)."""
-        return self.bn // self.passes
-
-    @property
-    def rs_tiles(self) -> int:
-        """v5: m64 weight tiles a consumer warpgroup runs a stage (2; v18 1)."""
-        return self.stage_rows // (64 * self.n_mma_wg)
 
     @property
     def waves(self) -> int:
@@ -211,7 +186,7 @@ class GroupedConfig:
     def stage_bytes(self) -> int:
         """TMA bytes per stage: x tile (e4m3), packed FP4 weight tile, its shift bytes, its column
         scales, the x tile's row scales."""
-        return self.bm * KBLOCK + self.stage_rows * KBLOCK // 2 + 8 * self.stage_rows + 4 * self.bm
+        return self.bm * KBLOCK + self.bn * KBLOCK // 2 + 4 * self.bn + 4 * self.bn + 4 * self.bm
 
     @property
     def fixed_bytes(self) -> int:
@@ -243,11 +218,6 @@ V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_
 V8_DECODE = {**V5, "row_frame": True}
 V8_WIDE = {**V3, "rs_codes": True}
 V8_PREFILL = {**V7, "rs_codes": True}
-# v18 (candidate `cutedsl:v18`, prefill): v5's swap-AB kernel (weights widened in registers as the RS wgmma's A) at 128
-# tokens a tile, one contiguous segment, each 256-row unit as two passes of one m64 tile a warpgroup: no widened tile
-# in shared memory, one m64n128 wave of 4 wgmmas a K block a warpgroup (v17's 64 x 64 waves, four a block: 1.01-1.08x
-# slower than v7, `git show 45000e1`)
-V18 = {**V8_DECODE, "bm": SWAP_BM_PASSES}
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:

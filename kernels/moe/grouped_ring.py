@@ -41,24 +41,21 @@ def ring_storage(c: GroupedConfig, fp8, sA_layout, ring: tuple, sB_layout=None):
 
 
 def ring_layouts(c: GroupedConfig) -> tuple:
-    """Shared-memory layouts of a stage's FP4 weight tile (n = stage_rows: bn, v18's pass half of it; n x 64 bytes),
-    its shift words and column scales (n each) and x's row scales (bm; a stage's box starts on a 128-byte boundary:
-    bm 16 takes 64 B of 128)."""
-    S, n = c.n_stages, c.stage_rows
+    """Shared-memory layouts of a stage's FP4 weight tile (bn x 64 bytes), its shift words and column scales (bn
+    each) and x's row scales (bm; a stage's box starts on a 128-byte boundary: bm 16 takes 64 B of 128)."""
+    S = c.n_stages
     sa_stage = max(c.bm, TMA_SMEM_ALIGN // 4)
-    codes = cute.make_layout((n, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, n * KBLOCK // 2))
+    codes = cute.make_layout((c.bn, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2))
     if c.rs_codes:  # TMA's 64B swizzle: row n's 16-byte chunk q at q ^ ((n >> 1) & 3) (GroupedSplit's RS widening)
         codes = cute.make_composed_layout(cute.make_swizzle(2, 4, 3), 0, codes)
     return (codes,
-            cute.make_layout((n, 1, S), stride=(1, n, n)), cute.make_layout((n, 1, S), stride=(1, n, n)),
+            cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)), cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)),
             cute.make_layout((c.bm, 1, S), stride=(1, sa_stage, sa_stage)))
 
 
 def ring_boxes(c: GroupedConfig) -> tuple:
-    """TMA boxes of a stage's weight tile (stage_rows x 64 bytes), shift words, column scales (stage_rows each), x's row
-    scales (bm)."""
-    n = c.stage_rows
-    return (n, KBLOCK // 2), (n, 1), (n, 1), (c.bm, 1)
+    """TMA boxes of a stage's weight tile (bn x 64 bytes), shift words, column scales (bn each), x's row scales (bm)."""
+    return (c.bn, KBLOCK // 2), (c.bn, 1), (c.bn, 1), (c.bm, 1)
 
 
 def ring_atoms(c: GroupedConfig, tensors: tuple, layouts: tuple) -> list:
@@ -82,6 +79,6 @@ def ring_extent(c: GroupedConfig, gSh_t) -> tuple:
 
 
 def ring_partitions(c: GroupedConfig, atoms: tuple, smem: tuple) -> list:
-    """tma_pieces of the weight tile (n = stage_rows; n x 64: (n, 64, N/n, KB, E), or (n, 64, bn/n, 1, tiles) of the
-    load-time layout), the shifts and column scales ((n, 1, N/n, KB, E)) and x's row scales ((bm, 1, Mg/bm, KB, G))."""
+    """tma_pieces of the weight tile (bn x 64: (bn, 64, N/bn, KB, E), or one tile of the load-time layout), the shifts
+    and column scales ((bn, 1, N/bn, KB, E)) and x's row scales ((bm, 1, Mg/bm, KB, G))."""
     return [tma_pieces(atom, g_t, s, box) for (atom, g_t), s, box in zip(atoms, smem, ring_boxes(c))]

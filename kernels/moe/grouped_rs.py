@@ -15,9 +15,6 @@ promotes: acc += tmp · col_scale[row] · sa[token] (the weight's per-(row, K bl
 block) scale). Layer 1's 256 interleaved rows (kernels/moe/expert_weights.interleave) hold 128 intermediates,
 gate in accumulator row r and up in r + 8 of one thread: h's FP8 block of 128 is the CTA's, its amax a shuffle
 over the 8 lanes holding a token and one exchange between the 8 consumer warps. Layer 2 stores bf16 values.
-Candidate v18 (prefill, GroupedConfig.passes): 128 tokens a tile (one contiguous segment), one m64 weight tile a
-warpgroup (an m64n128 accumulator and temporary), the unit's 256 rows in two passes; L1 holds pass 0's h (bf16 pairs)
-for the h block's amax over both (`_consume`, `_store_h_rs`).
 GroupedSm90 (kernels/moe/grouped_sm90.py) runs the launch, the work list and the TMA warp; this class gives its
 operands (`_operands`), the unit order (m tile fastest, `_unit`) and the consumers (`_consume`).
 """
@@ -41,6 +38,9 @@ from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen8_rs
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view
 
+TILES = 2  # m64 tiles of weight rows per consumer warpgroup
+
+
 class GroupedRs(GroupedSm90):
     def _operands(self, fp8) -> tuple:
         """RS wgmma of 64 weight rows x bm tokens a warpgroup, x's bm-token tiles as its B operand (K-major,
@@ -59,8 +59,6 @@ class GroupedRs(GroupedSm90):
         (v2: n tile fastest). An expert's token tiles of one weight tile go to neighbouring CTAs, which run at
         the same time: one reads the weight tile from DRAM, the others mostly from L2. The group holding u: the
         last whose first unit gfirst · tiles_n is <= u (empty groups own no unit)."""
-        if cutlass.const_expr(self.cfg.layout == "contiguous"):  # v18: GroupedSm90's order (one segment a tile)
-            return GroupedSm90._unit(self, u, tiles_n, n_groups, mg, mGroup, st)
         gt = st.gtiles.get_tensor(cute.make_layout((MAX_GROUPS,)))
         gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
         lo = last_group(gf, n_groups, u, tiles_n)
@@ -81,25 +79,20 @@ class GroupedRs(GroupedSm90):
         if ctid < WIDEN_TABLE_WORDS:
             tab[ctid] = mTab[ctid]
         thr = tiled_mma.get_slice(ctid % 128)
-        tiles = c.rs_tiles
         tCrB = tiled_mma.make_fragment_B(thr.partition_B(sX))  # (frag, 1, 4 k steps, stages)
         a_shape = thr.partition_shape_A((64, KBLOCK))  # ((4, 2, 2), 1, 4): 16 e4m3 bytes a k step
-        # two fragment sets: the next block's widened while this one's wgmmas run
-        frags = [[cute.make_rmem_tensor(a_shape, sX.element_type) for _ in range(tiles)] for _ in range(2)]
+        frags = [[cute.make_rmem_tensor(a_shape, sX.element_type) for _ in range(TILES)] for _ in range(2)]
         acc_shape = thr.partition_shape_C((64, c.bm))
-        accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(tiles)]
-        tmps = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(tiles)]
-        row_sc = cute.make_rmem_tensor((tiles, 2), Float32)  # row frame: the weight rows' scales (`_kblock_rs`)
-        held = None  # v18's L1: pass 0's h as bf16 pairs, for the h block's amax over both passes (`_store_h_rs`)
-        if cutlass.const_expr(c.passes > 1 and c.epilogue == "swiglu"):
-            held = cute.make_rmem_tensor((cute.size(acc_shape) // 4,), Int32)
+        accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
+        tmps = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(TILES)]
+        row_sc = cute.make_rmem_tensor((TILES, 2), Float32)  # row frame: the weight rows' scales (`_kblock_rs`)
         sink = None  # knock-outs without wgmmas only: the fragments' XOR, so that the widening stays live
         if cutlass.const_expr(c.skips_mma):
             sink = cute.make_rmem_tensor((1,), Int32)
             sink[0] = Int32(0)
         cC = mn_view(thr.partition_C(cute.make_identity_tensor((64, c.bm))))
-        # the thread's first weight row of a stage's tile j: wg_rows + 64 j (+ 8 for the fragment's second row)
-        wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (tiles * 64) + cC[0, 0][0]
+        # the thread's first weight row of tile j: wg_rows + 64 j (+ 8 for the fragment's second row)
+        wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (TILES * 64) + cC[0, 0][0]
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
         bar.arrive_and_wait()  # the table is in
         _work, _count, full, slices = split
@@ -108,54 +101,43 @@ class GroupedRs(GroupedSm90):
             u, kb0, kb1, slot = self._item(w, (full, slices), n_kb)
             nk = kb1 - kb0
             g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
-            for p in cutlass.range_constexpr(c.passes):  # v18: the unit's rows in two passes
-                for j in cutlass.range_constexpr(tiles):
-                    accs[j].fill(0.0)
-                self._kloop_pairs(ring, (tiled_mma, mma_acc), frags, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab,
-                                  g_rd, nk, wg_rows, ctid, row_sc, sink)
-                g_rd = g_rd + nk
-                if cutlass.const_expr(c.skips_mma):  # a use of the sink the compiler cannot drop
-                    if sink[0] == Int32(0x5EED5EED):
-                        accs[0][0] = Float32(1.0)
-                out = (st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid, p, held)
-                if cutlass.const_expr(c.split_k > 1):
-                    if self._holds_sum(accs, split, st, bar, w, slot, ctid):
-                        self._epilogue_rs(accs, cC, row_sc, out)
-                else:
-                    self._epilogue_rs(accs, cC, row_sc, out)
+            for j in cutlass.range_constexpr(TILES):
+                accs[j].fill(0.0)
+            self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
+            for p in cutlass.range(0, nk // 2, unroll=1):
+                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
+                                sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc, sink)
+                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[1], frags[0], 2 * p + 2 < nk, tCrB, accs, tmps,
+                                cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid, row_sc, sink)
+            if nk % 2 == 1:
+                self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
+                                sSW, sSA, tab, g_rd + nk - 1, wg_rows, ctid, row_sc, sink)
+            g_rd = g_rd + nk
+            if cutlass.const_expr(c.skips_mma):  # a use of the sink the compiler cannot drop
+                if sink[0] == Int32(0x5EED5EED):
+                    accs[0][0] = Float32(1.0)
+            if cutlass.const_expr(c.split_k > 1):
+                if self._holds_sum(accs, split, st, bar, w, slot, ctid):
+                    self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows,
+                                      ctid)
+            else:
+                self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
 
     @cute.jit
-    def _kloop_pairs(self, ring, mmas, frags, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab, g_rd, nk, wg_rows, ctid,
-                     row_sc, sink):
-        """v5's K loop: block g_rd's fragments widened into frags[0] before it; blocks in pairs, the two fragment sets
-        alternating (the next block widened while this one's wgmmas run)."""
-        self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
-        for p in cutlass.range(0, nk // 2, unroll=1):
-            self._kblock_rs(ring, mmas, frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
-                            sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc, sink)
-            self._kblock_rs(ring, mmas, frags[1], frags[0], 2 * p + 2 < nk, tCrB, accs, tmps,
-                            cC, codes, sSh, sSW, sSA, tab, g_rd + 2 * p + 1, wg_rows, ctid, row_sc, sink)
-        if nk % 2 == 1:
-            self._kblock_rs(ring, mmas, frags[0], frags[1], False, tCrB, accs, tmps, cC, codes, sSh,
-                            sSW, sSA, tab, g_rd + nk - 1, wg_rows, ctid, row_sc, sink)
-
-    @cute.jit
-    def _epilogue_rs(self, accs, cC, row_sc, out):
-        """A pass's accumulators out (out: st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid, the pass,
-        v18's held h): the weight rows' scale (row frame: the same in every K block, so once a pass and after a
-        split's sum), then L1's SwiGLU + h quantisation or L2's bf16 rows."""
+    def _epilogue_rs(self, accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
+        """A unit's accumulators out: the weight rows' scale (row frame: the same in every K block, so once a unit
+        and after a split's sum), then L1's SwiGLU + h quantisation or L2's bf16 rows."""
         c = self.cfg
-        st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid, p, held = out
         if cutlass.const_expr(c.row_frame):
-            for j in cutlass.range_constexpr(c.rs_tiles):
+            for j in cutlass.range_constexpr(TILES):
                 acc_mn = mn_view(accs[j])
                 for r in cutlass.range_constexpr(2):
                     for cc in cutlass.range_constexpr(cute.size(cC, mode=[1])):
                         acc_mn[r, cc] = acc_mn[r, cc] * row_sc[j, r]
         if cutlass.const_expr(c.epilogue == "swiglu"):
-            self._store_h_rs(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid, p, held)
+            self._store_h_rs(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
         else:
-            self._store_rows_rs(accs, cC, mOut, g, mt, nt, limit, mg, wg_rows + p * c.stage_rows)
+            self._store_rows_rs(accs, cC, mOut, g, mt, nt, limit, mg, wg_rows)
 
     @cute.jit
     def _widen_a(self, ring, codes, sSh, tab, frag, g_rd, wg_rows, ctid):
@@ -163,21 +145,20 @@ class GroupedRs(GroupedSm90):
         tile): per row one 16-byte load of its RS-ordered codes and its shift word, per sub-block s (= k step
         s) a table pair and `widen8_rs`: word s -> the fragment's words (row half, k half 0) and (row half, 1)."""
         c = self.cfg
-        tiles = c.rs_tiles
         state = self._stage(g_rd)
         ring.consumer_wait(state)
         q4 = cute.make_tensor(cute.recast_ptr(codes, dtype=Int32),
-                              cute.make_layout((4, c.n_stages * c.stage_rows * 4), stride=(1, 4)))
-        words = cute.make_rmem_tensor(cute.make_layout((4, 2 * tiles), stride=(1, 4)), Int32)
-        shifts = cute.make_rmem_tensor((2 * tiles,), Int32)
+                              cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
+        words = cute.make_rmem_tensor(cute.make_layout((4, 2 * TILES), stride=(1, 4)), Int32)
+        shifts = cute.make_rmem_tensor((2 * TILES,), Int32)
         quad = ctid % 4
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             for rh in cutlass.range_constexpr(2):
                 row = wg_rows + 64 * j + 8 * rh
-                cute.autovec_copy(q4[None, (state.index * c.stage_rows + row) * 4 + quad], words[None, 2 * j + rh])
+                cute.autovec_copy(q4[None, (state.index * c.bn + row) * 4 + quad], words[None, 2 * j + rh])
                 if cutlass.const_expr(not c.skips_widen):
                     shifts[2 * j + rh] = sSh[row, 0, state.index]
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             out = cute.recast_tensor(frag[j], Int32)  # word rh + 2 kh + 4 s
             for rh in cutlass.range_constexpr(2):
                 for s in cutlass.range_constexpr(SUBS):
@@ -194,35 +175,34 @@ class GroupedRs(GroupedSm90):
     @cute.jit
     def _kblock_rs(self, ring, mmas, cur, nxt, has_next, tCrB, accs, tmps, cC, codes, sSh, sSW, sSA, tab, g_rd,
                    wg_rows, ctid, row_sc, sink):
-        """K block g_rd (its fragments widened into `cur`): 4 k steps x rs_tiles tiles of RS wgmma into tmps, one group;
+        """K block g_rd (its fragments widened into `cur`): 4 k steps x 2 tiles of RS wgmma into tmps, one group;
         the promotion's scale products read from the stage while they run, then (has_next) the next block's
         stage widened into `nxt`; wait, free the stage, promote. row_sc: the row frame's weight-row scales; sink: the
         no-mma knock-out XORs `cur` into it (16 LOP3 a block) so that the widening is not dead code."""
         c = self.cfg
-        tiles = c.rs_tiles
         state = self._stage(g_rd)
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             fence_operand(tmps[j])
             fence_operand(cur[j])
         warpgroup.fence()
         if cutlass.const_expr(not c.skips_mma):
-            for j in cutlass.range_constexpr(tiles):
+            for j in cutlass.range_constexpr(TILES):
                 for k in cutlass.range_constexpr(SUBS):
                     cute.gemm(mmas[0] if k == 0 else mmas[1], tmps[j], cur[j][(None, None, k)],
                               tCrB[(None, None, k, state.index)], tmps[j])
         else:  # the knock-out issues none (what the tensor pipe costs); its fragments go to the sink
-            for j in cutlass.range_constexpr(tiles):
+            for j in cutlass.range_constexpr(TILES):
                 words = cute.recast_tensor(cur[j], Int32)
                 for i in cutlass.range_constexpr(cute.size(words)):
                     sink[0] = sink[0] ^ words[i]
         warpgroup.commit_group()
         n_c = cute.size(cC, mode=[1])
-        # the promotion's factors, read while the wgmmas run: block frame, sw[row] · sa[token] (tiles x 2 rows x n_c);
+        # the promotion's factors, read while the wgmmas run: block frame, sw[row] · sa[token] (TILES x 2 rows x n_c);
         # row frame (GroupedConfig.row_frame), sa[token] alone, the weight rows' scales (the same in every K block)
         # kept in row_sc and applied once a unit (`_consume`)
-        rows = 1 if self.cfg.row_frame else 2 * tiles
+        rows = 1 if self.cfg.row_frame else 2 * TILES
         prod = cute.make_rmem_tensor((rows, n_c), Float32)
-        for j in cutlass.range_constexpr(tiles):
+        for j in cutlass.range_constexpr(TILES):
             for r in cutlass.range_constexpr(2):
                 sw = sSW[wg_rows + 64 * j + 8 * r, 0, state.index]
                 if cutlass.const_expr(self.cfg.row_frame):
@@ -230,92 +210,71 @@ class GroupedRs(GroupedSm90):
                 else:
                     for cc in cutlass.range_constexpr(n_c):
                         prod[2 * j + r, cc] = sw * sSA[cC[0, cc][1], 0, state.index]
-        early = c.passes == 1  # v18 (128 tokens): x's scales after the wait, none held across it (registers)
-        if cutlass.const_expr(self.cfg.row_frame and early):
+        if cutlass.const_expr(self.cfg.row_frame):
             for cc in cutlass.range_constexpr(n_c):
                 prod[0, cc] = sSA[cC[0, cc][1], 0, state.index]
         if has_next:
             self._widen_a(ring, codes, sSh, tab, nxt, g_rd + 1, wg_rows, ctid)
         warpgroup.wait_group(0)
-        if cutlass.const_expr(early):
-            ring.consumer_release(state)
-        for j in cutlass.range_constexpr(tiles):
+        ring.consumer_release(state)
+        for j in cutlass.range_constexpr(TILES):
             fence_operand(tmps[j])
             acc_mn, tmp_mn = mn_view(accs[j]), mn_view(tmps[j])
-            if cutlass.const_expr(early):
-                for r in cutlass.range_constexpr(2):
-                    for cc in cutlass.range_constexpr(n_c):
-                        acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[0 if rows == 1 else 2 * j + r, cc]
-            else:
+            for r in cutlass.range_constexpr(2):
                 for cc in cutlass.range_constexpr(n_c):
-                    sa = sSA[cC[0, cc][1], 0, state.index]
-                    for r in cutlass.range_constexpr(2):
-                        acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sa
-        if cutlass.const_expr(not early):
-            ring.consumer_release(state)
+                    acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[0 if rows == 1 else 2 * j + r, cc]
 
     @cute.jit
-    def _store_h_rs(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid,
-                    ps: cutlass.Constexpr, held):
+    def _store_h_rs(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
         """Layer 1's epilogue (grouped_epilogue's math, transposed): per token column the thread's 2 tiles give
         h of 2 intermediates (gate row r, up row r + 8); the token's amax over the CTA's 128 intermediates is a
         shuffle over the 8 lanes of the token's quad position, then one word per consumer warp in shared
-        memory. Codes [rows, I] as single bytes, one ue8m0 scale per token (warp 0's lanes 0-3). v18 (two passes
-        of one tile): pass 0 (ps) keeps its h in `held` as bf16 pairs; pass 1 quantises both (rows 128 apart)."""
-        c = self.cfg
-        fast = c.fast_silu
+        memory. Codes [rows, I] as single bytes, one ue8m0 scale per token (warp 0's lanes 0-3)."""
+        fast = self.cfg.fast_silu
         n_c = cute.size(cC, mode=[1])
-        warps = 4 * c.n_mma_wg
-        red = st.red.get_tensor(cute.make_layout((c.bm, warps), stride=(warps, 1)))
+        warps = 4 * self.cfg.n_mma_wg
+        red = st.red.get_tensor(cute.make_layout((self.cfg.bm, warps), stride=(warps, 1)))
         warp = ctid // 32
-        h = cute.make_rmem_tensor((2, n_c), Float32)  # the thread's 2 intermediates: v5's 2 tiles, v18's 2 passes
+        h = cute.make_rmem_tensor((TILES, n_c), Float32)
         rws = cute.make_rmem_tensor((n_c,), Float32)
         for cc in cutlass.range_constexpr(n_c):
-            m = mt * c.bm + cC[0, cc][1]
+            m = mt * self.cfg.bm + cC[0, cc][1]
             rws[cc] = Float32(0.0)
             if m < limit:
                 rws[cc] = mRowW[g * mg + m]
-        for j in cutlass.range_constexpr(c.rs_tiles):
-            e = j + ps  # its entry of h (one of the two: ps = 0 where there are two tiles)
+        for j in cutlass.range_constexpr(TILES):
             acc_mn = mn_view(accs[j])
             for q in cutlass.range_constexpr(n_c // 2):
                 gate = bf16x2_bits(acc_mn[0, 2 * q], acc_mn[0, 2 * q + 1])  # tokens 2q, 2q + 1 (columns)
                 up = bf16x2_bits(acc_mn[1, 2 * q], acc_mn[1, 2 * q + 1])
                 for p in cutlass.range_constexpr(2):
-                    h[e, 2 * q + p] = swiglu(bf16_half(gate, p), bf16_half(up, p), rws[2 * q + p], fast)
-                hb = bf16x2_bits(h[e, 2 * q], h[e, 2 * q + 1])  # the reference's bf16 h
-                h[e, 2 * q], h[e, 2 * q + 1] = bf16_half(hb, 0), bf16_half(hb, 1)
-                if cutlass.const_expr(c.passes > 1 and ps == 0):
-                    held[q] = hb
-        if cutlass.const_expr(not (c.passes > 1 and ps == 0)):
-            if cutlass.const_expr(c.passes > 1):  # pass 0's h back from its bf16 pairs
-                for q in cutlass.range_constexpr(n_c // 2):
-                    h[0, 2 * q], h[0, 2 * q + 1] = bf16_half(held[q], 0), bf16_half(held[q], 1)
-            for cc in cutlass.range_constexpr(n_c):
-                amax = cute.arch.fmax(cute_abs(h[0, cc]), cute_abs(h[1, cc]))
-                for off in cutlass.range_constexpr(3):
-                    amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=4 << off))
-                if ctid % 32 < 4:
-                    red[cC[0, cc][1], warp] = amax
-            bar.arrive_and_wait()
-            apart = 64 if c.passes == 1 else c.stage_rows  # rows between the two entries
-            for cc in cutlass.range_constexpr(n_c):
-                tok = cC[0, cc][1]
-                m = mt * c.bm + tok
-                amax = red[tok, 0]
-                for w in cutlass.range_constexpr(1, warps):
-                    amax = cute.arch.fmax(amax, red[tok, w])
-                if m < limit:
-                    exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)
-                    inv = inv_pow2(exp)
-                    pair = e4m3x2(h[0, cc] * inv, h[1, cc] * inv)
-                    for j in cutlass.range_constexpr(2):
-                        tr = wg_rows + apart * j  # gate row of intermediate 8 (tr // 16) + tr % 16 of the unit
-                        i = nt * (c.bn // 2) + (tr // 16) * 8 + tr % 16
-                        mOut[g * mg + m, i] = Uint8((pair >> (8 * j)) & 0xFF)
-                    if ctid < 4:
-                        mOutS[m, nt, g] = bits_f32(exp << 23)
-            bar.arrive_and_wait()  # `red` is read before the next tile's epilogue writes it
+                    h[j, 2 * q + p] = swiglu(bf16_half(gate, p), bf16_half(up, p), rws[2 * q + p], fast)
+                hb = bf16x2_bits(h[j, 2 * q], h[j, 2 * q + 1])  # the reference's bf16 h
+                h[j, 2 * q], h[j, 2 * q + 1] = bf16_half(hb, 0), bf16_half(hb, 1)
+        for cc in cutlass.range_constexpr(n_c):
+            amax = cute.arch.fmax(cute_abs(h[0, cc]), cute_abs(h[1, cc]))
+            for off in cutlass.range_constexpr(3):
+                amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=4 << off))
+            if ctid % 32 < 4:
+                red[cC[0, cc][1], warp] = amax
+        bar.arrive_and_wait()
+        for cc in cutlass.range_constexpr(n_c):
+            tok = cC[0, cc][1]
+            m = mt * self.cfg.bm + tok
+            amax = red[tok, 0]
+            for w in cutlass.range_constexpr(1, warps):
+                amax = cute.arch.fmax(amax, red[tok, w])
+            if m < limit:
+                exp = ue8m0_exponent(cute.arch.fmax(amax, Float32(FP8_FLOOR)), 1.0 / FP8_MAX)
+                inv = inv_pow2(exp)
+                pair = e4m3x2(h[0, cc] * inv, h[1, cc] * inv)
+                for j in cutlass.range_constexpr(TILES):
+                    tr = wg_rows + 64 * j  # gate row of intermediate 8 (tr // 16) + tr % 16 of the tile
+                    i = nt * (self.cfg.bn // 2) + (tr // 16) * 8 + tr % 16
+                    mOut[g * mg + m, i] = Uint8((pair >> (8 * j)) & 0xFF)
+                if ctid < 4:
+                    mOutS[m, nt, g] = bits_f32(exp << 23)
+        bar.arrive_and_wait()  # `red` is read before the next tile's epilogue writes it
 
     @cute.jit
     def _store_rows_rs(self, accs, cC, mOut, g, mt, nt, limit, mg, wg_rows):
@@ -325,7 +284,7 @@ class GroupedRs(GroupedSm90):
         out16 = cute.make_tensor(cute.recast_ptr(mOut.iterator, dtype=Uint16),
                                  cute.make_layout((mOut.shape[0], n), stride=(n, 1)))
         n_c = cute.size(cC, mode=[1])
-        for j in cutlass.range_constexpr(self.cfg.rs_tiles):
+        for j in cutlass.range_constexpr(TILES):
             acc_mn = mn_view(accs[j])
             for r in cutlass.range_constexpr(2):
                 row = nt * self.cfg.bn + wg_rows + 64 * j + 8 * r

@@ -272,30 +272,29 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
                 early = cutlass.min(kb1 - kb0, c.n_stages)
                 for kb in cutlass.range(kb0, kb0 + early, unroll=1):
                     ring.producer_acquire(pre)
-                    self._load_weights(b, sh, sw, tiles_n, n_kb, nt, 0, kb, e, pre.index, ring.producer_get_barrier(pre))
+                    self._load_weights(b, sh, sw, tiles_n, n_kb, nt, kb, e, pre.index, ring.producer_get_barrier(pre))
                     pre.advance()
             pdl_wait()
         n = Int32(0)
         for w in cutlass.range(bidx, items, gdim, unroll=1):
             u, kb0, kb1, _slot = self._item(w, plan, n_kb)
             g, mt, nt, e, _limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
-            for p in cutlass.range_constexpr(c.passes):  # v18: the unit's weight rows in passes, x again in each
-                for kb in cutlass.range(kb0, kb1, unroll=1):
-                    fresh = True  # the stage is not one the early pass took
-                    if cutlass.const_expr(c.early_weights):
-                        fresh = n >= early
-                        n += 1
-                    if fresh:
-                        ring.producer_acquire(state)
-                    bar = ring.producer_get_barrier(state)
-                    for w in cutlass.range_constexpr(boxes):
-                        cute.copy(a[0], a[1][(None, mt * boxes + w, kb, g)], a[2][(None, state.index * boxes + w)],
-                                  tma_bar_ptr=bar)
-                    if fresh:
-                        self._load_weights(b, sh, sw, tiles_n, n_kb, nt, p, kb, e, state.index, bar)
-                    cute.copy(sa[0], sa[1][(None, mt, kb, g)], sa[2][(None, state.index)], tma_bar_ptr=bar)
-                    ring.producer_commit(state)
-                    state.advance()
+            for kb in cutlass.range(kb0, kb1, unroll=1):
+                fresh = True  # the stage is not one the early pass took
+                if cutlass.const_expr(c.early_weights):
+                    fresh = n >= early
+                    n += 1
+                if fresh:
+                    ring.producer_acquire(state)
+                bar = ring.producer_get_barrier(state)
+                for w in cutlass.range_constexpr(boxes):
+                    cute.copy(a[0], a[1][(None, mt * boxes + w, kb, g)], a[2][(None, state.index * boxes + w)],
+                              tma_bar_ptr=bar)
+                if fresh:
+                    self._load_weights(b, sh, sw, tiles_n, n_kb, nt, kb, e, state.index, bar)
+                cute.copy(sa[0], sa[1][(None, mt, kb, g)], sa[2][(None, state.index)], tma_bar_ptr=bar)
+                ring.producer_commit(state)
+                state.advance()
         ring.producer_tail(state)
 
     @cute.jit
@@ -321,18 +320,16 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         return done
 
     @cute.jit
-    def _load_weights(self, b, sh, sw, tiles_n, n_kb, nt, p: cutlass.Constexpr, kb, e, index, bar):
-        """The weight side of a stage, pass p's rows of n tile nt (v18; one pass elsewhere): the FP4 tile (tiled: one
-        contiguous tile of the load-time layout, or its pass half), its shift words and column scales."""
-        passes = self.cfg.passes
-        row_tile = nt if cutlass.const_expr(passes == 1) else nt * passes + p  # in stage_rows tiles
+    def _load_weights(self, b, sh, sw, tiles_n, n_kb, nt, kb, e, index, bar):
+        """The weight side of a stage: the FP4 tile (tiled: one contiguous tile of the load-time layout), its shift
+        words and column scales."""
         if cutlass.const_expr(self.cfg.tiled_codes):
-            codes = b[1][(None, p, 0, (e * tiles_n + nt) * n_kb + kb)]
+            codes = b[1][(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)]
         else:
-            codes = b[1][(None, row_tile, kb, e)]
+            codes = b[1][(None, nt, kb, e)]
         cute.copy(b[0], codes, b[2][(None, index)], tma_bar_ptr=bar)
-        cute.copy(sh[0], sh[1][(None, row_tile, kb, e)], sh[2][(None, index)], tma_bar_ptr=bar)
-        cute.copy(sw[0], sw[1][(None, row_tile, kb, e)], sw[2][(None, index)], tma_bar_ptr=bar)
+        cute.copy(sh[0], sh[1][(None, nt, kb, e)], sh[2][(None, index)], tma_bar_ptr=bar)
+        cute.copy(sw[0], sw[1][(None, nt, kb, e)], sw[2][(None, index)], tma_bar_ptr=bar)
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
