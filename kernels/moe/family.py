@@ -30,7 +30,7 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE, V19
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -207,7 +207,8 @@ class MoeLayerVariant(MoeCuteDSL):
     16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its own rows:
     kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its
     MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
-    (before v16: v13's early L2 weights for the wide pairs too). Set aside after measuring: early L1 weights (`git
+    (before v16: v13's early L2 weights for the wide pairs too), `:v19` (candidate, prefill: v7 widened by the
+    producer warpgroup's warps). Set aside after measuring: early L1 weights (`git
     show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves
     (`:split-widen`, `git show b39264f`), v5's swap-AB kernel at 128 tokens a tile (`:v17`, four 64 x 64 waves a K
     block, `git show 447b913`; `:v18`, a unit's rows in two passes of one m64n128 wave, `git show 3b19bd6`).
@@ -310,6 +311,8 @@ register_impl(MoeLayerVariant("fused-dispatch", {"fused_dispatch": 1 << 30}))
 register_impl(MoeLayerVariant("v14", {"wide_split": False, "wide_early": False}))
 # the rule before v16: the wide pairs' L2s (v3) wait under PDL before reading their work list and first weight stages
 register_impl(MoeLayerVariant("v15", {"wide_early": False}))
+# candidate (prefill): v7 with the widening by two warps of the producer warpgroup (grouped_config.V19)
+register_impl(MoeLayerVariant("v19", V19))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

@@ -29,6 +29,7 @@ WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m)
 # "v8"): T = 64 sparse Flash 100.9 -> 77.7 us, Pro 203.9 -> 197.9; at means <= 24 (uniform, hot, zipf) v3 1.06-1.35x
 # slower
 WIDE_MEAN = 32
+WIDENER_WARPS = 2  # v19: warps 1-2 of the producer warpgroup widen (64 threads: 16 items each a 256-row stage)
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 MAX_SPLIT = 8  # GroupedConfig.split_k's largest
 SPLIT_UNITS = 2  # the split workspace holds SPLIT_UNITS x SMs units (kernels/moe/grouped_slices.py): past it no split
@@ -101,6 +102,10 @@ class GroupedConfig:
     # into a global workspace and the last to arrive runs the epilogue. 1: no split
     # (layer.compile_layer's "split" pair is split_k MAX_SPLIT)
     split_k: int = 1
+    # v19 (candidate `cutedsl:v19`, prefill; kernels/moe/grouped_widener.py): v7 with the widening moved off the
+    # consumers: WIDENER_WARPS warps of the producer warpgroup widen each stage's FP4 tile into the B buffers and
+    # hand them over by mbarriers; the consumer warpgroups only wait, issue wgmma and promote (DeepGEMM's loop)
+    widen_wg: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -115,6 +120,9 @@ class GroupedConfig:
             raise ValueError("row_frame is a mode of the split_wg (v3) and swap_ab (v5) kernels")
         if self.rs_codes and not (self.split_wg and not self.tiled_b):
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
+        if self.widen_wg and not (self.split_wg and self.row_frame and self.rs_codes and self.bm == 128
+                                  and self.split_k == 1 and not self.ablate):
+            raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split or ablate")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.early_weights and not ((self.swap_ab or self.split_wg) and self.pdl and self.epilogue == "bf16"):
@@ -218,6 +226,8 @@ V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_
 V8_DECODE = {**V5, "row_frame": True}
 V8_WIDE = {**V3, "rs_codes": True}
 V8_PREFILL = {**V7, "rs_codes": True}
+# v19 (candidate `cutedsl:v19`, prefill): v8's prefill pick with the widening by the producer warpgroup's warps
+V19 = {**V8_PREFILL, "widen_wg": True}
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:

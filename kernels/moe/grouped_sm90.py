@@ -45,7 +45,7 @@ from cutlass.utils import LayoutEnum
 
 from kernels.gemm.tiling import KBLOCK
 from kernels.indexer.topk_select import warp_inclusive_scan
-from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, GroupedConfig
+from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS, WIDENER_WARPS, GroupedConfig
 from kernels.moe.grouped_slices import item_range, split_plan
 from kernels.moe.grouped_epilogue import GroupedEpilogues
 from kernels.moe.grouped_ring import ring_atoms, ring_extent, ring_layouts, ring_partitions, ring_storage, tma_pieces
@@ -209,6 +209,11 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
 
         st = cutlass.utils.SmemAllocator().allocate(Storage)
         ring = tma_ring(st.bars.data_ptr(), c.n_stages, c.n_mma_wg * 4, c.stage_bytes)
+        if cutlass.const_expr(c.widen_wg):  # v19: the B buffers' full (the wideners' threads), empty (consumer warps)
+            if tidx == 0:
+                for b in cutlass.range_constexpr(2):
+                    cute.arch.mbarrier_init(st.wbars.data_ptr() + b, WIDENER_WARPS * 32)
+                    cute.arch.mbarrier_init(st.wbars.data_ptr() + 2 + b, c.n_mma_wg * 4)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = None  # v5: no widened tiles
@@ -247,6 +252,9 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
             if warp_idx == 0:
                 self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim,
                               (full, slices))
+            if cutlass.const_expr(c.widen_wg):  # v19 (grouped_split._widen_loop)
+                if (warp_idx >= 1) & (warp_idx <= WIDENER_WARPS):
+                    self._widen_loop(ring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx - 32)
         else:
             cute.arch.setmaxregister_increase(232)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
@@ -360,8 +368,9 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         per wave, the wgmma's partial `tmp` and the (row, column) of each accumulator value."""
         c = self.cfg
         tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
-        if ctid < WIDEN_TABLE_WORDS:
-            tab[ctid] = mTab[ctid]
+        if cutlass.const_expr(not c.widen_wg):  # v19: the wideners copy it (`_widen_loop`)
+            if ctid < WIDEN_TABLE_WORDS:
+                tab[ctid] = mTab[ctid]
         thr_mma = tiled_mma.get_slice(ctid)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))

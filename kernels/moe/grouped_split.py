@@ -37,11 +37,14 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
 from kernels.gemm.tiling import KBLOCK
+from kernels.moe.grouped_config import WIDEN_TABLE_WORDS, WIDENER_WARPS
 from kernels.moe.grouped_sm90 import GroupedSm90
 from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen_item, widen_item_rs
 from kernels.regs import fence_operand, mn_view
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
+WIDENER_BARRIER = 4  # v19: the widener warps' (their table copy)
+WIDEN_BATCH = 4  # v19: items a widener thread loads before it widens them
 
 
 class GroupedSplit(GroupedSm90):
@@ -62,8 +65,9 @@ class GroupedSplit(GroupedSm90):
         for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
             u, kb0, kb1, slot = self._item(w, (full, slices), n_kb)  # split_k: a tail unit's K slice (grouped_slices)
             g, mt, nt, e, limit = self._start_tile(u, accs, tiles_n, n_groups, mg, mGroup, st)
-            self._prepare(ring, st, sSh, tab, g_rd, ctid)
-            wg_bar.arrive_and_wait()
+            if cutlass.const_expr(not c.widen_wg):  # v19: each K block waits for its widened tile (`_await_widened`)
+                self._prepare(ring, st, sSh, tab, g_rd, ctid)
+                wg_bar.arrive_and_wait()
             live = limit - mt * c.bm
             if cutlass.const_expr(c.skip_padding_wave):  # contiguous: rows 64.. padding iff row 64 is
                 live = cutlass.select_(mGroup[mt * c.bm + 64] >= 0, c.bm, 64)
@@ -113,6 +117,58 @@ class GroupedSplit(GroupedSm90):
 
 
     @cute.jit
+    def _widen_loop(self, ring, st, sSh, mTab, units, n_kb, bidx, gdim, wtid):
+        """v19 (GroupedConfig.widen_wg): the widener warps (wtid 0 .. 32 WIDENER_WARPS - 1 of the producer warpgroup)
+        walk the consumers' units and K blocks; per block: wait for its stage (TMA) and for its B buffer (g % 2) to be
+        free (every consumer warp done with block g - 2), widen the whole tile into it (`_widen_rows`), fence for the
+        async proxy, arrive on the buffer's full barrier. They hold the widening table (the consumers do not)."""
+        tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
+        if wtid < WIDEN_TABLE_WORDS:
+            tab[wtid] = mTab[wtid]
+        pipeline.NamedBarrier(barrier_id=WIDENER_BARRIER, num_threads=32 * WIDENER_WARPS).arrive_and_wait()
+        wb = st.wbars.data_ptr()
+        g = Int32(0)
+        for _u in cutlass.range(bidx, units, gdim, unroll=1):
+            for _kb in cutlass.range(0, n_kb, unroll=1):
+                state = self._stage(g)
+                ring.consumer_wait(state)
+                cute.arch.mbarrier_wait(wb + 2 + g % 2, ((g // 2) & 1) ^ 1)
+                self._widen_rows(st, sSh, tab, state.index, g % 2, wtid)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.mbarrier_arrive(wb + g % 2)
+                g = g + 1
+
+    @cute.jit
+    def _widen_rows(self, st, sSh, tab, stage, buf, wtid):
+        """`_widen_stage` over the whole bn-row tile by the widener threads: thread t's items are rows t / 4 + 16 i,
+        sub-block t % 4 (the row step a multiple of 8: one swizzle for every item), WIDEN_BATCH items' loads at a time
+        (the widener warps run at the producer warpgroup's 40 registers)."""
+        c = self.cfg
+        threads = 32 * WIDENER_WARPS
+        dn = threads // SUBS
+        steps = c.bn * SUBS // threads
+        _q4, b4, words, tabs, out = self._widen_views(st, WIDEN_BATCH)
+        n0 = wtid // SUBS
+        j = wtid % SUBS
+        dst0 = buf * (c.bn * 8) + n0 * 8
+        for batch in cutlass.range_constexpr(steps // WIDEN_BATCH):
+            for i in cutlass.range_constexpr(WIDEN_BATCH):
+                n = n0 + (batch * WIDEN_BATCH + i) * dn
+                self._load_rs_item(st, stage, n, j, words, i)
+                cute.autovec_copy(table_pair(tab, pair_offset(sSh[n, 0, stage], j)), tabs[None, i])
+            for i in cutlass.range_constexpr(WIDEN_BATCH):
+                widen_item_rs(words, tabs, i, out)
+                for h in cutlass.range_constexpr(2):
+                    cute.autovec_copy(out[None, h], b4[None, dst0 + (batch * WIDEN_BATCH + i) * (dn * 8)
+                                                       + ((2 * j + h) ^ (n0 % 8))])
+
+    @cute.jit
+    def _await_widened(self, ring, st, g_rd):
+        """v19: K block g_rd's stage (x, scales) and its widened tile (the wideners' full barrier) are in."""
+        ring.consumer_wait(self._stage(g_rd))
+        cute.arch.mbarrier_wait(st.wbars.data_ptr() + g_rd % 2, (g_rd // 2) & 1)
+
+    @cute.jit
     def _load_rs_item(self, st, stage, n, j, words, step):
         """Item (row n, sub-block j) from RS-ordered codes (GroupedConfig.rs_codes): its word q is word j of the row's
         16-byte chunk q, which the stage's 64B swizzle put at chunk q ^ ((n >> 1) & 3). A quarter-warp's 8 loads (rows
@@ -142,6 +198,8 @@ class GroupedSplitRow(GroupedSplit):
         c = self.cfg
         W = c.waves
         state = self._stage(g_rd)
+        if cutlass.const_expr(c.widen_wg):
+            self._await_widened(ring, st, g_rd)
         for w in cutlass.range_constexpr(W):
             if cutlass.const_expr(c.skip_padding_wave and w == W - 1):
                 if live_rows > 64 * w:  # the last wave holds a real row (a tile-uniform branch)
@@ -153,7 +211,8 @@ class GroupedSplitRow(GroupedSplit):
                     last = live_rows <= 64 * (w + 1)  # the waves after this one are skipped: free the stage here
                 self._row_wave(ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd, has_next,
                                ctid, w, last)
-        bar.arrive_and_wait()
+        if cutlass.const_expr(not c.widen_wg):
+            bar.arrive_and_wait()
 
     @cute.jit
     def _row_wave(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd, has_next, ctid,
@@ -165,7 +224,7 @@ class GroupedSplitRow(GroupedSplit):
         row_s = cute.make_rmem_tensor((n_r,), Float32)
         col_s = cute.make_rmem_tensor((n_c,), Float32)
         self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
-        if cutlass.const_expr(w == 0):
+        if cutlass.const_expr(w == 0 and not self.cfg.widen_wg):
             if has_next:
                 self._prepare(ring, st, sSh, tab, g_rd + 1, ctid)
         for r in cutlass.range_constexpr(n_r):
@@ -175,7 +234,7 @@ class GroupedSplitRow(GroupedSplit):
         acc_mn, tmp_mn = mn_view(accs[w]), mn_view(tmp)
         if has_next:
             if release:
-                ring.consumer_release(state)
+                self._release(ring, st, state, g_rd)
             for r in cutlass.range_constexpr(n_r):
                 for cc in cutlass.range_constexpr(n_c):
                     acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * row_s[r]
@@ -189,7 +248,16 @@ class GroupedSplitRow(GroupedSplit):
                 for cc in cutlass.range_constexpr(n_c):
                     acc_mn[r, cc] = acc_mn[r, cc] * col_s[cc]
             if release:
-                ring.consumer_release(state)
+                self._release(ring, st, state, g_rd)
+
+
+    @cute.jit
+    def _release(self, ring, st, state, g_rd):
+        """The block's last wave is done: free its stage (and, v19, its B buffer: one arrive a consumer warp)."""
+        ring.consumer_release(state)
+        if cutlass.const_expr(self.cfg.widen_wg):
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_arrive(st.wbars.data_ptr() + 2 + g_rd % 2)
 
 
 class GroupedL1Split(GroupedSplit):

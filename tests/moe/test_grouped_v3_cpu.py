@@ -410,3 +410,31 @@ def test_wide_early_gives_the_wide_pairs_l2s_early_weights(monkeypatch):
         assert not rule[f"l1@{pair}"].early_weights
     assert {n: c for n, c in rule.items() if "wide" not in n} == {n: c for n, c in v15.items() if "wide" not in n}
     assert not layer.compile_layer(16, 6, 7168, 3072, "masked", l2_early=False).kernels["l2@wide"].early_weights
+
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
+def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(epilogue, monkeypatch):
+    """Candidate v19 (`cutedsl:v19`: v7 with the widening by WIDENER_WARPS warps of the producer warpgroup,
+    grouped_split._widen_rows): the widener threads' items cover each (row, sub-block) of the 256-row tile once and
+    store every 16-byte chunk of the widened tile once; the consumers' K loop holds no spill (v7's refills up to 4) and
+    no widening (no PRMT after the first wgmma); v19 is refused off v7's configuration."""
+    from kernels.moe.grouped_config import BN, V19, WIDENER_WARPS
+    threads = 32 * WIDENER_WARPS
+    dn, steps = threads // 4, BN * 4 // threads
+    items = [(t // 4 + s * dn, t % 4) for t in range(threads) for s in range(steps)]
+    assert sorted(items) == [(n, j) for n in range(BN) for j in range(4)] and dn % 8 == 0
+    chunks = [(t // 4) * 8 + s * dn * 8 + ((2 * (t % 4) + h) ^ (t // 4 % 8))
+              for t in range(threads) for s in range(steps) for h in range(2)]
+    assert sorted(chunks) == list(range(BN * 8))
+    compiled = compile_checked("contiguous", epilogue, V19, monkeypatch, 1024, 1024)
+    assert _loop_spills(compiled) == 0
+    from dsv4bench.compile.sass import sass_of
+    lines = sass_of(compiled).splitlines()
+    first = next(i for i, line in enumerate(lines) if "QGMMA" in line)
+    assert not any("PRMT" in line for line in lines[first:]) or epilogue == "swiglu"  # L1's epilogue packs h
+    for layout, bm, bad in (("contiguous", 128, {**V19, "rs_codes": False}),
+                            ("masked", 64, {**V19, "skip_padding_wave": False})):
+        with pytest.raises(ValueError, match="widen_wg"):
+            GroupedConfig(layout=layout, epilogue=epilogue, bm=bm, **bad)
+    impl = get_impl("moe", "cutedsl:v19")
+    assert "contiguous" in impl.supports(Case("moe", space.case("layer", "flash", 8)))
