@@ -29,7 +29,7 @@ WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m)
 # "v8"): T = 64 sparse Flash 100.9 -> 77.7 us, Pro 203.9 -> 197.9; at means <= 24 (uniform, hot, zipf) v3 1.06-1.35x
 # slower
 WIDE_MEAN = 32
-WIDENER_WARPS = 2  # v19: warps 1-2 of the producer warpgroup widen (64 threads: 16 items each a 256-row stage)
+WIDENER_WARPS = 3  # v19: warps 1-3 of the producer warpgroup widen (96 threads: 10-11 items each a 256-row stage)
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 MAX_SPLIT = 8  # GroupedConfig.split_k's largest
 SPLIT_UNITS = 2  # the split workspace holds SPLIT_UNITS x SMs units (kernels/moe/grouped_slices.py): past it no split
@@ -106,6 +106,11 @@ class GroupedConfig:
     # consumers: WIDENER_WARPS warps of the producer warpgroup widen each stage's FP4 tile into the B buffers and
     # hand them over by mbarriers; the consumer warpgroups only wait, issue wgmma and promote (DeepGEMM's loop)
     widen_wg: bool = False
+    # v19's register split (setmaxnreg): the producer warpgroup's (its widener warps') and each consumer's; the sum
+    # producer + 2 x consumer at most 512 (the register file over 128-thread warpgroups)
+    producer_regs: int = 40
+    consumer_regs: int = 232
+    widen_batch: int = 4  # v19: items a widener thread loads before it widens them
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -123,6 +128,9 @@ class GroupedConfig:
         if self.widen_wg and not (self.split_wg and self.row_frame and self.rs_codes and self.bm == 128
                                   and self.split_k == 1 and not self.ablate):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split or ablate")
+        if self.producer_regs + 2 * self.consumer_regs > 512 or (self.producer_regs, self.consumer_regs) != (40, 232) \
+                and not self.widen_wg:
+            raise ValueError("the register split is v19's knob (widen_wg), at most 512 registers over the three")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.early_weights and not ((self.swap_ab or self.split_wg) and self.pdl and self.epilogue == "bf16"):

@@ -248,7 +248,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
             if warp_idx != 0:
                 pdl_wait()
         if wg == 0:
-            cute.arch.setmaxregister_decrease(40)
+            cute.arch.setmaxregister_decrease(c.producer_regs)
             if warp_idx == 0:
                 self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim,
                               (full, slices))
@@ -256,7 +256,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
                 if (warp_idx >= 1) & (warp_idx <= WIDENER_WARPS):
                     self._widen_loop(ring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx - 32)
         else:
-            cute.arch.setmaxregister_increase(232)
+            cute.arch.setmaxregister_increase(c.consumer_regs)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
                           n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128, (mWork, mCount, full, slices))
 

@@ -44,7 +44,6 @@ from kernels.regs import fence_operand, mn_view
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
 WIDENER_BARRIER = 4  # v19: the widener warps' (their table copy)
-WIDEN_BATCH = 4  # v19: items a widener thread loads before it widens them
 
 
 class GroupedSplit(GroupedSm90):
@@ -140,27 +139,29 @@ class GroupedSplit(GroupedSm90):
 
     @cute.jit
     def _widen_rows(self, st, sSh, tab, stage, buf, wtid):
-        """`_widen_stage` over the whole bn-row tile by the widener threads: thread t's items are rows t / 4 + 16 i,
-        sub-block t % 4 (the row step a multiple of 8: one swizzle for every item), WIDEN_BATCH items' loads at a time
-        (the widener warps run at the producer warpgroup's 40 registers)."""
+        """`_widen_stage` over the whole bn-row tile by the widener threads: thread t's items are rows t / 4 + i · T / 4
+        (T threads; the row step a multiple of 8: one swizzle for every item; rows past bn skipped), sub-block t % 4,
+        `widen_batch` items' loads at a time (the widener warps run at the producer warpgroup's registers)."""
         c = self.cfg
         threads = 32 * WIDENER_WARPS
         dn = threads // SUBS
-        steps = c.bn * SUBS // threads
-        _q4, b4, words, tabs, out = self._widen_views(st, WIDEN_BATCH)
+        steps = -(-c.bn * SUBS // threads)  # the last one partial where the threads do not divide the items
+        _q4, b4, words, tabs, out = self._widen_views(st, c.widen_batch)
         n0 = wtid // SUBS
         j = wtid % SUBS
         dst0 = buf * (c.bn * 8) + n0 * 8
-        for batch in cutlass.range_constexpr(steps // WIDEN_BATCH):
-            for i in cutlass.range_constexpr(WIDEN_BATCH):
-                n = n0 + (batch * WIDEN_BATCH + i) * dn
-                self._load_rs_item(st, stage, n, j, words, i)
-                cute.autovec_copy(table_pair(tab, pair_offset(sSh[n, 0, stage], j)), tabs[None, i])
-            for i in cutlass.range_constexpr(WIDEN_BATCH):
-                widen_item_rs(words, tabs, i, out)
-                for h in cutlass.range_constexpr(2):
-                    cute.autovec_copy(out[None, h], b4[None, dst0 + (batch * WIDEN_BATCH + i) * (dn * 8)
-                                                       + ((2 * j + h) ^ (n0 % 8))])
+        for b0 in cutlass.range_constexpr(0, steps, c.widen_batch):
+            batch = range(b0, min(b0 + c.widen_batch, steps))
+            for i in cutlass.range_constexpr(len(batch)):
+                n = n0 + batch[i] * dn
+                if cutlass.const_expr((batch[i] + 1) * dn <= c.bn) or n < c.bn:
+                    self._load_rs_item(st, stage, n, j, words, i)
+                    cute.autovec_copy(table_pair(tab, pair_offset(sSh[n, 0, stage], j)), tabs[None, i])
+            for i in cutlass.range_constexpr(len(batch)):
+                if cutlass.const_expr((batch[i] + 1) * dn <= c.bn) or n0 + batch[i] * dn < c.bn:
+                    widen_item_rs(words, tabs, i, out)
+                    for h in cutlass.range_constexpr(2):
+                        cute.autovec_copy(out[None, h], b4[None, dst0 + batch[i] * (dn * 8) + ((2 * j + h) ^ (n0 % 8))])
 
     @cute.jit
     def _await_widened(self, ring, st, g_rd):

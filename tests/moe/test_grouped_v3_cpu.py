@@ -420,11 +420,11 @@ def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(epilog
     no widening (no PRMT after the first wgmma); v19 is refused off v7's configuration."""
     from kernels.moe.grouped_config import BN, V19, WIDENER_WARPS
     threads = 32 * WIDENER_WARPS
-    dn, steps = threads // 4, BN * 4 // threads
-    items = [(t // 4 + s * dn, t % 4) for t in range(threads) for s in range(steps)]
+    dn, steps = threads // 4, -(-BN * 4 // threads)
+    mine = [(t, s) for t in range(threads) for s in range(steps) if t // 4 + s * dn < BN]
+    items = [(t // 4 + s * dn, t % 4) for t, s in mine]
     assert sorted(items) == [(n, j) for n in range(BN) for j in range(4)] and dn % 8 == 0
-    chunks = [(t // 4) * 8 + s * dn * 8 + ((2 * (t % 4) + h) ^ (t // 4 % 8))
-              for t in range(threads) for s in range(steps) for h in range(2)]
+    chunks = [(t // 4) * 8 + s * dn * 8 + ((2 * (t % 4) + h) ^ (t // 4 % 8)) for t, s in mine for h in range(2)]
     assert sorted(chunks) == list(range(BN * 8))
     compiled = compile_checked("contiguous", epilogue, V19, monkeypatch, 1024, 1024)
     assert _loop_spills(compiled) == 0
