@@ -436,5 +436,9 @@ def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(epilog
                             ("masked", 64, {**V19, "skip_padding_wave": False})):
         with pytest.raises(ValueError, match="widen_wg"):
             GroupedConfig(layout=layout, epilogue=epilogue, bm=bm, **bad)
+    for regs in ({"producer_regs": 80, "consumer_regs": 216}, {"producer_regs": 72, "consumer_regs": 216,
+                                                                "widen_wg": False}):
+        with pytest.raises(ValueError, match="register split"):  # past the launch's 504 (80 / 216 / 216 hung)
+            GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**V19, **regs})
     impl = get_impl("moe", "cutedsl:v19")
     assert "contiguous" in impl.supports(Case("moe", space.case("layer", "flash", 8)))
