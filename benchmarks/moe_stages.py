@@ -1,6 +1,7 @@
 """Where a moe layer call's time goes: each of its launches timed alone, and the whole call, in one process.
 
     python3 benchmarks/moe_stages.py --model flash --experts 256 --tokens 1,8,64 --impl cutedsl --out stages.jsonl
+    ncu --kernel-name regex:GroupedL1Row --launch-skip 1 --launch-count 1 python3 benchmarks/moe_stages.py --once ...
 
 One call of the impl runs with its launches recorded (dispatch's two kernels, L1, L2, combine: whatever the
 compiled layer's kernels and GEMMs are); each recorded launch is then replayed alone in a CUDA graph, and the whole
@@ -81,6 +82,22 @@ def stages(impl_name: str, params: dict, timer: CudaTimer) -> dict:
             "whole_us": round(whole, 2), "alone_us": alone, "alone_sum_us": round(sum(alone.values()), 2)}
 
 
+def once(impl_name: str, params: dict) -> None:
+    """`--once`: the case's call twice (compile and warm, then the one to profile), nothing timed: for ncu
+    (`--launch-skip` past the first call's kernels). Peers too (they compile nothing: compiled=None)."""
+    impl = get_impl("moe", impl_name)
+    case = Case("moe", params, seed=0, origin="cli")
+    inputs = FAMILY.make_inputs(case, case_generator(case), "cuda")
+    out = FAMILY.alloc_outputs(case, "cuda")
+    try:
+        compiled = impl.compile(case, "sm_90a")
+    except NotImplementedError:
+        compiled = None
+    for _ in range(2):
+        impl.run(case, inputs, out, compiled)
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="flash", choices=sorted(MODELS))
@@ -89,6 +106,7 @@ def main() -> None:
     ap.add_argument("--load", default="uniform", help=f"comma-separated, of {', '.join(LOADS)}")
     ap.add_argument("--impl", action="append", default=None, help="repeatable (default: cutedsl)")
     ap.add_argument("--out", default=None, help="JSONL file, one record a (case, impl), appended as each ends")
+    ap.add_argument("--once", action="store_true", help="each call twice, untimed (for ncu; peers included)")
     a = ap.parse_args()
     try:
         tokens = [int(v) for v in a.tokens.split(",")]
@@ -112,6 +130,9 @@ def main() -> None:
             for load in loads:
                 params = moe_case("layer", a.model, t, load, e=a.experts)
                 for name in names:
+                    if a.once:
+                        once(name, params)
+                        continue
                     r = stages(name, params, timer)
                     if "skipped" in r:
                         print(f"{a.model} e={params['e']} T={t} {load} {name}: skipped: {r['skipped']}", flush=True)
