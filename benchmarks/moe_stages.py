@@ -58,14 +58,21 @@ def graph_us(timer: CudaTimer, call) -> float:
     return timer.time(capture(call).replay).median_ms * 1e3
 
 
-def stages(impl_name: str, params: dict, timer: CudaTimer) -> dict:
+def prepare(impl_name: str, params: dict):
+    """(impl, case, inputs, outputs) of one layer case, or the impl's refusal (a string)."""
     impl = get_impl("moe", impl_name)
     case = Case("moe", params, seed=0, origin="cli")
     refused = impl.supports(case, "sm_90a")
     if refused:
-        return {"impl": impl_name, "params": params, "skipped": refused}
-    inputs = FAMILY.make_inputs(case, case_generator(case), "cuda")
-    out = FAMILY.alloc_outputs(case, "cuda")
+        return refused
+    return impl, case, FAMILY.make_inputs(case, case_generator(case), "cuda"), FAMILY.alloc_outputs(case, "cuda")
+
+
+def stages(impl_name: str, params: dict, timer: CudaTimer) -> dict:
+    ready = prepare(impl_name, params)
+    if isinstance(ready, str):
+        return {"impl": impl_name, "params": params, "skipped": ready}
+    impl, case, inputs, out = ready
     rec = Recorder(impl.compile(case, "sm_90a"))
     impl.run(case, inputs, out, rec)
     torch.cuda.synchronize()
@@ -82,13 +89,14 @@ def stages(impl_name: str, params: dict, timer: CudaTimer) -> dict:
             "whole_us": round(whole, 2), "alone_us": alone, "alone_sum_us": round(sum(alone.values()), 2)}
 
 
-def once(impl_name: str, params: dict) -> None:
+def once(impl_name: str, params: dict) -> str | None:
     """`--once`: the case's call twice (compile and warm, then the one to profile), nothing timed: for ncu
-    (`--launch-skip` past the first call's kernels). Peers too (they compile nothing: compiled=None)."""
-    impl = get_impl("moe", impl_name)
-    case = Case("moe", params, seed=0, origin="cli")
-    inputs = FAMILY.make_inputs(case, case_generator(case), "cuda")
-    out = FAMILY.alloc_outputs(case, "cuda")
+    (`--launch-skip` past the first call's kernels). Peers too (they compile nothing: compiled=None). Returns the
+    impl's refusal, if it refuses the case."""
+    ready = prepare(impl_name, params)
+    if isinstance(ready, str):
+        return ready
+    impl, case, inputs, out = ready
     try:
         compiled = impl.compile(case, "sm_90a")
     except NotImplementedError:
@@ -130,12 +138,10 @@ def main() -> None:
             for load in loads:
                 params = moe_case("layer", a.model, t, load, e=a.experts)
                 for name in names:
-                    if a.once:
-                        once(name, params)
-                        continue
-                    r = stages(name, params, timer)
-                    if "skipped" in r:
+                    r = {"skipped": once(name, params)} if a.once else stages(name, params, timer)
+                    if r.get("skipped"):
                         print(f"{a.model} e={params['e']} T={t} {load} {name}: skipped: {r['skipped']}", flush=True)
+                    if a.once or "skipped" in r:
                         continue
                     stages_s = " ".join(f"{k} {v}" for k, v in r["alone_us"].items())
                     print(f"{a.model} e={params['e']} T={t} {load} {name}: whole {r['whole_us']} us, alone: "

@@ -311,7 +311,7 @@ register_impl(MoeLayerVariant("fused-dispatch", {"fused_dispatch": 1 << 30}))
 register_impl(MoeLayerVariant("v14", {"wide_split": False, "wide_early": False}))
 # the rule before v16: the wide pairs' L2s (v3) wait under PDL before reading their work list and first weight stages
 register_impl(MoeLayerVariant("v15", {"wide_early": False}))
-# candidate (prefill): v7 with the widening by two warps of the producer warpgroup (grouped_config.V19)
+# candidate (prefill): v7 with the widening by the producer warpgroup's warps 1-3 (grouped_config.V19)
 register_impl(MoeLayerVariant("v19", V19))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())

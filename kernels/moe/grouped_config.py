@@ -29,7 +29,7 @@ WIDE_M = 64  # the rule's decode pick: v5 up to this many rows an expert (max_m)
 # "v8"): T = 64 sparse Flash 100.9 -> 77.7 us, Pro 203.9 -> 197.9; at means <= 24 (uniform, hot, zipf) v3 1.06-1.35x
 # slower
 WIDE_MEAN = 32
-LAUNCH_REGS = 168  # registers a thread at launch (384 threads, one CTA an SM): what setmaxnreg redistributes
+REGISTER_FILE = 65536  # 32-bit registers an SM
 WIDENER_WARPS = 3  # v19: warps 1-3 of the producer warpgroup widen (96 threads: 10-11 items each a 256-row stage)
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 MAX_SPLIT = 8  # GroupedConfig.split_k's largest
@@ -103,12 +103,12 @@ class GroupedConfig:
     # into a global workspace and the last to arrive runs the epilogue. 1: no split
     # (layer.compile_layer's "split" pair is split_k MAX_SPLIT)
     split_k: int = 1
-    # v19 (candidate `cutedsl:v19`, prefill; kernels/moe/grouped_widener.py): v7 with the widening moved off the
+    # v19 (candidate `cutedsl:v19`, prefill; kernels/moe/grouped_split.py `_widen_loop`): v7 with the widening moved off the
     # consumers: WIDENER_WARPS warps of the producer warpgroup widen each stage's FP4 tile into the B buffers and
     # hand them over by mbarriers; the consumer warpgroups only wait, issue wgmma and promote (DeepGEMM's loop)
     widen_wg: bool = False
     # v19's register split (setmaxnreg): the producer warpgroup's (its widener warps') and each consumer's; producer +
-    # 2 x consumer at most LAUNCH_REGS x 3: the pool setmaxnreg deals from is the launch's allocation, not the file
+    # 2 x consumer at most 3 x `launch_regs`: the pool setmaxnreg deals from is the launch's allocation, not the file
     # (80 / 216 / 216 asked for 512 and the consumers' increase waited forever: lesson moe 28)
     producer_regs: int = 40
     consumer_regs: int = 232
@@ -130,10 +130,10 @@ class GroupedConfig:
         if self.widen_wg and not (self.split_wg and self.row_frame and self.rs_codes and self.bm == 128
                                   and self.split_k == 1 and not self.ablate):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split or ablate")
-        if self.producer_regs + 2 * self.consumer_regs > 3 * LAUNCH_REGS or \
+        if self.producer_regs + 2 * self.consumer_regs > 3 * self.launch_regs or \
                 (self.producer_regs, self.consumer_regs) != (40, 232) and not self.widen_wg:
-            raise ValueError(f"the register split is v19's knob (widen_wg), at most {3 * LAUNCH_REGS} registers over "
-                             "the three warpgroups (the launch's allocation)")
+            raise ValueError(f"the register split is v19's knob (widen_wg), at most {3 * self.launch_regs} registers "
+                             "over the three warpgroups (the launch's allocation)")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
         if self.early_weights and not ((self.swap_ab or self.split_wg) and self.pdl and self.epilogue == "bf16"):
@@ -159,6 +159,11 @@ class GroupedConfig:
     bn = BN
     n_mma_wg = 2
     threads = 384
+
+    @property
+    def launch_regs(self) -> int:
+        """Registers a thread at launch (one CTA an SM; allocated in 8s): the pool setmaxnreg redistributes (168)."""
+        return REGISTER_FILE // self.threads // 8 * 8
 
     @property
     def skips_widen(self) -> bool:

@@ -92,31 +92,43 @@ class GroupedSplit(GroupedSm90):
         sub-block i % 4 (a quarter-warp's 8 stores still cover rows n, n + 1, all 32 banks)."""
         c = self.cfg
         rows = c.bn // c.n_mma_wg
-        steps = rows * SUBS // 128
-        half = ctid // 128
-        lt = ctid % 128
-        q4, b4, words, tabs, out = self._widen_views(st, steps)
-        # every step's row is n0 + 32 step: one base per thread, the steps at constant offsets (n % 8 and the
-        # sub-block j do not change with the step, so neither does the swizzle)
-        n0 = half * rows + lt // SUBS
-        j = lt % SUBS
+        self._widen_rows(st, sSh, tab, stage, buf, (ctid // 128) * rows, ctid % 128, 128, rows, rows * SUBS // 128)
+
+    @cute.jit
+    def _widen_rows(self, st, sSh, tab, stage, buf, row0, t, threads: cutlass.Constexpr, rows: cutlass.Constexpr,
+                    batch: cutlass.Constexpr):
+        """Rows [row0, row0 + rows) of the stage's FP4 tile widened into B buffer `buf` by `threads` threads (v3: a
+        warpgroup its half; v19: the widener warps the whole tile): thread t's items are rows row0 + t / 4 + i · dn (dn =
+        threads / 4, a multiple of 8: n % 8, the sub-block t % 4 and so the swizzle are the same in every item; rows past
+        the range skipped), `batch` items' loads at a time, then their widening and stores."""
+        c = self.cfg
+        dn = threads // SUBS
+        steps = -(-rows * SUBS // threads)  # the last one partial where the threads do not divide the items
+        q4, b4, words, tabs, out = self._widen_views(st, batch)
+        n0 = row0 + t // SUBS
+        j = t % SUBS
         src0 = stage * (c.bn * 4) + n0 * SUBS + j
         dst0 = buf * (c.bn * 8) + n0 * 8
-        dn = 128 // SUBS
-        for step in cutlass.range_constexpr(steps):
-            if cutlass.const_expr(c.rs_codes):
-                self._load_rs_item(st, stage, n0 + step * dn, j, words, step)
-            else:
-                cute.autovec_copy(q4[None, src0 + step * 128], words[None, step])
-            cute.autovec_copy(table_pair(tab, pair_offset(sSh[n0 + step * dn, 0, stage], j)), tabs[None, step])
-        for step in cutlass.range_constexpr(steps):
-            if cutlass.const_expr(c.rs_codes):
-                widen_item_rs(words, tabs, step, out)
-            else:
-                widen_item(words, tabs, step, out)
-            for h in cutlass.range_constexpr(2):
-                cute.autovec_copy(out[None, h], b4[None, dst0 + step * (dn * 8) + ((2 * j + h) ^ (n0 % 8))])
-
+        for b0 in cutlass.range_constexpr(0, steps, batch):
+            todo = range(b0, min(b0 + batch, steps))
+            for i in cutlass.range_constexpr(len(todo)):
+                step = todo[i]
+                n = n0 + step * dn
+                if cutlass.const_expr((step + 1) * dn <= rows) or n < row0 + rows:
+                    if cutlass.const_expr(c.rs_codes):
+                        self._load_rs_item(st, stage, n, j, words, i)
+                    else:
+                        cute.autovec_copy(q4[None, src0 + step * 128], words[None, i])
+                    cute.autovec_copy(table_pair(tab, pair_offset(sSh[n, 0, stage], j)), tabs[None, i])
+            for i in cutlass.range_constexpr(len(todo)):
+                step = todo[i]
+                if cutlass.const_expr((step + 1) * dn <= rows) or n0 + step * dn < row0 + rows:
+                    if cutlass.const_expr(c.rs_codes):
+                        widen_item_rs(words, tabs, i, out)
+                    else:
+                        widen_item(words, tabs, i, out)
+                    for h in cutlass.range_constexpr(2):
+                        cute.autovec_copy(out[None, h], b4[None, dst0 + step * (dn * 8) + ((2 * j + h) ^ (n0 % 8))])
 
     @cute.jit
     def _widen_loop(self, ring, st, sSh, mTab, units, n_kb, bidx, gdim, wtid):
@@ -135,36 +147,11 @@ class GroupedSplit(GroupedSm90):
                 state = self._stage(g)
                 ring.consumer_wait(state)
                 cute.arch.mbarrier_wait(wb + 2 + g % 2, ((g // 2) & 1) ^ 1)
-                self._widen_rows(st, sSh, tab, state.index, g % 2, wtid)
+                self._widen_rows(st, sSh, tab, state.index, g % 2, 0, wtid, 32 * WIDENER_WARPS, self.cfg.bn,
+                                 self.cfg.widen_batch)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.mbarrier_arrive(wb + g % 2)
                 g = g + 1
-
-    @cute.jit
-    def _widen_rows(self, st, sSh, tab, stage, buf, wtid):
-        """`_widen_stage` over the whole bn-row tile by the widener threads: thread t's items are rows t / 4 + i · T / 4
-        (T threads; the row step a multiple of 8: one swizzle for every item; rows past bn skipped), sub-block t % 4,
-        `widen_batch` items' loads at a time (the widener warps run at the producer warpgroup's registers)."""
-        c = self.cfg
-        threads = 32 * WIDENER_WARPS
-        dn = threads // SUBS
-        steps = -(-c.bn * SUBS // threads)  # the last one partial where the threads do not divide the items
-        _q4, b4, words, tabs, out = self._widen_views(st, c.widen_batch)
-        n0 = wtid // SUBS
-        j = wtid % SUBS
-        dst0 = buf * (c.bn * 8) + n0 * 8
-        for b0 in cutlass.range_constexpr(0, steps, c.widen_batch):
-            batch = range(b0, min(b0 + c.widen_batch, steps))
-            for i in cutlass.range_constexpr(len(batch)):
-                n = n0 + batch[i] * dn
-                if cutlass.const_expr((batch[i] + 1) * dn <= c.bn) or n < c.bn:
-                    self._load_rs_item(st, stage, n, j, words, i)
-                    cute.autovec_copy(table_pair(tab, pair_offset(sSh[n, 0, stage], j)), tabs[None, i])
-            for i in cutlass.range_constexpr(len(batch)):
-                if cutlass.const_expr((batch[i] + 1) * dn <= c.bn) or n0 + batch[i] * dn < c.bn:
-                    widen_item_rs(words, tabs, i, out)
-                    for h in cutlass.range_constexpr(2):
-                        cute.autovec_copy(out[None, h], b4[None, dst0 + batch[i] * (dn * 8) + ((2 * j + h) ^ (n0 % 8))])
 
     @cute.jit
     def _await_widened(self, ring, st, g_rd):
@@ -253,7 +240,6 @@ class GroupedSplitRow(GroupedSplit):
                     acc_mn[r, cc] = acc_mn[r, cc] * col_s[cc]
             if release:
                 self._release(ring, st, state, g_rd)
-
 
     @cute.jit
     def _release(self, ring, st, state, g_rd):
