@@ -313,6 +313,8 @@ register_impl(MoeLayerVariant("v14", {"wide_split": False, "wide_early": False})
 register_impl(MoeLayerVariant("v15", {"wide_early": False}))
 # candidate (prefill): v7 with the widening by the producer warpgroup's warps 1-3 (grouped_config.V19)
 register_impl(MoeLayerVariant("v19", V19))
+# ... its widening knocked out (the wideners only hand the B buffers over): what v19's consumer loop alone takes
+register_impl(MoeLayerVariant("v19-ko-no-widen", {**V19, "ablate": "no-widen"}, checked=False))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

@@ -128,8 +128,9 @@ class GroupedConfig:
         if self.rs_codes and not (self.split_wg and not self.tiled_b):
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.widen_wg and not (self.split_wg and self.row_frame and self.rs_codes and self.bm == 128
-                                  and self.split_k == 1 and not self.ablate):
-            raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split or ablate")
+                                  and self.split_k == 1 and self.ablate in ("", "no-widen")):
+            raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
+                             "knock-outs no-widen only")
         if self.producer_regs + 2 * self.consumer_regs > 3 * self.launch_regs or \
                 (self.producer_regs, self.consumer_regs) != (40, 232) and not self.widen_wg:
             raise ValueError(f"the register split is v19's knob (widen_wg), at most {3 * self.launch_regs} registers "

@@ -147,8 +147,9 @@ class GroupedSplit(GroupedSm90):
                 state = self._stage(g)
                 ring.consumer_wait(state)
                 cute.arch.mbarrier_wait(wb + 2 + g % 2, ((g // 2) & 1) ^ 1)
-                self._widen_rows(st, sSh, tab, state.index, g % 2, 0, wtid, 32 * WIDENER_WARPS, self.cfg.bn,
-                                 self.cfg.widen_batch)
+                if cutlass.const_expr(not self.cfg.skips_widen):  # the knock-out: the hand-over alone
+                    self._widen_rows(st, sSh, tab, state.index, g % 2, 0, wtid, 32 * WIDENER_WARPS, self.cfg.bn,
+                                     self.cfg.widen_batch)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.mbarrier_arrive(wb + g % 2)
                 g = g + 1
