@@ -30,7 +30,7 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE, V19
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_WIDE, V19, V20
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -315,6 +315,8 @@ register_impl(MoeLayerVariant("v15", {"wide_early": False}))
 register_impl(MoeLayerVariant("v19", V19))
 # ... its widening knocked out (the wideners only hand the B buffers over): what v19's consumer loop alone takes
 register_impl(MoeLayerVariant("v19-ko-no-widen", {**V19, "ablate": "no-widen"}, checked=False))
+# candidate (prefill): v19 with the TMA warp a fourth widener (grouped_config.V20)
+register_impl(MoeLayerVariant("v20", V20))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

@@ -113,6 +113,10 @@ class GroupedConfig:
     producer_regs: int = 40
     consumer_regs: int = 232
     widen_batch: int = 4  # v19: items a widener thread loads before it widens them
+    # v20 (candidate `cutedsl:v20`): v19 with the TMA warp a fourth widener (128 widener threads, 8 items each a
+    # stage): per K block g it widens its share of g, then loads block g + stages - 1 (that slot's consumers are done
+    # with block g - 1, which the widening of g + 1 waits for anyway)
+    widen_tma: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -131,6 +135,8 @@ class GroupedConfig:
                                   and self.split_k == 1 and self.ablate in ("", "no-widen")):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
                              "knock-outs no-widen only")
+        if self.widen_tma and not self.widen_wg:
+            raise ValueError("widen_tma (v20) is a mode of widen_wg (v19)")
         if self.producer_regs + 2 * self.consumer_regs > 3 * self.launch_regs or \
                 (self.producer_regs, self.consumer_regs) != (40, 232) and not self.widen_wg:
             raise ValueError(f"the register split is v19's knob (widen_wg), at most {3 * self.launch_regs} registers "
@@ -165,6 +171,11 @@ class GroupedConfig:
     def launch_regs(self) -> int:
         """Registers a thread at launch (one CTA an SM; allocated in 8s): the pool setmaxnreg redistributes (168)."""
         return REGISTER_FILE // self.threads // 8 * 8
+
+    @property
+    def widener_threads(self) -> int:
+        """v19 / v20: the producer warpgroup's threads that widen (warps 1-3, and v20's TMA warp)."""
+        return 32 * (WIDENER_WARPS + self.widen_tma)
 
     @property
     def skips_widen(self) -> bool:
@@ -247,6 +258,7 @@ V8_PREFILL = {**V7, "rs_codes": True}
 # registers 72 (each thread loading 8 items ahead), the consumers' 216 (at 40 / 232 / 4 items: 1.03-1.05x slower than
 # v7; at 72 / 216 / 8 1.02-1.06x faster)
 V19 = {**V8_PREFILL, "widen_wg": True, "producer_regs": 72, "consumer_regs": 216, "widen_batch": 8}
+V20 = {**V19, "widen_tma": True}  # candidate `cutedsl:v20`: the TMA warp a fourth widener
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:
