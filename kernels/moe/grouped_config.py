@@ -103,8 +103,8 @@ class GroupedConfig:
     # into a global workspace and the last to arrive runs the epilogue. 1: no split
     # (layer.compile_layer's "split" pair is split_k MAX_SPLIT)
     split_k: int = 1
-    # v19 (candidate `cutedsl:v19`, prefill; kernels/moe/grouped_split.py `_widen_loop`): v7 with the widening moved off the
-    # consumers: WIDENER_WARPS warps of the producer warpgroup widen each stage's FP4 tile into the B buffers and
+    # v19 (the prefill pick since session 41; kernels/moe/grouped_split.py `_widen_loop`): v7 with the widening moved
+    # off the consumers: WIDENER_WARPS warps of the producer warpgroup widen each stage's FP4 tile into the B buffers and
     # hand them over by mbarriers; the consumer warpgroups only wait, issue wgmma and promote (DeepGEMM's loop)
     widen_wg: bool = False
     # v19's register split (setmaxnreg): the producer warpgroup's (its widener warps') and each consumer's; producer +
@@ -242,11 +242,13 @@ class GroupedConfig:
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
+# v19's knobs off (the rule's prefill pick since v19 has them on): every earlier version's dict carries them
+NO_WIDENERS = {"widen_wg": False, "widen_tma": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4}
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
-      "skip_padding_wave": False, "rs_codes": False, "split_k": 1}
+      "skip_padding_wave": False, "rs_codes": False, "split_k": 1, **NO_WIDENERS}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
 V3 = {"split_wg": True, "row_frame": True, "fast_silu": True, "swap_ab": False, "skip_padding_wave": False,
-      "rs_codes": False, "split_k": 1}
+      "rs_codes": False, "split_k": 1, **NO_WIDENERS}
 V7 = {**V3, "skip_padding_wave": True}  # the prefill pick before v8: v3 without a tile's all-padding second wave
 V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_layer adds bm 32 and v4 beside it)
 # v8, the rule since session 33: one weight frame (row) and one copy of the codes (v5's RS-ordered tiles) for every
@@ -254,9 +256,9 @@ V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_
 V8_DECODE = {**V5, "row_frame": True}
 V8_WIDE = {**V3, "rs_codes": True}
 V8_PREFILL = {**V7, "rs_codes": True}
-# v19 (candidate `cutedsl:v19`, prefill): v8's prefill pick with the widening by the producer warpgroup's warps, their
-# registers 72 (each thread loading 8 items ahead), the consumers' 216 (at 40 / 232 / 4 items: 1.03-1.05x slower than
-# v7; at 72 / 216 / 8 1.02-1.06x faster)
+# v19 (the prefill pick since session 41): v8's with the widening by the producer warpgroup's warps, their registers
+# 72 (each thread loading 8 items ahead), the consumers' 216 (at 40 / 232 / 4 items: 1.03-1.05x slower than v7; at
+# 72 / 216 / 8 1.02-1.06x faster); `cutedsl:v8-prefill` is V8_PREFILL
 V19 = {**V8_PREFILL, "widen_wg": True, "producer_regs": 72, "consumer_regs": 216, "widen_batch": 8}
 V20 = {**V19, "widen_tma": True}  # candidate `cutedsl:v20`: the TMA warp a fourth widener
 
@@ -275,7 +277,10 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     widening 7 ops a word, and one token runs v5 too (no GEMV path). v10 (session 35) keeps them too: its changes
     are in the kernels' ring state (GroupedSm90._stage), work list and the masked dispatch. v11 (session 36):
     layer.compile_layer adds the 16-token tile's tail-split build (split_k MAX_SPLIT), which a call launches where
-    its units' tail would be cut (grouped_slices.tail_slices: Pro T = 1)."""
+    its units' tail would be cut (grouped_slices.tail_slices: Pro T = 1). v19 (session 41) at prefill: v8's pick with
+    the widening moved to the producer warpgroup's warps 1-3 (V19). H200, one process each (docs/perf/moe.md "v19"):
+    capped T = 4096 1.02-1.06x (Pro 0.98-1.02x in a second process), the real expert counts 1.01-1.02x, T = 16384
+    1.01-1.04x v8's."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
-    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V8_PREFILL)
+    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V19)

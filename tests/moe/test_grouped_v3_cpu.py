@@ -331,12 +331,8 @@ def test_v3_knockout_and_decode_compile_clean(layout, epilogue):
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
 def test_v7_compiles_clean_is_the_prefill_pick_and_is_refused_elsewhere(epilogue, monkeypatch):
     """v7, v3 with an all-padding second wave skipped (GroupedConfig.skip_padding_wave): sm_90a, no serialised wgmma, the
-    loop's spill refills as v3's; the rule's prefill pick; only v3 on the contiguous layout takes it; the family
-    refuses it at decode."""
-    from kernels.moe.grouped_config import V8_PREFILL
+    loop's spill refills as v3's; only v3 on the contiguous layout takes it; the family refuses it at decode."""
     knobs = V7
-    assert grouped_config("contiguous", epilogue) == GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128,
-                                                                   **V8_PREFILL)
     assert _loop_spills(compile_checked("contiguous", epilogue, knobs, monkeypatch)) <= 4
     with pytest.raises(ValueError, match="skip_padding_wave"):
         GroupedConfig(layout="masked", bm=64, **knobs)
@@ -415,8 +411,8 @@ def test_wide_early_gives_the_wide_pairs_l2s_early_weights(monkeypatch):
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
 @pytest.mark.parametrize("version", ["v19", "v20"])
 def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(version, epilogue, monkeypatch):
-    """Candidates v19 (`cutedsl:v19`: v7 with the widening by WIDENER_WARPS warps of the producer warpgroup,
-    grouped_split._widen_rows) and v20 (the TMA warp a fourth widener): the widener threads' items cover each (row,
+    """v19 (the rule's prefill pick: v7 with the widening by WIDENER_WARPS warps of the producer warpgroup,
+    grouped_split._widen_rows) and candidate v20 (the TMA warp a fourth widener): the widener threads' items cover each (row,
     sub-block) of the 256-row tile once and store every 16-byte chunk of the widened tile once; the consumers' K loop
     holds no spill (v7's refills up to 4) and no widening (no PRMT after the first wgmma); v19 is refused off v7's
     configuration, v20 off v19's."""
@@ -446,5 +442,8 @@ def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(versio
             GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**V19, **regs})
     with pytest.raises(ValueError, match="widen_tma"):
         GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**V20, "widen_wg": False})
-    impl = get_impl("moe", f"cutedsl:{version}")
-    assert "contiguous" in impl.supports(Case("moe", space.case("layer", "flash", 8)))
+    if version == "v19":  # the rule's prefill pick
+        assert grouped_config("contiguous", epilogue) == GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128,
+                                                                       **V19)
+    else:  # a prefill variant: refused at decode
+        assert "contiguous" in get_impl("moe", "cutedsl:v20").supports(Case("moe", space.case("layer", "flash", 8)))
