@@ -113,10 +113,6 @@ class GroupedConfig:
     producer_regs: int = 40
     consumer_regs: int = 232
     widen_batch: int = 4  # v19: items a widener thread loads before it widens them
-    # v20 (candidate `cutedsl:v20`): v19 with the TMA warp a fourth widener (128 widener threads, 8 items each a
-    # stage): per K block g it widens its share of g, then loads block g + stages - 1 (that slot's consumers are done
-    # with block g - 1, which the widening of g + 1 waits for anyway)
-    widen_tma: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -135,8 +131,6 @@ class GroupedConfig:
                                   and self.split_k == 1 and self.ablate in ("", "no-widen")):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
                              "knock-outs no-widen only")
-        if self.widen_tma and not self.widen_wg:
-            raise ValueError("widen_tma (v20) is a mode of widen_wg (v19)")
         if self.producer_regs + 2 * self.consumer_regs > 3 * self.launch_regs or \
                 (self.producer_regs, self.consumer_regs) != (40, 232) and not self.widen_wg:
             raise ValueError(f"the register split is v19's knob (widen_wg), at most {3 * self.launch_regs} registers "
@@ -171,11 +165,6 @@ class GroupedConfig:
     def launch_regs(self) -> int:
         """Registers a thread at launch (one CTA an SM; allocated in 8s): the pool setmaxnreg redistributes (168)."""
         return REGISTER_FILE // self.threads // 8 * 8
-
-    @property
-    def widener_threads(self) -> int:
-        """v19 / v20: the producer warpgroup's threads that widen (warps 1-3, and v20's TMA warp)."""
-        return 32 * (WIDENER_WARPS + self.widen_tma)
 
     @property
     def skips_widen(self) -> bool:
@@ -243,7 +232,7 @@ class GroupedConfig:
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
 # v19's knobs off (the rule's prefill pick since v19 has them on): every earlier version's dict carries them
-NO_WIDENERS = {"widen_wg": False, "widen_tma": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4}
+NO_WIDENERS = {"widen_wg": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4}
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
       "skip_padding_wave": False, "rs_codes": False, "split_k": 1, **NO_WIDENERS}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
@@ -260,7 +249,6 @@ V8_PREFILL = {**V7, "rs_codes": True}
 # 72 (each thread loading 8 items ahead), the consumers' 216 (at 40 / 232 / 4 items: 1.03-1.05x slower than v7; at
 # 72 / 216 / 8 1.02-1.06x faster); `cutedsl:v8-prefill` is V8_PREFILL
 V19 = {**V8_PREFILL, "widen_wg": True, "producer_regs": 72, "consumer_regs": 216, "widen_batch": 8}
-V20 = {**V19, "widen_tma": True}  # candidate `cutedsl:v20`: the TMA warp a fourth widener
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:

@@ -212,7 +212,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         if cutlass.const_expr(c.widen_wg):  # v19: the B buffers' full (the wideners' threads), empty (consumer warps)
             if tidx == 0:
                 for b in cutlass.range_constexpr(2):
-                    cute.arch.mbarrier_init(st.wbars.data_ptr() + b, c.widener_threads)
+                    cute.arch.mbarrier_init(st.wbars.data_ptr() + b, WIDENER_WARPS * 32)
                     cute.arch.mbarrier_init(st.wbars.data_ptr() + 2 + b, c.n_mma_wg * 4)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
@@ -250,16 +250,11 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         if wg == 0:
             cute.arch.setmaxregister_decrease(c.producer_regs)
             if warp_idx == 0:
-                if cutlass.const_expr(c.widen_tma):  # v20: the TMA warp widens too (grouped_split._widen_loop)
-                    self._widen_loop(ring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx,
-                                     ((a, b, sh, sw, sa), tiles_n, n_groups, mg, mGroup))
-                else:
-                    self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim,
-                                  (full, slices))
-            if cutlass.const_expr(c.widen_wg):  # warps 1-3 widen: widener threads 0-95 (v19), 32-127 (v20)
+                self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim,
+                              (full, slices))
+            if cutlass.const_expr(c.widen_wg):  # v19 (grouped_split._widen_loop)
                 if (warp_idx >= 1) & (warp_idx <= WIDENER_WARPS):
-                    self._widen_loop(ring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx - 32 * (1 - c.widen_tma),
-                                     None)
+                    self._widen_loop(ring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx - 32)
         else:
             cute.arch.setmaxregister_increase(c.consumer_regs)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
@@ -272,6 +267,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         layout), its shift words and column scales, x's row scales. Each argument a (atom, global, shared).
         split_k: per item (a whole unit, or a tail unit's K slice: grouped_slices.item_range) its K blocks."""
         c = self.cfg
+        boxes = c.a_boxes
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
         full, slices = plan
         items = full + (units - full) * slices
@@ -296,28 +292,18 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
                 if cutlass.const_expr(c.early_weights):
                     fresh = n >= early
                     n += 1
-                self._load_stage(ring, state, (a, b, sh, sw, sa), tiles_n, n_kb, (g, mt, nt, e), kb, fresh)
+                if fresh:
+                    ring.producer_acquire(state)
+                bar = ring.producer_get_barrier(state)
+                for w in cutlass.range_constexpr(boxes):
+                    cute.copy(a[0], a[1][(None, mt * boxes + w, kb, g)], a[2][(None, state.index * boxes + w)],
+                              tma_bar_ptr=bar)
+                if fresh:
+                    self._load_weights(b, sh, sw, tiles_n, n_kb, nt, kb, e, state.index, bar)
+                cute.copy(sa[0], sa[1][(None, mt, kb, g)], sa[2][(None, state.index)], tma_bar_ptr=bar)
+                ring.producer_commit(state)
                 state.advance()
         ring.producer_tail(state)
-
-    @cute.jit
-    def _load_stage(self, ring, state, loads, tiles_n, n_kb, tile, kb, fresh):
-        """Stage `state` of the ring (the caller advances it): x's `a_boxes` boxes of K block kb of the tile (group, m
-        tile, n tile, expert), its row scales, and where `fresh` (not a stage the early pass took) the weight side, the
-        slot acquired first."""
-        a, b, sh, sw, sa = loads
-        g, mt, nt, e = tile
-        boxes = self.cfg.a_boxes
-        if fresh:
-            ring.producer_acquire(state)
-        bar = ring.producer_get_barrier(state)
-        for w in cutlass.range_constexpr(boxes):
-            cute.copy(a[0], a[1][(None, mt * boxes + w, kb, g)], a[2][(None, state.index * boxes + w)],
-                      tma_bar_ptr=bar)
-        if fresh:
-            self._load_weights(b, sh, sw, tiles_n, n_kb, nt, kb, e, state.index, bar)
-        cute.copy(sa[0], sa[1][(None, mt, kb, g)], sa[2][(None, state.index)], tma_bar_ptr=bar)
-        ring.producer_commit(state)
 
     @cute.jit
     def _item(self, w, plan, n_kb):

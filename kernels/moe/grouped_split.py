@@ -40,7 +40,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
 from kernels.gemm.tiling import KBLOCK
-from kernels.moe.grouped_config import WIDEN_TABLE_WORDS
+from kernels.moe.grouped_config import WIDEN_TABLE_WORDS, WIDENER_WARPS
 from kernels.moe.grouped_sm90 import GroupedSm90
 from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen_item, widen_item_rs
 from kernels.regs import fence_operand, mn_view
@@ -131,48 +131,28 @@ class GroupedSplit(GroupedSm90):
                         cute.autovec_copy(out[None, h], b4[None, dst0 + step * (dn * 8) + ((2 * j + h) ^ (n0 % 8))])
 
     @cute.jit
-    def _widen_loop(self, ring, st, sSh, mTab, units, n_kb, bidx, gdim, wtid, loads):
-        """v19 / v20 (GroupedConfig.widen_wg, widen_tma): a widener warp (wtid: its threads' index among the
-        `widener_threads`) walks the CTA's K blocks (its units' n_kb each, in the consumers' order); per block g: wait
-        for its stage (TMA) and for B buffer g % 2 to be free (every consumer warp done with block g - 2), widen its share
-        of the tile into it (`_widen_rows`), fence for the async proxy, arrive on the buffer's full barrier. The wideners
-        hold the widening table (the consumers do not). `loads` (v20's TMA warp: the ring's (atom, global, shared)
-        pieces and the work list): the first stages - 1 blocks loaded before the loop, block g + stages - 1 after g's
-        widening (its slot is block g - 1's, freed before the widening of g + 1 can start anyway)."""
+    def _widen_loop(self, ring, st, sSh, mTab, units, n_kb, bidx, gdim, wtid):
+        """v19 (GroupedConfig.widen_wg): the widener warps (wtid 0 .. 32 WIDENER_WARPS - 1 of the producer warpgroup)
+        walk the CTA's K blocks (its units' n_kb each, in the consumers' order); per block g: wait for its stage (TMA)
+        and for B buffer g % 2 to be free (every consumer warp done with block g - 2), widen the whole tile into it
+        (`_widen_rows`), fence for the async proxy, arrive on the buffer's full barrier. They hold the widening table
+        (the consumers do not)."""
         c = self.cfg
+        threads = 32 * WIDENER_WARPS
         tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
         if wtid < WIDEN_TABLE_WORDS:
             tab[wtid] = mTab[wtid]
-        pipeline.NamedBarrier(barrier_id=WIDENER_BARRIER, num_threads=c.widener_threads).arrive_and_wait()
+        pipeline.NamedBarrier(barrier_id=WIDENER_BARRIER, num_threads=threads).arrive_and_wait()
         wb = st.wbars.data_ptr()
         blocks = cutlass.select_(bidx < units, (units - bidx + gdim - 1) // gdim, 0) * n_kb
-        ahead = cutlass.min(blocks, c.n_stages - 1)
-        if cutlass.const_expr(loads is not None):
-            produced = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
-            for g_ld in cutlass.range(0, ahead, unroll=1):
-                self._load_block(ring, produced, st, loads, n_kb, bidx, gdim, g_ld)
-                produced.advance()
         for g in cutlass.range(0, blocks, unroll=1):
             state = self._stage(g)
             ring.consumer_wait(state)
             cute.arch.mbarrier_wait(wb + 2 + g % 2, ((g // 2) & 1) ^ 1)
             if cutlass.const_expr(not c.skips_widen):  # the knock-out: the hand-over alone
-                self._widen_rows(st, sSh, tab, state.index, g % 2, 0, wtid, c.widener_threads, c.bn, c.widen_batch)
+                self._widen_rows(st, sSh, tab, state.index, g % 2, 0, wtid, threads, c.bn, c.widen_batch)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.mbarrier_arrive(wb + g % 2)
-            if cutlass.const_expr(loads is not None):
-                if g + ahead < blocks:
-                    self._load_block(ring, produced, st, loads, n_kb, bidx, gdim, g + ahead)
-                    produced.advance()
-        if cutlass.const_expr(loads is not None):
-            ring.producer_tail(produced)
-
-    @cute.jit
-    def _load_block(self, ring, state, st, loads, n_kb, bidx, gdim, g):
-        """v20: the CTA's K block g (its unit bidx + (g / n_kb) gdim, block g % n_kb) into ring stage `state`."""
-        pieces, tiles_n, n_groups, mg, mGroup = loads
-        grp, mt, nt, e, _limit = self._unit(bidx + g // n_kb * gdim, tiles_n, n_groups, mg, mGroup, st)
-        self._load_stage(ring, state, pieces, tiles_n, n_kb, (grp, mt, nt, e), g % n_kb, True)
 
     @cute.jit
     def _await_widened(self, ring, st, g_rd):

@@ -409,24 +409,20 @@ def test_wide_early_gives_the_wide_pairs_l2s_early_weights(monkeypatch):
 
 
 @pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
-@pytest.mark.parametrize("version", ["v19", "v20"])
-def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(version, epilogue, monkeypatch):
+def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(epilogue, monkeypatch):
     """v19 (the rule's prefill pick: v7 with the widening by WIDENER_WARPS warps of the producer warpgroup,
-    grouped_split._widen_rows) and candidate v20 (the TMA warp a fourth widener): the widener threads' items cover each (row,
-    sub-block) of the 256-row tile once and store every 16-byte chunk of the widened tile once; the consumers' K loop
-    holds no spill (v7's refills up to 4) and no widening (no PRMT after the first wgmma); v19 is refused off v7's
-    configuration, v20 off v19's."""
-    from kernels.moe.grouped_config import BN, V19, V20
-    knobs = V19 if version == "v19" else V20
-    threads = GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **knobs).widener_threads
-    assert threads == (96 if version == "v19" else 128)
+    grouped_split._widen_rows): the widener threads' items cover each (row, sub-block) of the 256-row tile once and
+    store every 16-byte chunk of the widened tile once; the consumers' K loop holds no spill (v7's refills up to 4) and
+    no widening (no PRMT after the first wgmma); v19 is refused off v7's configuration."""
+    from kernels.moe.grouped_config import BN, V19, WIDENER_WARPS
+    threads = 32 * WIDENER_WARPS
     dn, steps = threads // 4, -(-BN * 4 // threads)
     mine = [(t, s) for t in range(threads) for s in range(steps) if t // 4 + s * dn < BN]
     items = [(t // 4 + s * dn, t % 4) for t, s in mine]
     assert sorted(items) == [(n, j) for n in range(BN) for j in range(4)] and dn % 8 == 0
     chunks = [(t // 4) * 8 + s * dn * 8 + ((2 * (t % 4) + h) ^ (t // 4 % 8)) for t, s in mine for h in range(2)]
     assert sorted(chunks) == list(range(BN * 8))
-    compiled = compile_checked("contiguous", epilogue, knobs, monkeypatch, 1024, 1024)
+    compiled = compile_checked("contiguous", epilogue, V19, monkeypatch, 1024, 1024)
     assert _loop_spills(compiled) == 0
     from dsv4bench.compile.sass import sass_of
     lines = sass_of(compiled).splitlines()
@@ -440,10 +436,4 @@ def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(versio
                                                                 "widen_wg": False}):
         with pytest.raises(ValueError, match="register split"):  # past the launch's 504 (80 / 216 / 216 hung)
             GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**V19, **regs})
-    with pytest.raises(ValueError, match="widen_tma"):
-        GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**V20, "widen_wg": False})
-    if version == "v19":  # the rule's prefill pick
-        assert grouped_config("contiguous", epilogue) == GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128,
-                                                                       **V19)
-    else:  # a prefill variant: refused at decode
-        assert "contiguous" in get_impl("moe", "cutedsl:v20").supports(Case("moe", space.case("layer", "flash", 8)))
+    assert grouped_config("contiguous", epilogue) == GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **V19)
