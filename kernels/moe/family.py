@@ -318,6 +318,8 @@ register_impl(MoeLayerVariant("v8-prefill", V8_PREFILL))
 # v19 (the rule's prefill pick) with its widening knocked out (the wideners only hand the B buffers over): what its
 # consumer loop alone takes
 register_impl(MoeLayerVariant("v19-ko-no-widen", {**V19, "ablate": "no-widen"}, checked=False))
+# candidate (prefill): v19 with three widened B buffers (the wideners two blocks ahead; three stages, not four)
+register_impl(MoeLayerVariant("v19-b3", {**V19, "widen_buffers": 3}))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

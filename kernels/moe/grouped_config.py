@@ -113,6 +113,9 @@ class GroupedConfig:
     producer_regs: int = 40
     consumer_regs: int = 232
     widen_batch: int = 4  # v19: items a widener thread loads before it widens them
+    # v19's widened B buffers: 2 (the wideners at most one block ahead of the consumers), or 3 (two ahead, one stage
+    # fewer; candidate `cutedsl:v19-b3`)
+    widen_buffers: int = 2
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -131,6 +134,8 @@ class GroupedConfig:
                                   and self.split_k == 1 and self.ablate in ("", "no-widen")):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
                              "knock-outs no-widen only")
+        if self.widen_buffers not in (2, 3) or self.widen_buffers != 2 and not self.widen_wg:
+            raise ValueError(f"widen_buffers is 2, or 3 with widen_wg (v19), got {self.widen_buffers}")
         if self.producer_regs + 2 * self.consumer_regs > 3 * self.launch_regs or \
                 (self.producer_regs, self.consumer_regs) != (40, 232) and not self.widen_wg:
             raise ValueError(f"the register split is v19's knob (widen_wg), at most {3 * self.launch_regs} registers "
@@ -217,7 +222,7 @@ class GroupedConfig:
     def fixed_bytes(self) -> int:
         """Two widened e4m3 B tiles (none for swap_ab), the epilogue's amax exchange, the widening table, the work
         list, barriers."""
-        widened = 0 if self.swap_ab else 2 * self.bn * KBLOCK
+        widened = 0 if self.swap_ab else self.widen_buffers * self.bn * KBLOCK
         return widened + self.reduce_words * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4 + 2048
 
     @property

@@ -27,7 +27,8 @@ def ring_storage(c: GroupedConfig, fp8, sA_layout, ring: tuple, sB_layout=None):
               "gtiles": align[mem[Int32, MAX_GROUPS], 16],  # masked: tiles per group
               "gfirst": align[mem[Int32, MAX_GROUPS], 16],  # and the first tile of each
               **({"flag": align[mem[Int32, 4], 16]} if c.split_k > 1 else {}),  # split_k: the last slice's flag
-              **({"wbars": mem[cutlass.Int64, 4]} if c.widen_wg else {}),  # v19: B buffers' full, empty
+              # v19: the B buffers' full and empty barriers
+              **({"wbars": mem[cutlass.Int64, 2 * c.widen_buffers]} if c.widen_wg else {}),
               "sSA": align[mem[Float32, cute.cosize(sSA_layout)], 128],
               "sSW": align[mem[Float32, cute.cosize(sSW_layout)], 128],
               "sSh": align[mem[Int32, cute.cosize(sSh_layout)], 128],

@@ -130,7 +130,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         mma = lambda: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
             fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32, (1, 2, 1), (64, c.bn // 2))
         return (mma(), mma(), sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tile, fp8, c.n_stages * c.waves),
-                sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, 2))
+                sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, c.widen_buffers))
 
     @cute.jit
     def _work(self, st, mGroup, n_groups, tiles_m, mg, tidx):
@@ -211,9 +211,9 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
         ring = tma_ring(st.bars.data_ptr(), c.n_stages, c.n_mma_wg * 4, c.stage_bytes)
         if cutlass.const_expr(c.widen_wg):  # v19: the B buffers' full (the wideners' threads), empty (consumer warps)
             if tidx == 0:
-                for b in cutlass.range_constexpr(2):
+                for b in cutlass.range_constexpr(c.widen_buffers):
                     cute.arch.mbarrier_init(st.wbars.data_ptr() + b, WIDENER_WARPS * 32)
-                    cute.arch.mbarrier_init(st.wbars.data_ptr() + 2 + b, c.n_mma_wg * 4)
+                    cute.arch.mbarrier_init(st.wbars.data_ptr() + c.widen_buffers + b, c.n_mma_wg * 4)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = None  # v5: no widened tiles
@@ -470,13 +470,14 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening):
 
     @cute.jit
     def _issue_wave(self, mmas, tCrA, tCrB, tmp, state, g_rd, w):
-        """Wave w's 4 wgmma of K block g_rd (the stage's A tile, B buffer g_rd % 2) into tmp, one committed group."""
+        """Wave w's 4 wgmma of K block g_rd (the stage's A tile, B buffer g_rd % widen_buffers) into tmp, one committed
+        group."""
         W = self.cfg.waves
         fence_operand(tmp)
         warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
             cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, state.index * W + w)],
-                      tCrB[(None, None, k, g_rd % 2)], tmp)
+                      tCrB[(None, None, k, g_rd % self.cfg.widen_buffers)], tmp)
         warpgroup.commit_group()
 
     @cute.jit

@@ -134,9 +134,9 @@ class GroupedSplit(GroupedSm90):
     def _widen_loop(self, ring, st, sSh, mTab, units, n_kb, bidx, gdim, wtid):
         """v19 (GroupedConfig.widen_wg): the widener warps (wtid 0 .. 32 WIDENER_WARPS - 1 of the producer warpgroup)
         walk the CTA's K blocks (its units' n_kb each, in the consumers' order); per block g: wait for its stage (TMA)
-        and for B buffer g % 2 to be free (every consumer warp done with block g - 2), widen the whole tile into it
-        (`_widen_rows`), fence for the async proxy, arrive on the buffer's full barrier. They hold the widening table
-        (the consumers do not)."""
+        and for B buffer g % nb to be free (nb widen_buffers: every consumer warp done with block g - nb), widen the
+        whole tile into it (`_widen_rows`), fence for the async proxy, arrive on the buffer's full barrier. They hold
+        the widening table (the consumers do not)."""
         c = self.cfg
         threads = 32 * WIDENER_WARPS
         tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
@@ -144,21 +144,23 @@ class GroupedSplit(GroupedSm90):
             tab[wtid] = mTab[wtid]
         pipeline.NamedBarrier(barrier_id=WIDENER_BARRIER, num_threads=threads).arrive_and_wait()
         wb = st.wbars.data_ptr()
+        nb = c.widen_buffers
         blocks = cutlass.select_(bidx < units, (units - bidx + gdim - 1) // gdim, 0) * n_kb
         for g in cutlass.range(0, blocks, unroll=1):
             state = self._stage(g)
             ring.consumer_wait(state)
-            cute.arch.mbarrier_wait(wb + 2 + g % 2, ((g // 2) & 1) ^ 1)
+            cute.arch.mbarrier_wait(wb + nb + g % nb, ((g // nb) & 1) ^ 1)
             if cutlass.const_expr(not c.skips_widen):  # the knock-out: the hand-over alone
-                self._widen_rows(st, sSh, tab, state.index, g % 2, 0, wtid, threads, c.bn, c.widen_batch)
+                self._widen_rows(st, sSh, tab, state.index, g % nb, 0, wtid, threads, c.bn, c.widen_batch)
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.mbarrier_arrive(wb + g % 2)
+            cute.arch.mbarrier_arrive(wb + g % nb)
 
     @cute.jit
     def _await_widened(self, ring, st, g_rd):
         """v19: K block g_rd's stage (x, scales) and its widened tile (the wideners' full barrier) are in."""
         ring.consumer_wait(self._stage(g_rd))
-        cute.arch.mbarrier_wait(st.wbars.data_ptr() + g_rd % 2, (g_rd // 2) & 1)
+        nb = self.cfg.widen_buffers
+        cute.arch.mbarrier_wait(st.wbars.data_ptr() + g_rd % nb, (g_rd // nb) & 1)
 
     @cute.jit
     def _load_rs_item(self, st, stage, n, j, words, step):
@@ -248,7 +250,8 @@ class GroupedSplitRow(GroupedSplit):
         ring.consumer_release(state)
         if cutlass.const_expr(self.cfg.widen_wg):
             if cute.arch.lane_idx() == 0:
-                cute.arch.mbarrier_arrive(st.wbars.data_ptr() + 2 + g_rd % 2)
+                nb = self.cfg.widen_buffers
+                cute.arch.mbarrier_arrive(st.wbars.data_ptr() + nb + g_rd % nb)
 
 
 class GroupedL1Split(GroupedSplit):

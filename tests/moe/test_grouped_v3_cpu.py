@@ -437,3 +437,10 @@ def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(epilog
         with pytest.raises(ValueError, match="register split"):  # past the launch's 504 (80 / 216 / 216 hung)
             GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**V19, **regs})
     assert grouped_config("contiguous", epilogue) == GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **V19)
+    # candidate `cutedsl:v19-b3`: three B buffers cost a stage (4 -> 3) and compile clean; v19's knob only
+    b3 = {**V19, "widen_buffers": 3}
+    assert GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **b3).n_stages == 3
+    assert _loop_spills(compile_checked("contiguous", epilogue, b3, monkeypatch, 1024, 1024)) == 0
+    with pytest.raises(ValueError, match="widen_buffers"):
+        GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**b3, "widen_wg": False, "producer_regs": 40,
+                                                                         "consumer_regs": 232})
