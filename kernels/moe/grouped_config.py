@@ -220,7 +220,7 @@ class GroupedConfig:
 
     @property
     def fixed_bytes(self) -> int:
-        """Two widened e4m3 B tiles (none for swap_ab), the epilogue's amax exchange, the widening table, the work
+        """The widened e4m3 B tiles (widen_buffers; none for swap_ab), the epilogue's amax exchange, the widening table, the work
         list, barriers."""
         widened = 0 if self.swap_ab else self.widen_buffers * self.bn * KBLOCK
         return widened + self.reduce_words * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4 + 2048

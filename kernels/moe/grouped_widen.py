@@ -125,8 +125,8 @@ class GroupedWidening:
         c = self.cfg
         q4 = cute.make_tensor(cute.recast_ptr(st.sQ.data_ptr(), dtype=Int32),
                               cute.make_layout((4, c.n_stages * c.bn * 4), stride=(1, 4)))
-        b4 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32), cute.make_layout((4, c.widen_buffers * c.bn * 8),
-                                                                                                stride=(1, 4)))
+        b4 = cute.make_tensor(cute.recast_ptr(st.sB.data_ptr(), dtype=Int32),
+                              cute.make_layout((4, c.widen_buffers * c.bn * 8), stride=(1, 4)))
         words = cute.make_rmem_tensor(cute.make_layout((4, steps), stride=(1, 4)), Int32)
         tabs = cute.make_rmem_tensor(cute.make_layout((2, steps), stride=(1, 2)), Int32)
         out = cute.make_rmem_tensor(cute.make_layout((4, 2), stride=(1, 4)), Int32)
