@@ -33,7 +33,8 @@ from kernels.bits import bits_f32
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_config import MAX_GROUPS, WIDEN_TABLE_WORDS
 from kernels.moe.grouped_epilogue import FP8_FLOOR, FP8_MAX, bf16_half, swiglu
-from kernels.moe.grouped_sm90 import GroupedSm90, last_group
+from kernels.moe.grouped_sm90 import GroupedSm90
+from kernels.moe.grouped_work import last_group
 from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen8_rs
 from kernels.quant.numerics import bf16x2_bits, cute_abs, e4m3x2, inv_pow2, ue8m0_exponent
 from kernels.regs import fence_operand, mn_view

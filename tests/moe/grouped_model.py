@@ -111,8 +111,8 @@ def layer2(layout: dict, h_codes, h_scales, w: GroupedWeight) -> torch.Tensor:
 
 def work_units(group: list[int], mg: int, bm: int, tiles_n: int, masked: bool, max_groups: int = 512,
                m_fastest: bool = False):
-    """GroupedSm90._work / _unit in Python, step for step: the (group, m tile, n tile, expert) of every unit
-    (m_fastest: v5's GroupedRs._unit, masked only)."""
+    """GroupedWorkList._work / _unit (kernels/moe/grouped_work.py) in Python, step for step: the (group, m tile, n
+    tile, expert) of every unit (m_fastest: v5's GroupedRs._unit, masked only)."""
     if masked:
         gt = [(min(c, mg) + bm - 1) // bm for c in group]
         gf = [sum(gt[:g]) for g in range(len(group))]

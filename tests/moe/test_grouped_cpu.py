@@ -160,7 +160,7 @@ def test_grouped_compiles_for_sm90a(layout, epilogue, knobs, monkeypatch):
     """v4 (v2 whose idle warps skip the promotion), v2 (V2: `cutedsl:v2`, at both layouts) and their A/B knobs;
     the rule's picks, v5 at decode and v3 at prefill, compile in test_grouped_rs_cpu.py / test_grouped_v3_cpu.py.
     v2's masked L2 (an A/B, not the rule) spills two words (the CTA index and the unit count, 8 B) in its 40-register
-    producer since v10's warp-0 work-list scan (GroupedSm90._work); nothing else spills."""
+    producer since v10's warp-0 work-list scan (grouped_work.GroupedWorkList._work); nothing else spills."""
     known = 8 if (layout, epilogue, knobs) == ("masked", "bf16", V2) else 0
     compile_checked(layout, epilogue, knobs, monkeypatch, local_bytes=known)
 
