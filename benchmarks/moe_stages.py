@@ -6,8 +6,9 @@
 One call of the impl runs with its launches recorded (dispatch's two kernels, L1, L2, combine: whatever the
 compiled layer's kernels and GEMMs are); each recorded launch is then replayed alone in a CUDA graph, and the whole
 call in another, every replay timed by CUDA events with the L2 flushed before it (the sweep's `--timing graph`). The
-whole call's output is checked against the FP32 oracle first (a knock-out's is not). A stage's time alone includes its own launch and
-ramp; the whole call's time against the stages' sum is what programmatic dependent launch overlaps. Prints one line
+whole call's output is checked against the FP32 oracle first (a knock-out's is not). A stage's time alone includes its
+own launch and ramp; the whole call's time against the stages' sum is what programmatic dependent launch overlaps. A
+peer (`deepgemm-kernels`, ...) compiles nothing here: its call is checked and timed whole, no stages. Prints one line
 a case and writes one JSON record a case (µs)."""
 
 from __future__ import annotations
@@ -68,20 +69,26 @@ def prepare(impl_name: str, params: dict):
     return impl, case, FAMILY.make_inputs(case, case_generator(case), "cuda"), FAMILY.alloc_outputs(case, "cuda")
 
 
+def compiled_or_none(impl, case):
+    """Our impls' compiled layer; None for a peer (it compiles nothing here: its call is timed whole, no stages)."""
+    return impl.compile(case, "sm_90a") if impl.compiles else None
+
+
 def stages(impl_name: str, params: dict, timer: CudaTimer) -> dict:
     ready = prepare(impl_name, params)
     if isinstance(ready, str):
         return {"impl": impl_name, "params": params, "skipped": ready}
     impl, case, inputs, out = ready
-    rec = Recorder(impl.compile(case, "sm_90a"))
+    compiled = compiled_or_none(impl, case)
+    rec = Recorder(compiled) if compiled is not None else None  # a peer's launches are not ours to record
     impl.run(case, inputs, out, rec)
     torch.cuda.synchronize()
     passed = None  # a knock-out's output is wrong by design: not compared
     if impl.checked:
         passed, _ = compare_outputs(out, FAMILY.oracle(case, inputs), FAMILY.lowprec(case, inputs),
                                     lambda name: FAMILY.tolerance_for(case, name))
-    launches = list(rec.launches)
-    whole = graph_us(timer, lambda: impl.run(case, inputs, out, rec._compiled))
+    launches = list(rec.launches) if rec is not None else []
+    whole = graph_us(timer, lambda: impl.run(case, inputs, out, compiled))
     alone = {}
     for n, (name, fn, args) in enumerate(launches):
         alone[f"{n}:{name}"] = round(graph_us(timer, lambda fn=fn, args=args: fn(*args)), 2)
@@ -91,16 +98,12 @@ def stages(impl_name: str, params: dict, timer: CudaTimer) -> dict:
 
 def once(impl_name: str, params: dict) -> str | None:
     """`--once`: the case's call twice (compile and warm, then the one to profile), nothing timed: for ncu
-    (`--launch-skip` past the first call's kernels). Peers too (they compile nothing: compiled=None). Returns the
-    impl's refusal, if it refuses the case."""
+    (`--launch-skip` past the first call's kernels). Peers too. Returns the impl's refusal, if it refuses the case."""
     ready = prepare(impl_name, params)
     if isinstance(ready, str):
         return ready
     impl, case, inputs, out = ready
-    try:
-        compiled = impl.compile(case, "sm_90a")
-    except NotImplementedError:
-        compiled = None
+    compiled = compiled_or_none(impl, case)
     for _ in range(2):
         impl.run(case, inputs, out, compiled)
     torch.cuda.synchronize()

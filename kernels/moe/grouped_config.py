@@ -109,7 +109,7 @@ class GroupedConfig:
     widen_wg: bool = False
     # v19's register split (setmaxnreg): the producer warpgroup's (its widener warps') and each consumer's; producer +
     # 2 x consumer at most 3 x `launch_regs`: the pool setmaxnreg deals from is the launch's allocation, not the file
-    # (80 / 216 / 216 asked for 512 and the consumers' increase waited forever: lesson moe 28)
+    # (80 / 216 / 216 asked for 512 and the consumers' increase waited forever: lesson moe 7)
     producer_regs: int = 40
     consumer_regs: int = 232
     widen_batch: int = 4  # v19: items a widener thread loads before it widens them
@@ -220,8 +220,8 @@ class GroupedConfig:
 
     @property
     def fixed_bytes(self) -> int:
-        """The widened e4m3 B tiles (widen_buffers; none for swap_ab), the epilogue's amax exchange, the widening table, the work
-        list, barriers."""
+        """The widened e4m3 B tiles (widen_buffers; none for swap_ab), the epilogue's amax exchange, the widening
+        table, the work list, barriers."""
         widened = 0 if self.swap_ab else self.widen_buffers * self.bn * KBLOCK
         return widened + self.reduce_words * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4 + 2048
 

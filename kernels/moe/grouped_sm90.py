@@ -50,6 +50,7 @@ from kernels.moe.grouped_work import GroupedWorkList
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import consumer_state, tma_ring
 
+
 def pdl_wait():
     """Programmatic dependent launch: wait for the previous kernel, then let the next one's CTAs take SMs as ours exit."""
     cute.arch.griddepcontrol_wait()

@@ -23,8 +23,9 @@ while the other still reads this tile's: a closing 256-thread barrier after each
 waves (prefill) the barriers of the waves already do: the next tile's wave-0 write comes after this tile's
 wave-1 barrier (every wave-0 read is before it), its wave-1 write after the next tile's wave-0 barrier.
 
-v19 (GroupedConfig.widen_wg, candidate): the consumers widen nothing; warps 1-3 of the producer warpgroup widen each
-stage's whole tile into the B buffers (`_widen_loop`), handed over by full / empty mbarriers instead of the barriers.
+v19 (GroupedConfig.widen_wg, the prefill pick): the consumers widen nothing; warps 1-3 of the producer warpgroup widen
+each stage's whole tile into the B buffers (`_widen_loop`), handed over by full / empty mbarriers instead of the
+barriers.
 
 `GroupedSplitRow` (row_frame) overrides `_kblock`: the promotion with row scales alone (weights prepared in the
 row frame, kernels/moe/expert_weights.prepare). `fast_silu` (L1's silu by rcp.approx and 2-byte h stores) is
@@ -156,9 +157,9 @@ class GroupedSplit(GroupedSm90):
             cute.arch.mbarrier_arrive(wb + g % nb)
 
     @cute.jit
-    def _await_widened(self, ring, st, g_rd):
-        """v19: K block g_rd's stage (x, scales) and its widened tile (the wideners' full barrier) are in."""
-        ring.consumer_wait(self._stage(g_rd))
+    def _await_widened(self, ring, st, state, g_rd):
+        """v19: K block g_rd's stage `state` (x, scales) and its widened tile (the wideners' full barrier) are in."""
+        ring.consumer_wait(state)
         nb = self.cfg.widen_buffers
         cute.arch.mbarrier_wait(st.wbars.data_ptr() + g_rd % nb, (g_rd // nb) & 1)
 
@@ -193,7 +194,7 @@ class GroupedSplitRow(GroupedSplit):
         W = c.waves
         state = self._stage(g_rd)
         if cutlass.const_expr(c.widen_wg):
-            self._await_widened(ring, st, g_rd)
+            self._await_widened(ring, st, state, g_rd)
         for w in cutlass.range_constexpr(W):
             if cutlass.const_expr(c.skip_padding_wave and w == W - 1):
                 if live_rows > 64 * w:  # the last wave holds a real row (a tile-uniform branch)
