@@ -48,6 +48,7 @@ from kernels.regs import fence_operand, mn_view
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
 WIDENER_BARRIER = 4  # v19: the widener warps' (their table copy)
+PINGPONG_BARRIER = 5  # v21: ids 5 and 6, warpgroup h's turn to issue at the tensor pipe (GroupedConfig.pingpong)
 
 
 class GroupedSplit(GroupedSm90):
@@ -63,6 +64,9 @@ class GroupedSplit(GroupedSm90):
         half = cute.arch.make_warp_uniform(ctid // 128)
         wg_bar = pipeline.NamedBarrier(barrier_id=WG_BARRIER + half, num_threads=128)  # this warpgroup
         bar.arrive_and_wait()  # the table is in
+        if cutlass.const_expr(c.pingpong):  # v21: warpgroup 0 issues first
+            if half == 1:
+                self._turn(0).arrive()
         _work, _count, full, slices = split
         g_rd = Int32(0)
         for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
@@ -85,6 +89,14 @@ class GroupedSplit(GroupedSm90):
                 self._store_tile(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, ctid)
             if cutlass.const_expr(c.epilogue == "swiglu" and c.waves == 1):
                 bar.arrive_and_wait()  # every read of `red` for this tile is done before the next tile's writes
+        if cutlass.const_expr(c.pingpong):  # v21: warpgroup 1's last hand-over (or its first, with no work) taken
+            if half == 0:
+                self._turn(0).arrive_and_wait()
+
+    def _turn(self, h):
+        """v21: the named barrier of warpgroup h's turn to issue its next wave: h arrives and waits on it, the other
+        warpgroup arrives on it once it has issued its own wave (256 threads a phase)."""
+        return pipeline.NamedBarrier(barrier_id=PINGPONG_BARRIER + h, num_threads=256)
 
     @cute.jit
     def _widen_stage(self, st, sSh, tab, stage, buf, ctid):
@@ -218,7 +230,19 @@ class GroupedSplitRow(GroupedSplit):
         n_r, n_c = cute.size(cC, mode=[0]), cute.size(cC, mode=[1])
         row_s = cute.make_rmem_tensor((n_r,), Float32)
         col_s = cute.make_rmem_tensor((n_c,), Float32)
-        self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
+        if cutlass.const_expr(self.cfg.pingpong):  # v21: after the other warpgroup's previous wave, then hand over
+            first = cute.arch.make_warp_uniform(ctid // 128) == 0  # barrier ids as constants: no registers held
+            if first:
+                self._turn(0).arrive_and_wait()
+            else:
+                self._turn(1).arrive_and_wait()
+            self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
+            if first:
+                self._turn(1).arrive()
+            else:
+                self._turn(0).arrive()
+        else:
+            self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
         if cutlass.const_expr(w == 0 and not self.cfg.widen_wg):
             if has_next:
                 self._prepare(ring, st, sSh, tab, g_rd + 1, ctid)
