@@ -30,7 +30,7 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_PREFILL, V8_WIDE, V19, V21
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_PREFILL, V8_WIDE, V19, V22
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -199,24 +199,25 @@ class MoeCuteDSL(Impl):
 class MoeLayerVariant(MoeCuteDSL):
     """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named; `cutedsl` is the
     tile rule's pick (grouped_config.choose). Versions: `:v2` / `:v3` at both layouts (the v2 A/Bs carry
-    grouped_config.V2, so they stay on v2 at prefill), `:v4`, `:v5` (decode: swap-AB, weights widened in registers as
-    an RS wgmma's A, kernels/moe/grouped_rs.py; `:v5-bm16` / `-bm32` one token tile, `:v5-no-pdl` without PDL), `:v7`
-    (v3 skipping a tile's all-padding second wave), `:v3-rs` (v3 on v5's RS code tiles at every count), `:v10` / `:v12`
-    (the rule before v11's tail split / v13's early L2 weights), `:v13` (before v14's one-launch dispatch). A/Bs:
-    `:serial` (widen a K block before its wgmmas, not during the previous block's), `:tiled-b` (codes in load-time
-    16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its own rows:
-    kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past its
-    MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
-    (before v16: v13's early L2 weights for the wide pairs too), `:v8-prefill` (the prefill pick before v19: v7 on the
-    RS code tiles), `:v19-b3` (candidate: v19 with three widened B buffers), `:v21` (candidate: v19's consumer warpgroups taking
-    turns at the tensor pipe). Set aside after measuring: early L1
-    weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over
-    both waves (`:split-widen`, `git show b39264f`), v19 with the TMA warp a fourth widener (`:v20`, `git show
-    ce4d6ae`), v5's swap-AB kernel at 128 tokens a tile (`:v17`, four 64 x 64 waves a K block, `git show 447b913`;
-    `:v18`, a unit's rows in two passes of one m64n128 wave, `git show 3b19bd6`). Knock-outs (timed, never compared;
-    checked False): `:ko-no-widen`, `:v3-`, `:v4-`, `:v19-ko-no-widen`, `:v21-ko-no-widen`, `:v8-ko-no-widen` / `-no-mma` (v5 without its
-    widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History: docs/perf/moe.md; v1 `git show
-    e494048`, v6 `git show 936ce77`."""
+    grouped_config.V2, so they stay on v2 at prefill), `:v4`, `:v5` (decode: swap-AB, weights widened in registers
+    as an RS wgmma's A, kernels/moe/grouped_rs.py; `:v5-bm16` / `-bm32` one token tile, `:v5-no-pdl` without PDL),
+    `:v7` (v3 skipping a tile's all-padding second wave), `:v3-rs` (v3 on v5's RS code tiles at every count), `:v10`
+    / `:v12` (the rule before v11's tail split / v13's early L2 weights), `:v13` (before v14's one-launch dispatch).
+    A/Bs: `:serial` (widen a K block before its wgmmas, not during the previous block's), `:tiled-b` (codes in
+    load-time 16 KB tiles), `:pdl` (programmatic dependent launch), `:split-wg` (each consumer warpgroup widens its
+    own rows: kernels/moe/grouped_split.py), `:fused-dispatch` (v14's one-launch masked dispatch at every T, past
+    its MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
+    (before v16: v13's early L2 weights for the wide pairs too), `:v8-prefill` (the prefill pick before v19: v7 on
+    the RS code tiles), `:v19-b3` (candidate: v19 with three widened B buffers), `:v22` (candidate: v19 testing the
+    next K block's barriers under its wgmmas). Set aside after measuring: early L1 weights (`git show 0ca828c`),
+    L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`,
+    `git show b39264f`), v19 with the TMA warp a fourth widener (`:v20`, `git show ce4d6ae`), v19's consumer
+    warpgroups taking turns at the tensor pipe (`:v21`, `git show 85c26b4`), v5's swap-AB kernel at 128 tokens a
+    tile (`:v17`, four 64 x 64 waves a K block, `git show 447b913`; `:v18`, a unit's rows in two passes of one
+    m64n128 wave, `git show 3b19bd6`). Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`,
+    `:v4-`, `:v19-ko-no-widen`, `:v22-ko-no-widen`, `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its
+    wgmmas), `:v10-ko-stream` (both: the weight stream alone). History: docs/perf/moe.md; v1 `git show e494048`, v6
+    `git show 936ce77`."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
@@ -320,9 +321,9 @@ register_impl(MoeLayerVariant("v8-prefill", V8_PREFILL))
 register_impl(MoeLayerVariant("v19-ko-no-widen", {**V19, "ablate": "no-widen"}, checked=False))
 # candidate (prefill): v19 with three widened B buffers (the wideners two blocks ahead; three stages, not four)
 register_impl(MoeLayerVariant("v19-b3", {**V19, "widen_buffers": 3}))
-# candidate (prefill): v21 = v19 with the consumer warpgroups taking turns at the tensor pipe; and its knock-out
-register_impl(MoeLayerVariant("v21", V21))
-register_impl(MoeLayerVariant("v21-ko-no-widen", {**V21, "ablate": "no-widen"}, checked=False))
+# candidate (prefill): v22 = v19 testing the next K block's barriers under its wave-0 wgmmas; and its knock-out
+register_impl(MoeLayerVariant("v22", V22))
+register_impl(MoeLayerVariant("v22-ko-no-widen", {**V22, "ablate": "no-widen"}, checked=False))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
 peers.register()

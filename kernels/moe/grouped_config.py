@@ -116,11 +116,11 @@ class GroupedConfig:
     # v19's widened B buffers: 2 (the wideners at most one block ahead of the consumers), or 3 (two ahead, one stage
     # fewer; candidate `cutedsl:v19-b3`)
     widen_buffers: int = 2
-    # v21 (candidate, on v19): the two consumer warpgroups take turns issuing their waves' wgmmas (named barriers
-    # PINGPONG_BARRIER + warpgroup: a warpgroup issues after the other one issued its previous wave), so one promotes
-    # while the other's wgmmas run. Without it both issue together, their wgmmas interleave and finish together, and
-    # both promote while the tensor pipe idles (ncu on v19's knock-out: 1544 cycles a K block for 1024 of MMA)
-    pingpong: bool = False
+    # v22 (candidate, on v19): the next K block's stage and widened-tile barriers tested (mbarrier test_wait, no
+    # suspension) while this block's wave-0 wgmmas run, that block's waits skipped where both were complete; the B
+    # buffer and its phase by masks. ncu source counters on v19's knock-out: a K block 1544 cycles for 1024 of MMA,
+    # 355 of them from the block's top to its first wgmma (half of it the two waits' latency)
+    early_tests: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -139,8 +139,8 @@ class GroupedConfig:
                                   and self.split_k == 1 and self.ablate in ("", "no-widen")):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
                              "knock-outs no-widen only")
-        if self.pingpong and not self.widen_wg:
-            raise ValueError("pingpong (v21) is a mode of v19 (widen_wg): the consumers widen nothing")
+        if self.early_tests and not self.widen_wg:
+            raise ValueError("early_tests (v22) is a mode of v19 (widen_wg): its consumers only wait, issue and promote")
         if self.widen_buffers not in (2, 3) or self.widen_buffers != 2 and not self.widen_wg:
             raise ValueError(f"widen_buffers is 2, or 3 with widen_wg (v19), got {self.widen_buffers}")
         if self.producer_regs + 2 * self.consumer_regs > 3 * self.launch_regs or \
@@ -261,7 +261,7 @@ V8_PREFILL = {**V7, "rs_codes": True}
 # 72 (each thread loading 8 items ahead), the consumers' 216 (at 40 / 232 / 4 items: 1.03-1.05x slower than v7; at
 # 72 / 216 / 8 1.02-1.06x faster); `cutedsl:v8-prefill` is V8_PREFILL
 V19 = {**V8_PREFILL, "widen_wg": True, "producer_regs": 72, "consumer_regs": 216, "widen_batch": 8}
-V21 = {**V19, "pingpong": True}  # candidate: v19 with the consumer warpgroups taking turns at the tensor pipe
+V22 = {**V19, "early_tests": True}  # candidate: v19 testing the next K block's barriers under its wgmmas
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:

@@ -446,25 +446,26 @@ def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(epilog
                                                                          "consumer_regs": 232})
 
 
-def test_v21_warpgroups_take_turns_at_the_tensor_pipe(monkeypatch):
-    """Candidate v21 (v19 with GroupedConfig.pingpong): each wave's wgmmas lie between a BAR.SYNC on the issuing
-    warpgroup's turn barrier (5 or 6) and a BAR.ARV on the other's; warpgroup 1's priming arrive on 5 and warpgroup
-    0's closing sync on 5 make every phase whole (256 threads); nothing spills in the K loop; refused off v19."""
-    from kernels.moe.grouped_config import V19, V21
-    compiled = compile_checked("contiguous", "bf16", V21, monkeypatch, 1024, 1024)
+
+@pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
+def test_v22_tests_the_next_blocks_barriers_and_builds_descriptors_uniform(epilogue, monkeypatch):
+    """Candidate v22 (v19 with GroupedConfig.early_tests): between the first wgmma and the last wgmma wait of the K
+    loop two unpredicated mbarrier test_waits (the next block's stage and widened tile) and no R2UR (v19: 14, the
+    wgmma descriptors built per thread and moved to uniform registers each block); no local memory (v19's L1 spills
+    outside the loop); refused off v19."""
+    from kernels.moe.grouped_config import V19, V22
     from dsv4bench.compile.sass import sass_of
+    compiled = compile_checked("contiguous", epilogue, V22, monkeypatch, 1024, 1024)
     sass = sass_of(compiled)
     if sass is None:
         pytest.skip("no nvdisasm")
-    bars = re.findall(r"BAR\.(SYNC\.DEFER_BLOCKING|ARV) (0x[56]), 0x100", sass)
-    count = {(op[:3], bid): bars.count((op, bid)) for op, bid in set(bars)}
-    assert count == {("SYN", "0x5"): 3, ("SYN", "0x6"): 2, ("ARV", "0x5"): 3, ("ARV", "0x6"): 2}  # 2 waves + 1
     lines = sass.splitlines()
-    for i, line in enumerate(lines):  # every QGMMA after a turn's sync with no hand-over between
-        if "QGMMA" in line:
-            before = [ln for ln in lines[:i] if re.search(r"BAR\.(SYNC\.DEFER_BLOCKING|ARV) 0x[56]", ln)]
-            assert "SYNC" in before[-1] or "SYNC" in before[-2]  # the pair is predicated by warpgroup
-    assert _loop_spills(compiled) == 0
-    with pytest.raises(ValueError, match="pingpong"):
-        GroupedConfig(layout="contiguous", epilogue="bf16", bm=128, **{**V7, "pingpong": True})
-    assert not GroupedConfig(layout="contiguous", epilogue="bf16", bm=128, **V19).pingpong
+    first = next(i for i, line in enumerate(lines) if "QGMMA" in line)
+    last = max(i for i, line in enumerate(lines) if "WARPGROUP.DEPBAR" in line)
+    loop = lines[first:last]
+    assert sum(1 for line in loop if re.search(r"^\s*/\*[0-9a-f]+\*/\s+SYNCS\.PHASECHK\.TRANS64 P", line)) == 2
+    assert not any("R2UR" in line for line in loop)
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+    with pytest.raises(ValueError, match="early_tests"):
+        GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**V7, "early_tests": True})
+    assert not GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **V19).early_tests
