@@ -209,15 +209,15 @@ class MoeLayerVariant(MoeCuteDSL):
     its MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
     (before v16: v13's early L2 weights for the wide pairs too), `:v8-prefill` (the prefill pick before v19: v7 on
     the RS code tiles), `:v19-b3` (candidate: v19 with three widened B buffers), `:v22` (candidate: v19 testing the
-    next K block's barriers under its wgmmas). Set aside after measuring: early L1 weights (`git show 0ca828c`),
-    L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`,
-    `git show b39264f`), v19 with the TMA warp a fourth widener (`:v20`, `git show ce4d6ae`), v19's consumer
-    warpgroups taking turns at the tensor pipe (`:v21`, `git show 85c26b4`), v5's swap-AB kernel at 128 tokens a
-    tile (`:v17`, four 64 x 64 waves a K block, `git show 447b913`; `:v18`, a unit's rows in two passes of one
-    m64n128 wave, `git show 3b19bd6`). Knock-outs (timed, never compared; checked False): `:ko-no-widen`, `:v3-`,
-    `:v4-`, `:v19-ko-no-widen`, `:v22-ko-no-widen`, `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its
-    wgmmas), `:v10-ko-stream` (both: the weight stream alone). History: docs/perf/moe.md; v1 `git show e494048`, v6
-    `git show 936ce77`."""
+    next K block's barriers under its wgmmas; `:v22-b3` with three B buffers). Set aside after measuring: early L1
+    weights (`git show 0ca828c`), L2's codes prefetched into L2 (`git show 2204250`), prefill's widening split over
+    both waves (`:split-widen`, `git show b39264f`), v19 with the TMA warp a fourth widener (`:v20`, `git show
+    ce4d6ae`), v19's consumer warpgroups taking turns at the tensor pipe (`:v21`, `git show 85c26b4`), v5's swap-AB
+    kernel at 128 tokens a tile (`:v17`, four 64 x 64 waves a K block, `git show 447b913`; `:v18`, a unit's rows in
+    two passes of one m64n128 wave, `git show 3b19bd6`). Knock-outs (timed, never compared; checked False):
+    `:ko-no-widen`, `:v3-`, `:v4-`, `:v19-ko-no-widen`, `:v22-ko-no-widen`, `:v8-ko-no-widen` / `-no-mma` (v5
+    without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History: docs/perf/moe.md;
+    v1 `git show e494048`, v6 `git show 936ce77`."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
@@ -323,6 +323,7 @@ register_impl(MoeLayerVariant("v19-ko-no-widen", {**V19, "ablate": "no-widen"}, 
 register_impl(MoeLayerVariant("v19-b3", {**V19, "widen_buffers": 3}))
 # candidate (prefill): v22 = v19 testing the next K block's barriers under its wave-0 wgmmas; and its knock-out
 register_impl(MoeLayerVariant("v22", V22))
+register_impl(MoeLayerVariant("v22-b3", {**V22, "widen_buffers": 3}))  # and with v19-b3's three B buffers
 register_impl(MoeLayerVariant("v22-ko-no-widen", {**V22, "ablate": "no-widen"}, checked=False))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())

@@ -140,7 +140,7 @@ class GroupedConfig:
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
                              "knock-outs no-widen only")
         if self.early_tests and not self.widen_wg:
-            raise ValueError("early_tests (v22) is a mode of v19 (widen_wg): its consumers only wait, issue and promote")
+            raise ValueError("early_tests (v22) is a mode of v19 (widen_wg): its consumers only wait and promote")
         if self.widen_buffers not in (2, 3) or self.widen_buffers != 2 and not self.widen_wg:
             raise ValueError(f"widen_buffers is 2, or 3 with widen_wg (v19), got {self.widen_buffers}")
         if self.producer_regs + 2 * self.consumer_regs > 3 * self.launch_regs or \
