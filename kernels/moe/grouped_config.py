@@ -114,13 +114,8 @@ class GroupedConfig:
     consumer_regs: int = 232
     widen_batch: int = 4  # v19: items a widener thread loads before it widens them
     # v19's widened B buffers: 2 (the wideners at most one block ahead of the consumers), or 3 (two ahead, one stage
-    # fewer; candidate `cutedsl:v19-b3`)
+    # fewer: v23, the prefill pick since session 42)
     widen_buffers: int = 2
-    # v22 (candidate, on v19): the next K block's stage and widened-tile barriers tested (mbarrier test_wait, no
-    # suspension) while this block's wave-0 wgmmas run, that block's waits skipped where both were complete; the B
-    # buffer and its phase by masks. ncu source counters on v19's knock-out: a K block 1544 cycles for 1024 of MMA,
-    # 355 of them from the block's top to its first wgmma (half of it the two waits' latency)
-    early_tests: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -139,8 +134,6 @@ class GroupedConfig:
                                   and self.split_k == 1 and self.ablate in ("", "no-widen")):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
                              "knock-outs no-widen only")
-        if self.early_tests and not self.widen_wg:
-            raise ValueError("early_tests (v22) is a mode of v19 (widen_wg): its consumers only wait and promote")
         if self.widen_buffers not in (2, 3) or self.widen_buffers != 2 and not self.widen_wg:
             raise ValueError(f"widen_buffers is 2, or 3 with widen_wg (v19), got {self.widen_buffers}")
         if self.producer_regs + 2 * self.consumer_regs > 3 * self.launch_regs or \
@@ -261,7 +254,10 @@ V8_PREFILL = {**V7, "rs_codes": True}
 # 72 (each thread loading 8 items ahead), the consumers' 216 (at 40 / 232 / 4 items: 1.03-1.05x slower than v7; at
 # 72 / 216 / 8 1.02-1.06x faster); `cutedsl:v8-prefill` is V8_PREFILL
 V19 = {**V8_PREFILL, "widen_wg": True, "producer_regs": 72, "consumer_regs": 216, "widen_batch": 8}
-V22 = {**V19, "early_tests": True}  # candidate: v19 testing the next K block's barriers under its wgmmas
+# v23 (the prefill pick since session 42; measured as candidate `cutedsl:v19-b3`): v19 with three widened B buffers,
+# the wideners two blocks ahead of the consumers (ncu on v19: the wideners waited for a free buffer in 35% of their
+# blocks); `cutedsl:v19` is V19
+V23 = {**V19, "widen_buffers": 3}
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:
@@ -281,7 +277,8 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     its units' tail would be cut (grouped_slices.tail_slices: Pro T = 1). v19 (session 41) at prefill: v8's pick with
     the widening moved to the producer warpgroup's warps 1-3 (V19). H200, one process each (docs/perf/moe.md "v19"):
     capped T = 4096 1.02-1.06x (Pro 0.98-1.02x in a second process), the real expert counts 1.01-1.02x, T = 16384
-    1.01-1.04x v8's."""
+    1.01-1.04x v8's. v23 (session 42): v19 with three widened B buffers (V23); capped T = 4096 1.016 / 1.019 /
+    1.023x v19's in three processes (docs/perf/moe.md "v23")."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
-    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V19)
+    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V23)

@@ -266,11 +266,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
             if ctid < WIDEN_TABLE_WORDS:
                 tab[ctid] = mTab[ctid]
         thr_mma = tiled_mma.get_slice(ctid)
-        frag_mma = thr_mma  # v22: sliced by the warpgroup (its first thread, warp-uniform): the descriptors the same
-        if cutlass.const_expr(c.early_tests):  # for all its threads, built in uniform registers (no R2UR a K block)
-            frag_mma = tiled_mma.get_slice(cute.arch.make_warp_uniform(ctid // 128) * 128)
-        tCrA = tiled_mma.make_fragment_A(frag_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(frag_mma.partition_B(sB))
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         acc_shape = thr_mma.partition_shape_C((64, c.bn))
         accs = [cute.make_rmem_tensor(acc_shape, Float32) for _ in range(c.waves)]
         tmp = cute.make_rmem_tensor(acc_shape, Float32)
@@ -292,14 +289,6 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         division's result took R2UR moves before each wgmma (H200: 1.10-1.16x at decode, docs/perf/moe.md v10)."""
         n = self.cfg.n_stages
         return consumer_state(n, g_rd, masks=(n & (n - 1)) == 0)
-
-    def _buffer(self, g_rd):
-        """(B buffer, its full barrier's phase) of K block g_rd; v22 (early_tests) by masks, as `_stage`'s ring state:
-        the signed division took a chain of uniform ops and R2UR moves before each block's wgmmas."""
-        nb = self.cfg.widen_buffers
-        if cutlass.const_expr(self.cfg.early_tests and nb & (nb - 1) == 0):
-            return g_rd & (nb - 1), (g_rd >> (nb.bit_length() - 1)) & 1
-        return g_rd % nb, (g_rd // nb) & 1
 
     @cute.jit
     def _prepare(self, ring, st, sSh, tab, g_rd, ctid):
@@ -382,7 +371,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
             cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, state.index * W + w)],
-                      tCrB[(None, None, k, self._buffer(g_rd)[0])], tmp)
+                      tCrB[(None, None, k, g_rd % self.cfg.widen_buffers)], tmp)
         warpgroup.commit_group()
 
     @cute.jit

@@ -65,7 +65,6 @@ class GroupedSplit(GroupedSm90):
         bar.arrive_and_wait()  # the table is in
         _work, _count, full, slices = split
         g_rd = Int32(0)
-        ready = cutlass.Boolean(False)  # v22 (early_tests): K block g_rd's stage and B buffer seen complete already
         for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
             u, kb0, kb1, slot = self._item(w, (full, slices), n_kb)  # split_k: a tail unit's K slice (grouped_slices)
             g, mt, nt, e, limit = self._start_tile(u, accs, tiles_n, n_groups, mg, mGroup, st)
@@ -76,8 +75,8 @@ class GroupedSplit(GroupedSm90):
             if cutlass.const_expr(c.skip_padding_wave):  # contiguous: rows 64.. padding iff row 64 is
                 live = cutlass.select_(mGroup[mt * c.bm + 64] >= 0, c.bm, 64)
             for kb in cutlass.range(kb0, kb1, unroll=1):  # a slice's last block applies the (linear) column scales
-                ready = self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab,
-                                     wg_bar, g_rd, kb + 1 < kb1, ctid, live, ready)
+                self._kblock(ring, (tiled_mma, mma_acc), tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, wg_bar,
+                             g_rd, kb + 1 < kb1, ctid, live)
                 g_rd = g_rd + 1
             if cutlass.const_expr(c.split_k > 1):
                 if self._holds_sum(accs, split, st, bar, w, slot, ctid):
@@ -162,8 +161,7 @@ class GroupedSplit(GroupedSm90):
         """v19: K block g_rd's stage `state` (x, scales) and its widened tile (the wideners' full barrier) are in."""
         ring.consumer_wait(state)
         nb = self.cfg.widen_buffers
-        buf, phase = self._buffer(g_rd)
-        cute.arch.mbarrier_wait(st.wbars.data_ptr() + buf, phase)
+        cute.arch.mbarrier_wait(st.wbars.data_ptr() + g_rd % nb, (g_rd // nb) & 1)
 
     @cute.jit
     def _load_rs_item(self, st, stage, n, j, words, step):
@@ -185,24 +183,18 @@ class GroupedSplitRow(GroupedSplit):
 
     @cute.jit
     def _kblock(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, bar, g_rd, has_next, ctid,
-                live_rows, ready):
+                live_rows):
         """K block g_rd (`live_rows` unused: v3 promotes every warp's rows): per wave 4 wgmma into tmp; the
         wave's 2 row scales read from the stage while they run (wave 0 also waits for and widens the next
         block's tile); wait; (last wave: free the stage);
         acc += tmp · row_scale; in the tile's last block (has_next false) then acc *= col_scale, the column
         scales read from the stage after tmp is dead and before the stage is freed. The closing barrier (the
-        warpgroup's): its half of this block's B buffer is free and of the next one complete. v22 (early_tests):
-        `ready`, the previous block's test of this block's barriers, skips their waits; returns this block's test of
-        the next one's (else `ready` unchanged)."""
+        warpgroup's): its half of this block's B buffer is free and of the next one complete."""
         c = self.cfg
         W = c.waves
         state = self._stage(g_rd)
-        if cutlass.const_expr(c.early_tests):
-            if ready == 0:
-                self._await_widened(ring, st, state, g_rd)
-        elif cutlass.const_expr(c.widen_wg):
+        if cutlass.const_expr(c.widen_wg):
             self._await_widened(ring, st, state, g_rd)
-        nxt = ready
         for w in cutlass.range_constexpr(W):
             if cutlass.const_expr(c.skip_padding_wave and w == W - 1):
                 if live_rows > 64 * w:  # the last wave holds a real row (a tile-uniform branch)
@@ -212,13 +204,10 @@ class GroupedSplitRow(GroupedSplit):
                 last = w == W - 1
                 if cutlass.const_expr(c.skip_padding_wave):
                     last = live_rows <= 64 * (w + 1)  # the waves after this one are skipped: free the stage here
-                tested = self._row_wave(ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd,
-                                        has_next, ctid, w, last)
-                if cutlass.const_expr(tested is not None):
-                    nxt = tested
+                self._row_wave(ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd, has_next,
+                               ctid, w, last)
         if cutlass.const_expr(not c.widen_wg):
             bar.arrive_and_wait()
-        return nxt
 
     @cute.jit
     def _row_wave(self, ring, mmas, tCrA, tCrB, accs, tmp, cC, st, sSh, sSW, sSA, tab, state, g_rd, has_next, ctid,
@@ -230,9 +219,6 @@ class GroupedSplitRow(GroupedSplit):
         row_s = cute.make_rmem_tensor((n_r,), Float32)
         col_s = cute.make_rmem_tensor((n_c,), Float32)
         self._issue_wave(mmas, tCrA, tCrB, tmp, state, g_rd, w)
-        ready = None
-        if cutlass.const_expr(w == 0 and self.cfg.early_tests):  # v22: the next block's barriers under these wgmmas
-            ready = self._test_next(ring, st, g_rd + 1)
         if cutlass.const_expr(w == 0 and not self.cfg.widen_wg):
             if has_next:
                 self._prepare(ring, st, sSh, tab, g_rd + 1, ctid)
@@ -258,17 +244,6 @@ class GroupedSplitRow(GroupedSplit):
                     acc_mn[r, cc] = acc_mn[r, cc] * col_s[cc]
             if release:
                 self._release(ring, st, state, g_rd)
-        return ready
-
-    @cute.jit
-    def _test_next(self, ring, st, g_nxt):
-        """v22: whether K block g_nxt's stage and widened tile are complete (mbarrier test_wait: no suspension), tested
-        while this block's wave-0 wgmmas run; where both are, that block skips its waits (and their latency)."""
-        state = self._stage(g_nxt)
-        buf, phase = self._buffer(g_nxt)
-        staged = cute.arch.mbarrier_test_wait(ring.sync_object_full.get_barrier(state.index), state.phase)
-        widened = cute.arch.mbarrier_test_wait(st.wbars.data_ptr() + buf, phase)
-        return staged & widened
 
     @cute.jit
     def _release(self, ring, st, state, g_rd):
@@ -276,7 +251,8 @@ class GroupedSplitRow(GroupedSplit):
         ring.consumer_release(state)
         if cutlass.const_expr(self.cfg.widen_wg):
             if cute.arch.lane_idx() == 0:
-                cute.arch.mbarrier_arrive(st.wbars.data_ptr() + self.cfg.widen_buffers + self._buffer(g_rd)[0])
+                nb = self.cfg.widen_buffers
+                cute.arch.mbarrier_arrive(st.wbars.data_ptr() + nb + g_rd % nb)
 
 
 class GroupedL1Split(GroupedSplit):

@@ -248,11 +248,11 @@ V3_CASES.append(Case("moe", space.case("layer", "flash", 600, e=64, d=512, i=256
 
 
 @pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3", "cutedsl:v7", "cutedsl:v8-prefill", "cutedsl",
-                                     "cutedsl:v19-b3", "cutedsl:v22", "cutedsl:v22-b3"])
+                                     "cutedsl:v19"])
 @pytest.mark.parametrize("case", V3_CASES, ids=[c.id for c in V3_CASES])
 def test_v3_prefill_layers_pass_the_rule(case, variant, gpu_check):
     """v3 (prefill) on the prefill layers beyond VARIANT_CASES: a hot expert, Pro's widths, the drawn ones; the rule's
-    v19 (v7 widened by the producer warpgroup's warps), the pick before it and candidates v19-b3, v22 and v22-b3 on
+    v23 (v7 widened by the producer warpgroup's warps into three B buffers) and the picks before it (v19: two) on
     them too."""
     from dsv4bench.core.registry import get_impl
     gpu_check(case, get_impl("moe", variant))
