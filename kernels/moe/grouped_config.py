@@ -236,8 +236,8 @@ class GroupedConfig:
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
-# v19's knobs off (the rule's prefill pick since v19 has them on): every earlier version's dict carries them
-NO_WIDENERS = {"widen_wg": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4}
+# v19's and v23's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
+NO_WIDENERS = {"widen_wg": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4, "widen_buffers": 2}
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
       "skip_padding_wave": False, "rs_codes": False, "split_k": 1, **NO_WIDENERS}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
