@@ -255,8 +255,8 @@ V8_PREFILL = {**V7, "rs_codes": True}
 # 72 / 216 / 8 1.02-1.06x faster); `cutedsl:v8-prefill` is V8_PREFILL
 V19 = {**V8_PREFILL, "widen_wg": True, "producer_regs": 72, "consumer_regs": 216, "widen_batch": 8}
 # v23 (the prefill pick since session 42; measured as candidate `cutedsl:v19-b3`): v19 with three widened B buffers,
-# the wideners two blocks ahead of the consumers (ncu on v19: the wideners waited for a free buffer in 35% of their
-# blocks); `cutedsl:v19` is V19
+# the wideners two blocks ahead of the consumers (ncu on v19: ~0.5 retries a block on a free buffer's barrier);
+# `cutedsl:v19` is V19
 V23 = {**V19, "widen_buffers": 3}
 
 
