@@ -116,6 +116,9 @@ class GroupedConfig:
     # v19's widened B buffers: 2 (the wideners at most one block ahead of the consumers), or 3 (two ahead, one stage
     # fewer: v23, the prefill pick since session 42)
     widen_buffers: int = 2
+    # v24 (candidate): a widener warp hands a widened tile over with one arrive (after a warp sync), not 32: the
+    # consumers sleeping on its full barrier were woken by each arrive (ncu on v23: ~19 retries a block)
+    warp_handover: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -134,6 +137,8 @@ class GroupedConfig:
                                   and self.split_k == 1 and self.ablate in ("", "no-widen")):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
                              "knock-outs no-widen only")
+        if self.warp_handover and not self.widen_wg:
+            raise ValueError("warp_handover (v24) is a mode of v19 / v23 (widen_wg)")
         if self.widen_buffers not in (2, 3) or self.widen_buffers != 2 and not self.widen_wg:
             raise ValueError(f"widen_buffers is 2, or 3 with widen_wg (v19), got {self.widen_buffers}")
         if self.producer_regs + 2 * self.consumer_regs > 3 * self.launch_regs or \
@@ -258,6 +263,7 @@ V19 = {**V8_PREFILL, "widen_wg": True, "producer_regs": 72, "consumer_regs": 216
 # the wideners two blocks ahead of the consumers (ncu on v19: ~0.5 retries a block on a free buffer's barrier);
 # `cutedsl:v19` is V19
 V23 = {**V19, "widen_buffers": 3}
+V24 = {**V23, "warp_handover": True}  # candidate: the wideners' hand-over one arrive a warp
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:

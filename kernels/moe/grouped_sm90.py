@@ -128,7 +128,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         if cutlass.const_expr(c.widen_wg):  # v19: the B buffers' full (the wideners' threads), empty (consumer warps)
             if tidx == 0:
                 for b in cutlass.range_constexpr(c.widen_buffers):
-                    cute.arch.mbarrier_init(st.wbars.data_ptr() + b, WIDENER_WARPS * 32)
+                    cute.arch.mbarrier_init(st.wbars.data_ptr() + b, WIDENER_WARPS * (1 if c.warp_handover else 32))
                     cute.arch.mbarrier_init(st.wbars.data_ptr() + c.widen_buffers + b, c.n_mma_wg * 4)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)

@@ -154,7 +154,12 @@ class GroupedSplit(GroupedSm90):
             if cutlass.const_expr(not c.skips_widen):  # the knock-out: the hand-over alone
                 self._widen_rows(st, sSh, tab, state.index, g % nb, 0, wtid, threads, c.bn, c.widen_batch)
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.mbarrier_arrive(wb + g % nb)
+            if cutlass.const_expr(c.warp_handover):  # v24: one arrive a warp, after its lanes' stores and fences
+                cute.arch.sync_warp()
+                if cute.arch.lane_idx() == 0:
+                    cute.arch.mbarrier_arrive(wb + g % nb)
+            else:
+                cute.arch.mbarrier_arrive(wb + g % nb)
 
     @cute.jit
     def _await_widened(self, ring, st, state, g_rd):

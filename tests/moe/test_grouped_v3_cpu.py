@@ -444,3 +444,24 @@ def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(epilog
     with pytest.raises(ValueError, match="widen_buffers"):
         GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**b3, "widen_wg": False, "producer_regs": 40,
                                                                          "consumer_regs": 232})
+
+
+
+def test_v24_wideners_hand_over_one_arrive_a_warp(monkeypatch):
+    """Candidate v24 (v23 with GroupedConfig.warp_handover): the widened tiles' full barriers are initialised for one
+    arrive a widener warp (WIDENER_WARPS, v23: 32 times it), given by lane 0 after a warp sync (PTX); no loop spill;
+    refused off v19 / v23."""
+    from kernels.moe.grouped_config import V23, V24, WIDENER_WARPS
+    from dsv4bench.compile.artifacts import artifact
+    for knobs, count in ((V24, WIDENER_WARPS), (V23, 32 * WIDENER_WARPS)):
+        compiled = compile_checked("contiguous", "bf16", knobs, monkeypatch, 1024, 1024)
+        ptx = artifact(compiled, "__ptx__")
+        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+        regs = re.findall(r"mbarrier\.init\.shared(?:::cta)?\.b64\s+\[[^\]]+\], (%r\d+);", ptx)
+        movs = dict(re.findall(r"mov\.[ub]32\s+(%r\d+), (\d+);", ptx))
+        counts = {int(movs[r]) for r in regs if r in movs}
+        assert count in counts and (32 * WIDENER_WARPS in counts) == (knobs is V23)
+        assert ("bar.warp.sync" in ptx) == (knobs is V24)
+        assert _loop_spills(compiled) == 0
+    with pytest.raises(ValueError, match="warp_handover"):
+        GroupedConfig(layout="contiguous", epilogue="bf16", bm=128, **{**V7, "warp_handover": True})
