@@ -321,7 +321,7 @@ register_impl(MoeLayerVariant("v19", V19))
 # v23 (the rule's prefill pick) with its widening knocked out (the wideners only hand the B buffers over): what its
 # consumer loop alone takes
 register_impl(MoeLayerVariant("v23-ko-no-widen", {**V23, "ablate": "no-widen"}, checked=False))
-# candidate (prefill): v23 with the wideners' hand-over one arrive a warp (the consumers woken 3 times a block, not 96)
+# candidate (prefill): v23 with one hand-over arrive a widener warp
 register_impl(MoeLayerVariant("v24", V24))
 register_impl(MoeGemv())
 register_impl(MoeGemvFine())
