@@ -280,11 +280,8 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     widening 7 ops a word, and one token runs v5 too (no GEMV path). v10 (session 35) keeps them too: its changes
     are in the kernels' ring state (GroupedSm90._stage), work list and the masked dispatch. v11 (session 36):
     layer.compile_layer adds the 16-token tile's tail-split build (split_k MAX_SPLIT), which a call launches where
-    its units' tail would be cut (grouped_slices.tail_slices: Pro T = 1). v19 (session 41) at prefill: v8's pick with
-    the widening moved to the producer warpgroup's warps 1-3 (V19). H200, one process each (docs/perf/moe.md "v19-v23"):
-    capped T = 4096 1.02-1.06x (Pro 0.98-1.02x in a second process), the real expert counts 1.01-1.02x, T = 16384
-    1.01-1.04x v8's. v23 (session 42): v19 with three widened B buffers (V23); capped T = 4096 1.016 / 1.019 /
-    1.023x v19's in three processes (the same section)."""
+    its units' tail would be cut (grouped_slices.tail_slices: Pro T = 1). Prefill since session 42: v23 (V23, v8's
+    pick widened by the producer warpgroup's warps into three B buffers; docs/perf/moe.md "v19-v23")."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V23)

@@ -290,14 +290,19 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         n = self.cfg.n_stages
         return consumer_state(n, g_rd, masks=(n & (n - 1)) == 0)
 
+    def _buffer(self, g):
+        """(widened B buffer, its full barrier's phase) of K block g."""
+        nb = self.cfg.widen_buffers
+        return g % nb, (g // nb) & 1
+
     @cute.jit
     def _prepare(self, ring, st, sSh, tab, g_rd, ctid):
-        """Wait for K block g_rd's stage and widen its FP4 tile (`_widen_stage`) into B buffer g_rd % 2, fenced
+        """Wait for K block g_rd's stage and widen its FP4 tile (`_widen_stage`) into its B buffer (`_buffer`), fenced
         for the wgmma (async proxy); the caller's barrier publishes it to the warpgroups that read it."""
         state = self._stage(g_rd)
         ring.consumer_wait(state)
         if cutlass.const_expr(self.cfg.ablate != "no-widen"):
-            self._widen_stage(st, sSh, tab, state.index, g_rd % 2, ctid)
+            self._widen_stage(st, sSh, tab, state.index, self._buffer(g_rd)[0], ctid)
         cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
@@ -371,7 +376,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
             cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, state.index * W + w)],
-                      tCrB[(None, None, k, g_rd % self.cfg.widen_buffers)], tmp)
+                      tCrB[(None, None, k, self._buffer(g_rd)[0])], tmp)
         warpgroup.commit_group()
 
     @cute.jit

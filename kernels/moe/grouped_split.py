@@ -145,28 +145,28 @@ class GroupedSplit(GroupedSm90):
             tab[wtid] = mTab[wtid]
         pipeline.NamedBarrier(barrier_id=WIDENER_BARRIER, num_threads=threads).arrive_and_wait()
         wb = st.wbars.data_ptr()
-        nb = c.widen_buffers
         blocks = cutlass.select_(bidx < units, (units - bidx + gdim - 1) // gdim, 0) * n_kb
         for g in cutlass.range(0, blocks, unroll=1):
             state = self._stage(g)
+            buf, phase = self._buffer(g)
             ring.consumer_wait(state)
-            cute.arch.mbarrier_wait(wb + nb + g % nb, ((g // nb) & 1) ^ 1)
+            cute.arch.mbarrier_wait(wb + c.widen_buffers + buf, phase ^ 1)  # empty: the other phase
             if cutlass.const_expr(not c.skips_widen):  # the knock-out: the hand-over alone
-                self._widen_rows(st, sSh, tab, state.index, g % nb, 0, wtid, threads, c.bn, c.widen_batch)
+                self._widen_rows(st, sSh, tab, state.index, buf, 0, wtid, threads, c.bn, c.widen_batch)
             cute.arch.fence_proxy("async.shared", space="cta")
             if cutlass.const_expr(c.warp_handover):  # v24: one arrive a warp, after its lanes' stores and fences
                 cute.arch.sync_warp()
                 if cute.arch.lane_idx() == 0:
-                    cute.arch.mbarrier_arrive(wb + g % nb)
+                    cute.arch.mbarrier_arrive(wb + buf)
             else:
-                cute.arch.mbarrier_arrive(wb + g % nb)
+                cute.arch.mbarrier_arrive(wb + buf)
 
     @cute.jit
     def _await_widened(self, ring, st, state, g_rd):
         """v19: K block g_rd's stage `state` (x, scales) and its widened tile (the wideners' full barrier) are in."""
         ring.consumer_wait(state)
-        nb = self.cfg.widen_buffers
-        cute.arch.mbarrier_wait(st.wbars.data_ptr() + g_rd % nb, (g_rd // nb) & 1)
+        buf, phase = self._buffer(g_rd)
+        cute.arch.mbarrier_wait(st.wbars.data_ptr() + buf, phase)
 
     @cute.jit
     def _load_rs_item(self, st, stage, n, j, words, step):
@@ -256,8 +256,7 @@ class GroupedSplitRow(GroupedSplit):
         ring.consumer_release(state)
         if cutlass.const_expr(self.cfg.widen_wg):
             if cute.arch.lane_idx() == 0:
-                nb = self.cfg.widen_buffers
-                cute.arch.mbarrier_arrive(st.wbars.data_ptr() + nb + g_rd % nb)
+                cute.arch.mbarrier_arrive(st.wbars.data_ptr() + self.cfg.widen_buffers + self._buffer(g_rd)[0])
 
 
 class GroupedL1Split(GroupedSplit):
