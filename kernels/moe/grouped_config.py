@@ -241,8 +241,9 @@ class GroupedConfig:
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
-# v19's and v23's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
-NO_WIDENERS = {"widen_wg": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4, "widen_buffers": 2}
+# v19's, v23's and v24's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
+NO_WIDENERS = {"widen_wg": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4, "widen_buffers": 2,
+               "warp_handover": False}
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
       "skip_padding_wave": False, "rs_codes": False, "split_k": 1, **NO_WIDENERS}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
@@ -263,7 +264,9 @@ V19 = {**V8_PREFILL, "widen_wg": True, "producer_regs": 72, "consumer_regs": 216
 # the wideners two blocks ahead of the consumers (ncu on v19: ~0.5 retries a block on a free buffer's barrier);
 # `cutedsl:v19` is V19
 V23 = {**V19, "widen_buffers": 3}
-V24 = {**V23, "warp_handover": True}  # candidate: the wideners' hand-over one arrive a warp
+# v24 (the prefill pick since session 43): v23 with the wideners' hand-over one arrive a warp (ncu on v23: the consumers
+# sleeping on a widened tile's full barrier were woken by each of its 96 arrives); `cutedsl:v23` is V23
+V24 = {**V23, "warp_handover": True}
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:
@@ -281,7 +284,8 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     are in the kernels' ring state (GroupedSm90._stage), work list and the masked dispatch. v11 (session 36):
     layer.compile_layer adds the 16-token tile's tail-split build (split_k MAX_SPLIT), which a call launches where
     its units' tail would be cut (grouped_slices.tail_slices: Pro T = 1). Prefill since session 42: v23 (V23, v8's
-    pick widened by the producer warpgroup's warps into three B buffers; docs/perf/moe.md "v19-v23")."""
+    pick widened by the producer warpgroup's warps into three B buffers); since session 43 v24 (V24: one hand-over
+    arrive a widener warp; docs/perf/moe.md "v19-v24")."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
-    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V23)
+    return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V24)

@@ -448,9 +448,9 @@ def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(epilog
 
 
 def test_v24_wideners_hand_over_one_arrive_a_warp(monkeypatch):
-    """Candidate v24 (v23 with GroupedConfig.warp_handover): the widened tiles' full barriers are initialised for one
-    arrive a widener warp (WIDENER_WARPS, v23: 32 times it), given by lane 0 after a warp sync (PTX); no loop spill;
-    refused off v19 / v23."""
+    """v24, the prefill pick (v23 with GroupedConfig.warp_handover): the widened tiles' full barriers are initialised
+    for one arrive a widener warp (WIDENER_WARPS, v23: 32 times it), given by lane 0 after a warp sync (PTX); no
+    loop spill; refused off v19 / v23."""
     from kernels.moe.grouped_config import V23, V24, WIDENER_WARPS
     from dsv4bench.compile.artifacts import artifact
     for knobs, count in ((V24, WIDENER_WARPS), (V23, 32 * WIDENER_WARPS)):
