@@ -30,7 +30,7 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_PREFILL, V8_WIDE, V19, V23
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_PREFILL, V8_WIDE, V19, V23, V24
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -215,8 +215,8 @@ class MoeLayerVariant(MoeCuteDSL):
     turns at the tensor pipe (`:v21`, `git show 85c26b4`), v19 testing the next K block's barriers under its wgmmas
     (`:v22`, `git show f747d88`), v5's swap-AB kernel at 128 tokens a tile (`:v17`, four 64 x 64 waves a K block,
     `git show 447b913`; `:v18`, a unit's rows in two passes of one m64n128 wave, `git show 3b19bd6`). Knock-outs
-    (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-`, `:v23-ko-no-widen`, `:v8-ko-no-widen` /
-    `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
+    (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-`, `:v23-ko-no-widen`, `:v24-ko-half-widen`,
+    `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
     docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True):
@@ -321,6 +321,8 @@ register_impl(MoeLayerVariant("v19", V19))
 # v23 (the rule's prefill pick) with its widening knocked out (the wideners only hand the B buffers over): what its
 # consumer loop alone takes
 register_impl(MoeLayerVariant("v23-ko-no-widen", {**V23, "ablate": "no-widen"}, checked=False))
+# v24 widening rows 0-127 of each tile only (wrong answers): the ceiling of a widened tile shared by a CTA pair
+register_impl(MoeLayerVariant("v24-ko-half-widen", {**V24, "ablate": "half-widen"}, checked=False))
 # the prefill pick before v24 (v23: each widener thread arrives on the widened tile's full barrier)
 register_impl(MoeLayerVariant("v23", V23))
 register_impl(MoeGemv())

@@ -19,7 +19,7 @@ BN = 256
 LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
-ABLATIONS = ("", "no-widen", "no-mma", "stream")
+ABLATIONS = ("", "no-widen", "no-mma", "stream", "half-widen")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
@@ -49,7 +49,8 @@ class GroupedConfig:
     # but are not widened; its gap to the shipped kernel is what the widening costs. v5 (swap_ab) also takes
     # "no-mma" (its wgmmas not issued: what the tensor pipe costs; `cutedsl:v8-ko-no-mma`) and "stream" (neither:
     # the codes loaded and XORed into a sink, the stages waited and freed; what the weight stream through the ring
-    # alone takes, `cutedsl:v10-ko-stream`)
+    # alone takes, `cutedsl:v10-ko-stream`); v19's wideners take "half-widen" (rows 0-127 of each tile widened, the
+    # rest left as they were: a CTA's widening were a widened tile shared by two, `cutedsl:v24-ko-half-widen`)
     ablate: str = ""
     # decode (one wave): the promotion's scales loaded and their row x column products formed while the
     # wgmmas run, so after the wait only the 64 FMAs remain (v1: 16 LDS.64 + 64 FMUL + 64 FFMA after it)
@@ -134,9 +135,11 @@ class GroupedConfig:
         if self.rs_codes and not (self.split_wg and not self.tiled_b):
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.widen_wg and not (self.split_wg and self.row_frame and self.rs_codes and self.bm == 128
-                                  and self.split_k == 1 and self.ablate in ("", "no-widen")):
+                                  and self.split_k == 1 and self.ablate in ("", "no-widen", "half-widen")):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
-                             "knock-outs no-widen only")
+                             "knock-outs no-widen and half-widen only")
+        if self.ablate == "half-widen" and not self.widen_wg:
+            raise ValueError("half-widen is a knock-out of v19's wideners (widen_wg) only")
         if self.warp_handover and not self.widen_wg:
             raise ValueError("warp_handover (v24) is a mode of v19 / v23 (widen_wg)")
         if self.widen_buffers not in (2, 3) or self.widen_buffers != 2 and not self.widen_wg:

@@ -152,7 +152,8 @@ class GroupedSplit(GroupedSm90):
             ring.consumer_wait(state)
             cute.arch.mbarrier_wait(wb + c.widen_buffers + buf, phase ^ 1)  # empty: the other phase
             if cutlass.const_expr(not c.skips_widen):  # the knock-out: the hand-over alone
-                self._widen_rows(st, sSh, tab, state.index, buf, 0, wtid, threads, c.bn, c.widen_batch)
+                rows = c.bn // 2 if cutlass.const_expr(c.ablate == "half-widen") else c.bn
+                self._widen_rows(st, sSh, tab, state.index, buf, 0, wtid, threads, rows, c.widen_batch)
             cute.arch.fence_proxy("async.shared", space="cta")
             if cutlass.const_expr(c.warp_handover):  # v24: one arrive a warp, after its lanes' stores and fences
                 cute.arch.sync_warp()
