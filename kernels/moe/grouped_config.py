@@ -120,6 +120,10 @@ class GroupedConfig:
     # v24 (candidate): a widener warp hands a widened tile over with one arrive (after a warp sync), not 32: the
     # consumers sleeping on its full barrier were woken by each arrive (ncu on v23: ~19 retries a block)
     warp_handover: bool = False
+    # v25 (candidate; kernels/moe/grouped_pair.py): v24 as 2-CTA clusters over pairs of m tiles; where both tiles of a
+    # pair are one expert's each CTA widens half of the weight tile and stores it into both CTAs' B buffers (st.async),
+    # halving a CTA's widening (the knock-out `:v24-ko-half-widen`: L1 2501 -> 2057 us at capped Pro T = 4096)
+    widen_pair: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -140,6 +144,8 @@ class GroupedConfig:
                              "knock-outs no-widen and half-widen only")
         if self.ablate == "half-widen" and not self.widen_wg:
             raise ValueError("half-widen is a knock-out of v19's wideners (widen_wg) only")
+        if self.widen_pair and not (self.warp_handover and self.layout == "contiguous" and not self.ablate):
+            raise ValueError("widen_pair (v25) is a mode of v24 (warp_handover) on the contiguous layout, no knock-out")
         if self.warp_handover and not self.widen_wg:
             raise ValueError("warp_handover (v24) is a mode of v19 / v23 (widen_wg)")
         if self.widen_buffers not in (2, 3) or self.widen_buffers != 2 and not self.widen_wg:
@@ -173,6 +179,11 @@ class GroupedConfig:
     bn = BN
     n_mma_wg = 2
     threads = 384
+
+    @property
+    def cluster(self) -> int:
+        """CTAs a cluster: 2 for v25's pairs (widen_pair), else 1."""
+        return 2 if self.widen_pair else 1
 
     @property
     def launch_regs(self) -> int:
@@ -244,9 +255,9 @@ class GroupedConfig:
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
-# v19's, v23's and v24's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
+# v19's, v23's, v24's and v25's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
 NO_WIDENERS = {"widen_wg": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4, "widen_buffers": 2,
-               "warp_handover": False}
+               "warp_handover": False, "widen_pair": False}
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
       "skip_padding_wave": False, "rs_codes": False, "split_k": 1, **NO_WIDENERS}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
@@ -270,6 +281,7 @@ V23 = {**V19, "widen_buffers": 3}
 # v24 (the prefill pick since session 43): v23 with the wideners' hand-over one arrive a warp (ncu on v23: the consumers
 # sleeping on a widened tile's full barrier were woken by each of its 96 arrives); `cutedsl:v23` is V23
 V24 = {**V23, "warp_handover": True}
+V25 = {**V24, "widen_pair": True}  # candidate: v24 as CTA pairs sharing the widened tile
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:
