@@ -33,3 +33,12 @@ def st_async_v4(addr, imm: int, w, bar, *, loc=None, ip=None) -> None:
     inline_ptx(None, [_v(addr, loc, ip)] + [_v(x, loc, ip) for x in w] + [_v(bar, loc, ip)],
          f"st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$0+{imm}], {{$1, $2, $3, $4}}, [$5];",
          "r,r,r,r,r,r")
+
+
+@dsl_user_op
+def bulk_copy_to_peer(dst, src, size: int, bar, *, loc=None, ip=None) -> None:
+    """`size` bytes (a multiple of 16) of this CTA's shared memory at `src` into another CTA's at `dst` (shared::cluster)
+    by the bulk-copy engine, completing them on its barrier `bar` (complete_tx); one thread issues it."""
+    inline_ptx(None, [_v(dst, loc, ip), _v(src, loc, ip), _v(bar, loc, ip)],
+               f"cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [$0], [$1], {size}, [$2];",
+               "r,r,r")

@@ -325,6 +325,10 @@ register_impl(MoeLayerVariant("v23-ko-no-widen", {**V23, "ablate": "no-widen"}, 
 register_impl(MoeLayerVariant("v24-ko-half-widen", {**V24, "ablate": "half-widen"}, checked=False))
 # candidate (prefill): v24 as CTA pairs sharing the widened tile (kernels/moe/grouped_pair.py)
 register_impl(MoeLayerVariant("v25", V25))
+# ... handing each widened half over by one bulk copy (the A/B of v25's per-chunk st.async)
+register_impl(MoeLayerVariant("v25-bulk", {**V25, "pair_bulk": True}))
+# ... with the halves stored locally only (wrong answers): v25 without its DSMEM traffic
+register_impl(MoeLayerVariant("v25-ko-no-peer", {**V25, "ablate": "no-peer"}, checked=False))
 # the prefill pick before v24 (v23: each widener thread arrives on the widened tile's full barrier)
 register_impl(MoeLayerVariant("v23", V23))
 register_impl(MoeGemv())

@@ -19,7 +19,7 @@ BN = 256
 LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
-ABLATIONS = ("", "no-widen", "no-mma", "stream", "half-widen")
+ABLATIONS = ("", "no-widen", "no-mma", "stream", "half-widen", "no-peer")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
@@ -124,6 +124,10 @@ class GroupedConfig:
     # pair are one expert's each CTA widens half of the weight tile and stores it into both CTAs' B buffers (st.async),
     # halving a CTA's widening (the knock-out `:v24-ko-half-widen`: L1 2501 -> 2057 us at capped Pro T = 4096)
     widen_pair: bool = False
+    # v25's hand-over of a widened half to the pair: False, each 16 bytes by st.async as the widener stores them; True,
+    # the half stored locally, then one bulk copy (cp.async.bulk shared::cta -> shared::cluster) by one thread.
+    # Knock-out "no-peer": the half stored locally only (the pair's half stale: what the pair's coupling costs)
+    pair_bulk: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -139,12 +143,15 @@ class GroupedConfig:
         if self.rs_codes and not (self.split_wg and not self.tiled_b):
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.widen_wg and not (self.split_wg and self.row_frame and self.rs_codes and self.bm == 128
-                                  and self.split_k == 1 and self.ablate in ("", "no-widen", "half-widen")):
+                                  and self.split_k == 1 and self.ablate in ("", "no-widen", "half-widen", "no-peer")):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
                              "knock-outs no-widen and half-widen only")
         if self.ablate == "half-widen" and not self.widen_wg:
             raise ValueError("half-widen is a knock-out of v19's wideners (widen_wg) only")
-        if self.widen_pair and not (self.warp_handover and self.layout == "contiguous" and not self.ablate):
+        if (self.pair_bulk or self.ablate == "no-peer") and not self.widen_pair:
+            raise ValueError("pair_bulk and the no-peer knock-out are modes of widen_pair (v25)")
+        if self.widen_pair and not (self.warp_handover and self.layout == "contiguous"
+                                    and self.ablate in ("", "no-peer")):
             raise ValueError("widen_pair (v25) is a mode of v24 (warp_handover) on the contiguous layout, no knock-out")
         if self.warp_handover and not self.widen_wg:
             raise ValueError("warp_handover (v24) is a mode of v19 / v23 (widen_wg)")
@@ -257,7 +264,8 @@ class GroupedConfig:
 # weights with L1's cheaper epilogue.
 # v19's, v23's, v24's and v25's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
 NO_WIDENERS = {"widen_wg": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4, "widen_buffers": 2,
-               "warp_handover": False, "widen_pair": False}
+               "warp_handover": False, "widen_pair": False,
+               "pair_bulk": False}
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
       "skip_padding_wave": False, "rs_codes": False, "split_k": 1, **NO_WIDENERS}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from kernels.cluster_ptx import mapa_u32
+from kernels.cluster_ptx import bulk_copy_to_peer, mapa_u32
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_config import BN, WIDENER_WARPS
-from kernels.moe.grouped_split import GroupedSplitRow
+from kernels.moe.grouped_split import WIDENER_BARRIER, GroupedSplitRow
 
 PEER_BYTES = BN // 2 * KBLOCK  # the half of a widened tile the pair stores into this CTA's B buffer
 
@@ -87,7 +88,8 @@ class GroupedPair(GroupedSplitRow):
         tab = self._widener_table(st, mTab, wtid)
         wb = st.wbars.data_ptr()
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        peer_b = mapa_u32(st.sB.data_ptr().toint(), 1 - rank)
+        local_b = st.sB.data_ptr().toint()
+        peer_b = mapa_u32(local_b, 1 - rank)
         peer_full = mapa_u32(wb.toint(), 1 - rank)
         g = Int32(0)
         for u in cutlass.range(bidx, units, gdim, unroll=1):
@@ -98,14 +100,24 @@ class GroupedPair(GroupedSplitRow):
                 ring.consumer_wait(state)
                 cute.arch.mbarrier_wait(wb + c.widen_buffers + buf, phase ^ 1)  # empty in both CTAs
                 if shared:
-                    self._widen_rows(st, sSh, tab, state.index, buf, rank * half, wtid, threads, half, c.widen_batch,
-                                     (peer_b, peer_full + 8 * buf))
+                    if cutlass.const_expr(c.pair_bulk or c.ablate == "no-peer"):
+                        self._widen_rows(st, sSh, tab, state.index, buf, rank * half, wtid, threads, half,
+                                         c.widen_batch)
+                    else:
+                        self._widen_rows(st, sSh, tab, state.index, buf, rank * half, wtid, threads, half,
+                                         c.widen_batch, (peer_b, peer_full + 8 * buf))
                 else:
                     self._widen_rows(st, sSh, tab, state.index, buf, 0, wtid, threads, c.bn, c.widen_batch)
                 cute.arch.fence_proxy("async.shared", space="cta")
+                if cutlass.const_expr(c.pair_bulk):  # every widener's half stored and fenced, then one bulk copy
+                    if shared:
+                        pipeline.NamedBarrier(barrier_id=WIDENER_BARRIER, num_threads=threads).arrive_and_wait()
+                        if wtid == 0:
+                            off = (buf * c.bn + rank * half) * KBLOCK
+                            bulk_copy_to_peer(peer_b + off, local_b + off, PEER_BYTES, peer_full + 8 * buf)
                 cute.arch.sync_warp()
                 if cute.arch.lane_idx() == 0:
-                    if shared & (wtid < 32):
+                    if shared & (wtid < 32) & cutlass.const_expr(c.ablate != "no-peer"):
                         cute.arch.mbarrier_arrive_and_expect_tx(wb + buf, PEER_BYTES)
                     else:
                         cute.arch.mbarrier_arrive(wb + buf)

@@ -248,7 +248,7 @@ V3_CASES.append(Case("moe", space.case("layer", "flash", 600, e=64, d=512, i=256
 
 
 @pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3", "cutedsl:v7", "cutedsl:v8-prefill", "cutedsl",
-                                     "cutedsl:v19", "cutedsl:v23", "cutedsl:v25"])
+                                     "cutedsl:v19", "cutedsl:v23", "cutedsl:v25", "cutedsl:v25-bulk"])
 @pytest.mark.parametrize("case", V3_CASES, ids=[c.id for c in V3_CASES])
 def test_v3_prefill_layers_pass_the_rule(case, variant, gpu_check):
     """v3 (prefill) on the prefill layers beyond VARIANT_CASES: a hot expert, Pro's widths, the drawn ones; the rule's
