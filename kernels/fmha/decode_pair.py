@@ -30,8 +30,7 @@ from cutlass import Int32
 from kernels.fmha.decode_forms import FusedEpiTma, QByTma
 from kernels.fmha.decode_fused import ROWS_PER_BATCH
 from kernels.fmha.decode_prefetch import ROW_LINES, FusedPackedLoop
-from kernels.cluster_ptx import mapa_u32, st_async_v4
-from kernels.fmha.decode_ptx import prefetch_l2
+from kernels.fmha.decode_ptx import mapa_u32, prefetch_l2, st_async_v4
 from kernels.fmha.prefill_v11 import V12
 
 PEER_BYTES = 64 * ROWS_PER_BATCH * 4 * 16  # what the peer stores into a K half of this CTA a tile

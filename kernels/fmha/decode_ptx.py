@@ -1,17 +1,21 @@
 """The inline PTX of the FP8 decode's producer (decode_prefetch.py): the e4m3 -> bf16 bit conversion,
-hinted row loads, L2 prefetches and 16-byte shared stores whose immediate offsets stay in the instruction (a
-computed address per store cost ~8 instructions); the stores into the peer CTA are kernels/cluster_ptx.py's."""
+hinted row loads, L2 prefetches and 16-byte shared stores (local, and into the peer CTA) whose
+immediate offsets stay in the instruction (a computed address per store cost ~8 instructions)."""
 
 from __future__ import annotations
 
 from cutlass import Int32, Int64
+from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
-
-from kernels.cluster_ptx import inline_ptx as _asm
 
 # a real load that pulls the rest of its 256-byte block into L2 (FlashMLA's hint; +3-7% at h_q 64 over
 # plain loads in one process, docs/perf/fmha.md); .nc: the caches are read-only for the kernel's life
 LOAD_HINT = ".nc.L2::256B"
+
+
+def _asm(ret, args, text: str, cons: str, pure: bool = False):
+    return llvm.inline_asm(ret, args, text, cons, has_side_effects=not pure, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 def _v(x, ty, loc, ip):
@@ -55,6 +59,22 @@ def prefetch_l2(addr, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def mapa_u32(addr, rank, *, loc=None, ip=None) -> Int32:
+    """The shared::cluster address of this CTA's shared address `addr` in CTA `rank` of the cluster."""
+    return Int32(_asm(T.i32(), [_v(addr, Int32, loc, ip), _v(rank, Int32, loc, ip)],
+                      "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r", pure=True))
+
+
+@dsl_user_op
 def st_shared_v4(addr, imm: int, w, *, loc=None, ip=None) -> None:
     _asm(None, [_v(addr, Int32, loc, ip)] + [_v(x, Int32, loc, ip) for x in w],
          f"st.shared.v4.b32 [$0+{imm}], {{$1, $2, $3, $4}};", "r,r,r,r,r")
+
+
+@dsl_user_op
+def st_async_v4(addr, imm: int, w, bar, *, loc=None, ip=None) -> None:
+    """16 bytes into another CTA's shared memory (shared::cluster addresses), completing them on its
+    barrier `bar` (complete_tx)."""
+    _asm(None, [_v(addr, Int32, loc, ip)] + [_v(x, Int32, loc, ip) for x in w] + [_v(bar, Int32, loc, ip)],
+         f"st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [$0+{imm}], {{$1, $2, $3, $4}}, [$5];",
+         "r,r,r,r,r,r")

@@ -19,7 +19,7 @@ BN = 256
 LAYOUTS = ("masked", "contiguous")
 EPILOGUES = ("swiglu", "bf16")  # layer 1 (SwiGLU x route weight -> FP8 h + scales), layer 2 (bf16 rows)
 MAX_STAGES = 8
-ABLATIONS = ("", "no-widen", "no-mma", "stream", "half-widen", "no-peer")
+ABLATIONS = ("", "no-widen", "no-mma", "stream", "half-widen")
 WIDEN_TABLE_WORDS = 40  # kernels/moe/expert_weights.SHIFTS x 2
 CODES = ("plain", "tiled", "rs")  # GroupedConfig.codes
 SWAP_BM = (16, 32)  # v5's token tiles (the wgmma's N)
@@ -120,14 +120,6 @@ class GroupedConfig:
     # v24 (candidate): a widener warp hands a widened tile over with one arrive (after a warp sync), not 32: the
     # consumers sleeping on its full barrier were woken by each arrive (ncu on v23: ~19 retries a block)
     warp_handover: bool = False
-    # v25 (candidate; kernels/moe/grouped_pair.py): v24 as 2-CTA clusters over pairs of m tiles; where both tiles of a
-    # pair are one expert's each CTA widens half of the weight tile and stores it into both CTAs' B buffers (st.async),
-    # halving a CTA's widening (the knock-out `:v24-ko-half-widen`: L1 2501 -> 2057 us at capped Pro T = 4096)
-    widen_pair: bool = False
-    # v25's hand-over of a widened half to the pair: False, each 16 bytes by st.async as the widener stores them; True,
-    # the half stored locally, then one bulk copy (cp.async.bulk shared::cta -> shared::cluster) by one thread.
-    # Knock-out "no-peer": the half stored locally only (the pair's half stale: what the pair's coupling costs)
-    pair_bulk: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -143,16 +135,11 @@ class GroupedConfig:
         if self.rs_codes and not (self.split_wg and not self.tiled_b):
             raise ValueError("rs_codes is a mode of the split_wg kernel (v3), which then reads no other tiles")
         if self.widen_wg and not (self.split_wg and self.row_frame and self.rs_codes and self.bm == 128
-                                  and self.split_k == 1 and self.ablate in ("", "no-widen", "half-widen", "no-peer")):
+                                  and self.split_k == 1 and self.ablate in ("", "no-widen", "half-widen")):
             raise ValueError("widen_wg (v19) is a mode of v7 (split_wg, row_frame, rs_codes, bm 128), no split; of the "
                              "knock-outs no-widen and half-widen only")
         if self.ablate == "half-widen" and not self.widen_wg:
             raise ValueError("half-widen is a knock-out of v19's wideners (widen_wg) only")
-        if (self.pair_bulk or self.ablate == "no-peer") and not self.widen_pair:
-            raise ValueError("pair_bulk and the no-peer knock-out are modes of widen_pair (v25)")
-        if self.widen_pair and not (self.warp_handover and self.layout == "contiguous"
-                                    and self.ablate in ("", "no-peer")):
-            raise ValueError("widen_pair (v25) is a mode of v24 (warp_handover) on the contiguous layout, no knock-out")
         if self.warp_handover and not self.widen_wg:
             raise ValueError("warp_handover (v24) is a mode of v19 / v23 (widen_wg)")
         if self.widen_buffers not in (2, 3) or self.widen_buffers != 2 and not self.widen_wg:
@@ -186,11 +173,6 @@ class GroupedConfig:
     bn = BN
     n_mma_wg = 2
     threads = 384
-
-    @property
-    def cluster(self) -> int:
-        """CTAs a cluster: 2 for v25's pairs (widen_pair), else 1."""
-        return 2 if self.widen_pair else 1
 
     @property
     def launch_regs(self) -> int:
@@ -262,10 +244,9 @@ class GroupedConfig:
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
-# v19's, v23's, v24's and v25's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
+# v19's, v23's and v24's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
 NO_WIDENERS = {"widen_wg": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4, "widen_buffers": 2,
-               "warp_handover": False, "widen_pair": False,
-               "pair_bulk": False}
+               "warp_handover": False}
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
       "skip_padding_wave": False, "rs_codes": False, "split_k": 1, **NO_WIDENERS}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
@@ -289,7 +270,6 @@ V23 = {**V19, "widen_buffers": 3}
 # v24 (the prefill pick since session 43): v23 with the wideners' hand-over one arrive a warp (ncu on v23: the consumers
 # sleeping on a widened tile's full barrier were woken by each of its 96 arrives); `cutedsl:v23` is V23
 V24 = {**V23, "warp_handover": True}
-V25 = {**V24, "widen_pair": True}  # candidate: v24 as CTA pairs sharing the widened tile
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:

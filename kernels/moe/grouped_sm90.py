@@ -94,13 +94,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         self.kernel(tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
                     mOut, mOutS, mWork, mCount, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout,
                     sSW_layout,
-                    sSA_layout, Storage).launch(grid=(self._grid(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
-                                                min_blocks_per_mp=1, stream=stream, use_pdl=c.pdl,
-                                                **({"cluster": [c.cluster, 1, 1]} if c.cluster > 1 else {}))
-
-    def _grid(self, units, n_ctas):
-        """The persistent grid: a CTA a unit, at most one an SM (v25's pairs override it)."""
-        return cutlass.min(units, n_ctas)
+                    sSA_layout, Storage).launch(grid=(cutlass.min(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
+                                                min_blocks_per_mp=1, stream=stream, use_pdl=c.pdl)
 
     def _operands(self, fp8) -> tuple:
         """(the first K step's MMA, the accumulating one, x's stage buffers, the widened B tiles): SS wgmma over
@@ -134,9 +129,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
             if tidx == 0:
                 for b in cutlass.range_constexpr(c.widen_buffers):
                     cute.arch.mbarrier_init(st.wbars.data_ptr() + b, WIDENER_WARPS * (1 if c.warp_handover else 32))
-                    # v25: one arrive a consumer warp of this CTA and of its pair's (both read what the wideners write)
-                    cute.arch.mbarrier_init(st.wbars.data_ptr() + c.widen_buffers + b, c.n_mma_wg * 4 * c.cluster)
-        pipeline_init_arrive(cluster_shape_mn=(c.cluster, 1), is_relaxed=True)
+                    cute.arch.mbarrier_init(st.wbars.data_ptr() + c.widen_buffers + b, c.n_mma_wg * 4)
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         sA = st.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = None  # v5: no widened tiles
         if cutlass.const_expr(sB_layout is not None):
@@ -156,7 +150,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         tiles_n, n_kb = ring_extent(c, gSh_t)
         n_groups = cute.size(gA_t, mode=[2])
 
-        pipeline_init_wait(cluster_shape_mn=(c.cluster, 1))  # v25: no remote store or arrive before the peer's init
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
         if cutlass.const_expr(c.pdl and not c.early_weights):  # the set-up above overlapped the previous kernel's tail
             pdl_wait()  # before the first global access (counts, x, h, outputs)
         units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
@@ -169,8 +163,6 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         if cutlass.const_expr(c.early_weights):  # the TMA warp waits after its first weight tiles (_produce)
             if warp_idx != 0:
                 pdl_wait()
-        if cutlass.const_expr(c.cluster > 1):  # v25: the units are dealt to the clusters, each pair walks the same ones
-            bidx, gdim = bidx // c.cluster, gdim // c.cluster
         if wg == 0:
             cute.arch.setmaxregister_decrease(c.producer_regs)
             if warp_idx == 0:
@@ -178,14 +170,11 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
                               (full, slices))
             if cutlass.const_expr(c.widen_wg):  # v19 (grouped_split._widen_loop)
                 if (warp_idx >= 1) & (warp_idx <= WIDENER_WARPS):
-                    self._widen_loop(ring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx - 32, (tiles_n, mg, mGroup))
+                    self._widen_loop(ring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx - 32)
         else:
             cute.arch.setmaxregister_increase(c.consumer_regs)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
                           n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128, (mWork, mCount, full, slices))
-        if cutlass.const_expr(c.cluster > 1):  # no CTA leaves while its pair may still store into it or arrive on it
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
 
     @cute.jit
     def _produce(self, ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim, plan):

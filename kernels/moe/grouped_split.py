@@ -40,7 +40,6 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
-from kernels.cluster_ptx import st_async_v4
 from kernels.gemm.tiling import KBLOCK
 from kernels.moe.grouped_config import WIDEN_TABLE_WORDS, WIDENER_WARPS
 from kernels.moe.grouped_sm90 import GroupedSm90
@@ -98,12 +97,11 @@ class GroupedSplit(GroupedSm90):
 
     @cute.jit
     def _widen_rows(self, st, sSh, tab, stage, buf, row0, t, threads: cutlass.Constexpr, rows: cutlass.Constexpr,
-                    batch: cutlass.Constexpr, peer=None):
+                    batch: cutlass.Constexpr):
         """Rows [row0, row0 + rows) of the stage's FP4 tile widened into B buffer `buf` by `threads` threads (v3: a
         warpgroup its half; v19: the widener warps the whole tile): thread t's items are rows row0 + t / 4 + i · dn (dn =
         threads / 4, a multiple of 8: n % 8, the sub-block t % 4 and so the swizzle are the same in every item; rows past
-        the range skipped), `batch` items' loads at a time, then their widening and stores. `peer` (v25): (the pair's B
-        buffers' shared::cluster address, its full barrier's): each 16 bytes stored there too (st.async)."""
+        the range skipped), `batch` items' loads at a time, then their widening and stores."""
         c = self.cfg
         dn = threads // SUBS
         steps = -(-rows * SUBS // threads)  # the last one partial where the threads do not divide the items
@@ -131,13 +129,10 @@ class GroupedSplit(GroupedSm90):
                     else:
                         widen_item(words, tabs, i, out)
                     for h in cutlass.range_constexpr(2):
-                        chunk = dst0 + step * (dn * 8) + ((2 * j + h) ^ (n0 % 8))
-                        cute.autovec_copy(out[None, h], b4[None, chunk])
-                        if cutlass.const_expr(peer is not None):
-                            st_async_v4(peer[0] + chunk * 16, 0, [out[q, h] for q in range(4)], peer[1])
+                        cute.autovec_copy(out[None, h], b4[None, dst0 + step * (dn * 8) + ((2 * j + h) ^ (n0 % 8))])
 
     @cute.jit
-    def _widen_loop(self, ring, st, sSh, mTab, units, n_kb, bidx, gdim, wtid, _where):
+    def _widen_loop(self, ring, st, sSh, mTab, units, n_kb, bidx, gdim, wtid):
         """v19 (GroupedConfig.widen_wg): the widener warps (wtid 0 .. 32 WIDENER_WARPS - 1 of the producer warpgroup)
         walk the CTA's K blocks (its units' n_kb each, in the consumers' order); per block g: wait for its stage (TMA)
         and for B buffer g % nb to be free (nb widen_buffers: every consumer warp done with block g - nb), widen the
@@ -145,7 +140,10 @@ class GroupedSplit(GroupedSm90):
         the widening table (the consumers do not)."""
         c = self.cfg
         threads = 32 * WIDENER_WARPS
-        tab = self._widener_table(st, mTab, wtid)
+        tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
+        if wtid < WIDEN_TABLE_WORDS:
+            tab[wtid] = mTab[wtid]
+        pipeline.NamedBarrier(barrier_id=WIDENER_BARRIER, num_threads=threads).arrive_and_wait()
         wb = st.wbars.data_ptr()
         blocks = cutlass.select_(bidx < units, (units - bidx + gdim - 1) // gdim, 0) * n_kb
         for g in cutlass.range(0, blocks, unroll=1):
@@ -163,15 +161,6 @@ class GroupedSplit(GroupedSm90):
                     cute.arch.mbarrier_arrive(wb + buf)
             else:
                 cute.arch.mbarrier_arrive(wb + buf)
-
-    @cute.jit
-    def _widener_table(self, st, mTab, wtid):
-        """The widening table, copied into shared memory by the widener warps (v19: the consumers do not read it)."""
-        tab = st.tab.get_tensor(cute.make_layout((WIDEN_TABLE_WORDS,)))
-        if wtid < WIDEN_TABLE_WORDS:
-            tab[wtid] = mTab[wtid]
-        pipeline.NamedBarrier(barrier_id=WIDENER_BARRIER, num_threads=32 * WIDENER_WARPS).arrive_and_wait()
-        return tab
 
     @cute.jit
     def _await_widened(self, ring, st, state, g_rd):
@@ -288,9 +277,6 @@ class GroupedL2Row(GroupedSplitRow):
 
 
 def split_kernel(cfg) -> GroupedSplit:
-    if cfg.widen_pair:  # v25: CTA pairs sharing the widened tile
-        from kernels.moe.grouped_pair import GroupedL1Pair, GroupedL2Pair
-        return (GroupedL1Pair if cfg.epilogue == "swiglu" else GroupedL2Pair)(cfg)
     if cfg.row_frame:
         return (GroupedL1Row if cfg.epilogue == "swiglu" else GroupedL2Row)(cfg)
     return (GroupedL1Split if cfg.epilogue == "swiglu" else GroupedL2Split)(cfg)

@@ -467,29 +467,3 @@ def test_v24_wideners_hand_over_one_arrive_a_warp(monkeypatch):
         assert _loop_spills(compiled) == 0
     with pytest.raises(ValueError, match="warp_handover"):
         GroupedConfig(layout="contiguous", epilogue="bf16", bm=128, **{**V7, "warp_handover": True})
-
-
-@pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
-def test_v25_pairs_share_the_widened_tile(epilogue, monkeypatch):
-    """Candidate v25 (kernels/moe/grouped_pair.py): launched as 2-CTA clusters; a widener stores each chunk of its half
-    into the pair's B buffer (st.async onto the pair's full barrier, whose bytes one widener warp expects), the empty
-    barriers count both CTAs' consumer warps (16) and each consumer warp arrives in both CTAs; a cluster barrier after
-    the init and at exit; no loop spill; refused off v24 and on the masked layout."""
-    from kernels.moe.grouped_config import V24, V25
-    from kernels.moe.grouped_pair import PEER_BYTES
-    from dsv4bench.compile.artifacts import artifact
-    compiled = compile_checked("contiguous", epilogue, V25, monkeypatch, 1024, 1024)
-    ptx = artifact(compiled, "__ptx__")
-    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-    assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32" in ptx and "mapa.shared::cluster" in ptx
-    assert ptx.count("barrier.cluster.arrive") >= 2 and ptx.count("barrier.cluster.wait") >= 2
-    assert re.search(r"mbarrier\.arrive\.expect_tx[^;]*, %r\d+;|mbarrier\.arrive\.expect_tx[^;]*, " + str(PEER_BYTES), ptx)
-    regs = re.findall(r"mbarrier\.init\.shared(?:::cta)?\.b64\s+\[[^\]]+\], (%r\d+);", ptx)
-    movs = dict(re.findall(r"mov\.[ub]32\s+(%r\d+), (\d+);", ptx))
-    assert 16 in {int(movs[r]) for r in regs if r in movs}  # the B buffers' empty barriers: 8 warps x 2 CTAs
-    assert b"mapa" not in bytes(artifact(compile_checked("contiguous", epilogue, V24, monkeypatch, 1024, 1024), "__ptx__"))
-    assert _loop_spills(compiled) == 0
-    for bad, layout in (({**V25, "warp_handover": False}, "contiguous"),
-                        ({**V25, "skip_padding_wave": False}, "masked")):
-        with pytest.raises(ValueError, match="widen_pair"):
-            GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **bad)
