@@ -45,7 +45,6 @@ from kernels.moe.grouped_config import WIDEN_TABLE_WORDS, WIDENER_WARPS
 from kernels.moe.grouped_sm90 import GroupedSm90
 from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen_item, widen_item_rs
 from kernels.regs import fence_operand, mn_view
-from kernels.rings import consumer_state
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
 WIDENER_BARRIER = 4  # v19: the widener warps' (their table copy)
@@ -149,8 +148,6 @@ class GroupedSplit(GroupedSm90):
         blocks = cutlass.select_(bidx < units, (units - bidx + gdim - 1) // gdim, 0) * n_kb
         for g in cutlass.range(0, blocks, unroll=1):
             state = self._stage(g)
-            if cutlass.const_expr(c.code_stages):  # v26: `ring` is the code ring
-                state = consumer_state(c.code_stages, g, masks=(c.code_stages & (c.code_stages - 1)) == 0)
             buf, phase = self._buffer(g)
             ring.consumer_wait(state)
             cute.arch.mbarrier_wait(wb + c.widen_buffers + buf, phase ^ 1)  # empty: the other phase
@@ -158,48 +155,12 @@ class GroupedSplit(GroupedSm90):
                 rows = c.bn // 2 if cutlass.const_expr(c.ablate == "half-widen") else c.bn
                 self._widen_rows(st, sSh, tab, state.index, buf, 0, wtid, threads, rows, c.widen_batch)
             cute.arch.fence_proxy("async.shared", space="cta")
-            if cutlass.const_expr(c.code_stages):  # v26: the codes are widened, their stage is free
-                ring.consumer_release(state)
             if cutlass.const_expr(c.warp_handover):  # v24: one arrive a warp, after its lanes' stores and fences
                 cute.arch.sync_warp()
                 if cute.arch.lane_idx() == 0:
                     cute.arch.mbarrier_arrive(wb + buf)
             else:
                 cute.arch.mbarrier_arrive(wb + buf)
-
-    @cute.jit
-    def _produce_lead(self, rings, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim):
-        """v26's TMA warp: K block i's codes and shift words into the code ring (a stage the wideners freed) `code_lead`
-        blocks ahead of block i's x tile, column and row scales into the x ring (a stage the consumers freed), so the
-        codes' loads run ahead of the consumers' progress."""
-        c = self.cfg
-        ring, cring = rings
-        lead = c.code_lead
-        xs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.n_stages)
-        cs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, c.code_stages)
-        blocks = cutlass.select_(bidx < units, (units - bidx + gdim - 1) // gdim, 0) * n_kb
-        for i in cutlass.range(0, blocks + lead, unroll=1):
-            if i < blocks:
-                g, mt, nt, e, _limit = self._unit(bidx + i // n_kb * gdim, tiles_n, n_groups, mg, mGroup, st)
-                cring.producer_acquire(cs)
-                self._load_codes(b, sh, tiles_n, n_kb, nt, i % n_kb, e, cs.index, cring.producer_get_barrier(cs))
-                cring.producer_commit(cs)
-                cs.advance()
-            if i >= lead:
-                j = i - lead
-                kb = j % n_kb
-                g, mt, nt, e, _limit = self._unit(bidx + j // n_kb * gdim, tiles_n, n_groups, mg, mGroup, st)
-                ring.producer_acquire(xs)
-                bar = ring.producer_get_barrier(xs)
-                for w in cutlass.range_constexpr(c.a_boxes):
-                    cute.copy(a[0], a[1][(None, mt * c.a_boxes + w, kb, g)], a[2][(None, xs.index * c.a_boxes + w)],
-                              tma_bar_ptr=bar)
-                cute.copy(sw[0], sw[1][(None, nt, kb, e)], sw[2][(None, xs.index)], tma_bar_ptr=bar)
-                cute.copy(sa[0], sa[1][(None, mt, kb, g)], sa[2][(None, xs.index)], tma_bar_ptr=bar)
-                ring.producer_commit(xs)
-                xs.advance()
-        ring.producer_tail(xs)
-        cring.producer_tail(cs)
 
     @cute.jit
     def _await_widened(self, ring, st, state, g_rd):
