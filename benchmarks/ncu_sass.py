@@ -28,11 +28,13 @@ def read(path: str) -> list[dict]:
 
 def waits(lines: list[dict]) -> list[tuple[int, str, int, float, float]]:
     """(line, source, tries, retries a wait, share of samples asleep) of each mbarrier wait loop: TRYWAIT, a failed
-    try's predicated NANOSLEEP and PHASECHK, the BRA back; the line after the BRA runs once a wait."""
+    try's predicated NANOSLEEP and PHASECHK, the BRA back; the line after the BRA runs once a wait. A loop the
+    sampled launch never ran (a kernel's other path) is left out."""
     total = sum(_n(r[SAMPLES]) for r in lines) or 1
     return [(i, r["Source"].strip(), _n(r[RUNS]), _n(r[RUNS]) / (_n(lines[i + 4][RUNS]) or _n(r[RUNS])) - 1,
              _n(lines[i + 1][SAMPLES]) / total)
-            for i, r in enumerate(lines[:-4]) if "TRYWAIT" in r["Source"] and "BRA" in lines[i + 3]["Source"]]
+            for i, r in enumerate(lines[:-4])
+            if "TRYWAIT" in r["Source"] and "BRA" in lines[i + 3]["Source"] and _n(r[RUNS])]
 
 
 def main() -> None:
