@@ -318,7 +318,7 @@ register_impl(MoeLayerVariant("v15", {"wide_early": False}))
 register_impl(MoeLayerVariant("v8-prefill", V8_PREFILL))
 # the prefill pick before v23 (v19: two widened B buffers)
 register_impl(MoeLayerVariant("v19", V19))
-# v23 (the rule's prefill pick) with its widening knocked out (the wideners only hand the B buffers over): what its
+# v23 (v24 but for its hand-over) with its widening knocked out (the wideners only hand the B buffers over): what its
 # consumer loop alone takes
 register_impl(MoeLayerVariant("v23-ko-no-widen", {**V23, "ablate": "no-widen"}, checked=False))
 # v24 widening rows 0-127 of each tile only (wrong answers): the ceiling of a widened tile shared by a CTA pair

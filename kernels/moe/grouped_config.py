@@ -115,7 +115,7 @@ class GroupedConfig:
     consumer_regs: int = 232
     widen_batch: int = 4  # v19: items a widener thread loads before it widens them
     # v19's widened B buffers: 2 (the wideners at most one block ahead of the consumers), or 3 (two ahead, one stage
-    # fewer: v23, the prefill pick since session 42)
+    # fewer: v23; v24, the prefill pick since session 43, on it)
     widen_buffers: int = 2
     # v24 (candidate): a widener warp hands a widened tile over with one arrive (after a warp sync), not 32: the
     # consumers sleeping on its full barrier were woken by each arrive (ncu on v23: ~19 retries a block)
@@ -263,7 +263,7 @@ V8_PREFILL = {**V7, "rs_codes": True}
 # 72 (each thread loading 8 items ahead), the consumers' 216 (at 40 / 232 / 4 items: 1.03-1.05x slower than v7; at
 # 72 / 216 / 8 1.02-1.06x faster); `cutedsl:v8-prefill` is V8_PREFILL
 V19 = {**V8_PREFILL, "widen_wg": True, "producer_regs": 72, "consumer_regs": 216, "widen_batch": 8}
-# v23 (the prefill pick since session 42; measured as candidate `cutedsl:v19-b3`): v19 with three widened B buffers,
+# v23 (the prefill pick in session 42; measured as candidate `cutedsl:v19-b3`): v19 with three widened B buffers,
 # the wideners two blocks ahead of the consumers (ncu on v19: ~0.5 retries a block on a free buffer's barrier);
 # `cutedsl:v19` is V19
 V23 = {**V19, "widen_buffers": 3}

@@ -23,9 +23,9 @@ while the other still reads this tile's: a closing 256-thread barrier after each
 waves (prefill) the barriers of the waves already do: the next tile's wave-0 write comes after this tile's
 wave-1 barrier (every wave-0 read is before it), its wave-1 write after the next tile's wave-0 barrier.
 
-v19 (GroupedConfig.widen_wg; v23, the prefill pick, three B buffers): the consumers widen nothing; warps 1-3 of the
-producer warpgroup widen each stage's whole tile into the B buffers (`_widen_loop`), handed over by full / empty
-mbarriers instead of the barriers.
+v19 (GroupedConfig.widen_wg; v23 three B buffers; v24, the prefill pick, one hand-over arrive a warp): the consumers
+widen nothing; warps 1-3 of the producer warpgroup widen each stage's whole tile into the B buffers (`_widen_loop`),
+handed over by full / empty mbarriers instead of the barriers.
 
 `GroupedSplitRow` (row_frame) overrides `_kblock`: the promotion with row scales alone (weights prepared in the
 row frame, kernels/moe/expert_weights.prepare). `fast_silu` (L1's silu by rcp.approx and 2-byte h stores) is
