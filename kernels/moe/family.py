@@ -209,15 +209,16 @@ class MoeLayerVariant(MoeCuteDSL):
     its MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
     (before v16: v13's early L2 weights for the wide pairs too), `:v8-prefill` (the prefill pick before v19: v7 on
     the RS code tiles), `:v19` (the prefill pick before v23: two widened B buffers), `:v23` (before v24: 96
-    hand-over arrives a widened tile, not 3). Set aside after measuring: early L1 weights (`git show 0ca828c`), L2's codes
-    prefetched into L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`, `git show
+    hand-over arrives a widened tile, not 3). Set aside after measuring: early L1 weights (`git show 0ca828c`), L2's
+    codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`, `git show
     b39264f`), v19 with the TMA warp a fourth widener (`:v20`, `git show ce4d6ae`), v19's consumer warpgroups taking
     turns at the tensor pipe (`:v21`, `git show 85c26b4`), v19 testing the next K block's barriers under its wgmmas
     (`:v22`, `git show f747d88`), v5's swap-AB kernel at 128 tokens a tile (`:v17`, four 64 x 64 waves a K block,
     `git show 447b913`; `:v18`, a unit's rows in two passes of one m64n128 wave, `git show 3b19bd6`). Knock-outs
     (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-`, `:v23-ko-no-widen`, `:v24-ko-half-widen`,
-    `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). History:
-    docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""
+    `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream
+    alone). Set aside in session 43: v25 (CTA pairs sharing the widened tile, `git show 81b2135`), v26 (the codes in a
+    ring of their own, `git show 1adfd59`). History: docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked

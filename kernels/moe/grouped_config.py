@@ -50,7 +50,7 @@ class GroupedConfig:
     # "no-mma" (its wgmmas not issued: what the tensor pipe costs; `cutedsl:v8-ko-no-mma`) and "stream" (neither:
     # the codes loaded and XORed into a sink, the stages waited and freed; what the weight stream through the ring
     # alone takes, `cutedsl:v10-ko-stream`); v19's wideners take "half-widen" (rows 0-127 of each tile widened, the
-    # rest left as they were: a CTA's widening were a widened tile shared by two, `cutedsl:v24-ko-half-widen`)
+    # rest left as they were: what a CTA would widen were a widened tile shared by two, `cutedsl:v24-ko-half-widen`)
     ablate: str = ""
     # decode (one wave): the promotion's scales loaded and their row x column products formed while the
     # wgmmas run, so after the wait only the 64 FMAs remain (v1: 16 LDS.64 + 64 FMUL + 64 FFMA after it)
@@ -117,8 +117,8 @@ class GroupedConfig:
     # v19's widened B buffers: 2 (the wideners at most one block ahead of the consumers), or 3 (two ahead, one stage
     # fewer: v23; v24, the prefill pick since session 43, on it)
     widen_buffers: int = 2
-    # v24 (candidate): a widener warp hands a widened tile over with one arrive (after a warp sync), not 32: the
-    # consumers sleeping on its full barrier were woken by each arrive (ncu on v23: ~19 retries a block)
+    # v24 (the prefill pick since session 43): a widener warp hands a widened tile over with one arrive (after a warp
+    # sync), not 32: the consumers sleeping on its full barrier were woken by each arrive (ncu on v23: ~19 retries)
     warp_handover: bool = False
 
     def __post_init__(self) -> None:
@@ -288,7 +288,7 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     layer.compile_layer adds the 16-token tile's tail-split build (split_k MAX_SPLIT), which a call launches where
     its units' tail would be cut (grouped_slices.tail_slices: Pro T = 1). Prefill since session 42: v23 (V23, v8's
     pick widened by the producer warpgroup's warps into three B buffers); since session 43 v24 (V24: one hand-over
-    arrive a widener warp; docs/perf/moe.md "v19-v24")."""
+    arrive a widener warp; docs/perf/moe.md "v24-v26")."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V24)
