@@ -30,7 +30,7 @@ from kernels.moe import peers
 from kernels.moe import serves as served
 from kernels.moe.gemv_layer import compile_gemv_layer, pick_tmax, refusal, run_gemv_layer
 from kernels.moe.glue import alloc_dispatch, compile_combine, compile_dispatch, layout_size, run_combine, run_dispatch
-from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_PREFILL, V8_WIDE, V19, V23, V24, V26
+from kernels.moe.grouped_config import MAX_GROUPS, V2, V3, V4, V5, V7, V8_DECODE, V8_PREFILL, V8_WIDE, V19, V23, V24
 from kernels.moe.inputs import StackedExperts, counts, expert_bytes, make_experts, max_m, mean_rows, routing
 from kernels.moe.layer import SM90_ONLY, compile_layer, run_layer
 from oracles.moe import combine, dispatch_layout, gather_quant, routed, routed_lowprec
@@ -209,8 +209,7 @@ class MoeLayerVariant(MoeCuteDSL):
     its MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
     (before v16: v13's early L2 weights for the wide pairs too), `:v8-prefill` (the prefill pick before v19: v7 on
     the RS code tiles), `:v19` (the prefill pick before v23: two widened B buffers), `:v23` (before v24: 96
-    hand-over arrives a widened tile, not 3), `:v26b` (candidate: the codes in a ring of their own, loaded by the
-    wideners). Set aside after measuring: early L1 weights (`git show 0ca828c`), L2's
+    hand-over arrives a widened tile, not 3). Set aside after measuring: early L1 weights (`git show 0ca828c`), L2's
     codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`, `git show
     b39264f`), v19 with the TMA warp a fourth widener (`:v20`, `git show ce4d6ae`), v19's consumer warpgroups taking
     turns at the tensor pipe (`:v21`, `git show 85c26b4`), v19 testing the next K block's barriers under its wgmmas
@@ -325,8 +324,6 @@ register_impl(MoeLayerVariant("v19", V19))
 register_impl(MoeLayerVariant("v23-ko-no-widen", {**V23, "ablate": "no-widen"}, checked=False))
 # v24 widening rows 0-127 of each tile only (wrong answers): the ceiling of a widened tile shared by a CTA pair
 register_impl(MoeLayerVariant("v24-ko-half-widen", {**V24, "ablate": "half-widen"}, checked=False))
-# candidate (prefill): v24 with the codes in a ring of their own (4 code stages, 3 x stages), loaded by the wideners
-register_impl(MoeLayerVariant("v26b", V26))
 # the prefill pick before v24 (v23: each widener thread arrives on the widened tile's full barrier)
 register_impl(MoeLayerVariant("v23", V23))
 register_impl(MoeGemv())

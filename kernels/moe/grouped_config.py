@@ -120,12 +120,6 @@ class GroupedConfig:
     # v24 (the prefill pick since session 43): a widener warp hands a widened tile over with one arrive (after a warp
     # sync), not 32: the consumers sleeping on its full barrier were woken by each arrive (ncu on v23: ~19 retries)
     warp_handover: bool = False
-    # v26b (candidate): 0, the FP4 codes and their shift words in the x stage, freed by the consumers after both waves;
-    # n, in a ring of their own of n stages, freed by the wideners once widened and refilled by them (widener warp 0
-    # loads block g + n's codes once block g is widened), so the codes run n blocks ahead of the widening and the x
-    # stages stay the consumers' alone (ncu on v24: the wideners wait for their stage's TMA 8% of their time; v26, the
-    # TMA warp loading both rings in one loop, trailed the x loads behind the codes and ran 3-5% slower)
-    code_stages: int = 0
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -146,8 +140,6 @@ class GroupedConfig:
                              "knock-outs no-widen and half-widen only")
         if self.ablate == "half-widen" and not self.widen_wg:
             raise ValueError("half-widen is a knock-out of v19's wideners (widen_wg) only")
-        if self.code_stages and not (self.widen_wg and 2 <= self.code_stages <= MAX_STAGES and not self.early_weights):
-            raise ValueError(f"code_stages (v26) is a mode of v19 (widen_wg), 2 to {MAX_STAGES}, got {self.code_stages}")
         if self.warp_handover and not self.widen_wg:
             raise ValueError("warp_handover (v24) is a mode of v19 / v23 (widen_wg)")
         if self.widen_buffers not in (2, 3) or self.widen_buffers != 2 and not self.widen_wg:
@@ -231,13 +223,8 @@ class GroupedConfig:
     @property
     def stage_bytes(self) -> int:
         """TMA bytes per stage: x tile (e4m3), packed FP4 weight tile, its shift bytes, its column
-        scales, the x tile's row scales (v26: the weight tile and its shifts in the code ring instead)."""
-        return self.bm * KBLOCK + 4 * self.bn + 4 * self.bm + (0 if self.code_stages else self.code_stage_bytes)
-
-    @property
-    def code_stage_bytes(self) -> int:
-        """TMA bytes of a weight tile (packed FP4) and its shift bytes: v26's code stage."""
-        return self.bn * KBLOCK // 2 + 4 * self.bn
+        scales, the x tile's row scales."""
+        return self.bm * KBLOCK + self.bn * KBLOCK // 2 + 4 * self.bn + 4 * self.bn + 4 * self.bm
 
     @property
     def fixed_bytes(self) -> int:
@@ -250,17 +237,16 @@ class GroupedConfig:
     def n_stages(self) -> int:
         if self.stages:
             return self.stages
-        rings = SMEM_BYTES - self.fixed_bytes - self.code_stages * self.code_stage_bytes
-        return min(MAX_STAGES, rings // self.stage_bytes)
+        return min(MAX_STAGES, (SMEM_BYTES - self.fixed_bytes) // self.stage_bytes)
 
 
 # The kernel versions as GroupedConfig overrides (the declared variants `cutedsl:v2` / `v3` / `v4` and the v2
 # A/Bs name them, kernels/moe/family.py): v2 is kernels/moe/grouped_sm90.py on block-frame weights, v4 the same
 # with the idle warps' promotion skipped, v3 kernels/moe/grouped_split.py (decoupled warpgroups) on row-frame
 # weights with L1's cheaper epilogue.
-# v19's, v23's, v24's and v26's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
+# v19's, v23's and v24's knobs off (the rule's prefill pick has them on): every earlier version's dict carries them
 NO_WIDENERS = {"widen_wg": False, "producer_regs": 40, "consumer_regs": 232, "widen_batch": 4, "widen_buffers": 2,
-               "warp_handover": False, "code_stages": 0}
+               "warp_handover": False}
 V2 = {"split_wg": False, "row_frame": False, "fast_silu": False, "skip_idle_warps": False, "swap_ab": False,
       "skip_padding_wave": False, "rs_codes": False, "split_k": 1, **NO_WIDENERS}
 V4 = {**V2, "skip_idle_warps": True}  # the decode pick before v5
@@ -284,7 +270,6 @@ V23 = {**V19, "widen_buffers": 3}
 # v24 (the prefill pick since session 43): v23 with the wideners' hand-over one arrive a warp (ncu on v23: the consumers
 # sleeping on a widened tile's full barrier were woken by each of its 96 arrives); `cutedsl:v23` is V23
 V24 = {**V23, "warp_handover": True}
-V26 = {**V24, "code_stages": 4}  # candidate v26b: the codes in a ring of their own (4 code stages, 3 x stages)
 
 
 def choose(layout: str, epilogue: str) -> GroupedConfig:

@@ -22,7 +22,6 @@ def ring_storage(c: GroupedConfig, fp8, sA_layout, ring: tuple, sB_layout=None):
     sQ_layout, sSh_layout, sSW_layout, sSA_layout = ring
     st, align, mem = cute.struct, cute.struct.Align, cute.struct.MemRange
     fields = {"bars": mem[cutlass.Int64, c.n_stages * 2],
-              **({"cbars": mem[cutlass.Int64, c.code_stages * 2]} if c.code_stages else {}),  # v26's code ring
               "tab": align[mem[Int32, WIDEN_TABLE_WORDS], 16],
               "red": align[mem[Float32, c.reduce_words], 16],
               "gtiles": align[mem[Int32, MAX_GROUPS], 16],  # masked: tiles per group
@@ -45,16 +44,14 @@ def ring_storage(c: GroupedConfig, fp8, sA_layout, ring: tuple, sB_layout=None):
 
 def ring_layouts(c: GroupedConfig) -> tuple:
     """Shared-memory layouts of a stage's FP4 weight tile (bn x 64 bytes), its shift words and column scales (bn
-    each) and x's row scales (bm; a stage's box starts on a 128-byte boundary: bm 16 takes 64 B of 128). v26: the
-    codes and shift words over the code ring's stages."""
+    each) and x's row scales (bm; a stage's box starts on a 128-byte boundary: bm 16 takes 64 B of 128)."""
     S = c.n_stages
-    Sc = c.code_stages or S
     sa_stage = max(c.bm, TMA_SMEM_ALIGN // 4)
-    codes = cute.make_layout((c.bn, KBLOCK // 2, Sc), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2))
+    codes = cute.make_layout((c.bn, KBLOCK // 2, S), stride=(KBLOCK // 2, 1, c.bn * KBLOCK // 2))
     if c.rs_codes:  # TMA's 64B swizzle: row n's 16-byte chunk q at q ^ ((n >> 1) & 3) (GroupedSplit's RS widening)
         codes = cute.make_composed_layout(cute.make_swizzle(2, 4, 3), 0, codes)
     return (codes,
-            cute.make_layout((c.bn, 1, Sc), stride=(1, c.bn, c.bn)), cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)),
+            cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)), cute.make_layout((c.bn, 1, S), stride=(1, c.bn, c.bn)),
             cute.make_layout((c.bm, 1, S), stride=(1, sa_stage, sa_stage)))
 
 

@@ -125,9 +125,6 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
 
         st = cutlass.utils.SmemAllocator().allocate(Storage)
         ring = tma_ring(st.bars.data_ptr(), c.n_stages, c.n_mma_wg * 4, c.stage_bytes)
-        wring = ring  # the ring the wideners read the codes from (v26b: their own, freed and refilled by them)
-        if cutlass.const_expr(c.code_stages):
-            wring = tma_ring(st.cbars.data_ptr(), c.code_stages, WIDENER_WARPS, c.code_stage_bytes)
         if cutlass.const_expr(c.widen_wg):  # v19: the B buffers' full (the wideners' threads), empty (consumer warps)
             if tidx == 0:
                 for b in cutlass.range_constexpr(c.widen_buffers):
@@ -173,8 +170,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
                               (full, slices))
             if cutlass.const_expr(c.widen_wg):  # v19 (grouped_split._widen_loop)
                 if (warp_idx >= 1) & (warp_idx <= WIDENER_WARPS):
-                    self._widen_loop(wring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx - 32,
-                                     (b, sh, tiles_n, n_groups, mg, mGroup))
+                    self._widen_loop(ring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx - 32)
         else:
             cute.arch.setmaxregister_increase(c.consumer_regs)
             self._consume(ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
@@ -227,21 +223,15 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
 
     @cute.jit
     def _load_weights(self, b, sh, sw, tiles_n, n_kb, nt, kb, e, index, bar):
-        """The weight side of a stage: the FP4 tile and its shift words (`_load_codes`; v26b: the wideners load them
-        into their own ring), the column scales."""
-        if cutlass.const_expr(not self.cfg.code_stages):
-            self._load_codes(b, sh, tiles_n, n_kb, nt, kb, e, index, bar)
-        cute.copy(sw[0], sw[1][(None, nt, kb, e)], sw[2][(None, index)], tma_bar_ptr=bar)
-
-    @cute.jit
-    def _load_codes(self, b, sh, tiles_n, n_kb, nt, kb, e, index, bar):
-        """The FP4 tile (tiled: one contiguous tile of the load-time layout) and its shift words."""
+        """The weight side of a stage: the FP4 tile (tiled: one contiguous tile of the load-time layout), its shift
+        words and column scales."""
         if cutlass.const_expr(self.cfg.tiled_codes):
             codes = b[1][(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)]
         else:
             codes = b[1][(None, nt, kb, e)]
         cute.copy(b[0], codes, b[2][(None, index)], tma_bar_ptr=bar)
         cute.copy(sh[0], sh[1][(None, nt, kb, e)], sh[2][(None, index)], tma_bar_ptr=bar)
+        cute.copy(sw[0], sw[1][(None, nt, kb, e)], sw[2][(None, index)], tma_bar_ptr=bar)
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,

@@ -45,7 +45,6 @@ from kernels.moe.grouped_config import WIDEN_TABLE_WORDS, WIDENER_WARPS
 from kernels.moe.grouped_sm90 import GroupedSm90
 from kernels.moe.grouped_widen import SUBS, pair_offset, table_pair, widen_item, widen_item_rs
 from kernels.regs import fence_operand, mn_view
-from kernels.rings import consumer_state
 
 WG_BARRIER = 2  # named barrier ids 2 and 3: one per consumer warpgroup (1: the 256-thread one; 0: the CTA's)
 WIDENER_BARRIER = 4  # v19: the widener warps' (their table copy)
@@ -133,7 +132,7 @@ class GroupedSplit(GroupedSm90):
                         cute.autovec_copy(out[None, h], b4[None, dst0 + step * (dn * 8) + ((2 * j + h) ^ (n0 % 8))])
 
     @cute.jit
-    def _widen_loop(self, ring, st, sSh, mTab, units, n_kb, bidx, gdim, wtid, codes_src):
+    def _widen_loop(self, ring, st, sSh, mTab, units, n_kb, bidx, gdim, wtid):
         """v19 (GroupedConfig.widen_wg): the widener warps (wtid 0 .. 32 WIDENER_WARPS - 1 of the producer warpgroup)
         walk the CTA's K blocks (its units' n_kb each, in the consumers' order); per block g: wait for its stage (TMA)
         and for B buffer g % nb to be free (nb widen_buffers: every consumer warp done with block g - nb), widen the
@@ -147,17 +146,8 @@ class GroupedSplit(GroupedSm90):
         pipeline.NamedBarrier(barrier_id=WIDENER_BARRIER, num_threads=threads).arrive_and_wait()
         wb = st.wbars.data_ptr()
         blocks = cutlass.select_(bidx < units, (units - bidx + gdim - 1) // gdim, 0) * n_kb
-        loader = cute.arch.make_warp_uniform(wtid // 32) == 0  # v26b: widener warp 0 refills the code ring
-        cs = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, max(c.code_stages, 1))
-        if cutlass.const_expr(c.code_stages):
-            if loader:
-                for g in cutlass.range(0, cutlass.min(blocks, c.code_stages), unroll=1):
-                    self._refill_codes(ring, cs, g, codes_src, st, n_kb, bidx, gdim)
-                    cs.advance()
         for g in cutlass.range(0, blocks, unroll=1):
             state = self._stage(g)
-            if cutlass.const_expr(c.code_stages):  # v26: `ring` is the code ring
-                state = consumer_state(c.code_stages, g, masks=(c.code_stages & (c.code_stages - 1)) == 0)
             buf, phase = self._buffer(g)
             ring.consumer_wait(state)
             cute.arch.mbarrier_wait(wb + c.widen_buffers + buf, phase ^ 1)  # empty: the other phase
@@ -165,31 +155,12 @@ class GroupedSplit(GroupedSm90):
                 rows = c.bn // 2 if cutlass.const_expr(c.ablate == "half-widen") else c.bn
                 self._widen_rows(st, sSh, tab, state.index, buf, 0, wtid, threads, rows, c.widen_batch)
             cute.arch.fence_proxy("async.shared", space="cta")
-            if cutlass.const_expr(c.code_stages):  # v26: the codes are widened, their stage is free
-                ring.consumer_release(state)
             if cutlass.const_expr(c.warp_handover):  # v24: one arrive a warp, after its lanes' stores and fences
                 cute.arch.sync_warp()
                 if cute.arch.lane_idx() == 0:
                     cute.arch.mbarrier_arrive(wb + buf)
             else:
                 cute.arch.mbarrier_arrive(wb + buf)
-            if cutlass.const_expr(c.code_stages):  # v26b: the freed stage takes block g + code_stages's codes
-                if loader & (g + c.code_stages < blocks):
-                    self._refill_codes(ring, cs, g + c.code_stages, codes_src, st, n_kb, bidx, gdim)
-                    cs.advance()
-        if cutlass.const_expr(c.code_stages):
-            if loader:
-                ring.producer_tail(cs)
-
-    @cute.jit
-    def _refill_codes(self, cring, cs, g, codes_src, st, n_kb, bidx, gdim):
-        """v26b: block g's codes and shift words into code stage `cs` (once its wideners released it), by widener warp
-        0 (the caller advances `cs`); block g is the CTA's g-th (unit bidx + g / n_kb · gdim, K block g % n_kb)."""
-        b, sh, tiles_n, n_groups, mg, mGroup = codes_src
-        _g, _mt, nt, e, _limit = self._unit(bidx + g // n_kb * gdim, tiles_n, n_groups, mg, mGroup, st)
-        cring.producer_acquire(cs)
-        self._load_codes(b, sh, tiles_n, n_kb, nt, g % n_kb, e, cs.index, cring.producer_get_barrier(cs))
-        cring.producer_commit(cs)
 
     @cute.jit
     def _await_widened(self, ring, st, state, g_rd):

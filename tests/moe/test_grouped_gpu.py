@@ -248,13 +248,12 @@ V3_CASES.append(Case("moe", space.case("layer", "flash", 600, e=64, d=512, i=256
 
 
 @pytest.mark.parametrize("variant", ["cutedsl:split-wg", "cutedsl:v3", "cutedsl:v7", "cutedsl:v8-prefill", "cutedsl",
-                                     "cutedsl:v19", "cutedsl:v23", "cutedsl:v26b"])
+                                     "cutedsl:v19", "cutedsl:v23"])
 @pytest.mark.parametrize("case", V3_CASES, ids=[c.id for c in V3_CASES])
 def test_v3_prefill_layers_pass_the_rule(case, variant, gpu_check):
     """v3 (prefill) on the prefill layers beyond VARIANT_CASES: a hot expert, Pro's widths, the drawn ones; the rule's
     v24 (v7 widened by the producer warpgroup's warps into three B buffers, one hand-over arrive a warp), the picks
-    before it (v19: two buffers; v23: an arrive a widener thread) and candidate v26b (the codes in a ring of their own)
-    on them too."""
+    before it (v19: two buffers; v23: an arrive a widener thread) on them too."""
     from dsv4bench.core.registry import get_impl
     gpu_check(case, get_impl("moe", variant))
 

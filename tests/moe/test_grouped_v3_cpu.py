@@ -467,26 +467,3 @@ def test_v24_wideners_hand_over_one_arrive_a_warp(monkeypatch):
         assert _loop_spills(compiled) == 0
     with pytest.raises(ValueError, match="warp_handover"):
         GroupedConfig(layout="contiguous", epilogue="bf16", bm=128, **{**V7, "warp_handover": True})
-
-
-@pytest.mark.parametrize("epilogue", ["swiglu", "bf16"])
-def test_v26b_codes_ring_of_their_own(epilogue, monkeypatch):
-    """Candidate v26b: the codes and shift words in a ring of code_stages stages (its empty barriers: one arrive a
-    widener warp), the x ring's stages what is left of shared memory (4 code stages leave 3, 3 leave 4); both compile
-    clean with no loop spill; refused off v19 (widen_wg)."""
-    from kernels.moe.grouped_config import V24, V26, WIDENER_WARPS
-    from dsv4bench.compile.artifacts import artifact
-    for code_stages, x_stages in ((4, 3), (3, 4)):
-        knobs = {**V26, "code_stages": code_stages}
-        cfg = GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **knobs)
-        assert cfg.n_stages == x_stages and cfg.stage_bytes + cfg.code_stage_bytes == GroupedConfig(
-            layout="contiguous", epilogue=epilogue, bm=128, **V24).stage_bytes
-        compiled = compile_checked("contiguous", epilogue, knobs, monkeypatch, 1024, 1024)
-        ptx = artifact(compiled, "__ptx__")
-        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-        regs = re.findall(r"mbarrier\.init\.shared(?:::cta)?\.b64\s+\[[^\]]+\], (%r\d+);", ptx)
-        movs = dict(re.findall(r"mov\.[ub]32\s+(%r\d+), (\d+);", ptx))
-        assert WIDENER_WARPS in {int(movs[r]) for r in regs if r in movs}
-        assert _loop_spills(compiled) == 0
-    with pytest.raises(ValueError, match="code_stages"):
-        GroupedConfig(layout="contiguous", epilogue=epilogue, bm=128, **{**V26, "widen_wg": False})
