@@ -218,7 +218,8 @@ class MoeLayerVariant(MoeCuteDSL):
     (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-`, `:v23-ko-no-widen`, `:v24-ko-half-widen`,
     `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream
     alone). Set aside in session 43: v25 (CTA pairs sharing the widened tile, `git show 81b2135`), v26 (the codes in a
-    ring of their own, `git show 1adfd59`). History: docs/perf/moe.md; v1 `git show e494048`, v6 `git show 936ce77`."""
+    ring of their own, `git show 1adfd59`; refilled by the wideners, `git show bb4a20e`). History: docs/perf/moe.md;
+    v1 `git show e494048`, v6 `git show 936ce77`."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
