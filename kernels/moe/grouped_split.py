@@ -152,7 +152,7 @@ class GroupedSplit(GroupedSm90):
             ring.consumer_wait(state)
             cute.arch.mbarrier_wait(wb + c.widen_buffers + buf, phase ^ 1)  # empty: the other phase
             if cutlass.const_expr(not c.skips_widen):  # the knock-out: the hand-over alone
-                rows = c.bn // 2 if cutlass.const_expr(c.ablate == "half-widen") else c.bn
+                rows = c.bn // 2 if c.ablate == "half-widen" else c.bn  # the knock-out: rows 0-127
                 self._widen_rows(st, sSh, tab, state.index, buf, 0, wtid, threads, rows, c.widen_batch)
             cute.arch.fence_proxy("async.shared", space="cta")
             if cutlass.const_expr(c.warp_handover):  # v24: one arrive a warp, after its lanes' stores and fences

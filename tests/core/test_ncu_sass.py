@@ -17,7 +17,8 @@ def test_a_wait_loops_retries_and_sleep_share(tmp_path):
     waits, other, asleep = rng.randint(100, 10_000), rng.randint(1, 500), rng.randint(1, 1000)
     tries = waits + rng.randint(0, 30 * waits)  # every retry runs the loop again
     body = [("IMAD.U32 R24, RZ, RZ, UR11", waits, other), ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R25], R24", tries, 0),
-            ("@!P0  NANOSLEEP.SYNCS 0x989680", tries, asleep), ("@!P0  SYNCS.PHASECHK.TRANS64 P0, [R25], R24", tries, 0),
+            ("@!P0  NANOSLEEP.SYNCS 0x989680", tries, asleep),
+            ("@!P0  SYNCS.PHASECHK.TRANS64 P0, [R25], R24", tries, 0),
             ("@!P0  BRA 0x7f0", tries, 0), ("LEA R24, R208, UR13, 0xe", waits, 0)]
     if rng.random() < 0.5:  # a second loop the launch never ran (v24's export had one): left out, no division by 0
         body += [(source, 0, 0) for source, _runs, _samples in body]
