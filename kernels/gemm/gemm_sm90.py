@@ -106,11 +106,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         g2s_a = cpasync.CopyBulkTensorTileG2SMulticastOp() if c.cluster_n > 1 else g2s
         tma_a, gA_t = cpasync.make_tiled_tma_atom(g2s_a, mA, cute.slice_(sA_tma_layout, (None, None, 0)),
                                                   (c.x_load_rows, KBLOCK))
-        if cutlass.const_expr(c.w3d):
-            tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, k_block_view(mB), unit_mode(cute.slice_(sB_layout, (None, None, 0))),
-                                                      (c.bn, KBLOCK, 1))
-        else:
-            tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(sB_layout, (None, None, 0)), (c.bn, KBLOCK))
+        tma_b, gB_t = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(sB_layout, (None, None, 0)), (c.bn, KBLOCK))
         tma_c, gC_t = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(sC_layout, (None, None, 0)), epi_tile
         )
@@ -205,17 +201,10 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
         # (x_load_rows, 128, row tiles, G*kb), (bn, 128, tiles_n, kb), (epi_rows, bn, row tiles, tiles_n)
         gA = cute.local_tile(gA_t, (c.x_load_rows, KBLOCK), (None, None))
-        if cutlass.const_expr(c.w3d):
-            gB = cute.local_tile(gB_t, (c.bn, KBLOCK, 1), (None, None, None))  # (bn, 128, 1, tiles_n, 1, kb)
-        else:
-            gB = cute.local_tile(gB_t, (c.bn, KBLOCK), (None, None))
+        gB = cute.local_tile(gB_t, (c.bn, KBLOCK), (None, None))
         gC = cute.local_tile(gC_t, (c.epi_rows, c.bn), (None, None))
         tAsA, tAgA = tma_slices(tma_a, sA_tma, gA)
-        if cutlass.const_expr(c.w3d):
-            tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2),
-                                               cute.group_modes(gB, 0, 3))
-        else:
-            tBsB, tBgB = tma_slices(tma_b, sB, gB)
+        tBsB, tBgB = tma_slices(tma_b, sB, gB)
         # (bm, 1, M tiles, G*K blocks), (1, 4, N/128 blocks, K blocks / 4)
         gSA = cute.local_tile(gSA_t, (c.sa_rows, 1), (None, None))
         gSW = cute.local_tile(gSW_t, (1, SCALE_BOX), (None, None))
@@ -227,9 +216,9 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
         row_tiles = cute.size(gA, mode=[2])  # x_rows-row tiles of M
         tiles_m = (row_tiles + W - 1) // W
-        tiles_n = cute.size(gB, mode=[3 if c.w3d else 2])
+        tiles_n = cute.size(gB, mode=[2])
         steps_n = (tiles_n + CN - 1) // CN if cutlass.const_expr(CN > 1) else tiles_n
-        n_kb = cute.size(gB, mode=[5 if c.w3d else 3])  # K blocks of one group
+        n_kb = cute.size(gB, mode=[3])  # K blocks of one group
         units = tiles_m * steps_n * c.split_k
         kb_per = (n_kb + c.split_k - 1) // c.split_k
 
@@ -265,8 +254,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 """K block kb's W tile into the stage."""
                 tm, tn, a_kb, sb_row = where
                 if cutlass.const_expr(c.ablate != "no-b"):
-                    src = tBgB[(None, tn, 0, kb)] if cutlass.const_expr(c.w3d) else tBgB[(None, tn, kb)]
-                    cute.copy(tma_b, src, tBsB[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_b, tBgB[(None, tn, kb)], tBsB[(None, state.index)], tma_bar_ptr=bar)
 
             def load_sa(where, kb, state, bar):
                 tm, tn, a_kb, sb_row = where
@@ -508,19 +496,6 @@ class Fp8GemmSm90(PersistentGemmSm90):
             ring.consumer_release(self._stage(g_rd + i))
             self._promote(acc, tmps[0], scs[0], 0)
         return g_rd + n
-
-
-def k_block_view(mB: cute.Tensor) -> cute.Tensor:
-    """W (N, K) as (N, 128, K / 128): the K blocks a mode of their own, so the TMA map is 3-D (128 bytes, N rows,
-    K blocks) with the 2-D map's box and shared-memory tile. A bare stream of the decode tiles' W boxes ran 15-25%
-    faster through it than through the 2-D map (H200, docs/perf/gemm.md v17)."""
-    n, k = mB.shape
-    return cute.make_tensor(mB.iterator, cute.make_layout((n, KBLOCK, k // KBLOCK), stride=(mB.stride[0], 1, KBLOCK)))
-
-
-def unit_mode(box: cute.ComposedLayout) -> cute.ComposedLayout:
-    """A stage's (bn, 128) W tile with a third mode of size 1: the 3-D map's box (one K block)."""
-    return cute.make_composed_layout(box.inner, box.offset, cute.append(box.outer, cute.make_layout(1)))
 
 
 def small_x_layouts(sA_layout: cute.ComposedLayout, x_rows: int, box_rows: int):

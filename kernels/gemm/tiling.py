@@ -56,8 +56,6 @@ class GemmConfig:
     # no row of the box lies past M (TMA fills such rows with zeros); the stage's rows past the box keep
     # whatever they held (their output rows are never stored). The sa box takes max(4, x_box) rows (16 bytes)
     x_box: int = 0
-    # W's TMA map 3-D (128 bytes, N rows, K blocks; gemm_sm90.k_block_view): the same box and tile, a faster stream
-    w3d: bool = False
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
