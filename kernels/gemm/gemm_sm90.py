@@ -267,11 +267,13 @@ class Fp8GemmSm90(PersistentGemmSm90):
                               tSWs[(None, b + c.sw_blocks * state.index)], tma_bar_ptr=bar)
 
             def load(where, kb, state, bar):
-                """K block kb's x waves, W tile and scale boxes into the stage."""
-                load_x(where, kb, state, bar)
+                """K block kb's x waves, W tile and scale boxes into the stage (knock-out no-aux: the W tile alone)."""
+                if cutlass.const_expr(c.ablate != "no-aux"):
+                    load_x(where, kb, state, bar)
                 load_w(where, kb, state, bar)
-                load_sa(where, kb, state, bar)
-                load_sw(where, kb, state, bar)
+                if cutlass.const_expr(c.ablate != "no-aux"):
+                    load_sa(where, kb, state, bar)
+                    load_sw(where, kb, state, bar)
 
             def load_weight(where, kb, state, bar):
                 """PDL: what does not depend on the previous kernel (the W tile and its scales)."""

@@ -10,9 +10,10 @@ SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
 EPI_N = 32  # epilogue slice width (columns) per TMA store
 MAX_STAGES = 16  # 64-row x tiles and taller
 MAX_STAGES_SMALL_X = 32  # 16 / 32-row x tiles (decode): the ring is the weight bytes in flight
-ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b")
+ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b", "no-aux")
 SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
 SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
+STREAM_ABLATIONS = ("no-b", "no-aux")  # knock-outs of the producer's copies only
 MAX_CLUSTER = 8  # the portable cluster size: a split-K cluster's slices
 
 
@@ -60,7 +61,8 @@ class GemmConfig:
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
     # last wave's x tile load (bm 256: the L2 -> SM bytes a 2-CTA multicast of x would save), "no-b"
-    # skips the W tile load (what a multicast of W would save, and more)
+    # skips the W tile load (what a multicast of W would save, and more); "no-aux" loads the W tile alone a stage (no
+    # x tile, no scale boxes: what a decode stage's three small copies beside its W box cost)
     ablate: str = ""
 
     def __post_init__(self) -> None:
@@ -104,9 +106,9 @@ class GemmConfig:
 
     @property
     def chainable(self) -> bool:
-        """May `chain` be set: one wave (each consumer warpgroup one accumulator, bm <= 128), no knock-out,
-        not bn 192 (three 96-register fragments would spill)."""
-        return self.waves == 1 and not self.ablate and self.bn != 192
+        """May `chain` be set: one wave (each consumer warpgroup one accumulator, bm <= 128), no knock-out but the
+        stream's (they leave the consumers' loop as it is), not bn 192 (three 96-register fragments would spill)."""
+        return self.waves == 1 and self.ablate in ("", *STREAM_ABLATIONS) and self.bn != 192
 
     @property
     def n_mma_wg(self) -> int:
@@ -158,6 +160,8 @@ class GemmConfig:
     def stage_bytes(self) -> int:
         """Bytes TMA brings per stage (the full barrier's transaction count): the x and W tiles and
         the scale boxes, a column of bm sa values and (1 x 4) of sw, fp32."""
+        if self.ablate == "no-aux":
+            return self.bn * KBLOCK
         skipped = {"half-a": self.wave_m, "no-b": self.bn}.get(self.ablate, 0) * KBLOCK
         return (self._stage_tma_bytes - skipped - (self.x_rows - self.x_load_rows) * KBLOCK
                 - (self.bm - self.sa_rows) * 4)

@@ -38,6 +38,8 @@ override makes an impossible configuration is UNSUPPORTED there.
     ko-half-a       that part costs. half-a: the second wave's x tile is not loaded (bm 256), no-b:
     ko-no-b         the W tile is not loaded: the L2 -> SM bytes a 2-CTA multicast would save. (No "skip the store" knock-out: with nothing stored, the compiler
                     drops the promotion and scale loads too, so it times a plain GEMM again.)
+    ko-no-aux       each stage loads its W tile alone (no x tile, no scale boxes): what the three small copies beside a
+                    decode stage's W box cost. no-b and no-aux run chained tiles too (the consumers' loop unchanged)
 
 Imported at the end of kernels/gemm/family.py; registers its impls itself (register_impl).
 """
@@ -100,7 +102,7 @@ KNOBS: dict[str, dict] = {
     **{f"pair-bn{b}": {"bm": 256, "bn": b, "cluster_n": 2, "split_k": 1, "stages": 0, "chain": 0} for b in (32, 64)},
 }
 # knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
-KNOCKOUTS = ("no-promote", "const-scale", "half-a", "no-b")
+KNOCKOUTS = ("no-promote", "const-scale", "half-a", "no-b", "no-aux")
 
 
 class GemmKnob(ConfigKnobs, GemmCuteDSL):
