@@ -295,7 +295,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
             mtid, thr_mma, tCrA, tCrB = self._consumer(tiled_mma, sA, sB, tidx)
             acc_shape = thr_mma.partition_shape_C((c.wave_m, c.bn))
             accs = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(W)]
-            tmps = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(2 if c.chain > 1 else 1)]
+            tmps = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(c.n_temporaries)]
             cC_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.wave_m, c.bn))))
             n_rows = cute.size(cC_mn, mode=[0])
 
@@ -347,7 +347,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
                     g_rd = self._mainloop_overlapped(ring, mmas, tCrA, tCrB, accs[0], tmps, sSA, sSW, lrows,
                                                      kb0, kb1, g_rd, (tn % 2) == 1)
                 else:
-                    g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmps[0], sSA, sSW, lrows, kb0, kb1, g_rd,
+                    g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmps, sSA, sSW, lrows, kb0, kb1, g_rd,
                                           (tn % 2) == 1)
                 if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid, st, ks):
                     for w in cutlass.range_constexpr(W):
@@ -384,12 +384,15 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
     @cute.jit
     def _issue(self, mmas, tmp, tCrA, tCrB, a_buf, b_buf):
-        """The 4 wgmma (k = 32 each) of one 128-wide K block into tmp (overwritten), one group."""
-        fence_operand(tmp)
+        """The 4 wgmma (k = 32 each) of one 128-wide K block into the block's temporaries `tmp` (overwritten), one
+        group: k step k into tmp[k % len(tmp)] (GemmConfig.split_acc: two, so no wgmma waits on the one before it)."""
+        for t in tmp:
+            fence_operand(t)
         warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, a_buf)],
-                      tCrB[(None, None, k, b_buf)], tmp)
+            t = tmp[k % len(tmp)]
+            cute.gemm(mmas[0] if k < len(tmp) else mmas[1], t, tCrA[(None, None, k, a_buf)],
+                      tCrB[(None, None, k, b_buf)], t)
         warpgroup.commit_group()
 
     @cute.jit
@@ -418,15 +421,18 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
     @cute.jit
     def _promote(self, acc, tmp, sc, w):
-        fence_operand(tmp)  # after the wgmma wait that completed tmp
+        """acc += (the sum of the block's temporaries) * its scale."""
+        for t in tmp:
+            fence_operand(t)  # after the wgmma wait that completed it
         acc_mn = mn_view(acc)
-        tmp_mn = mn_view(tmp)
+        tmp_mn = [mn_view(t) for t in tmp]
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             for cc in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[w, r, self._col_part(cc)]
+                part = tmp_mn[0][r, cc] if len(tmp) == 1 else tmp_mn[0][r, cc] + tmp_mn[1][r, cc]
+                acc_mn[r, cc] = acc_mn[r, cc] + part * sc[w, r, self._col_part(cc)]
 
     @cute.jit
-    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
+    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmps, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
         """Per K block: wait for the stage -> read its scales -> per wave: 4 wgmma -> wait_group(0) ->
         (last wave: release the stage) -> promote.
         The tensor core idles while a warpgroup promotes unless the other's wgmmas fill it; at one wave
@@ -448,13 +454,13 @@ class Fp8GemmSm90(PersistentGemmSm90):
             if cutlass.const_expr(not unscaled):
                 self._read_scales(sc, sSA, sSW, lrows, kb, st.index, odd)
             for w in cutlass.range_constexpr(W):
-                self._issue((mmas[1], mmas[1]) if plain else mmas, accs[w] if plain else tmp, tCrA, tCrB,
+                self._issue((mmas[1], mmas[1]) if plain else mmas, [accs[w]] if plain else tmps, tCrA, tCrB,
                             st.index * W + w, st.index)
                 warpgroup.wait_group(0)
                 if w == W - 1:
                     ring.consumer_release(st)
                 if cutlass.const_expr(not plain):
-                    self._promote(accs[w], tmp, sc, w)
+                    self._promote(accs[w], tmps, sc, w)
             g_rd = g_rd + 1
         return g_rd
 
@@ -469,7 +475,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
     @cute.jit
     def _mainloop_overlapped(self, ring, mmas, tCrA, tCrB, acc, tmps, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
         """Each consumer warpgroup (one wave), K blocks in chains of `chain` (GemmConfig.chain): inside a chain,
-        block j + 1's wgmmas (into tmps[(j + 1) % 2]) are issued before block j is waited for
+        block j + 1's wgmmas (into the other half of tmps) are issued before block j is waited for
         (wait_group(1)), released and promoted, so a block's wgmma latency hides behind the previous
         block's promotion. Each chain ends in wait_group(0): a group in flight across the loop's back
         edge, or a wgmma under a runtime branch, makes ptxas serialise every wgmma (docs/lessons/gemm.md
@@ -481,23 +487,30 @@ class Fp8GemmSm90(PersistentGemmSm90):
         chains = n // C
         for ch in cutlass.range(0, chains, unroll=1):
             first = ch * C
-            self._take(ring, mmas, tmps[0], tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + first, g_rd + first, odd)
+            self._take(ring, mmas, block_tmps(tmps, 0), tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + first, g_rd + first,
+                       odd)
             for j in cutlass.range_constexpr(C):
                 if cutlass.const_expr(j + 1 < C):
                     nxt = first + j + 1
-                    self._take(ring, mmas, tmps[(j + 1) % 2], tCrA, tCrB, scs[(j + 1) % 2], sSA, sSW, lrows,
+                    self._take(ring, mmas, block_tmps(tmps, (j + 1) % 2), tCrA, tCrB, scs[(j + 1) % 2], sSA, sSW, lrows,
                                kb0 + nxt, g_rd + nxt, odd)
                     warpgroup.wait_group(1)
                 else:
                     warpgroup.wait_group(0)
                 ring.consumer_release(self._stage(g_rd + first + j))
-                self._promote(acc, tmps[j % 2], scs[j % 2], 0)
+                self._promote(acc, block_tmps(tmps, j % 2), scs[j % 2], 0)
         for i in cutlass.range(chains * C, n, unroll=1):
-            self._take(ring, mmas, tmps[0], tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + i, g_rd + i, odd)
+            self._take(ring, mmas, block_tmps(tmps, 0), tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + i, g_rd + i, odd)
             warpgroup.wait_group(0)
             ring.consumer_release(self._stage(g_rd + i))
-            self._promote(acc, tmps[0], scs[0], 0)
+            self._promote(acc, block_tmps(tmps, 0), scs[0], 0)
         return g_rd + n
+
+
+def block_tmps(tmps: list, parity: int) -> list:
+    """A chain's temporaries of the K blocks of one parity: half of them (two each with GemmConfig.split_acc)."""
+    per_block = len(tmps) // 2
+    return tmps[parity * per_block:(parity + 1) * per_block]
 
 
 def small_x_layouts(sA_layout: cute.ComposedLayout, x_rows: int, box_rows: int):

@@ -57,6 +57,9 @@ class GemmConfig:
     # no row of the box lies past M (TMA fills such rows with zeros); the stage's rows past the box keep
     # whatever they held (their output rows are never stored). The sa box takes max(4, x_box) rows (16 bytes)
     x_box: int = 0
+    # each K block's 4 wgmmas into two temporaries (k steps 0, 2 and 1, 3), summed at the promotion: no wgmma of a
+    # block waits for the one before it (decode tiles: ko-no-b ran as slow as the rule, so the block's chain binds)
+    split_acc: bool = False
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
@@ -95,6 +98,8 @@ class GemmConfig:
             raise ValueError(f"chain must be 0 (off), 2, 4, 8, 16 or 32, got {self.chain}")
         if self.chain and not self.chainable:
             raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out")
+        if self.split_acc and not (self.chain > 1 and self.bn <= 64):
+            raise ValueError("split_acc takes chained tiles (chain > 1) of bn <= 64: four temporaries in registers")
         if self.x_box and not (self.bm < 64 and self.x_box in (1, 2, 4, 8) and self.x_box < self.bm):
             raise ValueError(f"x_box takes 1, 2, 4 or 8 rows of a 16 / 32-row x tile, got {self.x_box} of bm {self.bm}")
         if self.group_m < 1:
@@ -109,6 +114,11 @@ class GemmConfig:
         """May `chain` be set: one wave (each consumer warpgroup one accumulator, bm <= 128), no knock-out but the
         stream's (they leave the consumers' loop as it is), not bn 192 (three 96-register fragments would spill)."""
         return self.waves == 1 and self.ablate in ("", *STREAM_ABLATIONS) and self.bn != 192
+
+    @property
+    def n_temporaries(self) -> int:
+        """The consumers' temporary accumulators: one a K block (two with split_acc), two blocks' worth in a chain."""
+        return (2 if self.chain > 1 else 1) * (2 if self.split_acc else 1)
 
     @property
     def n_mma_wg(self) -> int:

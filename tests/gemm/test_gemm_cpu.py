@@ -88,6 +88,8 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     ({"cluster_k": True}, "split-K cluster takes 2-8 slices"), ({"cluster_k": True, "split_k": 9}, "2-8 slices"),
     ({"bm": 64, "bn": 128, "split_k": 8, "cluster_k": True}, "do not fit|leaves room"),
     ({"bm": 64, "x_box": 8}, "x_box takes"), ({"bm": 16, "x_box": 16}, "x_box takes"), ({"bm": 16, "x_box": 3}, "x_box"),
+    ({"bm": 16, "bn": 128, "chain": 8, "split_acc": True}, "split_acc takes"),
+    ({"bm": 16, "bn": 32, "split_acc": True}, "split_acc takes"),
 ])
 def test_config_rejects_impossible_tiles(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -97,8 +99,6 @@ def test_config_rejects_impossible_tiles(fields, message):
 def test_rule_ships_the_unrolled_k_loop_and_the_unrolled_code_differs():
     """v7: every rule configuration runs its K-block loops unrolled 4x (docs/perf/gemm.md); the
     unroll reaches the compiled kernel (a different cubin from the v6 loop's, `cutedsl:unroll1`)."""
-    from dataclasses import replace
-
     from dsv4bench.compile.artifacts import artifact
 
     assert {choose_config(m, n, k, groups=g).unroll for _, _, n, k, g in LAYERS for m in TOKENS} == {4}
@@ -169,6 +169,34 @@ CLUSTER_CONFIGS = [GemmConfig(16, 32, split_k=8, cluster_k=True, chain=8, stages
 @pytest.mark.parametrize("cfg", CLUSTER_CONFIGS, ids=str)
 def test_split_k_clusters_compile_without_spills_or_serialised_wgmma(cfg):
     assert_compiles_clean(compile_gemm, cfg)
+
+
+SPLIT_ACC_CONFIGS = sorted({replace(c, split_acc=True) for c in RULE_CONFIGS if c.chain > 1 and c.bn <= 64}, key=str)
+
+
+@pytest.mark.parametrize("cfg", SPLIT_ACC_CONFIGS[:3], ids=str)
+def test_split_acc_alternates_each_blocks_wgmmas_between_two_temporaries(cfg):
+    """cutedsl:split-acc: k steps 0 / 2 and 1 / 3 of a K block go to two accumulators, so no wgmma of a group reads the
+    one before it; it compiles clean, and each group's QGMMAs alternate destinations where the rule's share one."""
+    from dsv4bench.compile.sass import sass_of
+
+    def groups(c):
+        sass = sass_of(compile_gemm(c))
+        if sass is None:
+            pytest.skip("no nvdisasm")
+        dests, out = [], []
+        for line in sass.splitlines():
+            if "QGMMA" in line:
+                dests.append(line.split("QGMMA")[1].split()[1].rstrip(","))
+                if "gsb0" in line:
+                    out.append(dests)
+                    dests = []
+        return out
+
+    assert_compiles_clean(compile_gemm, cfg)
+    split, rule = groups(cfg), groups(replace(cfg, split_acc=False))
+    assert split and all(len(g) == 4 and g[0] == g[2] != g[1] == g[3] for g in split), split[:3]
+    assert all(len(set(g)) == 1 for g in rule), rule[:3]
 
 
 @pytest.mark.parametrize("cfg", [GemmConfig(16, 32, chain=8, pdl=True), GemmConfig(16, 32, split_k=4, cluster_k=True, pdl=True),
