@@ -53,9 +53,14 @@ from cutlass.pipeline import pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
 from kernels.gemm.persistent_sm90 import PersistentGemmSm90, tma_slices
-from kernels.gemm.tiling import EPI_N, KBLOCK, SCALE_BOX, SW_SLOT, GemmConfig
+from kernels.gemm.tiling import EPI_N, KBLOCK, SCALE_BOX, STAMP_SLOTS, SW_SLOT, GemmConfig
 from kernels.regs import fence_operand, mn_view
 from kernels.rings import consumer_state
+
+
+# GemmConfig.stamps: a CTA's slots (clock cycles but the two globaltimer_lo ns); the merge stamp only where it stores
+(STAMP_ENTRY_NS, STAMP_ENTRY, STAMP_LOADS, STAMP_FIRST_STAGE, STAMP_MAINLOOP, STAMP_MERGED, STAMP_EXIT,
+ STAMP_EXIT_NS) = range(8)
 
 
 class Fp8GemmSm90(PersistentGemmSm90):
@@ -183,6 +188,12 @@ class Fp8GemmSm90(PersistentGemmSm90):
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
         mma_acc.set(warpgroup.Field.ACCUMULATE, True)
         mmas = (tiled_mma, mma_acc)
+        if cutlass.const_expr(c.stamps):  # phase stamps (GemmConfig.stamps): slot j of this CTA's STAMP_SLOTS
+            stamps = cute.recast_tensor(mWork, cutlass.Int32)
+            stamp0 = bidx * STAMP_SLOTS
+            if tidx == 0:
+                stamps[stamp0 + STAMP_ENTRY_NS] = cute.arch.globaltimer_lo()
+                stamps[stamp0 + STAMP_ENTRY] = cute.arch.clock()
 
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_a)
@@ -223,6 +234,9 @@ class Fp8GemmSm90(PersistentGemmSm90):
         kb_per = (n_kb + c.split_k - 1) // c.split_k
 
         pipeline_init_wait(cluster_shape_mn=self.cluster_shape(CN))
+        if cutlass.const_expr(c.stamps):
+            if tidx == 0:  # the producer's lane 0: its first load follows
+                stamps[stamp0 + STAMP_LOADS] = cute.arch.clock()
 
         if wg == 0:
             # ---------------- producer: one warp issues the TMA loads ----------------
@@ -343,13 +357,23 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 kb1 = cutlass.min(kb0 + kb_per, n_kb)
                 for w in cutlass.range_constexpr(W):
                     accs[w].fill(0.0)
+                if cutlass.const_expr(c.stamps):
+                    if u == step0 and mtid == 0 and kb1 > kb0:  # the first stage landed (the loop's wait then passes)
+                        ring.consumer_wait(self._stage(g_rd))
+                        stamps[stamp0 + STAMP_FIRST_STAGE] = cute.arch.clock()
                 if cutlass.const_expr(c.chain > 1):
                     g_rd = self._mainloop_overlapped(ring, mmas, tCrA, tCrB, accs[0], tmps, sSA, sSW, lrows,
                                                      kb0, kb1, g_rd, (tn % 2) == 1)
                 else:
                     g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmps, sSA, sSW, lrows, kb0, kb1, g_rd,
                                           (tn % 2) == 1)
+                if cutlass.const_expr(c.stamps):
+                    if u == step0 and mtid == 0:
+                        stamps[stamp0 + STAMP_MAINLOOP] = cute.arch.clock()
                 if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid, st, ks):
+                    if cutlass.const_expr(c.stamps):
+                        if u == step0 and mtid == 0:
+                            stamps[stamp0 + STAMP_MERGED] = cute.arch.clock()
                     for w in cutlass.range_constexpr(W):
                         row_tile = (tm * W + w) * c.epi_groups + egrp  # in epi_rows
                         if row_tile < cute.size(gC, mode=[2]) and stores:  # rows wholly past M store nothing
@@ -372,6 +396,10 @@ class Fp8GemmSm90(PersistentGemmSm90):
                                 store_bar.arrive_and_wait()
                             slices_done = slices_done + n_slices
             store_pipe.producer_tail()
+            if cutlass.const_expr(c.stamps):
+                if mtid == 0:
+                    stamps[stamp0 + STAMP_EXIT] = cute.arch.clock()
+                    stamps[stamp0 + STAMP_EXIT_NS] = cute.arch.globaltimer_lo()
         if cutlass.const_expr(CN > 1):
             # no CTA leaves while its pair may still signal its barriers or write its stages
             cute.arch.cluster_arrive()

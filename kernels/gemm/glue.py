@@ -11,7 +11,7 @@ from cutlass.cute.runtime import make_fake_tensor
 from kernels.common import Prepared, argument_check, compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
 from kernels.gemm.persistent_sm90 import tile_sum_rows
-from kernels.gemm.tiling import KBLOCK, SCALE_BOX, GemmConfig, straddles_groups
+from kernels.gemm.tiling import KBLOCK, SCALE_BOX, STAMP_SLOTS, GemmConfig, straddles_groups
 from sweeps.gemm import QUANT_GEMM
 
 
@@ -93,6 +93,8 @@ def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, to
     """Split-K fp32 tile sums and per-tile counters (zeroed once; the kernel leaves them at zero)."""
     tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
     need_w = tiles * tile_sum_rows(cfg) * cfg.bn if cfg.split_k > 1 and not cfg.cluster_k else 4
+    if cfg.stamps:  # the phase stamps: STAMP_SLOTS a CTA, one CTA an SM at most
+        need_w = sm_count(device) * STAMP_SLOTS
     key = (str(device),)
     work, count = _WORK.get(key, (None, None))
     if work is None or work.numel() < need_w:

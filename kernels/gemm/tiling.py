@@ -14,7 +14,8 @@ ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b", "no-aux")
 SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
 SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
 STREAM_ABLATIONS = ("no-b", "no-aux")  # knock-outs of the producer's copies only
-MAX_CLUSTER = 8  # the portable cluster size: a split-K cluster's slices
+MAX_CLUSTER = 8
+STAMP_SLOTS = 16  # int32 a CTA for GemmConfig.stamps  # the portable cluster size: a split-K cluster's slices
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class GemmConfig:
     # each K block's 4 wgmmas into two temporaries (k steps 0, 2 and 1, 3), summed at the promotion: no wgmma of a
     # block waits for the one before it (decode tiles: ko-no-b ran as slow as the rule, so the block's chain binds)
     split_acc: bool = False
+    # instrument: a clock stamp at each phase of a CTA's first unit (entry, first load, first stage landed, mainloop,
+    # merge, epilogue, exit) into the split-K workspace, STAMP_SLOTS int32 a CTA (benchmarks/gemm_phases.py reads them)
+    stamps: bool = False
     # knock-outs that find what binds the kernel (kernels/gemm/variants.py; wrong answers, timed only):
     # "no-promote" wgmmas accumulate straight into acc (no scales, no promotion: a plain FP8 GEMM),
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
@@ -100,6 +104,8 @@ class GemmConfig:
             raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out")
         if self.split_acc and not (self.chain > 1 and self.bn <= 64):
             raise ValueError("split_acc takes chained tiles (chain > 1) of bn <= 64: four temporaries in registers")
+        if self.stamps and self.split_k > 1 and not self.cluster_k:
+            raise ValueError("phase stamps take the split-K workspace: a split-K cluster or no split")
         if self.x_box and not (self.bm < 64 and self.x_box in (1, 2, 4, 8) and self.x_box < self.bm):
             raise ValueError(f"x_box takes 1, 2, 4 or 8 rows of a 16 / 32-row x tile, got {self.x_box} of bm {self.bm}")
         if self.group_m < 1:

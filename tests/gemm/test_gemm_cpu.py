@@ -90,6 +90,7 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     ({"bm": 64, "x_box": 8}, "x_box takes"), ({"bm": 16, "x_box": 16}, "x_box takes"), ({"bm": 16, "x_box": 3}, "x_box"),
     ({"bm": 16, "bn": 128, "chain": 8, "split_acc": True}, "split_acc takes"),
     ({"bm": 16, "bn": 32, "split_acc": True}, "split_acc takes"),
+    ({"bm": 16, "bn": 32, "split_k": 2, "stamps": True}, "phase stamps take"),
 ])
 def test_config_rejects_impossible_tiles(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -168,6 +169,13 @@ CLUSTER_CONFIGS = [GemmConfig(16, 32, split_k=8, cluster_k=True, chain=8, stages
 
 @pytest.mark.parametrize("cfg", CLUSTER_CONFIGS, ids=str)
 def test_split_k_clusters_compile_without_spills_or_serialised_wgmma(cfg):
+    assert_compiles_clean(compile_gemm, cfg)
+
+
+@pytest.mark.parametrize("cfg", [GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16, stamps=True),
+                                 GemmConfig(64, 64, chain=8, stamps=True)], ids=str)
+def test_phase_stamps_compile_clean(cfg):
+    """GemmConfig.stamps (benchmarks/gemm_phases.py): a split-K cluster and a plain chained tile."""
     assert_compiles_clean(compile_gemm, cfg)
 
 

@@ -188,3 +188,47 @@ def test_persistent_few_ctas(cfg):
     run_gemm(compile_gemm(cfg), cfg, x, sa, w, sw, y, n_ctas=8)
     ref = oracle_of(x, sa, w, sw)
     assert ((y.float() - ref).norm() / ref.norm()) < 4e-3
+
+
+SPLIT_ACC = [GemmConfig(16, 32, chain=8, split_acc=True), GemmConfig(16, 64, chain=2, split_k=3, split_acc=True),
+             GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16, split_acc=True),
+             GemmConfig(64, 64, chain=4, split_acc=True)]
+
+
+@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in SPLIT_ACC for shape in SMALL_X_SHAPES if shape[0] <= c.bm],
+                         ids=str)
+def test_split_acc(cfg, m, n, k):
+    """`cutedsl:split-acc`: each K block's k steps in two temporaries summed at the promotion; chains ending in
+    partial chains and single blocks, split-K in global memory and in a cluster, a 64-row tile."""
+    _run(m, n, k, cfg)
+
+
+STAMPED = [(GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16), 1, 512, 4096),
+           (GemmConfig(16, 32, chain=8, stages=16, x_box=8), 8, 4096, 2048),
+           (GemmConfig(64, 64, chain=8), 64, 1000, 1024)]
+
+
+@pytest.mark.parametrize("cfg,m,n,k", STAMPED, ids=str)
+def test_phase_stamps_leave_the_answer_and_come_in_order(cfg, m, n, k):
+    """GemmConfig.stamps (benchmarks/gemm_phases.py): the stamped kernel's output is the plain one's, bit for bit, and
+    every CTA's clock stamps run entry <= first load <= first stage <= end of mainloop <= exit."""
+    from dataclasses import replace
+
+    from kernels.gemm.gemm_sm90 import STAMP_ENTRY, STAMP_EXIT, STAMP_FIRST_STAGE, STAMP_LOADS, STAMP_MAINLOOP
+    from kernels.gemm.glue import workspace
+    from kernels.gemm.tiling import STAMP_SLOTS
+
+    plain = _run(m, n, k, cfg)
+    stamped = replace(cfg, stamps=True)
+    work, _ = workspace(stamped, m, n, "cuda")
+    work.zero_()
+    y = _run(m, n, k, stamped)
+    assert torch.equal(y, plain)
+    s = work.view(torch.int32)[: 132 * STAMP_SLOTS].view(-1, STAMP_SLOTS).to(torch.int64).cpu()
+    ran = s[s[:, STAMP_ENTRY] != 0]
+    tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * cfg.split_k
+    assert len(ran) == min(tiles, 132)
+    order = [STAMP_ENTRY, STAMP_LOADS, STAMP_FIRST_STAGE, STAMP_MAINLOOP, STAMP_EXIT]
+    steps = torch.stack([(ran[:, b] - ran[:, a]) % (1 << 32) for a, b in zip(order, order[1:])], 1)
+    assert (steps < 10_000_000).all(), steps[:4]  # a backwards step wraps to ~4e9
+    work.zero_()
