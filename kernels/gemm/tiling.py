@@ -14,8 +14,8 @@ ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b", "no-aux")
 SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
 SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
 STREAM_ABLATIONS = ("no-b", "no-aux")  # knock-outs of the producer's copies only
-MAX_CLUSTER = 8
-STAMP_SLOTS = 16  # int32 a CTA for GemmConfig.stamps  # the portable cluster size: a split-K cluster's slices
+MAX_CLUSTER = 8  # the portable cluster size: a split-K cluster's slices
+STAMP_SLOTS = 16  # int32 a CTA for GemmConfig.stamps
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class GemmConfig:
     # whatever they held (their output rows are never stored). The sa box takes max(4, x_box) rows (16 bytes)
     x_box: int = 0
     # each K block's 4 wgmmas into two temporaries (k steps 0, 2 and 1, 3), summed at the promotion: no wgmma of a
-    # block waits for the one before it (decode tiles: ko-no-b ran as slow as the rule, so the block's chain binds)
+    # block waits for the one before it (decode: with no W loaded the rule's mid layers took 87-103% of its time)
     split_acc: bool = False
     # instrument: a clock stamp at each phase of a CTA's first unit (entry, first load, first stage landed, mainloop,
     # merge, epilogue, exit) into the split-K workspace, STAMP_SLOTS int32 a CTA (benchmarks/gemm_phases.py reads them)
@@ -101,7 +101,7 @@ class GemmConfig:
         if self.chain not in (0, 2, 4, 8, 16, 32):
             raise ValueError(f"chain must be 0 (off), 2, 4, 8, 16 or 32, got {self.chain}")
         if self.chain and not self.chainable:
-            raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out")
+            raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out but no-b / no-aux")
         if self.split_acc and not (self.chain > 1 and self.bn <= 64):
             raise ValueError("split_acc takes chained tiles (chain > 1) of bn <= 64: four temporaries in registers")
         if self.stamps and self.split_k > 1 and not self.cluster_k:
