@@ -233,7 +233,10 @@ class Fp8GemmSm90(PersistentGemmSm90):
         units = tiles_m * steps_n * c.split_k
         kb_per = (n_kb + c.split_k - 1) // c.split_k
 
-        pipeline_init_wait(cluster_shape_mn=self.cluster_shape(CN))
+        if cutlass.const_expr(c.late_cluster_sync):
+            pipeline_init_wait()  # the CTA's own barrier; the cluster's waits for the merge
+        else:
+            pipeline_init_wait(cluster_shape_mn=self.cluster_shape(CN))
         if cutlass.const_expr(c.stamps):
             if tidx == 0:  # the producer's lane 0: its first load follows
                 stamps[stamp0 + STAMP_LOADS] = cute.arch.clock()
@@ -370,6 +373,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 if cutlass.const_expr(c.stamps):
                     if u == step0 and mtid == 0:
                         stamps[stamp0 + STAMP_MAINLOOP] = cute.arch.clock()
+                if cutlass.const_expr(c.late_cluster_sync):
+                    cute.arch.cluster_wait()  # every peer arrived at entry: the merge barrier they send to is ready
                 if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid, st, ks):
                     if cutlass.const_expr(c.stamps):
                         if u == step0 and mtid == 0:

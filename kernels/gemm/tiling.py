@@ -61,6 +61,9 @@ class GemmConfig:
     # each K block's 4 wgmmas into two temporaries (k steps 0, 2 and 1, 3), summed at the promotion: no wgmma of a
     # block waits for the one before it (decode: with no W loaded the rule's mid layers took 87-103% of its time)
     split_acc: bool = False
+    # a split-K cluster's CTAs wait for their cluster only before the merge (its barriers' init seen by the peers that
+    # send into it), not before their first loads: a CTA barrier makes its own ring's barriers ready
+    late_cluster_sync: bool = False
     # instrument: a clock stamp at each phase of a CTA's first unit (entry, first load, first stage landed, mainloop,
     # merge, epilogue, exit) into the split-K workspace, STAMP_SLOTS int32 a CTA (benchmarks/gemm_phases.py reads them)
     stamps: bool = False
@@ -104,6 +107,8 @@ class GemmConfig:
             raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out but no-b / no-aux")
         if self.split_acc and not (self.chain > 1 and self.bn <= 64):
             raise ValueError("split_acc takes chained tiles (chain > 1) of bn <= 64: four temporaries in registers")
+        if self.late_cluster_sync and not self.cluster_k:
+            raise ValueError("late_cluster_sync is a mode of the split-K cluster (cluster_k)")
         if self.stamps and self.split_k > 1 and not self.cluster_k:
             raise ValueError("phase stamps take the split-K workspace: a split-K cluster or no split")
         if self.x_box and not (self.bm < 64 and self.x_box in (1, 2, 4, 8) and self.x_box < self.bm):

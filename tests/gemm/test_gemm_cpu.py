@@ -91,6 +91,7 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     ({"bm": 16, "bn": 128, "chain": 8, "split_acc": True}, "split_acc takes"),
     ({"bm": 16, "bn": 32, "split_acc": True}, "split_acc takes"),
     ({"bm": 16, "bn": 32, "split_k": 2, "stamps": True}, "phase stamps take"),
+    ({"bm": 16, "bn": 32, "split_k": 2, "late_cluster_sync": True}, "late_cluster_sync is a mode"),
 ])
 def test_config_rejects_impossible_tiles(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -170,6 +171,25 @@ CLUSTER_CONFIGS = [GemmConfig(16, 32, split_k=8, cluster_k=True, chain=8, stages
 @pytest.mark.parametrize("cfg", CLUSTER_CONFIGS, ids=str)
 def test_split_k_clusters_compile_without_spills_or_serialised_wgmma(cfg):
     assert_compiles_clean(compile_gemm, cfg)
+
+
+@pytest.mark.parametrize("cfg", [replace(c, late_cluster_sync=True) for c in CLUSTER_CONFIGS[:2]], ids=str)
+def test_late_cluster_sync_waits_for_the_cluster_after_the_mainloop(cfg):
+    """`cutedsl:late-sync`: it compiles clean, and its one cluster wait comes after the last wgmma (the rule's before
+    the first), so the first loads do not wait for the slowest CTA of the cluster."""
+    from dsv4bench.compile.sass import sass_of
+
+    def wait_after_mainloop(c):
+        sass = sass_of(compile_gemm(c))
+        if sass is None:
+            pytest.skip("no nvdisasm")
+        lines = sass.splitlines()
+        waits = [i for i, line in enumerate(lines) if "UCGABAR_WAIT" in line]
+        assert len(waits) == 1, waits
+        return waits[0] > max(i for i, line in enumerate(lines) if "QGMMA" in line)
+
+    assert_compiles_clean(compile_gemm, cfg)
+    assert wait_after_mainloop(cfg) and not wait_after_mainloop(replace(cfg, late_cluster_sync=False))
 
 
 @pytest.mark.parametrize("cfg", [GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16, stamps=True),

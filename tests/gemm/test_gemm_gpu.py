@@ -3,6 +3,8 @@ every code path (bm 16/32/64/128/256, bn 32/64/128/192, split-K, grouped)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -179,6 +181,18 @@ def test_split_k_clusters(cfg, m, n, k):
     _run(m, n, k, cfg, seed=1)  # a second launch: the merge barrier starts afresh
 
 
+LATE_SYNC = [replace(c, late_cluster_sync=True) for c in CLUSTERS[:4]]
+
+
+@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in LATE_SYNC for shape in CLUSTER_SHAPES
+                                       if _fits(c, *shape[:2])], ids=str)
+def test_split_k_clusters_syncing_late(cfg, m, n, k):
+    """`cutedsl:late-sync`: the slices load before their cluster syncs and wait for it only before the merge; slices
+    past the last K block, ragged M / N, idle warps of a 16-row tile; a second launch reuses the barriers."""
+    _run(m, n, k, cfg)
+    _run(m, n, k, cfg, seed=1)
+
+
 @pytest.mark.parametrize("cfg", [GemmConfig(128, 128), GemmConfig(256, 128, cluster_n=2), GemmConfig(128, 192)],
                          ids=str)
 def test_persistent_few_ctas(cfg):
@@ -212,8 +226,6 @@ STAMPED = [(GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16), 1
 def test_phase_stamps_leave_the_answer_and_come_in_order(cfg, m, n, k):
     """GemmConfig.stamps (benchmarks/gemm_phases.py): the stamped kernel's output is the plain one's, bit for bit, and
     every CTA's clock stamps run entry <= first load <= first stage <= end of mainloop <= exit."""
-    from dataclasses import replace
-
     from kernels.gemm.gemm_sm90 import STAMP_ENTRY, STAMP_EXIT, STAMP_FIRST_STAGE, STAMP_LOADS, STAMP_MAINLOOP
     from kernels.gemm.glue import workspace
     from kernels.gemm.tiling import STAMP_SLOTS
