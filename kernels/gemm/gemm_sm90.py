@@ -374,7 +374,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
                     if u == step0 and mtid == 0:
                         stamps[stamp0 + STAMP_MAINLOOP] = cute.arch.clock()
                 if cutlass.const_expr(c.late_cluster_sync):
-                    cute.arch.cluster_wait()  # every peer arrived at entry: the merge barrier they send to is ready
+                    if u == step0:  # one wait for the one arrive at entry (a split-K cluster runs one round anyway)
+                        cute.arch.cluster_wait()  # every peer arrived at entry: the merge barrier they send to is ready
                 if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid, st, ks):
                     if cutlass.const_expr(c.stamps):
                         if u == step0 and mtid == 0:

@@ -412,8 +412,8 @@ def test_wide_early_gives_the_wide_pairs_l2s_early_weights(monkeypatch):
 def test_v19_widener_covers_the_tile_once_and_the_consumers_loop_is_clean(epilogue, monkeypatch):
     """v19 (v7 with the widening by WIDENER_WARPS warps of the producer warpgroup, grouped_split._widen_rows; the
     rule's prefill pick v24 on v23's three B buffers): the widener threads' items cover each (row, sub-block) of the
-    256-row tile once and store every 16-byte chunk of the widened tile once; the consumers' K loop holds no spill (v7's refills up to 4) and
-    no widening (no PRMT after the first wgmma); v19 is refused off v7's configuration."""
+    256-row tile once and store every 16-byte chunk of the widened tile once; the consumers' K loop holds no spill
+    (v7's refills up to 4) and no widening (no PRMT after the first wgmma); v19 is refused off v7's configuration."""
     from kernels.moe.grouped_config import BN, V19, WIDENER_WARPS
     threads = 32 * WIDENER_WARPS
     dn, steps = threads // 4, -(-BN * 4 // threads)
