@@ -89,13 +89,18 @@ def check_operands(x, sa, w, sw, out=None, groups: int = 1) -> tuple[int, int, i
 _WORK: dict = {}
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """`cuda` as the current CUDA device's index, so a caller's `cuda` finds the kernel's `cuda:0` workspace."""
+    return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" and device.index is None else device
+
+
 def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K fp32 tile sums and per-tile counters (zeroed once; the kernel leaves them at zero)."""
     tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
     need_w = tiles * tile_sum_rows(cfg) * cfg.bn if cfg.split_k > 1 and not cfg.cluster_k else 4
     if cfg.stamps:  # the phase stamps: STAMP_SLOTS a CTA, one CTA an SM at most
         need_w = sm_count(device) * STAMP_SLOTS
-    key = (str(device),)
+    key = (str(_indexed(torch.device(device))),)  # "cuda" and "cuda:0" share one workspace
     work, count = _WORK.get(key, (None, None))
     if work is None or work.numel() < need_w:
         work = torch.zeros(max(need_w, 4), dtype=torch.float32, device=device)

@@ -209,7 +209,9 @@ SPLIT_ACC = [GemmConfig(16, 32, chain=8, split_acc=True), GemmConfig(16, 64, cha
              GemmConfig(64, 64, chain=4, split_acc=True)]
 
 
-@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in SPLIT_ACC for shape in SMALL_X_SHAPES if shape[0] <= c.bm],
+@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in SPLIT_ACC
+                                       for shape in (CLUSTER_SHAPES if c.cluster_k else SMALL_X_SHAPES)
+                                       if shape[0] <= c.bm and (not c.cluster_k or _fits(c, *shape[:2]))],
                          ids=str)
 def test_split_acc(cfg, m, n, k):
     """`cutedsl:split-acc`: each K block's k steps in two temporaries summed at the promotion; chains ending in
