@@ -233,10 +233,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
         units = tiles_m * steps_n * c.split_k
         kb_per = (n_kb + c.split_k - 1) // c.split_k
 
-        if cutlass.const_expr(c.late_cluster_sync):
-            pipeline_init_wait()  # the CTA's own barrier; the cluster's waits for the merge
-        else:
-            pipeline_init_wait(cluster_shape_mn=self.cluster_shape(CN))
+        pipeline_init_wait(cluster_shape_mn=self.cluster_shape(CN))
         if cutlass.const_expr(c.stamps):
             if tidx == 0:  # the producer's lane 0: its first load follows
                 stamps[stamp0 + STAMP_LOADS] = cute.arch.clock()
@@ -373,9 +370,6 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 if cutlass.const_expr(c.stamps):
                     if u == step0 and mtid == 0:
                         stamps[stamp0 + STAMP_MAINLOOP] = cute.arch.clock()
-                if cutlass.const_expr(c.late_cluster_sync):
-                    if u == step0:  # one wait for the one arrive at entry (a split-K cluster runs one round anyway)
-                        cute.arch.cluster_wait()  # every peer arrived at entry: the merge barrier they send to is ready
                 if self._tile_done(accs[0], mWork, mCount, flag, epi_bar, t, mtid, st, ks):
                     if cutlass.const_expr(c.stamps):
                         if u == step0 and mtid == 0:
@@ -418,15 +412,12 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
     @cute.jit
     def _issue(self, mmas, tmp, tCrA, tCrB, a_buf, b_buf):
-        """The 4 wgmma (k = 32 each) of one 128-wide K block into the block's temporaries `tmp` (overwritten), one
-        group: k step k into tmp[k % len(tmp)] (GemmConfig.split_acc: two, so no wgmma waits on the one before it)."""
-        for t in tmp:
-            fence_operand(t)
+        """The 4 wgmma (k = 32 each) of one 128-wide K block into the block's temporary `tmp` (overwritten), one group."""
+        fence_operand(tmp)
         warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            t = tmp[k % len(tmp)]
-            cute.gemm(mmas[0] if k < len(tmp) else mmas[1], t, tCrA[(None, None, k, a_buf)],
-                      tCrB[(None, None, k, b_buf)], t)
+            cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, a_buf)], tCrB[(None, None, k, b_buf)],
+                      tmp)
         warpgroup.commit_group()
 
     @cute.jit
@@ -455,15 +446,13 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
     @cute.jit
     def _promote(self, acc, tmp, sc, w):
-        """acc += (the sum of the block's temporaries) * its scale."""
-        for t in tmp:
-            fence_operand(t)  # after the wgmma wait that completed it
+        """acc += the block's temporary * its scale."""
+        fence_operand(tmp)  # after the wgmma wait that completed tmp
         acc_mn = mn_view(acc)
-        tmp_mn = [mn_view(t) for t in tmp]
+        tmp_mn = mn_view(tmp)
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             for cc in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                part = tmp_mn[0][r, cc] if len(tmp) == 1 else tmp_mn[0][r, cc] + tmp_mn[1][r, cc]
-                acc_mn[r, cc] = acc_mn[r, cc] + part * sc[w, r, self._col_part(cc)]
+                acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[w, r, self._col_part(cc)]
 
     @cute.jit
     def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmps, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
@@ -488,13 +477,13 @@ class Fp8GemmSm90(PersistentGemmSm90):
             if cutlass.const_expr(not unscaled):
                 self._read_scales(sc, sSA, sSW, lrows, kb, st.index, odd)
             for w in cutlass.range_constexpr(W):
-                self._issue((mmas[1], mmas[1]) if plain else mmas, [accs[w]] if plain else tmps, tCrA, tCrB,
+                self._issue((mmas[1], mmas[1]) if plain else mmas, accs[w] if plain else tmps[0], tCrA, tCrB,
                             st.index * W + w, st.index)
                 warpgroup.wait_group(0)
                 if w == W - 1:
                     ring.consumer_release(st)
                 if cutlass.const_expr(not plain):
-                    self._promote(accs[w], tmps, sc, w)
+                    self._promote(accs[w], tmps[0], sc, w)
             g_rd = g_rd + 1
         return g_rd
 
@@ -509,42 +498,36 @@ class Fp8GemmSm90(PersistentGemmSm90):
     @cute.jit
     def _mainloop_overlapped(self, ring, mmas, tCrA, tCrB, acc, tmps, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
         """Each consumer warpgroup (one wave), K blocks in chains of `chain` (GemmConfig.chain): inside a chain,
-        block j + 1's wgmmas (into the other half of tmps) are issued before block j is waited for
-        (wait_group(1)), released and promoted, so a block's wgmma latency hides behind the previous
-        block's promotion. Each chain ends in wait_group(0): a group in flight across the loop's back
-        edge, or a wgmma under a runtime branch, makes ptxas serialise every wgmma (docs/lessons/gemm.md
-        9, fmha.md 13). The K blocks past the last whole chain go one at a time."""
-        C = self.cfg.chain
+        block j + L's wgmmas (L = GemmConfig.lookahead; into tmps[(j + L) % (L + 1)]) are issued before block j
+        is waited for (wait_group(L)), released and promoted, so a block's wgmma latency hides behind the
+        promotions of the L blocks before it. Each chain ends in wait_group(0): a group in flight across the
+        loop's back edge, or a wgmma under a runtime branch, makes ptxas serialise every wgmma
+        (docs/lessons/gemm.md 9, fmha.md 13). The K blocks past the last whole chain go one at a time."""
+        C, L = self.cfg.chain, self.cfg.lookahead
+        D = len(tmps)  # L + 1 temporaries (and scale sets) in rotation
         scs = [cute.make_rmem_tensor((*lrows.shape, 3 if self.cfg.sw_blocks == 2 else 1), cutlass.Float32)
-               for _ in range(2)]
+               for _ in range(D)]
         n = kb1 - kb0  # 0 for a split-K slice past the last K block
         chains = n // C
         for ch in cutlass.range(0, chains, unroll=1):
             first = ch * C
-            self._take(ring, mmas, block_tmps(tmps, 0), tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + first, g_rd + first,
-                       odd)
+            for j in cutlass.range_constexpr(L):
+                self._take(ring, mmas, tmps[j], tCrA, tCrB, scs[j], sSA, sSW, lrows, kb0 + first + j,
+                           g_rd + first + j, odd)
             for j in cutlass.range_constexpr(C):
-                if cutlass.const_expr(j + 1 < C):
-                    nxt = first + j + 1
-                    self._take(ring, mmas, block_tmps(tmps, (j + 1) % 2), tCrA, tCrB, scs[(j + 1) % 2], sSA, sSW, lrows,
+                if cutlass.const_expr(j + L < C):
+                    nxt = first + j + L
+                    self._take(ring, mmas, tmps[(j + L) % D], tCrA, tCrB, scs[(j + L) % D], sSA, sSW, lrows,
                                kb0 + nxt, g_rd + nxt, odd)
-                    warpgroup.wait_group(1)
-                else:
-                    warpgroup.wait_group(0)
+                warpgroup.wait_group(min(L, C - 1 - j))  # block j done; those after it may fly
                 ring.consumer_release(self._stage(g_rd + first + j))
-                self._promote(acc, block_tmps(tmps, j % 2), scs[j % 2], 0)
+                self._promote(acc, tmps[j % D], scs[j % D], 0)
         for i in cutlass.range(chains * C, n, unroll=1):
-            self._take(ring, mmas, block_tmps(tmps, 0), tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + i, g_rd + i, odd)
+            self._take(ring, mmas, tmps[0], tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + i, g_rd + i, odd)
             warpgroup.wait_group(0)
             ring.consumer_release(self._stage(g_rd + i))
-            self._promote(acc, block_tmps(tmps, 0), scs[0], 0)
+            self._promote(acc, tmps[0], scs[0], 0)
         return g_rd + n
-
-
-def block_tmps(tmps: list, parity: int) -> list:
-    """A chain's temporaries of the K blocks of one parity: half of them (two each with GemmConfig.split_acc)."""
-    per_block = len(tmps) // 2
-    return tmps[parity * per_block:(parity + 1) * per_block]
 
 
 def small_x_layouts(sA_layout: cute.ComposedLayout, x_rows: int, box_rows: int):

@@ -58,12 +58,10 @@ class GemmConfig:
     # no row of the box lies past M (TMA fills such rows with zeros); the stage's rows past the box keep
     # whatever they held (their output rows are never stored). The sa box takes max(4, x_box) rows (16 bytes)
     x_box: int = 0
-    # each K block's 4 wgmmas into two temporaries (k steps 0, 2 and 1, 3), summed at the promotion: no wgmma of a
-    # block waits for the one before it (decode: with no W loaded the rule's mid layers took 87-103% of its time)
-    split_acc: bool = False
-    # a split-K cluster's CTAs wait for their cluster only before the merge (its barriers' init seen by the peers that
-    # send into it), not before their first loads: a CTA barrier makes its own ring's barriers ready
-    late_cluster_sync: bool = False
+    # K blocks a chain keeps in flight ahead of the one it promotes (1: block j + 1's wgmmas go out before block j is
+    # waited for). 2-3 hide the loop's wait-release-promote-take behind more tensor work (decode: the phase stamps
+    # put the rule's mainloop at ~250 cycles a 64 x 32 x 128 block, ~64 of them the tensor core's)
+    lookahead: int = 1
     # instrument: a clock stamp at each phase of a CTA's first unit (entry, first load, first stage landed, mainloop,
     # merge, epilogue, exit) into the split-K workspace, STAMP_SLOTS int32 a CTA (benchmarks/gemm_phases.py reads them)
     stamps: bool = False
@@ -105,10 +103,11 @@ class GemmConfig:
             raise ValueError(f"chain must be 0 (off), 2, 4, 8, 16 or 32, got {self.chain}")
         if self.chain and not self.chainable:
             raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out but no-b / no-aux")
-        if self.split_acc and not (self.chain > 1 and self.bn <= 64):
-            raise ValueError("split_acc takes chained tiles (chain > 1) of bn <= 64: four temporaries in registers")
-        if self.late_cluster_sync and not self.cluster_k:
-            raise ValueError("late_cluster_sync is a mode of the split-K cluster (cluster_k)")
+        if self.lookahead not in (1, 2, 3):
+            raise ValueError(f"lookahead must be 1, 2 or 3 K blocks, got {self.lookahead}")
+        if self.lookahead > 1 and not (self.chain > self.lookahead and self.bn <= 64):
+            raise ValueError("a lookahead past 1 takes chains (chain > lookahead) of bn <= 64: a temporary a block "
+                             "in flight, in registers")
         if self.stamps and self.split_k > 1 and not self.cluster_k:
             raise ValueError("phase stamps take the split-K workspace: a split-K cluster or no split")
         if self.x_box and not (self.bm < 64 and self.x_box in (1, 2, 4, 8) and self.x_box < self.bm):
@@ -119,6 +118,9 @@ class GemmConfig:
             raise ValueError(f"{self.stages} stages of {self.stage_smem_bytes} B do not fit shared memory")
         if self.n_stages < 2:
             raise ValueError(f"bm {self.bm} x bn {self.bn} leaves room for {self.n_stages} smem stage(s)")
+        if self.lookahead >= self.n_stages:
+            raise ValueError(f"lookahead {self.lookahead} holds {self.lookahead + 1} stages: the ring has "
+                             f"{self.n_stages}")
 
     @property
     def chainable(self) -> bool:
@@ -128,8 +130,8 @@ class GemmConfig:
 
     @property
     def n_temporaries(self) -> int:
-        """The consumers' temporary accumulators: one a K block (two with split_acc), two blocks' worth in a chain."""
-        return (2 if self.chain > 1 else 1) * (2 if self.split_acc else 1)
+        """The consumers' temporary accumulators: one a K block in flight (a chain: 1 + lookahead)."""
+        return 1 + self.lookahead if self.chain > 1 else 1
 
     @property
     def n_mma_wg(self) -> int:

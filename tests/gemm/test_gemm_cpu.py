@@ -88,10 +88,10 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     ({"cluster_k": True}, "split-K cluster takes 2-8 slices"), ({"cluster_k": True, "split_k": 9}, "2-8 slices"),
     ({"bm": 64, "bn": 128, "split_k": 8, "cluster_k": True}, "do not fit|leaves room"),
     ({"bm": 64, "x_box": 8}, "x_box takes"), ({"bm": 16, "x_box": 16}, "x_box takes"), ({"bm": 16, "x_box": 3}, "x_box"),
-    ({"bm": 16, "bn": 128, "chain": 8, "split_acc": True}, "split_acc takes"),
-    ({"bm": 16, "bn": 32, "split_acc": True}, "split_acc takes"),
+    ({"bm": 16, "bn": 128, "chain": 8, "lookahead": 2}, "lookahead past 1 takes"),
+    ({"bm": 16, "bn": 32, "chain": 2, "lookahead": 2}, "lookahead past 1 takes"), ({"lookahead": 4}, "lookahead must"),
+    ({"bm": 64, "bn": 64, "chain": 8, "stages": 3, "lookahead": 3}, "holds 4 stages"),
     ({"bm": 16, "bn": 32, "split_k": 2, "stamps": True}, "phase stamps take"),
-    ({"bm": 16, "bn": 32, "split_k": 2, "late_cluster_sync": True}, "late_cluster_sync is a mode"),
 ])
 def test_config_rejects_impossible_tiles(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -173,25 +173,6 @@ def test_split_k_clusters_compile_without_spills_or_serialised_wgmma(cfg):
     assert_compiles_clean(compile_gemm, cfg)
 
 
-@pytest.mark.parametrize("cfg", [replace(c, late_cluster_sync=True) for c in CLUSTER_CONFIGS[:2]], ids=str)
-def test_late_cluster_sync_waits_for_the_cluster_after_the_mainloop(cfg):
-    """`cutedsl:late-sync`: it compiles clean, and its one cluster wait comes after the last wgmma (the rule's before
-    the first), so the first loads do not wait for the slowest CTA of the cluster."""
-    from dsv4bench.compile.sass import sass_of
-
-    def wait_after_mainloop(c):
-        sass = sass_of(compile_gemm(c))
-        if sass is None:
-            pytest.skip("no nvdisasm")
-        lines = sass.splitlines()
-        waits = [i for i, line in enumerate(lines) if "UCGABAR_WAIT" in line]
-        assert len(waits) == 1, waits
-        return waits[0] > max(i for i, line in enumerate(lines) if "QGMMA" in line)
-
-    assert_compiles_clean(compile_gemm, cfg)
-    assert wait_after_mainloop(cfg) and not wait_after_mainloop(replace(cfg, late_cluster_sync=False))
-
-
 @pytest.mark.parametrize("cfg", [GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16, stamps=True),
                                  GemmConfig(64, 64, chain=8, stamps=True)], ids=str)
 def test_phase_stamps_compile_clean(cfg):
@@ -199,32 +180,25 @@ def test_phase_stamps_compile_clean(cfg):
     assert_compiles_clean(compile_gemm, cfg)
 
 
-SPLIT_ACC_CONFIGS = sorted({replace(c, split_acc=True) for c in RULE_CONFIGS if c.chain > 1 and c.bn <= 64}, key=str)
+LOOKAHEAD_CONFIGS = sorted({replace(c, lookahead=2) for c in RULE_CONFIGS if c.chain > 2 and c.bn <= 64}, key=str)
 
 
-@pytest.mark.parametrize("cfg", SPLIT_ACC_CONFIGS[:3], ids=str)
-def test_split_acc_alternates_each_blocks_wgmmas_between_two_temporaries(cfg):
-    """cutedsl:split-acc: k steps 0 / 2 and 1 / 3 of a K block go to two accumulators, so no wgmma of a group reads the
-    one before it; it compiles clean, and each group's QGMMAs alternate destinations where the rule's share one."""
+@pytest.mark.parametrize("cfg", LOOKAHEAD_CONFIGS[:2] + [replace(LOOKAHEAD_CONFIGS[0], lookahead=3)], ids=str)
+def test_lookahead_keeps_that_many_groups_in_flight(cfg):
+    """cutedsl:look2 / look3: a chain's deepest wgmma wait lets `lookahead` groups fly (the rule's one); it compiles
+    clean (no local memory, no serialised wgmma)."""
     from dsv4bench.compile.sass import sass_of
 
-    def groups(c):
+    def deepest_wait(c):
         sass = sass_of(compile_gemm(c))
         if sass is None:
             pytest.skip("no nvdisasm")
-        dests, out = [], []
-        for line in sass.splitlines():
-            if "QGMMA" in line:
-                dests.append(line.split("QGMMA")[1].split()[1].rstrip(","))
-                if "gsb0" in line:
-                    out.append(dests)
-                    dests = []
-        return out
+        return max(int(line.split("gsb0,")[1].split()[0].rstrip(";"), 16)
+                   for line in sass.splitlines() if "WARPGROUP.DEPBAR.LE gsb0," in line)
 
     assert_compiles_clean(compile_gemm, cfg)
-    split, rule = groups(cfg), groups(replace(cfg, split_acc=False))
-    assert split and all(len(g) == 4 and g[0] == g[2] != g[1] == g[3] for g in split), split[:3]
-    assert all(len(set(g)) == 1 for g in rule), rule[:3]
+    assert deepest_wait(cfg) == cfg.lookahead
+    assert deepest_wait(replace(cfg, lookahead=1)) == 1
 
 
 @pytest.mark.parametrize("cfg", [GemmConfig(16, 32, chain=8, pdl=True), GemmConfig(16, 32, split_k=4, cluster_k=True, pdl=True),

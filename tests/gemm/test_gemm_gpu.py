@@ -181,18 +181,6 @@ def test_split_k_clusters(cfg, m, n, k):
     _run(m, n, k, cfg, seed=1)  # a second launch: the merge barrier starts afresh
 
 
-LATE_SYNC = [replace(c, late_cluster_sync=True) for c in CLUSTERS[:4]]
-
-
-@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in LATE_SYNC for shape in CLUSTER_SHAPES
-                                       if _fits(c, *shape[:2])], ids=str)
-def test_split_k_clusters_syncing_late(cfg, m, n, k):
-    """`cutedsl:late-sync`: the slices load before their cluster syncs and wait for it only before the merge; slices
-    past the last K block, ragged M / N, idle warps of a 16-row tile; a second launch reuses the barriers."""
-    _run(m, n, k, cfg)
-    _run(m, n, k, cfg, seed=1)
-
-
 @pytest.mark.parametrize("cfg", [GemmConfig(128, 128), GemmConfig(256, 128, cluster_n=2), GemmConfig(128, 192)],
                          ids=str)
 def test_persistent_few_ctas(cfg):
@@ -204,18 +192,18 @@ def test_persistent_few_ctas(cfg):
     assert ((y.float() - ref).norm() / ref.norm()) < 4e-3
 
 
-SPLIT_ACC = [GemmConfig(16, 32, chain=8, split_acc=True), GemmConfig(16, 64, chain=2, split_k=3, split_acc=True),
-             GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16, split_acc=True),
-             GemmConfig(64, 64, chain=4, split_acc=True)]
+LOOKAHEAD = [GemmConfig(16, 32, chain=8, lookahead=2), GemmConfig(16, 64, chain=4, split_k=3, lookahead=3),
+             GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16, lookahead=3),
+             GemmConfig(64, 64, chain=8, lookahead=2)]
 
 
-@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in SPLIT_ACC
+@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in LOOKAHEAD
                                        for shape in (CLUSTER_SHAPES if c.cluster_k else SMALL_X_SHAPES)
                                        if shape[0] <= c.bm and (not c.cluster_k or _fits(c, *shape[:2]))],
                          ids=str)
-def test_split_acc(cfg, m, n, k):
-    """`cutedsl:split-acc`: each K block's k steps in two temporaries summed at the promotion; chains ending in
-    partial chains and single blocks, split-K in global memory and in a cluster, a 64-row tile."""
+def test_lookahead(cfg, m, n, k):
+    """`cutedsl:look2` / `look3`: 2-3 K blocks in flight ahead of the promoted one; chains ending in partial chains and
+    single blocks (K of 3 / 5 blocks), split-K in global memory and in a cluster, a 64-row tile."""
     _run(m, n, k, cfg)
 
 
