@@ -415,7 +415,8 @@ class Fp8GemmSm90(PersistentGemmSm90):
         """The 4 wgmma (k = 32 each) of one 128-wide K block into the block's temporary `tmp` (overwritten), one group."""
         fence_operand(tmp)
         warpgroup.fence()
-        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+        k_steps = cute.size(tCrA, mode=[2]) // (2 if self.cfg.ablate == "half-k" else 1)
+        for k in cutlass.range_constexpr(k_steps):
             cute.gemm(mmas[0] if k == 0 else mmas[1], tmp, tCrA[(None, None, k, a_buf)], tCrB[(None, None, k, b_buf)],
                       tmp)
         warpgroup.commit_group()

@@ -10,10 +10,11 @@ SMEM_BYTES = 227 * 1024  # opt-in shared memory per CTA on sm_90
 EPI_N = 32  # epilogue slice width (columns) per TMA store
 MAX_STAGES = 16  # 64-row x tiles and taller
 MAX_STAGES_SMALL_X = 32  # 16 / 32-row x tiles (decode): the ring is the weight bytes in flight
-ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b", "no-aux")
+ABLATIONS = ("", "no-promote", "const-scale", "half-a", "no-b", "no-aux", "half-k")
 SCALE_BOX = 4  # K blocks of scales per TMA box: 4 fp32 = the 16-byte minimum inner box of a TMA load
 SW_SLOT = 32  # fp32 per stage for the sw box: TMA writes to 128-byte aligned shared memory
 STREAM_ABLATIONS = ("no-b", "no-aux")  # knock-outs of the producer's copies only
+CHAINED_ABLATIONS = (*STREAM_ABLATIONS, "half-k")  # knock-outs that leave the consumers' chained loop as it is
 MAX_CLUSTER = 8  # the portable cluster size: a split-K cluster's slices
 STAMP_SLOTS = 16  # int32 a CTA for GemmConfig.stamps
 
@@ -70,7 +71,8 @@ class GemmConfig:
     # "const-scale" promotes with scale 1 (the scale boxes still load, unread); "half-a" skips the
     # last wave's x tile load (bm 256: the L2 -> SM bytes a 2-CTA multicast of x would save), "no-b"
     # skips the W tile load (what a multicast of W would save, and more); "no-aux" loads the W tile alone a stage (no
-    # x tile, no scale boxes: what a decode stage's three small copies beside its W box cost)
+    # x tile, no scale boxes: what a decode stage's three small copies beside its W box cost); "half-k" issues 2 of a
+    # K block's 4 wgmmas (what the tensor core's share of a block costs: swap-AB would cut it 2-4x a weight byte)
     ablate: str = ""
 
     def __post_init__(self) -> None:
@@ -102,7 +104,7 @@ class GemmConfig:
         if self.chain not in (0, 2, 4, 8, 16, 32):
             raise ValueError(f"chain must be 0 (off), 2, 4, 8, 16 or 32, got {self.chain}")
         if self.chain and not self.chainable:
-            raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out but no-b / no-aux")
+            raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out but no-b / no-aux / half-k")
         if self.lookahead not in (1, 2, 3):
             raise ValueError(f"lookahead must be 1, 2 or 3 K blocks, got {self.lookahead}")
         if self.lookahead > 1 and not (self.chain > self.lookahead and self.bn <= 64):
@@ -125,8 +127,8 @@ class GemmConfig:
     @property
     def chainable(self) -> bool:
         """May `chain` be set: one wave (each consumer warpgroup one accumulator, bm <= 128), no knock-out but the
-        stream's (they leave the consumers' loop as it is), not bn 192 (three 96-register fragments would spill)."""
-        return self.waves == 1 and self.ablate in ("", *STREAM_ABLATIONS) and self.bn != 192
+        stream's and half-k (they leave the consumers' loop as it is), not bn 192 (three 96-register fragments would spill)."""
+        return self.waves == 1 and self.ablate in ("", *CHAINED_ABLATIONS) and self.bn != 192
 
     @property
     def n_temporaries(self) -> int:

@@ -42,6 +42,7 @@ override makes an impossible configuration is UNSUPPORTED there.
                     plain GEMM again.)
     ko-no-aux       each stage loads its W tile alone (no x tile, no scale boxes): what the three small copies beside a
                     decode stage's W box cost. no-b and no-aux run chained tiles too (the consumers' loop unchanged)
+    ko-half-k       2 of each K block's 4 wgmmas (chained too): what the tensor core's share of a block costs
 
 Imported at the end of kernels/gemm/family.py; registers its impls itself (register_impl).
 """
@@ -105,7 +106,7 @@ KNOBS: dict[str, dict] = {
     **{f"pair-bn{b}": {"bm": 256, "bn": b, "cluster_n": 2, "split_k": 1, "stages": 0, "chain": 0} for b in (32, 64)},
 }
 # knock-outs (GemmConfig.ablate): timed, never compared (UNCHECKED)
-KNOCKOUTS = ("no-promote", "const-scale", "half-a", "no-b", "no-aux")
+KNOCKOUTS = ("no-promote", "const-scale", "half-a", "no-b", "no-aux", "half-k")
 
 
 class GemmKnob(ConfigKnobs, GemmCuteDSL):

@@ -201,6 +201,27 @@ def test_lookahead_keeps_that_many_groups_in_flight(cfg):
     assert deepest_wait(replace(cfg, lookahead=1)) == 1
 
 
+def test_half_k_knock_out_issues_half_of_each_blocks_wgmmas():
+    """cutedsl:ko-half-k (timed only): a chained decode tile's wgmma groups hold 2 QGMMAs where the rule's hold 4."""
+    from dsv4bench.compile.sass import sass_of
+
+    def group_sizes(c):
+        sass = sass_of(compile_gemm(c))
+        if sass is None:
+            pytest.skip("no nvdisasm")
+        sizes, n = set(), 0
+        for line in sass.splitlines():
+            if "QGMMA" in line:
+                n += 1
+                if "gsb0" in line:
+                    sizes.add(n)
+                    n = 0
+        return sizes
+
+    cfg = GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16)
+    assert group_sizes(replace(cfg, ablate="half-k")) == {2} and group_sizes(cfg) == {4}
+
+
 @pytest.mark.parametrize("cfg", [GemmConfig(16, 32, chain=8, pdl=True), GemmConfig(16, 32, split_k=4, cluster_k=True, pdl=True),
                                  GemmConfig(256, 128, cluster_n=2, pdl=True)], ids=str)
 def test_pdl_configs_compile_without_spills_or_serialised_wgmma(cfg):
