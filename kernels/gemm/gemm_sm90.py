@@ -309,7 +309,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
             mtid, thr_mma, tCrA, tCrB = self._consumer(tiled_mma, sA, sB, tidx)
             acc_shape = thr_mma.partition_shape_C((c.wave_m, c.bn))
             accs = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(W)]
-            tmps = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(c.n_temporaries)]
+            tmps = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(2 if c.chain > 1 else 1)]
             cC_mn = mn_view(thr_mma.partition_C(cute.make_identity_tensor((c.wave_m, c.bn))))
             n_rows = cute.size(cC_mn, mode=[0])
 
@@ -499,30 +499,29 @@ class Fp8GemmSm90(PersistentGemmSm90):
     @cute.jit
     def _mainloop_overlapped(self, ring, mmas, tCrA, tCrB, acc, tmps, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
         """Each consumer warpgroup (one wave), K blocks in chains of `chain` (GemmConfig.chain): inside a chain,
-        block j + L's wgmmas (L = GemmConfig.lookahead; into tmps[(j + L) % (L + 1)]) are issued before block j
-        is waited for (wait_group(L)), released and promoted, so a block's wgmma latency hides behind the
-        promotions of the L blocks before it. Each chain ends in wait_group(0): a group in flight across the
-        loop's back edge, or a wgmma under a runtime branch, makes ptxas serialise every wgmma
-        (docs/lessons/gemm.md 9, fmha.md 13). The K blocks past the last whole chain go one at a time."""
-        C, L = self.cfg.chain, self.cfg.lookahead
-        D = len(tmps)  # L + 1 temporaries (and scale sets) in rotation
+        block j + 1's wgmmas (into tmps[(j + 1) % 2]) are issued before block j is waited for
+        (wait_group(1)), released and promoted, so a block's wgmma latency hides behind the previous
+        block's promotion. Each chain ends in wait_group(0): a group in flight across the loop's back
+        edge, or a wgmma under a runtime branch, makes ptxas serialise every wgmma (docs/lessons/gemm.md
+        9, fmha.md 13). The K blocks past the last whole chain go one at a time."""
+        C = self.cfg.chain
         scs = [cute.make_rmem_tensor((*lrows.shape, 3 if self.cfg.sw_blocks == 2 else 1), cutlass.Float32)
-               for _ in range(D)]
+               for _ in range(2)]
         n = kb1 - kb0  # 0 for a split-K slice past the last K block
         chains = n // C
         for ch in cutlass.range(0, chains, unroll=1):
             first = ch * C
-            for j in cutlass.range_constexpr(L):
-                self._take(ring, mmas, tmps[j], tCrA, tCrB, scs[j], sSA, sSW, lrows, kb0 + first + j,
-                           g_rd + first + j, odd)
+            self._take(ring, mmas, tmps[0], tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + first, g_rd + first, odd)
             for j in cutlass.range_constexpr(C):
-                if cutlass.const_expr(j + L < C):
-                    nxt = first + j + L
-                    self._take(ring, mmas, tmps[(j + L) % D], tCrA, tCrB, scs[(j + L) % D], sSA, sSW, lrows,
+                if cutlass.const_expr(j + 1 < C):
+                    nxt = first + j + 1
+                    self._take(ring, mmas, tmps[(j + 1) % 2], tCrA, tCrB, scs[(j + 1) % 2], sSA, sSW, lrows,
                                kb0 + nxt, g_rd + nxt, odd)
-                warpgroup.wait_group(min(L, C - 1 - j))  # block j done; those after it may fly
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
                 ring.consumer_release(self._stage(g_rd + first + j))
-                self._promote(acc, tmps[j % D], scs[j % D], 0)
+                self._promote(acc, tmps[j % 2], scs[j % 2], 0)
         for i in cutlass.range(chains * C, n, unroll=1):
             self._take(ring, mmas, tmps[0], tCrA, tCrB, scs[0], sSA, sSW, lrows, kb0 + i, g_rd + i, odd)
             warpgroup.wait_group(0)

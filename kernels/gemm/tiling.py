@@ -59,10 +59,6 @@ class GemmConfig:
     # no row of the box lies past M (TMA fills such rows with zeros); the stage's rows past the box keep
     # whatever they held (their output rows are never stored). The sa box takes max(4, x_box) rows (16 bytes)
     x_box: int = 0
-    # K blocks a chain keeps in flight ahead of the one it promotes (1: block j + 1's wgmmas go out before block j is
-    # waited for). 2-3 hide the loop's wait-release-promote-take behind more tensor work (decode: the phase stamps
-    # put the rule's mainloop at ~250 cycles a 64 x 32 x 128 block, ~64 of them the tensor core's)
-    lookahead: int = 1
     # instrument: a clock stamp at each phase of a CTA's first unit (entry, first load, first stage landed, mainloop,
     # merge, epilogue, exit) into the split-K workspace, STAMP_SLOTS int32 a CTA (benchmarks/gemm_phases.py reads them)
     stamps: bool = False
@@ -105,11 +101,6 @@ class GemmConfig:
             raise ValueError(f"chain must be 0 (off), 2, 4, 8, 16 or 32, got {self.chain}")
         if self.chain and not self.chainable:
             raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out but no-b / no-aux / half-k")
-        if self.lookahead not in (1, 2, 3):
-            raise ValueError(f"lookahead must be 1, 2 or 3 K blocks, got {self.lookahead}")
-        if self.lookahead > 1 and not (self.chain > self.lookahead and self.bn <= 64):
-            raise ValueError("a lookahead past 1 takes chains (chain > lookahead) of bn <= 64: a temporary a block "
-                             "in flight, in registers")
         if self.stamps and self.split_k > 1 and not self.cluster_k:
             raise ValueError("phase stamps take the split-K workspace: a split-K cluster or no split")
         if self.x_box and not (self.bm < 64 and self.x_box in (1, 2, 4, 8) and self.x_box < self.bm):
@@ -120,20 +111,12 @@ class GemmConfig:
             raise ValueError(f"{self.stages} stages of {self.stage_smem_bytes} B do not fit shared memory")
         if self.n_stages < 2:
             raise ValueError(f"bm {self.bm} x bn {self.bn} leaves room for {self.n_stages} smem stage(s)")
-        if self.lookahead >= self.n_stages:
-            raise ValueError(f"lookahead {self.lookahead} holds {self.lookahead + 1} stages: the ring has "
-                             f"{self.n_stages}")
 
     @property
     def chainable(self) -> bool:
         """May `chain` be set: one wave (each consumer warpgroup one accumulator, bm <= 128), no knock-out but the
         stream's and half-k (they leave the consumers' loop as it is), not bn 192 (three 96-register fragments would spill)."""
         return self.waves == 1 and self.ablate in ("", *CHAINED_ABLATIONS) and self.bn != 192
-
-    @property
-    def n_temporaries(self) -> int:
-        """The consumers' temporary accumulators: one a K block in flight (a chain: 1 + lookahead)."""
-        return 1 + self.lookahead if self.chain > 1 else 1
 
     @property
     def n_mma_wg(self) -> int:

@@ -28,7 +28,6 @@ override makes an impossible configuration is UNSUPPORTED there.
     epi4            4 epilogue buffers and a 5-stage ring: no slice waits for an earlier slice's TMA store (bm 128)
     chainC          K block kb + 1's wgmmas issued before kb is promoted, in chains of C = 2, 4, 8, 16, 32 blocks
                     (0: off; one wave: bm <= 128); chain4-bnB, chain4-bn32-no-split; bm128-bn128-chainC (C 4, 8)
-    look2, look3    chains keep 2 / 3 K blocks' wgmmas in flight ahead of the block they promote (GemmConfig.lookahead)
     no-xbox         x and sa in TMA boxes of the decode tile's bm rows (the rule: M rounded up to 1 / 2 / 4 / 8, x_box)
     x64             the v7 rule: 64-row x tiles at every decode M (today's takes 16 / 32 rows up to M 16 / 32)
     unrollU         the K-block loops (consumers and producer) unrolled U = 1 (v6), 2, 8 times (shipped 4)
@@ -99,7 +98,6 @@ KNOBS: dict[str, dict] = {
     **{f"bm128-bn128-chain{c}": {"bm": 128, "bn": 128, "split_k": 1, "stages": 0, "chain": c} for c in (4, 8)},
     **{f"chain4-bn{b}": {"chain": 4, "bn": b} for b in (32, 64, 128)},
     "chain4-bn32-no-split": {"chain": 4, "bn": 32, "split_k": 1},
-    **{f"look{n}": {"lookahead": n} for n in (2, 3)},  # the loop's overhead behind more blocks' tensor work
     "no-xbox": {"x_box": 0},  # the decode tiles' x and sa in boxes of bm rows (the rule: M rounded up, config.box_rows)
     "x1": {"cluster_n": 1},  # single CTAs where the rule pairs them (bm 256)
     "pair": {"bm": 256, "bn": 128, "cluster_n": 2},  # 256 x 128 CTA pairs wherever they fit

@@ -88,9 +88,6 @@ def test_rule_configs_are_valid_and_no_worse_than_any_candidate(m):
     ({"cluster_k": True}, "split-K cluster takes 2-8 slices"), ({"cluster_k": True, "split_k": 9}, "2-8 slices"),
     ({"bm": 64, "bn": 128, "split_k": 8, "cluster_k": True}, "do not fit|leaves room"),
     ({"bm": 64, "x_box": 8}, "x_box takes"), ({"bm": 16, "x_box": 16}, "x_box takes"), ({"bm": 16, "x_box": 3}, "x_box"),
-    ({"bm": 16, "bn": 128, "chain": 8, "lookahead": 2}, "lookahead past 1 takes"),
-    ({"bm": 16, "bn": 32, "chain": 2, "lookahead": 2}, "lookahead past 1 takes"), ({"lookahead": 4}, "lookahead must"),
-    ({"bm": 64, "bn": 64, "chain": 8, "stages": 3, "lookahead": 3}, "holds 4 stages"),
     ({"bm": 16, "bn": 32, "split_k": 2, "stamps": True}, "phase stamps take"),
 ])
 def test_config_rejects_impossible_tiles(fields, message):
@@ -178,27 +175,6 @@ def test_split_k_clusters_compile_without_spills_or_serialised_wgmma(cfg):
 def test_phase_stamps_compile_clean(cfg):
     """GemmConfig.stamps (benchmarks/gemm_phases.py): a split-K cluster and a plain chained tile."""
     assert_compiles_clean(compile_gemm, cfg)
-
-
-LOOKAHEAD_CONFIGS = sorted({replace(c, lookahead=2) for c in RULE_CONFIGS if c.chain > 2 and c.bn <= 64}, key=str)
-
-
-@pytest.mark.parametrize("cfg", LOOKAHEAD_CONFIGS[:2] + [replace(LOOKAHEAD_CONFIGS[0], lookahead=3)], ids=str)
-def test_lookahead_keeps_that_many_groups_in_flight(cfg):
-    """cutedsl:look2 / look3: a chain's deepest wgmma wait lets `lookahead` groups fly (the rule's one); it compiles
-    clean (no local memory, no serialised wgmma)."""
-    from dsv4bench.compile.sass import sass_of
-
-    def deepest_wait(c):
-        sass = sass_of(compile_gemm(c))
-        if sass is None:
-            pytest.skip("no nvdisasm")
-        return max(int(line.split("gsb0,")[1].split()[0].rstrip(";"), 16)
-                   for line in sass.splitlines() if "WARPGROUP.DEPBAR.LE gsb0," in line)
-
-    assert_compiles_clean(compile_gemm, cfg)
-    assert deepest_wait(cfg) == cfg.lookahead
-    assert deepest_wait(replace(cfg, lookahead=1)) == 1
 
 
 def test_half_k_knock_out_issues_half_of_each_blocks_wgmmas():

@@ -192,21 +192,6 @@ def test_persistent_few_ctas(cfg):
     assert ((y.float() - ref).norm() / ref.norm()) < 4e-3
 
 
-LOOKAHEAD = [GemmConfig(16, 32, chain=8, lookahead=2), GemmConfig(16, 64, chain=4, split_k=3, lookahead=3),
-             GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16, lookahead=3),
-             GemmConfig(64, 64, chain=8, lookahead=2)]
-
-
-@pytest.mark.parametrize("cfg,m,n,k", [(c, *shape) for c in LOOKAHEAD
-                                       for shape in (CLUSTER_SHAPES if c.cluster_k else SMALL_X_SHAPES)
-                                       if shape[0] <= c.bm and (not c.cluster_k or _fits(c, *shape[:2]))],
-                         ids=str)
-def test_lookahead(cfg, m, n, k):
-    """`cutedsl:look2` / `look3`: 2-3 K blocks in flight ahead of the promoted one; chains ending in partial chains and
-    single blocks (K of 3 / 5 blocks), split-K in global memory and in a cluster, a 64-row tile."""
-    _run(m, n, k, cfg)
-
-
 STAMPED = [(GemmConfig(16, 32, chain=8, split_k=4, cluster_k=True, stages=16), 1, 512, 4096),
            (GemmConfig(16, 32, chain=8, stages=16, x_box=8), 8, 4096, 2048),
            (GemmConfig(64, 64, chain=8), 64, 1000, 1024)]
