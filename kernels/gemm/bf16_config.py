@@ -83,6 +83,11 @@ class Bf16Config:
         return False
 
     @property
+    def stamps(self) -> bool:
+        """Phase stamps (GemmConfig.stamps) are the FP8 kernel's; glue.workspace asks every config."""
+        return False
+
+    @property
     def n_mma_wg(self) -> int:
         return self.bm // 64
 

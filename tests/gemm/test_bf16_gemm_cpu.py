@@ -82,6 +82,18 @@ def test_bad_output_is_named():
         check_bf16_operands(x, w, torch.empty(40, 5).t())
 
 
+def test_the_shared_split_k_workspace_sizes_both_kernels_configs():
+    """glue.workspace serves the bf16 kernel and the FP8 one (whose config alone carries phase stamps): a split-K
+    tile's fp32 sums for each, zeroed, one buffer for one device however it is named."""
+    from kernels.gemm.glue import workspace
+    from kernels.gemm.tiling import GemmConfig
+
+    work, count = workspace(Bf16Config(bm=64, bn=128, split_k=3), 100, 1000, "cpu")
+    assert work.numel() >= 2 * 8 * 64 * 128 and count.numel() >= 16 and not work.any()
+    fp8, _ = workspace(GemmConfig(16, 64, split_k=4), 16, 7168, torch.device("cpu"))
+    assert fp8.numel() >= 112 * 64 * 64 and fp8.data_ptr() == workspace(Bf16Config(), 1, 64, "cpu")[0].data_ptr()
+
+
 def test_the_sweep_op_is_registered_with_its_shapes_oracle_and_peers():
     fam = get_family("gemm")
     cases = fam.cases(SweepOptions(examples=8, seed=3, filters=fam.parse_filters({"op": "bf16"})))
