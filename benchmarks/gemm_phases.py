@@ -17,6 +17,7 @@ from dataclasses import replace
 import torch
 
 from dsv4bench.core.timing import CudaTimer
+from kernels.common import sm_count
 from kernels.gemm.config import choose_config
 from kernels.gemm.glue import compile_gemm, make_operands, run_gemm, workspace
 from kernels.gemm.gemm_sm90 import (STAMP_ENTRY, STAMP_ENTRY_NS, STAMP_EXIT, STAMP_EXIT_NS, STAMP_FIRST_STAGE,
@@ -62,11 +63,17 @@ def main() -> None:
         rows = [int(v) for v in args.rows.split(",")]
     except ValueError:
         raise SystemExit(f"--rows takes comma-separated token counts, got {args.rows!r}") from None
+    if any(m < 1 for m in rows):
+        raise SystemExit(f"--rows takes token counts of at least 1, got {args.rows!r}")
+    layers = args.layers.split(",")
+    unknown = [name for name in layers if name not in shapes]
+    if unknown:
+        raise SystemExit(f"unknown layer(s) {', '.join(unknown)}; ungrouped layers: {', '.join(shapes)}")
+    if not torch.cuda.is_available():
+        raise SystemExit("gemm_phases: the phase stamps need a CUDA GPU (SM90); none is visible")
     timer = CudaTimer("cuda")
-    sink = open(args.out, "w") if args.out else None
-    for name in args.layers.split(","):
-        if name not in shapes:
-            raise SystemExit(f"unknown layer {name!r}; ungrouped layers: {', '.join(shapes)}")
+    sink = open(args.out, "w", buffering=1) if args.out else None  # line-buffered: a hang keeps the records so far
+    for name in layers:
         n, k = shapes[name]
         for m in rows:
             rule = choose_config(m, n, k)
@@ -86,10 +93,9 @@ def main() -> None:
             if not torch.equal(y0, y1):
                 raise SystemExit(f"{name} M {m}: the stamped kernel's output differs from the rule's")
             work, _ = workspace(stamped, m, n, x.device)
-            slots = work.view(torch.int32)[: torch.cuda.get_device_properties(0).multi_processor_count * STAMP_SLOTS]
+            slots = work.view(torch.int32)[: sm_count(x.device) * STAMP_SLOTS]
             ctas = int((slots.view(-1, STAMP_SLOTS)[:, STAMP_ENTRY_NS] != 0).sum())  # the CTAs that ran
             rec = {"layer": name, "m": m, "n": n, "k": k, "config": str(rule), "ctas": ctas, "ns": phases(slots, ctas)}
-            work.zero_()
             for key, cfg, kern, y in (("us_rule", rule, plain_k, y0), ("us_stamped", stamped, stamped_k, y1)):
                 rec[key] = round(timer.time(lambda: run_gemm(kern, cfg, x, sa, w, sw, y)).median_ms * 1e3, 2)
             work.zero_()

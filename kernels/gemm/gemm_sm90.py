@@ -365,7 +365,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
                     g_rd = self._mainloop_overlapped(ring, mmas, tCrA, tCrB, accs[0], tmps, sSA, sSW, lrows,
                                                      kb0, kb1, g_rd, (tn % 2) == 1)
                 else:
-                    g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmps, sSA, sSW, lrows, kb0, kb1, g_rd,
+                    g_rd = self._mainloop(ring, mmas, tCrA, tCrB, accs, tmps[0], sSA, sSW, lrows, kb0, kb1, g_rd,
                                           (tn % 2) == 1)
                 if cutlass.const_expr(c.stamps):
                     if u == step0 and mtid == 0:
@@ -412,7 +412,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
 
     @cute.jit
     def _issue(self, mmas, tmp, tCrA, tCrB, a_buf, b_buf):
-        """The 4 wgmma (k = 32 each) of one 128-wide K block into the block's temporary `tmp` (overwritten), one group."""
+        """The 4 wgmma (k = 32 each) of one 128-wide K block into tmp (overwritten), one group."""
         fence_operand(tmp)
         warpgroup.fence()
         k_steps = cute.size(tCrA, mode=[2]) // (2 if self.cfg.ablate == "half-k" else 1)
@@ -456,7 +456,7 @@ class Fp8GemmSm90(PersistentGemmSm90):
                 acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * sc[w, r, self._col_part(cc)]
 
     @cute.jit
-    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmps, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
+    def _mainloop(self, ring, mmas, tCrA, tCrB, accs, tmp, sSA, sSW, lrows, kb0, kb1, g_rd, odd):
         """Per K block: wait for the stage -> read its scales -> per wave: 4 wgmma -> wait_group(0) ->
         (last wave: release the stage) -> promote.
         The tensor core idles while a warpgroup promotes unless the other's wgmmas fill it; at one wave
@@ -478,13 +478,13 @@ class Fp8GemmSm90(PersistentGemmSm90):
             if cutlass.const_expr(not unscaled):
                 self._read_scales(sc, sSA, sSW, lrows, kb, st.index, odd)
             for w in cutlass.range_constexpr(W):
-                self._issue((mmas[1], mmas[1]) if plain else mmas, accs[w] if plain else tmps[0], tCrA, tCrB,
+                self._issue((mmas[1], mmas[1]) if plain else mmas, accs[w] if plain else tmp, tCrA, tCrB,
                             st.index * W + w, st.index)
                 warpgroup.wait_group(0)
                 if w == W - 1:
                     ring.consumer_release(st)
                 if cutlass.const_expr(not plain):
-                    self._promote(accs[w], tmps[0], sc, w)
+                    self._promote(accs[w], tmp, sc, w)
             g_rd = g_rd + 1
         return g_rd
 

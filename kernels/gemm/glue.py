@@ -91,7 +91,9 @@ _WORK: dict = {}
 
 def _indexed(device: torch.device) -> torch.device:
     """`cuda` as the current CUDA device's index, so a caller's `cuda` finds the kernel's `cuda:0` workspace."""
-    return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" and device.index is None else device
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def workspace(cfg: GemmConfig, m: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -100,7 +100,8 @@ class GemmConfig:
         if self.chain not in (0, 2, 4, 8, 16, 32):
             raise ValueError(f"chain must be 0 (off), 2, 4, 8, 16 or 32, got {self.chain}")
         if self.chain and not self.chainable:
-            raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out but no-b / no-aux / half-k")
+            raise ValueError("K-block chains run one wave (bm <= 128), bn <= 128, no knock-out but "
+                             "no-b / no-aux / half-k")
         if self.stamps and self.split_k > 1 and not self.cluster_k:
             raise ValueError("phase stamps take the split-K workspace: a split-K cluster or no split")
         if self.x_box and not (self.bm < 64 and self.x_box in (1, 2, 4, 8) and self.x_box < self.bm):
@@ -115,7 +116,8 @@ class GemmConfig:
     @property
     def chainable(self) -> bool:
         """May `chain` be set: one wave (each consumer warpgroup one accumulator, bm <= 128), no knock-out but the
-        stream's and half-k (they leave the consumers' loop as it is), not bn 192 (three 96-register fragments would spill)."""
+        stream's and half-k (they leave the consumers' loop as it is), not bn 192 (three 96-register fragments
+        would spill)."""
         return self.waves == 1 and self.ablate in ("", *CHAINED_ABLATIONS) and self.bn != 192
 
     @property
