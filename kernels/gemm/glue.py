@@ -10,7 +10,6 @@ from cutlass.cute.runtime import make_fake_tensor
 
 from kernels.common import Prepared, argument_check, compile_kernel, sm_count
 from kernels.gemm.gemm_sm90 import Fp8GemmSm90
-from kernels.gemm.sync_sm90 import Fp8SyncGemm, SyncConfig, fake_sync_args
 from kernels.gemm.persistent_sm90 import tile_sum_rows
 from kernels.gemm.tiling import KBLOCK, SCALE_BOX, STAMP_SLOTS, GemmConfig, straddles_groups
 from sweeps.gemm import QUANT_GEMM
@@ -48,21 +47,6 @@ def fake_args(cfg: GemmConfig) -> tuple:
 def compile_gemm(cfg: GemmConfig, arch: str = "sm_90a"):
     """Compile one tile configuration (no GPU needed)."""
     return compile_kernel(Fp8GemmSm90(cfg), *fake_args(cfg), arch=arch)
-
-
-def compile_sync_gemm(cfg: SyncConfig, arch: str = "sm_90a"):
-    """Compile the mma.sync small-M kernel (kernels/gemm/sync_sm90.py; no GPU needed)."""
-    return compile_kernel(Fp8SyncGemm(cfg), *fake_sync_args(), arch=arch)
-
-
-def run_sync_gemm(compiled, cfg: SyncConfig, x, sa, w, sw, out, groups: int = 1):
-    """The mma.sync kernel on operands `check_operands` passed: its 16-byte loads need 16-byte aligned x and W."""
-    need = argument_check("gemm")
-    need(x.shape[0] <= cfg.max_m, "x", f"has M = {x.shape[0]} rows; {cfg} takes M <= {cfg.max_m}")
-    for name, t in (("x", x), ("w", w)):
-        need(t.data_ptr() % 16 == 0, name, "must start 16-byte aligned (the kernel's 16-byte loads)")
-    compiled(x, mn_major(sa), w, sw, out, w.shape[0] // groups)
-    return out
 
 
 def check_operands(x, sa, w, sw, out=None, groups: int = 1) -> tuple[int, int, int]:

@@ -42,8 +42,6 @@ override makes an impossible configuration is UNSUPPORTED there.
     ko-no-aux       each stage loads its W tile alone (no x tile, no scale boxes): what the three small copies beside a
                     decode stage's W box cost. no-b and no-aux run chained tiles too (the consumers' loop unchanged)
     ko-half-k       2 of each K block's 4 wgmmas (chained too): what the tensor core's share of a block costs
-    sync, sync-dD   another kernel: mma.sync on plain 16-byte loads, no TMA (kernels/gemm/sync_sm90.py), M <= 64;
-                    D = 1, 4: K blocks a lane loads before their MMAs (the kernel's rule: 2)
 
 Imported at the end of kernels/gemm/family.py; registers its impls itself (register_impl).
 """
@@ -54,11 +52,9 @@ from dataclasses import replace
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import register_impl
-from kernels.gemm.family import SM90_ONLY, GemmCuteDSL, is_bf16
+from kernels.gemm.family import GemmCuteDSL
 from kernels.gemm.config import CHAIN, H100_SMS, box_rows
-from kernels.gemm.glue import (check_cluster_round, check_operands, compile_sync_gemm, groups_of, pairs_share_x,
-                               quantises, run_sync_gemm)
-from kernels.gemm.sync_sm90 import SyncConfig, choose_sync_config
+from kernels.gemm.glue import check_cluster_round, groups_of, pairs_share_x
 from kernels.gemm.tiling import GemmConfig, straddles_groups
 from kernels.knobs import ConfigKnobs
 
@@ -141,36 +137,7 @@ class GemmKnockOut(GemmKnob):
     checked = False  # the output is not an answer
 
 
-class GemmSync(GemmKnob):
-    """`cutedsl:sync` (and `sync-dD`: D K blocks a lane loads at once): the mma.sync small-M kernel
-    (kernels/gemm/sync_sm90.py) on pre-quantised FP8 operands at M <= 64."""
-
-    def supports(self, case: Case, arch: str | None = None) -> str | None:
-        if arch not in (None, "sm_90a"):
-            return SM90_ONLY
-        if is_bf16(case) or quantises(case):
-            return f"{self.name} takes pre-quantised FP8 operands (the gemm op)"
-        return ConfigKnobs.supports(self, case, arch)
-
-    def config(self, case: Case) -> SyncConfig:
-        return replace(choose_sync_config(case["m"], case["n"], case["k"]), **self.knobs)
-
-    def compile_key(self, case: Case, arch: str) -> tuple:
-        return (self.family, "cutedsl-sync", arch, self.config(case))
-
-    def compile(self, case: Case, arch: str):
-        return compile_sync_gemm(self.config(case), arch)
-
-    def run(self, case: Case, inputs: dict, out: dict, compiled) -> dict:
-        x, sa, w, sw, y = inputs["x"], inputs["sa"], inputs["w"], inputs["sw"], out["out"]
-        check_operands(x, sa, w, sw, y, groups_of(case))
-        run_sync_gemm(compiled, self.config(case), x, sa, w, sw, y, groups_of(case))
-        return out
-
-
-SYNC_KNOBS = {"sync": {}, **{f"sync-d{d}": {"depth": d} for d in (1, 4)}}
 VARIANTS = tuple(GemmKnob(name, knobs) for name, knobs in KNOBS.items()) + tuple(
-    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + (GemmRowFloor("x64", {}),) + tuple(
-    GemmSync(name, knobs) for name, knobs in SYNC_KNOBS.items())
+    GemmKnockOut(f"ko-{name}", {"ablate": name}) for name in KNOCKOUTS) + (GemmRowFloor("x64", {}),)
 for _impl in VARIANTS:
     register_impl(_impl)
