@@ -1,7 +1,7 @@
 """MoE FFN oracles (docs/model-math.md §8): sqrt-softplus router with hash routing, clamped SwiGLU
 experts (routed and shared), combine.
 
-    s = sqrt(softplus(x·Gᵀ))  (fp32);  idx = tid2eid[ids] (hash layers) or topk(s + bias, k)
+    s = sqrt(softplus(x·Gᵀ))  (fp32);  idx = tid2eid[ids] (hash layers) or topk(s + bias, k), ties lower id first
     w = s[idx] / Σ s[idx] · route_scale          (the bias only selects; weights use unbiased s)
     expert(x; w) = w2( w · silu(min(g, L)) · clamp(u, −L, L) ),  g = w1(x), u = w3(x), L = 10
     y = Σ_k expert_{idx_k}(x; w_k) + shared(x)   (fp32 accumulation, cast bf16)
@@ -47,7 +47,9 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, n_activated: int, route_sc
         idx = tid2eid[input_ids].long()
     else:
         biased = scores if bias is None else scores + bias.float()
-        idx = biased.topk(n_activated, dim=-1).indices
+        # equal biased scores: the lower expert id first, at the k-th place too (torch.topk's pick among equal
+        # values is unspecified; a stable descending sort makes the oracle one answer, the kernels' rule)
+        idx = biased.sort(dim=-1, descending=True, stable=True).indices[..., :n_activated]
     weights = scores.gather(-1, idx)
     return weights / weights.sum(-1, keepdim=True) * route_scale, idx
 

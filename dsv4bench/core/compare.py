@@ -196,6 +196,11 @@ def _compare_one(out: torch.Tensor, ref: torch.Tensor, low: torch.Tensor | None,
     return compare_float(out, ref, low, tol)
 
 
+def by_ids(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Each row of `values` in the ascending order of the same row of `ids` (Tolerance.paired_with)."""
+    return values.gather(-1, ids.to(values.device).long().argsort(dim=-1, stable=True))
+
+
 def compare_outputs(
     outputs: dict, oracle: dict, lowprec: dict | None, tol_for
 ) -> tuple[bool, dict[str, ErrorMetrics]]:
@@ -212,6 +217,9 @@ def compare_outputs(
             continue
         out = outputs[name].detach()
         low = lowprec.get(name) if lowprec and name in lowprec else None
+        if tol.paired_with and tol.paired_with in outputs:
+            out, ref = by_ids(out, outputs[tol.paired_with]), by_ids(ref, oracle[tol.paired_with])
+            low = None if low is None else by_ids(low, lowprec[tol.paired_with])
         for dev in dict.fromkeys((out.device, torch.device("cpu"))):
             try:
                 scores = None

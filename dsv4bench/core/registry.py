@@ -105,6 +105,9 @@ class Tolerance:
     scores: str = ""
     near: float = 0.0
     aux: bool = False  # an oracle entry that is no output (read by another's comparison: `scores`)
+    # values paired with an index_set output (a router's weights and ids): each row of output, oracle and reference is
+    # put in the order of its own ids first, so another order of the same ids (torch.topk's among ties) still passes
+    paired_with: str = ""
 
 
 @dataclass
