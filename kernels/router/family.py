@@ -5,7 +5,7 @@ Scope: the gate GEMM (x @ gate.T in fp32) is a GEMM and stays outside; the famil
 output, the logits [T, E]. The oracle is oracles.moe.route applied to those logits with an identity
 gate (E × E), whose fp32 product reproduces the logits exactly, so the selection is the oracle's;
 its fp32 weights are the low-precision reference and fp64 weights of the same ids the truth.
-Expert ids compare as sets per token; weights (fp32, in selection order) by the pass rule of docs/benchmarking.md.
+Expert ids compare as sets per token; weights (fp32) beside their ids by the pass rule of docs/benchmarking.md.
 """
 
 from __future__ import annotations
