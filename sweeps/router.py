@@ -1,5 +1,7 @@
 """Router case space (spec §1.1, §8.1): Flash 256 experts × 1.5, Pro 384 × 2.5, top-6, score and hash
-layers; decode 64 / prefill 4096 / ragged 1001 / single tokens; hypothesis extras over E and k."""
+layers; decode 64 / prefill 4096 / ragged 1001 / single tokens; hypothesis extras over E and k, and `ties`:
+logits on a 0.5 grid and biases on a 0.25 grid, so that equal biased scores fall inside the top-k and at its
+k-th place on many rows (what the selection must break lower id first, as the oracle does)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ TOPK = 6
 TOKENS = (1, 64, 1001, 4096)
 
 
-def case(t: int, e: int, scale: float, hashed: bool, k: int = TOPK, vocab: int = VOCAB) -> dict:
-    return {"t": t, "e": e, "k": k, "scale": scale, "hashed": hashed, "vocab": vocab}
+def case(t: int, e: int, scale: float, hashed: bool, k: int = TOPK, vocab: int = VOCAB, ties: bool = False) -> dict:
+    """A case; `ties` only where drawn (the other cases keep their ids)."""
+    return {"t": t, "e": e, "k": k, "scale": scale, "hashed": hashed, "vocab": vocab, **({"ties": True} if ties else {})}
 
 
 def production() -> list[dict]:
@@ -23,9 +26,9 @@ def production() -> list[dict]:
 
 def extra_strategy() -> st.SearchStrategy[dict]:
     return st.builds(
-        lambda t, e, k, h: case(t, e, 1.5, h, min(k, e), vocab=1000),
+        lambda t, e, k, h, ties: case(t, e, 1.5, h, min(k, e), vocab=1000, ties=ties and not h),
         tile_counts(8, 600), st.one_of(st.sampled_from([32, 64, 256, 384]), st.integers(1, 512)),
-        st.integers(1, 8), st.booleans(),
+        st.integers(1, 8), st.booleans(), st.booleans(),
     )
 
 

@@ -109,6 +109,26 @@ def test_tied_ids_in_the_kernels_order_pass_and_a_misplaced_weight_fails():
     assert not ok and not metrics["weights"].passed and metrics["indices"].passed
 
 
+@pytest.mark.parametrize("e,k", [(256, 6), (384, 6), (33, 5)])
+def test_tie_draws_tie_and_the_oracle_breaks_them_as_the_kernel(e, k):
+    """A `ties` case (sweeps/router.py) puts equal biased scores among the first k + 1 of many rows, and the
+    oracle's ids are the kernel's selection (its lane-by-lane emulation, select_np) in order on every row."""
+    import torch.nn.functional as F
+
+    from dsv4bench.core.evaluate import case_generator
+    from kernels.router.family import RouterFamily
+    from sweeps.router import case as router_case
+
+    fam = RouterFamily()
+    case = Case("router", router_case(64, e, 1.5, False, k, vocab=1000, ties=True), 0, "hypothesis")
+    x = fam.make_inputs(case, case_generator(case), "cpu")
+    biased = (F.softplus(x["logits"]).sqrt() + x["bias"]).numpy()
+    top = -np.sort(-biased, axis=1)[:, : k + 1]
+    assert (np.diff(top, axis=1) == 0).any(axis=1).mean() > 0.2  # 27% of rows at 33 experts, most at 256+
+    ids = fam.oracle(case, x)["indices"]
+    assert [select_np(row, k) for row in biased] == ids.tolist()
+
+
 # ---------------------------------------------------------------- GPU
 def _arch() -> str:
     major, minor = torch.cuda.get_device_capability()
