@@ -17,7 +17,8 @@ TOKENS = (1, 64, 1001, 4096)
 
 def case(t: int, e: int, scale: float, hashed: bool, k: int = TOPK, vocab: int = VOCAB, ties: bool = False) -> dict:
     """A case; `ties` only where drawn (the other cases keep their ids)."""
-    return {"t": t, "e": e, "k": k, "scale": scale, "hashed": hashed, "vocab": vocab, **({"ties": True} if ties else {})}
+    params = {"t": t, "e": e, "k": k, "scale": scale, "hashed": hashed, "vocab": vocab}
+    return {**params, "ties": True} if ties else params
 
 
 def production() -> list[dict]:

@@ -60,9 +60,10 @@ class RouterFamily(Family):
             inputs["input_ids"] = torch.randint(0, case["vocab"], (t,), generator=gen, dtype=torch.int32)
         else:
             inputs["bias"] = torch.randn(e, generator=gen) * 0.5
-        if case.get("ties"):  # coarse grids: equal biased scores on most rows (sweeps/router.py)
+        if case.get("ties"):  # coarse grids: equal biased scores on many rows (sweeps/router.py)
             inputs["logits"] = (inputs["logits"] * 2).round() / 2
-            inputs["bias"] = (inputs["bias"] * 4).round() / 4
+            if "bias" in inputs:  # a hashed case has none
+                inputs["bias"] = (inputs["bias"] * 4).round() / 4
         return {name: v.to(device) for name, v in inputs.items()}
 
     def oracle(self, case: Case, inputs: dict) -> dict:

@@ -127,6 +127,8 @@ def test_tie_draws_tie_and_the_oracle_breaks_them_as_the_kernel(e, k):
     assert (np.diff(top, axis=1) == 0).any(axis=1).mean() > 0.2  # 27% of rows at 33 experts, most at 256+
     ids = fam.oracle(case, x)["indices"]
     assert [select_np(row, k) for row in biased] == ids.tolist()
+    hashed = Case("router", router_case(8, e, 1.5, True, k, vocab=1000, ties=True), 0, "hypothesis")
+    assert set(fam.make_inputs(hashed, case_generator(hashed), "cpu")) == {"logits", "tid2eid", "input_ids"}
 
 
 # ---------------------------------------------------------------- GPU
