@@ -21,9 +21,9 @@ the DSV4 prefills at s_q 4096 and 16384 (docs/perf/fmha.md, "v11"); each change 
                                      hint (measured: no change within the noise; docs/perf/fmha.md).
 
 Each applies where its preconditions hold at compile time and is v10's code elsewhere: per-token
-lists with the key split, in whole 64-head blocks of a kv group (hpg % 64 == 0: Flash 64, Pro 128;
-`_v11_applies`). The TMA store needs the whole blocks (a box past a group's last head would write the
-next group's rows); the others are held to the same shapes, the ones the GPU tests cover.
+lists with the key split, a CTA's rows whole heads of one kv group: 64-head blocks (hpg % 64 == 0: Flash 64,
+Pro 128) or a TP split's hpg < 64 heads (O boxes of hpg rows); `_v11_applies`. The TMA store needs the whole
+heads (a box past a group's last head would write the next group's rows): hpg 96 keeps v10's code.
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ class V11Base(GatherAttentionSm90):
     o_tile_cols = 0  # the O store's tile width; 0: a warpgroup's half of d at once (V12: 64)
 
     def _v11_applies(self) -> bool:
-        """Per-token lists with the key split, in whole 64-head blocks of a kv group (hpg % 64 == 0: Flash
-        64, Pro 128): the shapes the GPU tests cover with these forms. Elsewhere the shipped code."""
+        """Per-token lists with the key split, where a CTA's rows are whole heads of one kv group: 64-head
+        blocks (hpg % 64 == 0: Flash 64, Pro 128) or the group's hpg < 64 heads (TP splits: Pro 16, Flash 8 at
+        TP 8; an O box of hpg rows). Elsewhere (hpg 96: a block past its group) the shipped code."""
         c = self.cfg
-        return c.key_split and c.per_token_idx and c.hpg % 64 == 0
+        return c.key_split and c.per_token_idx and (c.hpg % 64 == 0 or c.hpg < 64)
 
     def _q_tma(self) -> bool:
         return self.q_by_tma and self._v11_applies()
@@ -104,10 +105,11 @@ class V11Base(GatherAttentionSm90):
             q = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mQ_t, sQ_2d, (c.m_cta, c.d))
         if self._o_tma():
             mO_t = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[1, 2, 0, 3]))
-            # one O store tile: the (64, `_o_cols`) slice of the Q buffer's layout (v11: a warpgroup's half of d)
+            # one O store tile: the (hb, `_o_cols`) slice of the Q buffer's layout (v11: a warpgroup's half of d);
+            # hb rows, the CTA's heads (64, or a TP split's hpg: the box must not write the next group's rows)
             cols = self._o_cols()
-            sO_tile = cute.slice_(cute.zipped_divide(sQ_2d, (c.m_cta, cols)), ((None, None), (0, 0)))
-            o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, sO_tile, (c.m_cta, cols))
+            sO_tile = cute.slice_(cute.zipped_divide(sQ_2d, (c.hb, cols)), ((None, None), (0, 0)))
+            o = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO_t, sO_tile, (c.hb, cols))
         return (*q, *o)
 
 
@@ -162,8 +164,10 @@ class EpiTma(V11Base):
             rO = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, c.dv_wg)), dt)
             rO_mn = mn_view(rO)
             for r in cutlass.range_constexpr(cute.size(O_mn, mode=[0])):
-                r_cta = cO_mn[r, 0][0]  # tq = 1, 64 heads of one kv group: every row is stored
+                r_cta = cO_mn[r, 0][0]  # tq = 1
                 head = head0 + r_cta
+                if cutlass.const_expr(c.hb < 64):  # rows past a TP split's hpg heads: never stored, no sink of their own
+                    head = head0 + cutlass.min(r_cta, c.hb - 1)
                 tot = quad_allreduce(row_sum[r], lambda a, b: a + b)
                 m = row_max[r]
                 m_base = m
@@ -175,15 +179,24 @@ class EpiTma(V11Base):
                     inv = 1.0 / den
                 for cc in cutlass.range_constexpr(cute.size(O_mn, mode=[1])):
                     rO_mn[r, cc] = (O_mn[r, cc] * inv).to(dt)
-                if (dsplit == 0) & (cO_mn[r, 0][1] == 0):
-                    lse = -cutlass.Float32.inf
-                    if tot > 0.0:
-                        lse = (m_base + cute.math.log2(tot, fastmath=False)) * LN2
-                    mLse[tok0, head, bidx] = lse
+                if cutlass.const_expr(c.hb < 64):
+                    if (dsplit == 0) & (cO_mn[r, 0][1] == 0) & (r_cta < c.hb):
+                        self._write_lse(mLse, tot, m_base, tok0, head, bidx)
+                else:
+                    if (dsplit == 0) & (cO_mn[r, 0][1] == 0):
+                        self._write_lse(mLse, tot, m_base, tok0, head, bidx)
             store_O = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dt), pv_mma,
             ).get_slice(wtid)
             self._store_o(io, store_O, rO, sQ, dsplit, wtid, tok0, head0, bidx)
+
+    @cute.jit
+    def _write_lse(self, mLse, tot, m_base, tok0, head, bidx):
+        """One row's log-sum-exp (natural log; -inf for a row with no valid key)."""
+        lse = -cutlass.Float32.inf
+        if tot > 0.0:
+            lse = (m_base + cute.math.log2(tot, fastmath=False)) * LN2
+        mLse[tok0, head, bidx] = lse
 
     @cute.jit
     def _store_o(self, io, store_O, rO, sQ, dsplit, wtid, tok0, head0, bidx):
@@ -204,11 +217,11 @@ class EpiTma(V11Base):
             cute.arch.barrier(barrier_id=EPI_WG0 + dsplit, number_of_threads=128)
             if wtid < 32:
                 tma_o, mO_c = io[2], io[3]
-                g = cute.local_tile(cute.domain_offset((head0, 0), mO_c[None, None, tok0, bidx]), (c.m_cta, c.dv_wg),
+                g = cute.local_tile(cute.domain_offset((head0, 0), mO_c[None, None, tok0, bidx]), (c.hb, c.dv_wg),
                                     (0, dsplit))
                 t_s, t_g = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
-                                                 cute.group_modes(cute.local_tile(sO, (c.m_cta, cols), (0, t)), 0, 2),
-                                                 cute.group_modes(cute.local_tile(g, (c.m_cta, cols), (0, t)), 0, 2))
+                                                 cute.group_modes(cute.local_tile(sO, (c.hb, cols), (0, t)), 0, 2),
+                                                 cute.group_modes(cute.local_tile(g, (c.hb, cols), (0, t)), 0, 2))
                 cute.copy(tma_o, t_s, t_g)
         if wtid < 32:
             cute.arch.cp_async_bulk_commit_group()

@@ -25,7 +25,7 @@ from kernels.fmha.kernel_sm90 import GatherAttentionSm90
 
 NAMES = {"cutedsl:q-first": prefill_v11.QFirst, "cutedsl:epi-tma": prefill_v11.EpiTma,
          "cutedsl:gather-hint": prefill_v11.GatherHint, "cutedsl:v11": prefill_v11.V11, "cutedsl": prefill_v11.V12}
-SHAPES = {"flash": 64, "pro": 128}  # query heads per kv head (h_kv = 1)
+SHAPES = {"flash": 64, "pro": 128, "pro-tp8": 16, "flash-tp8": 8}  # query heads per kv head (h_kv = 1); TP 8 splits
 
 
 def _cfg(hpg: int) -> Config:
