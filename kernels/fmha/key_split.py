@@ -27,19 +27,12 @@ class KeySplit:
         """Wait for half h of d of the tile in `stage`, queue its k-blocks of S = Q K^T (no commit)."""
         n_kb = cute.size(tSrQ, mode=[2]) // 2
         self._mbar_wait(bars + stage * 2 + h, phase)
-        self._stage_fence()
+        cute.arch.fence_proxy("async.shared", space="cta")  # cp.async writes -> wgmma reads
         if cutlass.const_expr(zero):
             acc_S.fill(0.0)
         warpgroup.fence()
         for kb in cutlass.range_constexpr(n_kb):
             cute.gemm(qk_mma, acc_S, tSrQ[None, None, h * n_kb + kb], tSrK[None, None, h * n_kb + kb, stage], acc_S)
-
-    @cute.jit
-    def _stage_fence(self):
-        """After a K half's full-barrier wait, before its first wgmma: the producer's cp.async writes are the
-        generic proxy's, the wgmma reads the async proxy's (docs/lessons/fmha.md 11). A seam: the A/B form
-        `cutedsl:no-fence` (FlashMLA's hand-off, no fence) drops it."""
-        cute.arch.fence_proxy("async.shared", space="cta")
 
     def _release(self, bar):
         """A consumer thread frees a K half: its last wgmma read of it is done (a seam: decode_pair.py

@@ -56,8 +56,7 @@ def test_v12_is_the_default_and_the_forms_are_checked_variants():
     plain = {i.name for i in impls("fmha")}
     declared = {i.name: i for i in impls("fmha", variants=True)}
     assert [cls.name for cls in variants.PREFILL_VARIANTS] == ["cutedsl:v10", *list(NAMES)[:3], "cutedsl:spin-wait",
-                                                                    "cutedsl:v11", "cutedsl:no-fence"]
-    assert declared["cutedsl:no-fence"].kernel_class is variants.NoFence and declared["cutedsl:no-fence"].checked
+                                                                    "cutedsl:v11"]
     assert declared["cutedsl:spin-wait"].kernel_class is prefill_v11.SpinWait
     assert declared["cutedsl:v10"].kernel_class is GatherAttentionSm90
     for name, cls in NAMES.items():
@@ -159,16 +158,3 @@ def test_v12_stores_o_a_tile_at_a_time(shape):
     assert _count(ops, "BAR.SYNC") == _count(base, "BAR.SYNC") + 3
     assert text.count("DEPBAR.LE SB0") == base_text.count("DEPBAR.LE SB0") >= 1
 
-
-@needs_sass
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_no_fence_drops_only_the_stage_fences(shape):
-    """`cutedsl:no-fence` is v12 without the consumers' proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S) after each
-    K half's wait: 2 in each warpgroup's pair loop, 2 before warpgroup 0's first S; the P hand-off's and the O store's
-    fences stay."""
-    cfg = _cfg(SHAPES[shape])
-    base, _ = _ops(prefill_v11.V12, cfg)
-    ops, _ = _ops(variants.NoFence, cfg)
-    for op in ("FENCE.VIEW.ASYNC.S", "MEMBAR.ALL.CTA"):
-        assert _count(ops, op) == _count(base, op) - 6 >= 2, op
-    assert _count(ops, "HGMMA") == _count(base, "HGMMA")
