@@ -22,8 +22,9 @@ the DSV4 prefills at s_q 4096 and 16384 (docs/perf/fmha.md, "v11"); each change 
 
 Each applies where its preconditions hold at compile time and is v10's code elsewhere: per-token
 lists with the key split, a CTA's rows whole heads of one kv group: 64-head blocks (hpg % 64 == 0: Flash 64,
-Pro 128) or a TP split's hpg < 64 heads (O boxes of hpg rows); `_v11_applies`. The TMA store needs the whole
-heads (a box past a group's last head would write the next group's rows): hpg 96 keeps v10's code.
+Pro 128) or a TP split's hpg < 64 heads, hpg <= 16 or a multiple of 16 (O boxes of hpg rows); `_v11_applies`. The
+TMA store needs the whole heads (a box past a group's last head would write the next group's rows): hpg 96 keeps
+v10's code.
 """
 
 from __future__ import annotations
@@ -77,9 +78,11 @@ class V11Base(GatherAttentionSm90):
     def _v11_applies(self) -> bool:
         """Per-token lists with the key split, where a CTA's rows are whole heads of one kv group: 64-head
         blocks (hpg % 64 == 0: Flash 64, Pro 128) or the group's hpg < 64 heads (TP splits: Pro 16, Flash 8 at
-        TP 8; an O box of hpg rows). Elsewhere (hpg 96: a block past its group) the shipped code."""
+        TP 8; an O box of hpg rows), hpg <= 16 or a multiple of 16 (an O box of 20, 24 or 40 rows aborted the
+        compiler). Elsewhere (hpg 96: a block past its group) the shipped code."""
         c = self.cfg
-        return c.key_split and c.per_token_idx and (c.hpg % 64 == 0 or c.hpg < 64)
+        split = c.hpg < 64 and (c.hpg <= 16 or c.hpg % 16 == 0)
+        return c.key_split and c.per_token_idx and (c.hpg % 64 == 0 or split)
 
     def _q_tma(self) -> bool:
         return self.q_by_tma and self._v11_applies()

@@ -5,12 +5,14 @@ tiles, non-square, ragged and decode shapes. Skipped without CUDA."""
 import pytest
 import torch
 
+from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.registry import SweepOptions, get_impl
 from dsv4bench.core.evaluate import case_generator, poison
 from kernels.fmha import variants
 from kernels.fmha.family import FAMILY
 from kernels.fmha.glue import FmhaCuteDSL, config_for
+from sweeps.fmha import _sparse
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -61,6 +63,18 @@ def test_persistent_ctas_walk_many_items(case):
     """3 CTAs for the whole grid: each runs items of both snake directions, of different list
     lengths (causal), with the pipeline's stages and phases carried across items."""
     _check(case, FmhaCuteDSL(persistent_ctas=3))
+
+
+# the TP splits' head counts (hpg < 64: v12's O boxes of hpg rows, or v10's code at 20 / 24), ragged lists with invalid
+# slots, one and two kv groups (the Q box reads the next group's rows, the O box must not write them)
+TP_CASES = [Case("fmha", {**_sparse(h_q=hpg * h_kv, s_q=97, topk=640, invalid=0.25), "h_kv": h_kv}, 0, "tp-split")
+            for hpg, h_kv in ((16, 1), (8, 1), (1, 1), (3, 1), (12, 1), (32, 1), (48, 1), (20, 1), (24, 1), (16, 2),
+                              (8, 3))]
+
+
+@pytest.mark.parametrize("case", TP_CASES, ids=[f"h_q{c['h_q']}-h_kv{c['h_kv']}" for c in TP_CASES])
+def test_tp_split_heads_match_fp32_oracle(case):
+    _check(case, IMPL)
 
 
 @pytest.mark.parametrize("impl_name", V11_IMPLS)

@@ -158,3 +158,20 @@ def test_v12_stores_o_a_tile_at_a_time(shape):
     assert _count(ops, "BAR.SYNC") == _count(base, "BAR.SYNC") + 3
     assert text.count("DEPBAR.LE SB0") == base_text.count("DEPBAR.LE SB0") >= 1
 
+
+@needs_sass
+@pytest.mark.parametrize("hpg", [1, 3, 12, 32, 48, 20, 24, 40])
+def test_tp_split_heads_take_the_forms_where_their_o_box_compiles(hpg):
+    """Below 64 heads a group, v12 stores O in boxes of hpg rows: at hpg <= 16 or a multiple of 16 (its Q / O boxes
+    in the SASS, no spills); at 20, 24 or 40 such a box aborted the compiler, so those compile v10's code."""
+    cfg = _cfg(hpg)
+    ops, text = _ops(prefill_v11.V12, cfg)
+    if hpg <= 16 or hpg % 16 == 0:
+        assert _count(ops, "UTMALDG") == 8 and _count(ops, "UTMASTG") == 4
+        assert not parse_cubin(_compiled(prefill_v11.V12, cfg).__cubin__).local_bytes
+    else:
+        def norm(t):
+            return re.sub(r"kernel_cutlass_kernel_\w+", "KERNEL", t)
+
+        assert norm(text) == norm(_ops(GatherAttentionSm90, cfg)[1])
+
