@@ -74,23 +74,28 @@ def freqs_cis(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.polar(torch.ones_like(angles), angles)
 
 
-def _rotate(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool) -> torch.Tensor:
+def _rotate(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool,
+            compute: torch.dtype | None = None) -> torch.Tensor:
     rope_dim = 2 * freqs.shape[-1]
-    rot = freqs_cis(positions, freqs)
+    dt = compute or freqs.dtype
+    rot = freqs_cis(positions, freqs).to(torch.complex128 if dt == torch.float64 else torch.complex64)
     if inverse:
         rot = rot.conj()
-    pairs = torch.view_as_complex(x[..., -rope_dim:].to(freqs.dtype).unflatten(-1, (-1, 2)).contiguous())
+    pairs = torch.view_as_complex(x[..., -rope_dim:].to(dt).unflatten(-1, (-1, 2)).contiguous())
     rotated = torch.view_as_real(pairs * rot).flatten(-2)
-    return torch.cat((x[..., :-rope_dim].to(freqs.dtype), rotated), dim=-1)
+    return torch.cat((x[..., :-rope_dim].to(dt), rotated), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, inverse: bool = False,
+               compute: torch.dtype | None = None) -> torch.Tensor:
     """Oracle of RoPE on the last 2·len(freqs) dims of x (§2.2); inverse=True rotates by −θ (§7.3).
 
     x: [..., D]; positions: integer tensor broadcastable to x.shape[:-1] (e.g. [S, 1] for x [S, H, D]);
-    freqs: from `rope_freqs` (fp32 or fp64). Returns x in freqs' dtype with the rope slice rotated.
+    freqs: from `rope_freqs` (fp32 or fp64). Returns x in freqs' dtype with the rope slice rotated; with
+    `compute` (float64: the judge of an fp32 kernel) the rotations as freqs' dtype gives them, the arithmetic
+    and the result in `compute`.
     """
-    return _rotate(x, positions, freqs, inverse)
+    return _rotate(x, positions, freqs, inverse, compute)
 
 
 def apply_rope_lowprec(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor,
