@@ -182,7 +182,7 @@ class EpiTma(V11Base):
                     inv = 1.0 / den
                 for cc in cutlass.range_constexpr(cute.size(O_mn, mode=[1])):
                     rO_mn[r, cc] = (O_mn[r, cc] * inv).to(dt)
-                if cutlass.const_expr(c.hb < 64):
+                if cutlass.const_expr(c.hb < 64):  # two branches: at 64 heads the cubins stay as measured
                     if (dsplit == 0) & (cO_mn[r, 0][1] == 0) & (r_cta < c.hb):
                         self._write_lse(mLse, tot, m_base, tok0, head, bidx)
                 else:
