@@ -66,7 +66,7 @@ def test_persistent_ctas_walk_many_items(case):
 
 
 # the TP splits' head counts (hpg < 64: v12's O boxes of hpg rows, or v10's code at 20 / 24), ragged lists with invalid
-# slots, one and two kv groups (the Q box reads the next group's rows, the O box must not write them)
+# slots, 1-3 kv groups (the Q box reads the next group's rows, the O box must not write them)
 TP_CASES = [Case("fmha", {**_sparse(h_q=hpg * h_kv, s_q=97, topk=640, invalid=0.25), "h_kv": h_kv}, 0, "tp-split")
             for hpg, h_kv in ((16, 1), (8, 1), (1, 1), (3, 1), (12, 1), (32, 1), (48, 1), (20, 1), (24, 1), (16, 2),
                               (8, 3))]
