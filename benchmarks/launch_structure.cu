@@ -5,7 +5,9 @@
 //   nvcc -arch=sm_90a -O3 -o launch_structure benchmarks/launch_structure.cu && ./launch_structure L1_MB L2_MB
 // Arrangements: one launch of L1 + L2 bytes; L1 then L2 (plain, and PDL: L2's CTAs fill their ring before the wait);
 // those with a one-CTA kernel before and after (dispatch and combine stand-ins); one persistent launch whose CTAs
-// stream their L1 share, count it done, fill their ring from L2 and spin until every CTA has counted.
+// stream their L1 share, count it done, fill their ring from L2 and spin until every CTA has counted. Read forms of
+// one launch: a stage at a time from a shared counter (steal), 16-byte loads (ldg), L1's bytes alone (132 / 96 CTAs);
+// `stamps` lines give each CTA's entry and exit times in one replay (the tail).
 #include <cstdio>
 #include <cstdint>
 #include <algorithm>
@@ -42,17 +44,59 @@ __device__ void init_bars(uint32_t b0) {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
+__device__ uint64_t now_ns() { uint64_t t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
+
 // One span per CTA (chunk bytes at blockIdx.x * chunk); pdl_wait: griddepcontrol.wait after the ring fills.
-__global__ void stream(const char* base, size_t chunk, int pdl_wait) {
+// stamps (if not null): each CTA's entry and exit time.
+__global__ void stream(const char* base, size_t chunk, int pdl_wait, uint64_t* stamps) {
   extern __shared__ __align__(1024) char smem[];
   __shared__ __align__(8) uint64_t bars[STAGES];
   asm volatile("griddepcontrol.launch_dependents;");
   if (threadIdx.x != 0) return;
+  uint64_t t0 = now_ns();
   uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem), b0 = (uint32_t)__cvta_generic_to_shared(bars);
   init_bars(b0);
   stream_span(base + blockIdx.x * chunk, (int)(chunk / STAGE), s0, b0, 0, [&] {
     if (pdl_wait) asm volatile("griddepcontrol.wait;" ::: "memory");
   });
+  if (stamps) { stamps[2 * blockIdx.x] = t0; stamps[2 * blockIdx.x + 1] = now_ns(); }
+}
+
+// The same bytes taken a stage at a time from a shared counter: no CTA idles while another still has a chunk left.
+__global__ void stream_steal(const char* base, int total, unsigned* next, uint64_t* stamps) {
+  extern __shared__ __align__(1024) char smem[];
+  __shared__ __align__(8) uint64_t bars[STAGES];
+  if (threadIdx.x != 0) return;
+  uint64_t t0 = now_ns();
+  uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem), b0 = (uint32_t)__cvta_generic_to_shared(bars);
+  init_bars(b0);
+  int issued = 0;
+  for (; issued < STAGES; ++issued) {
+    unsigned idx = atomicAdd(next, 1u);
+    if (idx >= (unsigned)total) break;
+    load(s0 + issued * STAGE, base + (size_t)idx * STAGE, b0 + 8 * issued);
+  }
+  for (int g = 0; g < issued; ++g) {
+    int s = g % STAGES;
+    wait_bar(b0 + 8 * s, (g / STAGES) & 1);
+    unsigned idx = atomicAdd(next, 1u);
+    if (idx < (unsigned)total) { load(s0 + s * STAGE, base + (size_t)idx * STAGE, b0 + 8 * s); ++issued; }
+  }
+  if (stamps) { stamps[2 * blockIdx.x] = t0; stamps[2 * blockIdx.x + 1] = now_ns(); }
+}
+
+// A copy without its write: 16-byte loads, grid-stride, folded so the compiler keeps them.
+__global__ void ldg_read(const uint4* src, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = i + u * stride < n ? __ldcs(src + i + u * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
 }
 
 // L1's share, then a grid-wide count, then L2's share whose ring fills before the spin on the count.
@@ -100,14 +144,18 @@ int main(int argc, char** argv) {
   char* cdst; cudaMalloc(&cdst, region / 2);
   float* small; cudaMalloc(&small, 4096); cudaMemset(small, 0, 4096);
   unsigned* done; cudaMalloc(&done, 4); cudaMemset(done, 0, 4);
+  uint64_t* stamps; cudaMalloc(&stamps, 16 * sms);
   cudaFuncSetAttribute(stream, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  cudaFuncSetAttribute(stream_steal, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   cudaFuncSetAttribute(persistent, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   cudaStream_t st; cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   struct Arr { const char* name; int id; };
   const Arr arrs[] = {{"copy_same_traffic", 0}, {"one_launch", 1}, {"l1_l2", 2}, {"l1_l2_pdl", 3},
                       {"tiny_l1_l2_tiny", 4}, {"tiny_l1_l2_tiny_pdl", 5}, {"persistent", 6},
-                      {"tiny_persistent_tiny_pdl", 7}, {"tiny_alone", 8}};
+                      {"tiny_persistent_tiny_pdl", 7}, {"tiny_alone", 8},
+                      {"one_launch_stamped", 9}, {"one_launch_steal", 10}, {"one_launch_ldg", 11}, {"l1_alone", 12},
+                      {"l1_alone_steal", 13}, {"l1_alone_96_ctas", 14}};
   for (const Arr& arr : arrs) {
     std::vector<cudaGraphExec_t> execs(rotations);
     for (int r = 0; r < rotations; ++r) {
@@ -116,12 +164,17 @@ int main(int argc, char** argv) {
       cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
       bool pdl = arr.id == 3 || arr.id == 5 || arr.id == 7;
       if (arr.id == 0) cudaMemcpyAsync(cdst, l1, region / 2, cudaMemcpyDeviceToDevice, st);
-      if (arr.id == 1) launch(stream, sms, 32, SMEM, false, st, l1, c1 + c2, 0);
+      if (arr.id == 1 || arr.id == 9) launch(stream, sms, 32, SMEM, false, st, l1, c1 + c2, 0, arr.id == 9 ? stamps : nullptr);
       if (arr.id == 4 || arr.id == 5 || arr.id == 7 || arr.id == 8) launch(tiny, 1, 128, 0, false, st, small, 0);
       if (arr.id >= 2 && arr.id <= 5) {
-        launch(stream, sms, 32, SMEM, pdl && arr.id == 5, st, l1, c1, (int)(pdl && arr.id == 5));
-        launch(stream, sms, 32, SMEM, pdl, st, l2, c2, (int)pdl);
+        launch(stream, sms, 32, SMEM, pdl && arr.id == 5, st, l1, c1, (int)(pdl && arr.id == 5), (uint64_t*)nullptr);
+        launch(stream, sms, 32, SMEM, pdl, st, l2, c2, (int)pdl, (uint64_t*)nullptr);
       }
+      if (arr.id == 10) launch(stream_steal, sms, 32, SMEM, false, st, l1, (int)((c1 + c2) * sms / STAGE), done, stamps);
+      if (arr.id == 11) launch(ldg_read, sms * 4, 512, 0, false, st, (const uint4*)l1, (c1 + c2) * sms / 16, done);
+      if (arr.id == 12) launch(stream, sms, 32, SMEM, false, st, l1, c1, 0, (uint64_t*)nullptr);
+      if (arr.id == 13) launch(stream_steal, sms, 32, SMEM, false, st, l1, (int)(c1 * sms / STAGE), done, (uint64_t*)nullptr);
+      if (arr.id == 14) launch(stream, 96, 32, SMEM, false, st, l1, c1 * sms / 96 / STAGE * STAGE, 0, (uint64_t*)nullptr);
       if (arr.id == 6 || arr.id == 7) launch(persistent, sms, 32, SMEM, pdl, st, l1, c1, l2, c2, done, (int)pdl);
       if (arr.id == 4 || arr.id == 5 || arr.id == 7) launch(tiny, 1, 128, 0, pdl, st, small, (int)pdl);
       cudaStreamEndCapture(st, &graph);
@@ -130,7 +183,7 @@ int main(int argc, char** argv) {
     std::vector<float> us;
     for (int rep = 0; rep < 44; ++rep) {
       cudaMemsetAsync(flush, rep & 0xff, flush_bytes, st);
-      if (arr.id == 6 || arr.id == 7) cudaMemsetAsync(done, 0, 4, st);  // each replay counts up from zero
+      if (arr.id == 6 || arr.id == 7 || arr.id == 10 || arr.id == 13) cudaMemsetAsync(done, 0, 4, st);  // counters start at zero
       cudaEventRecord(a, st); cudaGraphLaunch(execs[rep % rotations], st); cudaEventRecord(b, st);
       cudaEventSynchronize(b); float t; cudaEventElapsedTime(&t, a, b); if (rep >= 4) us.push_back(t * 1e3f);
     }
@@ -138,5 +191,15 @@ int main(int argc, char** argv) {
     printf("{\"arrangement\": \"%s\", \"l1_mb\": %.1f, \"l2_mb\": %.1f, \"ctas\": %d, \"us_median\": %.2f, \"us_p10\": %.2f, "
            "\"us_p90\": %.2f, \"err\": \"%s\"}\n", arr.name, c1 * sms / 1e6, c2 * sms / 1e6, sms, us[us.size() / 2],
            us[us.size() / 10], us[us.size() * 9 / 10], cudaGetErrorString(cudaGetLastError()));
+    if (arr.id == 9 || arr.id == 10) {  // the last replay's CTA entry / exit times, from the earliest entry
+      std::vector<uint64_t> h(2 * sms); cudaMemcpy(h.data(), stamps, 16 * sms, cudaMemcpyDeviceToHost);
+      uint64_t t0 = h[0]; for (int i = 0; i < sms; ++i) t0 = std::min(t0, h[2 * i]);
+      std::vector<double> in, out;
+      for (int i = 0; i < sms; ++i) { in.push_back((h[2 * i] - t0) * 1e-3); out.push_back((h[2 * i + 1] - t0) * 1e-3); }
+      std::sort(in.begin(), in.end()); std::sort(out.begin(), out.end());
+      printf("{\"stamps\": \"%s\", \"entry_us_max\": %.2f, \"exit_us_min\": %.2f, \"exit_us_p10\": %.2f, "
+             "\"exit_us_median\": %.2f, \"exit_us_p90\": %.2f, \"exit_us_max\": %.2f}\n", arr.name, in.back(), out[0],
+             out[sms / 10], out[sms / 2], out[sms * 9 / 10], out.back());
+    }
   }
 }
