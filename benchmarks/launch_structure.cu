@@ -7,7 +7,8 @@
 // those with a one-CTA kernel before and after (dispatch and combine stand-ins); one persistent launch whose CTAs
 // stream their L1 share, count it done, fill their ring from L2 and spin until every CTA has counted. Read forms of
 // one launch: a stage at a time from a shared counter (steal), an L2 evict_first hint, 4 / 12 stages, two CTAs an SM,
-// 16-byte loads (ldg: streaming or plain, 4 or 1 CTA an SM), L1's bytes alone (132 / 96 CTAs, ldg);
+// 16-byte loads (ldg: streaming or plain, 4 or 1 CTA an SM), L1's bytes alone (132 / 96 CTAs, ldg, 2D tensor-map
+// boxes of 64- or 128-byte rows, with the ring's two 1 KB side copies a stage);
 // `stamps` lines give each CTA's entry and exit times in one replay (the tail).
 #include <cstdio>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include <cuda.h>
 #include <cuda_runtime.h>
 constexpr int STAGE = 16384, STAGES = 8, MAX_STAGES = 12;
 
@@ -75,6 +77,45 @@ __global__ void stream(const char* base, size_t chunk, int nst, int evict_first,
   stream_span(base + blockIdx.x * chunk, (int)(chunk / STAGE), nst, evict_first ? evict_first_policy() : 0, r.s0, r.b0,
               0, [&] { if (pdl_wait) asm volatile("griddepcontrol.wait;" ::: "memory"); });
   if (stamps) { stamps[2 * blockIdx.x] = t0; stamps[2 * blockIdx.x + 1] = now_ns(); }
+}
+
+// One span per CTA read through a 2D tensor map (rows of `row_bytes`, one box = one 16 KB stage: the moe ring's codes
+// copy is a 256 x 64-byte box with the 64-byte swizzle); side: two more 1 KB bulk copies a stage from a region where
+// consecutive stages of a CTA lie grid x 1 KB apart (the ring's shift words and column scales, [KB, N] per expert).
+// row_bytes 0: a 16 KB bulk copy from base instead (the side copies' cost alone).
+__global__ void stream_box(const __grid_constant__ CUtensorMap map, const char* base, size_t chunk, int row_bytes,
+                           const char* side) {
+  extern __shared__ __align__(1024) char smem[];
+  __shared__ __align__(8) uint64_t bars[STAGES];
+  if (threadIdx.x != 0) return;
+  Ring r = ring(smem, bars);
+  init_bars(r.b0, STAGES);
+  const uint32_t side_bytes = side ? 2048 : 0, side_dst = r.s0 + STAGES * STAGE;
+  int n = (int)(chunk / STAGE);
+  auto issue = [&](int i) {
+    int s = i % STAGES;
+    uint32_t bar = r.b0 + 8 * s, dst = r.s0 + s * STAGE;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(STAGE + side_bytes) : "memory");
+    size_t at = blockIdx.x * chunk + (size_t)i * STAGE;
+    if (row_bytes)
+      asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                   :: "r"(dst), "l"(&map), "r"(0), "r"((int)(at / row_bytes)), "r"(bar) : "memory");
+    else
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   :: "r"(dst), "l"(base + at), "n"(STAGE), "r"(bar) : "memory");
+    if (side) {
+      for (int k = 0; k < 2; ++k) {
+        const char* src = side + ((size_t)(2 * i + k) * gridDim.x + blockIdx.x) * 1024;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 1024, [%2];"
+                     :: "r"(side_dst + s * 2048 + k * 1024), "l"(src), "r"(bar) : "memory");
+      }
+    }
+  };
+  for (int i = 0; i < min(n, STAGES); ++i) issue(i);
+  for (int i = 0; i < n; ++i) {
+    wait_bar(r.b0 + 8 * (i % STAGES), (i / STAGES) & 1);
+    if (i + STAGES < n) issue(i + STAGES);
+  }
 }
 
 // The same bytes taken a stage at a time from a shared counter: no CTA idles while another still has a chunk left.
@@ -171,9 +212,32 @@ int main(int argc, char** argv) {
   float* small; cudaMalloc(&small, 4096); cudaMemset(small, 0, 4096);
   unsigned* done; cudaMalloc(&done, 4); cudaMemset(done, 0, 4);
   uint64_t* stamps; cudaMalloc(&stamps, 16 * sms);
-  for (const void* k : {(const void*)stream, (const void*)stream_steal, (const void*)persistent})
-    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_STAGES * STAGE);
+  for (const void* k : {(const void*)stream, (const void*)stream_steal, (const void*)persistent, (const void*)stream_box})
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_STAGES * STAGE + STAGES * 2048);
   cudaStream_t st; cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  // 2D tensor maps over each rotation's L1 bytes: rows of 64 bytes (box 64 x 256, 64-byte swizzle) and of 128 (128 x
+  // 128, 128-byte swizzle)
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                              const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  void* fn = nullptr; cudaDriverEntryPointQueryResult q;
+  cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+  auto make_map = [&](const char* base, int row_bytes) {
+    CUtensorMap m;
+    cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)(c1 * sms / row_bytes)}, strides[1] = {(cuuint64_t)row_bytes};
+    cuuint32_t box[2] = {(cuuint32_t)row_bytes, (cuuint32_t)(STAGE / row_bytes)}, elem[2] = {1, 1};
+    CUresult res = ((Encode)fn)(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void*)base, dims, strides, box, elem,
+                                CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (res != CUDA_SUCCESS) printf("{\"error\": \"cuTensorMapEncodeTiled %d\"}\n", (int)res);
+    return m;
+  };
+  std::vector<CUtensorMap> map64, map128;
+  for (int r = 0; r < rotations; ++r) { map64.push_back(make_map(buf + r * region, 64)); map128.push_back(make_map(buf + r * region, 128)); }
+  char* side; cudaMalloc(&side, 2 * c1 * sms / STAGE * 1024 + (2 << 20)); cudaMemset(side, 2, 2 * c1 * sms / STAGE * 1024 + (2 << 20));
+  auto rot = [&](const char* l1) { return (int)((l1 - buf) / region); };
+  const int box_smem = STAGES * STAGE + STAGES * 2048;
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   uint64_t* none = nullptr;
   const size_t both = c1 + c2, all = region;
@@ -219,6 +283,14 @@ int main(int argc, char** argv) {
     {"l1_alone", [&](cudaStream_t s, const char* l1, const char*) { ring_read(s, l1, sms, c1, STAGES, 0, false, none); }},
     {"l1_alone_96_ctas", [&](cudaStream_t s, const char* l1, const char*) {
        ring_read(s, l1, 96, c1 * sms / 96 / STAGE * STAGE, STAGES, 0, false, none); }},
+    {"l1_alone_box_64x256", [&](cudaStream_t s, const char* l1, const char*) {
+       launch(stream_box, sms, 32, box_smem, false, s, map64[rot(l1)], l1, c1, 64, (const char*)nullptr); }},
+    {"l1_alone_box_128x128", [&](cudaStream_t s, const char* l1, const char*) {
+       launch(stream_box, sms, 32, box_smem, false, s, map128[rot(l1)], l1, c1, 128, (const char*)nullptr); }},
+    {"l1_alone_box_64x256_side", [&](cudaStream_t s, const char* l1, const char*) {
+       launch(stream_box, sms, 32, box_smem, false, s, map64[rot(l1)], l1, c1, 64, (const char*)side); }},
+    {"l1_alone_bulk_side", [&](cudaStream_t s, const char* l1, const char*) {
+       launch(stream_box, sms, 32, box_smem, false, s, map64[rot(l1)], l1, c1, 0, (const char*)side); }},
     {"l1_alone_ldg", [&](cudaStream_t s, const char* l1, const char*) {
        launch(ldg_read, sms * 4, 512, 0, false, s, (const uint4*)l1, c1 * sms / 16, 1, done); }},
   };
