@@ -302,6 +302,9 @@ register_impl(MoeLayerVariant("v8-ko-no-widen", {**V8_DECODE, "ablate": "no-wide
 register_impl(MoeLayerVariant("v8-ko-no-mma", {**V8_DECODE, "ablate": "no-mma"}, checked=False))
 # ... and both at once: the weight stream through v10's ring alone (the codes XORed into a sink)
 register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}, checked=False))
+# the rule with v5's phase stamps (GroupedConfig.stamps, benchmarks/moe_phases.py) and no tail-split build (the stamps
+# take its workspace)
+register_impl(MoeLayerVariant("stamps", {"stamps": True, "tail_split": False}))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 # the rule before v11: no tail-split build beside the smallest token tile (nor v13's early L2 weights)
 register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False, "fused_dispatch": 0}))

@@ -33,6 +33,10 @@ REGISTER_FILE = 65536  # 32-bit registers an SM
 WIDENER_WARPS = 3  # v19: warps 1-3 of the producer warpgroup widen (96 threads: 10-11 items each a 256-row stage)
 MAX_GROUPS = 512  # experts of a masked layout (the work list's prefix sum lives in shared memory)
 MAX_SPLIT = 8  # GroupedConfig.split_k's largest
+# GroupedConfig.stamps: int32 slots a CTA (globaltimer_lo ns) and the CTAs a kernel's region holds
+STAMPS = ("entry", "work", "issued", "first_full", "loop_done", "exit")
+STAMP_SLOTS = 8
+STAMP_CTAS = 512
 SPLIT_UNITS = 2  # the split workspace holds SPLIT_UNITS x SMs units (kernels/moe/grouped_slices.py): past it no split
 
 
@@ -120,6 +124,10 @@ class GroupedConfig:
     # v24 (the prefill pick since session 43): a widener warp hands a widened tile over with one arrive (after a warp
     # sync), not 32: the consumers sleeping on its full barrier were woken by each arrive (ncu on v23: ~19 retries)
     warp_handover: bool = False
+    # phase stamps (benchmarks/moe_phases.py; variant `cutedsl:stamps`): v5's CTAs write globaltimer stamps (STAMPS)
+    # where the split workspace goes (no split: the layer passes layer.stamp_workspace there): L1's CTAs at slot
+    # bidx · STAMP_SLOTS, L2's STAMP_CTAS · STAMP_SLOTS further, so one layer call keeps both kernels' timelines
+    stamps: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -167,6 +175,8 @@ class GroupedConfig:
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
         if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile
             raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
+        if self.stamps and self.split_k != 1:
+            raise ValueError("stamps take the split workspace: no split_k")
         if self.n_stages < 2:
             raise ValueError(f"bm={self.bm} leaves room for {self.n_stages} stage(s)")
 

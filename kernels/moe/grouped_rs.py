@@ -96,7 +96,7 @@ class GroupedRs(GroupedSm90):
         wg_rows = cute.arch.make_warp_uniform(ctid // 128) * (TILES * 64) + cC[0, 0][0]
         bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * c.n_mma_wg)
         bar.arrive_and_wait()  # the table is in
-        _work, _count, full, slices = split
+        workspace, _count, full, slices = split
         g_rd = Int32(0)
         for w in cutlass.range(bidx, full + (units - full) * slices, gdim, unroll=1):
             u, kb0, kb1, slot = self._item(w, (full, slices), n_kb)
@@ -105,6 +105,9 @@ class GroupedRs(GroupedSm90):
             for j in cutlass.range_constexpr(TILES):
                 accs[j].fill(0.0)
             self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
+            first = (w == bidx) & (ctid == 0)  # GroupedConfig.stamps: the CTA's first item, one thread
+            if first:
+                self._stamp(workspace, bidx, "first_full")
             for p in cutlass.range(0, nk // 2, unroll=1):
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
                                 sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc, sink)
@@ -117,12 +120,16 @@ class GroupedRs(GroupedSm90):
             if cutlass.const_expr(c.skips_mma):  # a use of the sink the compiler cannot drop
                 if sink[0] == Int32(0x5EED5EED):
                     accs[0][0] = Float32(1.0)
+            if first:
+                self._stamp(workspace, bidx, "loop_done")
             if cutlass.const_expr(c.split_k > 1):
                 if self._holds_sum(accs, split, st, bar, w, slot, ctid):
                     self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows,
                                       ctid)
             else:
                 self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
+            if ctid == 0:  # the last item's epilogue stamps last
+                self._stamp(workspace, bidx, "exit")
 
     @cute.jit
     def _epilogue_rs(self, accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):

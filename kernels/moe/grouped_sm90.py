@@ -41,7 +41,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
 
 from kernels.gemm.tiling import KBLOCK
-from kernels.moe.grouped_config import WIDEN_TABLE_WORDS, WIDENER_WARPS, GroupedConfig
+from kernels.moe.grouped_config import STAMP_CTAS, STAMP_SLOTS, STAMPS, WIDEN_TABLE_WORDS, WIDENER_WARPS, GroupedConfig
 from kernels.moe.grouped_slices import split_plan
 from kernels.moe.grouped_epilogue import GroupedEpilogues
 from kernels.moe.grouped_ring import ring_atoms, ring_extent, ring_layouts, ring_partitions, ring_storage, tma_pieces
@@ -117,6 +117,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         gdim, _, _ = cute.arch.grid_dim()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = cute.arch.make_warp_uniform(tidx // 128)
+        if tidx == 0:
+            self._stamp(mWork, bidx, "entry")
         tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
         mma_acc.set(warpgroup.Field.ACCUMULATE, True)
         if warp_idx == 0:
@@ -154,6 +156,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         if cutlass.const_expr(c.pdl and not c.early_weights):  # the set-up above overlapped the previous kernel's tail
             pdl_wait()  # before the first global access (counts, x, h, outputs)
         units = self._work(st, mGroup, n_groups, tiles_m, mg, tidx) * tiles_n
+        if tidx == 0:
+            self._stamp(mWork, bidx, "work")
         full, slices = units, Int32(1)  # split_k: units run whole, slices of each tail unit (grouped_slices)
         if cutlass.const_expr(c.split_k > 1):
             cap = cute.size(mCount)  # tail units the workspace holds: v5's tiles fit its slots (bn x 32 tokens)
@@ -167,7 +171,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
             cute.arch.setmaxregister_decrease(c.producer_regs)
             if warp_idx == 0:
                 self._produce(ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim,
-                              (full, slices))
+                              (full, slices), mWork)
             if cutlass.const_expr(c.widen_wg):  # v19 (grouped_split._widen_loop)
                 if (warp_idx >= 1) & (warp_idx <= WIDENER_WARPS):
                     self._widen_loop(ring, st, sSh, mTab, units, n_kb, bidx, gdim, tidx - 32)
@@ -177,7 +181,17 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
                           n_groups, tiles_n, n_kb, units, mg, bidx, gdim, tidx - 128, (mWork, mCount, full, slices))
 
     @cute.jit
-    def _produce(self, ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim, plan):
+    def _stamp(self, mWork, bidx, name: cutlass.Constexpr):
+        """GroupedConfig.stamps: this CTA's stamp `name` (grouped_config.STAMPS) <- globaltimer_lo, in L1's or L2's
+        region of layer.stamp_workspace; the caller picks the one thread. Nothing without stamps."""
+        if cutlass.const_expr(self.cfg.stamps):
+            region = STAMP_CTAS * STAMP_SLOTS * int(self.cfg.epilogue == "bf16")
+            slots = cute.recast_tensor(mWork, Int32)
+            slots[region + bidx * STAMP_SLOTS + STAMPS.index(name)] = cute.arch.globaltimer_lo()
+
+    @cute.jit
+    def _produce(self, ring, a, b, sh, sw, sa, units, tiles_n, n_kb, n_groups, mg, mGroup, st, bidx, gdim, plan,
+                 mWork):
         """The TMA warp (v2, v4 and v5's GroupedRs): per unit and K block one stage of x (`a_boxes` boxes: v2's
         64-row waves, v5's one bm-row tile), the FP4 weight tile (tiled: one contiguous tile of the load-time
         layout), its shift words and column scales, x's row scales. Each argument a (atom, global, shared).
@@ -219,6 +233,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
                 cute.copy(sa[0], sa[1][(None, mt, kb, g)], sa[2][(None, state.index)], tma_bar_ptr=bar)
                 ring.producer_commit(state)
                 state.advance()
+                if (w == bidx) & (kb == kb0):
+                    self._stamp(mWork, bidx, "issued")
         ring.producer_tail(state)
 
     @cute.jit

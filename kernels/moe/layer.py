@@ -25,8 +25,8 @@ from kernels.moe.expert_weights import GroupedWeight, code_tiles, prepare_layer,
 from kernels.moe.glue import (
     check_dispatch, check_fits, compile_combine, compile_dispatch, dispatch_args, planned,
 )
-from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, MAX_SPLIT, SPLIT_UNITS, SWAP_BM, V4, V8_WIDE, WIDE_M,
-                                        WIDE_MEAN, WIDEN_TABLE_WORDS, GroupedConfig, choose)
+from kernels.moe.grouped_config import (BN, CODES, MAX_GROUPS, MAX_SPLIT, SPLIT_UNITS, STAMP_CTAS, STAMP_SLOTS, SWAP_BM,
+                                        V4, V8_WIDE, WIDE_M, WIDE_MEAN, WIDEN_TABLE_WORDS, GroupedConfig, choose)
 from kernels.moe.grouped_slices import tail_slices
 from kernels.moe.grouped_sm90 import grouped_kernel
 
@@ -112,14 +112,15 @@ class CompiledLayer:
     `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes; `wide_codes`: the wide pair's);
     `row_frame`: the GEMMs (v3, v5 in the rule) read weights prepared in the row frame (`row_frame_weights`);
     `split_shapes`: (n tiles, K blocks) of L1 and L2 where the tail-split pair ("l1@split", "l2@split") is compiled;
-    `fused_max`: T·k assignments up to which a call launches "dispatch@fused" (v14) instead of "dispatch"."""
+    `fused_max`: T·k assignments up to which a call launches "dispatch@fused" (v14) instead of "dispatch"; `stamps`:
+    the GEMMs write phase stamps (GroupedConfig.stamps) into `stamp_workspace`, passed where the split workspace goes."""
 
     def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = (),
                  wide_codes: str = "plain", wide_mean: float | None = None, split_shapes: tuple = (),
-                 fused_max: int = 0):
+                 fused_max: int = 0, stamps: bool = False):
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
         self.wide_codes, self.wide_mean, self.split_shapes = wide_codes, wide_mean, split_shapes
-        self.fused_max = fused_max
+        self.fused_max, self.stamps = fused_max, stamps
 
     def gemms(self, max_m: int | None, mean_rows: float | None = None, rows: int | None = None,
               n_sms: int | None = None) -> tuple:
@@ -209,7 +210,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     kernels["combine"] = compile_combine(d, topk, arch, pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
     return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None,
-                         split_shapes, fused_max)
+                         split_shapes, fused_max, cfg.stamps)
 
 
 # ---------------------------------------------------------------- views and calls
@@ -248,6 +249,17 @@ def _split_workspace(device) -> tuple[torch.Tensor, torch.Tensor]:
         cap = SPLIT_UNITS * sm_count(device)
         _TABLES[key] = (torch.zeros(cap * BN * max(SWAP_BM), dtype=torch.float32, device=device),
                         torch.zeros(cap, dtype=torch.int32, device=device))
+    return _TABLES[key]
+
+
+def stamp_workspace(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stamped build's (GroupedConfig.stamps) stand-in for the split workspace, which it has no split to use: L1's
+    and L2's regions of STAMP_CTAS x STAMP_SLOTS int32 stamps (as fp32 words) and an unused counter; one per device,
+    apart from the split workspace so the rule's split builds always find theirs zeroed."""
+    key = ("stamps", str(device))
+    if key not in _TABLES:
+        _TABLES[key] = (torch.zeros(2 * STAMP_CTAS * STAMP_SLOTS, dtype=torch.float32, device=device),
+                        torch.zeros(1, dtype=torch.int32, device=device))
     return _TABLES[key]
 
 
@@ -393,6 +405,8 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
             raise ValueError(f"{name} must be contiguous bf16 {tuple(x.shape)}, got {v.dtype} {tuple(v.shape)}")
     p = _plan(t, idx.shape[1], n_experts, d, i, max_m, x.device)
     table, split, n_sms = p["ctx"]
+    if compiled.stamps:
+        split = stamp_workspace(x.device)
     fused = idx.numel() <= getattr(compiled, "fused_max", 0)
     k["dispatch@fused" if fused else "dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
     l1, l2, order = compiled.gemms(max_m, mean_rows, idx.numel(), n_sms)

@@ -334,3 +334,69 @@ def test_the_rule_runs_one_token_on_the_grouped_gemms():
     compiled = rule.compile(pro1, "sm_90a")
     assert isinstance(compiled, CompiledLayer) and compiled.token_tiles == (16, 32)
     assert get_impl("moe", "cutedsl:gemv").supports(pro1, "sm_90a") is None
+
+
+@pytest.mark.parametrize("epilogue,n,k", [("swiglu", 4096, 4096), ("bf16", 4096, 2048)])
+def test_phase_stamps_read_the_clock_once_a_stamp_and_leave_the_k_loop_alone(epilogue, n, k):
+    """GroupedConfig.stamps (benchmarks/moe_phases.py): one globaltimer read a stamp, none in the rule's build; the
+    loop body between the two WARPGROUP.ARRIVE (two K blocks) holds the rule's instructions (the same opcodes as many
+    times but for a register move or two; registers and order may differ), so the stamped phases time its loop.
+    Stamps with a split are refused (they share its workspace)."""
+    import collections
+    import re
+
+    from dsv4bench.compile.sass import sass_of
+    from kernels.moe.grouped_config import STAMPS, V8_DECODE
+    from kernels.moe.layer import compile_grouped
+
+    knobs = {**V8_DECODE, "bm": 16, "pdl": True, "early_weights": epilogue == "bf16"}
+    text = {st: sass_of(compile_grouped("masked", epilogue, n, k, **{**knobs, "stamps": st})) for st in (False, True)}
+    if None in text.values():
+        pytest.skip("no nvdisasm here")
+    assert text[False].count("GLOBALTIMER") == 0
+    assert text[True].count("GLOBALTIMER") == len(STAMPS)
+
+    def loop(sass):
+        ins = [re.sub(r"/\*[0-9a-f]{4}\*/", "", line).split() for line in sass.splitlines()
+               if "/*" in line and ";" in line]
+        ops = [words[1] if words[0].startswith("@") else words[0] for words in ins]  # past a predicate
+        arrive = [i for i, op in enumerate(ops) if op == "WARPGROUP.ARRIVE"]
+        return collections.Counter(ops[arrive[0]:arrive[1]])
+
+    moves = ("MOV", "UMOV")
+    stamped, rule = loop(text[True]), loop(text[False])
+    assert {op: n for op, n in stamped.items() if op not in moves} == \
+        {op: n for op, n in rule.items() if op not in moves}
+    assert abs(sum(stamped.values()) - sum(rule.values())) <= 2
+    with pytest.raises(ValueError, match="stamps"):
+        GroupedConfig(layout="masked", epilogue=epilogue, **{**knobs, "stamps": True, "split_k": 2})
+
+
+@pytest.mark.parametrize("stamps", [False, True])
+def test_a_stamped_layer_hands_its_gemms_the_stamp_workspace_and_the_rule_the_split_one(stamps, monkeypatch):
+    """A stamped build (CompiledLayer.stamps, the variant `cutedsl:stamps`) writes where the split workspace goes: run
+    with it, L1 and L2 get layer.stamp_workspace, so the rule's split builds never find stamps in theirs; recorded with
+    fake kernels on the CPU. The variant compiles no tail-split pair (its GEMMs would need the split workspace)."""
+    import torch
+
+    from dsv4bench.core.registry import get_impl
+    from kernels.moe import layer as L
+    from kernels.moe.inputs import make_experts
+
+    monkeypatch.setattr(L, "sm_count", lambda device: 132)
+    e, d, i, t = 4, 256, 256, 3
+    g = torch.Generator().manual_seed(5)
+    ex = make_experts(e, d, i, g, "cpu")
+    calls = {}
+
+    def fake(name):
+        return lambda *args: calls.setdefault(name, args)
+    compiled = L.CompiledLayer({n: fake(n) for n in ("dispatch", "l1", "l2", "combine")}, stamps=stamps)
+    idx = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(t)]).int()
+    L.run_layer(compiled, torch.randn(t, d, generator=g).bfloat16(), idx, torch.rand(t, 2, generator=g),
+                torch.zeros(t, d, dtype=torch.bfloat16), (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2), e, 8, check=False)
+    want = (L.stamp_workspace if stamps else L._split_workspace)(torch.device("cpu"))
+    for gemm in ("l1", "l2"):
+        work, count = calls[gemm][-3:-1]
+        assert (work.data_ptr(), count.data_ptr()) == (want[0].data_ptr(), want[1].data_ptr())
+    assert get_impl("moe", "cutedsl:stamps").knobs == {"stamps": True, "tail_split": False}
