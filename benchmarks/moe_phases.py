@@ -37,6 +37,8 @@ def timelines(words: torch.Tensor) -> dict:
     regions = words[: len(KERNELS) * STAMP_CTAS * STAMP_SLOTS].view(len(KERNELS), STAMP_CTAS, STAMP_SLOTS)
     regions = regions.to(torch.int64).cpu() % (1 << 32)
     l1 = regions[0][regions[0][:, 0] != 0]
+    if not len(l1):
+        raise RuntimeError("no L1 stamps: the call did not run the stamped build on this workspace")
     t0 = int(l1[:, 0].min())
     out = {}
     for name, region in zip(KERNELS, regions):
@@ -56,7 +58,7 @@ def phases(params: dict, timer: CudaTimer, reps: int) -> dict:
         return {"params": params, "skipped": ready}
     impl, case, inputs, out = ready
     compiled = impl.compile(case, "sm_90a")
-    work = stamp_workspace(torch.device("cuda"))[0]
+    work = stamp_workspace(torch.device("cuda", torch.cuda.current_device()))[0]  # the layer's key: "cuda:0"
     impl.run(case, inputs, out, compiled)
     torch.cuda.synchronize()
     passed, _ = compare_outputs(out, FAMILY.oracle(case, inputs), FAMILY.lowprec(case, inputs),
