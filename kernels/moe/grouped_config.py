@@ -128,6 +128,10 @@ class GroupedConfig:
     # where the split workspace goes (no split: the layer passes layer.stamp_workspace there): L1's CTAs at slot
     # bidx · STAMP_SLOTS, L2's STAMP_CTAS · STAMP_SLOTS further, so one layer call keeps both kernels' timelines
     stamps: bool = False
+    # v27 (candidate `cutedsl:v27`): the row frame's column scales, the same in every K block, read from K block 0 at
+    # every stage (the ring's byte count unchanged): one 1 KB DRAM read a unit instead of one a stage (v8-v26 read
+    # a stage's own, ~5.6% of a decode stage's bytes, each 1 KB from its own DRAM page)
+    row_scale_once: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -175,6 +179,8 @@ class GroupedConfig:
             raise ValueError(f"bm must be 64 or 128, got {self.bm}")
         if self.layout == "contiguous" and self.bm != TILE_M:  # the work list needs whole segments per tile
             raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
+        if self.row_scale_once and not self.row_frame:
+            raise ValueError("row_scale_once is a mode of the row frame (row_frame): the block frame's scales differ")
         if self.stamps and self.split_k != 1:
             raise ValueError("stamps take the split workspace: no split_k")
         if self.n_stages < 2:

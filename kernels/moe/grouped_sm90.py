@@ -225,8 +225,8 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
                 if fresh:
                     ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
-                for w in cutlass.range_constexpr(boxes):
-                    cute.copy(a[0], a[1][(None, mt * boxes + w, kb, g)], a[2][(None, state.index * boxes + w)],
+                for box in cutlass.range_constexpr(boxes):
+                    cute.copy(a[0], a[1][(None, mt * boxes + box, kb, g)], a[2][(None, state.index * boxes + box)],
                               tma_bar_ptr=bar)
                 if fresh:
                     self._load_weights(b, sh, sw, tiles_n, n_kb, nt, kb, e, state.index, bar)
@@ -240,14 +240,16 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
     @cute.jit
     def _load_weights(self, b, sh, sw, tiles_n, n_kb, nt, kb, e, index, bar):
         """The weight side of a stage: the FP4 tile (tiled: one contiguous tile of the load-time layout), its shift
-        words and column scales."""
+        words and column scales: with `row_scale_once`, K block 0's (the row frame's are the same in every block), so
+        DRAM gives them once a unit and the L2 the rest."""
+        kb_sw = 0 if cutlass.const_expr(self.cfg.row_scale_once) else kb
         if cutlass.const_expr(self.cfg.tiled_codes):
             codes = b[1][(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)]
         else:
             codes = b[1][(None, nt, kb, e)]
         cute.copy(b[0], codes, b[2][(None, index)], tma_bar_ptr=bar)
         cute.copy(sh[0], sh[1][(None, nt, kb, e)], sh[2][(None, index)], tma_bar_ptr=bar)
-        cute.copy(sw[0], sw[1][(None, nt, kb, e)], sw[2][(None, index)], tma_bar_ptr=bar)
+        cute.copy(sw[0], sw[1][(None, nt, kb_sw, e)], sw[2][(None, index)], tma_bar_ptr=bar)
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sA, sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,

@@ -400,3 +400,27 @@ def test_a_stamped_layer_hands_its_gemms_the_stamp_workspace_and_the_rule_the_sp
         work, count = calls[gemm][-3:-1]
         assert (work.data_ptr(), count.data_ptr()) == (want[0].data_ptr(), want[1].data_ptr())
     assert get_impl("moe", "cutedsl:stamps").knobs == {"stamps": True, "tail_split": False}
+
+
+def test_v27_reads_the_row_frames_column_scales_from_k_block_0_and_only_there():
+    """Candidate v27 (GroupedConfig.row_scale_once, `cutedsl:v27`): the row frame's column scales come from K block 0
+    at every stage: the TMA warp's copy of them loses its K-block coordinate (one fewer register operand to build),
+    the consumers' K loop is the rule's; the block frame (whose scales differ a block) refuses it."""
+    from dsv4bench.compile.sass import sass_of
+    from dsv4bench.core.registry import get_impl
+    from kernels.moe.grouped_config import V8_DECODE
+    from kernels.moe.layer import compile_grouped
+
+    knobs = {**V8_DECODE, "bm": 16, "pdl": True}
+    text = {once: sass_of(compile_grouped("masked", "swiglu", 4096, 4096, **{**knobs, "row_scale_once": once}))
+            for once in (False, True)}
+    if None in text.values():
+        pytest.skip("no nvdisasm here")
+
+    def count(sass, op):
+        return sum(f" {op} " in line or f" {op}." in line for line in sass.splitlines())
+    assert count(text[True], "UTMALDG") == count(text[False], "UTMALDG")  # every stage still copies them
+    assert text[True] != text[False]
+    with pytest.raises(ValueError, match="row frame"):
+        GroupedConfig(**{**V5, "bm": 16, "row_scale_once": True})
+    assert get_impl("moe", "cutedsl:v27").knobs == {"row_scale_once": True}
