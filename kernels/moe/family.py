@@ -305,8 +305,8 @@ register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}
 # the rule with v5's phase stamps (GroupedConfig.stamps, benchmarks/moe_phases.py) and no tail-split build (the stamps
 # take its workspace)
 register_impl(MoeLayerVariant("stamps", {"stamps": True, "tail_split": False}))
-# candidate v27: the rule reading the row frame's column scales once a unit (GroupedConfig.row_scale_once)
-register_impl(MoeLayerVariant("v27", {"row_scale_once": True}))
+# the decode rule before v27: the row frame's column scales read at every stage (GroupedConfig.row_scale_once off)
+register_impl(MoeLayerVariant("v16", {"row_scale_once": False}))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 # the rule before v11: no tail-split build beside the smallest token tile (nor v13's early L2 weights)
 register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False, "fused_dispatch": 0}))

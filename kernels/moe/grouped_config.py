@@ -274,6 +274,10 @@ V5 = {**V2, "swap_ab": True}  # the decode pick before v8 (bm 16; layer.compile_
 # GEMM of the layer: v5 on row-frame weights at decode, v3 on the RS tiles past WIDE_M, v7 on them at prefill
 V8_DECODE = {**V5, "row_frame": True}
 V8_WIDE = {**V3, "rs_codes": True}
+# v27 (the decode rule since session 48): v8's decode GEMMs reading the row frame's column scales once a unit
+# (row_scale_once; the wide pair follows the v5 pair's choice, layer.compile_layer); `cutedsl:v16` is the decode rule
+# before it. Prefill keeps reading a stage's own (capped T = 4096: 0.988 / 1.020x, noise either way; lesson 23)
+V27_DECODE = {**V8_DECODE, "row_scale_once": True}
 V8_PREFILL = {**V7, "rs_codes": True}
 # v19 (the prefill pick since session 41): v8's with the widening by the producer warpgroup's warps, their registers
 # 72 (each thread loading 8 items ahead), the consumers' 216 (at 40 / 232 / 4 items: 1.03-1.05x slower than v7; at
@@ -306,5 +310,5 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     pick widened by the producer warpgroup's warps into three B buffers); since session 43 v24 (V24: one hand-over
     arrive a widener warp; docs/perf/moe.md "v24-v26")."""
     if layout == "masked":
-        return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V8_DECODE)
+        return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V27_DECODE)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V24)

@@ -75,10 +75,12 @@ def grouped_config(layout: str, epilogue: str, **knobs) -> GroupedConfig:
     """The tile rule's pick (grouped_config.choose: v5 at decode, v3 at prefill) with `knobs` overriding
     GroupedConfig fields (the declared variants': grouped_config.V2 / V3 / V4, overlap, ablate, ...). Knobs that
     turn v5 off at decode (swap_ab False: v2 / v3 / v4) start from v2's 64-row wave on block-frame weights, without
-    PDL."""
+    PDL; knobs of the block frame (v5, v4, ...) drop v27's once-a-unit column scales, a mode of the row frame."""
     base = choose(layout, epilogue)
     if base.swap_ab and not knobs.get("swap_ab", True):
-        base = replace(base, swap_ab=False, bm=64, pdl=False, row_frame=False)
+        base = replace(base, swap_ab=False, bm=64, pdl=False, row_frame=False, row_scale_once=False)
+    if not knobs.get("row_frame", base.row_frame):
+        base = replace(base, row_scale_once=False)
     return replace(base, **knobs)
 
 
@@ -189,7 +191,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         kernels["dispatch@fused"] = compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=True, pdl=pdl,
                                                      fused=True)
     # the wide pair beside v5's tiles, on v5's weights: v3 on the RS tiles (row frame: the rule) or v4 (block frame)
-    wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl}
+    wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl, "row_scale_once": cfg.row_scale_once}
     if wide.get("ablate") in ("no-mma", "stream"):  # v5's knock-outs only: the wide pair runs whole
         wide["ablate"] = ""
     pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + ([("wide", wide)] if tiles else [])
