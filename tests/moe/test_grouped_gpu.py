@@ -124,8 +124,9 @@ def test_v7_gemms_match_the_model(shape, knobs):
 
 
 @pytest.mark.parametrize("knobs", [V5, {**V5, "bm": 32}, {**V5, "pdl": True}, {**V5, "row_frame": True},
-                                   {**V5, "bm": 32, "row_frame": True}],
-                         ids=["v5", "v5-bm32", "v5-pdl", "v5-row", "v5-row-bm32"])
+                                   {**V5, "bm": 32, "row_frame": True},
+                                   {**V5, "bm": 32, "row_frame": True, "row_scale_once": True}],
+                         ids=["v5", "v5-bm32", "v5-pdl", "v5-row", "v5-row-bm32", "v5-row-once-bm32"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
 def test_v5_masked_gemms_match_the_model(shape, knobs):
     """v5 (swap-AB, RS wgmma; masked only) at 16- and 32-token tiles: an expert's rows in one tile or several
