@@ -308,7 +308,7 @@ def choose(layout: str, epilogue: str) -> GroupedConfig:
     layer.compile_layer adds the 16-token tile's tail-split build (split_k MAX_SPLIT), which a call launches where
     its units' tail would be cut (grouped_slices.tail_slices: Pro T = 1). Prefill since session 42: v23 (V23, v8's
     pick widened by the producer warpgroup's warps into three B buffers); since session 43 v24 (V24: one hand-over
-    arrive a widener warp; docs/perf/moe.md "v24-v26")."""
+    arrive a widener warp; docs/perf/moe.md "v24-v26"). Decode since session 48: v27 (V27_DECODE)."""
     if layout == "masked":
         return GroupedConfig(layout=layout, epilogue=epilogue, bm=SWAP_BM[0], pdl=True, **V27_DECODE)
     return GroupedConfig(layout=layout, epilogue=epilogue, bm=128, **V24)
