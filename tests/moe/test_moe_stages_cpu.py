@@ -19,3 +19,25 @@ def test_peers_compile_nothing_ours_compile_their_layer(monkeypatch):
     ours = get_impl("moe", "cutedsl")
     monkeypatch.setattr(type(ours), "compile", lambda self, c, arch: ("compiled", c["t"], arch))
     assert stages.compiled_or_none(ours, case) == ("compiled", 8, "sm_90a")
+
+
+def test_phase_timelines_count_only_the_ctas_that_wrote_a_stamp(monkeypatch):
+    """benchmarks/moe_phases.py: times from L1's earliest entry; a CTA with no item (idle at one token) writes entry
+    and work list stamps only, and its unwritten ones are left out, not read as 0."""
+    import sys
+
+    import torch
+
+    from kernels.moe.grouped_config import STAMP_CTAS, STAMP_SLOTS
+    bench = Path(__file__).parents[2] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    spec = importlib.util.spec_from_file_location("moe_phases", bench / "moe_phases.py")
+    phases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(phases)
+    words = torch.zeros(2 * STAMP_CTAS * STAMP_SLOTS, dtype=torch.int32)
+    words[:6] = torch.tensor([1000, 2000, 3000, 4000, 5000, 7000])  # a working L1 CTA
+    words[STAMP_SLOTS:STAMP_SLOTS + 2] = torch.tensor([3000, 4000])  # an idle one
+    words[STAMP_CTAS * STAMP_SLOTS:STAMP_CTAS * STAMP_SLOTS + 6] = torch.tensor([6000, 7000, 8000, 9000, 9500, 9900])
+    got = phases.timelines(words)
+    assert got["l1"]["ctas"] == 2 and got["l1"]["entry"] == (1.0, 2.0) and got["l1"]["exit"] == (6.0, 6.0)
+    assert got["l2"]["first_full"] == (8.0, 8.0) and "moe_stages" in sys.modules
