@@ -128,9 +128,9 @@ class GroupedConfig:
     # where the split workspace goes (no split: the layer passes layer.stamp_workspace there): L1's CTAs at slot
     # bidx · STAMP_SLOTS, L2's STAMP_CTAS · STAMP_SLOTS further, so one layer call keeps both kernels' timelines
     stamps: bool = False
-    # v27 (candidate `cutedsl:v27`): the row frame's column scales, the same in every K block, read from K block 0 at
-    # every stage (the ring's byte count unchanged): one 1 KB DRAM read a unit instead of one a stage (v8-v26 read
-    # a stage's own, ~5.6% of a decode stage's bytes, each 1 KB from its own DRAM page)
+    # v27 (the decode rule; `cutedsl:v16` without): the row frame's column scales, the same in every K block, read
+    # from K block 0 at every stage (the ring's bytes unchanged): one 1 KB DRAM read a unit, not one a stage (v8-v26
+    # read a stage's own: ~5.6% of a decode stage's bytes, each 1 KB from its own DRAM page)
     row_scale_once: bool = False
 
     def __post_init__(self) -> None:
