@@ -229,6 +229,8 @@ class MoeLayerVariant(MoeCuteDSL):
             return "a variant of the layer's GEMMs only"
         if self.knobs.get("swap_ab") and case["layout"] != "masked":
             return "v5 (swap-AB) is a decode kernel: masked layout only"
+        if self.knobs.get("bulk_codes") and case["layout"] != "masked":
+            return "v28 (bulk_codes) is v5's, a decode kernel: masked layout only"
         if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
             return "v7 (skip_padding_wave) is a prefill kernel: contiguous layout only"
         return super().supports(case, arch)
@@ -307,6 +309,8 @@ register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}
 register_impl(MoeLayerVariant("stamps", {"stamps": True, "tail_split": False}))
 # the decode rule before v27: the row frame's column scales read at every stage (GroupedConfig.row_scale_once off)
 register_impl(MoeLayerVariant("v16", {"row_scale_once": False}))
+# candidate v28 (not yet run on a GPU): v27 with v5's FP4 tiles by bulk copies (GroupedConfig.bulk_codes)
+register_impl(MoeLayerVariant("v28", {"bulk_codes": True}))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 # the rule before v11: no tail-split build beside the smallest token tile (nor v13's early L2 weights)
 register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False, "fused_dispatch": 0}))

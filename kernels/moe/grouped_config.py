@@ -132,6 +132,10 @@ class GroupedConfig:
     # from K block 0 at every stage (the ring's bytes unchanged): one 1 KB DRAM read a unit, not one a stage (v8-v26
     # read a stage's own: ~5.6% of a decode stage's bytes, each 1 KB from its own DRAM page)
     row_scale_once: bool = False
+    # v28 (candidate `cutedsl:v28`, not yet run): v5's FP4 tile of a stage by one 16 KB bulk copy (cp.async.bulk) of its
+    # contiguous load-time tile, not a 256 x 64-byte TMA box (bare reads of Pro L1's bytes: 37.5 -> 33.8 us, box vs
+    # bulk; docs/perf/moe.md "Session 48"). v5 only: its stage holds the tile as it lies (v3's is swizzled)
+    bulk_codes: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -181,6 +185,8 @@ class GroupedConfig:
             raise ValueError(f"the contiguous layout takes bm = {TILE_M} (its segment alignment), got {self.bm}")
         if self.row_scale_once and not self.row_frame:
             raise ValueError("row_scale_once is a mode of the row frame (row_frame): the block frame's scales differ")
+        if self.bulk_codes and not self.swap_ab:
+            raise ValueError("bulk_codes is a mode of v5 (swap_ab), whose stage holds the load-time tile unswizzled")
         if self.stamps and self.split_k != 1:
             raise ValueError("stamps take the split workspace: no split_k")
         if self.n_stages < 2:

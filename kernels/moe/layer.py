@@ -191,7 +191,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         kernels["dispatch@fused"] = compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=True, pdl=pdl,
                                                      fused=True)
     # the wide pair beside v5's tiles, on v5's weights: v3 on the RS tiles (row frame: the rule) or v4 (block frame)
-    wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl, "row_scale_once": cfg.row_scale_once}
+    wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl, "row_scale_once": cfg.row_scale_once,
+            "bulk_codes": False}  # v28's bulk copies are v5's (v3's stage is swizzled)
     if wide.get("ablate") in ("no-mma", "stream"):  # v5's knock-outs only: the wide pair runs whole
         wide["ablate"] = ""
     pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + ([("wide", wide)] if tiles else [])

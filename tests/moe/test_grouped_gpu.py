@@ -125,8 +125,9 @@ def test_v7_gemms_match_the_model(shape, knobs):
 
 @pytest.mark.parametrize("knobs", [V5, {**V5, "bm": 32}, {**V5, "pdl": True}, {**V5, "row_frame": True},
                                    {**V5, "bm": 32, "row_frame": True},
-                                   {**V5, "bm": 32, "row_frame": True, "row_scale_once": True}],
-                         ids=["v5", "v5-bm32", "v5-pdl", "v5-row", "v5-row-bm32", "v5-row-once-bm32"])
+                                   {**V5, "bm": 32, "row_frame": True, "row_scale_once": True},
+                                   {**V5, "row_frame": True, "row_scale_once": True, "bulk_codes": True}],
+                         ids=["v5", "v5-bm32", "v5-pdl", "v5-row", "v5-row-bm32", "v5-row-once-bm32", "v5-bulk"])
 @pytest.mark.parametrize("shape", SMALL, ids=[f"E{s[0]}-D{s[1]}-I{s[2]}-T{s[3]}-{s[4]}" for s in SMALL])
 def test_v5_masked_gemms_match_the_model(shape, knobs):
     """v5 (swap-AB, RS wgmma; masked only) at 16- and 32-token tiles: an expert's rows in one tile or several
@@ -225,6 +226,13 @@ def test_fused_dispatch_layers_pass_the_rule(case, gpu_check):
     """`cutedsl:fused-dispatch` (the masked dispatch in one launch) on every decode layer."""
     from dsv4bench.core.registry import get_impl
     gpu_check(case, get_impl("moe", "cutedsl:fused-dispatch"))
+
+
+@pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
+def test_v28_decode_layers_pass_the_rule(case, gpu_check):
+    """Candidate v28 (v5's FP4 tiles by bulk copies) on every decode layer, its tail-split builds included."""
+    from dsv4bench.core.registry import get_impl
+    gpu_check(case, get_impl("moe", "cutedsl:v28"))
 
 
 @pytest.mark.parametrize("case", MASKED_CASES, ids=[c.id for c in MASKED_CASES])
