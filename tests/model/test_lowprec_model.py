@@ -42,9 +42,10 @@ def test_every_reference_runs_at_block_aligned_widths_on_bf16_streams_and_stays_
     rel = float((low - ref).norm() / ref.norm())
     # the GEMMs' FP8 activations and the bf16 streams through 4 random layers: 4-13% over 10 prompt
     # draws, top-1 85-100% (fp32 streams: 4-13%, 80-100%: FP8 dominates); a wrong scale or a
-    # transposed weight is ~100%, a reference that quantises nothing 0
+    # transposed weight is ~100%, a reference that quantises nothing 0. Top-1: 76-100% over 40 more draws,
+    # 61% once (18 tokens; the random model's near-tied logits flip under FP8 noise); a broken path is near 0
     assert 1e-3 < rel < 0.3, rel
-    assert float((low.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.7
+    assert float((low.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.5
 
 
 def test_the_tiny_widths_are_refused_and_counted():

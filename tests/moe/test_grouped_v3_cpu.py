@@ -200,12 +200,12 @@ def test_the_tile_rule_picks_v7_at_prefill_and_v5_at_decode(epilogue):
     with all-padding second waves skipped), masked (decode) -> v5 (swap-AB, 16-token tiles; compile_layer adds 32),
     both on row-frame weights and the RS code tiles. The v2 A/Bs and cutedsl:v4 turn v5 off and get v2's 64-row
     decode wave on block-frame weights; cutedsl:v5 / cutedsl:v7 keep the block frame / the plain codes."""
-    from kernels.moe.grouped_config import V4, V5, V8_DECODE, choose
+    from kernels.moe.grouped_config import V4, V5, V27_DECODE, choose
     from kernels.moe.layer import grouped_config, weight_frame
     pre, dec = choose("contiguous", epilogue), choose("masked", epilogue)
     assert (pre.split_wg, pre.row_frame, pre.fast_silu, pre.bm, pre.swap_ab) == (True, True, True, 128, False)
     assert pre.skip_padding_wave and not grouped_config("contiguous", epilogue, **V3).skip_padding_wave
-    assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=16, pdl=True, **V8_DECODE) and dec.swap_ab
+    assert dec == GroupedConfig(layout="masked", epilogue=epilogue, bm=16, pdl=True, **V27_DECODE) and dec.swap_ab
     assert pre.codes == dec.codes == "rs" and weight_frame("contiguous") == weight_frame("masked") == "row"
     assert weight_frame("masked", **V5) == "block" and grouped_config("contiguous", epilogue, **V7).codes == "plain"
     v2_dec = GroupedConfig(layout="masked", epilogue=epilogue, bm=64, **V2)
