@@ -72,8 +72,9 @@ def phases(params: dict, timer: CudaTimer, reps: int) -> dict:
         graph.replay()
         torch.cuda.synchronize()
         runs.append(timelines(work.view(torch.int32)))
-    rule = prepare("cutedsl", params)
-    rule_us = graph_us(timer, lambda: rule[0].run(rule[1], rule[2], rule[3], rule[0].compile(rule[1], "sm_90a")))
+    rule, rule_case, rule_inputs, rule_out = prepare("cutedsl", params)
+    rule_compiled = rule.compile(rule_case, "sm_90a")
+    rule_us = graph_us(timer, lambda: rule.run(rule_case, rule_inputs, rule_out, rule_compiled))
     return {"params": params, "passed": passed, "stamped_us": round(graph_us(timer, call), 2),
             "rule_us": round(rule_us, 2), "runs": runs}
 

@@ -106,8 +106,9 @@ class GroupedRs(GroupedSm90):
                 accs[j].fill(0.0)
             self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
             first = (w == bidx) & (ctid == 0)  # GroupedConfig.stamps: the CTA's first item, one thread
-            if first:
-                self._stamp(workspace, bidx, "first_full")
+            if cutlass.const_expr(c.stamps):
+                if first:
+                    self._stamp(workspace, bidx, "first_full")
             for p in cutlass.range(0, nk // 2, unroll=1):
                 self._kblock_rs(ring, (tiled_mma, mma_acc), frags[0], frags[1], True, tCrB, accs, tmps, cC, codes, sSh,
                                 sSW, sSA, tab, g_rd + 2 * p, wg_rows, ctid, row_sc, sink)
@@ -120,16 +121,18 @@ class GroupedRs(GroupedSm90):
             if cutlass.const_expr(c.skips_mma):  # a use of the sink the compiler cannot drop
                 if sink[0] == Int32(0x5EED5EED):
                     accs[0][0] = Float32(1.0)
-            if first:
-                self._stamp(workspace, bidx, "loop_done")
+            if cutlass.const_expr(c.stamps):
+                if first:
+                    self._stamp(workspace, bidx, "loop_done")
             if cutlass.const_expr(c.split_k > 1):
                 if self._holds_sum(accs, split, st, bar, w, slot, ctid):
                     self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows,
                                       ctid)
             else:
                 self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
-            if ctid == 0:  # the last item's epilogue stamps last
-                self._stamp(workspace, bidx, "exit")
+            if cutlass.const_expr(c.stamps):
+                if ctid == 0:  # the last item's epilogue stamps last
+                    self._stamp(workspace, bidx, "exit")
 
     @cute.jit
     def _epilogue_rs(self, accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):

@@ -236,8 +236,9 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
                 cute.copy(sa[0], sa[1][(None, mt, kb, g)], sa[2][(None, state.index)], tma_bar_ptr=bar)
                 ring.producer_commit(state)
                 state.advance()
-                if (w == bidx) & (kb == kb0):
-                    self._stamp(mWork, bidx, "issued")
+                if cutlass.const_expr(c.stamps):
+                    if (w == bidx) & (kb == kb0):
+                        self._stamp(mWork, bidx, "issued")
         ring.producer_tail(state)
 
     @cute.jit

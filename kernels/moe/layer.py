@@ -114,8 +114,9 @@ class CompiledLayer:
     `codes`: the order the GEMMs read the weight codes in (GroupedConfig.codes; `wide_codes`: the wide pair's);
     `row_frame`: the GEMMs (v3, v5 in the rule) read weights prepared in the row frame (`row_frame_weights`);
     `split_shapes`: (n tiles, K blocks) of L1 and L2 where the tail-split pair ("l1@split", "l2@split") is compiled;
-    `fused_max`: T·k assignments up to which a call launches "dispatch@fused" (v14) instead of "dispatch"; `stamps`:
-    the GEMMs write phase stamps (GroupedConfig.stamps) into `stamp_workspace`, passed where the split workspace goes."""
+    `fused_max`: T·k assignments up to which a call launches "dispatch@fused" (v14) instead of "dispatch";
+    `stamps`: the GEMMs write phase stamps (GroupedConfig.stamps) into `stamp_workspace`, passed where the split
+    workspace goes."""
 
     def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = (),
                  wide_codes: str = "plain", wide_mean: float | None = None, split_shapes: tuple = (),
@@ -191,8 +192,10 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         kernels["dispatch@fused"] = compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=True, pdl=pdl,
                                                      fused=True)
     # the wide pair beside v5's tiles, on v5's weights: v3 on the RS tiles (row frame: the rule) or v4 (block frame)
+    # the wide pair reads v27's column scales as the v5 pair does (grouped_config drops them where swap_ab goes off);
+    # v28's bulk copies are v5's (v3's stage is swizzled)
     wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl, "row_scale_once": cfg.row_scale_once,
-            "bulk_codes": False}  # v28's bulk copies are v5's (v3's stage is swizzled)
+            "bulk_codes": False}
     if wide.get("ablate") in ("no-mma", "stream"):  # v5's knock-outs only: the wide pair runs whole
         wide["ablate"] = ""
     pairs = [(bm, {**knobs, "bm": bm}) for bm in tiles] + ([("wide", wide)] if tiles else [])
