@@ -21,13 +21,17 @@ from kernels.moe.dispatch import GATHER_CTA, VEC, RowKernel
 
 
 class CombineKernel(RowKernel):
-    """Compile-time: D, top-k. Runtime: tokens, layout rows."""
+    """Compile-time: D, top-k, pdl (launched with programmatic dependent launch, after L2), early (pdl only: the
+    token's pos and shared output, complete before the layer's L1 began, read before griddepcontrol.wait, so only
+    the rows' loads follow it; candidate v29). Runtime: tokens, layout rows."""
 
-    def __init__(self, d: int, topk: int, pdl: bool = False):
+    def __init__(self, d: int, topk: int, pdl: bool = False, early: bool = False):
         if topk < 1:
             raise ValueError(f"topk={topk} must be positive")
+        if early and not pdl:
+            raise ValueError("early reads are a mode of the PDL launch (pdl)")
         super().__init__(d)
-        self.topk, self.pdl = topk, pdl  # pdl: launched with programmatic dependent launch (after L2)
+        self.topk, self.pdl, self.early = topk, pdl, early
 
     @cute.jit
     def __call__(self, mRows, mPos, mShared, mY, stream):
@@ -37,7 +41,7 @@ class CombineKernel(RowKernel):
 
     @cute.kernel
     def kernel(self, mRows, mPos, mShared, mY):
-        if cutlass.const_expr(self.pdl):
+        if cutlass.const_expr(self.pdl and not self.early):
             cute.arch.griddepcontrol_wait()
         t, lane = self.row_and_lane()
         _, v, _ = cute.arch.block_idx()  # the vector column of the row
@@ -49,8 +53,13 @@ class CombineKernel(RowKernel):
             out = cute.make_rmem_tensor((VEC,), mY.element_type)
             vec = v * self.tpr + lane
             cute.autovec_copy(s_tiles[(0, None), (t, vec)], parts[self.topk])
+            early_pos = [None] * self.topk
+            if cutlass.const_expr(self.early):  # dispatch's pos and the shared output are in before L1 began
+                for j in cutlass.range_constexpr(self.topk):
+                    early_pos[j] = mPos[t, j]
+                cute.arch.griddepcontrol_wait()
             for j in cutlass.range_constexpr(self.topk):
-                pos = mPos[t, j]
+                pos = early_pos[j] if cutlass.const_expr(self.early) else mPos[t, j]
                 parts[j].fill(0)
                 if pos >= 0:
                     cute.autovec_copy(r_tiles[(0, None), (pos, vec)], parts[j])

@@ -183,6 +183,10 @@ class RowKernel:
         self.vecs = d // VEC // self.tpr
         self.rows_per_cta = GATHER_CTA // self.tpr
 
+    def vec(self, v, lane):
+        """The row's 16-byte vector column that lane `lane` of a row group takes in its pass v."""
+        return v * self.tpr + lane
+
     def row_and_lane(self):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -237,13 +241,18 @@ class GatherQuantKernel(RowKernel):
         """Vector column v of layout row `row` from x[t] (zeros where t < 0): FP8 codes and, on the block's first
         lane, its ue8m0 scale (zero on padding)."""
         x_tiles = cute.zipped_divide(mX, (1, VEC))
-        q_tiles = cute.zipped_divide(mCodes, (1, VEC))
         raw = cute.make_rmem_tensor((VEC,), mX.element_type)
-        codes = cute.make_rmem_tensor((VEC,), Uint8)
-        vec = v * self.tpr + lane
         raw.fill(0)
         if t >= 0:
-            cute.autovec_copy(x_tiles[(0, None), (t, vec)], raw)
+            cute.autovec_copy(x_tiles[(0, None), (t, self.vec(v, lane))], raw)
+        self._quantise(raw, mCodes, mScales, t, row, v, lane, per_group, store)
+
+    @cute.jit
+    def _quantise(self, raw, mCodes, mScales, t, row, v, lane, per_group, store):
+        """`_vector` past its load: raw (x[t]'s vector column v) -> FP8 codes of row `row` and its block's scale."""
+        q_tiles = cute.zipped_divide(mCodes, (1, VEC))
+        codes = cute.make_rmem_tensor((VEC,), Uint8)
+        vec = self.vec(v, lane)
         x = raw.load().to(Float32)
         amax = cute_abs(x[0])
         for i in cutlass.range_constexpr(1, VEC):

@@ -21,7 +21,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass import memory
 
-from kernels.moe.dispatch import GATHER_CTA, WAVE_CTAS, GatherQuantKernel
+from kernels.moe.dispatch import GATHER_CTA, VEC, WAVE_CTAS, GatherQuantKernel
 
 WARP = 32
 MAX_ASSIGNMENTS = 64  # T·k up to which the layer launches it (measured: 48 gains, 384 loses; the O(T·k) scans)
@@ -29,11 +29,13 @@ MAX_ASSIGNMENTS = 64  # T·k up to which the layer launches it (measured: 48 gai
 
 class FusedMaskedDispatch(GatherQuantKernel):
     """Compile-time: experts E, top-k, D, pdl (trigger the dependents at the start: L1 may take SMs as these CTAs
-    exit). Runtime: tokens, layout rows (E · max_m). The jitted call has Dispatch's signature."""
+    exit), early_x (candidate v29: a row group loads its token's first vector of x before it ranks itself: the token
+    is its assignment's, t = i // k, so the load need not wait for the rank's loads; one round trip off the chain).
+    Runtime: tokens, layout rows (E · max_m). The jitted call has Dispatch's signature."""
 
-    def __init__(self, n_experts: int, topk: int, d: int, pdl: bool = False):
+    def __init__(self, n_experts: int, topk: int, d: int, pdl: bool = False, early_x: bool = False):
         super().__init__(d, skip_padding=True, pdl=False, trigger=pdl, by_assignment=True, topk=topk)
-        self.n_experts = n_experts
+        self.n_experts, self.early_x = n_experts, early_x
         self.warps_per_row = max(self.tpr // WARP, 1)
 
     @cute.jit
@@ -79,6 +81,10 @@ class FusedMaskedDispatch(GatherQuantKernel):
         e = Int32(-1)
         if i < n:
             e = mIdx[i]
+        if cutlass.const_expr(self.early_x):  # vector column `col` of x[i // k], loaded before the rank (a row group
+            x_col = cute.make_rmem_tensor((VEC,), mX.element_type)  # past the assignments loads the last one's)
+            cute.autovec_copy(cute.zipped_divide(mX, (1, VEC))[(0, None), (cutlass.min(i, n - 1) // self.topk,
+                                                                         self.vec(col, lane))], x_col)
         before = Int32(0)
         for j in cutlass.range(lane, cutlass.min(i, n), self.tpr, unroll=1):  # i's earlier ones, striped over the lanes
             if mIdx[j] == e:
@@ -105,5 +111,10 @@ class FusedMaskedDispatch(GatherQuantKernel):
                 mExpert[row] = e
                 mRowW[row] = mW[i]
         per_group = rows // mScales.shape[0]
-        for v in cutlass.range(col, self.vecs, cols, unroll=1):
-            self._vector(mX, mCodes, mScales, t, row, v, lane, per_group, t >= 0)
+        if cutlass.const_expr(self.early_x):  # column `col` from the early load (t >= 0 is t = i // k), the rest here
+            self._quantise(x_col, mCodes, mScales, t, row, col, lane, per_group, t >= 0)
+            for v in cutlass.range(col + cols, self.vecs, cols, unroll=1):
+                self._vector(mX, mCodes, mScales, t, row, v, lane, per_group, t >= 0)
+        else:
+            for v in cutlass.range(col, self.vecs, cols, unroll=1):
+                self._vector(mX, mCodes, mScales, t, row, v, lane, per_group, t >= 0)

@@ -229,8 +229,6 @@ class MoeLayerVariant(MoeCuteDSL):
             return "a variant of the layer's GEMMs only"
         if self.knobs.get("swap_ab") and case["layout"] != "masked":
             return "v5 (swap-AB) is a decode kernel: masked layout only"
-        if self.knobs.get("bulk_codes") and case["layout"] != "masked":
-            return "v28 (bulk_codes) is v5's, a decode kernel: masked layout only"
         if self.knobs.get("skip_padding_wave") and case["layout"] != "contiguous":
             return "v7 (skip_padding_wave) is a prefill kernel: contiguous layout only"
         return super().supports(case, arch)
@@ -309,8 +307,14 @@ register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}
 register_impl(MoeLayerVariant("stamps", {"stamps": True, "tail_split": False}))
 # the decode rule before v27: the row frame's column scales read at every stage (GroupedConfig.row_scale_once off)
 register_impl(MoeLayerVariant("v16", {"row_scale_once": False}))
-# candidate v28 (not yet run on a GPU): v27 with v5's FP4 tiles by bulk copies (GroupedConfig.bulk_codes)
-register_impl(MoeLayerVariant("v28", {"bulk_codes": True}))
+# candidate v29: v27 with v5's L1s reading the route weights at a unit's start (GroupedConfig.route_first; the wide
+# pair, v3, keeps its epilogue's read), combine reading pos and the shared output before its PDL wait and the fused
+# dispatch loading x before ranking its assignments
+register_impl(MoeLayerVariant("v29", {"route_first": True, "combine_early": True, "dispatch_early_x": True}))
+# candidate v30: v29 with v5's L1s counting their rows from the router's top-k ids (GroupedConfig.ids_work), so their
+# work list and first ring of weights go before the PDL wait on dispatch
+register_impl(MoeLayerVariant("v30", {"route_first": True, "combine_early": True, "dispatch_early_x": True,
+                                      "l1_ids": True}))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 # the rule before v11: no tail-split build beside the smallest token tile (nor v13's early L2 weights)
 register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False, "fused_dispatch": 0}))

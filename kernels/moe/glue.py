@@ -34,12 +34,15 @@ def _rowmajor(dtype, shape, align=16):
 
 
 def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str = "sm_90a", skip_padding: bool = False,
-                     pdl: bool = False, fused: bool = False):
+                     pdl: bool = False, fused: bool = False, early_x: bool = False):
     """One compile per (E, k, D, layout); tokens and layout rows are runtime sizes. skip_padding: the padding
     rows' codes and scales are left unwritten (the layer's masked layout; the dispatch op writes them). fused: the
-    masked skip_padding dispatch in one launch (kernels/moe/dispatch_fused.py; padding rows' side data unwritten)."""
+    masked skip_padding dispatch in one launch (kernels/moe/dispatch_fused.py; padding rows' side data unwritten);
+    early_x: its row groups load x before ranking themselves (FusedMaskedDispatch, candidate v29)."""
     if fused and not (skip_padding and layout == "masked"):
         raise ValueError("fused is the layer's masked dispatch (layout='masked', skip_padding=True) only")
+    if early_x and not fused:
+        raise ValueError("early_x is a mode of the fused dispatch")
     t, n, rows = cute.sym_int(), cute.sym_int(), cute.sym_int()
     groups = 1 if layout == "contiguous" else n_experts
     x = make_fake_tensor(cutlass.BFloat16, (t, d), (d, 1), assumed_align=16)
@@ -47,14 +50,14 @@ def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str =
     args = (x, _flat(cutlass.Int32, n), _flat(cutlass.Float32, n), _flat(cutlass.Int32, n_experts),
             _flat(cutlass.Int32, n), _flat(cutlass.Int32, rows), _flat(cutlass.Int32, rows),
             _flat(cutlass.Float32, rows), make_fake_tensor(cutlass.Uint8, (rows, d), (d, 1), assumed_align=16), scales)
-    call = FusedMaskedDispatch(n_experts, topk, d, pdl) if fused else \
+    call = FusedMaskedDispatch(n_experts, topk, d, pdl, early_x) if fused else \
         Dispatch(n_experts, topk, d, layout, TILE_M, skip_padding, pdl)
     return compile_kernel(call, *args, arch=arch)
 
 
-def compile_combine(d: int, topk: int, arch: str = "sm_90a", pdl: bool = False):
+def compile_combine(d: int, topk: int, arch: str = "sm_90a", pdl: bool = False, early: bool = False):
     t, rows = cute.sym_int(), cute.sym_int()
-    return compile_kernel(CombineKernel(d, topk, pdl), _rowmajor(cutlass.BFloat16, (rows, d)),
+    return compile_kernel(CombineKernel(d, topk, pdl, early), _rowmajor(cutlass.BFloat16, (rows, d)),
                           _rowmajor(cutlass.Int32, (t, topk), align=4), _rowmajor(cutlass.BFloat16, (t, d)),
                           _rowmajor(cutlass.BFloat16, (t, d)), arch=arch)
 

@@ -64,7 +64,7 @@ class GroupedRs(GroupedSm90):
         gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
         lo = last_group(gf, n_groups, u, tiles_n)
         local = u - gf[lo] * tiles_n
-        return lo, local % gt[lo], local // gt[lo], lo, cutlass.min(mGroup[lo], mg)
+        return lo, local % gt[lo], local // gt[lo], lo, cutlass.min(self._rows(mGroup, st, lo), mg)
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sX, _sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,
@@ -102,6 +102,9 @@ class GroupedRs(GroupedSm90):
             u, kb0, kb1, slot = self._item(w, (full, slices), n_kb)
             nk = kb1 - kb0
             g, mt, nt, e, limit = self._unit(u, tiles_n, n_groups, mg, mGroup, st)
+            rws = None  # L1: the route weights of the tile's tokens (GroupedConfig.route_first: read here, not after)
+            if cutlass.const_expr(c.route_first):
+                rws = self._route_weights(cC, mRowW, g, mt, limit, mg)
             for j in cutlass.range_constexpr(TILES):
                 accs[j].fill(0.0)
             self._widen_a(ring, codes, sSh, tab, frags[0], g_rd, wg_rows, ctid)
@@ -126,18 +129,32 @@ class GroupedRs(GroupedSm90):
                     self._stamp(workspace, bidx, "loop_done")
             if cutlass.const_expr(c.split_k > 1):
                 if self._holds_sum(accs, split, st, bar, w, slot, ctid):
-                    self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows,
-                                      ctid)
+                    self._epilogue_rs(accs, cC, row_sc, st, bar, (rws, mRowW), mOut, mOutS, g, mt, nt, limit, mg,
+                                      wg_rows, ctid)
             else:
-                self._epilogue_rs(accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
+                self._epilogue_rs(accs, cC, row_sc, st, bar, (rws, mRowW), mOut, mOutS, g, mt, nt, limit, mg, wg_rows,
+                                  ctid)
             if cutlass.const_expr(c.stamps):
                 if ctid == 0:  # the last item's epilogue stamps last
                     self._stamp(workspace, bidx, "exit")
 
     @cute.jit
-    def _epilogue_rs(self, accs, cC, row_sc, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
+    def _route_weights(self, cC, mRowW, g, mt, limit, mg):
+        """L1: the route weight of each of the thread's token columns (0 past the expert's count)."""
+        n_c = cute.size(cC, mode=[1])
+        rws = cute.make_rmem_tensor((n_c,), Float32)
+        for cc in cutlass.range_constexpr(n_c):
+            m = mt * self.cfg.bm + cC[0, cc][1]
+            rws[cc] = Float32(0.0)
+            if m < limit:
+                rws[cc] = mRowW[g * mg + m]
+        return rws
+
+    @cute.jit
+    def _epilogue_rs(self, accs, cC, row_sc, st, bar, route, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
         """A unit's accumulators out: the weight rows' scale (row frame: the same in every K block, so once a unit
-        and after a split's sum), then L1's SwiGLU + h quantisation or L2's bf16 rows."""
+        and after a split's sum), then L1's SwiGLU x route weight + h quantisation or L2's bf16 rows. route: (the
+        route weights read at the unit's start (route_first) or None, the rows' route weights in global memory)."""
         c = self.cfg
         if cutlass.const_expr(c.row_frame):
             for j in cutlass.range_constexpr(TILES):
@@ -146,7 +163,10 @@ class GroupedRs(GroupedSm90):
                     for cc in cutlass.range_constexpr(cute.size(cC, mode=[1])):
                         acc_mn[r, cc] = acc_mn[r, cc] * row_sc[j, r]
         if cutlass.const_expr(c.epilogue == "swiglu"):
-            self._store_h_rs(accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
+            rws, mRowW = route
+            if cutlass.const_expr(rws is None):
+                rws = self._route_weights(cC, mRowW, g, mt, limit, mg)
+            self._store_h_rs(accs, cC, st, bar, rws, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid)
         else:
             self._store_rows_rs(accs, cC, mOut, g, mt, nt, limit, mg, wg_rows)
 
@@ -236,7 +256,7 @@ class GroupedRs(GroupedSm90):
                     acc_mn[r, cc] = acc_mn[r, cc] + tmp_mn[r, cc] * prod[0 if rows == 1 else 2 * j + r, cc]
 
     @cute.jit
-    def _store_h_rs(self, accs, cC, st, bar, mRowW, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
+    def _store_h_rs(self, accs, cC, st, bar, rws, mOut, mOutS, g, mt, nt, limit, mg, wg_rows, ctid):
         """Layer 1's epilogue (grouped_epilogue's math, transposed): per token column the thread's 2 tiles give
         h of 2 intermediates (gate row r, up row r + 8); the token's amax over the CTA's 128 intermediates is a
         shuffle over the 8 lanes of the token's quad position, then one word per consumer warp in shared
@@ -247,12 +267,6 @@ class GroupedRs(GroupedSm90):
         red = st.red.get_tensor(cute.make_layout((self.cfg.bm, warps), stride=(warps, 1)))
         warp = ctid // 32
         h = cute.make_rmem_tensor((TILES, n_c), Float32)
-        rws = cute.make_rmem_tensor((n_c,), Float32)
-        for cc in cutlass.range_constexpr(n_c):
-            m = mt * self.cfg.bm + cC[0, cc][1]
-            rws[cc] = Float32(0.0)
-            if m < limit:
-                rws[cc] = mRowW[g * mg + m]
         for j in cutlass.range_constexpr(TILES):
             acc_mn = mn_view(accs[j])
             for q in cutlass.range_constexpr(n_c // 2):

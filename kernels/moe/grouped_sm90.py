@@ -35,7 +35,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, Int64, Uint8
+from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from cutlass.utils import LayoutEnum
@@ -91,7 +91,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         Storage = ring_storage(c, fp8, sA_layout, (sQ_layout, sSh_layout, sSW_layout, sSA_layout), sB_layout)
         units = cute.size(mA, mode=[2]) * ((cute.size(mA, mode=[0]) + c.bm - 1) // c.bm) * (
             (cute.size(mSh, mode=[0]) + c.bn - 1) // c.bn)
-        self.kernel(tma_a, gA_t, tma_b, gB_t, mB, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
+        self.kernel(tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
                     mOut, mOutS, mWork, mCount, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout,
                     sSW_layout,
                     sSA_layout, Storage).launch(grid=(cutlass.min(units, n_ctas), 1, 1), block=[c.threads, 1, 1],
@@ -108,7 +108,7 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
                 sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile, fp8, c.widen_buffers))
 
     @cute.kernel
-    def kernel(self, tma_a, gA_t, tma_b, gB_t, mB, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
+    def kernel(self, tma_a, gA_t, tma_b, gB_t, tma_sh, gSh_t, tma_sw, gSW_t, tma_sa, gSA_t, mTab, mGroup, mRowW,
                mOut, mOutS, mWork, mCount, tiled_mma, mma_acc, sA_layout, sB_layout, sQ_layout, sSh_layout, sSW_layout,
                sSA_layout, Storage: cutlass.Constexpr):
         c = self.cfg
@@ -147,9 +147,6 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         a = tma_pieces(tma_a, gA_t, sA, (c.x_rows, KBLOCK))
         b, sh, sw, sa = ring_partitions(c, ((tma_b, gB_t), (tma_sh, gSh_t), (tma_sw, gSW_t), (tma_sa, gSA_t)),
                                         (sQ, sSh, sSW, sSA))
-        if cutlass.const_expr(c.bulk_codes):  # v28: (bulk copy atom, the load-time tiles, the stages' codes buffer)
-            b = (cute.make_copy_atom(cpasync.CopyBulkG2SOp(), Uint8, num_bits_per_copy=c.bn * KBLOCK // 2 * 8), mB,
-                 st.sQ.data_ptr())
         mg = cute.size(gA_t, mode=[0])
         tiles_m = (mg + c.bm - 1) // c.bm
         tiles_n, n_kb = ring_extent(c, gSh_t)
@@ -247,19 +244,11 @@ class GroupedSm90(GroupedEpilogues, GroupedWidening, GroupedWorkList):
         words and column scales: with `row_scale_once`, K block 0's (the row frame's are the same in every block), so
         DRAM gives them once a unit and the L2 the rest."""
         kb_sw = 0 if cutlass.const_expr(self.cfg.row_scale_once) else kb
-        if cutlass.const_expr(self.cfg.bulk_codes):  # v28: the tile's 16 KB as they lie, by one elected lane
-            tile = self.cfg.bn * KBLOCK // 2
-            at = Int64((e * tiles_n + nt) * n_kb + kb) * tile  # past 2^31 at Pro's 384 experts
-            src = cute.make_tensor(b[1].iterator + at, cute.make_layout((tile,)))
-            dst = cute.make_tensor(b[2] + index * tile, cute.make_layout((tile,)))
-            with cute.arch.elect_one():
-                cute.copy(b[0], src, dst, mbar_ptr=bar)
+        if cutlass.const_expr(self.cfg.tiled_codes):
+            codes = b[1][(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)]
         else:
-            if cutlass.const_expr(self.cfg.tiled_codes):
-                codes = b[1][(None, 0, 0, (e * tiles_n + nt) * n_kb + kb)]
-            else:
-                codes = b[1][(None, nt, kb, e)]
-            cute.copy(b[0], codes, b[2][(None, index)], tma_bar_ptr=bar)
+            codes = b[1][(None, nt, kb, e)]
+        cute.copy(b[0], codes, b[2][(None, index)], tma_bar_ptr=bar)
         cute.copy(sh[0], sh[1][(None, nt, kb, e)], sh[2][(None, index)], tma_bar_ptr=bar)
         cute.copy(sw[0], sw[1][(None, nt, kb_sw, e)], sw[2][(None, index)], tma_bar_ptr=bar)
 

@@ -365,8 +365,9 @@ def test_compile_layer_consumes_skip_padding_for_either_layout(layout, monkeypat
     contiguous cases failed to compile with it on the H100)."""
     from kernels.moe import layer
     seen = {}
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: seen.setdefault("skip", skip_padding))
+    monkeypatch.setattr(layer, "compile_dispatch",
+                        lambda *a, skip_padding, pdl, fused=False, **k: seen.setdefault("skip", skip_padding))
     monkeypatch.setattr(layer, "compile_grouped", lambda *a, **knobs: seen.setdefault("knobs", knobs))
-    monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
+    monkeypatch.setattr(layer, "compile_combine", lambda *a, **k: None)
     layer.compile_layer(8, 2, 256, 256, layout, skip_padding=False)
     assert "skip_padding" not in seen["knobs"] and seen["skip"] is False

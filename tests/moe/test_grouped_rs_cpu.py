@@ -233,11 +233,11 @@ def test_the_rule_compiles_a_gemm_pair_per_token_tile_and_a_call_takes_the_small
     wide pair past it; every pair reads the RS tiles. `cutedsl:v5` (block frame) keeps v4 (plain codes) as its
     wide pair; a variant naming bm, or v4, compiles one pair."""
     from kernels.moe import layer
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: ("dispatch", pdl))
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False, **k: ("dispatch", pdl))
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
         epilogue, *(lambda c: (c.bm, c.swap_ab, c.pdl, c.row_frame, c.codes))(layer.grouped_config(layout, epilogue,
                                                                                                   **knobs))))
-    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    monkeypatch.setattr(layer, "compile_combine", lambda *a, **k: "combine")
     compiled = layer.compile_layer(8, 6, 512, 256, "masked")
     assert compiled.codes == "rs" and compiled.frame == "row" and compiled.token_tiles == (16, 32)
     assert set(compiled.kernels) == {"dispatch", "dispatch@fused", "l1", "l2", "l1@32", "l2@32", "l1@wide", "l2@wide",
@@ -272,10 +272,10 @@ def test_the_rule_launches_the_tail_split_build_only_where_the_split_rule_cuts(m
     False) and a variant with split_k of its own build no second pair."""
     from kernels.moe import layer
     from kernels.moe.grouped_slices import tail_slices
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: "dispatch")
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False, **k: "dispatch")
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
         epilogue, *(lambda c: (c.bm, c.split_k))(layer.grouped_config(layout, epilogue, **knobs))))
-    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    monkeypatch.setattr(layer, "compile_combine", lambda *a, **k: "combine")
     d, i = {"pro": (7168, 3072), "flash": (4096, 2048)}[model]
     compiled = layer.compile_layer(384, 6, d, i, "masked")
     l1, l2, order = compiled.gemms(16, None, rows, 132)
@@ -311,9 +311,9 @@ def test_early_weights_load_their_first_weight_stages_before_the_pdl_wait(monkey
     for bad in ({**knobs, "epilogue": "swiglu"}, {**knobs, "pdl": False}, {**V8_WIDE, "pdl": False}, v2):
         with pytest.raises(ValueError, match="early_weights"):
             GroupedConfig(**{"layout": "masked", "epilogue": "bf16", **bad}, early_weights=True)
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: "dispatch")
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False, **k: "dispatch")
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **k: (epilogue, k.get("early_weights")))
-    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    monkeypatch.setattr(layer, "compile_combine", lambda *a, **k: "combine")
     early = {}
     for impl in ("cutedsl", "cutedsl:v12", "cutedsl:v5-no-pdl", "cutedsl:v5"):
         kernels = layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", impl).knobs).kernels
@@ -426,26 +426,75 @@ def test_v27_reads_the_row_frames_column_scales_from_k_block_0_and_only_there():
     assert choose("masked", "swiglu").row_scale_once and not choose("contiguous", "swiglu").row_scale_once
 
 
-@pytest.mark.parametrize("epilogue,n,k,copies", [("swiglu", 4096, 4096, 1), ("bf16", 4096, 2048, 2)])
-def test_v28_copies_the_fp4_tile_in_bulk_and_only_on_v5(epilogue, n, k, copies):
-    """Candidate v28 (GroupedConfig.bulk_codes): each place the TMA warp loads a stage's FP4 tile (L2 also before its
-    PDL wait) is one bulk copy (UBLKCP) in place of a tensor-map box (UTMALDG); nothing spills; v3 (swizzled stage)
-    refuses it and the variant refuses prefill; a layer compiles it into v5's pairs only (the wide pair is v3)."""
+@pytest.mark.parametrize("bm", [16, 32])
+def test_v29_l1_reads_the_route_weights_before_its_k_loop(bm):
+    """Candidate v29 (GroupedConfig.route_first): v5's L1 loads its tile's route weights (a thread's bm / 4 token
+    columns) before the unit's first wgmma, so no global load is left after it (the rule's epilogue makes those bm / 4
+    there); nothing spills; L2 and v3 refuse the mode."""
+    import re
+
     from dsv4bench.compile.sass import sass_of
-    from dsv4bench.core.registry import get_impl
+    from kernels.moe.grouped_config import V8_WIDE, V27_DECODE
+    from kernels.moe.layer import compile_grouped
+
+    after = {}
+    for first in (False, True):
+        text = sass_of(compile_grouped("masked", "swiglu", 4096, 4096, bm=bm, pdl=True, route_first=first))
+        if text is None:
+            pytest.skip("no nvdisasm here")
+        lines = [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+        mma = next(i for i, line in enumerate(lines) if "GMMA" in line)
+        after[first] = sum("LDG" in line for line in lines[mma:])
+        assert "STL" not in text
+    assert after == {False: bm // 4, True: 0}
+    for knobs in ({**V27_DECODE, "bm": 16, "epilogue": "bf16"}, {**V8_WIDE, "bm": 64}):
+        with pytest.raises(ValueError, match="route_first"):
+            GroupedConfig(layout="masked", **knobs, route_first=True)
+
+
+def test_v30_l1_counts_its_rows_from_the_ids_and_loads_weights_before_the_pdl_wait(monkeypatch):
+    """Candidate v30 (GroupedConfig.ids_work with early_weights): v5's L1 counts each expert's rows from the top-k ids
+    by shared-memory atomics (one ATOMS) and its TMA warp issues the first stage's three weight loads before its
+    griddepcontrol.wait (ACQBULK); no spills. Refused without early_weights, on L2 and on v3. The variant compiles it
+    into v5's L1s only (the wide pair reads dispatch's counts) and a call hands those L1s the ids (fake kernels, CPU)."""
+    import re
+
+    import torch
+
+    from dsv4bench.compile.sass import sass_of
     from kernels.moe import layer as L
     from kernels.moe.grouped_config import V8_WIDE, V27_DECODE
+    from kernels.moe.inputs import make_experts
 
-    knobs = {**V27_DECODE, "bm": 16, "pdl": True, "early_weights": epilogue == "bf16"}
-    text = {bulk: sass_of(L.compile_grouped("masked", epilogue, n, k, **{**knobs, "bulk_codes": bulk}))
-            for bulk in (False, True)}
-    if None in text.values():
+    knobs = {**V27_DECODE, "bm": 16, "pdl": True, "route_first": True}
+    text = sass_of(L.compile_grouped("masked", "swiglu", 4096, 4096, **knobs, ids_work=True, early_weights=True))
+    if text is None:
         pytest.skip("no nvdisasm here")
-    assert text[False].count("UBLKCP") == 0 and text[True].count("UBLKCP") == copies
-    assert text[True].count("UTMALDG") == text[False].count("UTMALDG") - copies
-    assert "STL" not in text[True]
-    with pytest.raises(ValueError, match="bulk_codes"):
-        GroupedConfig(layout="masked", **{**V8_WIDE, "bm": 64, "bulk_codes": True})
-    prefill = Case("moe", space.case("layer", "flash", 4096))
-    assert "masked layout only" in get_impl("moe", "cutedsl:v28").supports(prefill, "sm_90a")
-    assert L.grouped_config("masked", "swiglu", bulk_codes=True).bulk_codes
+    ops = re.findall(r"\b(ACQBULK|UTMALDG|ATOMS)\b", text)
+    assert ops.count("ATOMS") == 1 and ops.count("ACQBULK") == 2 and "STL" not in text
+    assert ops[ops.index("ACQBULK") + 1:].index("ACQBULK") == 3  # codes, shifts, column scales before the TMA warp's
+    for bad in ({**knobs, "early_weights": False}, {**knobs, "epilogue": "bf16", "route_first": False},
+                {**V8_WIDE, "bm": 64, "pdl": True, "early_weights": True}):
+        with pytest.raises(ValueError, match="ids_work"):
+            GroupedConfig(**{"layout": "masked", "epilogue": "swiglu", **bad}, ids_work=True)
+    seen = {}
+    monkeypatch.setattr(L, "compile_dispatch", lambda *a, **k: "dispatch")
+    monkeypatch.setattr(L, "compile_grouped", lambda layout, epilogue, *a, **k: seen.setdefault(len(seen), (
+        epilogue, k.get("ids_work", False), k.get("early_weights", False))))
+    monkeypatch.setattr(L, "compile_combine", lambda *a, **k: "combine")
+    compiled = L.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", "cutedsl:v30").knobs)
+    assert compiled.ids_l1 == {"l1", "l1@32", "l1@split"}
+    assert all(compiled.kernels[n] == ("swiglu", True, True) for n in compiled.ids_l1)
+    assert compiled.kernels["l1@wide"][1:] == (False, False) and not L.compile_layer(8, 6, 512, 256, "masked").ids_l1
+    monkeypatch.setattr(L, "sm_count", lambda device: 132)
+    e, d, i, t = 4, 256, 256, 3
+    g = torch.Generator().manual_seed(7)
+    ex = make_experts(e, d, i, g, "cpu")
+    calls = {}
+    fakes = L.CompiledLayer({n: (lambda n: lambda *args: calls.setdefault(n, args))(n)
+                             for n in ("dispatch", "l1", "l2", "combine")}, ids_l1=frozenset({"l1"}))
+    idx = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(t)]).int()
+    L.run_layer(fakes, torch.randn(t, d, generator=g).bfloat16(), idx, torch.rand(t, 2, generator=g),
+                torch.zeros(t, d, dtype=torch.bfloat16), (ex.w1, ex.s1, ex.w3, ex.s3, ex.w2, ex.s2), e, 8, check=False)
+    assert calls["l1"][6].data_ptr() == idx.data_ptr() and calls["l1"][6].shape == (t * 2,)
+    assert calls["l2"][6].shape == (e,)  # dispatch's counts

@@ -233,10 +233,10 @@ def test_the_family_impls_compile_the_frame_their_gemms_read(impl, layout, frame
     the weights) says the frame of its GEMMs' resolved config; recorded with the compiles faked."""
     from kernels.moe import layer
     seen = {}
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: None)
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False, **k: None)
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: seen.setdefault(
         epilogue, layer.grouped_config(layout, epilogue, **knobs)))
-    monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
+    monkeypatch.setattr(layer, "compile_combine", lambda *a, **k: None)
     case = Case("moe", {**space.case("layer", "flash", 4096 if layout == "contiguous" else 8), "layout": layout})
     compiled = get_impl("moe", impl).compile(case, "sm_90a")
     rs = impl == "cutedsl" or impl == "cutedsl:v5"  # the rule (v8) and v5 read the RS-ordered code tiles
@@ -366,10 +366,10 @@ def test_wide_split_is_launched_where_each_expert_is_one_tile_and_the_tail_split
     round), not past one 64-row tile an expert, not without mean_rows."""
     from kernels.moe import layer
     from kernels.moe.inputs import mean_rows
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: "dispatch")
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False, **k: "dispatch")
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: (
         epilogue, *(lambda c: (c.bm, c.split_wg, c.split_k))(layer.grouped_config(layout, epilogue, **knobs))))
-    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    monkeypatch.setattr(layer, "compile_combine", lambda *a, **k: "combine")
     assert "l1@wide-split" not in layer.compile_layer(16, 6, 7168, 3072, "masked",
                                                       **get_impl("moe", "cutedsl:v14").knobs).kernels
     for model, e, d, i, want in (("pro", 16, 7168, 3072, (8, 3)), ("flash", 64, 4096, 2048, (1, 1))):
@@ -395,10 +395,10 @@ def test_wide_early_gives_the_wide_pairs_l2s_early_weights(monkeypatch):
                         512, 4096)
     with pytest.raises(ValueError, match="early_weights"):
         GroupedConfig(layout="masked", epilogue="swiglu", **V8_WIDE, pdl=True, early_weights=True)
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: "dispatch")
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False, **k: "dispatch")
     monkeypatch.setattr(layer, "compile_grouped", lambda layout, epilogue, *a, **knobs: layer.grouped_config(
         layout, epilogue, **knobs))
-    monkeypatch.setattr(layer, "compile_combine", lambda *a: "combine")
+    monkeypatch.setattr(layer, "compile_combine", lambda *a, **k: "combine")
     rule = layer.compile_layer(16, 6, 7168, 3072, "masked").kernels
     v15 = layer.compile_layer(16, 6, 7168, 3072, "masked", **get_impl("moe", "cutedsl:v15").knobs).kernels
     for pair in ("wide", "wide-split"):

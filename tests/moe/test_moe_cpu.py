@@ -4,6 +4,8 @@ and fresh compiles of the dispatch and combine kernels (sm_90a, no local memory)
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -162,9 +164,9 @@ def test_fused_dispatch_compiles_and_only_for_the_layers_masked_layout(n_experts
     from dsv4bench.core.registry import get_impl
     from kernels.moe import layer
     from kernels.moe.dispatch_fused import MAX_ASSIGNMENTS
-    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False: ("dispatch", fused))
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, skip_padding, pdl, fused=False, **k: ("dispatch", fused))
     monkeypatch.setattr(layer, "compile_grouped", lambda *a, **k: None)
-    monkeypatch.setattr(layer, "compile_combine", lambda *a: None)
+    monkeypatch.setattr(layer, "compile_combine", lambda *a, **k: None)
     for impl, layout, fused_max in (("cutedsl", "masked", MAX_ASSIGNMENTS), ("cutedsl:v13", "masked", 0),
                                     ("cutedsl", "contiguous", 0), ("cutedsl:v13", "contiguous", 0),
                                     ("cutedsl:fused-dispatch", "masked", 1 << 30)):
@@ -172,6 +174,49 @@ def test_fused_dispatch_compiles_and_only_for_the_layers_masked_layout(n_experts
         assert compiled.fused_max == fused_max and compiled.kernels["dispatch"] == ("dispatch", False)
         assert compiled.kernels.get("dispatch@fused") == (("dispatch", True) if fused_max else None)
     assert 48 <= MAX_ASSIGNMENTS < 384  # measured: T = 8 (48) gains, T = 64 (384) loses
+
+
+def _sass_lines(compiled) -> list[str]:
+    from dsv4bench.compile.sass import sass_of
+    text = sass_of(compiled)
+    if text is None:
+        pytest.skip("no nvdisasm here")
+    return [line for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+
+
+def test_v29_reads_combines_pos_and_dispatchs_x_ahead_of_their_waits(monkeypatch):
+    """Candidate v29's launch edges. combine (early): the token's 6 pos words and its shared vector are loaded before
+    griddepcontrol.wait (ACQBULK), only the 6 rows after it; the rule waits before any load. The fused dispatch
+    (early_x): x's vector is loaded before the rank's warp reduction (SHFL), the rule's after it. Both refused outside
+    their launch form; the variant compiles them into the layer (v5's L1s with route_first, the wide pair without)."""
+    def order(lines, first, then):
+        return next(i for i, l in enumerate(lines) if first in l) < next(i for i, l in enumerate(lines) if then in l)
+
+    for early in (False, True):
+        lines = _sass_lines(compile_combine(4096, 6, "sm_90a", pdl=True, early=early))
+        wait = next(i for i, l in enumerate(lines) if "ACQBULK" in l)
+        loads = [i for i, l in enumerate(lines) if "LDG" in l]
+        assert sum(i < wait for i in loads) == (7 if early else 0) and sum(i > wait for i in loads) >= 6
+        disp = _sass_lines(compile_dispatch(256, 6, 4096, "masked", skip_padding=True, pdl=True, fused=True,
+                                            early_x=early))
+        assert order(disp, "LDG.E.128", "SHFL.BFLY") == early
+        assert not any("STL" in line for line in disp)
+    with pytest.raises(ValueError, match="pdl"):
+        compile_combine(4096, 6, early=True)
+    with pytest.raises(ValueError, match="early_x"):
+        compile_dispatch(8, 6, 256, "masked", skip_padding=True, early_x=True)
+    from dsv4bench.core.registry import get_impl
+    from kernels.moe import layer
+    seen = {}
+    monkeypatch.setattr(layer, "compile_dispatch", lambda *a, fused=False, early_x=False, **k: ("dispatch", early_x))
+    monkeypatch.setattr(layer, "compile_grouped", lambda *a, **k: seen.setdefault(len(seen), (a[1], k)))
+    monkeypatch.setattr(layer, "compile_combine", lambda *a, early=False: ("combine", early))
+    for impl, on in (("cutedsl", False), ("cutedsl:v29", True)):
+        seen.clear()
+        compiled = layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", impl).knobs)
+        assert compiled.kernels["combine"] == ("combine", on) and compiled.kernels["dispatch@fused"][1] == on
+        firsts = [k.get("route_first", False) for epi, k in seen.values() if epi == "swiglu"]
+        assert firsts == [on, on, False, on, False]  # bm 16, bm 32, the wide pair, the split, the wide split
 
 
 @pytest.mark.parametrize("d", [4096, 7168, 384])

@@ -62,10 +62,10 @@ def test_dispatch_edge_routings(max_m):
 
 @pytest.mark.parametrize("d, t", [(256, 4), (4096, 4), (7168, 64)])
 def test_fused_dispatch_matches_the_two_launches_on_the_rows_the_layer_reads(d, t):
-    """`cutedsl:fused-dispatch` against the two-kernel masked dispatch (itself checked against the oracle above):
-    counts and pos equal, and on every row pos names src, expert, row_weight, codes and scales equal. The first four
-    tokens route expert 3 nothing, token 0 to expert 1 twice, ids 9 and -1 nowhere, expert 2 six times past max_m 4
-    (its count true, pos -1 past the fourth); the rest are random."""
+    """`cutedsl:fused-dispatch` (and candidate v29's, loading x before the rank: early_x) against the two-kernel masked
+    dispatch (itself checked against the oracle above): counts and pos equal, and on every row pos names src, expert,
+    row_weight, codes and scales equal. The first four tokens route expert 3 nothing, token 0 to expert 1 twice, ids 9
+    and -1 nowhere, expert 2 six times past max_m 4 (its count true, pos -1 past the fourth); the rest are random."""
     from kernels.moe.glue import alloc_dispatch, compile_dispatch, run_dispatch
     e, max_m = 8, 4 if t == 4 else 64
     gen = torch.Generator().manual_seed(d + t)
@@ -74,22 +74,41 @@ def test_fused_dispatch_matches_the_two_launches_on_the_rows_the_layer_reads(d, 
     idx, w = idx.cuda(), torch.rand(t, 6, generator=gen).cuda()
     x = (torch.randn(t, d, generator=gen) * 3).bfloat16().cuda()
     outs = []
-    for fused in (False, True):
+    for forms in ({}, {"fused": True}, {"fused": True, "early_x": True}):
         out = alloc_dispatch(t, 6, e, d, max_m, "cuda")
         for v in out.values():
             v.fill_(7) if v.dtype != torch.float32 else v.fill_(float("nan"))
-        run_dispatch(compile_dispatch(e, 6, d, "masked", skip_padding=True, pdl=True, fused=fused), x, idx, w, out,
+        run_dispatch(compile_dispatch(e, 6, d, "masked", skip_padding=True, pdl=True, **forms), x, idx, w, out,
                      e, max_m)
         outs.append(out)
-    two, one = outs
-    assert torch.equal(one["counts"], two["counts"]) and torch.equal(one["pos"], two["pos"])
+    two = outs[0]
     rows = two["pos"][two["pos"] >= 0].long()
     if t == 4:
         assert two["counts"][3] == 0 and two["counts"][2] == 6 and (two["pos"] == -1).sum() == 4
-    for name in ("src", "expert", "row_weight", "codes"):
-        assert torch.equal(one[name][rows], two[name][rows]), name
     scales = lambda s: s.transpose(1, 2).reshape(e * max_m, -1)  # noqa: E731  [E, D/128, max_m] -> [rows, D/128]
-    assert torch.equal(scales(one["scales"])[rows], scales(two["scales"])[rows])
+    for one in outs[1:]:
+        assert torch.equal(one["counts"], two["counts"]) and torch.equal(one["pos"], two["pos"])
+        for name in ("src", "expert", "row_weight", "codes"):
+            assert torch.equal(one[name][rows], two[name][rows]), name
+        assert torch.equal(scales(one["scales"])[rows], scales(two["scales"])[rows])
+
+
+@pytest.mark.parametrize("d, t", [(4096, 1), (7168, 8), (512, 300)])
+def test_early_combine_matches_the_rules(d, t):
+    """Candidate v29's combine (pos and the shared output read before griddepcontrol.wait; launched alone, the wait
+    returns at once) against the rule's on fresh random rows, dropped entries (pos -1) included: equal bits."""
+    from kernels.moe.glue import compile_combine
+    gen = torch.Generator().manual_seed(d + t)
+    rows = torch.randn(6 * t + 5, d, generator=gen).bfloat16().cuda()
+    pos = torch.randperm(6 * t + 5, generator=gen)[:6 * t].view(t, 6).int()
+    pos[0, 1] = -1
+    pos, shared = pos.cuda(), torch.randn(t, d, generator=gen).bfloat16().cuda()
+    ys = []
+    for early in (False, True):
+        y = torch.full((t, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+        compile_combine(d, 6, "sm_90a", pdl=True, early=early)(rows, pos, shared, y)
+        ys.append(y)
+    assert torch.equal(ys[0], ys[1]) and not ys[1].isnan().any()
 
 
 def test_masked_dispatch_refuses_counts_past_max_m():
