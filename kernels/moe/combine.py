@@ -23,7 +23,7 @@ from kernels.moe.dispatch import GATHER_CTA, VEC, RowKernel
 class CombineKernel(RowKernel):
     """Compile-time: D, top-k, pdl (launched with programmatic dependent launch, after L2), early (pdl only: the
     token's pos and shared output, complete before the layer's L1 began, read before griddepcontrol.wait, so only
-    the rows' loads follow it; candidate v29). Runtime: tokens, layout rows."""
+    the rows' loads follow it; v29, the layer's since session 49). Runtime: tokens, layout rows."""
 
     def __init__(self, d: int, topk: int, pdl: bool = False, early: bool = False):
         if topk < 1:

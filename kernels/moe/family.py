@@ -306,15 +306,13 @@ register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}
 # take its workspace)
 register_impl(MoeLayerVariant("stamps", {"stamps": True, "tail_split": False}))
 # the decode rule before v27: the row frame's column scales read at every stage (GroupedConfig.row_scale_once off)
-register_impl(MoeLayerVariant("v16", {"row_scale_once": False}))
-# candidate v29: v27 with v5's L1s reading the route weights at a unit's start (GroupedConfig.route_first; the wide
-# pair, v3, keeps its epilogue's read), combine reading pos and the shared output before its PDL wait and the fused
-# dispatch loading x before ranking its assignments
-register_impl(MoeLayerVariant("v29", {"route_first": True, "combine_early": True, "dispatch_early_x": True}))
-# candidate v30: v29 with v5's L1s counting their rows from the router's top-k ids (GroupedConfig.ids_work), so their
-# work list and first ring of weights go before the PDL wait on dispatch
-register_impl(MoeLayerVariant("v30", {"route_first": True, "combine_early": True, "dispatch_early_x": True,
-                                      "l1_ids": True}))
+register_impl(MoeLayerVariant("v16", {"row_scale_once": False, "early_reads": False}))
+# the decode rule before v29: the route weights read in L1's epilogue, combine and the fused dispatch reading after
+# their dependences (compile_layer's early_reads off)
+register_impl(MoeLayerVariant("v27", {"early_reads": False}))
+# candidate v30 (set aside: 1.07-1.13x slower): the rule with v5's L1s counting their rows from the router's top-k ids
+# (GroupedConfig.ids_work), so their work list and first ring of weights go before the PDL wait on dispatch
+register_impl(MoeLayerVariant("v30", {"l1_ids": True}))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 # the rule before v11: no tail-split build beside the smallest token tile (nor v13's early L2 weights)
 register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False, "fused_dispatch": 0}))

@@ -132,8 +132,9 @@ class GroupedConfig:
     # from K block 0 at every stage (the ring's bytes unchanged): one 1 KB DRAM read a unit, not one a stage (v8-v26
     # read a stage's own: ~5.6% of a decode stage's bytes, each 1 KB from its own DRAM page)
     row_scale_once: bool = False
-    # v29 (candidate `cutedsl:v29`): v5's L1 reads its tile's route weights at the unit's start, under the K loop, not in
-    # the epilogue, whose global read was a round trip on the tail of the last unit (Flash T = 1: L1's 2 us epilogue)
+    # v29 (the decode rule's L1s since session 49, layer.compile_layer's early_reads; `cutedsl:v27` without): v5's L1
+    # reads its tile's route weights at the unit's start, under the K loop, not in the epilogue, where the global read
+    # was a round trip a unit (Flash T = 64, ~24 units a CTA: 673.8 -> 658.3 us with v29's other early reads)
     route_first: bool = False
     # v30 (candidate `cutedsl:v30`, with early_weights): v5's L1 counts each expert's rows from the router's top-k ids
     # (the kernel's `group` argument: ids (T·k,), complete before the layer began) in shared memory, so its work list and

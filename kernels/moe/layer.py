@@ -175,9 +175,9 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     dispatch in one launch, kernels/moe/dispatch_fused.py, compiled beside the two-kernel one and launched up to
     this many T·k assignments; default its MAX_ASSIGNMENTS, 0 never: `cutedsl:v13`), wide_split (v15, default True:
     the wide pair's tail-split build beside it; `cutedsl:v14` without), wide_early (v16, default True:
-    the wide pairs' L2s with early_weights too; `cutedsl:v15` without), route_first and combine_early (candidate v29,
-    default False: v5's L1s read the route weights at a unit's start, GroupedConfig.route_first; combine reads pos and
-    the shared output before its PDL wait; dispatch_early_x: the fused dispatch loads x before ranking), l1_ids
+    the wide pairs' L2s with early_weights too; `cutedsl:v15` without), early_reads (v29, default True; `cutedsl:v27`
+    without: v5's L1s read the route weights at a unit's start, GroupedConfig.route_first; combine reads pos and the
+    shared output before its PDL wait; the fused dispatch loads x before ranking its assignments), l1_ids
     (candidate v30, default False: v5's L1s count their rows from the top-k ids and read their first weights before
     the PDL wait, GroupedConfig.ids_work) and skip_padding
     (default
@@ -194,10 +194,8 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     l2_early = knobs.pop("l2_early", True)  # v13: v5's L2s with early_weights
     wide_early = knobs.pop("wide_early", True) and l2_early  # v16: the wide pairs' L2s too (`cutedsl:v15` without)
     fused_max = knobs.pop("fused_dispatch", FUSED_MAX)  # v14's one-launch dispatch (popped for either layout)
-    combine_early = knobs.pop("combine_early", False)  # candidate v29: combine's pos and shared before its PDL wait
-    route_first = knobs.pop("route_first", False)  # candidate v29: v5's L1s read the route weights at a unit's start
+    early_reads = knobs.pop("early_reads", True)  # v29 (`cutedsl:v27` without): reads ahead of the launch edges' waits
     l1_ids = knobs.pop("l1_ids", False)  # candidate v30: v5's L1s count rows from the top-k ids, weights before the wait
-    early_x = knobs.pop("dispatch_early_x", False)  # candidate v29: the fused dispatch loads x before the rank
     if not skip:  # only the masked layer's dispatch has the one-launch form
         fused_max = 0
     cfg = grouped_config(layout, "swiglu", **knobs)
@@ -206,7 +204,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     kernels = {"dispatch": compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=skip, pdl=pdl)}
     if fused_max:
         kernels["dispatch@fused"] = compile_dispatch(n_experts, topk, d, layout, arch, skip_padding=True, pdl=pdl,
-                                                     fused=True, early_x=early_x)
+                                                     fused=True, early_x=early_reads)
     # the wide pair beside v5's tiles, on v5's weights: v3 on the RS tiles (row frame: the rule) or v4 (block frame)
     # the wide pair reads v27's column scales as the v5 pair does (grouped_config drops them where swap_ab goes off)
     wide = {**knobs, **(V8_WIDE if cfg.row_frame else V4), "pdl": pdl, "row_scale_once": cfg.row_scale_once}
@@ -224,7 +222,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         n1, n2 = gemm_names(name)
         v5 = bool(tiles) and name not in ("wide", "wide-split")
         v5_pdl = v5 and pdl
-        l1_knobs = {**pair_knobs, **({"route_first": True} if route_first and v5 else {})}
+        l1_knobs = {**pair_knobs, **({"route_first": True} if early_reads and v5 else {})}
         if l1_ids and v5_pdl:
             l1_knobs.update(ids_work=True, early_weights=True)
             ids_l1.add(n1)
@@ -233,7 +231,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         wide_l2 = name in ("wide", "wide-split") and pdl and pair_knobs.get("split_wg", False)
         early = (v5_pdl and l2_early) or (wide_early and wide_l2)
         kernels[n2] = compile_grouped(layout, "bf16", d, i, arch, **pair_knobs, early_weights=early)
-    kernels["combine"] = compile_combine(d, topk, arch, pdl, early=combine_early and pdl)
+    kernels["combine"] = compile_combine(d, topk, arch, pdl, early=early_reads and pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
     return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None,
                          split_shapes, fused_max, cfg.stamps, frozenset(ids_l1))

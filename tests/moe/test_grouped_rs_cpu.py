@@ -422,13 +422,13 @@ def test_v27_reads_the_row_frames_column_scales_from_k_block_0_and_only_there():
     assert text[True] != text[False]
     with pytest.raises(ValueError, match="row frame"):
         GroupedConfig(**{**V5, "bm": 16, "row_scale_once": True})
-    assert get_impl("moe", "cutedsl:v16").knobs == {"row_scale_once": False}  # the decode rule before v27
+    assert get_impl("moe", "cutedsl:v16").knobs == {"row_scale_once": False, "early_reads": False}  # before v27
     assert choose("masked", "swiglu").row_scale_once and not choose("contiguous", "swiglu").row_scale_once
 
 
 @pytest.mark.parametrize("bm", [16, 32])
 def test_v29_l1_reads_the_route_weights_before_its_k_loop(bm):
-    """Candidate v29 (GroupedConfig.route_first): v5's L1 loads its tile's route weights (a thread's bm / 4 token
+    """v29 (GroupedConfig.route_first, the rule's L1s since session 49): v5's L1 loads its tile's route weights (a thread's bm / 4 token
     columns) before the unit's first wgmma, so no global load is left after it (the rule's epilogue makes those bm / 4
     there); nothing spills; L2 and v3 refuse the mode."""
     import re

@@ -185,10 +185,11 @@ def _sass_lines(compiled) -> list[str]:
 
 
 def test_v29_reads_combines_pos_and_dispatchs_x_ahead_of_their_waits(monkeypatch):
-    """Candidate v29's launch edges. combine (early): the token's 6 pos words and its shared vector are loaded before
-    griddepcontrol.wait (ACQBULK), only the 6 rows after it; the rule waits before any load. The fused dispatch
-    (early_x): x's vector is loaded before the rank's warp reduction (SHFL), the rule's after it. Both refused outside
-    their launch form; the variant compiles them into the layer (v5's L1s with route_first, the wide pair without)."""
+    """v29's launch edges (the rule since session 49). combine (early): the token's 6 pos words and its shared vector
+    are loaded before griddepcontrol.wait (ACQBULK), only the 6 rows after it; v27's waits before any load. The fused
+    dispatch (early_x): x's vector is loaded before the rank's warp reduction (SHFL), v27's after it. Both refused
+    outside their launch form; the rule compiles them into the layer (v5's L1s with route_first, the wide pair without),
+    `cutedsl:v27` does not."""
     def order(lines, first, then):
         return next(i for i, l in enumerate(lines) if first in l) < next(i for i, l in enumerate(lines) if then in l)
 
@@ -211,7 +212,7 @@ def test_v29_reads_combines_pos_and_dispatchs_x_ahead_of_their_waits(monkeypatch
     monkeypatch.setattr(layer, "compile_dispatch", lambda *a, fused=False, early_x=False, **k: ("dispatch", early_x))
     monkeypatch.setattr(layer, "compile_grouped", lambda *a, **k: seen.setdefault(len(seen), (a[1], k)))
     monkeypatch.setattr(layer, "compile_combine", lambda *a, early=False: ("combine", early))
-    for impl, on in (("cutedsl", False), ("cutedsl:v29", True)):
+    for impl, on in (("cutedsl:v27", False), ("cutedsl", True)):
         seen.clear()
         compiled = layer.compile_layer(8, 6, 512, 256, "masked", **get_impl("moe", impl).knobs)
         assert compiled.kernels["combine"] == ("combine", on) and compiled.kernels["dispatch@fused"][1] == on

@@ -62,7 +62,7 @@ def test_dispatch_edge_routings(max_m):
 
 @pytest.mark.parametrize("d, t", [(256, 4), (4096, 4), (7168, 64)])
 def test_fused_dispatch_matches_the_two_launches_on_the_rows_the_layer_reads(d, t):
-    """`cutedsl:fused-dispatch` (and candidate v29's, loading x before the rank: early_x) against the two-kernel masked
+    """`cutedsl:fused-dispatch` (and v29's, loading x before the rank: early_x) against the two-kernel masked
     dispatch (itself checked against the oracle above): counts and pos equal, and on every row pos names src, expert,
     row_weight, codes and scales equal. The first four tokens route expert 3 nothing, token 0 to expert 1 twice, ids 9
     and -1 nowhere, expert 2 six times past max_m 4 (its count true, pos -1 past the fourth); the rest are random."""
@@ -95,7 +95,7 @@ def test_fused_dispatch_matches_the_two_launches_on_the_rows_the_layer_reads(d, 
 
 @pytest.mark.parametrize("d, t", [(4096, 1), (7168, 8), (512, 300)])
 def test_early_combine_matches_the_rules(d, t):
-    """Candidate v29's combine (pos and the shared output read before griddepcontrol.wait; launched alone, the wait
+    """v29's combine (pos and the shared output read before griddepcontrol.wait; launched alone, the wait
     returns at once) against the rule's on fresh random rows, dropped entries (pos -1) included: equal bits."""
     from kernels.moe.glue import compile_combine
     gen = torch.Generator().manual_seed(d + t)
