@@ -44,6 +44,10 @@ class Recorder:
             return fn(*args)
         return call
 
+    def gemms(self, *args, **kwargs):
+        l1, l2, order = self._compiled.gemms(*args, **kwargs)
+        return self._wrap("l1", l1), self._wrap("l2", l2), order
+
     def __getattr__(self, name):
         return getattr(self._compiled, name)
 

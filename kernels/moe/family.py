@@ -197,8 +197,8 @@ class MoeCuteDSL(Impl):
 
 
 class MoeLayerVariant(MoeCuteDSL):
-    """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named; `cutedsl` is the
-    tile rule's pick (grouped_config.choose). Versions: `:v2` / `:v3` at both layouts (the v2 A/Bs carry
+    """Declared variants of the layer's grouped GEMMs (GroupedConfig overrides), run only when named; `cutedsl` is
+    the tile rule's pick (grouped_config.choose). Versions: `:v2` / `:v3` at both layouts (the v2 A/Bs carry
     grouped_config.V2, so they stay on v2 at prefill), `:v4`, `:v5` (decode: swap-AB, weights widened in registers
     as an RS wgmma's A, kernels/moe/grouped_rs.py; `:v5-bm16` / `-bm32` one token tile, `:v5-no-pdl` without PDL),
     `:v7` (v3 skipping a tile's all-padding second wave), `:v3-rs` (v3 on v5's RS code tiles at every count), `:v10`
@@ -209,17 +209,19 @@ class MoeLayerVariant(MoeCuteDSL):
     its MAX_ASSIGNMENTS), `:v14` (the rule before v15's tail split of the wide pair, layer.compile_layer), `:v15`
     (before v16: v13's early L2 weights for the wide pairs too), `:v8-prefill` (the prefill pick before v19: v7 on
     the RS code tiles), `:v19` (the prefill pick before v23: two widened B buffers), `:v23` (before v24: 96
-    hand-over arrives a widened tile, not 3). Set aside after measuring: early L1 weights (`git show 0ca828c`), L2's
-    codes prefetched into L2 (`git show 2204250`), prefill's widening split over both waves (`:split-widen`, `git show
-    b39264f`), v19 with the TMA warp a fourth widener (`:v20`, `git show ce4d6ae`), v19's consumer warpgroups taking
-    turns at the tensor pipe (`:v21`, `git show 85c26b4`), v19 testing the next K block's barriers under its wgmmas
-    (`:v22`, `git show f747d88`), v5's swap-AB kernel at 128 tokens a tile (`:v17`, four 64 x 64 waves a K block,
-    `git show 447b913`; `:v18`, a unit's rows in two passes of one m64n128 wave, `git show 3b19bd6`). Knock-outs
-    (timed, never compared; checked False): `:ko-no-widen`, `:v3-`, `:v4-`, `:v23-ko-no-widen`, `:v24-ko-half-widen`,
-    `:v8-ko-no-widen` / `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream
-    alone). Set aside in session 43: v25 (CTA pairs sharing the widened tile, `git show 81b2135`), v26 (the codes in a
-    ring of their own, `git show 1adfd59`; refilled by the wideners, `git show bb4a20e`). History: docs/perf/moe.md;
-    v1 `git show e494048`, v6 `git show 936ce77`."""
+    hand-over arrives a widened tile, not 3), `:v16` / `:v27` (the decode rule before v27 / v29). Set aside after
+    measuring: early L1 weights (`git show 0ca828c`; v30, L1 counting its rows from the top-k ids, `git show
+    1d14b19`), v5's FP4 tiles by bulk copies (v28, `git show 86384f9`), L2's codes prefetched into L2 (`git show
+    2204250`), prefill's widening split over both waves (`:split-widen`, `git show b39264f`), v19 with the TMA warp
+    a fourth widener (`:v20`, `git show ce4d6ae`), v19's consumer warpgroups taking turns at the tensor pipe
+    (`:v21`, `git show 85c26b4`), v19 testing the next K block's barriers under its wgmmas (`:v22`, `git show
+    f747d88`), v5's swap-AB kernel at 128 tokens a tile (`:v17`, four 64 x 64 waves a K block, `git show 447b913`;
+    `:v18`, a unit's rows in two passes of one m64n128 wave, `git show 3b19bd6`). Knock-outs (timed, never compared;
+    checked False): `:ko-no-widen`, `:v3-`, `:v4-`, `:v23-ko-no-widen`, `:v24-ko-half-widen`, `:v8-ko-no-widen` /
+    `-no-mma` (v5 without its widening / its wgmmas), `:v10-ko-stream` (both: the weight stream alone). Set aside in
+    session 43: v25 (CTA pairs sharing the widened tile, `git show 81b2135`), v26 (the codes in a ring of their own,
+    `git show 1adfd59`; refilled by the wideners, `git show bb4a20e`). History: docs/perf/moe.md; v1 `git show
+    e494048`, v6 `git show 936ce77`."""
 
     def __init__(self, variant: str, knobs: dict, checked: bool = True):
         self.name, self.variant, self.knobs, self.checked = f"cutedsl:{variant}", variant, knobs, checked
@@ -305,14 +307,12 @@ register_impl(MoeLayerVariant("v10-ko-stream", {**V8_DECODE, "ablate": "stream"}
 # the rule with v5's phase stamps (GroupedConfig.stamps, benchmarks/moe_phases.py) and no tail-split build (the stamps
 # take its workspace)
 register_impl(MoeLayerVariant("stamps", {"stamps": True, "tail_split": False}))
-# the decode rule before v27: the row frame's column scales read at every stage (GroupedConfig.row_scale_once off)
+# the decode rule before v27: the row frame's column scales read at every stage (GroupedConfig.row_scale_once off), no
+# v29 reads
 register_impl(MoeLayerVariant("v16", {"row_scale_once": False, "early_reads": False}))
 # the decode rule before v29: the route weights read in L1's epilogue, combine and the fused dispatch reading after
 # their dependences (compile_layer's early_reads off)
 register_impl(MoeLayerVariant("v27", {"early_reads": False}))
-# candidate v30 (set aside: 1.07-1.13x slower): the rule with v5's L1s counting their rows from the router's top-k ids
-# (GroupedConfig.ids_work), so their work list and first ring of weights go before the PDL wait on dispatch
-register_impl(MoeLayerVariant("v30", {"l1_ids": True}))
 # v10 with the tail round of v5's units split in K (kernels/moe/grouped_slices.py)
 # the rule before v11: no tail-split build beside the smallest token tile (nor v13's early L2 weights)
 register_impl(MoeLayerVariant("v10", {"tail_split": False, "l2_early": False, "fused_dispatch": 0}))

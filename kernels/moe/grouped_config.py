@@ -136,11 +136,6 @@ class GroupedConfig:
     # reads its tile's route weights at the unit's start, under the K loop, not in the epilogue, where the global read
     # was a round trip a unit (Flash T = 64, ~24 units a CTA: 673.8 -> 658.3 us with v29's other early reads)
     route_first: bool = False
-    # v30 (candidate `cutedsl:v30`, with early_weights): v5's L1 counts each expert's rows from the router's top-k ids
-    # (the kernel's `group` argument: ids (T·k,), complete before the layer began) in shared memory, so its work list and
-    # first ring of weights need not wait for dispatch (Flash T = 1: L1's first stage came 5.9-6.4 us after its entry,
-    # 3.2-3.4 of them its PDL wait). Set aside in session 37 in the two-launch dispatch's chain (`l1-early`, 450572f)
-    ids_work: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -171,12 +166,8 @@ class GroupedConfig:
                              "over the three warpgroups (the launch's allocation)")
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate must be one of {ABLATIONS}, got {self.ablate!r}")
-        if self.early_weights and not ((self.swap_ab or self.split_wg) and self.pdl and
-                                       (self.epilogue == "bf16" or self.ids_work)):
-            raise ValueError("early_weights is v5's or v3's L2 (swap_ab / split_wg, bf16 epilogue) under PDL only, or "
-                             "v5's L1 with ids_work")
-        if self.ids_work and not (self.swap_ab and self.epilogue == "swiglu" and self.early_weights):
-            raise ValueError("ids_work is a mode of v5's L1 (swap_ab, swiglu epilogue) with early_weights")
+        if self.early_weights and not ((self.swap_ab or self.split_wg) and self.pdl and self.epilogue == "bf16"):
+            raise ValueError("early_weights is v5's or v3's L2 (swap_ab / split_wg, bf16 epilogue) under PDL only")
         if self.ablate in ("no-mma", "stream") and not self.swap_ab:
             raise ValueError(f"ablate={self.ablate!r} is a knock-out of v5 (swap_ab) only")
         one_wave_v3 = self.split_wg and self.bm == 64 and self.layout == "masked"
@@ -262,7 +253,7 @@ class GroupedConfig:
         """The widened e4m3 B tiles (widen_buffers; none for swap_ab), the epilogue's amax exchange, the widening
         table, the work list, barriers."""
         widened = 0 if self.swap_ab else self.widen_buffers * self.bn * KBLOCK
-        return widened + self.reduce_words * 4 + WIDEN_TABLE_WORDS * 4 + (2 + self.ids_work) * MAX_GROUPS * 4 + 2048
+        return widened + self.reduce_words * 4 + WIDEN_TABLE_WORDS * 4 + 2 * MAX_GROUPS * 4 + 2048
 
     @property
     def n_stages(self) -> int:

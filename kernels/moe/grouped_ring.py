@@ -26,7 +26,6 @@ def ring_storage(c: GroupedConfig, fp8, sA_layout, ring: tuple, sB_layout=None):
               "red": align[mem[Float32, c.reduce_words], 16],
               "gtiles": align[mem[Int32, MAX_GROUPS], 16],  # masked: tiles per group
               "gfirst": align[mem[Int32, MAX_GROUPS], 16],  # and the first tile of each
-              **({"gcount": align[mem[Int32, MAX_GROUPS], 16]} if c.ids_work else {}),  # v30: rows of each
               **({"flag": align[mem[Int32, 4], 16]} if c.split_k > 1 else {}),  # split_k: the last slice's flag
               # v19: the B buffers' full and empty barriers
               **({"wbars": mem[cutlass.Int64, 2 * c.widen_buffers]} if c.widen_wg else {}),

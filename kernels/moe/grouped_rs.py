@@ -64,7 +64,7 @@ class GroupedRs(GroupedSm90):
         gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
         lo = last_group(gf, n_groups, u, tiles_n)
         local = u - gf[lo] * tiles_n
-        return lo, local % gt[lo], local // gt[lo], lo, cutlass.min(self._rows(mGroup, st, lo), mg)
+        return lo, local % gt[lo], local // gt[lo], lo, cutlass.min(mGroup[lo], mg)
 
     @cute.jit
     def _consume(self, ring, tiled_mma, mma_acc, sX, _sB, sSh, sSW, sSA, st, mTab, mGroup, mRowW, mOut, mOutS,

@@ -45,15 +45,11 @@ class GroupedWorkList:
         prefix, by warp 0 alone (lane l: groups 16 l .. 16 l + 15, its counts' loads issued together, then a
         shuffle scan of the lanes' sums) and one CTA barrier. v1-v9 had every thread sum its groups' predecessors:
         O(E) dependent shared reads on the critical path after griddepcontrol.wait, ~1-2 us at 256-384 experts.
-        Contiguous: the first tile whose first row is padding (binary search of the expert ids). ids_work (v30): the
-        counts from the top-k ids in mGroup first (`_count_ids`)."""
+        Contiguous: the first tile whose first row is padding (binary search of the expert ids)."""
         c = self.cfg
         if cutlass.const_expr(c.layout == "masked"):
             gt = st.gtiles.get_tensor(cute.make_layout((MAX_GROUPS,)))
             gf = st.gfirst.get_tensor(cute.make_layout((MAX_GROUPS,)))
-            counts = mGroup
-            if cutlass.const_expr(c.ids_work):
-                counts = self._count_ids(st, mGroup, n_groups, tidx)
             if tidx < 32:
                 tiles = cute.make_rmem_tensor((SCAN_PER_LANE,), Int32)
                 run = Int32(0)
@@ -61,7 +57,7 @@ class GroupedWorkList:
                     g = tidx * SCAN_PER_LANE + j
                     tiles[j] = Int32(0)
                     if g < n_groups:
-                        tiles[j] = (cutlass.min(counts[g], mg) + c.bm - 1) // c.bm
+                        tiles[j] = (cutlass.min(mGroup[g], mg) + c.bm - 1) // c.bm
                     run = run + tiles[j]
                 before = warp_inclusive_scan(run, tidx) - run
                 for j in cutlass.range_constexpr(SCAN_PER_LANE):
@@ -81,33 +77,6 @@ class GroupedWorkList:
                 else:
                     hi = mid
         return lo
-
-    @cute.jit
-    def _count_ids(self, st, mIds, n_groups, tidx):
-        """ids_work (v30): each group's rows counted from the top-k ids (T·k,) into shared memory, every thread of the
-        CTA a stripe of them (ids outside [0, E) count nowhere, as dispatch drops them; a repeated id counts twice, as
-        dispatch ranks it twice). Returns the counts' shared tensor, complete past the closing barrier."""
-        threads = self.cfg.threads
-        counts = st.gcount.get_tensor(cute.make_layout((MAX_GROUPS,)))
-        for g in cutlass.range(tidx, n_groups, threads, unroll=1):
-            counts[g] = Int32(0)
-        cute.arch.barrier()
-        for i in cutlass.range(tidx, cute.size(mIds), threads, unroll=1):
-            e = mIds[i]
-            if (e >= 0) & (e < n_groups):
-                cute.arch.atomic_add(counts.iterator + e, Int32(1))
-        cute.arch.barrier()
-        return counts
-
-    @cute.jit
-    def _rows(self, mGroup, st, g):
-        """Group g's count: dispatch's (mGroup), or ids_work's own (`_count_ids`, in shared memory)."""
-        count = Int32(0)
-        if cutlass.const_expr(self.cfg.ids_work):
-            count = st.gcount.get_tensor(cute.make_layout((MAX_GROUPS,)))[g]
-        else:
-            count = mGroup[g]
-        return count
 
     @cute.jit
     def _unit(self, u, tiles_n, n_groups, mg, mGroup, st):

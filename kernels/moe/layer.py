@@ -116,25 +116,18 @@ class CompiledLayer:
     `split_shapes`: (n tiles, K blocks) of L1 and L2 where the tail-split pair ("l1@split", "l2@split") is compiled;
     `fused_max`: T·k assignments up to which a call launches "dispatch@fused" (v14) instead of "dispatch";
     `stamps`: the GEMMs write phase stamps (GroupedConfig.stamps) into `stamp_workspace`, passed where the split
-    workspace goes; `ids_l1`: the L1s that count their rows from the router's top-k ids (GroupedConfig.ids_work: a call
-    hands them the ids where the others get dispatch's counts)."""
+    workspace goes."""
 
     def __init__(self, kernels: dict, codes: str = "plain", row_frame: bool = False, token_tiles: tuple = (),
                  wide_codes: str = "plain", wide_mean: float | None = None, split_shapes: tuple = (),
-                 fused_max: int = 0, stamps: bool = False, ids_l1: frozenset = frozenset()):
+                 fused_max: int = 0, stamps: bool = False):
         self.kernels, self.codes, self.row_frame, self.token_tiles = kernels, codes, row_frame, token_tiles
         self.wide_codes, self.wide_mean, self.split_shapes = wide_codes, wide_mean, split_shapes
-        self.fused_max, self.stamps, self.ids_l1 = fused_max, stamps, ids_l1
+        self.fused_max, self.stamps = fused_max, stamps
 
     def gemms(self, max_m: int | None, mean_rows: float | None = None, rows: int | None = None,
               n_sms: int | None = None) -> tuple:
-        """(L1, L2, the codes order they read) for a call: `pair`'s kernels."""
-        n1, n2, codes = self.pair(max_m, mean_rows, rows, n_sms)
-        return self.kernels[n1], self.kernels[n2], codes
-
-    def pair(self, max_m: int | None, mean_rows: float | None = None, rows: int | None = None,
-             n_sms: int | None = None) -> tuple[str, str, str]:
-        """(L1's name, L2's name, the codes order they read) for a call. The rule's decode pick (`token_tiles`: v5 at each tile,
+        """(L1, L2, the codes order they read) for a call. The rule's decode pick (`token_tiles`: v5 at each tile,
         the wide pair beside them) takes the smallest v5 tile holding max_m (the largest count, known on the host),
         the wide pair past WIDE_M (more token tiles than v5 gains by: docs/perf/moe.md "v5") or, v8's (v3), where the
         experts holding rows average more than `wide_mean` (WIDE_MEAN; `mean_rows`, when the caller knows it: v4,
@@ -158,7 +151,7 @@ class CompiledLayer:
             names, units = split
             pair = tuple(names[j] if tail_slices(units * tiles_n, n_sms, n_kb, MAX_SPLIT) > 1 else pair[j]
                          for j, (tiles_n, n_kb) in enumerate(self.split_shapes))
-        return pair[0], pair[1], codes
+        return self.kernels[pair[0]], self.kernels[pair[1]], codes
 
     @property
     def frame(self) -> str:
@@ -177,9 +170,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     the wide pair's tail-split build beside it; `cutedsl:v14` without), wide_early (v16, default True:
     the wide pairs' L2s with early_weights too; `cutedsl:v15` without), early_reads (v29, default True; `cutedsl:v27`
     without: v5's L1s read the route weights at a unit's start, GroupedConfig.route_first; combine reads pos and the
-    shared output before its PDL wait; the fused dispatch loads x before ranking its assignments), l1_ids
-    (candidate v30, default False: v5's L1s count their rows from the top-k ids and read their first weights before
-    the PDL wait, GroupedConfig.ids_work) and skip_padding
+    shared output before its PDL wait; the fused dispatch loads x before ranking its assignments) and skip_padding
     (default
     True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1
     wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The CompiledLayer's codes / row_frame
@@ -195,7 +186,6 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     wide_early = knobs.pop("wide_early", True) and l2_early  # v16: the wide pairs' L2s too (`cutedsl:v15` without)
     fused_max = knobs.pop("fused_dispatch", FUSED_MAX)  # v14's one-launch dispatch (popped for either layout)
     early_reads = knobs.pop("early_reads", True)  # v29 (`cutedsl:v27` without): reads ahead of the launch edges' waits
-    l1_ids = knobs.pop("l1_ids", False)  # candidate v30: v5's L1s count rows from the top-k ids, weights before the wait
     if not skip:  # only the masked layer's dispatch has the one-launch form
         fused_max = 0
     cfg = grouped_config(layout, "swiglu", **knobs)
@@ -217,16 +207,12 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
         pairs.append(("split", {**knobs, "bm": tiles[0], "split_k": MAX_SPLIT}))
         if wide_split and wide.get("split_wg"):  # v3's one-wave tile (v4, the block frame's wide pair, has no split)
             pairs.append(("wide-split", {**wide, "split_k": MAX_SPLIT}))
-    ids_l1 = set()
     for name, pair_knobs in pairs or [(None, knobs)]:
         n1, n2 = gemm_names(name)
         v5 = bool(tiles) and name not in ("wide", "wide-split")
         v5_pdl = v5 and pdl
-        l1_knobs = {**pair_knobs, **({"route_first": True} if early_reads and v5 else {})}
-        if l1_ids and v5_pdl:
-            l1_knobs.update(ids_work=True, early_weights=True)
-            ids_l1.add(n1)
-        kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch, **l1_knobs)
+        kernels[n1] = compile_grouped(layout, "swiglu", 2 * i, d, arch,
+                                      **{**pair_knobs, **({"route_first": True} if early_reads and v5 else {})})
         # v16: the wide pairs' L2s too where they are v3 (the block frame's wide pair, v4, has no early pass)
         wide_l2 = name in ("wide", "wide-split") and pdl and pair_knobs.get("split_wg", False)
         early = (v5_pdl and l2_early) or (wide_early and wide_l2)
@@ -234,7 +220,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     kernels["combine"] = compile_combine(d, topk, arch, pdl, early=early_reads and pdl)
     wide_codes = grouped_config(layout, "swiglu", **wide).codes if tiles else cfg.codes
     return CompiledLayer(kernels, cfg.codes, cfg.row_frame, tiles, wide_codes, WIDE_MEAN if cfg.row_frame else None,
-                         split_shapes, fused_max, cfg.stamps, frozenset(ids_l1))
+                         split_shapes, fused_max, cfg.stamps)
 
 
 # ---------------------------------------------------------------- views and calls
@@ -433,12 +419,9 @@ def run_prepared(compiled: CompiledLayer, x, idx, weights, shared, l1w: GroupedW
         split = stamp_workspace(x.device)
     fused = idx.numel() <= getattr(compiled, "fused_max", 0)
     k["dispatch@fused" if fused else "dispatch"](x, idx.view(-1), weights.view(-1), *p["dispatch"])
-    n1, n2, order = compiled.pair(max_m, mean_rows, idx.numel(), n_sms)
-    l1_group = idx.view(-1) if n1 in compiled.ids_l1 else p["group"]
-    k[n1](*p["l1_act"], *_weight_args(l1w, order), table, l1_group, p["lay"]["row_weight"], *p["l1_out"], *split,
-          n_sms)
-    k[n2](*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], *split,
-          n_sms)
+    l1, l2, order = compiled.gemms(max_m, mean_rows, idx.numel(), n_sms)
+    l1(*p["l1_act"], *_weight_args(l1w, order), table, p["group"], p["lay"]["row_weight"], *p["l1_out"], *split, n_sms)
+    l2(*p["l2_act"], *_weight_args(l2w, order), table, p["group"], p["lay"]["row_weight"], *p["l2_out"], *split, n_sms)
     k["combine"](p["y_rows"], p["lay"]["pos"], shared, out)
     if check and max_m is not None:
         check_fits(p["lay"]["counts"], max_m)
