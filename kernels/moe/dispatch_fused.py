@@ -29,9 +29,9 @@ MAX_ASSIGNMENTS = 64  # T·k up to which the layer launches it (measured: 48 gai
 
 class FusedMaskedDispatch(GatherQuantKernel):
     """Compile-time: experts E, top-k, D, pdl (trigger the dependents at the start: L1 may take SMs as these CTAs
-    exit), early_x (v29, the layer's since session 49: a row group loads its token's first vector of x before it ranks itself: the token
-    is its assignment's, t = i // k, so the load need not wait for the rank's loads; one round trip off the chain).
-    Runtime: tokens, layout rows (E · max_m). The jitted call has Dispatch's signature."""
+    exit), early_x (v29, the layer's since session 49: a row group loads its token's first vector of x before it
+    ranks itself: the token is its assignment's, t = i // k, so the load need not wait for the rank's loads; one
+    round trip off the chain). Runtime: tokens, layout rows (E · max_m). The jitted call has Dispatch's signature."""
 
     def __init__(self, n_experts: int, topk: int, d: int, pdl: bool = False, early_x: bool = False):
         super().__init__(d, skip_padding=True, pdl=False, trigger=pdl, by_assignment=True, topk=topk)

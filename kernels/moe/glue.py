@@ -38,7 +38,8 @@ def compile_dispatch(n_experts: int, topk: int, d: int, layout: str, arch: str =
     """One compile per (E, k, D, layout); tokens and layout rows are runtime sizes. skip_padding: the padding
     rows' codes and scales are left unwritten (the layer's masked layout; the dispatch op writes them). fused: the
     masked skip_padding dispatch in one launch (kernels/moe/dispatch_fused.py; padding rows' side data unwritten);
-    early_x: its row groups load x before ranking themselves (FusedMaskedDispatch; v29, the layer's since session 49)."""
+    early_x: its row groups load x before ranking themselves (FusedMaskedDispatch; v29, the layer's since session
+    49)."""
     if fused and not (skip_padding and layout == "masked"):
         raise ValueError("fused is the layer's masked dispatch (layout='masked', skip_padding=True) only")
     if early_x and not fused:

@@ -428,9 +428,9 @@ def test_v27_reads_the_row_frames_column_scales_from_k_block_0_and_only_there():
 
 @pytest.mark.parametrize("bm", [16, 32])
 def test_v29_l1_reads_the_route_weights_before_its_k_loop(bm):
-    """v29 (GroupedConfig.route_first, the rule's L1s since session 49): v5's L1 loads its tile's route weights (a thread's bm / 4 token
-    columns) before the unit's first wgmma, so no global load is left after it (the rule's epilogue makes those bm / 4
-    there); nothing spills; L2 and v3 refuse the mode."""
+    """v29 (GroupedConfig.route_first, the rule's L1s since session 49): v5's L1 loads its tile's route weights (a
+    thread's bm / 4 token columns) before the unit's first wgmma, so no global load is left after it (v27's epilogue
+    makes those bm / 4 there); nothing spills; L2 and v3 refuse the mode."""
     import re
 
     from dsv4bench.compile.sass import sass_of
