@@ -354,9 +354,12 @@ def test_the_model_calls_the_adapter_with_its_own_arguments(kernels, monkeypatch
     real = serves.prepare_experts
     monkeypatch.setattr(serves, "prepare_experts", lambda *a: made.append(len(a[0])) or real(*a))
     cfg = TINY.with_(dim=256, moe_inter_dim=256)
-    ckpt = SyntheticCheckpoint(cfg, seed=random.randrange(1 << 30))
+    seed = random.randrange(1 << 30)
+    ckpt = SyntheticCheckpoint(cfg, seed=seed)
     register_kernel_ops()
-    prompt, then = torch.randint(2, cfg.vocab_size, (20,)).tolist(), torch.randint(2, cfg.vocab_size, (2,))
+    gen = torch.Generator().manual_seed(seed)  # the seed replays a failing draw (one of 27: 0.084 vs 0.032)
+    prompt = torch.randint(2, cfg.vocab_size, (20,), generator=gen).tolist()
+    then = torch.randint(2, cfg.vocab_size, (2,), generator=gen)
 
     def logits(ops):  # teacher-forced: the same two decode tokens for every model
         engine = Engine(ckpt, ops=ops)
@@ -372,4 +375,4 @@ def test_the_model_calls_the_adapter_with_its_own_arguments(kernels, monkeypatch
     # its low-precision reference (moe_lowprec), as the GPU engine test holds the whole kernel model
     rel, low_rel = (float((v - ref).norm() / ref.norm()) for v in (got, low))
     print(f"logits vs FP32: moe on the adapter {rel:.3g}, on moe_lowprec {low_rel:.3g}")
-    assert rel <= 2 * low_rel + 0.02
+    assert rel <= 2 * low_rel + 0.02, f"checkpoint seed {seed}: adapter {rel:.3g}, moe_lowprec {low_rel:.3g}"
