@@ -19,6 +19,7 @@ import torch
 from moe_stages import graph_us, prepare
 
 from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.deadline import case_deadline
 from dsv4bench.core.graphs import capture
 from dsv4bench.core.registry import load_families
 from dsv4bench.core.timing import CudaTimer
@@ -86,6 +87,8 @@ def main() -> None:
     ap.add_argument("--tokens", default="1", help="comma-separated decode token counts (v5's, <= 64)")
     ap.add_argument("--reps", type=int, default=5, help="stamped replays a case (each printed)")
     ap.add_argument("--out", default=None, help="JSONL file, one record a case, appended as each ends")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds a case may take, its compiles included, before the process ends (0: none)")
     a = ap.parse_args()
     try:
         tokens = [int(v) for v in a.tokens.split(",")]
@@ -97,13 +100,16 @@ def main() -> None:
         ap.error(f"--experts must be 1..{MODELS[a.model][0]} for {a.model}, got {a.experts}")
     if a.reps < 1:
         ap.error("--reps must be at least 1")
+    if a.timeout < 0:
+        ap.error(f"--timeout must be >= 0, got {a.timeout}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (it replays the kernels)")
     load_families()
     timer = CudaTimer("cuda")
     with open(a.out, "a") if a.out else contextlib.nullcontext() as sink:
         for t in tokens:
-            r = phases(moe_case("layer", a.model, t, "uniform", e=a.experts), timer, a.reps)
+            with case_deadline(a.timeout, f"{a.model} T={t}"):
+                r = phases(moe_case("layer", a.model, t, "uniform", e=a.experts), timer, a.reps)
             head = f"{a.model} e={r['params']['e']} T={t}"
             if "skipped" in r:
                 print(f"{head}: skipped: {r['skipped']}", flush=True)

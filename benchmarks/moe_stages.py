@@ -21,6 +21,7 @@ import torch
 
 from dsv4bench.core.case import Case
 from dsv4bench.core.compare import compare_outputs
+from dsv4bench.core.deadline import case_deadline
 from dsv4bench.core.evaluate import case_generator
 from dsv4bench.core.graphs import capture
 from dsv4bench.core.registry import get_impl, load_families
@@ -118,6 +119,8 @@ def main() -> None:
     ap.add_argument("--impl", action="append", default=None, help="repeatable (default: cutedsl)")
     ap.add_argument("--out", default=None, help="JSONL file, one record a (case, impl), appended as each ends")
     ap.add_argument("--once", action="store_true", help="each call twice, untimed (for ncu; peers included)")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds a (case, impl) may take, its compile included, before the process ends (0: none)")
     a = ap.parse_args()
     try:
         tokens = [int(v) for v in a.tokens.split(",")]
@@ -128,6 +131,8 @@ def main() -> None:
         ap.error(f"unknown or bad: {', '.join(bad)} (loads: {', '.join(LOADS)})")
     if a.experts is not None and not 1 <= a.experts <= MODELS[a.model][0]:
         ap.error(f"--experts must be 1..{MODELS[a.model][0]} for {a.model}, got {a.experts}")
+    if a.timeout < 0:
+        ap.error(f"--timeout must be >= 0, got {a.timeout}")
     load_families()
     try:
         names = [get_impl("moe", n).name for n in a.impl or ["cutedsl"]]
@@ -141,7 +146,8 @@ def main() -> None:
             for load in loads:
                 params = moe_case("layer", a.model, t, load, e=a.experts)
                 for name in names:
-                    r = {"skipped": once(name, params)} if a.once else stages(name, params, timer)
+                    with case_deadline(a.timeout, f"{a.model} e={params['e']} T={t} {load} {name}"):
+                        r = {"skipped": once(name, params)} if a.once else stages(name, params, timer)
                     if r.get("skipped"):
                         print(f"{a.model} e={params['e']} T={t} {load} {name}: skipped: {r['skipped']}", flush=True)
                     if a.once or "skipped" in r:
