@@ -10,13 +10,12 @@ the FP32 oracle and timed beside the rule's (graph replays, one process): the st
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
 
 import torch
-from moe_stages import graph_us, prepare
+from moe_stages import graph_us, layer_args, layer_parser, prepare
 
 from dsv4bench.core.compare import compare_outputs
 from dsv4bench.core.deadline import case_deadline
@@ -26,7 +25,6 @@ from dsv4bench.core.timing import CudaTimer
 from kernels.moe.family import FAMILY
 from kernels.moe.grouped_config import STAMP_CTAS, STAMP_SLOTS, STAMPS
 from kernels.moe.layer import stamp_workspace
-from sweeps.moe import MODELS
 from sweeps.moe import case as moe_case
 
 KERNELS = ("l1", "l2")  # the workspace's stamp regions, in order (GroupedConfig.stamps)
@@ -81,27 +79,11 @@ def phases(params: dict, timer: CudaTimer, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="flash", choices=sorted(MODELS))
-    ap.add_argument("--experts", type=int, default=None, help="the layer's experts (default: the sweep's cap)")
-    ap.add_argument("--tokens", default="1", help="comma-separated decode token counts (v5's, <= 64)")
+    ap = layer_parser(__doc__, "1", "case")
     ap.add_argument("--reps", type=int, default=5, help="stamped replays a case (each printed)")
-    ap.add_argument("--out", default=None, help="JSONL file, one record a case, appended as each ends")
-    ap.add_argument("--timeout", type=float, default=600.0,
-                    help="seconds a case may take, its compiles included, before the process ends (0: none)")
-    a = ap.parse_args()
-    try:
-        tokens = [int(v) for v in a.tokens.split(",")]
-    except ValueError:
-        ap.error(f"--tokens takes comma-separated integers, got {a.tokens!r}")
-    if bad := [t for t in tokens if not 1 <= t <= 64]:
-        ap.error(f"--tokens must be 1..64 (the masked layout's v5 tiles), got {bad}")
-    if a.experts is not None and not 1 <= a.experts <= MODELS[a.model][0]:
-        ap.error(f"--experts must be 1..{MODELS[a.model][0]} for {a.model}, got {a.experts}")
+    a, tokens = layer_args(ap, max_tokens=64)  # the masked layout's v5 tiles
     if a.reps < 1:
         ap.error("--reps must be at least 1")
-    if a.timeout < 0:
-        ap.error(f"--timeout must be >= 0, got {a.timeout}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (it replays the kernels)")
     load_families()

@@ -110,29 +110,43 @@ def once(impl_name: str, params: dict) -> str | None:
     torch.cuda.synchronize()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def layer_parser(doc: str, tokens: str, record: str) -> argparse.ArgumentParser:
+    """The options shared with benchmarks/moe_phases.py (`layer_args` checks them)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--model", default="flash", choices=sorted(MODELS))
     ap.add_argument("--experts", type=int, default=None, help="the layer's experts (default: the sweep's cap)")
-    ap.add_argument("--tokens", default="1,8,64", help="comma-separated token counts")
-    ap.add_argument("--load", default="uniform", help=f"comma-separated, of {', '.join(LOADS)}")
-    ap.add_argument("--impl", action="append", default=None, help="repeatable (default: cutedsl)")
-    ap.add_argument("--out", default=None, help="JSONL file, one record a (case, impl), appended as each ends")
-    ap.add_argument("--once", action="store_true", help="each call twice, untimed (for ncu; peers included)")
+    ap.add_argument("--tokens", default=tokens, help="comma-separated token counts")
+    ap.add_argument("--out", default=None, help=f"JSONL file, one record a {record}, appended as each ends")
     ap.add_argument("--timeout", type=float, default=600.0,
-                    help="seconds a (case, impl) may take, its compile included, before the process ends (0: none)")
+                    help=f"seconds a {record} may take, its compiles included, before the process ends (0: none)")
+    return ap
+
+
+def layer_args(ap: argparse.ArgumentParser, max_tokens: int | None = None) -> tuple:
+    """(the parsed options, the token counts), or one parser error line for a bad value."""
     a = ap.parse_args()
     try:
         tokens = [int(v) for v in a.tokens.split(",")]
     except ValueError:
         ap.error(f"--tokens takes comma-separated integers, got {a.tokens!r}")
-    loads = a.load.split(",")
-    if bad := [v for v in loads if v not in LOADS] + [f"tokens {t}" for t in tokens if t < 1]:
-        ap.error(f"unknown or bad: {', '.join(bad)} (loads: {', '.join(LOADS)})")
+    if bad := [t for t in tokens if not 1 <= t <= (max_tokens or t)]:
+        ap.error(f"--tokens must be {f'1..{max_tokens}' if max_tokens else '>= 1'}, got {bad}")
     if a.experts is not None and not 1 <= a.experts <= MODELS[a.model][0]:
         ap.error(f"--experts must be 1..{MODELS[a.model][0]} for {a.model}, got {a.experts}")
     if a.timeout < 0:
         ap.error(f"--timeout must be >= 0, got {a.timeout}")
+    return a, tokens
+
+
+def main() -> None:
+    ap = layer_parser(__doc__, "1,8,64", "(case, impl)")
+    ap.add_argument("--load", default="uniform", help=f"comma-separated, of {', '.join(LOADS)}")
+    ap.add_argument("--impl", action="append", default=None, help="repeatable (default: cutedsl)")
+    ap.add_argument("--once", action="store_true", help="each call twice, untimed (for ncu; peers included)")
+    a, tokens = layer_args(ap)
+    loads = a.load.split(",")
+    if bad := [v for v in loads if v not in LOADS]:
+        ap.error(f"unknown loads: {', '.join(bad)} (loads: {', '.join(LOADS)})")
     load_families()
     try:
         names = [get_impl("moe", n).name for n in a.impl or ["cutedsl"]]

@@ -171,8 +171,7 @@ def compile_layer(n_experts: int, topk: int, d: int, i: int, layout: str, arch: 
     the wide pairs' L2s with early_weights too; `cutedsl:v15` without), early_reads (v29, default True; `cutedsl:v27`
     without: v5's L1s read the route weights at a unit's start, GroupedConfig.route_first; combine reads pos and the
     shared output before its PDL wait; the fused dispatch loads x before ranking its assignments) and skip_padding
-    (default
-    True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1
+    (default True): the masked layout's padding rows (E · max_m rows for a few real ones at decode) are not gathered (v2; v1
     wrote zeros: a Flash T = 1 step wrote 1024 rows x 4 KB for 6 real rows). The CompiledLayer's codes / row_frame
     are those of the GEMMs' resolved config (the tile rule's pick with the knobs): with no knobs every GEMM reads
     row-frame weights and the RS-ordered code tiles (v8)."""

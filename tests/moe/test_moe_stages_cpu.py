@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from dsv4bench.core.case import Case
 from dsv4bench.core.registry import get_impl, load_families
 from sweeps.moe import case as moe_case
@@ -41,3 +43,14 @@ def test_phase_timelines_count_only_the_ctas_that_wrote_a_stamp(monkeypatch):
     got = phases.timelines(words)
     assert got["l1"]["ctas"] == 2 and got["l1"]["entry"] == (1.0, 2.0) and got["l1"]["exit"] == (6.0, 6.0)
     assert got["l2"]["first_full"] == (8.0, 8.0) and "moe_stages" in sys.modules
+
+
+def test_the_scripts_options_refuse_bad_input_in_one_line(monkeypatch, capsys):
+    stages = importlib.util.module_from_spec(SPEC)
+    SPEC.loader.exec_module(stages)
+    for argv, cap, want in ((["--tokens", "1,x"], None, "integers"), (["--tokens", "0"], None, ">= 1"),
+                            (["--tokens", "65"], 64, "1..64"), (["--experts", "999"], None, "1..256")):
+        monkeypatch.setattr("sys.argv", ["moe_stages.py", *argv])
+        with pytest.raises(SystemExit):
+            stages.layer_args(stages.layer_parser("x", "1", "case"), cap)
+        assert want in capsys.readouterr().err.splitlines()[-1]
